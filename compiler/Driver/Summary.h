@@ -1,0 +1,20 @@
+//===- Summary.h - One-screen summary of a compiled spec --------*- C++ -*-===//
+
+#ifndef DFLASH_COMPILER_DRIVER_SUMMARY_H
+#define DFLASH_COMPILER_DRIVER_SUMMARY_H
+
+#include "compiler/Spec/Spec.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "llvm/Support/raw_ostream.h"
+
+namespace dflash {
+
+/// Prints the shapes, the attention kind and window of every layer, the
+/// parameter count and the FLOPs per step of `module`, which holds the step
+/// of `spec` at any stage of the pipeline.
+void printStepSummary(llvm::raw_ostream &os, const DrafterSpec &spec,
+                      mlir::ModuleOp module);
+
+} // namespace dflash
+
+#endif // DFLASH_COMPILER_DRIVER_SUMMARY_H

@@ -1,0 +1,20 @@
+//===- ImportSpec.h - Spec to dflash forward graph --------------*- C++ -*-===//
+
+#ifndef DFLASH_COMPILER_IMPORT_IMPORTSPEC_H
+#define DFLASH_COMPILER_IMPORT_IMPORTSPEC_H
+
+#include "compiler/Spec/Spec.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+
+namespace dflash {
+
+/// Builds the forward graph of one training step of `spec` (SEMANTICS.md
+/// section 3 and 4) as `func.func @step` in a new module. Ops carry the spec
+/// location of the entry they come from. The module verifies.
+mlir::OwningOpRef<mlir::ModuleOp> importSpec(mlir::MLIRContext &context,
+                                             const DrafterSpec &spec);
+
+} // namespace dflash
+
+#endif // DFLASH_COMPILER_IMPORT_IMPORTSPEC_H

@@ -1,0 +1,746 @@
+//===- Spec.cpp - Reading, validating and printing drafter specs ----------===//
+//
+// The schema is written once, as the sequence of `read*` calls in
+// SpecReader::run; unknown keys, wrong types and broken rules stop at the first
+// error with the file, line and column of the offending entry.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Spec/Spec.h"
+
+// Header-only and without exceptions: LLVM-built targets use -fno-exceptions
+// and Debian's shared TOML++ exports only the exception ABI.
+#define TOML_HEADER_ONLY 1
+#define TOML_EXCEPTIONS 0
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+
+using namespace dflash;
+
+std::string SpecError::str() const {
+  std::ostringstream os;
+  os << file;
+  if (loc.line)
+    os << ":" << loc.line << ":" << loc.column;
+  os << ": error: " << message;
+  return os.str();
+}
+
+SourceLoc DrafterSpec::locationOf(const std::string &key) const {
+  std::string k = key;
+  while (true) {
+    auto it = locations.find(k);
+    if (it != locations.end())
+      return it->second;
+    size_t dot = k.rfind('.');
+    if (dot == std::string::npos)
+      return SourceLoc{};
+    k = k.substr(0, dot);
+  }
+}
+
+int64_t DrafterSpec::numParameters() const {
+  int64_t H = hiddenSize, I = intermediateSize, d = headDim;
+  int64_t perLayer = 2 * H                           // input/post norms
+                     + qDim() * H + 2 * kvDim() * H  // q, k, v
+                     + H * qDim()                    // o
+                     + 2 * d                         // q/k norms
+                     + 3 * H * I;                    // gate, up, down
+  return H * numTaps() * H // fc
+         + 2 * H           // hidden_norm, final norm
+         + numLayers * perLayer;
+}
+
+std::vector<int64_t> dflash::defaultTargetLayerIds(int64_t numTarget,
+                                                   int64_t numDraft) {
+  if (numDraft == 1)
+    return {numTarget / 2};
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < numDraft; ++i) {
+    // Exact rational 1 + i*(n-4)/(k-1), rounded half to even.
+    int64_t num = (numDraft - 1) + i * (numTarget - 4);
+    int64_t den = numDraft - 1;
+    int64_t q = num / den, r = num % den;
+    if (2 * r > den || (2 * r == den && (q % 2) == 1))
+      ++q;
+    ids.push_back(q);
+  }
+  return ids;
+}
+
+double dflash::defaultGamma(int64_t blockSize) {
+  switch (blockSize) {
+  case 16:
+    return 7.0;
+  case 10:
+    return 5.0;
+  case 8:
+    return 4.0;
+  default:
+    return 0.0;
+  }
+}
+
+namespace {
+
+SourceLoc toLoc(const toml::source_region &r) {
+  return SourceLoc{r.begin.line, r.begin.column};
+}
+
+const char *typeName(toml::node_type t) {
+  switch (t) {
+  case toml::node_type::table:
+    return "a table";
+  case toml::node_type::array:
+    return "an array";
+  case toml::node_type::string:
+    return "a string";
+  case toml::node_type::integer:
+    return "an integer";
+  case toml::node_type::floating_point:
+    return "a float";
+  case toml::node_type::boolean:
+    return "a boolean";
+  default:
+    return "a date or time";
+  }
+}
+
+size_t editDistance(const std::string &a, const std::string &b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// Walks the parsed TOML in schema order. Every `read*` returns false after
+/// recording the first error; callers stop at the first false.
+class SpecReader {
+public:
+  SpecReader(const toml::table &root, DrafterSpec &spec, SpecError &error)
+      : root(root), spec(spec), error(error) {}
+
+  bool run();
+
+private:
+  const toml::table &root;
+  DrafterSpec &spec;
+  SpecError &error;
+  /// The table being read and its dotted prefix ("drafter.").
+  const toml::table *table = nullptr;
+  std::string prefix;
+  SourceLoc tableLoc;
+  std::set<std::string> known;
+  /// The first required key found missing in the current table; reported by
+  /// leave() after unknown keys, since a misspelt key shows up as both.
+  std::optional<SpecError> missing;
+
+  bool fail(SourceLoc loc, const std::string &msg) {
+    error.file = spec.file;
+    error.loc = loc;
+    error.message = msg;
+    return false;
+  }
+  bool failAt(const std::string &key, const std::string &msg) {
+    return fail(spec.locationOf(key), msg);
+  }
+
+  /// Enters table `name` (optional tables may be absent).
+  bool enter(const std::string &name, bool required);
+  /// Rejects keys of the current table that the schema does not know, then
+  /// required keys that are missing. Rules that relate keys run after it.
+  bool leave();
+
+  const toml::node *get(const std::string &key, bool required);
+  bool readInt(const std::string &key, int64_t &out, bool required,
+               int64_t minValue, int64_t maxValue = (int64_t(1) << 40));
+  bool readFloat(const std::string &key, double &out, bool required,
+                 bool positive, bool allowZero = false);
+  bool readBool(const std::string &key, bool &out);
+  bool readString(const std::string &key, std::string &out, bool required);
+  bool readIntArray(const std::string &key, std::vector<int64_t> &out,
+                    bool &present);
+
+  bool readTarget();
+  bool readDrafter();
+  bool readAttention();
+  bool readTraining();
+  bool readOptimizer();
+  bool readParallel();
+  bool readMemory();
+  bool checkCrossRules();
+};
+
+bool SpecReader::enter(const std::string &name, bool required) {
+  known.clear();
+  missing.reset();
+  prefix = name.empty() ? "" : name + ".";
+  if (name.empty()) {
+    table = &root;
+    tableLoc = toLoc(root.source());
+    return true;
+  }
+  const toml::node *node = root.get(name);
+  if (!node) {
+    if (required)
+      return fail(SourceLoc{1, 1}, "missing table [" + name + "]");
+    table = nullptr;
+    return true;
+  }
+  if (!node->is_table())
+    return fail(toLoc(node->source()), "'" + name + "' must be a table, not " +
+                                           typeName(node->type()));
+  table = node->as_table();
+  tableLoc = toLoc(table->source());
+  spec.locations[name] = tableLoc;
+  return true;
+}
+
+bool SpecReader::leave() {
+  if (!table)
+    return true;
+  for (auto &&[key, node] : *table) {
+    std::string k(key.str());
+    if (!known.count(k)) {
+      // At the top level, sub-tables are read separately.
+      if (prefix.empty() &&
+          (k == "target" || k == "drafter" || k == "attention" ||
+           k == "training" || k == "optimizer" || k == "parallel" ||
+           k == "memory"))
+        continue;
+      std::string where =
+          prefix.empty() ? "at the top level"
+                         : "in [" + prefix.substr(0, prefix.size() - 1) + "]";
+      std::string hint = " (see docs/spec.md)";
+      for (const std::string &candidate : known)
+        if (editDistance(k, candidate) <= 2)
+          hint = "; did you mean '" + candidate + "'?";
+      return fail(toLoc(key.source()),
+                  "unknown key '" + prefix + k + "' " + where + hint);
+    }
+  }
+  if (missing) {
+    error = *missing;
+    return false;
+  }
+  return true;
+}
+
+const toml::node *SpecReader::get(const std::string &key, bool required) {
+  known.insert(key);
+  const toml::node *node = table ? table->get(key) : nullptr;
+  if (!node) {
+    if (required && !missing) {
+      std::string msg =
+          table ? "missing required key '" + prefix + key + "'"
+                : "missing table [" + prefix.substr(0, prefix.size() - 1) +
+                      "] with required key '" + prefix + key + "'";
+      missing = SpecError{spec.file, table ? tableLoc : SourceLoc{1, 1}, msg};
+    }
+    return nullptr;
+  }
+  spec.locations[prefix + key] = toLoc(node->source());
+  return node;
+}
+
+bool SpecReader::readInt(const std::string &key, int64_t &out, bool required,
+                         int64_t minValue, int64_t maxValue) {
+  const toml::node *node = get(key, required);
+  if (!node)
+    return true;
+  if (!node->is_integer())
+    return fail(toLoc(node->source()), "'" + prefix + key +
+                                           "' must be an integer, not " +
+                                           typeName(node->type()));
+  int64_t v = node->as_integer()->get();
+  if (v < minValue)
+    return fail(toLoc(node->source()), "'" + prefix + key + "' is " +
+                                           std::to_string(v) +
+                                           "; it must be at least " +
+                                           std::to_string(minValue));
+  if (v > maxValue)
+    return fail(toLoc(node->source()), "'" + prefix + key + "' is " +
+                                           std::to_string(v) +
+                                           "; it must be at most " +
+                                           std::to_string(maxValue));
+  out = v;
+  return true;
+}
+
+bool SpecReader::readFloat(const std::string &key, double &out, bool required,
+                           bool positive, bool allowZero) {
+  const toml::node *node = get(key, required);
+  if (!node)
+    return true;
+  double v;
+  if (node->is_floating_point())
+    v = node->as_floating_point()->get();
+  else if (node->is_integer())
+    v = double(node->as_integer()->get());
+  else
+    return fail(toLoc(node->source()), "'" + prefix + key +
+                                           "' must be a number, not " +
+                                           typeName(node->type()));
+  if (!std::isfinite(v))
+    return fail(toLoc(node->source()),
+                "'" + prefix + key + "' must be a finite number");
+  if (positive && !(v > 0 || (allowZero && v == 0)))
+    return fail(toLoc(node->source()),
+                "'" + prefix + key + "' must be " +
+                    (allowZero ? "zero or positive" : "positive"));
+  out = v;
+  return true;
+}
+
+bool SpecReader::readBool(const std::string &key, bool &out) {
+  const toml::node *node = get(key, false);
+  if (!node)
+    return true;
+  if (!node->is_boolean())
+    return fail(toLoc(node->source()), "'" + prefix + key +
+                                           "' must be a boolean, not " +
+                                           typeName(node->type()));
+  out = node->as_boolean()->get();
+  return true;
+}
+
+bool SpecReader::readString(const std::string &key, std::string &out,
+                            bool required) {
+  const toml::node *node = get(key, required);
+  if (!node)
+    return true;
+  if (!node->is_string())
+    return fail(toLoc(node->source()), "'" + prefix + key +
+                                           "' must be a string, not " +
+                                           typeName(node->type()));
+  out = node->as_string()->get();
+  return true;
+}
+
+bool SpecReader::readIntArray(const std::string &key,
+                              std::vector<int64_t> &out, bool &present) {
+  const toml::node *node = get(key, false);
+  present = node != nullptr;
+  if (!node)
+    return true;
+  if (!node->is_array())
+    return fail(toLoc(node->source()), "'" + prefix + key +
+                                           "' must be an array of integers, not " +
+                                           typeName(node->type()));
+  out.clear();
+  size_t i = 0;
+  for (const toml::node &elem : *node->as_array()) {
+    std::string ek = prefix + key + "." + std::to_string(i++);
+    spec.locations[ek] = toLoc(elem.source());
+    if (!elem.is_integer())
+      return fail(toLoc(elem.source()), "'" + ek + "' must be an integer, not " +
+                                            typeName(elem.type()));
+    out.push_back(elem.as_integer()->get());
+  }
+  return true;
+}
+
+bool SpecReader::readTarget() {
+  if (!enter("target", true))
+    return false;
+  bool present = false;
+  if (!readString("model", spec.targetModel, false) ||
+      !readInt("num_layers", spec.targetNumLayers, true, 1, 100000) ||
+      !readInt("hidden_size", spec.targetHiddenSize, true, 1, 1 << 20) ||
+      !readInt("vocab_size", spec.vocabSize, true, 2, 1 << 24) ||
+      !readIntArray("layer_ids", spec.targetLayerIds, present) ||
+      !readBool("tie_word_embeddings", spec.tieWordEmbeddings))
+    return false;
+  if (!leave())
+    return false;
+  spec.targetLayerIdsDefaulted = !present;
+  if (present && spec.targetLayerIds.empty())
+    return failAt("target.layer_ids",
+                  "'target.layer_ids' must name at least one layer");
+  for (size_t i = 0; i < spec.targetLayerIds.size(); ++i) {
+    std::string ek = "target.layer_ids." + std::to_string(i);
+    int64_t id = spec.targetLayerIds[i];
+    if (id < 0 || id >= spec.targetNumLayers)
+      return failAt(ek, "'" + ek + "' is " + std::to_string(id) +
+                            ", outside the target's layers 0.." +
+                            std::to_string(spec.targetNumLayers - 1));
+    if (i > 0 && id <= spec.targetLayerIds[i - 1])
+      return failAt(ek, "'target.layer_ids' must be strictly ascending, but "
+                        "entry " +
+                            std::to_string(i) + " (" + std::to_string(id) +
+                            ") follows " +
+                            std::to_string(spec.targetLayerIds[i - 1]));
+  }
+  return true;
+}
+
+bool SpecReader::readDrafter() {
+  if (!enter("drafter", true))
+    return false;
+  spec.hiddenSize = spec.targetHiddenSize;
+  if (!readInt("num_layers", spec.numLayers, true, 1, 1024) ||
+      !readInt("hidden_size", spec.hiddenSize, false, 1, 1 << 20) ||
+      !readInt("intermediate_size", spec.intermediateSize, true, 1, 1 << 22) ||
+      !readInt("num_heads", spec.numHeads, true, 1, 1024) ||
+      !readInt("num_kv_heads", spec.numKvHeads, true, 1, 1024) ||
+      !readInt("head_dim", spec.headDim, true, 2, 1024) ||
+      !readFloat("rms_norm_eps", spec.rmsNormEps, false, true) ||
+      !readFloat("rope_theta", spec.ropeTheta, false, true) ||
+      !readInt("block_size", spec.blockSize, true, 2, 1024) ||
+      !readInt("mask_token_id", spec.maskTokenId, true, 0, 1 << 24) ||
+      !readInt("max_position_embeddings", spec.maxPositionEmbeddings, false,
+               1, int64_t(1) << 31) ||
+      !leave())
+    return false;
+  if (spec.hiddenSize != spec.targetHiddenSize)
+    return failAt("drafter.hidden_size",
+                  "'drafter.hidden_size' (" + std::to_string(spec.hiddenSize) +
+                      ") must equal 'target.hidden_size' (" +
+                      std::to_string(spec.targetHiddenSize) +
+                      "): the drafter shares the target's embedding");
+  if (spec.hiddenSize % spec.numHeads != 0)
+    return failAt("drafter.num_heads",
+                  "'drafter.hidden_size' (" + std::to_string(spec.hiddenSize) +
+                      ") is not divisible by 'drafter.num_heads' (" +
+                      std::to_string(spec.numHeads) + ")");
+  if (spec.numHeads % spec.numKvHeads != 0)
+    return failAt("drafter.num_kv_heads",
+                  "'drafter.num_heads' (" + std::to_string(spec.numHeads) +
+                      ") is not divisible by 'drafter.num_kv_heads' (" +
+                      std::to_string(spec.numKvHeads) + ")");
+  if (spec.headDim % 2 != 0)
+    return failAt("drafter.head_dim", "'drafter.head_dim' (" +
+                                          std::to_string(spec.headDim) +
+                                          ") must be even for rotary "
+                                          "embeddings");
+  if (spec.maskTokenId >= spec.vocabSize)
+    return failAt("drafter.mask_token_id",
+                  "'drafter.mask_token_id' (" +
+                      std::to_string(spec.maskTokenId) +
+                      ") is outside the vocabulary of 'target.vocab_size' (" +
+                      std::to_string(spec.vocabSize) + ")");
+  return true;
+}
+
+bool SpecReader::readAttention() {
+  if (!enter("attention", false))
+    return false;
+  spec.layers.assign(spec.numLayers, LayerSpec{});
+  if (!table)
+    return true;
+  std::string defaultKind = "full";
+  if (!readString("default", defaultKind, false) ||
+      !readInt("sliding_window", spec.slidingWindow, false,
+               std::numeric_limits<int64_t>::min(), int64_t(1) << 31))
+    return false;
+  auto parseKind = [&](const std::string &s, const std::string &key,
+                       AttentionKind &kind) {
+    if (s == "full")
+      kind = AttentionKind::Full;
+    else if (s == "sliding")
+      kind = AttentionKind::Sliding;
+    else
+      return failAt(key, "'" + key + "' is \"" + s +
+                             "\"; it must be \"full\" or \"sliding\"");
+    return true;
+  };
+  AttentionKind def;
+  if (!parseKind(defaultKind, "attention.default", def))
+    return false;
+  for (LayerSpec &l : spec.layers)
+    l.kind = def;
+
+  const toml::node *layers = get("layers", false);
+  if (!leave())
+    return false;
+  if (layers) {
+    if (!layers->is_array())
+      return fail(toLoc(layers->source()),
+                  "'attention.layers' must be an array of \"full\" or "
+                  "\"sliding\", not " +
+                      std::string(typeName(layers->type())));
+    const toml::array &arr = *layers->as_array();
+    if (int64_t(arr.size()) != spec.numLayers)
+      return fail(toLoc(layers->source()),
+                  "'attention.layers' has " + std::to_string(arr.size()) +
+                      " entries but 'drafter.num_layers' is " +
+                      std::to_string(spec.numLayers));
+    for (size_t i = 0; i < arr.size(); ++i) {
+      std::string ek = "attention.layers." + std::to_string(i);
+      spec.locations[ek] = toLoc(arr[i].source());
+      if (!arr[i].is_string())
+        return failAt(ek, "'" + ek + "' must be \"full\" or \"sliding\", not " +
+                              typeName(arr[i].type()));
+      if (!parseKind(std::string(arr[i].as_string()->get()), ek,
+                     spec.layers[i].kind))
+        return false;
+    }
+  }
+
+  bool anySliding = false;
+  for (const LayerSpec &l : spec.layers)
+    anySliding |= l.kind == AttentionKind::Sliding;
+  bool windowGiven = spec.locations.count("attention.sliding_window");
+  if (anySliding && !windowGiven)
+    return failAt("attention", "a layer is \"sliding\" but "
+                               "'attention.sliding_window' is not given");
+  if (windowGiven && spec.slidingWindow <= 0)
+    return failAt("attention.sliding_window",
+                  "'attention.sliding_window' is " +
+                      std::to_string(spec.slidingWindow) +
+                      "; a window must be positive");
+  if (windowGiven && !anySliding)
+    return failAt("attention.sliding_window",
+                  "'attention.sliding_window' is given but no layer is "
+                  "\"sliding\"");
+  for (LayerSpec &l : spec.layers)
+    l.window = l.kind == AttentionKind::Sliding ? spec.slidingWindow : 0;
+  return true;
+}
+
+bool SpecReader::readTraining() {
+  if (!enter("training", false))
+    return false;
+  if (!readInt("seq_len", spec.seqLen, false, 2, 1 << 20) ||
+      !readInt("anchors_per_row", spec.anchorsPerRow, false, 1, 1 << 20) ||
+      !readInt("rows_per_gpu", spec.rowsPerGpu, false, 1, 1 << 16) ||
+      !readFloat("gamma", spec.gamma, false, true, /*allowZero=*/true) ||
+      !readInt("seed", spec.seed, false, 0, std::numeric_limits<int64_t>::max()) ||
+      !readFloat("init_std", spec.initStd, false, true) || !leave())
+    return false;
+  spec.gammaDefaulted = !spec.locations.count("training.gamma");
+  if (spec.gammaDefaulted)
+    spec.gamma = defaultGamma(spec.blockSize);
+  // Anchors are distinct positions in [0, S-2].
+  if (spec.anchorsPerRow > spec.seqLen - 1)
+    return failAt("training.anchors_per_row",
+                  "'training.anchors_per_row' (" +
+                      std::to_string(spec.anchorsPerRow) +
+                      ") does not fit the sequence: at most seq_len - 1 = " +
+                      std::to_string(spec.seqLen - 1) +
+                      " distinct anchors exist");
+  if (spec.maxPositionEmbeddings < spec.seqLen + spec.blockSize)
+    return failAt("drafter.max_position_embeddings",
+                  "'drafter.max_position_embeddings' (" +
+                      std::to_string(spec.maxPositionEmbeddings) +
+                      ") is below seq_len + block_size (" +
+                      std::to_string(spec.seqLen + spec.blockSize) + ")");
+  return true;
+}
+
+bool SpecReader::readOptimizer() {
+  if (!enter("optimizer", false))
+    return false;
+  if (!readFloat("lr", spec.lr, false, true) ||
+      !readFloat("warmup_ratio", spec.warmupRatio, false, true, true) ||
+      !readFloat("max_grad_norm", spec.maxGradNorm, false, true) ||
+      !readFloat("weight_decay", spec.weightDecay, false, true, true) ||
+      !readFloat("beta1", spec.beta1, false, true, true) ||
+      !readFloat("beta2", spec.beta2, false, true, true) ||
+      !readFloat("eps", spec.adamEps, false, true) ||
+      !readInt("total_steps", spec.totalSteps, false, 1,
+               std::numeric_limits<int32_t>::max()) ||
+      !leave())
+    return false;
+  if (spec.warmupRatio >= 1)
+    return failAt("optimizer.warmup_ratio",
+                  "'optimizer.warmup_ratio' must be below 1");
+  if (spec.beta1 >= 1)
+    return failAt("optimizer.beta1", "'optimizer.beta1' must be below 1");
+  if (spec.beta2 >= 1)
+    return failAt("optimizer.beta2", "'optimizer.beta2' must be below 1");
+  return true;
+}
+
+bool SpecReader::readParallel() {
+  if (!enter("parallel", false))
+    return false;
+  if (!readInt("gpus_per_node", spec.gpusPerNode, false, 1, 1024) ||
+      !readInt("nodes", spec.nodes, false, 1, 1 << 16) ||
+      !readInt("bucket_mib", spec.bucketMiB, false, 1, 1 << 16) ||
+      !readBool("shard_optimizer_state", spec.shardOptimizerState))
+    return false;
+  return leave();
+}
+
+bool SpecReader::readMemory() {
+  if (!enter("memory", false))
+    return false;
+  if (!readFloat("gpu_memory_gib", spec.gpuMemoryGiB, false, true))
+    return false;
+  return leave();
+}
+
+bool SpecReader::checkCrossRules() {
+  if (spec.targetLayerIdsDefaulted) {
+    spec.targetLayerIds =
+        defaultTargetLayerIds(spec.targetNumLayers, spec.numLayers);
+    for (size_t i = 0; i < spec.targetLayerIds.size(); ++i)
+      if (spec.targetLayerIds[i] < 0 ||
+          spec.targetLayerIds[i] >= spec.targetNumLayers ||
+          (i > 0 && spec.targetLayerIds[i] <= spec.targetLayerIds[i - 1]))
+        return failAt("target.num_layers",
+                      "the default taps for " + std::to_string(spec.numLayers) +
+                          " drafter layers over " +
+                          std::to_string(spec.targetNumLayers) +
+                          " target layers are not distinct layers of the "
+                          "target; give 'target.layer_ids'");
+  }
+  return true;
+}
+
+bool SpecReader::run() {
+  if (!enter("", true) || !readString("name", spec.name, true) || !leave())
+    return false;
+  return readTarget() && readDrafter() && readAttention() && readTraining() &&
+         readOptimizer() && readParallel() && readMemory() && checkCrossRules();
+}
+
+} // namespace
+
+std::optional<DrafterSpec> dflash::parseSpec(const std::string &text,
+                                             const std::string &file,
+                                             SpecError &error) {
+  error = SpecError{};
+  toml::parse_result parsed = toml::parse(text, file);
+  if (!parsed) {
+    const toml::parse_error &e = parsed.error();
+    error.file = file;
+    error.loc = toLoc(e.source());
+    error.message = "invalid TOML: " + std::string(e.description());
+    return std::nullopt;
+  }
+  DrafterSpec spec;
+  spec.file = file;
+  SpecReader reader(parsed.table(), spec, error);
+  if (!reader.run())
+    return std::nullopt;
+  return spec;
+}
+
+std::optional<DrafterSpec> dflash::loadSpec(const std::string &path,
+                                            SpecError &error) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    error = SpecError{path, {}, "cannot open spec file"};
+    return std::nullopt;
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parseSpec(ss.str(), path, error);
+}
+
+namespace {
+/// The shortest decimal form that reads back as exactly `v`.
+std::string fmtFloat(double v) {
+  std::string s;
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::ostringstream os;
+    os.precision(precision);
+    os << v;
+    s = os.str();
+    if (std::stod(s) == v)
+      break;
+  }
+  // TOML floats need a '.' or an exponent.
+  if (s.find_first_of(".eEn") == std::string::npos)
+    s += ".0";
+  return s;
+}
+std::string fmtIds(const std::vector<int64_t> &ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(ids[i]);
+  return s + "]";
+}
+std::string quote(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+} // namespace
+
+std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
+  std::ostringstream os;
+  os << "# canonical form of " << s.file << ", every default resolved\n";
+  os << "name = " << quote(s.name) << "\n\n";
+  os << "[target]\n";
+  if (!s.targetModel.empty())
+    os << "model = " << quote(s.targetModel) << "\n";
+  os << "num_layers = " << s.targetNumLayers << "\n";
+  os << "hidden_size = " << s.targetHiddenSize << "\n";
+  os << "vocab_size = " << s.vocabSize << "\n";
+  os << "layer_ids = " << fmtIds(s.targetLayerIds)
+     << (s.targetLayerIdsDefaulted ? "  # default: spread rule" : "") << "\n";
+  os << "tie_word_embeddings = " << (s.tieWordEmbeddings ? "true" : "false")
+     << "\n\n";
+  os << "[drafter]\n";
+  os << "num_layers = " << s.numLayers << "\n";
+  os << "hidden_size = " << s.hiddenSize << "\n";
+  os << "intermediate_size = " << s.intermediateSize << "\n";
+  os << "num_heads = " << s.numHeads << "\n";
+  os << "num_kv_heads = " << s.numKvHeads << "\n";
+  os << "head_dim = " << s.headDim << "\n";
+  os << "rms_norm_eps = " << fmtFloat(s.rmsNormEps) << "\n";
+  os << "rope_theta = " << fmtFloat(s.ropeTheta) << "\n";
+  os << "block_size = " << s.blockSize << "\n";
+  os << "mask_token_id = " << s.maskTokenId << "\n";
+  os << "max_position_embeddings = " << s.maxPositionEmbeddings << "\n\n";
+  os << "[attention]\n";
+  bool anySliding = false;
+  os << "layers = [";
+  for (size_t i = 0; i < s.layers.size(); ++i) {
+    bool sl = s.layers[i].kind == AttentionKind::Sliding;
+    anySliding |= sl;
+    os << (i ? ", " : "") << (sl ? "\"sliding\"" : "\"full\"");
+  }
+  os << "]\n";
+  if (anySliding)
+    os << "sliding_window = " << s.slidingWindow << "\n";
+  os << "\n[training]\n";
+  os << "seq_len = " << s.seqLen << "\n";
+  os << "anchors_per_row = " << s.anchorsPerRow << "\n";
+  os << "rows_per_gpu = " << s.rowsPerGpu << "\n";
+  os << "gamma = " << fmtFloat(s.gamma)
+     << (s.gammaDefaulted ? "  # default for this block size" : "") << "\n";
+  os << "seed = " << s.seed << "\n";
+  os << "init_std = " << fmtFloat(s.initStd) << "\n\n";
+  os << "[optimizer]\n";
+  os << "lr = " << fmtFloat(s.lr) << "\n";
+  os << "warmup_ratio = " << fmtFloat(s.warmupRatio) << "\n";
+  os << "max_grad_norm = " << fmtFloat(s.maxGradNorm) << "\n";
+  os << "weight_decay = " << fmtFloat(s.weightDecay) << "\n";
+  os << "beta1 = " << fmtFloat(s.beta1) << "\n";
+  os << "beta2 = " << fmtFloat(s.beta2) << "\n";
+  os << "eps = " << fmtFloat(s.adamEps) << "\n";
+  os << "total_steps = " << s.totalSteps << "\n\n";
+  os << "[parallel]\n";
+  os << "gpus_per_node = " << s.gpusPerNode << "\n";
+  os << "nodes = " << s.nodes << "\n";
+  os << "bucket_mib = " << s.bucketMiB << "\n";
+  os << "shard_optimizer_state = "
+     << (s.shardOptimizerState ? "true" : "false") << "\n";
+  if (s.gpuMemoryGiB > 0)
+    os << "\n[memory]\ngpu_memory_gib = " << fmtFloat(s.gpuMemoryGiB) << "\n";
+  return os.str();
+}

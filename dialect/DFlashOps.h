@@ -1,0 +1,27 @@
+//===- DFlashOps.h - dflash ops, attributes and interfaces -------*- C++ -*-===//
+
+#ifndef DFLASH_DIALECT_DFLASHOPS_H
+#define DFLASH_DIALECT_DFLASHOPS_H
+
+#include "dialect/DFlashDialect.h"
+#include "mlir/IR/BuiltinAttributes.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/OpDefinition.h"
+#include "mlir/Interfaces/SideEffectInterfaces.h"
+
+#include "dialect/DFlashEnums.h.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "dialect/DFlashAttrs.h.inc"
+
+#include "dialect/DFlashInterfaces.h.inc"
+
+#define GET_OP_CLASSES
+#include "dialect/DFlashOps.h.inc"
+
+namespace mlir::dflash {
+/// The attribute key under which step arguments carry their #dflash.arg.
+inline constexpr llvm::StringLiteral kArgAttrName = "dflash.arg";
+} // namespace mlir::dflash
+
+#endif // DFLASH_DIALECT_DFLASHOPS_H

@@ -1,0 +1,311 @@
+//===- DFlashOps.td - dflash graph-level ops ---------------*- tablegen -*-===//
+//
+// Forward ops of the DFlash training step. Every op is pure, statically
+// shaped, and verified against the numbered constraints of docs/dialect.md.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_OPS_TD
+#define DFLASH_OPS_TD
+
+include "dialect/DFlashDialect.td"
+include "dialect/DFlashAttrs.td"
+include "dialect/DFlashInterfaces.td"
+include "mlir/Interfaces/SideEffectInterfaces.td"
+
+def DFlash_FloatTensor : RankedTensorOf<[BF16, F32]>;
+def DFlash_IndexTensor : RankedTensorOf<[I32]>;
+def DFlash_FlagTensor : RankedTensorOf<[I8]>;
+def DFlash_F32Tensor : RankedTensorOf<[F32]>;
+def DFlash_F32Scalar : 0DTensorOf<[F32]>;
+
+class DFlash_PureOp<string mnemonic, list<Trait> traits = []>
+    : DFlash_Op<mnemonic, !listconcat(traits, [Pure,
+        DeclareOpInterfaceMethods<DFlash_FlopCountOpInterface>])> {
+  let hasVerifier = 1;
+}
+
+//===----------------------------------------------------------------------===//
+// Draft-block bookkeeping
+//===----------------------------------------------------------------------===//
+
+def DFlash_SequencePositionsOp : DFlash_PureOp<"sequence_positions"> {
+  let summary = "Positions 0..T-1 of every row";
+  let description = [{
+    `result[b, t] = t`. The rotary positions of the context keys: context key
+    `j` sits at position `j` (SEMANTICS.md section 3, item 3).
+
+    ```mlir
+    %pos = dflash.sequence_positions : tensor<4x3072xi32>
+    ```
+  }];
+  let results = (outs DFlash_IndexTensor:$result);
+  let assemblyFormat = "attr-dict `:` type($result)";
+}
+
+def DFlash_DraftPositionsOp : DFlash_PureOp<"draft_positions"> {
+  let summary = "Rotary positions of the draft slots";
+  let description = [{
+    Draft slot `(n, k)` of a row sits at position `anchors[b, n] + k`:
+    `result[b, n * block_size + k] = anchors[b, n] + k`.
+
+    ```mlir
+    %pos = dflash.draft_positions %anchors {block_size = 16 : i64}
+        : (tensor<4x512xi32>) -> tensor<4x8192xi32>
+    ```
+  }];
+  let arguments = (ins DFlash_IndexTensor:$anchors, I64Attr:$block_size);
+  let results = (outs DFlash_IndexTensor:$result);
+  let assemblyFormat =
+      "$anchors attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_DraftTokensOp : DFlash_PureOp<"draft_tokens"> {
+  let summary = "Token ids of the noised draft blocks";
+  let description = [{
+    The first slot of each kept block holds the anchor's token, every other
+    slot the mask token (SEMANTICS.md section 3, item 2):
+    `result[b, n*bs] = keep[b,n] ? input_ids[b, anchors[b,n]] : mask_token_id`
+    and `result[b, n*bs + k] = mask_token_id` for `k > 0`.
+
+    ```mlir
+    %ids = dflash.draft_tokens %input_ids, %anchors, %keep
+        {block_size = 16 : i64, mask_token_id = 151669 : i64}
+        : (tensor<4x3072xi32>, tensor<4x512xi32>, tensor<4x512xi8>)
+        -> tensor<4x8192xi32>
+    ```
+  }];
+  let arguments = (ins DFlash_IndexTensor:$input_ids,
+                       DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       I64Attr:$block_size, I64Attr:$mask_token_id);
+  let results = (outs DFlash_IndexTensor:$result);
+  let assemblyFormat =
+      "$input_ids `,` $anchors `,` $keep attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_DraftTargetsOp : DFlash_PureOp<"draft_targets"> {
+  let summary = "Labels and loss weights of the draft slots";
+  let description = [{
+    Draft slot `(n, k)` predicts the token at its own position (no shift):
+    `labels[b, n*bs + k] = input_ids[b, anchors[b,n] + k]` (0 where that is
+    past the row). Its loss weight is
+    `keep[b,n] * [a+k < S] * [k > 0] * loss_mask[b, a+k] * decay(k)` with
+    `a = anchors[b,n]` and `decay(k) = exp(-(k-1)/gamma)` when `gamma > 0`,
+    else 1 (SEMANTICS.md section 4).
+
+    ```mlir
+    %labels, %weights = dflash.draft_targets %input_ids, %loss_mask,
+        %anchors, %keep {block_size = 16 : i64, gamma = 7.0 : f64}
+        : (tensor<4x3072xi32>, tensor<4x3072xi8>, tensor<4x512xi32>,
+           tensor<4x512xi8>) -> (tensor<4x8192xi32>, tensor<4x8192xf32>)
+    ```
+  }];
+  let arguments = (ins DFlash_IndexTensor:$input_ids,
+                       DFlash_FlagTensor:$loss_mask,
+                       DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       I64Attr:$block_size, F64Attr:$gamma);
+  let results = (outs DFlash_IndexTensor:$labels, DFlash_F32Tensor:$weights);
+  let assemblyFormat =
+      "$input_ids `,` $loss_mask `,` $anchors `,` $keep attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// Dense layers
+//===----------------------------------------------------------------------===//
+
+def DFlash_EmbedOp : DFlash_PureOp<"embed"> {
+  let summary = "Row gather from a frozen embedding table";
+  let description = [{
+    `result[b, t, :] = table[ids[b, t], :]`, unscaled.
+
+    ```mlir
+    %x = dflash.embed %embed, %ids
+        : (tensor<151936x4096xbf16>, tensor<4x8192xi32>)
+        -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$table, DFlash_IndexTensor:$ids);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$table `,` $ids attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_LinearOp : DFlash_PureOp<"linear"> {
+  let summary = "Bias-free linear layer, y = x W^T";
+  let description = [{
+    `result[..., n] = sum_k input[..., k] * weight[n, k]`, with the weight in
+    torch Linear layout `[out, in]`. Leading dimensions of the input are
+    batch dimensions. bf16 operands accumulate in fp32.
+
+    ```mlir
+    %q = dflash.linear %h, %wq
+        : (tensor<4x8192x4096xbf16>, tensor<4096x4096xbf16>)
+        -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $weight attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_RmsNormOp : DFlash_PureOp<"rms_norm"> {
+  let summary = "RMS normalisation over the last dimension";
+  let description = [{
+    In fp32: `x * rsqrt(mean(x^2) + eps) * weight` over the last dimension,
+    the result cast to the input's element type. Used for the layer norms
+    (last dimension = hidden) and, after a reshape to heads, for the per-head
+    q/k norms (last dimension = head_dim).
+
+    ```mlir
+    %h = dflash.rms_norm %x, %w {eps = 1.0e-06 : f64}
+        : (tensor<4x8192x4096xbf16>, tensor<4096xbf16>)
+        -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       F64Attr:$eps);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $weight attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_ReshapeOp : DFlash_PureOp<"reshape"> {
+  let summary = "Reinterpret a row-major tensor with another static shape";
+  let description = [{
+    Changes the shape, never the data or its row-major order; used to split
+    the hidden dimension into heads.
+
+    ```mlir
+    %qh = dflash.reshape %q
+        : (tensor<4x8192x4096xbf16>) -> tensor<4x8192x32x128xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_RopeOp : DFlash_PureOp<"rope"> {
+  let summary = "Rotary position embedding, rotate-half form";
+  let description = [{
+    For each head vector `x` of dimension `d` at position `p`, with
+    `f_i = theta^(-2i/d)` and the angle `p * f_i` in fp32, `i < d/2`:
+    `y[i] = x[i] cos - x[i + d/2] sin`, `y[i + d/2] = x[i + d/2] cos + x[i] sin`.
+
+    ```mlir
+    %qr = dflash.rope %qn, %pos {theta = 1.0e+06 : f64}
+        : (tensor<4x8192x32x128xbf16>, tensor<4x8192xi32>)
+        -> tensor<4x8192x32x128xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input,
+                       DFlash_IndexTensor:$positions, F64Attr:$theta);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $positions attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention"> {
+  let summary = "Block-prefix attention of draft blocks over the context";
+  let description = [{
+    Grouped-query attention with scale `d^-0.5` (query head `i` reads key/value
+    head `i / (nh/nkv)`) of the draft queries over the keys
+    `[context (S rows) | draft (Q rows)]` (SEMANTICS.md section 3). Query
+    `(n, k)` of a kept block sees
+    - context key `j` iff `j < anchor_n` and, when `window` is present,
+      `j >= anchor_n + k - (window - 1)`;
+    - draft key `(n, k')` of its own block for every `k'`, or only `k' <= k`
+      when `causal` is set.
+    A query of a `keep = 0` block sees nothing and outputs 0. The second
+    result is the log-sum-exp of each query row's scores (natural log, -inf
+    where nothing is seen), kept for the backward pass.
+
+    A full layer has no `window` and no `causal`; a sliding layer has both.
+
+    ```mlir
+    %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %anchors, %keep
+        {block_size = 16 : i64, window = 2048 : i64, causal}
+        : (tensor<4x8192x32x128xbf16>, tensor<4x3072x8x128xbf16>,
+           tensor<4x3072x8x128xbf16>, tensor<4x8192x8x128xbf16>,
+           tensor<4x8192x8x128xbf16>, tensor<4x512xi32>, tensor<4x512xi8>)
+        -> (tensor<4x8192x32x128xbf16>, tensor<4x8192x32xf32>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$query,
+                       DFlash_FloatTensor:$context_keys,
+                       DFlash_FloatTensor:$context_values,
+                       DFlash_FloatTensor:$draft_keys,
+                       DFlash_FloatTensor:$draft_values,
+                       DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       I64Attr:$block_size, OptionalAttr<I64Attr>:$window,
+                       UnitAttr:$causal);
+  let results = (outs DFlash_FloatTensor:$result, DFlash_F32Tensor:$lse);
+  let assemblyFormat =
+      "$query `,` $context_keys `,` $context_values `,` $draft_keys `,` "
+      "$draft_values `,` $anchors `,` $keep attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_SwigluOp : DFlash_PureOp<"swiglu"> {
+  let summary = "silu(gate) * up";
+  let description = [{
+    Elementwise `gate * sigmoid(gate) * up`, computed in fp32.
+
+    ```mlir
+    %a = dflash.swiglu %g, %u
+        : (tensor<4x8192x12288xbf16>, tensor<4x8192x12288xbf16>)
+        -> tensor<4x8192x12288xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$gate, DFlash_FloatTensor:$up);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$gate `,` $up attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_AddOp : DFlash_PureOp<"add"> {
+  let summary = "Elementwise sum (the residual connection)";
+  let description = [{
+    ```mlir
+    %x1 = dflash.add %x, %o
+        : (tensor<4x8192x4096xbf16>, tensor<4x8192x4096xbf16>)
+        -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$lhs, DFlash_FloatTensor:$rhs);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce"> {
+  let summary = "Fused lm_head, weighted cross-entropy and accuracy";
+  let description = [{
+    With `logits = input @ weight^T` (never materialised whole) and
+    `w = weights`, returns four fp32 scalars summed over every row:
+    `loss_sum = sum(w * CE(logits, labels))` (CE in fp32 from bf16 logits),
+    `weight_sum = sum(w)`, `correct = sum([argmax == label] * [w > 0])` and
+    `count = sum([w > 0])` (SEMANTICS.md section 4). The weight is frozen.
+
+    ```mlir
+    %loss, %wsum, %correct, %count = dflash.lm_head_ce %y, %lm_head, %labels,
+        %weights : (tensor<4x8192x4096xbf16>, tensor<151936x4096xbf16>,
+                    tensor<4x8192xi32>, tensor<4x8192xf32>)
+        -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       DFlash_IndexTensor:$labels,
+                       DFlash_F32Tensor:$weights);
+  let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
+                      DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count);
+  let assemblyFormat =
+      "$input `,` $weight `,` $labels `,` $weights attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+#endif // DFLASH_OPS_TD

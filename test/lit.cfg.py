@@ -1,0 +1,39 @@
+# lit configuration of the dflash tests: FileCheck tests of every compiler
+# stage, run through ctest.
+import os
+import shutil
+import subprocess
+
+import lit.formats
+from lit.llvm import llvm_config
+
+config.name = "dflash"
+config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
+config.suffixes = [".mlir", ".toml", ".test"]
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "unit", "Inputs"]
+config.test_source_root = os.path.dirname(__file__)
+config.test_exec_root = os.path.join(config.dflash_obj_root, "test")
+
+config.substitutions.append(("%specs", os.path.join(config.dflash_src_root, "specs")))
+config.substitutions.append(("%src", config.dflash_src_root))
+
+llvm_config.use_default_substitutions()
+llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
+llvm_config.with_environment("PATH", config.dflash_tools_dir, append_path=True)
+llvm_config.add_tool_substitutions(["dflashc", "dflash-opt"], [config.dflash_tools_dir])
+
+# GPU tests need a CUDA device; without one they are reported unsupported.
+def has_cuda_device():
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+        return out.returncode == 0 and "GPU" in out.stdout
+    except Exception:
+        return False
+
+if has_cuda_device():
+    config.available_features.add("cuda-device")
+if shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"):
+    config.available_features.add("nvcc")

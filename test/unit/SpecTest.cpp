@@ -1,0 +1,317 @@
+//===- SpecTest.cpp - Spec parsing, defaults and errors -------------------===//
+
+#include "compiler/Spec/Spec.h"
+
+#include <gtest/gtest.h>
+
+#include <sstream>
+#include <string>
+
+using namespace dflash;
+
+namespace {
+
+// A small valid spec, one key per line, so that each error case can replace
+// one line and expect the error on it.
+const char *kBase = R"(name = "t"
+[target]
+num_layers = 8
+hidden_size = 64
+vocab_size = 1000
+[drafter]
+num_layers = 2
+intermediate_size = 128
+num_heads = 4
+num_kv_heads = 2
+head_dim = 16
+block_size = 4
+mask_token_id = 999
+[attention]
+layers = ["sliding", "full"]
+sliding_window = 8
+[training]
+seq_len = 64
+anchors_per_row = 8
+rows_per_gpu = 2
+)";
+
+std::string replaced(const std::string &from, const std::string &to) {
+  std::string text = kBase;
+  size_t pos = text.find(from);
+  EXPECT_NE(pos, std::string::npos) << "base spec lacks '" << from << "'";
+  if (pos != std::string::npos)
+    text.replace(pos, from.size(), to);
+  return text;
+}
+
+uint32_t lineOf(const std::string &text, const std::string &needle) {
+  size_t pos = text.find(needle);
+  if (pos == std::string::npos)
+    return 0;
+  return uint32_t(std::count(text.begin(), text.begin() + pos, '\n') + 1);
+}
+
+TEST(Spec, BaseIsValid) {
+  SpecError error;
+  auto spec = parseSpec(kBase, "base.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  EXPECT_EQ(spec->targetLayerIds, (std::vector<int64_t>{1, 5}));
+  EXPECT_TRUE(spec->targetLayerIdsDefaulted);
+  EXPECT_EQ(spec->hiddenSize, 64);
+  EXPECT_EQ(spec->layers[0].kind, AttentionKind::Sliding);
+  EXPECT_EQ(spec->layers[0].window, 8);
+  EXPECT_EQ(spec->layers[1].kind, AttentionKind::Full);
+  EXPECT_EQ(spec->layers[1].window, 0);
+  EXPECT_EQ(spec->gamma, 0.0); // block size 4 has no default decay
+  EXPECT_EQ(spec->draftLength(), 32);
+}
+
+TEST(Spec, DefaultTapsFollowSpreadRule) {
+  EXPECT_EQ(defaultTargetLayerIds(36, 5),
+            (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(defaultTargetLayerIds(32, 5),
+            (std::vector<int64_t>{1, 8, 15, 22, 29}));
+  EXPECT_EQ(defaultTargetLayerIds(64, 5),
+            (std::vector<int64_t>{1, 16, 31, 46, 61}));
+  EXPECT_EQ(defaultTargetLayerIds(48, 8),
+            (std::vector<int64_t>{1, 7, 14, 20, 26, 32, 39, 45}));
+  // 1 + i * 6/4 = 1, 2.5, 4, 5.5, 7: halves go to the even neighbour.
+  EXPECT_EQ(defaultTargetLayerIds(10, 5),
+            (std::vector<int64_t>{1, 2, 4, 6, 7}));
+  EXPECT_EQ(defaultTargetLayerIds(36, 1), (std::vector<int64_t>{18}));
+}
+
+TEST(Spec, DefaultGammaByBlockSize) {
+  EXPECT_EQ(defaultGamma(16), 7.0);
+  EXPECT_EQ(defaultGamma(10), 5.0);
+  EXPECT_EQ(defaultGamma(8), 4.0);
+  EXPECT_EQ(defaultGamma(4), 0.0);
+}
+
+TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
+  struct Expect {
+    const char *file;
+    int64_t layers, H, I, nh, nkv, d, bs, V;
+    std::vector<int64_t> taps;
+    int slidingLayers;
+    double gamma;
+  };
+  const Expect expected[] = {
+      {"qwen3-8b-b16", 5, 4096, 12288, 32, 8, 128, 16, 151936,
+       {1, 9, 17, 25, 33}, 0, 7},
+      {"qwen3-4b-b16", 5, 2560, 9728, 32, 8, 128, 16, 151936,
+       {1, 9, 17, 25, 33}, 0, 7},
+      {"llama3.1-8b-b10", 5, 4096, 12288, 32, 8, 128, 10, 128256,
+       {1, 8, 15, 22, 29}, 0, 5},
+      {"gpt-oss-20b-b8", 8, 2880, 7680, 64, 8, 64, 8, 201088,
+       {1, 6, 11, 16, 21}, 0, 4},
+      {"qwen3-coder-30b-a3b-b16", 8, 2048, 6144, 32, 4, 128, 16, 151936,
+       {1, 7, 14, 20, 26, 32, 39, 45}, 0, 7},
+      {"qwen3.6-27b-b16", 5, 5120, 17408, 32, 8, 128, 16, 248320,
+       {1, 16, 31, 46, 61}, 4, 7},
+  };
+  for (const Expect &e : expected) {
+    SCOPED_TRACE(e.file);
+    SpecError error;
+    auto spec = loadSpec(std::string(DFLASH_SPECS_DIR) + "/" + e.file + ".toml",
+                         error);
+    ASSERT_TRUE(spec) << error.str();
+    EXPECT_EQ(spec->name, e.file);
+    EXPECT_EQ(spec->numLayers, e.layers);
+    EXPECT_EQ(spec->hiddenSize, e.H);
+    EXPECT_EQ(spec->intermediateSize, e.I);
+    EXPECT_EQ(spec->numHeads, e.nh);
+    EXPECT_EQ(spec->numKvHeads, e.nkv);
+    EXPECT_EQ(spec->headDim, e.d);
+    EXPECT_EQ(spec->blockSize, e.bs);
+    EXPECT_EQ(spec->vocabSize, e.V);
+    EXPECT_EQ(spec->targetLayerIds, e.taps);
+    EXPECT_EQ(spec->gamma, e.gamma);
+    EXPECT_EQ(spec->seqLen, 3072);
+    EXPECT_EQ(spec->anchorsPerRow, 512);
+    EXPECT_EQ(spec->rowsPerGpu, 4);
+    int sliding = 0;
+    for (const LayerSpec &l : spec->layers)
+      if (l.kind == AttentionKind::Sliding) {
+        ++sliding;
+        EXPECT_EQ(l.window, 2048);
+      }
+    EXPECT_EQ(sliding, e.slidingLayers);
+  }
+}
+
+// The canonical form with comments removed: they say which values were
+// defaulted, which a reparse cannot know.
+std::string withoutComments(const std::string &text) {
+  std::string out, line;
+  std::istringstream in(text);
+  while (std::getline(in, line)) {
+    size_t hash = line.find('#');
+    if (hash != std::string::npos)
+      line = line.substr(0, hash);
+    while (!line.empty() && line.back() == ' ')
+      line.pop_back();
+    if (!line.empty())
+      out += line + "\n";
+  }
+  return out;
+}
+
+TEST(Spec, CanonicalFormRoundTrips) {
+  for (const char *name : {"tiny", "qwen3-8b-b16", "qwen3.6-27b-b16",
+                           "qwen3-coder-30b-a3b-b16"}) {
+    SCOPED_TRACE(name);
+    SpecError error;
+    auto spec =
+        loadSpec(std::string(DFLASH_SPECS_DIR) + "/" + name + ".toml", error);
+    ASSERT_TRUE(spec) << error.str();
+    std::string canonical = printCanonicalSpec(*spec);
+    auto again = parseSpec(canonical, "canonical.toml", error);
+    ASSERT_TRUE(again) << error.str() << "\n" << canonical;
+    EXPECT_EQ(withoutComments(printCanonicalSpec(*again)),
+              withoutComments(canonical));
+    EXPECT_EQ(again->targetLayerIds, spec->targetLayerIds);
+    EXPECT_EQ(again->gamma, spec->gamma);
+    EXPECT_EQ(again->rmsNormEps, spec->rmsNormEps);
+    EXPECT_EQ(again->ropeTheta, spec->ropeTheta);
+    ASSERT_EQ(again->layers.size(), spec->layers.size());
+    for (size_t i = 0; i < spec->layers.size(); ++i)
+      EXPECT_EQ(again->layers[i].window, spec->layers[i].window);
+  }
+}
+
+TEST(Spec, MissingFileIsAnError) {
+  SpecError error;
+  EXPECT_FALSE(loadSpec("/nonexistent/spec.toml", error));
+  EXPECT_EQ(error.str(),
+            "/nonexistent/spec.toml: error: cannot open spec file");
+}
+
+// One invalid spec per rule: the replaced text, the message expected, and the
+// text whose line the error must point at (the replacement by default).
+struct ErrorCase {
+  const char *name;
+  const char *from;
+  const char *to;
+  const char *message;
+  const char *at = nullptr;
+};
+
+class SpecErrors : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(SpecErrors, PointsAtTheOffendingEntry) {
+  const ErrorCase &c = GetParam();
+  std::string text = replaced(c.from, c.to);
+  SpecError error;
+  auto spec = parseSpec(text, "bad.toml", error);
+  ASSERT_FALSE(spec) << "accepted:\n" << text;
+  EXPECT_NE(error.message.find(c.message), std::string::npos)
+      << "message: " << error.message << "\nexpected: " << c.message;
+  std::string at = c.at ? c.at : c.to;
+  uint32_t line = lineOf(text, at);
+  ASSERT_NE(line, 0u);
+  EXPECT_EQ(error.loc.line, line) << error.str();
+  EXPECT_GT(error.loc.column, 0u) << error.str();
+  EXPECT_EQ(error.str().rfind("bad.toml:" + std::to_string(line) + ":", 0), 0u)
+      << error.str();
+}
+
+const ErrorCase kErrorCases[] = {
+    {"SyntaxError", "num_heads = 4", "num_heads = = 4", "invalid TOML"},
+    {"UnknownTopLevelKey", "name = \"t\"", "name = \"t\"\ncolour = 1",
+     "unknown key 'colour' at the top level", "colour"},
+    {"UnknownKeySuggestsSpelling", "num_heads = 4", "num_head = 4",
+     "unknown key 'drafter.num_head' in [drafter]; did you mean 'num_heads'?"},
+    {"WrongTypeString", "num_heads = 4", "num_heads = \"4\"",
+     "'drafter.num_heads' must be an integer, not a string"},
+    {"WrongTypeFloat", "num_heads = 4", "num_heads = 4.0",
+     "'drafter.num_heads' must be an integer, not a float"},
+    {"TableIsNotATable",
+     "[target]\nnum_layers = 8\nhidden_size = 64\nvocab_size = 1000\n",
+     "target = 5\n", "'target' must be a table, not an integer"},
+    {"MissingKey", "vocab_size = 1000\n", "",
+     "missing required key 'target.vocab_size'", "[target]"},
+    {"MissingName", "name = \"t\"\n", "# no name\n",
+     "missing required key 'name'", "# no name"},
+    {"HiddenNotDivisibleByHeads", "num_heads = 4\nnum_kv_heads = 2",
+     "num_heads = 3\nnum_kv_heads = 1",
+     "'drafter.hidden_size' (64) is not divisible by 'drafter.num_heads' (3)",
+     "num_heads = 3"},
+    {"HeadsNotDivisibleByKvHeads", "num_kv_heads = 2", "num_kv_heads = 3",
+     "'drafter.num_heads' (4) is not divisible by 'drafter.num_kv_heads' (3)"},
+    {"HeadDimOdd", "head_dim = 16", "head_dim = 15", "must be even"},
+    {"HiddenSizeDiffersFromTarget", "num_layers = 2",
+     "num_layers = 2\nhidden_size = 32",
+     "'drafter.hidden_size' (32) must equal 'target.hidden_size' (64)",
+     "hidden_size = 32"},
+    {"WindowZero", "sliding_window = 8", "sliding_window = 0",
+     "a window must be positive"},
+    {"WindowNegative", "sliding_window = 8", "sliding_window = -5",
+     "'attention.sliding_window' is -5; a window must be positive"},
+    {"SlidingWithoutWindow", "sliding_window = 8\n", "",
+     "a layer is \"sliding\" but 'attention.sliding_window' is not given",
+     "[attention]"},
+    {"WindowWithoutSlidingLayer", "layers = [\"sliding\", \"full\"]",
+     "layers = [\"full\", \"full\"]",
+     "'attention.sliding_window' is given but no layer is \"sliding\"",
+     "sliding_window"},
+    {"UnknownAttentionKind", "layers = [\"sliding\", \"full\"]",
+     "layers = [\"slidin\", \"full\"]",
+     "'attention.layers.0' is \"slidin\"; it must be \"full\" or \"sliding\""},
+    {"LayerCountMismatch", "layers = [\"sliding\", \"full\"]",
+     "layers = [\"sliding\"]",
+     "'attention.layers' has 1 entries but 'drafter.num_layers' is 2"},
+    {"TapOutsideTarget", "vocab_size = 1000",
+     "vocab_size = 1000\nlayer_ids = [1, 8]",
+     "'target.layer_ids.1' is 8, outside the target's layers 0..7",
+     "layer_ids"},
+    {"TapsNotAscending", "vocab_size = 1000",
+     "vocab_size = 1000\nlayer_ids = [5, 1]",
+     "'target.layer_ids' must be strictly ascending", "layer_ids"},
+    {"TapWrongType", "vocab_size = 1000",
+     "vocab_size = 1000\nlayer_ids = [1, \"5\"]",
+     "'target.layer_ids.1' must be an integer, not a string", "layer_ids"},
+    {"NoTaps", "vocab_size = 1000", "vocab_size = 1000\nlayer_ids = []",
+     "'target.layer_ids' must name at least one layer", "layer_ids"},
+    {"DefaultTapsCollide", "num_layers = 8", "num_layers = 4",
+     "are not distinct layers of the target; give 'target.layer_ids'"},
+    {"BlockSizeBelowTwo", "block_size = 4", "block_size = 1",
+     "'drafter.block_size' is 1; it must be at least 2"},
+    {"MaskTokenOutsideVocab", "mask_token_id = 999", "mask_token_id = 1000",
+     "'drafter.mask_token_id' (1000) is outside the vocabulary"},
+    {"AnchorsDoNotFit", "anchors_per_row = 8", "anchors_per_row = 64",
+     "'training.anchors_per_row' (64) does not fit the sequence"},
+    {"SeqLenTooShort", "seq_len = 64", "seq_len = 1",
+     "'training.seq_len' is 1; it must be at least 2"},
+    {"ValueTooLarge", "num_heads = 4", "num_heads = 99999999999",
+     "it must be at most 1024"},
+    {"NegativeEps", "mask_token_id = 999",
+     "mask_token_id = 999\nrms_norm_eps = -1e-6",
+     "'drafter.rms_norm_eps' must be positive", "rms_norm_eps"},
+    {"ZeroRopeTheta", "mask_token_id = 999",
+     "mask_token_id = 999\nrope_theta = 0", "'drafter.rope_theta' must be "
+                                            "positive",
+     "rope_theta"},
+    {"NegativeGamma", "rows_per_gpu = 2", "rows_per_gpu = 2\ngamma = -1.0",
+     "'training.gamma' must be zero or positive", "gamma"},
+    {"MaxPositionsTooSmall", "mask_token_id = 999",
+     "mask_token_id = 999\nmax_position_embeddings = 32",
+     "'drafter.max_position_embeddings' (32) is below seq_len + block_size",
+     "max_position_embeddings"},
+    {"WarmupRatioTooLarge", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[optimizer]\nwarmup_ratio = 1.5",
+     "'optimizer.warmup_ratio' must be below 1", "warmup_ratio"},
+    {"ZeroGpus", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[parallel]\ngpus_per_node = 0",
+     "'parallel.gpus_per_node' is 0; it must be at least 1", "gpus_per_node"},
+    {"NonFiniteLr", "rows_per_gpu = 2", "rows_per_gpu = 2\n[optimizer]\nlr = nan",
+     "'optimizer.lr' must be a finite number", "lr = nan"},
+};
+
+INSTANTIATE_TEST_SUITE_P(
+    AllRules, SpecErrors, ::testing::ValuesIn(kErrorCases),
+    [](const ::testing::TestParamInfo<ErrorCase> &info) {
+      return std::string(info.param.name);
+    });
+
+} // namespace
