@@ -1,0 +1,184 @@
+//===- Reference.h - CPU reference of every op of the step ------*- C++ -*-===//
+//
+// Plain C++ implementations of every dflash op and its gradient, one function
+// per op, in the exact semantics of SEMANTICS.md. They are the oracle of the
+// GPU kernel tests and the bodies of the reference executor. No MLIR, no CUDA.
+//
+// Conventions:
+// - Tensors are row-major arrays; shapes are given in each comment with the
+//   letters of SEMANTICS.md (B rows, S context, N anchors, bs block size,
+//   Q = N*bs, nh/nkv/d heads, V vocabulary).
+// - Floating tensors are `T` (float or double); sums over long axes accumulate
+//   in double. Nothing here rounds to bf16: callers that emulate bf16 storage
+//   round what they store.
+// - Flags (`keep`, `loss_mask`) are uint8_t, indices int32_t.
+// - Gradient functions overwrite their outputs (they do not accumulate).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_REFERENCE_REFERENCE_H
+#define DFLASH_KERNELS_REFERENCE_REFERENCE_H
+
+#include <cstdint>
+
+namespace dflash::ref {
+
+//===----------------------------------------------------------------------===//
+// Draft-block bookkeeping (SEMANTICS.md sections 3 and 4)
+//===----------------------------------------------------------------------===//
+
+/// out[b, t] = t; out is [B, T].
+void sequencePositions(int32_t *out, int64_t B, int64_t T);
+
+/// out[b, n*bs + k] = anchors[b, n] + k; anchors [B, N], out [B, N*bs].
+void draftPositions(const int32_t *anchors, int32_t *out, int64_t B, int64_t N,
+                    int64_t bs);
+
+/// out[b, n*bs] = keep[b,n] ? inputIds[b, anchors[b,n]] : maskTokenId and
+/// out[b, n*bs + k] = maskTokenId for k > 0. inputIds [B, S].
+void draftTokens(const int32_t *inputIds, const int32_t *anchors,
+                 const uint8_t *keep, int32_t *out, int64_t B, int64_t S,
+                 int64_t N, int64_t bs, int64_t maskTokenId);
+
+/// labels[b, n*bs+k] = inputIds[b, a+k] (0 when a+k >= S), with a the anchor;
+/// weights[b, n*bs+k] = keep * [a+k < S] * [k > 0] * lossMask[b, a+k] *
+/// decay(k), decay(k) = exp(-(k-1)/gamma) if gamma > 0 else 1.
+template <typename T>
+void draftTargets(const int32_t *inputIds, const uint8_t *lossMask,
+                  const int32_t *anchors, const uint8_t *keep, int32_t *labels,
+                  T *weights, int64_t B, int64_t S, int64_t N, int64_t bs,
+                  double gamma);
+
+//===----------------------------------------------------------------------===//
+// Dense layers
+//===----------------------------------------------------------------------===//
+
+/// out[r, :] = table[ids[r], :]; table [V, H], ids [rows], out [rows, H].
+template <typename T>
+void embed(const T *table, const int32_t *ids, T *out, int64_t rows,
+           int64_t H);
+
+/// y[M, N] = x[M, K] * w[N, K]^T.
+template <typename T>
+void linear(const T *x, const T *w, T *y, int64_t M, int64_t N, int64_t K);
+/// dx[M, K] = dy[M, N] * w[N, K].
+template <typename T>
+void linearGradInput(const T *dy, const T *w, T *dx, int64_t M, int64_t N,
+                     int64_t K);
+/// dw[N, K] = dy[M, N]^T * x[M, K].
+template <typename T>
+void linearGradWeight(const T *dy, const T *x, T *dw, int64_t M, int64_t N,
+                      int64_t K);
+
+/// y = x * rsqrt(mean(x^2) + eps) * w over the last dimension D; x, y
+/// [rows, D], w [D].
+template <typename T>
+void rmsNorm(const T *x, const T *w, T *y, int64_t rows, int64_t D,
+             double eps);
+/// dx [rows, D] and dw [D] (summed over rows) of rmsNorm.
+template <typename T>
+void rmsNormGrad(const T *dy, const T *x, const T *w, T *dx, T *dw,
+                 int64_t rows, int64_t D, double eps);
+
+/// Rotate-half RoPE of x [rows, heads, d] at positions pos [rows]: with
+/// inv_i = 1 / theta^(2i/d) and angle = pos * inv_i both computed in fp32
+/// (as the Hugging Face Qwen3 code does), for i < d/2:
+/// y[i] = x[i] cos - x[i+d/2] sin, y[i+d/2] = x[i+d/2] cos + x[i] sin.
+template <typename T>
+void rope(const T *x, const int32_t *pos, T *y, int64_t rows, int64_t heads,
+          int64_t d, double theta);
+/// dx of rope (the rotation by the opposite angle).
+template <typename T>
+void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
+              int64_t heads, int64_t d, double theta);
+
+/// y = silu(g) * u elementwise, n elements.
+template <typename T> void swiglu(const T *g, const T *u, T *y, int64_t n);
+template <typename T>
+void swigluGrad(const T *dy, const T *g, const T *u, T *dg, T *du, int64_t n);
+
+//===----------------------------------------------------------------------===//
+// Block-prefix attention (SEMANTICS.md section 3, item 4)
+//===----------------------------------------------------------------------===//
+
+struct AttentionShape {
+  int64_t B, S, N, bs, nh, nkv, d;
+  int64_t window = 0; ///< 0: no window (full layer)
+  bool causal = false; ///< in-block causality (sliding layers)
+  int64_t Q() const { return N * bs; }
+};
+
+/// q [B, Q, nh, d]; contextKeys/contextValues [B, S, nkv, d]; draftKeys/
+/// draftValues [B, Q, nkv, d]; anchors/keep [B, N]. Query (n, k) of row b,
+/// head h reads kv head h / (nh/nkv) and sees context key j iff keep and
+/// j < a and (no window or j >= a + k - (window - 1)), and draft key (n, k')
+/// iff keep and (not causal or k' <= k). Scale d^-0.5. out [B, Q, nh, d] is
+/// 0 for a query that sees nothing; lse [B, Q, nh] is the natural-log
+/// log-sum-exp of the scaled scores, -infinity for such a query.
+template <typename T>
+void blockAttention(const T *q, const T *contextKeys, const T *contextValues,
+                    const T *draftKeys, const T *draftValues,
+                    const int32_t *anchors, const uint8_t *keep, T *out,
+                    T *lse, const AttentionShape &shape);
+
+/// Gradients of blockAttention given dOut and the forward's out and lse.
+/// dContextKeys/Values sum the contributions of every block that sees them.
+template <typename T>
+void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
+                        const T *contextValues, const T *draftKeys,
+                        const T *draftValues, const int32_t *anchors,
+                        const uint8_t *keep, const T *out, const T *lse,
+                        T *dq, T *dContextKeys, T *dContextValues,
+                        T *dDraftKeys, T *dDraftValues,
+                        const AttentionShape &shape);
+
+//===----------------------------------------------------------------------===//
+// lm_head + weighted cross-entropy (SEMANTICS.md section 4)
+//===----------------------------------------------------------------------===//
+
+struct CrossEntropySums {
+  double lossSum = 0;   ///< sum(w * CE)
+  double weightSum = 0; ///< sum(w)
+  double correct = 0;   ///< sum([argmax == label] * [w > 0])
+  double count = 0;     ///< sum([w > 0])
+};
+
+/// logits = y [rows, H] * w [V, H]^T; CE from logits in the working
+/// precision. argmax takes the first maximum.
+template <typename T>
+CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
+                                    const int32_t *labels, const T *weights,
+                                    int64_t rows, int64_t V, int64_t H);
+
+/// dy [rows, H] of dLossSum * sum(w * CE) with respect to y.
+template <typename T>
+void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
+                            const T *weights, double dLossSum, T *dy,
+                            int64_t rows, int64_t V, int64_t H);
+
+//===----------------------------------------------------------------------===//
+// Optimizer (SEMANTICS.md section 5)
+//===----------------------------------------------------------------------===//
+
+/// The sum of squares of n values (the global norm is the square root of
+/// the sum over every gradient).
+template <typename T> double sumOfSquares(const T *x, int64_t n);
+
+/// min(1, maxNorm / (norm + 1e-6)).
+double clipCoefficient(double norm, double maxNorm);
+
+struct AdamWConfig {
+  double lr, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
+};
+
+/// One torch.optim.AdamW step on n fp32 masters with gradient grad * scale
+/// (scale is the clip coefficient), at 1-based step t for bias correction:
+/// p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+/// p -= lr / (1-b1^t) * m / (sqrt(v) / sqrt(1-b2^t) + eps).
+template <typename T>
+void adamw(T *master, const T *grad, T *m, T *v, int64_t n, int64_t t,
+           double scale, const AdamWConfig &config);
+
+} // namespace dflash::ref
+
+#endif // DFLASH_KERNELS_REFERENCE_REFERENCE_H
