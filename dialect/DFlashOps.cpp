@@ -11,6 +11,7 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
 #include "llvm/ADT/STLExtras.h"
+#include "llvm/Support/Format.h"
 
 using namespace mlir;
 using namespace mlir::dflash;
@@ -26,6 +27,13 @@ std::string shapeString(ArrayRef<int64_t> shape) {
   os << "[";
   llvm::interleave(shape, os, "x");
   os << "]";
+  return s;
+}
+
+/// A double as "%g" writes it ("-1", "1e-06"), for messages.
+std::string formatDouble(double v) {
+  std::string s;
+  llvm::raw_string_ostream(s) << llvm::format("%g", v);
   return s;
 }
 
@@ -131,7 +139,8 @@ LogicalResult DraftTargetsOp::verify() {
   if (failed(expectAtLeast(op, "C1", "block_size", getBlockSize(), 1)))
     return failure();
   if (!(getGamma().convertToDouble() >= 0))
-    return emitOpError() << "(C1) gamma is " << getGamma().convertToDouble()
+    return emitOpError() << "(C1) gamma is "
+                         << formatDouble(getGamma().convertToDouble())
                          << " but must be zero or positive";
   // draft_targets C2
   if (failed(expectRank(op, "C2", "input_ids", getInputIds(), 2)) ||
@@ -207,7 +216,8 @@ LogicalResult RmsNormOp::verify() {
   Operation *op = *this;
   // rms_norm C1
   if (!(getEps().convertToDouble() > 0))
-    return emitOpError() << "(C1) eps is " << getEps().convertToDouble()
+    return emitOpError() << "(C1) eps is "
+                         << formatDouble(getEps().convertToDouble())
                          << " but must be positive";
   // rms_norm C2
   int64_t last = tensorType(getInput()).getShape().empty()
@@ -240,7 +250,8 @@ LogicalResult RopeOp::verify() {
   Operation *op = *this;
   // rope C1
   if (!(getTheta().convertToDouble() > 0))
-    return emitOpError() << "(C1) theta is " << getTheta().convertToDouble()
+    return emitOpError() << "(C1) theta is "
+                         << formatDouble(getTheta().convertToDouble())
                          << " but must be positive";
   // rope C2
   if (failed(expectRank(op, "C2", "input", getInput(), 4)))
@@ -248,8 +259,7 @@ LogicalResult RopeOp::verify() {
   auto x = tensorType(getInput()).getShape();
   // rope C3
   if (x[3] % 2 != 0)
-    return emitOpError() << "(C3) head dimension (" << x[3]
-                         << ") must be even";
+    return emitOpError() << "(C3) head dimension (" << x[3] << ") must be even";
   // rope C4
   if (failed(expectShape(op, "C4", "positions", getPositions(), {x[0], x[1]})))
     return failure();
@@ -305,8 +315,8 @@ LogicalResult BlockAttentionOp::verify() {
   // block_attention C8
   if (failed(expectSameElementType(op, "C8", "query", getQuery(),
                                    "context_keys", getContextKeys())) ||
-      failed(expectSameElementType(op, "C8", "query", getQuery(),
-                                   "draft_keys", getDraftKeys())))
+      failed(expectSameElementType(op, "C8", "query", getQuery(), "draft_keys",
+                                   getDraftKeys())))
     return failure();
   // block_attention C9
   if (failed(expectSameType(op, "C9", "result", getResult(), "query",
@@ -328,8 +338,8 @@ LogicalResult SwigluOp::verify() {
 LogicalResult AddOp::verify() {
   // add C1
   if (failed(expectSameType(*this, "C1", "lhs", getLhs(), "rhs", getRhs())) ||
-      failed(expectSameType(*this, "C1", "result", getResult(), "lhs",
-                            getLhs())))
+      failed(
+          expectSameType(*this, "C1", "result", getResult(), "lhs", getLhs())))
     return failure();
   return success();
 }

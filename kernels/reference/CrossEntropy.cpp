@@ -1,0 +1,130 @@
+//===- CrossEntropy.cpp - lm_head + weighted cross-entropy reference ------===//
+//
+// The loss of SEMANTICS.md section 4 and its gradient with respect to the
+// final hidden states. Logits are formed a few rows at a time so the scratch
+// stays small at full vocabularies.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kernels/reference/Reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace dflash::ref {
+
+namespace {
+
+constexpr int64_t kRowsPerChunk = 64;
+
+/// Rows with a nonzero weight, the only ones that reach the loss, gathered
+/// in chunks of at most kRowsPerChunk.
+template <typename T>
+std::vector<int64_t> weightedRows(const T *weights, int64_t rows) {
+  std::vector<int64_t> selected;
+  for (int64_t r = 0; r < rows; ++r)
+    if (weights[r] != T(0))
+      selected.push_back(r);
+  return selected;
+}
+
+/// Gathers y rows [first, first + count) of `selected` into `chunk`.
+template <typename T>
+void gatherRows(const T *y, const std::vector<int64_t> &selected, int64_t first,
+                int64_t count, int64_t H, std::vector<T> &chunk) {
+  chunk.resize(count * H);
+  for (int64_t i = 0; i < count; ++i)
+    std::copy(y + selected[first + i] * H, y + selected[first + i] * H + H,
+              chunk.begin() + i * H);
+}
+
+template <typename T> double logSumExp(const T *logits, int64_t V) {
+  const double maxLogit = *std::max_element(logits, logits + V);
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v)
+    sum += std::exp(static_cast<double>(logits[v]) - maxLogit);
+  return maxLogit + std::log(sum);
+}
+
+} // namespace
+
+template <typename T>
+CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
+                                    const int32_t *labels, const T *weights,
+                                    int64_t rows, int64_t V, int64_t H) {
+  CrossEntropySums sums;
+  const std::vector<int64_t> selected = weightedRows(weights, rows);
+  const auto total = static_cast<int64_t>(selected.size());
+  std::vector<T> chunk, logits;
+  for (int64_t first = 0; first < total; first += kRowsPerChunk) {
+    const int64_t count = std::min(kRowsPerChunk, total - first);
+    gatherRows(y, selected, first, count, H, chunk);
+    logits.resize(count * V);
+    linear(chunk.data(), w, logits.data(), count, V, H);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = selected[first + i];
+      const T *rowLogits = logits.data() + i * V;
+      const double weight = weights[r];
+      const double ce =
+          logSumExp(rowLogits, V) - static_cast<double>(rowLogits[labels[r]]);
+      sums.lossSum += weight * ce;
+      sums.weightSum += weight;
+      if (weight > 0) {
+        // max_element returns the first of equal maxima.
+        const int64_t argmax =
+            std::max_element(rowLogits, rowLogits + V) - rowLogits;
+        sums.count += 1;
+        sums.correct += argmax == labels[r] ? 1 : 0;
+      }
+    }
+  }
+  return sums;
+}
+
+// d(w_r CE_r)/dlogits_r = w_r (softmax_r - onehot(label_r)); dy = dlogits W.
+template <typename T>
+void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
+                            const T *weights, double dLossSum, T *dy,
+                            int64_t rows, int64_t V, int64_t H) {
+  std::fill(dy, dy + rows * H, T(0));
+  const std::vector<int64_t> selected = weightedRows(weights, rows);
+  const auto total = static_cast<int64_t>(selected.size());
+  std::vector<T> chunk, logits, dChunk;
+  for (int64_t first = 0; first < total; first += kRowsPerChunk) {
+    const int64_t count = std::min(kRowsPerChunk, total - first);
+    gatherRows(y, selected, first, count, H, chunk);
+    logits.resize(count * V);
+    linear(chunk.data(), w, logits.data(), count, V, H);
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t r = selected[first + i];
+      T *rowLogits = logits.data() + i * V;
+      const double lse = logSumExp(rowLogits, V);
+      const double rowScale = dLossSum * static_cast<double>(weights[r]);
+      // The logits buffer becomes dlogits in place.
+      for (int64_t v = 0; v < V; ++v) {
+        const double p = std::exp(static_cast<double>(rowLogits[v]) - lse);
+        rowLogits[v] = static_cast<T>(rowScale * (v == labels[r] ? p - 1 : p));
+      }
+    }
+    dChunk.resize(count * H);
+    linearGradInput(logits.data(), w, dChunk.data(), count, V, H);
+    for (int64_t i = 0; i < count; ++i)
+      std::copy(dChunk.begin() + i * H, dChunk.begin() + (i + 1) * H,
+                dy + selected[first + i] * H);
+  }
+}
+
+#define DFLASH_INSTANTIATE_CROSS_ENTROPY(T)                                    \
+  template CrossEntropySums lmHeadCrossEntropy<T>(const T *, const T *,        \
+                                                  const int32_t *, const T *,  \
+                                                  int64_t, int64_t, int64_t);  \
+  template void lmHeadCrossEntropyGrad<T>(const T *, const T *,                \
+                                          const int32_t *, const T *, double,  \
+                                          T *, int64_t, int64_t, int64_t);
+
+DFLASH_INSTANTIATE_CROSS_ENTROPY(float)
+DFLASH_INSTANTIATE_CROSS_ENTROPY(double)
+#undef DFLASH_INSTANTIATE_CROSS_ENTROPY
+
+} // namespace dflash::ref

@@ -1,0 +1,137 @@
+//===- ModelConfig.cpp - Parameter table and initialisation ---------------===//
+
+#include "runtime/ModelConfig.h"
+
+#include "runtime/Bf16.h"
+#include "runtime/Rng.h"
+
+using namespace dflash::rt;
+
+int64_t ParamInfo::numel() const {
+  int64_t count = 1;
+  for (int64_t extent : shape)
+    count *= extent;
+  return count;
+}
+
+static Status fieldError(const ModelConfig &config, const std::string &what) {
+  std::string name = config.name.empty() ? "model config" : config.name;
+  return Status::error(name + ": " + what);
+}
+
+Status dflash::rt::validateModelConfig(const ModelConfig &c) {
+  struct Positive {
+    const char *field;
+    int64_t value;
+  } positives[] = {
+      {"target_num_layers", c.targetNumLayers},
+      {"target_hidden_size", c.targetHiddenSize},
+      {"vocab_size", c.vocabSize},
+      {"num_layers", c.numLayers},
+      {"hidden_size", c.hiddenSize},
+      {"intermediate_size", c.intermediateSize},
+      {"num_heads", c.numHeads},
+      {"num_kv_heads", c.numKvHeads},
+      {"head_dim", c.headDim},
+      {"block_size", c.blockSize},
+      {"max_position_embeddings", c.maxPositionEmbeddings},
+      {"seq_len", c.seqLen},
+      {"anchors_per_row", c.anchorsPerRow},
+      {"rows_per_gpu", c.rowsPerGpu},
+  };
+  for (const Positive &p : positives)
+    if (p.value <= 0)
+      return fieldError(c, "'" + std::string(p.field) + "' is " +
+                               std::to_string(p.value) +
+                               " but must be positive");
+  if (c.hiddenSize != c.targetHiddenSize)
+    return fieldError(c, "'hidden_size' (" + std::to_string(c.hiddenSize) +
+                             ") differs from 'target_hidden_size' (" +
+                             std::to_string(c.targetHiddenSize) + ")");
+  if (c.numHeads % c.numKvHeads != 0)
+    return fieldError(c, "'num_heads' (" + std::to_string(c.numHeads) +
+                             ") is not a multiple of 'num_kv_heads' (" +
+                             std::to_string(c.numKvHeads) + ")");
+  if (c.headDim % 2 != 0)
+    return fieldError(c, "'head_dim' (" + std::to_string(c.headDim) +
+                             ") must be even for rotary embeddings");
+  if (c.maskTokenId < 0 || c.maskTokenId >= c.vocabSize)
+    return fieldError(c, "'mask_token_id' (" + std::to_string(c.maskTokenId) +
+                             ") is outside the vocabulary of " +
+                             std::to_string(c.vocabSize) + " tokens");
+  if (c.targetLayerIds.empty())
+    return fieldError(c, "'target_layer_ids' is empty");
+  for (size_t i = 0; i < c.targetLayerIds.size(); ++i) {
+    int64_t id = c.targetLayerIds[i];
+    if (id < 0 || id >= c.targetNumLayers)
+      return fieldError(c, "'target_layer_ids' entry " + std::to_string(id) +
+                               " is outside the target's " +
+                               std::to_string(c.targetNumLayers) + " layers");
+    if (i > 0 && id <= c.targetLayerIds[i - 1])
+      return fieldError(c, "'target_layer_ids' is not strictly ascending");
+  }
+  if (int64_t(c.layerWindows.size()) != c.numLayers)
+    return fieldError(c, "'layer_windows' has " +
+                             std::to_string(c.layerWindows.size()) +
+                             " entries but the drafter has " +
+                             std::to_string(c.numLayers) + " layers");
+  for (int64_t window : c.layerWindows)
+    if (window < 0)
+      return fieldError(c, "'layer_windows' has a negative window " +
+                               std::to_string(window));
+  if (c.seqLen < 2)
+    return fieldError(c, "'seq_len' (" + std::to_string(c.seqLen) +
+                             ") leaves no room for an anchor");
+  return Status::success();
+}
+
+std::vector<ParamInfo> dflash::rt::parameterTable(const ModelConfig &c) {
+  int64_t H = c.hiddenSize, I = c.intermediateSize, d = c.headDim;
+  std::vector<ParamInfo> table;
+  table.push_back({"fc.weight", {H, c.contextWidth()}, false});
+  table.push_back({"hidden_norm.weight", {H}, true});
+  for (int64_t i = 0; i < c.numLayers; ++i) {
+    std::string layer = "layers." + std::to_string(i) + ".";
+    table.push_back({layer + "input_layernorm.weight", {H}, true});
+    table.push_back({layer + "self_attn.q_proj.weight", {c.qDim(), H}, false});
+    table.push_back({layer + "self_attn.k_proj.weight", {c.kvDim(), H}, false});
+    table.push_back({layer + "self_attn.v_proj.weight", {c.kvDim(), H}, false});
+    table.push_back({layer + "self_attn.o_proj.weight", {H, c.qDim()}, false});
+    table.push_back({layer + "self_attn.q_norm.weight", {d}, true});
+    table.push_back({layer + "self_attn.k_norm.weight", {d}, true});
+    table.push_back({layer + "post_attention_layernorm.weight", {H}, true});
+    table.push_back({layer + "mlp.gate_proj.weight", {I, H}, false});
+    table.push_back({layer + "mlp.up_proj.weight", {I, H}, false});
+    table.push_back({layer + "mlp.down_proj.weight", {H, I}, false});
+  }
+  table.push_back({"norm.weight", {H}, true});
+  return table;
+}
+
+int64_t dflash::rt::numParameters(const ModelConfig &config) {
+  int64_t total = 0;
+  for (const ParamInfo &param : parameterTable(config))
+    total += param.numel();
+  return total;
+}
+
+std::vector<std::vector<uint16_t>>
+dflash::rt::initialParameters(const ModelConfig &config, uint64_t seed) {
+  std::vector<ParamInfo> table = parameterTable(config);
+  std::vector<std::vector<uint16_t>> params(table.size());
+  const uint16_t one = floatToBf16(1.0f);
+  for (size_t t = 0; t < table.size(); ++t) {
+    std::vector<uint16_t> &values = params[t];
+    values.resize(size_t(table[t].numel()));
+    if (table[t].isNorm) {
+      std::fill(values.begin(), values.end(), one);
+      continue;
+    }
+    // One stream per tensor: a tensor's values do not depend on the sizes
+    // of the tensors before it.
+    Rng rng = Rng::forStream(seed, 0x1000 + t);
+    for (uint16_t &value : values)
+      value = floatToBf16(float(rng.normal() * config.initStd));
+  }
+  return params;
+}

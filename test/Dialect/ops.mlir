@@ -1,0 +1,91 @@
+// RUN: dflash-opt %s | FileCheck %s
+// RUN: dflash-opt %s --verify-roundtrip | FileCheck %s
+// RUN: dflash-opt %s --mlir-print-op-generic | dflash-opt | FileCheck %s
+
+// CHECK-LABEL: func.func @bookkeeping
+func.func @bookkeeping(%ids: tensor<2x32xi32>, %mask: tensor<2x32xi8>,
+                       %anchors: tensor<2x3xi32>, %keep: tensor<2x3xi8>)
+    -> (tensor<2x32xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>) {
+  // CHECK: dflash.sequence_positions : tensor<2x32xi32>
+  %p = dflash.sequence_positions : tensor<2x32xi32>
+  // CHECK: dflash.draft_positions %{{.*}} {block_size = 4 : i64}
+  %dp = dflash.draft_positions %anchors {block_size = 4 : i64}
+      : (tensor<2x3xi32>) -> tensor<2x12xi32>
+  // CHECK: dflash.draft_tokens {{.*}} {block_size = 4 : i64, mask_token_id = 7 : i64}
+  %t = dflash.draft_tokens %ids, %anchors, %keep
+      {block_size = 4 : i64, mask_token_id = 7 : i64}
+      : (tensor<2x32xi32>, tensor<2x3xi32>, tensor<2x3xi8>) -> tensor<2x12xi32>
+  // CHECK: %[[L:.+]], %[[W:.+]] = dflash.draft_targets {{.*}} {block_size = 4 : i64, gamma = 7.000000e+00 : f64}
+  %l, %w = dflash.draft_targets %ids, %mask, %anchors, %keep
+      {block_size = 4 : i64, gamma = 7.0 : f64}
+      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>)
+      -> (tensor<2x12xi32>, tensor<2x12xf32>)
+  return %p, %dp, %t, %l, %w : tensor<2x32xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>
+}
+
+// CHECK-LABEL: func.func @layer
+func.func @layer(%table: tensor<100x64xbf16>, %ids: tensor<2x12xi32>,
+                 %wq: tensor<64x64xbf16>, %nw: tensor<64xbf16>,
+                 %hn: tensor<16xbf16>, %pos: tensor<2x12xi32>)
+    -> tensor<2x12x64xbf16> {
+  // CHECK: %[[X:.+]] = dflash.embed
+  %x = dflash.embed %table, %ids
+      : (tensor<100x64xbf16>, tensor<2x12xi32>) -> tensor<2x12x64xbf16>
+  // CHECK: %[[H:.+]] = dflash.rms_norm %[[X]], %{{.*}} {eps = 9.9999999999999995E-7 : f64}
+  %h = dflash.rms_norm %x, %nw {eps = 1.0e-6 : f64}
+      : (tensor<2x12x64xbf16>, tensor<64xbf16>) -> tensor<2x12x64xbf16>
+  // CHECK: %[[Q:.+]] = dflash.linear %[[H]]
+  %q = dflash.linear %h, %wq
+      : (tensor<2x12x64xbf16>, tensor<64x64xbf16>) -> tensor<2x12x64xbf16>
+  // CHECK: dflash.reshape %[[Q]] : (tensor<2x12x64xbf16>) -> tensor<2x12x4x16xbf16>
+  %qh = dflash.reshape %q : (tensor<2x12x64xbf16>) -> tensor<2x12x4x16xbf16>
+  %qn = dflash.rms_norm %qh, %hn {eps = 1.0e-6 : f64}
+      : (tensor<2x12x4x16xbf16>, tensor<16xbf16>) -> tensor<2x12x4x16xbf16>
+  // CHECK: dflash.rope {{.*}} {theta = 1.000000e+06 : f64}
+  %qr = dflash.rope %qn, %pos {theta = 1.0e6 : f64}
+      : (tensor<2x12x4x16xbf16>, tensor<2x12xi32>) -> tensor<2x12x4x16xbf16>
+  %back = dflash.reshape %qr : (tensor<2x12x4x16xbf16>) -> tensor<2x12x64xbf16>
+  // CHECK: dflash.swiglu
+  %s = dflash.swiglu %back, %x
+      : (tensor<2x12x64xbf16>, tensor<2x12x64xbf16>) -> tensor<2x12x64xbf16>
+  // CHECK: dflash.add
+  %r = dflash.add %x, %s
+      : (tensor<2x12x64xbf16>, tensor<2x12x64xbf16>) -> tensor<2x12x64xbf16>
+  return %r : tensor<2x12x64xbf16>
+}
+
+// CHECK-LABEL: func.func @attention
+func.func @attention(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x2x16xbf16>,
+                     %vc: tensor<2x32x2x16xbf16>, %kd: tensor<2x12x2x16xbf16>,
+                     %vd: tensor<2x12x2x16xbf16>, %a: tensor<2x3xi32>,
+                     %keep: tensor<2x3xi8>) -> (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>) {
+  // CHECK: dflash.block_attention {{.*}} {block_size = 4 : i64}
+  %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %a, %keep
+      {block_size = 4 : i64}
+      : (tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>,
+         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>)
+      -> (tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
+  // CHECK: dflash.block_attention {{.*}} {block_size = 4 : i64, causal, window = 8 : i64}
+  %o2, %lse2 = dflash.block_attention %q, %kc, %vc, %kd, %vd, %a, %keep
+      {block_size = 4 : i64, window = 8 : i64, causal}
+      : (tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>,
+         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>)
+      -> (tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
+  return %o, %o2 : tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>
+}
+
+// CHECK-LABEL: func.func @loss
+func.func @loss(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>,
+                %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>) -> tensor<f32> {
+  // CHECK: dflash.lm_head_ce {{.*}} -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  %a, %b, %c, %d = dflash.lm_head_ce %y, %w, %l, %wt
+      : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x12xi32>, tensor<2x12xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  return %a : tensor<f32>
+}
+
+// CHECK-LABEL: func.func @arg_attr
+// CHECK-SAME: {dflash.arg = #dflash.arg<parameter, "fc.weight">}
+func.func @arg_attr(%w: tensor<4x8xbf16> {dflash.arg = #dflash.arg<parameter, "fc.weight">}) {
+  return
+}
