@@ -6,10 +6,17 @@
 include "dialect/DFlashDialect.td"
 include "mlir/IR/EnumAttr.td"
 
-def DFlash_ArgRole : I32EnumAttr<"ArgRole", "what a step argument holds", [
+def DFlash_ArgRole : I32EnumAttr<"ArgRole",
+    "what a step argument or result holds", [
   I32EnumAttrCase<"Input", 0, "input">,
   I32EnumAttrCase<"Frozen", 1, "frozen">,
-  I32EnumAttrCase<"Parameter", 2, "parameter">
+  I32EnumAttrCase<"Parameter", 2, "parameter">,
+  I32EnumAttrCase<"Gradient", 3, "gradient">,
+  I32EnumAttrCase<"Master", 4, "master">,
+  I32EnumAttrCase<"Moment1", 5, "moment1">,
+  I32EnumAttrCase<"Moment2", 6, "moment2">,
+  I32EnumAttrCase<"Counter", 7, "counter">,
+  I32EnumAttrCase<"Metric", 8, "metric">
 ]> {
   let genSpecializedAttr = 0;
   let cppNamespace = "::mlir::dflash";
@@ -17,13 +24,21 @@ def DFlash_ArgRole : I32EnumAttr<"ArgRole", "what a step argument holds", [
 
 def DFlash_ArgAttr : AttrDef<DFlash_Dialect, "Arg"> {
   let mnemonic = "arg";
-  let summary = "Role and name of a step function argument";
+  let summary = "Role and name of a step function argument or result";
   let description = [{
-    Attached to each argument of `@step` under the key `dflash.arg`. `role`
-    says whether the argument is per-step data, a frozen target weight or a
-    trainable parameter; `name` is its name in data shards (`input_ids`), in
-    the target directory (`embed`, `lm_head`) or in the exported checkpoint
-    (`layers.0.self_attn.q_proj.weight`).
+    Attached to each argument and result of `@step` under the key
+    `dflash.arg`, so that the runtime can bind buffers by meaning. `role` says
+    what the value holds:
+    - `input`: per-step data (`input_ids`, `loss_mask`, `target_hidden`,
+      `anchors`, `keep`), or `loss_sum_grad`, the seed of the backward pass;
+    - `frozen`: a target weight (`embed`, `lm_head`);
+    - `parameter`: a trainable bf16 weight, named as in the exported
+      checkpoint (`layers.0.self_attn.q_proj.weight`);
+    - `gradient`: a parameter's gradient (result of the backward pass);
+    - `master`, `moment1`, `moment2`: its fp32 master copy and Adam moments;
+    - `counter`: `step` (0-based optimizer step) and `total_steps`;
+    - `metric`: a reported scalar (`loss`, `acc`, `grad_norm`, `lr`, or the
+      forward sums `loss_sum`, `weight_sum`, `correct`, `count`).
 
     ```mlir
     func.func @step(%fc: tensor<256x512xbf16>
@@ -33,6 +48,27 @@ def DFlash_ArgAttr : AttrDef<DFlash_Dialect, "Arg"> {
   let parameters = (ins EnumParameter<DFlash_ArgRole>:$role,
                         StringRefParameter<"the argument's name">:$name);
   let assemblyFormat = "`<` $role `,` $name `>`";
+}
+
+def DFlash_OptimizerAttr : AttrDef<DFlash_Dialect, "Optimizer"> {
+  let mnemonic = "optimizer";
+  let summary = "AdamW hyperparameters and learning-rate schedule of a step";
+  let description = [{
+    Attached to the module under `dflash.optimizer` by the importer, from the
+    spec's [optimizer] table; `dflash-append-optimizer` reads it.
+
+    ```mlir
+    module attributes {dflash.optimizer = #dflash.optimizer<
+        lr = 6.0e-04 : f64, warmup_ratio = 4.0e-02 : f64,
+        max_grad_norm = 1.0 : f64, beta1 = 0.9 : f64, beta2 = 0.999 : f64,
+        eps = 1.0e-08 : f64, weight_decay = 0.0 : f64>} {}
+    ```
+  }];
+  let parameters = (ins "FloatAttr":$lr, "FloatAttr":$warmup_ratio,
+                        "FloatAttr":$max_grad_norm, "FloatAttr":$beta1,
+                        "FloatAttr":$beta2, "FloatAttr":$eps,
+                        "FloatAttr":$weight_decay);
+  let assemblyFormat = "`<` struct(params) `>`";
 }
 
 #endif // DFLASH_ATTRS_TD

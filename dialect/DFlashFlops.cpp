@@ -40,14 +40,15 @@ int64_t SwigluOp::getFlopCount() { return 5 * numElements(getGate()); }
 
 int64_t AddOp::getFlopCount() { return numElements(getLhs()); }
 
-int64_t BlockAttentionOp::getFlopCount() {
-  auto q = cast<RankedTensorType>(getQuery().getType()).getShape();
-  int64_t S = cast<RankedTensorType>(getContextKeys().getType()).getDimSize(1);
+/// Forward FLOPs of block attention (see the file comment).
+static int64_t attentionFlops(Value query, Value contextKeys, int64_t bs,
+                              IntegerAttr windowAttr, bool causal) {
+  auto q = cast<RankedTensorType>(query.getType()).getShape();
+  int64_t S = cast<RankedTensorType>(contextKeys.getType()).getDimSize(1);
   int64_t B = q[0], Q = q[1], nh = q[2], d = q[3];
-  int64_t bs = getBlockSize();
   std::optional<int64_t> window;
-  if (IntegerAttr w = getWindowAttr())
-    window = w.getInt();
+  if (windowAttr)
+    window = windowAttr.getInt();
   // Visible keys summed over the slots k of one block, averaged over the
   // anchor a in [0, S-2].
   double visible = 0;
@@ -56,12 +57,64 @@ int64_t BlockAttentionOp::getFlopCount() {
     for (int64_t a = 0; a <= S - 2; ++a)
       ctx += window ? std::max<int64_t>(0, std::min(a, *window - 1 - k)) : a;
     visible += ctx / double(std::max<int64_t>(1, S - 1));
-    visible += getCausal() ? double(k + 1) : double(bs);
+    visible += causal ? double(k + 1) : double(bs);
   }
   int64_t blocks = B * (Q / bs);
   // QK^T and PV: 2*d each per visible pair and query head.
   return int64_t(double(blocks) * double(nh) * 4.0 * double(d) * visible);
 }
+
+int64_t BlockAttentionOp::getFlopCount() {
+  return attentionFlops(getQuery(), getContextKeys(), getBlockSize(),
+                        getWindowAttr(), getCausal());
+}
+
+// Recompute QK^T, then dV, dP, dQ, dK: 2.5 times the forward (the
+// FlashAttention convention).
+int64_t BlockAttentionGradOp::getFlopCount() {
+  return attentionFlops(getQuery(), getContextKeys(), getBlockSize(),
+                        getWindowAttr(), getCausal()) *
+         5 / 2;
+}
+
+int64_t LinearGradInputOp::getFlopCount() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t rows = numElements(getGrad()) / w.getDimSize(0);
+  return 2 * rows * w.getDimSize(0) * w.getDimSize(1);
+}
+
+int64_t LinearGradWeightOp::getFlopCount() {
+  auto dw = cast<RankedTensorType>(getResult().getType());
+  int64_t rows = numElements(getGrad()) / dw.getDimSize(0);
+  return 2 * rows * dw.getDimSize(0) * dw.getDimSize(1);
+}
+
+int64_t RmsNormGradOp::getFlopCount() { return 8 * numElements(getInput()); }
+int64_t RopeGradOp::getFlopCount() { return 3 * numElements(getGrad()); }
+int64_t SwigluGradOp::getFlopCount() { return 8 * numElements(getGate()); }
+
+// The logits are recomputed, then multiplied back: two GEMMs.
+int64_t LmHeadCeGradOp::getFlopCount() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t rows = numElements(getLabels());
+  return 4 * rows * w.getDimSize(0) * w.getDimSize(1);
+}
+
+int64_t AllReduceOp::getFlopCount() { return 0; }
+int64_t LossStatsOp::getFlopCount() { return 0; }
+int64_t ConvertOp::getFlopCount() { return 0; }
+int64_t ClipCoefficientOp::getFlopCount() { return 0; }
+int64_t LrScheduleOp::getFlopCount() { return 0; }
+
+int64_t GlobalNormOp::getFlopCount() {
+  int64_t n = 0;
+  for (Value v : getInputs())
+    n += numElements(v);
+  return 2 * n;
+}
+
+// Moments, bias corrections, the update and the weight decay.
+int64_t AdamWOp::getFlopCount() { return 12 * numElements(getMaster()); }
 
 int64_t LmHeadCeOp::getFlopCount() {
   auto w = cast<RankedTensorType>(getWeight().getType());

@@ -267,61 +267,75 @@ LogicalResult RopeOp::verify() {
   return expectSameType(op, "C5", "result", getResult(), "input", getInput());
 }
 
-LogicalResult BlockAttentionOp::verify() {
-  Operation *op = *this;
-  int64_t bs = getBlockSize();
+/// The constraints block_attention and block_attention_grad share, checked
+/// on the forward operands.
+static LogicalResult
+verifyAttentionOperands(Operation *op, Value query, Value contextKeys,
+                        Value contextValues, Value draftKeys, Value draftValues,
+                        Value anchors, Value keep, int64_t bs,
+                        IntegerAttr window) {
   // block_attention C1
   if (failed(expectAtLeast(op, "C1", "block_size", bs, 1)))
     return failure();
   // block_attention C2
-  if (IntegerAttr w = getWindowAttr(); w && w.getInt() <= 0)
-    return emitOpError() << "(C2) window is " << w.getInt()
-                         << " but must be positive";
+  if (window && window.getInt() <= 0)
+    return op->emitOpError() << "(C2) window is " << window.getInt()
+                             << " but must be positive";
   // block_attention C3
-  if (failed(expectRank(op, "C3", "query", getQuery(), 4)) ||
-      failed(expectRank(op, "C3", "context_keys", getContextKeys(), 4)) ||
-      failed(expectRank(op, "C3", "anchors", getAnchors(), 2)))
+  if (failed(expectRank(op, "C3", "query", query, 4)) ||
+      failed(expectRank(op, "C3", "context_keys", contextKeys, 4)) ||
+      failed(expectRank(op, "C3", "anchors", anchors, 2)))
     return failure();
-  auto q = tensorType(getQuery()).getShape();
-  auto kc = tensorType(getContextKeys()).getShape();
-  auto a = tensorType(getAnchors()).getShape();
+  auto q = tensorType(query).getShape();
+  auto kc = tensorType(contextKeys).getShape();
+  auto a = tensorType(anchors).getShape();
   int64_t B = q[0], Q = q[1], nh = q[2], d = q[3];
   int64_t S = kc[1], nkv = kc[2];
   // block_attention C4
-  if (failed(expectShape(op, "C4", "context_keys", getContextKeys(),
+  if (failed(expectShape(op, "C4", "context_keys", contextKeys,
                          {B, S, nkv, d})) ||
-      failed(expectSameType(op, "C4", "context_values", getContextValues(),
-                            "context_keys", getContextKeys())))
+      failed(expectSameType(op, "C4", "context_values", contextValues,
+                            "context_keys", contextKeys)))
     return failure();
   // block_attention C5
   if (nkv <= 0 || nh % nkv != 0)
-    return emitOpError() << "(C5) num_heads (" << nh
-                         << ") must be a multiple of num_kv_heads (" << nkv
-                         << ")";
+    return op->emitOpError() << "(C5) num_heads (" << nh
+                             << ") must be a multiple of num_kv_heads (" << nkv
+                             << ")";
   // block_attention C6
-  if (failed(expectShape(op, "C6", "draft_keys", getDraftKeys(),
-                         {B, Q, nkv, d})) ||
-      failed(expectSameType(op, "C6", "draft_values", getDraftValues(),
-                            "draft_keys", getDraftKeys())))
+  if (failed(expectShape(op, "C6", "draft_keys", draftKeys, {B, Q, nkv, d})) ||
+      failed(expectSameType(op, "C6", "draft_values", draftValues,
+                            "draft_keys", draftKeys)))
     return failure();
   // block_attention C7
-  if (failed(expectShape(op, "C7", "anchors", getAnchors(), {B, a[1]})) ||
-      failed(expectShape(op, "C7", "keep", getKeep(), {B, a[1]})))
+  if (failed(expectShape(op, "C7", "anchors", anchors, {B, a[1]})) ||
+      failed(expectShape(op, "C7", "keep", keep, {B, a[1]})))
     return failure();
   if (a[1] * bs != Q)
-    return emitOpError() << "(C7) query length (" << Q
-                         << ") must equal anchors per row (" << a[1]
-                         << ") times block_size (" << bs << ")";
+    return op->emitOpError()
+           << "(C7) query length (" << Q << ") must equal anchors per row ("
+           << a[1] << ") times block_size (" << bs << ")";
   // block_attention C8
-  if (failed(expectSameElementType(op, "C8", "query", getQuery(),
-                                   "context_keys", getContextKeys())) ||
-      failed(expectSameElementType(op, "C8", "query", getQuery(), "draft_keys",
-                                   getDraftKeys())))
+  if (failed(expectSameElementType(op, "C8", "query", query, "context_keys",
+                                   contextKeys)) ||
+      failed(expectSameElementType(op, "C8", "query", query, "draft_keys",
+                                   draftKeys)))
     return failure();
+  return success();
+}
+
+LogicalResult BlockAttentionOp::verify() {
+  Operation *op = *this;
+  if (failed(verifyAttentionOperands(
+          op, getQuery(), getContextKeys(), getContextValues(), getDraftKeys(),
+          getDraftValues(), getAnchors(), getKeep(), getBlockSize(),
+          getWindowAttr())))
+    return failure();
+  auto q = tensorType(getQuery()).getShape();
   // block_attention C9
   if (failed(expectSameType(op, "C9", "result", getResult(), "query",
                             getQuery())) ||
-      failed(expectShape(op, "C9", "lse", getLse(), {B, Q, nh})))
+      failed(expectShape(op, "C9", "lse", getLse(), {q[0], q[1], q[2]})))
     return failure();
   return success();
 }
@@ -368,5 +382,264 @@ LogicalResult LmHeadCeOp::verify() {
   if (failed(expectShape(op, "C3", "labels", getLabels(), rows)) ||
       failed(expectShape(op, "C3", "weights", getWeights(), rows)))
     return failure();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// Gradient ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult LinearGradInputOp::verify() {
+  Operation *op = *this;
+  RankedTensorType dy = tensorType(getGrad());
+  // linear_grad_input C1
+  if (dy.getRank() < 2)
+    return emitOpError() << "(C1) grad must have rank 2 or more but has rank "
+                         << dy.getRank();
+  if (failed(expectRank(op, "C1", "weight", getWeight(), 2)))
+    return failure();
+  RankedTensorType w = tensorType(getWeight());
+  // linear_grad_input C2
+  if (dy.getShape().back() != w.getDimSize(0))
+    return emitOpError() << "(C2) grad's last dimension ("
+                         << dy.getShape().back()
+                         << ") must equal weight's output dimension ("
+                         << w.getDimSize(0) << ")";
+  // linear_grad_input C3
+  SmallVector<int64_t> shape(dy.getShape().drop_back());
+  shape.push_back(w.getDimSize(1));
+  if (failed(expectShape(op, "C3", "result", getResult(), shape)))
+    return failure();
+  // linear_grad_input C4
+  if (failed(expectSameElementType(op, "C4", "grad", getGrad(), "weight",
+                                   getWeight())) ||
+      failed(expectSameElementType(op, "C4", "grad", getGrad(), "result",
+                                   getResult())))
+    return failure();
+  return success();
+}
+
+LogicalResult LinearGradWeightOp::verify() {
+  Operation *op = *this;
+  RankedTensorType dy = tensorType(getGrad()), x = tensorType(getInput());
+  // linear_grad_weight C1
+  if (dy.getRank() < 2 || dy.getRank() != x.getRank() ||
+      dy.getShape().drop_back() != x.getShape().drop_back())
+    return emitOpError() << "(C1) grad " << shapeString(dy.getShape())
+                         << " and input " << shapeString(x.getShape())
+                         << " must have rank 2 or more and the same leading "
+                            "dimensions";
+  // linear_grad_weight C2
+  if (failed(expectShape(op, "C2", "result", getResult(),
+                         {dy.getShape().back(), x.getShape().back()})))
+    return failure();
+  // linear_grad_weight C3
+  if (failed(expectSameElementType(op, "C3", "grad", getGrad(), "input",
+                                   getInput())) ||
+      failed(expectSameElementType(op, "C3", "grad", getGrad(), "result",
+                                   getResult())))
+    return failure();
+  return success();
+}
+
+LogicalResult RmsNormGradOp::verify() {
+  Operation *op = *this;
+  // rms_norm_grad C1
+  if (!(getEps().convertToDouble() > 0))
+    return emitOpError() << "(C1) eps is "
+                         << formatDouble(getEps().convertToDouble())
+                         << " but must be positive";
+  // rms_norm_grad C2
+  auto x = tensorType(getInput()).getShape();
+  if (failed(expectSameType(op, "C2", "grad", getGrad(), "input",
+                            getInput())) ||
+      failed(expectShape(op, "C2", "weight", getWeight(),
+                         {x.empty() ? -1 : x.back()})))
+    return failure();
+  // rms_norm_grad C3
+  if (failed(expectSameType(op, "C3", "input_grad", getInputGrad(), "input",
+                            getInput())) ||
+      failed(expectSameType(op, "C3", "weight_grad", getWeightGrad(),
+                            "weight", getWeight())))
+    return failure();
+  return success();
+}
+
+LogicalResult RopeGradOp::verify() {
+  Operation *op = *this;
+  // rope_grad C1
+  if (!(getTheta().convertToDouble() > 0))
+    return emitOpError() << "(C1) theta is "
+                         << formatDouble(getTheta().convertToDouble())
+                         << " but must be positive";
+  // rope_grad C2
+  if (failed(expectRank(op, "C2", "grad", getGrad(), 4)))
+    return failure();
+  auto x = tensorType(getGrad()).getShape();
+  // rope_grad C3
+  if (x[3] % 2 != 0)
+    return emitOpError() << "(C3) head dimension (" << x[3]
+                         << ") must be even";
+  // rope_grad C4
+  if (failed(expectShape(op, "C4", "positions", getPositions(), {x[0], x[1]})))
+    return failure();
+  // rope_grad C5
+  return expectSameType(op, "C5", "result", getResult(), "grad", getGrad());
+}
+
+LogicalResult BlockAttentionGradOp::verify() {
+  Operation *op = *this;
+  // block_attention_grad C1-C8: those of block_attention.
+  if (failed(verifyAttentionOperands(
+          op, getQuery(), getContextKeys(), getContextValues(), getDraftKeys(),
+          getDraftValues(), getAnchors(), getKeep(), getBlockSize(),
+          getWindowAttr())))
+    return failure();
+  auto q = tensorType(getQuery()).getShape();
+  // block_attention_grad C9
+  if (failed(expectSameType(op, "C9", "grad", getGrad(), "query",
+                            getQuery())) ||
+      failed(expectSameType(op, "C9", "output", getOutput(), "query",
+                            getQuery())) ||
+      failed(expectShape(op, "C9", "lse", getLse(), {q[0], q[1], q[2]})))
+    return failure();
+  // block_attention_grad C10
+  if (failed(expectSameType(op, "C10", "query_grad", getQueryGrad(), "query",
+                            getQuery())) ||
+      failed(expectSameType(op, "C10", "context_keys_grad",
+                            getContextKeysGrad(), "context_keys",
+                            getContextKeys())) ||
+      failed(expectSameType(op, "C10", "context_values_grad",
+                            getContextValuesGrad(), "context_values",
+                            getContextValues())) ||
+      failed(expectSameType(op, "C10", "draft_keys_grad", getDraftKeysGrad(),
+                            "draft_keys", getDraftKeys())) ||
+      failed(expectSameType(op, "C10", "draft_values_grad",
+                            getDraftValuesGrad(), "draft_values",
+                            getDraftValues())))
+    return failure();
+  return success();
+}
+
+LogicalResult SwigluGradOp::verify() {
+  Operation *op = *this;
+  // swiglu_grad C1
+  for (auto [name, v] :
+       {std::pair<StringRef, Value>{"gate", getGate()}, {"up", getUp()},
+        {"gate_grad", getGateGrad()}, {"up_grad", getUpGrad()}})
+    if (failed(expectSameType(op, "C1", name, v, "grad", getGrad())))
+      return failure();
+  return success();
+}
+
+LogicalResult LmHeadCeGradOp::verify() {
+  Operation *op = *this;
+  // lm_head_ce_grad C1
+  if (failed(expectRank(op, "C1", "weight", getWeight(), 2)))
+    return failure();
+  RankedTensorType y = tensorType(getInput());
+  if (y.getRank() < 2)
+    return emitOpError() << "(C1) input must have rank 2 or more but has rank "
+                         << y.getRank();
+  // lm_head_ce_grad C2
+  if (tensorType(getWeight()).getDimSize(1) != y.getShape().back())
+    return emitOpError() << "(C2) weight's hidden dimension ("
+                         << tensorType(getWeight()).getDimSize(1)
+                         << ") must equal the input's last dimension ("
+                         << y.getShape().back() << ")";
+  // lm_head_ce_grad C3
+  ArrayRef<int64_t> rows = y.getShape().drop_back();
+  if (failed(expectShape(op, "C3", "labels", getLabels(), rows)) ||
+      failed(expectShape(op, "C3", "weights", getWeights(), rows)))
+    return failure();
+  // lm_head_ce_grad C4
+  return expectSameType(op, "C4", "result", getResult(), "input", getInput());
+}
+
+//===----------------------------------------------------------------------===//
+// Optimizer ops
+//===----------------------------------------------------------------------===//
+
+LogicalResult AllReduceOp::verify() {
+  // all_reduce C1
+  if (getInputs().size() != getResults().size())
+    return emitOpError() << "(C1) has " << getInputs().size()
+                         << " operands but " << getResults().size()
+                         << " results";
+  for (auto [in, out] : llvm::zip(getInputs(), getResults()))
+    if (in.getType() != out.getType())
+      return emitOpError() << "(C1) result type " << out.getType()
+                           << " must equal its operand's type " << in.getType();
+  return success();
+}
+
+LogicalResult LossStatsOp::verify() { return success(); }
+
+LogicalResult ConvertOp::verify() {
+  // convert C1
+  if (tensorType(getInput()).getShape() != tensorType(getResult()).getShape())
+    return emitOpError() << "(C1) input "
+                         << shapeString(tensorType(getInput()).getShape())
+                         << " and result "
+                         << shapeString(tensorType(getResult()).getShape())
+                         << " must have the same shape";
+  return success();
+}
+
+LogicalResult GlobalNormOp::verify() {
+  // global_norm C1
+  if (getInputs().empty())
+    return emitOpError() << "(C1) needs at least one operand";
+  return success();
+}
+
+LogicalResult ClipCoefficientOp::verify() {
+  // clip_coefficient C1
+  if (!(getMaxNorm().convertToDouble() > 0))
+    return emitOpError() << "(C1) max_norm is "
+                         << formatDouble(getMaxNorm().convertToDouble())
+                         << " but must be positive";
+  return success();
+}
+
+LogicalResult LrScheduleOp::verify() {
+  // lr_schedule C1
+  if (!(getLr().convertToDouble() > 0))
+    return emitOpError() << "(C1) lr is "
+                         << formatDouble(getLr().convertToDouble())
+                         << " but must be positive";
+  // lr_schedule C2
+  double w = getWarmupRatio().convertToDouble();
+  if (!(w >= 0 && w < 1))
+    return emitOpError() << "(C2) warmup_ratio is " << formatDouble(w)
+                         << " but must be in [0, 1)";
+  return success();
+}
+
+LogicalResult AdamWOp::verify() {
+  Operation *op = *this;
+  // adamw C1
+  for (auto [name, v] : {std::pair<StringRef, Value>{"grad", getGrad()},
+                         {"moment1", getMoment1()},
+                         {"moment2", getMoment2()},
+                         {"new_master", getNewMaster()},
+                         {"new_moment1", getNewMoment1()},
+                         {"new_moment2", getNewMoment2()}})
+    if (failed(expectSameType(op, "C1", name, v, "master", getMaster())))
+      return failure();
+  // adamw C2
+  if (failed(expectShape(op, "C2", "new_parameter", getNewParameter(),
+                         tensorType(getMaster()).getShape())))
+    return failure();
+  // adamw C3
+  double b1 = getBeta1().convertToDouble(), b2 = getBeta2().convertToDouble();
+  if (!(b1 >= 0 && b1 < 1) || !(b2 >= 0 && b2 < 1))
+    return emitOpError() << "(C3) beta1 (" << formatDouble(b1)
+                         << ") and beta2 (" << formatDouble(b2)
+                         << ") must be in [0, 1)";
+  if (!(getEps().convertToDouble() > 0) ||
+      !(getWeightDecay().convertToDouble() >= 0))
+    return emitOpError() << "(C3) eps must be positive and weight_decay "
+                            "zero or positive";
   return success();
 }

@@ -20,8 +20,11 @@
 #include "dialect/DFlashOps.h.inc"
 
 namespace mlir::dflash {
-/// The attribute key under which step arguments carry their #dflash.arg.
+/// The attribute key under which step arguments and results carry their
+/// #dflash.arg.
 inline constexpr llvm::StringLiteral kArgAttrName = "dflash.arg";
+/// The module attribute holding the #dflash.optimizer of the step.
+inline constexpr llvm::StringLiteral kOptimizerAttrName = "dflash.optimizer";
 } // namespace mlir::dflash
 
 #endif // DFLASH_DIALECT_DFLASHOPS_H

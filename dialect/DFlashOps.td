@@ -25,6 +25,10 @@ class DFlash_PureOp<string mnemonic, list<Trait> traits = []>
   let hasVerifier = 1;
 }
 
+// A forward op with a vector-Jacobian product (dialect/DFlashVJP.cpp).
+def DFlash_Differentiable
+    : DeclareOpInterfaceMethods<DFlash_DifferentiableOpInterface>;
+
 //===----------------------------------------------------------------------===//
 // Draft-block bookkeeping
 //===----------------------------------------------------------------------===//
@@ -132,7 +136,7 @@ def DFlash_EmbedOp : DFlash_PureOp<"embed"> {
       "$table `,` $ids attr-dict `:` functional-type(operands, results)";
 }
 
-def DFlash_LinearOp : DFlash_PureOp<"linear"> {
+def DFlash_LinearOp : DFlash_PureOp<"linear", [DFlash_Differentiable]> {
   let summary = "Bias-free linear layer, y = x W^T";
   let description = [{
     `result[..., n] = sum_k input[..., k] * weight[n, k]`, with the weight in
@@ -151,7 +155,7 @@ def DFlash_LinearOp : DFlash_PureOp<"linear"> {
       "$input `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def DFlash_RmsNormOp : DFlash_PureOp<"rms_norm"> {
+def DFlash_RmsNormOp : DFlash_PureOp<"rms_norm", [DFlash_Differentiable]> {
   let summary = "RMS normalisation over the last dimension";
   let description = [{
     In fp32: `x * rsqrt(mean(x^2) + eps) * weight` over the last dimension,
@@ -172,7 +176,7 @@ def DFlash_RmsNormOp : DFlash_PureOp<"rms_norm"> {
       "$input `,` $weight attr-dict `:` functional-type(operands, results)";
 }
 
-def DFlash_ReshapeOp : DFlash_PureOp<"reshape"> {
+def DFlash_ReshapeOp : DFlash_PureOp<"reshape", [DFlash_Differentiable]> {
   let summary = "Reinterpret a row-major tensor with another static shape";
   let description = [{
     Changes the shape, never the data or its row-major order; used to split
@@ -189,7 +193,7 @@ def DFlash_ReshapeOp : DFlash_PureOp<"reshape"> {
       "$input attr-dict `:` functional-type(operands, results)";
 }
 
-def DFlash_RopeOp : DFlash_PureOp<"rope"> {
+def DFlash_RopeOp : DFlash_PureOp<"rope", [DFlash_Differentiable]> {
   let summary = "Rotary position embedding, rotate-half form";
   let description = [{
     For each head vector `x` of dimension `d` at position `p`, with
@@ -209,7 +213,7 @@ def DFlash_RopeOp : DFlash_PureOp<"rope"> {
       "$input `,` $positions attr-dict `:` functional-type(operands, results)";
 }
 
-def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention"> {
+def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention", [DFlash_Differentiable]> {
   let summary = "Block-prefix attention of draft blocks over the context";
   let description = [{
     Grouped-query attention with scale `d^-0.5` (query head `i` reads key/value
@@ -250,7 +254,7 @@ def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention"> {
       "functional-type(operands, results)";
 }
 
-def DFlash_SwigluOp : DFlash_PureOp<"swiglu"> {
+def DFlash_SwigluOp : DFlash_PureOp<"swiglu", [DFlash_Differentiable]> {
   let summary = "silu(gate) * up";
   let description = [{
     Elementwise `gate * sigmoid(gate) * up`, computed in fp32.
@@ -267,7 +271,7 @@ def DFlash_SwigluOp : DFlash_PureOp<"swiglu"> {
       "$gate `,` $up attr-dict `:` functional-type(operands, results)";
 }
 
-def DFlash_AddOp : DFlash_PureOp<"add"> {
+def DFlash_AddOp : DFlash_PureOp<"add", [DFlash_Differentiable]> {
   let summary = "Elementwise sum (the residual connection)";
   let description = [{
     ```mlir
@@ -282,7 +286,7 @@ def DFlash_AddOp : DFlash_PureOp<"add"> {
       "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
 }
 
-def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce"> {
+def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {
   let summary = "Fused lm_head, weighted cross-entropy and accuracy";
   let description = [{
     With `logits = input @ weight^T` (never materialised whole) and
@@ -307,5 +311,8 @@ def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce"> {
       "$input `,` $weight `,` $labels `,` $weights attr-dict `:` "
       "functional-type(operands, results)";
 }
+
+include "dialect/DFlashGradientOps.td"
+include "dialect/DFlashOptimizerOps.td"
 
 #endif // DFLASH_OPS_TD

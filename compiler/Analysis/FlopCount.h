@@ -1,21 +1,29 @@
-//===- FlopCount.h - FLOPs of a step, by op kind ----------------*- C++ -*-===//
+//===- FlopCount.h - FLOPs of a step, by phase and op kind ------*- C++ -*-===//
 
 #ifndef DFLASH_COMPILER_ANALYSIS_FLOPCOUNT_H
 #define DFLASH_COMPILER_ANALYSIS_FLOPCOUNT_H
 
-#include "mlir/IR/Operation.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringRef.h"
 
 namespace dflash {
 
-/// FLOPs of every op under `root` that implements FlopCountOpInterface,
-/// summed by op name ("dflash.linear"), in first-seen order.
+/// FLOPs of every op of a step that implements FlopCountOpInterface, summed
+/// by phase and op name. The phase follows from the data flow: optimizer ops
+/// by kind; the backward pass is everything downstream of the loss gradient
+/// (the `loss_sum_grad` argument or dflash.loss_stats' seed); the rest is
+/// forward.
 struct FlopCount {
-  llvm::MapVector<llvm::StringRef, int64_t> byOp;
-  int64_t total = 0;
+  enum Phase { Forward = 0, Backward = 1, Optimizer = 2 };
+  static constexpr const char *phaseNames[3] = {"forward", "backward",
+                                                "optimizer"};
+  llvm::MapVector<llvm::StringRef, int64_t> byOp[3];
+  int64_t total[3] = {0, 0, 0};
 
-  static FlopCount of(mlir::Operation *root);
+  int64_t step() const { return total[0] + total[1] + total[2]; }
+
+  static FlopCount of(mlir::func::FuncOp step);
 };
 
 } // namespace dflash

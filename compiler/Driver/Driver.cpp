@@ -2,6 +2,7 @@
 //
 // spec -> (--emit=spec) canonical TOML
 //      -> (--emit=graph) forward graph in the dflash dialect
+//      -> (--emit=train) the whole training step at graph level
 //
 //===----------------------------------------------------------------------===//
 
@@ -9,6 +10,7 @@
 
 #include "compiler/Driver/Summary.h"
 #include "compiler/Import/ImportSpec.h"
+#include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Spec/Spec.h"
 #include "dialect/DFlashOps.h"
 
@@ -23,12 +25,12 @@
 #include "llvm/Support/ToolOutputFile.h"
 #include "llvm/Support/WithColor.h"
 
-using namespace dflash;
+using namespace ::dflash;
 namespace cl = llvm::cl;
 
 namespace {
 
-enum class EmitStage { Spec, Graph };
+enum class EmitStage { Spec, Graph, Train };
 
 cl::OptionCategory category("dflashc options");
 
@@ -41,7 +43,9 @@ cl::opt<EmitStage> emitStage(
         clEnumValN(EmitStage::Spec, "spec",
                    "the spec with every default resolved, as TOML"),
         clEnumValN(EmitStage::Graph, "graph",
-                   "the forward graph in the dflash dialect")),
+                   "the forward graph in the dflash dialect"),
+        clEnumValN(EmitStage::Train, "train",
+                   "the whole step: forward, backward and optimizer")),
     cl::cat(category));
 
 cl::opt<std::string> outputFile("o", cl::desc("Output file (default: stdout)"),
@@ -73,7 +77,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
       "Reads a drafter spec (TOML, see docs/spec.md) and lowers its training "
       "step\nthrough the dflash dialect.\n\n"
       "  dflashc specs/tiny.toml --emit=spec     canonical spec\n"
-      "  dflashc specs/tiny.toml --emit=graph    forward graph (default)\n");
+      "  dflashc specs/tiny.toml --emit=graph    forward graph (default)\n"
+      "  dflashc specs/tiny.toml --emit=train    forward, backward, optimizer\n");
 
   SpecError specError;
   std::optional<DrafterSpec> spec = loadSpec(inputFile, specError);
@@ -106,10 +111,25 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   if (!module)
     return fail("the graph built from '" + inputFile + "' does not verify");
 
+  auto compileTrainStep = [&](mlir::ModuleOp m) {
+    mlir::PassManager pm(&context);
+    if (failed(mlir::applyPassManagerCLOptions(pm)))
+      return false;
+    buildTrainStepPipeline(pm);
+    return succeeded(pm.run(m));
+  };
+  if (emitStage >= EmitStage::Train && !compileTrainStep(*module))
+    return fail("compiling the training step of '" + inputFile + "' failed");
+
   module->print(output->os());
   output->os() << "\n";
   output->keep();
-  if (printSummary)
-    printStepSummary(llvm::errs(), *spec, *module);
+  if (printSummary) {
+    // The summary counts the whole step's FLOPs, whatever stage is printed.
+    mlir::OwningOpRef<mlir::ModuleOp> whole = module->clone();
+    if (emitStage < EmitStage::Train && !compileTrainStep(*whole))
+      return fail("compiling the training step of '" + inputFile + "' failed");
+    printStepSummary(llvm::errs(), *spec, *whole);
+  }
   return 0;
 }

@@ -5,10 +5,10 @@
 #include "compiler/Analysis/FlopCount.h"
 #include "llvm/Support/Format.h"
 
-using namespace dflash;
+using namespace ::dflash;
 
 static std::string humanCount(double v, const char *unit) {
-  const char *prefixes[] = {"", " K", " M", " G", " T", " P"};
+  const char *prefixes[] = {"", "K", "M", "G", "T", "P"};
   int i = 0;
   while (v >= 1000 && i < 5) {
     v /= 1000;
@@ -16,7 +16,7 @@ static std::string humanCount(double v, const char *unit) {
   }
   std::string s;
   llvm::raw_string_ostream os(s);
-  os << llvm::format("%.2f", v) << prefixes[i] << (i ? "" : " ") << unit;
+  os << llvm::format("%.2f", v) << " " << prefixes[i] << unit;
   return s;
 }
 
@@ -49,7 +49,7 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
      << ", mask token " << s.maskTokenId << "\n";
   os << "  step       " << s.rowsPerGpu << " rows/GPU x " << s.seqLen
      << " context, " << s.anchorsPerRow << " anchors -> " << s.draftLength()
-     << " draft slots/row, gamma " << s.gamma << "\n";
+     << " draft slots/row, gamma " << llvm::format("%g", s.gamma) << "\n";
   os << "  layers     ";
   for (int64_t i = 0; i < s.numLayers; ++i) {
     const LayerSpec &l = s.layers[i];
@@ -60,16 +60,32 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   }
   os << "\n";
   int64_t params = s.numParameters();
-  os << "  parameters " << humanCount(double(params), "") << "("
+  os << "  parameters " << humanCount(double(params), "") << " ("
      << humanBytes(2.0 * params) << " bf16; "
      << humanBytes(double(params) * (2 + 2 + 4 + 4 + 4))
      << " with grads, fp32 masters and Adam moments)\n";
-  FlopCount flops = FlopCount::of(module);
-  os << "  FLOPs/step " << humanCount(double(flops.total), "FLOP")
-     << " per GPU in this graph:";
-  for (auto &[name, n] : flops.byOp)
-    if (n)
-      os << " " << name.drop_front(7) << " "
-         << llvm::format("%.1f%%", 100.0 * double(n) / double(flops.total));
+  auto step = module.lookupSymbol<mlir::func::FuncOp>("step");
+  if (!step)
+    return;
+  FlopCount flops = FlopCount::of(step);
+  os << "  FLOPs/step " << humanCount(double(flops.step()), "FLOP")
+     << " per GPU";
+  for (int p = 0; p < 3; ++p) {
+    if (!flops.total[p])
+      continue;
+    os << (p ? ", " : ": ") << FlopCount::phaseNames[p] << " "
+       << humanCount(double(flops.total[p]), "");
+    // The three largest op kinds of the phase.
+    llvm::SmallVector<std::pair<int64_t, llvm::StringRef>> kinds;
+    for (auto &[name, n] : flops.byOp[p])
+      kinds.push_back({n, name});
+    llvm::sort(kinds, [](auto &a, auto &b) { return a.first > b.first; });
+    os << " (";
+    for (size_t k = 0; k < kinds.size() && k < 3 && kinds[k].first; ++k)
+      os << (k ? " " : "") << kinds[k].second.drop_front(7) << " "
+         << llvm::format("%.0f%%", 100.0 * double(kinds[k].first) /
+                                       double(flops.total[p]));
+    os << ")";
+  }
   os << "\n";
 }

@@ -148,6 +148,19 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                               b.getFunctionType(argTypes, resultTypes));
   for (unsigned i = 0; i < argAttrs.size(); ++i)
     func.setArgAttr(i, kArgAttrName, argAttrs[i]);
+  const char *sums[] = {"loss_sum", "weight_sum", "correct", "count"};
+  for (unsigned i = 0; i < 4; ++i)
+    func.setResultAttr(i, kArgAttrName,
+                       ArgAttr::get(&ctx, ArgRole::Metric, sums[i]));
+  (*module)->setAttr(
+      kOptimizerAttrName,
+      OptimizerAttr::get(&ctx, b.getF64FloatAttr(spec.lr),
+                         b.getF64FloatAttr(spec.warmupRatio),
+                         b.getF64FloatAttr(spec.maxGradNorm),
+                         b.getF64FloatAttr(spec.beta1),
+                         b.getF64FloatAttr(spec.beta2),
+                         b.getF64FloatAttr(spec.adamEps),
+                         b.getF64FloatAttr(spec.weightDecay)));
   Block *entry = func.addEntryBlock();
   for (unsigned i = 0; i < argLocs.size(); ++i)
     entry->getArgument(i).setLoc(argLocs[i]);

@@ -21,7 +21,7 @@
 #include <set>
 #include <sstream>
 
-using namespace dflash;
+using namespace ::dflash;
 
 std::string SpecError::str() const {
   std::ostringstream os;

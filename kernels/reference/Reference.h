@@ -168,7 +168,7 @@ template <typename T> double sumOfSquares(const T *x, int64_t n);
 double clipCoefficient(double norm, double maxNorm);
 
 struct AdamWConfig {
-  double lr, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
+  double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
 };
 
 /// One torch.optim.AdamW step on n fp32 masters with gradient grad * scale

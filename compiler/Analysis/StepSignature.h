@@ -1,0 +1,46 @@
+//===- StepSignature.h - Arguments and results of @step by role -*- C++ -*-===//
+//
+// Passes, the interpreter and the emitter find the step's values by what they
+// are (`#dflash.arg<parameter, "fc.weight">`), never by position.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_COMPILER_ANALYSIS_STEPSIGNATURE_H
+#define DFLASH_COMPILER_ANALYSIS_STEPSIGNATURE_H
+
+#include "dialect/DFlashOps.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinOps.h"
+
+namespace dflash {
+
+class StepSignature {
+public:
+  /// The `@step` of `module`, or an error on the module when there is none or
+  /// an argument or result lacks its #dflash.arg.
+  static mlir::FailureOr<StepSignature> get(mlir::ModuleOp module);
+
+  mlir::func::FuncOp func() const { return step; }
+  mlir::func::ReturnOp returnOp() const;
+
+  mlir::dflash::ArgAttr argInfo(unsigned i) const;
+  mlir::dflash::ArgAttr resultInfo(unsigned i) const;
+
+  /// Index of the argument or result with this role and name, if any.
+  std::optional<unsigned> findArg(mlir::dflash::ArgRole role,
+                                  llvm::StringRef name) const;
+  std::optional<unsigned> findResult(mlir::dflash::ArgRole role,
+                                     llvm::StringRef name) const;
+
+  /// Indices of every argument with this role, in order.
+  llvm::SmallVector<unsigned> argsWithRole(mlir::dflash::ArgRole role) const;
+  llvm::SmallVector<unsigned> resultsWithRole(mlir::dflash::ArgRole role) const;
+
+private:
+  explicit StepSignature(mlir::func::FuncOp step) : step(step) {}
+  mutable mlir::func::FuncOp step; // FuncOp accessors are not const
+};
+
+} // namespace dflash
+
+#endif // DFLASH_COMPILER_ANALYSIS_STEPSIGNATURE_H

@@ -1,0 +1,19 @@
+//===- Pipelines.cpp - The dflashc pass pipelines -------------------------===//
+
+#include "compiler/Pipelines/Pipelines.h"
+
+#include "compiler/Transforms/Passes.h"
+#include "mlir/Pass/PassRegistry.h"
+
+void dflash::buildTrainStepPipeline(mlir::OpPassManager &pm) {
+  pm.addPass(createGenerateBackward());
+  pm.addPass(createAppendOptimizer());
+}
+
+void dflash::registerDFlashPassesAndPipelines() {
+  registerDFlashPasses();
+  mlir::PassPipelineRegistration<>(
+      "dflash-train-step",
+      "Forward graph to the whole training step (what --emit=train prints)",
+      [](mlir::OpPassManager &pm) { buildTrainStepPipeline(pm); });
+}

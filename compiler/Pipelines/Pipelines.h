@@ -1,0 +1,25 @@
+//===- Pipelines.h - The dflashc pass pipelines -----------------*- C++ -*-===//
+//
+// Library functions shared by dflashc and dflash-opt, so that both run the
+// same passes in the same order.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_COMPILER_PIPELINES_PIPELINES_H
+#define DFLASH_COMPILER_PIPELINES_PIPELINES_H
+
+#include "mlir/Pass/PassManager.h"
+
+namespace dflash {
+
+/// Forward graph -> the whole training step at graph level (--emit=train):
+/// generate-backward, append-optimizer.
+void buildTrainStepPipeline(mlir::OpPassManager &pm);
+
+/// Registers every dflash pass and pipeline with the global registry (for
+/// dflash-opt).
+void registerDFlashPassesAndPipelines();
+
+} // namespace dflash
+
+#endif // DFLASH_COMPILER_PIPELINES_PIPELINES_H

@@ -1,0 +1,193 @@
+//===- AppendOptimizer.cpp - Loss normalisation, clip and AdamW -----------===//
+//
+// Turns the differentiated @step into the whole training step of
+// SEMANTICS.md sections 4-5. The backward seed 1/sum(w) needs the global
+// weight sum before the backward pass starts, so the four forward sums are
+// all-reduced right after the loss op; gradients are all-reduced after.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace dflash {
+#define GEN_PASS_DEF_APPENDOPTIMIZER
+#include "compiler/Transforms/Passes.h.inc"
+} // namespace dflash
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace {
+
+struct AppendOptimizerPass
+    : public ::dflash::impl::AppendOptimizerBase<AppendOptimizerPass> {
+  void runOnOperation() override;
+};
+
+DictionaryAttr argDict(MLIRContext *ctx, ArgRole role, StringRef name) {
+  return DictionaryAttr::get(
+      ctx, {NamedAttribute(StringAttr::get(ctx, kArgAttrName),
+                           ArgAttr::get(ctx, role, name))});
+}
+
+void AppendOptimizerPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  MLIRContext *ctx = &getContext();
+  auto hyper = module->getAttrOfType<OptimizerAttr>(kOptimizerAttrName);
+  if (!hyper) {
+    module.emitError() << "the module has no '" << kOptimizerAttrName
+                       << "' attribute with the optimizer's hyperparameters";
+    return signalPassFailure();
+  }
+  FailureOr<StepSignature> sig = StepSignature::get(module);
+  if (failed(sig))
+    return signalPassFailure();
+  func::FuncOp step = sig->func();
+  std::optional<unsigned> seedArg =
+      sig->findArg(ArgRole::Input, "loss_sum_grad");
+  SmallVector<unsigned> gradResults = sig->resultsWithRole(ArgRole::Gradient);
+  if (!seedArg || gradResults.empty()) {
+    step.emitError("@step has no gradients: run dflash-generate-backward "
+                   "before dflash-append-optimizer");
+    return signalPassFailure();
+  }
+  func::ReturnOp ret = sig->returnOp();
+  const char *sumNames[] = {"loss_sum", "weight_sum", "correct", "count"};
+  SmallVector<Value> sums;
+  for (const char *name : sumNames) {
+    std::optional<unsigned> i = sig->findResult(ArgRole::Metric, name);
+    if (!i) {
+      step.emitError() << "@step has no result #dflash.arg<metric, \"" << name
+                       << "\">";
+      return signalPassFailure();
+    }
+    sums.push_back(ret.getOperand(*i));
+  }
+  Operation *lossOp = sums[0].getDefiningOp();
+  if (!lossOp || llvm::any_of(sums, [&](Value v) {
+        return v.getDefiningOp() != lossOp;
+      })) {
+    step.emitError("the forward sums must all come from one dflash.lm_head_ce");
+    return signalPassFailure();
+  }
+
+  // Global sums, then the seed of the backward pass.
+  OpBuilder b(ctx);
+  b.setInsertionPointAfter(lossOp);
+  Location loc = lossOp->getLoc();
+  Type scalar = RankedTensorType::get({}, Float32Type::get(ctx));
+  auto reduced = AllReduceOp::create(b, loc, ValueRange(sums).getTypes(), sums);
+  auto stats = LossStatsOp::create(b, loc, scalar, scalar, scalar,
+                                   reduced.getResult(0), reduced.getResult(1),
+                                   reduced.getResult(2), reduced.getResult(3));
+  step.getArgument(*seedArg).replaceAllUsesWith(stats.getLossSumGrad());
+
+  // Optimizer state arguments, appended in parameter order.
+  SmallVector<unsigned> params = sig->argsWithRole(ArgRole::Parameter);
+  struct State {
+    Value param, master, m, v, grad;
+    StringRef name;
+  };
+  SmallVector<State> states;
+  for (unsigned gi : gradResults) {
+    StringRef name = sig->resultInfo(gi).getName();
+    std::optional<unsigned> pi = sig->findArg(ArgRole::Parameter, name);
+    if (!pi) {
+      step.emitError() << "gradient '" << name << "' has no parameter";
+      return signalPassFailure();
+    }
+    states.push_back({step.getArgument(*pi), {}, {}, {}, ret.getOperand(gi),
+                      name});
+  }
+  if (states.size() != params.size()) {
+    step.emitError("every parameter needs exactly one gradient");
+    return signalPassFailure();
+  }
+  auto appendArg = [&](Type type, ArgRole role, StringRef name) -> Value {
+    unsigned index = step.getNumArguments();
+    if (failed(step.insertArgument(index, type, argDict(ctx, role, name),
+                                   step.getLoc())))
+      return Value();
+    return step.getArgument(index);
+  };
+  for (State &s : states) {
+    auto t = cast<RankedTensorType>(s.param.getType());
+    Type f32 = RankedTensorType::get(t.getShape(), Float32Type::get(ctx));
+    s.master = appendArg(f32, ArgRole::Master, s.name);
+    s.m = appendArg(f32, ArgRole::Moment1, s.name);
+    s.v = appendArg(f32, ArgRole::Moment2, s.name);
+  }
+  Type counter = RankedTensorType::get({}, IntegerType::get(ctx, 32));
+  Value stepArg = appendArg(counter, ArgRole::Counter, "step");
+  Value totalArg = appendArg(counter, ArgRole::Counter, "total_steps");
+  if (!stepArg || !totalArg) {
+    step.emitError("cannot add the optimizer's arguments");
+    return signalPassFailure();
+  }
+  if (failed(step.eraseArgument(*seedArg))) {
+    step.emitError("cannot remove the loss_sum_grad argument");
+    return signalPassFailure();
+  }
+
+  // fp32 gradients, summed over the GPUs, clipped by their global norm.
+  b.setInsertionPoint(ret);
+  loc = ret.getLoc();
+  SmallVector<Value> grads32;
+  for (State &s : states) {
+    auto t = cast<RankedTensorType>(s.grad.getType());
+    grads32.push_back(ConvertOp::create(
+        b, loc, RankedTensorType::get(t.getShape(), Float32Type::get(ctx)),
+        s.grad));
+  }
+  auto summed =
+      AllReduceOp::create(b, loc, ValueRange(grads32).getTypes(), grads32);
+  Value norm = GlobalNormOp::create(b, loc, scalar, summed.getResults());
+  Value clip =
+      ClipCoefficientOp::create(b, loc, scalar, norm, hyper.getMaxGradNorm());
+  Value lr = LrScheduleOp::create(b, loc, scalar, stepArg, totalArg,
+                                  hyper.getLr(), hyper.getWarmupRatio());
+
+  SmallVector<Value> newParams, newMasters, newM, newV;
+  for (auto [s, g] : llvm::zip(states, summed.getResults())) {
+    auto update = AdamWOp::create(
+        b, s.param.getLoc(), s.master.getType(), s.m.getType(),
+        s.v.getType(), s.param.getType(), s.master, g, s.m, s.v, stepArg, lr,
+        clip, hyper.getBeta1(), hyper.getBeta2(), hyper.getEps(),
+        hyper.getWeightDecay());
+    newMasters.push_back(update.getNewMaster());
+    newM.push_back(update.getNewMoment1());
+    newV.push_back(update.getNewMoment2());
+    newParams.push_back(update.getNewParameter());
+  }
+
+  // Results: updated state in parameter order, then the metrics.
+  SmallVector<Value> results;
+  SmallVector<Attribute> attrs;
+  auto add = [&](ArrayRef<Value> values, ArgRole role) {
+    for (auto [v, s] : llvm::zip(values, states)) {
+      results.push_back(v);
+      attrs.push_back(argDict(ctx, role, s.name));
+    }
+  };
+  add(newParams, ArgRole::Parameter);
+  add(newMasters, ArgRole::Master);
+  add(newM, ArgRole::Moment1);
+  add(newV, ArgRole::Moment2);
+  Value metrics[] = {stats.getLoss(), stats.getAcc(), norm, lr};
+  StringRef metricNames[] = {"loss", "acc", "grad_norm", "lr"};
+  for (auto [v, name] : llvm::zip(metrics, metricNames)) {
+    results.push_back(v);
+    attrs.push_back(argDict(ctx, ArgRole::Metric, name));
+  }
+  func::ReturnOp::create(b, loc, results);
+  ret.erase();
+  step.setType(FunctionType::get(ctx, step.getArgumentTypes(),
+                                 ValueRange(results).getTypes()));
+  step.setAllResultAttrs(attrs);
+}
+
+} // namespace

@@ -1,0 +1,99 @@
+//===- Passes.td - dflash compiler passes ------------------*- tablegen -*-===//
+
+#ifndef DFLASH_TRANSFORMS_PASSES_TD
+#define DFLASH_TRANSFORMS_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def GenerateBackward : Pass<"dflash-generate-backward", "mlir::ModuleOp"> {
+  let summary = "Reverse-mode autodiff of the step's forward graph";
+  let description = [{
+    Differentiates `@step`'s `loss_sum` result with respect to every
+    `parameter` argument through the `DifferentiableOpInterface` of the ops
+    on the path from a parameter to the loss (never the frozen embedding and
+    lm_head, the data or the target features). The seed `d objective /
+    d loss_sum` becomes a new argument `loss_sum_grad`; the gradients become
+    new results, in parameter order. Gradients of a value used more than once
+    are summed with `dflash.add`.
+
+    Before:
+    ```mlir
+    func.func @step(%x: ... {dflash.arg = #dflash.arg<input, "target_hidden">},
+                    %w: ... {dflash.arg = #dflash.arg<parameter, "fc.weight">}, ...)
+        -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}, ...) {
+      %h = dflash.linear %x, %w : ...
+      ...
+      %loss_sum, %wsum, %correct, %count = dflash.lm_head_ce %y, ...
+      return %loss_sum, %wsum, %correct, %count : ...
+    }
+    ```
+    After:
+    ```mlir
+    func.func @step(%x: ..., %w: ..., ...,
+                    %seed: tensor<f32> {dflash.arg = #dflash.arg<input, "loss_sum_grad">})
+        -> (..., tensor<256x512xbf16> {dflash.arg = #dflash.arg<gradient, "fc.weight">}) {
+      ...forward...
+      %dy = dflash.lm_head_ce_grad %y, %lm_head, %labels, %weights, %seed : ...
+      ...
+      %dw = dflash.linear_grad_weight %dh, %x : ...
+      return %loss_sum, %wsum, %correct, %count, %dw : ...
+    }
+    ```
+  }];
+  let dependentDialects = ["::mlir::dflash::DFlashDialect"];
+}
+
+def AppendOptimizer : Pass<"dflash-append-optimizer", "mlir::ModuleOp"> {
+  let summary = "Global loss normalisation, gradient all-reduce, clip, AdamW";
+  let description = [{
+    Closes the step of SEMANTICS.md sections 4 and 5 after
+    `dflash-generate-backward`: the four forward sums are all-reduced once
+    and `dflash.loss_stats` gives the global loss, accuracy and the backward
+    seed `1 / sum(w)`, which replaces the `loss_sum_grad` argument. The bf16
+    gradients are converted to fp32 and all-reduced, their global norm gives
+    the clip coefficient, `dflash.lr_schedule` the learning rate at the
+    `step` argument, and one `dflash.adamw` per parameter updates its fp32
+    master and Adam moments (new arguments) and writes back the bf16
+    parameter. Hyperparameters come from the module's `dflash.optimizer`.
+
+    After (one parameter shown):
+    ```mlir
+    func.func @step(..., %p: tensor<256xbf16> {dflash.arg = #dflash.arg<parameter, "norm.weight">},
+                    %p32: tensor<256xf32> {dflash.arg = #dflash.arg<master, "norm.weight">},
+                    %m: tensor<256xf32> {dflash.arg = #dflash.arg<moment1, "norm.weight">},
+                    %v: tensor<256xf32> {dflash.arg = #dflash.arg<moment2, "norm.weight">},
+                    %step: tensor<i32> {dflash.arg = #dflash.arg<counter, "step">},
+                    %total: tensor<i32> {dflash.arg = #dflash.arg<counter, "total_steps">}) -> (...) {
+      %ls, %ws, %c, %n = dflash.lm_head_ce ...
+      %gls, %gws, %gc, %gn = dflash.all_reduce %ls, %ws, %c, %n : ...
+      %loss, %acc, %seed = dflash.loss_stats %gls, %gws, %gc, %gn : ...
+      ...backward seeded by %seed...
+      %g32 = dflash.convert %g : (tensor<256xbf16>) -> tensor<256xf32>
+      %gsum = dflash.all_reduce %g32 : ...
+      %norm = dflash.global_norm %gsum : (tensor<256xf32>) -> tensor<f32>
+      %clip = dflash.clip_coefficient %norm {max_norm = 1.0 : f64} : ...
+      %lr = dflash.lr_schedule %step, %total {lr = 6.0e-04 : f64, warmup_ratio = 4.0e-02 : f64} : ...
+      %p32n, %mn, %vn, %pn = dflash.adamw %p32, %gsum, %m, %v, %step, %lr, %clip {...} : ...
+      return %pn, %p32n, %mn, %vn, %loss, %acc, %norm, %lr : ...
+    }
+    ```
+  }];
+  let dependentDialects = ["::mlir::dflash::DFlashDialect"];
+}
+
+def PrintFlops : Pass<"dflash-print-flops", "mlir::ModuleOp"> {
+  let summary = "Print the FLOPs of the step by phase and op kind";
+  let description = [{
+    Prints, for `@step`, the FLOPs of every op kind in each phase: forward,
+    backward (ops that depend on the loss gradient) and optimizer, then the
+    totals. The benchmarks divide by these numbers.
+
+    ```
+    flops forward dflash.linear 1234567
+    flops backward dflash.linear_grad_input 1234567
+    flops total forward=... backward=... optimizer=... step=...
+    ```
+  }];
+}
+
+#endif // DFLASH_TRANSFORMS_PASSES_TD

@@ -1,0 +1,162 @@
+//===- DFlashGradientOps.td - dflash gradient ops ----------*- tablegen -*-===//
+//
+// The ops that `dflash-generate-backward` builds from the VJP rules of the
+// forward ops. Each computes exactly the gradient of its forward op; the CPU
+// reference (kernels/reference) and the CUDA kernels implement them.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_GRADIENT_OPS_TD
+#define DFLASH_GRADIENT_OPS_TD
+
+def DFlash_LinearGradInputOp : DFlash_PureOp<"linear_grad_input"> {
+  let summary = "Input gradient of a linear layer, dx = dy W";
+  let description = [{
+    `result[..., k] = sum_n grad[..., n] * weight[n, k]`.
+
+    ```mlir
+    %dx = dflash.linear_grad_input %dy, %w
+        : (tensor<4x8192x4096xbf16>, tensor<1024x4096xbf16>)
+        -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$weight);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$grad `,` $weight attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_LinearGradWeightOp : DFlash_PureOp<"linear_grad_weight"> {
+  let summary = "Weight gradient of a linear layer, dW = dy^T x";
+  let description = [{
+    `result[n, k] = sum over every leading index r of grad[r, n] * input[r, k]`.
+
+    ```mlir
+    %dw = dflash.linear_grad_weight %dy, %x
+        : (tensor<4x8192x1024xbf16>, tensor<4x8192x4096xbf16>)
+        -> tensor<1024x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$input);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$grad `,` $input attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_RmsNormGradOp : DFlash_PureOp<"rms_norm_grad"> {
+  let summary = "Gradients of RMS normalisation";
+  let description = [{
+    Input and weight gradients of `dflash.rms_norm`; the weight gradient is
+    summed over every row.
+
+    ```mlir
+    %dx, %dw = dflash.rms_norm_grad %dy, %x, %w {eps = 1.0e-06 : f64}
+        : (tensor<4x8192x4096xbf16>, tensor<4x8192x4096xbf16>,
+           tensor<4096xbf16>) -> (tensor<4x8192x4096xbf16>, tensor<4096xbf16>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$input,
+                       DFlash_FloatTensor:$weight, F64Attr:$eps);
+  let results = (outs DFlash_FloatTensor:$input_grad,
+                      DFlash_FloatTensor:$weight_grad);
+  let assemblyFormat =
+      "$grad `,` $input `,` $weight attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_RopeGradOp : DFlash_PureOp<"rope_grad"> {
+  let summary = "Input gradient of rotary embedding";
+  let description = [{
+    The rotation of `dflash.rope` by the opposite angle (its transpose).
+
+    ```mlir
+    %dx = dflash.rope_grad %dy, %pos {theta = 1.0e+06 : f64}
+        : (tensor<4x8192x32x128xbf16>, tensor<4x8192xi32>)
+        -> tensor<4x8192x32x128xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad,
+                       DFlash_IndexTensor:$positions, F64Attr:$theta);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$grad `,` $positions attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_BlockAttentionGradOp : DFlash_PureOp<"block_attention_grad"> {
+  let summary = "Gradients of block-prefix attention";
+  let description = [{
+    Gradients of `dflash.block_attention` with respect to the query and the
+    context and draft keys and values, given the output gradient and the
+    forward's output and log-sum-exp. The context key/value gradients sum the
+    contributions of every block that sees them; a query that sees nothing
+    contributes nothing.
+
+    ```mlir
+    %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %do, %q, %kc,
+        %vc, %kd, %vd, %anchors, %keep, %o, %lse {block_size = 16 : i64}
+        : (...) -> (...)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$query,
+                       DFlash_FloatTensor:$context_keys,
+                       DFlash_FloatTensor:$context_values,
+                       DFlash_FloatTensor:$draft_keys,
+                       DFlash_FloatTensor:$draft_values,
+                       DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       DFlash_FloatTensor:$output, DFlash_F32Tensor:$lse,
+                       I64Attr:$block_size, OptionalAttr<I64Attr>:$window,
+                       UnitAttr:$causal);
+  let results = (outs DFlash_FloatTensor:$query_grad,
+                      DFlash_FloatTensor:$context_keys_grad,
+                      DFlash_FloatTensor:$context_values_grad,
+                      DFlash_FloatTensor:$draft_keys_grad,
+                      DFlash_FloatTensor:$draft_values_grad);
+  let assemblyFormat =
+      "$grad `,` $query `,` $context_keys `,` $context_values `,` "
+      "$draft_keys `,` $draft_values `,` $anchors `,` $keep `,` $output `,` "
+      "$lse attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_SwigluGradOp : DFlash_PureOp<"swiglu_grad"> {
+  let summary = "Gradients of silu(gate) * up";
+  let description = [{
+    ```mlir
+    %dg, %du = dflash.swiglu_grad %dy, %g, %u
+        : (tensor<4x8192x12288xbf16>, tensor<4x8192x12288xbf16>,
+           tensor<4x8192x12288xbf16>)
+        -> (tensor<4x8192x12288xbf16>, tensor<4x8192x12288xbf16>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$gate,
+                       DFlash_FloatTensor:$up);
+  let results = (outs DFlash_FloatTensor:$gate_grad,
+                      DFlash_FloatTensor:$up_grad);
+  let assemblyFormat =
+      "$grad `,` $gate `,` $up attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_LmHeadCeGradOp : DFlash_PureOp<"lm_head_ce_grad"> {
+  let summary = "Input gradient of the fused lm_head cross-entropy";
+  let description = [{
+    `d(loss_sum_grad * loss_sum) / d input` of `dflash.lm_head_ce`:
+    `result = loss_sum_grad * sum over rows of w * (softmax(logits) - onehot)
+    @ weight`, the logits recomputed one chunk of rows at a time.
+
+    ```mlir
+    %dy = dflash.lm_head_ce_grad %y, %lm_head, %labels, %weights, %seed
+        : (tensor<4x8192x4096xbf16>, tensor<151936x4096xbf16>,
+           tensor<4x8192xi32>, tensor<4x8192xf32>, tensor<f32>)
+        -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       DFlash_IndexTensor:$labels,
+                       DFlash_F32Tensor:$weights,
+                       DFlash_F32Scalar:$loss_sum_grad);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $weight `,` $labels `,` $weights `,` $loss_sum_grad "
+      "attr-dict `:` functional-type(operands, results)";
+}
+
+#endif // DFLASH_GRADIENT_OPS_TD

@@ -1,0 +1,12 @@
+# The CPU reference of every op (kernels/reference): one executable, one
+# source file per group of ops.
+add_executable(ReferenceTest
+  ReferenceAttentionTest.cpp
+  ReferenceCrossEntropyTest.cpp
+  ReferenceDenseTest.cpp
+  ReferenceDraftBlocksTest.cpp
+  ReferenceOptimizerTest.cpp
+  ReferenceStepTest.cpp
+)
+target_link_libraries(ReferenceTest PRIVATE DFlashReference GTest::gtest_main)
+gtest_discover_tests(ReferenceTest)
