@@ -1,0 +1,30 @@
+// RUN: dflashc %specs/tiny.toml --emit=graph | dflash-opt --dflash-generate-backward --dflash-append-optimizer | FileCheck %s
+// RUN: dflashc %specs/tiny.toml --emit=train | FileCheck %s
+// RUN: dflashc %specs/tiny.toml --emit=graph | dflash-opt --dflash-train-step | FileCheck %s
+
+// The forward sums are all-reduced once, right after the loss; their
+// statistics seed the backward pass (no loss_sum_grad argument remains).
+// CHECK-LABEL: func.func @step(
+// CHECK-NOT: loss_sum_grad
+// CHECK-SAME: {dflash.arg = #dflash.arg<master, "fc.weight">}
+// CHECK-SAME: {dflash.arg = #dflash.arg<moment1, "fc.weight">}
+// CHECK-SAME: {dflash.arg = #dflash.arg<moment2, "fc.weight">}
+// CHECK-SAME: %[[STEP:[a-z0-9]+]]: tensor<i32> {dflash.arg = #dflash.arg<counter, "step">}
+// CHECK-SAME: %[[TOTAL:[a-z0-9]+]]: tensor<i32> {dflash.arg = #dflash.arg<counter, "total_steps">}
+// CHECK-SAME: -> (tensor<256x512xbf16> {dflash.arg = #dflash.arg<parameter, "fc.weight">}
+// CHECK-SAME: tensor<256x512xf32> {dflash.arg = #dflash.arg<master, "fc.weight">}
+// CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "loss">}
+// CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "acc">}
+// CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "grad_norm">}
+// CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "lr">})
+// CHECK: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]] = dflash.lm_head_ce
+// CHECK-NEXT: %[[R:.+]]:4 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]]
+// CHECK-NEXT: %[[LOSS:[a-z_0-9]+]], %[[ACC:[a-z_0-9]+]], %[[SEED:[a-z_0-9]+]] = dflash.loss_stats %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3
+// CHECK: dflash.lm_head_ce_grad {{.*}}, %[[SEED]]
+// CHECK: dflash.convert {{.*}} : (tensor<256x512xbf16>) -> tensor<256x512xf32>
+// CHECK: %[[G:.+]]:25 = dflash.all_reduce
+// CHECK: %[[NORM:.+]] = dflash.global_norm %[[G]]#0,
+// CHECK: %[[CLIP:.+]] = dflash.clip_coefficient %[[NORM]] {max_norm = 1.000000e+00 : f64}
+// CHECK: %[[LR:.+]] = dflash.lr_schedule %[[STEP]], %[[TOTAL]] {lr = 3.000000e-03 : f64, warmup_ratio = 4.000000e-02 : f64}
+// CHECK-COUNT-25: dflash.adamw {{.*}}, %[[STEP]], %[[LR]], %[[CLIP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64}
+// CHECK: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]] :

@@ -1,0 +1,67 @@
+// RUN: dflash-opt %s --dflash-generate-backward --split-input-file | FileCheck %s
+
+// A value used twice gets the sum of both gradients; the input gradient of
+// the data (target_hidden) is never built; the frozen lm_head gets none.
+
+// CHECK-LABEL: func.func @step(
+// CHECK-SAME: %[[X:[a-z0-9]+]]: tensor<2x4x8xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">}
+// CHECK-SAME: %[[W:[a-z0-9]+]]: tensor<8x8xbf16> {dflash.arg = #dflash.arg<parameter, "w">}
+// CHECK-SAME: %[[HEAD:[a-z0-9]+]]: tensor<16x8xbf16> {dflash.arg = #dflash.arg<frozen, "lm_head">}
+// CHECK-SAME: %[[SEED:[a-z0-9]+]]: tensor<f32> {dflash.arg = #dflash.arg<input, "loss_sum_grad">}
+// CHECK-SAME: -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}
+// CHECK-SAME: tensor<8x8xbf16> {dflash.arg = #dflash.arg<gradient, "w">})
+// CHECK: %[[H:.+]] = dflash.linear %[[X]], %[[W]]
+// CHECK: %[[A:.+]] = dflash.add %[[H]], %[[H]]
+// CHECK: %[[LS:[a-z_0-9]+]], {{.*}} = dflash.lm_head_ce %[[A]], %[[HEAD]]
+// CHECK: %[[DA:.+]] = dflash.lm_head_ce_grad %[[A]], %[[HEAD]], %{{.*}}, %{{.*}}, %[[SEED]]
+// CHECK: %[[DH:.+]] = dflash.add %[[DA]], %[[DA]]
+// CHECK-NOT: dflash.linear_grad_input
+// CHECK: %[[DW:.+]] = dflash.linear_grad_weight %[[DH]], %[[X]] : (tensor<2x4x8xbf16>, tensor<2x4x8xbf16>) -> tensor<8x8xbf16>
+// CHECK: return %[[LS]], {{.*}}, %[[DW]] :
+func.func @step(%x: tensor<2x4x8xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
+                %w: tensor<8x8xbf16> {dflash.arg = #dflash.arg<parameter, "w">},
+                %head: tensor<16x8xbf16> {dflash.arg = #dflash.arg<frozen, "lm_head">},
+                %labels: tensor<2x4xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %weights: tensor<2x4xf32> {dflash.arg = #dflash.arg<input, "weights">})
+    -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">},
+        tensor<f32> {dflash.arg = #dflash.arg<metric, "weight_sum">},
+        tensor<f32> {dflash.arg = #dflash.arg<metric, "correct">},
+        tensor<f32> {dflash.arg = #dflash.arg<metric, "count">}) {
+  %h = dflash.linear %x, %w : (tensor<2x4x8xbf16>, tensor<8x8xbf16>) -> tensor<2x4x8xbf16>
+  %a = dflash.add %h, %h : (tensor<2x4x8xbf16>, tensor<2x4x8xbf16>) -> tensor<2x4x8xbf16>
+  %ls, %ws, %c, %n = dflash.lm_head_ce %a, %head, %labels, %weights
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  return %ls, %ws, %c, %n : tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>
+}
+
+// -----
+
+// Attention: the gradient takes the forward output and log-sum-exp, and
+// returns the gradients of the query and of both key/value parts.
+
+// CHECK-LABEL: func.func @step(
+// CHECK: %[[O:[a-z_0-9]+]], %[[LSE:[a-z_0-9]+]] = dflash.block_attention %[[Q:[a-z_0-9]+]], %[[KC:[a-z_0-9]+]], %[[VC:[a-z_0-9]+]], %[[KD:[a-z_0-9]+]], %[[VD:[a-z_0-9]+]], %{{.*}} {block_size = 4 : i64, causal, window = 8 : i64}
+// CHECK: dflash.block_attention_grad %{{.*}}, %[[Q]], %[[KC]], %[[VC]], %[[KD]], %[[VD]], %{{.*}}, %{{.*}}, %[[O]], %[[LSE]] {block_size = 4 : i64, causal, window = 8 : i64}
+func.func @step(%q: tensor<1x8x2x4xbf16> {dflash.arg = #dflash.arg<parameter, "q">},
+                %kc: tensor<1x16x1x4xbf16> {dflash.arg = #dflash.arg<parameter, "kc">},
+                %vc: tensor<1x16x1x4xbf16> {dflash.arg = #dflash.arg<parameter, "vc">},
+                %kd: tensor<1x8x1x4xbf16> {dflash.arg = #dflash.arg<parameter, "kd">},
+                %vd: tensor<1x8x1x4xbf16> {dflash.arg = #dflash.arg<parameter, "vd">},
+                %anchors: tensor<1x2xi32> {dflash.arg = #dflash.arg<input, "anchors">},
+                %keep: tensor<1x2xi8> {dflash.arg = #dflash.arg<input, "keep">},
+                %head: tensor<16x8xbf16> {dflash.arg = #dflash.arg<frozen, "lm_head">},
+                %labels: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %weights: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">})
+    -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
+  %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %anchors, %keep
+      {block_size = 4 : i64, window = 8 : i64, causal}
+      : (tensor<1x8x2x4xbf16>, tensor<1x16x1x4xbf16>, tensor<1x16x1x4xbf16>,
+         tensor<1x8x1x4xbf16>, tensor<1x8x1x4xbf16>, tensor<1x2xi32>, tensor<1x2xi8>)
+      -> (tensor<1x8x2x4xbf16>, tensor<1x8x2xf32>)
+  %y = dflash.reshape %o : (tensor<1x8x2x4xbf16>) -> tensor<1x8x8xbf16>
+  %ls, %ws, %c, %n = dflash.lm_head_ce %y, %head, %labels, %weights
+      : (tensor<1x8x8xbf16>, tensor<16x8xbf16>, tensor<1x8xi32>, tensor<1x8xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  return %ls : tensor<f32>
+}
