@@ -49,6 +49,18 @@ void adamw(T *master, const T *grad, T *m, T *v, int64_t n, int64_t t,
   }
 }
 
+double learningRate(int64_t step, int64_t total, double lr,
+                    double warmupRatio) {
+  int64_t warm = int64_t(warmupRatio * double(total));
+  if (step < warm)
+    return lr * double(step + 1) / double(warm);
+  // Past the schedule (or a schedule that is all warmup) the rate is 0.
+  if (total <= warm || step >= total)
+    return 0.0;
+  double progress = double(step - warm) / double(total - warm);
+  return lr * 0.5 * (1.0 + std::cos(M_PI * progress));
+}
+
 #define DFLASH_INSTANTIATE_OPTIMIZER(T)                                        \
   template double sumOfSquares<T>(const T *, int64_t);                         \
   template void adamw<T>(T *, const T *, T *, T *, int64_t, int64_t, double,   \

@@ -167,6 +167,12 @@ template <typename T> double sumOfSquares(const T *x, int64_t n);
 /// min(1, maxNorm / (norm + 1e-6)).
 double clipCoefficient(double norm, double maxNorm);
 
+/// The learning rate at 0-based optimizer step `step` of `total`: with
+/// warm = int(warmupRatio * total), lr * (step+1) / warm while step < warm,
+/// then lr * 0.5 * (1 + cos(pi * (step - warm) / (total - warm))).
+double learningRate(int64_t step, int64_t total, double lr,
+                    double warmupRatio);
+
 struct AdamWConfig {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;
 };

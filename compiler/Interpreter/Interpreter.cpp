@@ -1,0 +1,425 @@
+//===- Interpreter.cpp - Runs a dflash step on the CPU --------------------===//
+//
+// One case per op, each a call into kernels/reference with T = double. The
+// interpreter only moves data and checks shapes; the math lives in the
+// reference so that GPU kernel tests and this executor share one oracle.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Interpreter/Interpreter.h"
+
+#include "dialect/DFlashOps.h"
+#include "kernels/Bf16.h"
+#include "kernels/reference/Reference.h"
+
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+#include <cmath>
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+HostTensor::HostTensor(std::vector<int64_t> s) : shape(std::move(s)) {
+  data.assign(numel(), 0.0);
+}
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+namespace {
+
+std::vector<int64_t> shapeOf(Value v) {
+  auto t = cast<RankedTensorType>(v.getType());
+  return std::vector<int64_t>(t.getShape().begin(), t.getShape().end());
+}
+
+/// Rounds every element to what the element type can store.
+void roundToStorage(HostTensor &t, Type elementType) {
+  if (elementType.isBF16()) {
+    for (double &x : t.data)
+      x = double(bf16ToFloat(floatToBf16(float(x))));
+  } else if (elementType.isF32()) {
+    for (double &x : t.data)
+      x = double(float(x));
+  }
+}
+
+std::vector<int32_t> asIndices(const HostTensor &t) {
+  std::vector<int32_t> out(t.data.size());
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = int32_t(t.data[i]);
+  return out;
+}
+
+std::vector<uint8_t> asFlags(const HostTensor &t) {
+  std::vector<uint8_t> out(t.data.size());
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = t.data[i] != 0 ? 1 : 0;
+  return out;
+}
+
+HostTensor fromIndices(const std::vector<int32_t> &v,
+                       std::vector<int64_t> shape) {
+  HostTensor t(std::move(shape));
+  for (size_t i = 0; i < v.size(); ++i)
+    t.data[i] = v[i];
+  return t;
+}
+
+ref::AttentionShape attentionShape(Value query, Value contextKeys,
+                                   Value anchors, int64_t bs,
+                                   IntegerAttr window, bool causal) {
+  auto q = shapeOf(query), kc = shapeOf(contextKeys), a = shapeOf(anchors);
+  ref::AttentionShape s;
+  s.B = q[0];
+  s.S = kc[1];
+  s.N = a[1];
+  s.bs = bs;
+  s.nh = q[2];
+  s.nkv = kc[2];
+  s.d = q[3];
+  s.window = window ? window.getInt() : 0;
+  s.causal = causal;
+  return s;
+}
+
+/// Evaluates one step. `env` maps every SSA value computed so far to its
+/// tensor.
+class Evaluator {
+public:
+  explicit Evaluator(Precision precision) : precision(precision) {}
+
+  llvm::DenseMap<Value, HostTensor> env;
+
+  LogicalResult eval(Operation *op);
+
+private:
+  Precision precision;
+
+  const HostTensor &in(Value v) { return env.find(v)->second; }
+  HostTensor &out(Value v) {
+    return env.insert({v, HostTensor(shapeOf(v))}).first->second;
+  }
+  const double *ptr(Value v) { return in(v).data.data(); }
+  double *outPtr(Value v) { return out(v).data.data(); }
+  static int64_t lastDim(Value v) { return shapeOf(v).back(); }
+  static int64_t rows(Value v) {
+    auto s = shapeOf(v);
+    int64_t n = 1;
+    for (size_t i = 0; i + 1 < s.size(); ++i)
+      n *= s[i];
+    return n;
+  }
+  double scalar(Value v) { return in(v).data[0]; }
+  void setScalar(Value v, double x) { out(v).data[0] = x; }
+
+  LogicalResult evalForward(Operation *op);
+  LogicalResult evalGradient(Operation *op);
+  LogicalResult evalOptimizer(Operation *op);
+};
+
+LogicalResult Evaluator::eval(Operation *op) {
+  LogicalResult result = success();
+  if (isa<AllReduceOp, LossStatsOp, ConvertOp, GlobalNormOp,
+          ClipCoefficientOp, LrScheduleOp, AdamWOp>(op))
+    result = evalOptimizer(op);
+  else if (isa<LinearGradInputOp, LinearGradWeightOp, RmsNormGradOp,
+               RopeGradOp, BlockAttentionGradOp, SwigluGradOp,
+               LmHeadCeGradOp>(op))
+    result = evalGradient(op);
+  else
+    result = evalForward(op);
+  if (failed(result))
+    return failure();
+  if (precision == Precision::Storage)
+    for (Value r : op->getResults())
+      roundToStorage(env.find(r)->second,
+                     cast<RankedTensorType>(r.getType()).getElementType());
+  return success();
+}
+
+LogicalResult Evaluator::evalForward(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](SequencePositionsOp o) {
+        auto s = shapeOf(o.getResult());
+        std::vector<int32_t> p(s[0] * s[1]);
+        ref::sequencePositions(p.data(), s[0], s[1]);
+        env[o.getResult()] = fromIndices(p, s);
+        return success();
+      })
+      .Case([&](DraftPositionsOp o) {
+        auto a = shapeOf(o.getAnchors());
+        std::vector<int32_t> p(a[0] * a[1] * o.getBlockSize());
+        ref::draftPositions(asIndices(in(o.getAnchors())).data(), p.data(),
+                            a[0], a[1], o.getBlockSize());
+        env[o.getResult()] = fromIndices(p, shapeOf(o.getResult()));
+        return success();
+      })
+      .Case([&](DraftTokensOp o) {
+        auto ids = shapeOf(o.getInputIds()), a = shapeOf(o.getAnchors());
+        std::vector<int32_t> t(a[0] * a[1] * o.getBlockSize());
+        ref::draftTokens(asIndices(in(o.getInputIds())).data(),
+                         asIndices(in(o.getAnchors())).data(),
+                         asFlags(in(o.getKeep())).data(), t.data(), ids[0],
+                         ids[1], a[1], o.getBlockSize(), o.getMaskTokenId());
+        env[o.getResult()] = fromIndices(t, shapeOf(o.getResult()));
+        return success();
+      })
+      .Case([&](DraftTargetsOp o) {
+        auto ids = shapeOf(o.getInputIds()), a = shapeOf(o.getAnchors());
+        std::vector<int32_t> labels(a[0] * a[1] * o.getBlockSize());
+        ref::draftTargets<double>(
+            asIndices(in(o.getInputIds())).data(),
+            asFlags(in(o.getLossMask())).data(),
+            asIndices(in(o.getAnchors())).data(),
+            asFlags(in(o.getKeep())).data(), labels.data(),
+            outPtr(o.getWeights()), ids[0], ids[1], a[1], o.getBlockSize(),
+            o.getGamma().convertToDouble());
+        env[o.getLabels()] = fromIndices(labels, shapeOf(o.getLabels()));
+        return success();
+      })
+      .Case([&](EmbedOp o) -> LogicalResult {
+        auto table = shapeOf(o.getTable());
+        std::vector<int32_t> ids = asIndices(in(o.getIds()));
+        for (int32_t id : ids)
+          if (id < 0 || id >= table[0])
+            return o.emitOpError() << "token id " << id
+                                   << " is outside the table of " << table[0]
+                                   << " rows";
+        ref::embed<double>(ptr(o.getTable()), ids.data(), outPtr(o.getResult()),
+                           int64_t(ids.size()), table[1]);
+        return success();
+      })
+      .Case([&](LinearOp o) {
+        auto w = shapeOf(o.getWeight());
+        ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()),
+                            outPtr(o.getResult()), rows(o.getInput()), w[0],
+                            w[1]);
+        return success();
+      })
+      .Case([&](RmsNormOp o) {
+        ref::rmsNorm<double>(ptr(o.getInput()), ptr(o.getWeight()),
+                             outPtr(o.getResult()), rows(o.getInput()),
+                             lastDim(o.getInput()),
+                             o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](ReshapeOp o) {
+        out(o.getResult()).data = in(o.getInput()).data;
+        return success();
+      })
+      .Case([&](RopeOp o) {
+        auto x = shapeOf(o.getInput());
+        ref::rope<double>(ptr(o.getInput()),
+                          asIndices(in(o.getPositions())).data(),
+                          outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
+                          o.getTheta().convertToDouble());
+        return success();
+      })
+      .Case([&](BlockAttentionOp o) {
+        ref::AttentionShape s =
+            attentionShape(o.getQuery(), o.getContextKeys(), o.getAnchors(),
+                           o.getBlockSize(), o.getWindowAttr(), o.getCausal());
+        ref::blockAttention<double>(
+            ptr(o.getQuery()), ptr(o.getContextKeys()),
+            ptr(o.getContextValues()), ptr(o.getDraftKeys()),
+            ptr(o.getDraftValues()), asIndices(in(o.getAnchors())).data(),
+            asFlags(in(o.getKeep())).data(), outPtr(o.getResult()),
+            outPtr(o.getLse()), s);
+        return success();
+      })
+      .Case([&](SwigluOp o) {
+        ref::swiglu<double>(ptr(o.getGate()), ptr(o.getUp()),
+                            outPtr(o.getResult()), in(o.getGate()).numel());
+        return success();
+      })
+      .Case([&](AddOp o) {
+        const HostTensor &a = in(o.getLhs()), &b = in(o.getRhs());
+        HostTensor &r = out(o.getResult());
+        for (size_t i = 0; i < r.data.size(); ++i)
+          r.data[i] = a.data[i] + b.data[i];
+        return success();
+      })
+      .Case([&](LmHeadCeOp o) -> LogicalResult {
+        auto w = shapeOf(o.getWeight());
+        std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+        for (int32_t l : labels)
+          if (l < 0 || l >= w[0])
+            return o.emitOpError() << "label " << l
+                                   << " is outside the vocabulary of " << w[0];
+        ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
+            ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
+            ptr(o.getWeights()), int64_t(labels.size()), w[0], w[1]);
+        setScalar(o.getLossSum(), sums.lossSum);
+        setScalar(o.getWeightSum(), sums.weightSum);
+        setScalar(o.getCorrect(), sums.correct);
+        setScalar(o.getCount(), sums.count);
+        return success();
+      })
+      .Default([&](Operation *other) {
+        return other->emitOpError("is not supported by the reference "
+                                  "interpreter");
+      });
+}
+
+LogicalResult Evaluator::evalGradient(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](LinearGradInputOp o) {
+        auto w = shapeOf(o.getWeight());
+        ref::linearGradInput<double>(ptr(o.getGrad()), ptr(o.getWeight()),
+                                     outPtr(o.getResult()), rows(o.getGrad()),
+                                     w[0], w[1]);
+        return success();
+      })
+      .Case([&](LinearGradWeightOp o) {
+        auto dw = shapeOf(o.getResult());
+        ref::linearGradWeight<double>(ptr(o.getGrad()), ptr(o.getInput()),
+                                      outPtr(o.getResult()), rows(o.getGrad()),
+                                      dw[0], dw[1]);
+        return success();
+      })
+      .Case([&](RmsNormGradOp o) {
+        ref::rmsNormGrad<double>(
+            ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getWeight()),
+            outPtr(o.getInputGrad()), outPtr(o.getWeightGrad()),
+            rows(o.getInput()), lastDim(o.getInput()),
+            o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](RopeGradOp o) {
+        auto x = shapeOf(o.getGrad());
+        ref::ropeGrad<double>(ptr(o.getGrad()),
+                              asIndices(in(o.getPositions())).data(),
+                              outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
+                              o.getTheta().convertToDouble());
+        return success();
+      })
+      .Case([&](BlockAttentionGradOp o) {
+        ref::AttentionShape s =
+            attentionShape(o.getQuery(), o.getContextKeys(), o.getAnchors(),
+                           o.getBlockSize(), o.getWindowAttr(), o.getCausal());
+        ref::blockAttentionGrad<double>(
+            ptr(o.getGrad()), ptr(o.getQuery()), ptr(o.getContextKeys()),
+            ptr(o.getContextValues()), ptr(o.getDraftKeys()),
+            ptr(o.getDraftValues()), asIndices(in(o.getAnchors())).data(),
+            asFlags(in(o.getKeep())).data(), ptr(o.getOutput()),
+            ptr(o.getLse()), outPtr(o.getQueryGrad()),
+            outPtr(o.getContextKeysGrad()), outPtr(o.getContextValuesGrad()),
+            outPtr(o.getDraftKeysGrad()), outPtr(o.getDraftValuesGrad()), s);
+        return success();
+      })
+      .Case([&](SwigluGradOp o) {
+        ref::swigluGrad<double>(ptr(o.getGrad()), ptr(o.getGate()),
+                                ptr(o.getUp()), outPtr(o.getGateGrad()),
+                                outPtr(o.getUpGrad()),
+                                in(o.getGate()).numel());
+        return success();
+      })
+      .Case([&](LmHeadCeGradOp o) {
+        auto w = shapeOf(o.getWeight());
+        std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+        ref::lmHeadCrossEntropyGrad<double>(
+            ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
+            ptr(o.getWeights()), scalar(o.getLossSumGrad()),
+            outPtr(o.getResult()), int64_t(labels.size()), w[0], w[1]);
+        return success();
+      })
+      .Default([&](Operation *other) { return failure(); });
+}
+
+LogicalResult Evaluator::evalOptimizer(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](AllReduceOp o) {
+        // One process is the whole data-parallel group here.
+        for (auto [i, r] : llvm::zip(o.getInputs(), o.getResults()))
+          out(r).data = in(i).data;
+        return success();
+      })
+      .Case([&](LossStatsOp o) {
+        double ls = scalar(o.getLossSum()), ws = scalar(o.getWeightSum());
+        double c = scalar(o.getCorrect()), n = scalar(o.getCount());
+        setScalar(o.getLoss(), ls / ws);
+        setScalar(o.getAcc(), n > 0 ? c / n : 0.0);
+        setScalar(o.getLossSumGrad(), 1.0 / ws);
+        return success();
+      })
+      .Case([&](ConvertOp o) {
+        out(o.getResult()).data = in(o.getInput()).data;
+        return success();
+      })
+      .Case([&](GlobalNormOp o) {
+        double sum = 0;
+        for (Value v : o.getInputs())
+          sum += ref::sumOfSquares<double>(ptr(v), in(v).numel());
+        setScalar(o.getResult(), std::sqrt(sum));
+        return success();
+      })
+      .Case([&](ClipCoefficientOp o) {
+        setScalar(o.getResult(),
+                  ref::clipCoefficient(scalar(o.getNorm()),
+                                       o.getMaxNorm().convertToDouble()));
+        return success();
+      })
+      .Case([&](LrScheduleOp o) {
+        setScalar(o.getResult(),
+                  ref::learningRate(int64_t(scalar(o.getStep())),
+                                    int64_t(scalar(o.getTotal())),
+                                    o.getLr().convertToDouble(),
+                                    o.getWarmupRatio().convertToDouble()));
+        return success();
+      })
+      .Case([&](AdamWOp o) {
+        HostTensor &master = out(o.getNewMaster());
+        HostTensor &m = out(o.getNewMoment1());
+        HostTensor &v = out(o.getNewMoment2());
+        master.data = in(o.getMaster()).data;
+        m.data = in(o.getMoment1()).data;
+        v.data = in(o.getMoment2()).data;
+        ref::AdamWConfig config;
+        config.lr = scalar(o.getLr());
+        config.beta1 = o.getBeta1().convertToDouble();
+        config.beta2 = o.getBeta2().convertToDouble();
+        config.eps = o.getEps().convertToDouble();
+        config.weightDecay = o.getWeightDecay().convertToDouble();
+        ref::adamw<double>(master.data.data(), ptr(o.getGrad()), m.data.data(),
+                           v.data.data(), master.numel(),
+                           int64_t(scalar(o.getStep())) + 1,
+                           scalar(o.getClip()), config);
+        out(o.getNewParameter()).data = master.data;
+        return success();
+      })
+      .Default([&](Operation *other) { return failure(); });
+}
+
+} // namespace
+
+FailureOr<std::vector<HostTensor>>
+StepInterpreter::run(const std::vector<HostTensor> &args) {
+  if (args.size() != step.getNumArguments())
+    return step.emitError() << "the interpreter got " << args.size()
+                            << " arguments for @step's "
+                            << step.getNumArguments();
+  Evaluator eval(precision);
+  for (unsigned i = 0; i < args.size(); ++i) {
+    BlockArgument arg = step.getArgument(i);
+    if (args[i].shape != shapeOf(arg) ||
+        int64_t(args[i].data.size()) != args[i].numel())
+      return step.emitError() << "argument " << i
+                              << " has the wrong shape for type "
+                              << arg.getType();
+    eval.env[arg] = args[i];
+  }
+  for (Operation &op : step.front().without_terminator())
+    if (failed(eval.eval(&op)))
+      return failure();
+  std::vector<HostTensor> results;
+  for (Value v : step.front().getTerminator()->getOperands())
+    results.push_back(eval.env.find(v)->second);
+  return results;
+}

@@ -1,0 +1,229 @@
+//===- StepGradientTest.cpp - The compiled step against its own math ------===//
+//
+// Runs the IR of specs/tiny.toml in the reference interpreter, in fp64:
+// - the gradients that dflash-generate-backward builds equal finite
+//   differences of the forward graph's loss, for every parameter, with a
+//   sliding layer and keep = 0 blocks present;
+// - the two traps of SEMANTICS.md section 8: labels are same-position, and
+//   an anchor's own context position is invisible to its block.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Import/ImportSpec.h"
+#include "compiler/Interpreter/Interpreter.h"
+#include "compiler/Transforms/Passes.h"
+
+#include "mlir/Pass/PassManager.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace {
+
+class StepTest : public ::testing::Test {
+protected:
+  void SetUp() override {
+    SpecError error;
+    auto loaded = loadSpec(std::string(DFLASH_SPECS_DIR) + "/tiny.toml", error);
+    ASSERT_TRUE(loaded) << error.str();
+    spec = *loaded;
+    forward = importSpec(context, spec);
+    ASSERT_TRUE(forward);
+    backward = forward->clone();
+    PassManager pm(&context);
+    pm.addPass(createGenerateBackward());
+    ASSERT_TRUE(succeeded(pm.run(*backward)));
+  }
+
+  /// Random inputs for `step`: anchors distinct and ascending with keep = 0
+  /// on two blocks, a loss mask with holes, weights of the scale training
+  /// sees (norm weights near 1).
+  std::vector<HostTensor> randomArgs(func::FuncOp step, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<double> normal;
+    std::uniform_real_distribution<double> uniform;
+    FailureOr<StepSignature> sig =
+        StepSignature::get(step->getParentOfType<ModuleOp>());
+    EXPECT_TRUE(succeeded(sig));
+    std::vector<HostTensor> args;
+    const int64_t B = spec.rowsPerGpu, S = spec.seqLen, N = spec.anchorsPerRow;
+    for (unsigned i = 0; i < step.getNumArguments(); ++i) {
+      auto type = cast<RankedTensorType>(step.getArgument(i).getType());
+      HostTensor t(std::vector<int64_t>(type.getShape().begin(),
+                                        type.getShape().end()));
+      ArgAttr info = sig->argInfo(i);
+      StringRef name = info.getName();
+      if (name == "input_ids") {
+        for (double &x : t.data)
+          x = double(rng() % (spec.vocabSize - 1));
+      } else if (name == "loss_mask") {
+        for (double &x : t.data)
+          x = uniform(rng) < 0.8 ? 1 : 0;
+      } else if (name == "anchors") {
+        for (int64_t b = 0; b < B; ++b) {
+          std::vector<int> all(S - 1);
+          for (int j = 0; j < S - 1; ++j)
+            all[j] = j;
+          std::shuffle(all.begin(), all.end(), rng);
+          std::sort(all.begin(), all.begin() + N);
+          // Anchors near both ends of the row.
+          all[0] = 0;
+          all[N - 1] = int(S - 2);
+          std::sort(all.begin(), all.begin() + N);
+          for (int64_t n = 0; n < N; ++n)
+            t.data[b * N + n] = all[n];
+        }
+      } else if (name == "keep") {
+        for (double &x : t.data)
+          x = 1;
+        t.data[1] = 0;
+        t.data[N + 4] = 0;
+      } else if (name == "loss_sum_grad") {
+        t.data[0] = 1;
+      } else if (info.getRole() == ArgRole::Parameter &&
+                 type.getRank() == 1) {
+        for (double &x : t.data)
+          x = 1 + 0.1 * normal(rng);
+      } else {
+        double scale = info.getRole() == ArgRole::Input ? 1.0 : 0.05;
+        for (double &x : t.data)
+          x = scale * normal(rng);
+      }
+      args.push_back(std::move(t));
+    }
+    return args;
+  }
+
+  double forwardLoss(const std::vector<HostTensor> &args) {
+    func::FuncOp step = forward->lookupSymbol<func::FuncOp>("step");
+    StepInterpreter interp(step, Precision::Exact);
+    // The forward graph has every argument of the backward one but the seed.
+    std::vector<HostTensor> fwdArgs(args.begin(),
+                                    args.begin() + step.getNumArguments());
+    auto out = interp.run(fwdArgs);
+    EXPECT_TRUE(succeeded(out));
+    return (*out)[0].data[0];
+  }
+
+  MLIRContext context;
+  DrafterSpec spec;
+  OwningOpRef<ModuleOp> forward, backward;
+};
+
+TEST_F(StepTest, GradientsMatchFiniteDifferences) {
+  func::FuncOp step = backward->lookupSymbol<func::FuncOp>("step");
+  std::vector<HostTensor> args = randomArgs(step, 7);
+  StepInterpreter interp(step, Precision::Exact);
+  auto out = interp.run(args);
+  ASSERT_TRUE(succeeded(out));
+  FailureOr<StepSignature> sig = StepSignature::get(*backward);
+  ASSERT_TRUE(succeeded(sig));
+
+  // Directional derivative along a random direction per parameter tensor:
+  // (L(p + h d) - L(p - h d)) / 2h against <grad, d>.
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> normal;
+  double errSq = 0, refSq = 0;
+  int checked = 0;
+  for (unsigned r : sig->resultsWithRole(ArgRole::Gradient)) {
+    StringRef name = sig->resultInfo(r).getName();
+    unsigned p = *sig->findArg(ArgRole::Parameter, name);
+    const HostTensor &grad = (*out)[r];
+    std::vector<double> dir(grad.data.size());
+    double analytic = 0;
+    for (size_t i = 0; i < dir.size(); ++i) {
+      dir[i] = normal(rng);
+      analytic += dir[i] * grad.data[i];
+    }
+    const double h = 1e-5;
+    std::vector<HostTensor> plus = args, minus = args;
+    for (size_t i = 0; i < dir.size(); ++i) {
+      plus[p].data[i] += h * dir[i];
+      minus[p].data[i] -= h * dir[i];
+    }
+    double numeric = (forwardLoss(plus) - forwardLoss(minus)) / (2 * h);
+    double rel = std::abs(numeric - analytic) /
+                 std::max(std::abs(analytic), 1e-12);
+    EXPECT_LT(rel, 1e-6) << name.str() << ": analytic " << analytic
+                         << " numeric " << numeric;
+    errSq += (numeric - analytic) * (numeric - analytic);
+    refSq += analytic * analytic;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 25); // fc, hidden_norm, 2 layers x 11, norm
+  EXPECT_LT(std::sqrt(errSq / refSq), 1e-6);
+}
+
+TEST_F(StepTest, AnchorsOwnContextPositionIsInvisible) {
+  func::FuncOp step = forward->lookupSymbol<func::FuncOp>("step");
+  std::vector<HostTensor> args = randomArgs(step, 3);
+  FailureOr<StepSignature> sig = StepSignature::get(*forward);
+  unsigned anchorsArg = *sig->findArg(ArgRole::Input, "anchors");
+  unsigned keepArg = *sig->findArg(ArgRole::Input, "keep");
+  unsigned hiddenArg = *sig->findArg(ArgRole::Input, "target_hidden");
+  const int64_t S = spec.seqLen;
+  const int64_t width = spec.numTaps() * spec.hiddenSize;
+  // Only block 5 of row 0 counts.
+  for (double &k : args[keepArg].data)
+    k = 0;
+  args[keepArg].data[5] = 1;
+  int64_t a = int64_t(args[anchorsArg].data[5]);
+  ASSERT_GT(a, 0);
+  ASSERT_LT(a, S - 1);
+  double base = forwardLoss(args);
+
+  auto perturbed = [&](int64_t position) {
+    std::vector<HostTensor> changed = args;
+    for (int64_t c = 0; c < width; ++c)
+      changed[hiddenArg].data[position * width + c] += 1.0;
+    return forwardLoss(changed);
+  };
+  // The anchor's own feature and those after it do not exist yet at
+  // inference: the loss must not move at all.
+  EXPECT_EQ(perturbed(a), base);
+  EXPECT_EQ(perturbed(a + 1), base);
+  // The position just before the anchor is visible.
+  EXPECT_NE(perturbed(a - 1), base);
+}
+
+TEST_F(StepTest, LabelsAreSamePosition) {
+  func::FuncOp step = forward->lookupSymbol<func::FuncOp>("step");
+  std::vector<HostTensor> args = randomArgs(step, 5);
+  FailureOr<StepSignature> sig = StepSignature::get(*forward);
+  unsigned idsArg = *sig->findArg(ArgRole::Input, "input_ids");
+  unsigned maskArg = *sig->findArg(ArgRole::Input, "loss_mask");
+  unsigned anchorsArg = *sig->findArg(ArgRole::Input, "anchors");
+  unsigned keepArg = *sig->findArg(ArgRole::Input, "keep");
+  // One kept block (row 0, block 3) whose only supervised slot is k = 1,
+  // at position a + 1: its label must be input_ids[a + 1].
+  for (double &k : args[keepArg].data)
+    k = 0;
+  args[keepArg].data[3] = 1;
+  int64_t a = int64_t(args[anchorsArg].data[3]);
+  ASSERT_LT(a + 2, spec.seqLen);
+  for (double &m : args[maskArg].data)
+    m = 0;
+  args[maskArg].data[a] = 1;
+  args[maskArg].data[a + 1] = 1;
+  double base = forwardLoss(args);
+  ASSERT_GT(base, 0);
+
+  auto withToken = [&](int64_t position) {
+    std::vector<HostTensor> changed = args;
+    double &id = changed[idsArg].data[position];
+    id = double((int64_t(id) + 1) % (spec.vocabSize - 1));
+    return forwardLoss(changed);
+  };
+  EXPECT_NE(withToken(a + 1), base); // the label of slot k = 1
+  EXPECT_EQ(withToken(a + 2), base); // a shifted label would read this
+}
+
+} // namespace
