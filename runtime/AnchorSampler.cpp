@@ -13,8 +13,7 @@ void dflash::rt::anchorCandidates(const uint8_t *lossMask, int64_t S,
       out.push_back(int32_t(a));
 }
 
-int64_t dflash::rt::countAnchorCandidates(const uint8_t *lossMask,
-                                          int64_t S) {
+int64_t dflash::rt::countAnchorCandidates(const uint8_t *lossMask, int64_t S) {
   int64_t count = 0;
   for (int64_t a = 0; a + 1 < S; ++a)
     count += (lossMask[a] && lossMask[a + 1]) ? 1 : 0;

@@ -2,9 +2,12 @@
 
 #include "runtime/ModelConfig.h"
 
-#include "runtime/Bf16.h"
+#include "kernels/Bf16.h"
 #include "runtime/Rng.h"
 
+#include <algorithm>
+
+using namespace dflash;
 using namespace dflash::rt;
 
 int64_t ParamInfo::numel() const {

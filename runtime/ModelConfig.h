@@ -1,4 +1,4 @@
-//===- ModelConfig.h - Shapes and hyperparameters of one drafter -*- C++ -*-===//
+//===- ModelConfig.h - Shapes and hyperparameters of a drafter --*- C++ -*-===//
 //
 // Everything the runtime needs to know about a compiled drafter, as a plain
 // struct: the generated trainer fills it from constants, the host tools from

@@ -6,6 +6,9 @@
 
 using namespace dflash::rt;
 
+/// pi, spelled out: M_PI is POSIX, not standard C++.
+static constexpr double kPi = 3.14159265358979323846;
+
 uint64_t dflash::rt::splitMix64(uint64_t &state) {
   uint64_t z = (state += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -66,7 +69,7 @@ double Rng::uniform01() { return double(next() >> 11) * 0x1.0p-53; }
 double Rng::normal() {
   double u1 = 1.0 - uniform01(); // (0, 1]: log stays finite
   double u2 = uniform01();
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * kPi * u2);
 }
 
 Status Rng::restore(const State &saved) {

@@ -138,3 +138,40 @@ TEST(ReferenceOptimizer, AdamWFloatMatchesDouble) {
 }
 
 } // namespace
+
+// The schedule of SEMANTICS.md section 5 (dflash.lr_schedule's reference).
+TEST(ReferenceLrSchedule, WarmupPeakAndCosine) {
+  const double lr = 6e-4;
+  // total 100, ratio 0.04: 4 warmup steps.
+  EXPECT_DOUBLE_EQ(learningRate(0, 100, lr, 0.04), lr / 4);
+  EXPECT_DOUBLE_EQ(learningRate(1, 100, lr, 0.04), lr / 2);
+  EXPECT_DOUBLE_EQ(learningRate(3, 100, lr, 0.04), lr);
+  // The first cosine step is the peak, the middle is half of it.
+  EXPECT_DOUBLE_EQ(learningRate(4, 100, lr, 0.04), lr);
+  EXPECT_DOUBLE_EQ(learningRate(52, 100, lr, 0.04), lr * 0.5);
+  EXPECT_NEAR(learningRate(99, 100, lr, 0.04),
+              lr * 0.5 * (1 + std::cos(M_PI * 95.0 / 96.0)), 1e-18);
+  EXPECT_GT(learningRate(99, 100, lr, 0.04), 0.0);
+  EXPECT_EQ(learningRate(100, 100, lr, 0.04), 0.0);
+  EXPECT_EQ(learningRate(500, 100, lr, 0.04), 0.0);
+}
+
+TEST(ReferenceLrSchedule, NoWarmup) {
+  EXPECT_DOUBLE_EQ(learningRate(0, 100, 1.0, 0.0), 1.0);
+  EXPECT_DOUBLE_EQ(learningRate(50, 100, 1.0, 0.0), 0.5);
+}
+
+TEST(ReferenceLrSchedule, WarmupTruncatesLikePython) {
+  // int(0.07 * 100) == 7 warmup steps: step 6 reaches the peak.
+  EXPECT_DOUBLE_EQ(learningRate(5, 100, 1.0, 0.07), 6.0 / 7.0);
+  EXPECT_DOUBLE_EQ(learningRate(6, 100, 1.0, 0.07), 1.0);
+  // int(0.04 * 10) == 0: no warmup at all.
+  EXPECT_DOUBLE_EQ(learningRate(0, 10, 1.0, 0.04), 1.0);
+}
+
+TEST(ReferenceLrSchedule, AllWarmup) {
+  // total == warm: the warmup reaches lr at the last step, then 0.
+  EXPECT_DOUBLE_EQ(learningRate(0, 4, 1.0, 1.0), 0.25);
+  EXPECT_DOUBLE_EQ(learningRate(3, 4, 1.0, 1.0), 1.0);
+  EXPECT_EQ(learningRate(4, 4, 1.0, 1.0), 0.0);
+}

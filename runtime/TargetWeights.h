@@ -1,0 +1,48 @@
+//===- TargetWeights.h - Frozen embed and lm_head of the target -*- C++ -*-===//
+//
+// The drafter shares the target's token embedding and lm_head (SEMANTICS.md
+// section 1). They are read from the target's Hugging Face directory:
+// `model.embed_tokens.weight` and `lm_head.weight`, through a sharded index
+// or a single model.safetensors; the lm_head is the embedding when the
+// target ties them. F32 tensors are rounded to bf16.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_TARGETWEIGHTS_H
+#define DFLASH_RUNTIME_TARGETWEIGHTS_H
+
+#include "runtime/ModelConfig.h"
+#include "runtime/Status.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dflash::rt {
+
+struct TargetWeights {
+  int64_t vocabSize = 0;
+  int64_t hiddenSize = 0;
+  bool tied = false;
+  std::vector<uint16_t> embed;  ///< bf16 [V, H]
+  std::vector<uint16_t> lmHead; ///< bf16 [V, H]; empty when tied
+  /// The lm_head values, whichever buffer holds them.
+  const uint16_t *lmHeadData() const {
+    return tied ? embed.data() : lmHead.data();
+  }
+};
+
+/// Loads the frozen tensors of the target at `dir` and checks them and the
+/// directory's config.json (hidden_size, vocab_size, num_hidden_layers; also
+/// under text_config for multimodal targets) against `config`. Tying follows
+/// config.tieWordEmbeddings, so `weights.tied` always equals it: a config.json
+/// that says otherwise is an error, as is an untied target without
+/// lm_head.weight. Also accepts the multimodal names
+/// `model.language_model.embed_tokens.weight` and
+/// `language_model.lm_head.weight`.
+Status loadTargetWeights(const std::string &dir, const ModelConfig &config,
+                         TargetWeights &weights);
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_TARGETWEIGHTS_H

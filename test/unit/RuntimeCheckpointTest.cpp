@@ -1,0 +1,690 @@
+//===- RuntimeCheckpointTest.cpp - Parameters, checkpoints, target weights ===//
+
+#include "compiler/Spec/Spec.h"
+#include "runtime/AtomicWrite.h"
+#include "kernels/Bf16.h"
+#include "runtime/Checkpoint.h"
+#include "runtime/ModelConfig.h"
+#include "runtime/Safetensors.h"
+#include "runtime/Synthetic.h"
+#include "runtime/TargetWeights.h"
+#include "tools/common/SpecToModelConfig.h"
+
+#include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <unistd.h>
+
+using namespace dflash;
+using namespace dflash::rt;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern =
+        (fs::temp_directory_path() / "dflash-rt-XXXXXX").string();
+    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string &name) const {
+    return path + "/" + name;
+  }
+};
+
+ModelConfig testConfig() {
+  ModelConfig c;
+  c.name = "unit";
+  c.targetModel = "test/target";
+  c.targetNumLayers = 6;
+  c.targetHiddenSize = 32;
+  c.vocabSize = 64;
+  c.targetLayerIds = {1, 3};
+  c.numLayers = 2;
+  c.hiddenSize = 32;
+  c.intermediateSize = 48;
+  c.numHeads = 4;
+  c.numKvHeads = 2;
+  c.headDim = 8;
+  c.ropeTheta = 10000;
+  c.blockSize = 4;
+  c.maskTokenId = 63;
+  c.maxPositionEmbeddings = 256;
+  c.layerWindows = {8, 0};
+  c.seqLen = 32;
+  c.anchorsPerRow = 6;
+  c.rowsPerGpu = 2;
+  c.gamma = 4;
+  c.seed = 3;
+  c.totalSteps = 100;
+  return c;
+}
+
+std::vector<std::string> entriesOf(const std::string &dir) {
+  std::vector<std::string> names;
+  for (const auto &entry : fs::directory_iterator(dir))
+    names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<const uint16_t *>
+pointers(const std::vector<std::vector<uint16_t>> &params) {
+  std::vector<const uint16_t *> out;
+  for (const auto &values : params)
+    out.push_back(values.data());
+  return out;
+}
+
+json readJson(const std::string &path) {
+  std::ifstream in(path);
+  return json::parse(in, nullptr, false);
+}
+
+//===----------------------------------------------------------------------===//
+// Atomic files and directories
+//===----------------------------------------------------------------------===//
+
+TEST(RuntimeAtomicWrite, StagedDirectory) {
+  TempDir dir;
+  std::string out = dir / "nested/out";
+  {
+    StagedDirectory staged;
+    ASSERT_TRUE(staged.begin(out).ok());
+    ASSERT_TRUE(writeFileAtomically(staged.path() + "/a.txt", "first").ok());
+    // Dropped without commit: nothing appears, nothing is left over.
+  }
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(entriesOf(dir / "nested").empty());
+
+  for (const char *text : {"first", "second"}) {
+    StagedDirectory staged;
+    ASSERT_TRUE(staged.begin(out).ok());
+    ASSERT_TRUE(writeFileAtomically(staged.path() + "/a.txt", text).ok());
+    ASSERT_TRUE(staged.commit().ok());
+    std::string contents;
+    ASSERT_TRUE(readTextFile(out + "/a.txt", contents).ok());
+    EXPECT_EQ(contents, text);
+  }
+  EXPECT_EQ(entriesOf(dir / "nested"), (std::vector<std::string>{"out"}));
+
+  // A file in the way is not replaced by a directory.
+  ASSERT_TRUE(writeFileAtomically(dir / "file", "x").ok());
+  StagedDirectory staged;
+  EXPECT_EQ(staged.begin(dir / "file").message(),
+            dir / "file" + ": exists and is not a directory");
+}
+
+TEST(RuntimeAtomicWrite, FileWriterWithoutCommitLeavesNothing) {
+  TempDir dir;
+  ASSERT_TRUE(writeFileAtomically(dir / "kept", "old").ok());
+  {
+    AtomicFileWriter writer;
+    ASSERT_TRUE(writer.begin(dir / "kept").ok());
+    ASSERT_TRUE(writer.write("new", 3).ok());
+  }
+  std::string contents;
+  ASSERT_TRUE(readTextFile(dir / "kept", contents).ok());
+  EXPECT_EQ(contents, "old");
+  EXPECT_EQ(entriesOf(dir.path), (std::vector<std::string>{"kept"}));
+}
+
+//===----------------------------------------------------------------------===//
+// Parameter table
+//===----------------------------------------------------------------------===//
+
+TEST(RuntimeModelConfig, ParameterTableOrderAndShapes) {
+  ModelConfig c = testConfig();
+  std::vector<ParamInfo> table = parameterTable(c);
+  ASSERT_EQ(table.size(), 2u + 11u * 2u + 1u);
+  EXPECT_EQ(table[0].name, "fc.weight");
+  EXPECT_EQ(table[0].shape, (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(table[1].name, "hidden_norm.weight");
+  std::vector<std::string> layerNames;
+  for (size_t i = 2; i < 13; ++i)
+    layerNames.push_back(table[i].name);
+  EXPECT_EQ(
+      layerNames,
+      (std::vector<std::string>{
+          "layers.0.input_layernorm.weight", "layers.0.self_attn.q_proj.weight",
+          "layers.0.self_attn.k_proj.weight",
+          "layers.0.self_attn.v_proj.weight",
+          "layers.0.self_attn.o_proj.weight",
+          "layers.0.self_attn.q_norm.weight",
+          "layers.0.self_attn.k_norm.weight",
+          "layers.0.post_attention_layernorm.weight",
+          "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight",
+          "layers.0.mlp.down_proj.weight"}));
+  EXPECT_EQ(table[3].shape, (std::vector<int64_t>{32, 32}));  // q: nh*d, H
+  EXPECT_EQ(table[4].shape, (std::vector<int64_t>{16, 32}));  // k: nkv*d, H
+  EXPECT_EQ(table[6].shape, (std::vector<int64_t>{32, 32}));  // o: H, nh*d
+  EXPECT_EQ(table[7].shape, (std::vector<int64_t>{8}));       // q_norm: d
+  EXPECT_EQ(table[10].shape, (std::vector<int64_t>{48, 32})); // gate: I, H
+  EXPECT_EQ(table[12].shape, (std::vector<int64_t>{32, 48})); // down: H, I
+  EXPECT_EQ(table[13].name, "layers.1.input_layernorm.weight");
+  EXPECT_EQ(table.back().name, "norm.weight");
+  for (const ParamInfo &param : table)
+    EXPECT_EQ(param.isNorm, param.name.find("norm") != std::string::npos)
+        << param.name;
+}
+
+TEST(RuntimeModelConfig, MatchesTheSpecLibrary) {
+  dflash::SpecError error;
+  auto spec = dflash::loadSpec(DFLASH_SPECS_DIR "/tiny.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  ModelConfig c = dflash::modelConfigFromSpec(*spec);
+  EXPECT_TRUE(validateModelConfig(c).ok());
+  EXPECT_EQ(numParameters(c), spec->numParameters());
+  EXPECT_EQ(c.layerWindows, (std::vector<int64_t>{32, 0}));
+  EXPECT_EQ(c.targetLayerIds, (std::vector<int64_t>{1, 5}));
+  EXPECT_EQ(c.contextWidth(), 512);
+}
+
+TEST(RuntimeModelConfig, Validation) {
+  ModelConfig c = testConfig();
+  EXPECT_TRUE(validateModelConfig(c).ok());
+  c.numKvHeads = 3;
+  EXPECT_EQ(validateModelConfig(c).message(),
+            "unit: 'num_heads' (4) is not a multiple of 'num_kv_heads' (3)");
+  c = testConfig();
+  c.maskTokenId = 64;
+  EXPECT_EQ(validateModelConfig(c).message(),
+            "unit: 'mask_token_id' (64) is outside the vocabulary of 64 "
+            "tokens");
+  c = testConfig();
+  c.layerWindows = {0};
+  EXPECT_EQ(validateModelConfig(c).message(),
+            "unit: 'layer_windows' has 1 entries but the drafter has 2 "
+            "layers");
+  c = testConfig();
+  c.targetLayerIds = {1, 6};
+  EXPECT_EQ(validateModelConfig(c).message(),
+            "unit: 'target_layer_ids' entry 6 is outside the target's 6 "
+            "layers");
+  c = testConfig();
+  c.seqLen = 0;
+  EXPECT_EQ(validateModelConfig(c).message(),
+            "unit: 'seq_len' is 0 but must be positive");
+}
+
+TEST(RuntimeModelConfig, InitialParameters) {
+  ModelConfig c = testConfig();
+  c.initStd = 0.5;
+  auto params = initialParameters(c, 1);
+  auto again = initialParameters(c, 1);
+  auto other = initialParameters(c, 2);
+  EXPECT_EQ(params, again);
+  EXPECT_NE(params, other);
+  std::vector<ParamInfo> table = parameterTable(c);
+  ASSERT_EQ(params.size(), table.size());
+  for (size_t t = 0; t < table.size(); ++t) {
+    ASSERT_EQ(int64_t(params[t].size()), table[t].numel());
+    if (table[t].isNorm) {
+      for (uint16_t value : params[t])
+        ASSERT_EQ(value, floatToBf16(1.0f));
+      continue;
+    }
+    double sum = 0, sumSq = 0;
+    for (uint16_t value : params[t]) {
+      double x = bf16ToFloat(value);
+      sum += x;
+      sumSq += x * x;
+    }
+    double n = double(params[t].size());
+    EXPECT_NEAR(sum / n, 0.0, 0.1) << table[t].name;
+    EXPECT_NEAR(std::sqrt(sumSq / n), 0.5, 0.1) << table[t].name;
+  }
+  // A tensor does not depend on the sizes of the ones before it.
+  ModelConfig wider = c;
+  wider.targetLayerIds = {1, 2, 3}; // only fc changes
+  auto widerParams = initialParameters(wider, 1);
+  EXPECT_EQ(widerParams[2], params[2]);
+  EXPECT_EQ(widerParams[3], params[3]);
+}
+
+//===----------------------------------------------------------------------===//
+// Exported checkpoints
+//===----------------------------------------------------------------------===//
+
+TEST(RuntimeCheckpoint, ConfigJsonFields) {
+  ModelConfig c = testConfig();
+  std::string text;
+  ASSERT_TRUE(checkpointConfigJson(c, text).ok());
+  json config = json::parse(text, nullptr, false);
+  ASSERT_FALSE(config.is_discarded());
+  EXPECT_EQ(config["architectures"], json({"DFlashDraftModel"}));
+  EXPECT_EQ(config["model_type"], "qwen3");
+  EXPECT_EQ(config["block_size"], 4);
+  EXPECT_EQ(config["dflash_config"]["block_size"], nullptr);
+  EXPECT_EQ(config["dflash_config"]["mask_token_id"], 63);
+  EXPECT_EQ(config["dflash_config"]["target_layer_ids"], json({1, 3}));
+  EXPECT_EQ(config["num_target_layers"], 6);
+  EXPECT_EQ(config["hidden_size"], 32);
+  EXPECT_EQ(config["intermediate_size"], 48);
+  EXPECT_EQ(config["num_hidden_layers"], 2);
+  EXPECT_EQ(config["num_attention_heads"], 4);
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["head_dim"], 8);
+  EXPECT_EQ(config["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(config["rope_theta"], 10000.0);
+  EXPECT_EQ(config["vocab_size"], 64);
+  EXPECT_EQ(config["max_position_embeddings"], 256);
+  EXPECT_EQ(config["hidden_act"], "silu");
+  EXPECT_EQ(config["attention_bias"], false);
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  EXPECT_EQ(config["torch_dtype"], "bfloat16");
+  EXPECT_EQ(config["dtype"], "bfloat16");
+  EXPECT_EQ(config["layer_types"],
+            json({"sliding_attention", "full_attention"}));
+  EXPECT_EQ(config["sliding_window"], 8);
+  EXPECT_EQ(config["use_sliding_window"], true);
+
+  c.layerWindows = {0, 0};
+  ASSERT_TRUE(checkpointConfigJson(c, text).ok());
+  config = json::parse(text, nullptr, false);
+  EXPECT_EQ(config["layer_types"], json({"full_attention", "full_attention"}));
+  EXPECT_FALSE(config.contains("sliding_window"));
+  EXPECT_EQ(config["use_sliding_window"], false);
+
+  c.layerWindows = {8, 16};
+  EXPECT_EQ(checkpointConfigJson(c, text).message(),
+            "unit: sliding layers have different windows (8 and 16) but "
+            "config.json holds a single sliding_window");
+}
+
+TEST(RuntimeCheckpoint, ExportNamesShapesAndRoundTrip) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  auto params = initialParameters(c, 5);
+  std::string out = dir / "ckpt";
+  Status status = exportCheckpoint(out, c, pointers(params));
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(entriesOf(out),
+            (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(entriesOf(dir.path), (std::vector<std::string>{"ckpt"}));
+
+  SafetensorsFile file;
+  ASSERT_TRUE(file.open(out + "/model.safetensors").ok());
+  std::vector<ParamInfo> table = parameterTable(c);
+  ASSERT_EQ(file.tensors().size(), table.size());
+  for (const ParamInfo &param : table) {
+    const TensorView *view = file.find(param.name);
+    ASSERT_TRUE(view) << param.name;
+    EXPECT_EQ(view->dtype, DType::BF16);
+    EXPECT_EQ(view->shape, param.shape);
+  }
+  for (const TensorView &view : file.tensors()) {
+    EXPECT_NE(view.name.rfind("model.", 0), 0u) << view.name;
+    EXPECT_EQ(view.name.find("embed"), std::string::npos);
+    EXPECT_EQ(view.name.find("lm_head"), std::string::npos);
+  }
+  EXPECT_EQ(readJson(out + "/config.json")["model_type"], "qwen3");
+
+  std::vector<std::vector<uint16_t>> loaded;
+  status = loadCheckpoint(out, c, loaded);
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(loaded, params);
+}
+
+TEST(RuntimeCheckpoint, ReplacesAnExistingCheckpointWhole) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  std::string out = dir / "ckpt";
+  auto first = initialParameters(c, 1), second = initialParameters(c, 2);
+  ASSERT_TRUE(exportCheckpoint(out, c, pointers(first)).ok());
+  // A stray file in the old checkpoint disappears with it.
+  std::ofstream(out + "/stale.txt") << "old";
+  ASSERT_TRUE(exportCheckpoint(out + "/", c, pointers(second)).ok());
+  EXPECT_EQ(entriesOf(out),
+            (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(entriesOf(dir.path), (std::vector<std::string>{"ckpt"}));
+  std::vector<std::vector<uint16_t>> loaded;
+  ASSERT_TRUE(loadCheckpoint(out, c, loaded).ok());
+  EXPECT_EQ(loaded, second);
+
+  // A failing export leaves the good checkpoint and no temporary behind.
+  auto broken = pointers(first);
+  broken[3] = nullptr;
+  Status status = exportCheckpoint(out, c, broken);
+  EXPECT_EQ(status.message(),
+            out + ": no buffer for tensor 'layers.0.self_attn.q_proj.weight'");
+  EXPECT_EQ(entriesOf(dir.path), (std::vector<std::string>{"ckpt"}));
+  ASSERT_TRUE(loadCheckpoint(out, c, loaded).ok());
+  EXPECT_EQ(loaded, second);
+
+  EXPECT_EQ(exportCheckpoint(out, c, {}).message(),
+            out + ": got 0 parameter buffers but the model has 25 tensors");
+}
+
+/// Rewrites dir/model.safetensors with `edit` applied to its tensor list.
+void rewriteModel(const std::string &dir, const ModelConfig &c,
+                  const std::vector<std::vector<uint16_t>> &params,
+                  void (*edit)(std::vector<TensorData> &)) {
+  std::vector<TensorData> tensors;
+  std::vector<ParamInfo> table = parameterTable(c);
+  for (size_t i = 0; i < table.size(); ++i)
+    tensors.push_back(
+        {table[i].name, DType::BF16, table[i].shape, params[i].data()});
+  edit(tensors);
+  ASSERT_TRUE(writeSafetensors(dir + "/model.safetensors", tensors).ok());
+}
+
+TEST(RuntimeCheckpoint, LoadRejectsMismatches) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  auto params = initialParameters(c, 1);
+  std::string out = dir / "ckpt";
+  std::string model = out + "/model.safetensors";
+  ASSERT_TRUE(exportCheckpoint(out, c, pointers(params)).ok());
+  std::vector<std::vector<uint16_t>> loaded;
+
+  ModelConfig otherBlock = c;
+  otherBlock.blockSize = 16;
+  EXPECT_EQ(loadCheckpoint(out, otherBlock, loaded).message(),
+            out + "/config.json: 'block_size' is 4 but the spec needs 16");
+  ModelConfig otherTaps = c;
+  otherTaps.targetLayerIds = {1, 4};
+  EXPECT_EQ(loadCheckpoint(out, otherTaps, loaded).message(),
+            out + "/config.json: 'dflash_config.target_layer_ids' is [1,3] "
+                  "but the spec needs [1,4]");
+
+  rewriteModel(out, c, params,
+               [](std::vector<TensorData> &t) { t.erase(t.begin() + 4); });
+  EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
+            model + ": has no tensor 'layers.0.self_attn.k_proj.weight'");
+
+  rewriteModel(out, c, params, [](std::vector<TensorData> &t) {
+    t[4].shape = {8, 32};
+  });
+  EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
+            model + ": tensor 'layers.0.self_attn.k_proj.weight' has shape "
+                    "[8, 32] but the spec needs [16, 32]");
+
+  rewriteModel(out, c, params, [](std::vector<TensorData> &t) {
+    t[1].dtype = DType::I32; // 32 bf16 values = 16 int32 values
+    t[1].shape = {16};
+  });
+  EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
+            model + ": tensor 'hidden_norm.weight' has shape [16] but the "
+                    "spec needs [32]");
+
+  static std::vector<int32_t> ints(32, 0);
+  rewriteModel(out, c, params, [](std::vector<TensorData> &t) {
+    t[1].dtype = DType::I32;
+    t[1].data = ints.data();
+  });
+  EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
+            model + ": tensor 'hidden_norm.weight' has dtype I32 but the "
+                    "spec needs BF16");
+
+  static uint16_t extra[2] = {0, 0};
+  rewriteModel(out, c, params, [](std::vector<TensorData> &t) {
+    t.push_back({"model.embed_tokens.weight", DType::BF16, {2}, extra});
+  });
+  EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
+            model + ": has unexpected tensor 'model.embed_tokens.weight'");
+
+  // Truncated: the last bytes of the data are gone.
+  rewriteModel(out, c, params, [](std::vector<TensorData> &) {});
+  fs::resize_file(model, fs::file_size(model) - 10);
+  Status status = loadCheckpoint(out, c, loaded);
+  EXPECT_NE(status.message().find("the file is truncated"), std::string::npos)
+      << status.message();
+
+  // F32 weights are accepted and rounded.
+  std::vector<std::vector<float>> wide(params.size());
+  std::vector<TensorData> tensors;
+  std::vector<ParamInfo> table = parameterTable(c);
+  for (size_t i = 0; i < params.size(); ++i) {
+    for (uint16_t value : params[i])
+      wide[i].push_back(bf16ToFloat(value));
+    tensors.push_back(
+        {table[i].name, DType::F32, table[i].shape, wide[i].data()});
+  }
+  ASSERT_TRUE(writeSafetensors(model, tensors).ok());
+  ASSERT_TRUE(loadCheckpoint(out, c, loaded).ok());
+  EXPECT_EQ(loaded, params);
+
+  fs::remove(out + "/config.json");
+  EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
+            out + "/config.json: cannot open: no such file or directory");
+  EXPECT_EQ(loaded, params); // untouched by failed loads
+}
+
+//===----------------------------------------------------------------------===//
+// Training state
+//===----------------------------------------------------------------------===//
+
+TrainingState sampleState(const ModelConfig &c) {
+  TrainingState state;
+  state.step = 42;
+  Rng rng(9);
+  rng.next();
+  state.rngState = rng.state();
+  state.data = {3, 17};
+  for (const ParamInfo &param : parameterTable(c)) {
+    std::vector<float> master, m, v;
+    for (int64_t i = 0; i < param.numel(); ++i) {
+      master.push_back(float(rng.normal()));
+      m.push_back(float(rng.normal() * 1e-3));
+      v.push_back(float(rng.uniform01() * 1e-6));
+    }
+    state.master.push_back(master);
+    state.adamM.push_back(m);
+    state.adamV.push_back(v);
+  }
+  return state;
+}
+
+TEST(RuntimeCheckpoint, TrainingStateRoundTrip) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  auto params = initialParameters(c, 1);
+  TrainingState state = sampleState(c);
+  std::string out = dir / "step-42";
+  Status status = saveTrainingCheckpoint(out, c, pointers(params), state.ref());
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(entriesOf(out),
+            (std::vector<std::string>{"config.json", "model.safetensors",
+                                      "training_state.safetensors"}));
+  // The exported part loads as a plain checkpoint.
+  std::vector<std::vector<uint16_t>> loadedParams;
+  ASSERT_TRUE(loadCheckpoint(out, c, loadedParams).ok());
+  EXPECT_EQ(loadedParams, params);
+
+  TrainingState loaded;
+  status = loadTrainingState(out, c, loaded);
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(loaded.step, 42);
+  EXPECT_EQ(loaded.rngState, state.rngState);
+  EXPECT_EQ(loaded.data.epoch, 3);
+  EXPECT_EQ(loaded.data.row, 17);
+  EXPECT_EQ(loaded.master, state.master);
+  EXPECT_EQ(loaded.adamM, state.adamM);
+  EXPECT_EQ(loaded.adamV, state.adamV);
+}
+
+TEST(RuntimeCheckpoint, TrainingStateRejectsCorruptFiles) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  auto params = initialParameters(c, 1);
+  TrainingState state = sampleState(c);
+  std::string out = dir / "ckpt";
+  std::string file = out + "/training_state.safetensors";
+  ASSERT_TRUE(
+      saveTrainingCheckpoint(out, c, pointers(params), state.ref()).ok());
+  TrainingState loaded;
+
+  ModelConfig wider = c;
+  wider.intermediateSize = 64;
+  EXPECT_EQ(loadTrainingState(out, wider, loaded).message(),
+            file + ": tensor 'master.layers.0.mlp.gate_proj.weight' has "
+                   "shape [48, 32] but the spec needs [64, 32]");
+
+  TrainingStateRef missing = state.ref();
+  missing.adamV.pop_back();
+  EXPECT_EQ(saveTrainingCheckpoint(out, c, pointers(params), missing).message(),
+            out + ": got 24 'adam_v' buffers but the model has 25 tensors");
+
+  TrainingStateRef zeroRng = state.ref();
+  zeroRng.rngState = {0, 0, 0, 0};
+  ASSERT_TRUE(saveTrainingCheckpoint(out, c, pointers(params), zeroRng).ok());
+  EXPECT_EQ(loadTrainingState(out, c, loaded).message(),
+            file + ": tensor 'rng_state': random generator state is all zero");
+
+  ASSERT_TRUE(
+      saveTrainingCheckpoint(out, c, pointers(params), state.ref()).ok());
+  fs::resize_file(file, fs::file_size(file) / 2);
+  Status status = loadTrainingState(out, c, loaded);
+  EXPECT_NE(status.message().find("the file is truncated"), std::string::npos)
+      << status.message();
+
+  // Not a training state at all.
+  fs::copy_file(out + "/model.safetensors", file,
+                fs::copy_options::overwrite_existing);
+  EXPECT_EQ(loadTrainingState(out, c, loaded).message(),
+            file + ": metadata 'format' is not 'dflash-training-state'");
+  EXPECT_EQ(loaded.step, 0); // untouched
+}
+
+//===----------------------------------------------------------------------===//
+// Target weights
+//===----------------------------------------------------------------------===//
+
+TEST(RuntimeTargetWeights, LoadsTheSyntheticTarget) {
+  TempDir dir;
+  for (bool tied : {false, true}) {
+    ModelConfig c = testConfig();
+    c.tieWordEmbeddings = tied;
+    SyntheticProblem problem;
+    ASSERT_TRUE(problem.init(c, 4).ok());
+    std::string target = dir / (tied ? "tied" : "separate");
+    ASSERT_TRUE(writeSyntheticTarget(target, problem).ok());
+    SafetensorsFile file;
+    ASSERT_TRUE(file.open(target + "/model.safetensors").ok());
+    EXPECT_EQ(file.find("lm_head.weight") != nullptr, !tied);
+
+    TargetWeights weights;
+    Status status = loadTargetWeights(target, c, weights);
+    ASSERT_TRUE(status.ok()) << status.message();
+    EXPECT_EQ(weights.tied, tied);
+    EXPECT_EQ(weights.embed, problem.target().embed);
+    EXPECT_EQ(weights.lmHead, problem.target().lmHead);
+    EXPECT_EQ(weights.lmHead.empty(), tied);
+    EXPECT_EQ(weights.lmHeadData()[5], problem.target().lmHeadData()[5]);
+  }
+}
+
+void writeText(const std::string &path, const std::string &text) {
+  std::ofstream(path) << text;
+}
+
+TEST(RuntimeTargetWeights, ShardedF32AndTied) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  c.tieWordEmbeddings = true;
+  std::vector<float> embed(size_t(64 * 32));
+  for (size_t i = 0; i < embed.size(); ++i)
+    embed[i] = float(i) * 0.001f;
+  std::vector<float> layer(4, 0.0f);
+  ASSERT_TRUE(
+      writeSafetensors(dir / "model-00001-of-00002.safetensors",
+                       {{"model.layers.0.w", DType::F32, {4}, layer.data()}})
+          .ok());
+  ASSERT_TRUE(
+      writeSafetensors(
+          dir / "model-00002-of-00002.safetensors",
+          {{"model.embed_tokens.weight", DType::F32, {64, 32}, embed.data()}})
+          .ok());
+  const char *index = R"({"weight_map": {
+      "model.layers.0.w": "model-00001-of-00002.safetensors",
+      "model.embed_tokens.weight": "model-00002-of-00002.safetensors"}})";
+  writeText(dir / "model.safetensors.index.json", index);
+  writeText(dir / "config.json",
+            R"({"hidden_size": 32, "vocab_size": 64, "num_hidden_layers": 6,
+               "tie_word_embeddings": true})");
+  TargetWeights weights;
+  Status status = loadTargetWeights(dir.path, c, weights);
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_TRUE(weights.tied);
+  ASSERT_EQ(weights.embed.size(), embed.size());
+  for (size_t i = 0; i < embed.size(); ++i)
+    ASSERT_EQ(weights.embed[i], floatToBf16(embed[i]));
+  EXPECT_EQ(weights.lmHeadData(), weights.embed.data());
+
+  // The target's config.json and the spec disagree on tying.
+  ModelConfig untied = c;
+  untied.tieWordEmbeddings = false;
+  EXPECT_EQ(loadTargetWeights(dir.path, untied, weights).message(),
+            dir / "config.json" +
+                ": 'tie_word_embeddings' is true but the spec needs false");
+  // Untied but no lm_head.
+  writeText(dir / "config.json",
+            R"({"hidden_size": 32, "vocab_size": 64, "num_hidden_layers": 6})");
+  EXPECT_EQ(loadTargetWeights(dir.path, untied, weights).message(),
+            dir.path + ": has no tensor 'lm_head.weight' but the spec sets "
+                       "tie_word_embeddings false");
+
+  // Multimodal configs keep the sizes under text_config.
+  writeText(dir / "config.json",
+            R"({"text_config": {"hidden_size": 32, "vocab_size": 64,
+               "num_hidden_layers": 6}})");
+  EXPECT_TRUE(loadTargetWeights(dir.path, c, weights).ok());
+}
+
+TEST(RuntimeTargetWeights, RejectsMismatches) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 4).ok());
+  ASSERT_TRUE(writeSyntheticTarget(dir.path, problem).ok());
+  TargetWeights weights;
+  ModelConfig wider = c;
+  wider.targetHiddenSize = wider.hiddenSize = 48;
+  EXPECT_EQ(loadTargetWeights(dir.path, wider, weights).message(),
+            dir / "config.json" +
+                ": 'hidden_size' is 32 but the spec needs 48");
+  ModelConfig bigger = c;
+  bigger.vocabSize = 128;
+  EXPECT_EQ(loadTargetWeights(dir.path, bigger, weights).message(),
+            dir / "config.json" +
+                ": 'vocab_size' is 64 but the spec needs 128");
+
+  // config.json agrees but the tensor does not.
+  writeText(dir / "config.json",
+            R"({"hidden_size": 48, "vocab_size": 64, "num_hidden_layers": 6})");
+  EXPECT_EQ(loadTargetWeights(dir.path, wider, weights).message(),
+            dir / "model.safetensors" +
+                ": tensor 'model.embed_tokens.weight' has shape [64, 32] but "
+                "the spec needs [64, 48]");
+  std::vector<int32_t> ints(64 * 32, 0);
+  ASSERT_TRUE(
+      writeSafetensors(
+          dir / "model.safetensors",
+          {{"model.embed_tokens.weight", DType::I32, {64, 32}, ints.data()}})
+          .ok());
+  writeText(dir / "config.json",
+            R"({"hidden_size": 32, "vocab_size": 64, "num_hidden_layers": 6})");
+  ModelConfig tied = c;
+  tied.tieWordEmbeddings = true;
+  EXPECT_EQ(loadTargetWeights(dir.path, tied, weights).message(),
+            dir / "model.safetensors" +
+                ": tensor 'model.embed_tokens.weight' has dtype I32 but BF16 "
+                "or F32 is needed");
+  fs::remove(dir / "config.json");
+  EXPECT_EQ(loadTargetWeights(dir.path, c, weights).message(),
+            dir / "config.json" + ": cannot open: no such file or directory");
+}
+
+} // namespace
