@@ -50,7 +50,7 @@ public:
   /// The shard files, in reading order.
   std::vector<std::string> files() const;
   /// "<file> row <r>" of kept row `index`, for messages.
-  std::string describeRow(int64_t index) const;
+  std::string describeRow(int64_t index) const override;
 
 private:
   struct RowLocation {

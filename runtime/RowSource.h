@@ -13,6 +13,7 @@
 #include "runtime/Status.h"
 
 #include <cstdint>
+#include <string>
 
 namespace dflash::rt {
 
@@ -38,6 +39,11 @@ public:
   virtual bool hasPinnedAnchors() const = 0;
   /// Copies row `index` (0 <= index < numRows()).
   virtual Status readRow(int64_t index, const RowBuffers &out) const = 0;
+  /// Where row `index` comes from, for messages ("data/shard-1.safetensors
+  /// row 3").
+  virtual std::string describeRow(int64_t index) const {
+    return "row " + std::to_string(index);
+  }
 };
 
 } // namespace dflash::rt

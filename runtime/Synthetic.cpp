@@ -30,7 +30,7 @@ constexpr uint64_t kRowStreamBase = uint64_t(1) << 40;
 constexpr uint64_t kAnchorStreamBase = uint64_t(2) << 40;
 
 constexpr double kSuccessorProbability = 0.8;
-constexpr double kEmbedStd = 0.02;
+constexpr double kEmbedStd = 0.05;
 constexpr float kOffsetWeights[] = {1.0f, 0.75f, 0.5f};
 constexpr float kNoise = 0.05f;
 } // namespace
@@ -70,7 +70,7 @@ Status SyntheticProblem::init(const ModelConfig &config, uint64_t seed) {
   weights.tied = cfg.tieWordEmbeddings;
   weights.embed = normalBf16(seed, kEmbedStream, tableSize, kEmbedStd);
   if (!weights.tied)
-    weights.lmHead = normalBf16(seed, kLmHeadStream, tableSize, kEmbedStd);
+    weights.lmHead = weights.embed;
 
   Rng chain = Rng::forStream(seed, kChainStream);
   successors.resize(size_t(V));
@@ -128,10 +128,13 @@ void SyntheticProblem::generateRow(int64_t index, int32_t *inputIds,
     for (int64_t l = 0; l < L; ++l) {
       for (int64_t h = 0; h < H; ++h) {
         float value = 0;
-        for (int64_t j = 0; j < kOffsets && t + j < length; ++j) {
+        for (int64_t j = 0; j < kOffsets; ++j) {
+          int64_t ahead = j == 0 ? 0 : cfg.blockSize + j - 1;
+          if (t + ahead >= length)
+            continue;
           size_t at = size_t((l * kOffsets + j) * H + h);
           const uint16_t *embedRow =
-              weights.embed.data() + size_t(inputIds[t + j]) * size_t(H);
+              weights.embed.data() + size_t(inputIds[t + ahead]) * size_t(H);
           value += coefficient[at] * bf16ToFloat(embedRow[permutation[at]]);
         }
         value += kNoise * float(2 * rng.uniform01() - 1);

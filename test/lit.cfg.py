@@ -20,7 +20,9 @@ config.substitutions.append(("%src", config.dflash_src_root))
 llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.dflash_tools_dir, append_path=True)
-llvm_config.add_tool_substitutions(["dflashc", "dflash-opt"], [config.dflash_tools_dir])
+llvm_config.add_tool_substitutions(
+    ["dflashc", "dflash-opt", "dflash-reference", "dflash-synth"],
+    [config.dflash_tools_dir])
 
 # GPU tests need a CUDA device; without one they are reported unsupported.
 def has_cuda_device():
@@ -37,3 +39,23 @@ if has_cuda_device():
     config.available_features.add("cuda-device")
 if shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"):
     config.available_features.add("nvcc")
+
+# The independent PyTorch oracle: Debian's python3-torch in CI, PyTorch 2.x on
+# the GPU machine. Without one the oracle tests are unsupported, not passed.
+def python_with_torch():
+    for candidate in ["/usr/bin/python3", shutil.which("python3")]:
+        if not candidate or not os.path.exists(candidate):
+            continue
+        try:
+            out = subprocess.run([candidate, "-c", "import torch, numpy"],
+                                 capture_output=True, timeout=120)
+            if out.returncode == 0:
+                return candidate
+        except Exception:
+            pass
+    return None
+
+torch_python = python_with_torch()
+if torch_python:
+    config.available_features.add("torch")
+    config.substitutions.append(("%torch_python", torch_python))

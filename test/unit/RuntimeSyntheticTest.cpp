@@ -83,7 +83,8 @@ TEST(RuntimeSynthetic, Deterministic) {
   EXPECT_EQ(a.target().embed, b.target().embed);
   EXPECT_EQ(a.target().lmHead, b.target().lmHead);
   EXPECT_NE(a.target().embed, other.target().embed);
-  EXPECT_NE(a.target().embed, a.target().lmHead);
+  // lm_head holds the embedding's values (Synthetic.h says why).
+  EXPECT_EQ(a.target().embed, a.target().lmHead);
   for (int64_t i : {0, 1, 17}) {
     Row x = generate(a, i), y = generate(b, i), z = generate(other, i);
     EXPECT_EQ(x.ids, y.ids);
@@ -158,8 +159,9 @@ TEST(RuntimeSynthetic, TokensFollowTheChain) {
 }
 
 TEST(RuntimeSynthetic, FeaturesEncodeTheNextTokens) {
-  // Positions whose current and next two tokens agree have nearly equal
-  // features (only the noise differs); others do not.
+  // Positions whose current token and tokens one block ahead (offsets bs,
+  // bs+1) agree have nearly equal features (only the noise differs); others
+  // do not.
   ModelConfig c = testConfig();
   SyntheticProblem problem;
   ASSERT_TRUE(problem.init(c, 5).ok());
@@ -172,8 +174,10 @@ TEST(RuntimeSynthetic, FeaturesEncodeTheNextTokens) {
     int64_t length = S;
     while (length > 0 && row.mask[size_t(length - 1)] == 0)
       --length;
-    for (int64_t t = 0; t + 3 <= length; ++t) {
-      std::vector<int32_t> key(row.ids.begin() + t, row.ids.begin() + t + 3);
+    const int64_t bs = c.blockSize;
+    for (int64_t t = 0; t + bs + 2 <= length; ++t) {
+      std::vector<int32_t> key = {row.ids[size_t(t)], row.ids[size_t(t + bs)],
+                                  row.ids[size_t(t + bs + 1)]};
       std::vector<float> feature(static_cast<size_t>(LH));
       for (int64_t k = 0; k < LH; ++k)
         feature[size_t(k)] = bf16ToFloat(row.hidden[size_t(t * LH + k)]);

@@ -5,6 +5,7 @@ add_executable(RuntimeTest
   RuntimeCheckpointTest.cpp
   RuntimeFeatureShardTest.cpp
   RuntimeNumericsTest.cpp
+  RuntimeBatchLoaderTest.cpp
   RuntimeSafetensorsTest.cpp
   RuntimeSyntheticTest.cpp
   )
