@@ -122,6 +122,13 @@ private:
   LogicalResult evalForward(Operation *op);
   LogicalResult evalGradient(Operation *op);
   LogicalResult evalOptimizer(Operation *op);
+  /// The ops of dflash-fuse-kernels, as the compositions they replace.
+  LogicalResult evalFused(Operation *op);
+  /// Rounds `t` as a value of `type` is stored, in Storage precision.
+  void store(HostTensor &t, Type type) {
+    if (precision == Precision::Storage)
+      roundToStorage(t, cast<RankedTensorType>(type).getElementType());
+  }
 };
 
 LogicalResult Evaluator::eval(Operation *op) {
@@ -133,6 +140,11 @@ LogicalResult Evaluator::eval(Operation *op) {
                RopeGradOp, BlockAttentionGradOp, SwigluGradOp,
                LmHeadCeGradOp>(op))
     result = evalGradient(op);
+  else if (isa<DraftEmbedOp, ResidualRmsNormOp, QkNormRopeOp,
+               QkNormRopeGradOp, RmsNormGradResidualOp,
+               AccumulateLinearGradOp, LossSeedOp, LmHeadCeFusedOp,
+               AdamWMultiOp>(op))
+    result = evalFused(op);
   else
     result = evalForward(op);
   if (failed(result))
@@ -392,6 +404,169 @@ LogicalResult Evaluator::evalOptimizer(Operation *op) {
                            int64_t(scalar(o.getStep())) + 1,
                            scalar(o.getClip()), config);
         out(o.getNewParameter()).data = master.data;
+        return success();
+      })
+      .Default([&](Operation *other) { return failure(); });
+}
+
+LogicalResult Evaluator::evalFused(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](DraftEmbedOp o) -> LogicalResult {
+        auto ids = shapeOf(o.getInputIds()), a = shapeOf(o.getAnchors());
+        auto table = shapeOf(o.getTable());
+        std::vector<int32_t> tokens(a[0] * a[1] * o.getBlockSize());
+        ref::draftTokens(asIndices(in(o.getInputIds())).data(),
+                         asIndices(in(o.getAnchors())).data(),
+                         asFlags(in(o.getKeep())).data(), tokens.data(),
+                         ids[0], ids[1], a[1], o.getBlockSize(),
+                         o.getMaskTokenId());
+        for (int32_t id : tokens)
+          if (id < 0 || id >= table[0])
+            return o.emitOpError() << "token id " << id
+                                   << " is outside the table of " << table[0]
+                                   << " rows";
+        ref::embed<double>(ptr(o.getTable()), tokens.data(),
+                           outPtr(o.getResult()), int64_t(tokens.size()),
+                           table[1]);
+        return success();
+      })
+      .Case([&](ResidualRmsNormOp o) {
+        const HostTensor &x = in(o.getInput()), &d = in(o.getDelta());
+        HostTensor &sum = out(o.getSum());
+        for (size_t i = 0; i < sum.data.size(); ++i)
+          sum.data[i] = x.data[i] + d.data[i];
+        store(sum, o.getSum().getType());
+        ref::rmsNorm<double>(sum.data.data(), ptr(o.getWeight()),
+                             outPtr(o.getResult()), rows(o.getInput()),
+                             lastDim(o.getInput()),
+                             o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](QkNormRopeOp o) {
+        auto x = shapeOf(o.getInput());
+        HostTensor normed(x);
+        ref::rmsNorm<double>(ptr(o.getInput()), ptr(o.getWeight()),
+                             normed.data.data(), rows(o.getInput()), x[3],
+                             o.getEps().convertToDouble());
+        store(normed, o.getInput().getType());
+        ref::rope<double>(normed.data.data(),
+                          asIndices(in(o.getPositions())).data(),
+                          outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
+                          o.getTheta().convertToDouble());
+        return success();
+      })
+      .Case([&](QkNormRopeGradOp o) {
+        auto x = shapeOf(o.getInput());
+        HostTensor dNormed(x);
+        ref::ropeGrad<double>(ptr(o.getGrad()),
+                              asIndices(in(o.getPositions())).data(),
+                              dNormed.data.data(), x[0] * x[1], x[2], x[3],
+                              o.getTheta().convertToDouble());
+        ref::rmsNormGrad<double>(dNormed.data.data(), ptr(o.getInput()),
+                                 ptr(o.getWeight()), outPtr(o.getInputGrad()),
+                                 outPtr(o.getWeightGrad()), rows(o.getInput()),
+                                 x[3], o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](RmsNormGradResidualOp o) {
+        ref::rmsNormGrad<double>(
+            ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getWeight()),
+            outPtr(o.getInputGrad()), outPtr(o.getWeightGrad()),
+            rows(o.getInput()), lastDim(o.getInput()),
+            o.getEps().convertToDouble());
+        HostTensor &dx = out(o.getInputGrad());
+        const HostTensor &res = in(o.getResidualGrad());
+        for (size_t i = 0; i < dx.data.size(); ++i)
+          dx.data[i] += res.data[i];
+        return success();
+      })
+      .Case([&](AccumulateLinearGradOp o) {
+        HostTensor g(shapeOf(o.getResult()));
+        if (o.getWeightGrad()) {
+          auto dw = shapeOf(o.getResult());
+          ref::linearGradWeight<double>(ptr(o.getGrad()), ptr(o.getOperand()),
+                                        g.data.data(), rows(o.getGrad()),
+                                        dw[0], dw[1]);
+        } else {
+          auto w = shapeOf(o.getOperand());
+          ref::linearGradInput<double>(ptr(o.getGrad()), ptr(o.getOperand()),
+                                       g.data.data(), rows(o.getGrad()), w[0],
+                                       w[1]);
+        }
+        const HostTensor &acc = in(o.getAccumulator());
+        HostTensor &r = out(o.getResult());
+        for (size_t i = 0; i < r.data.size(); ++i)
+          r.data[i] = acc.data[i] + g.data[i];
+        return success();
+      })
+      .Case([&](LossSeedOp o) {
+        double sum = 0;
+        for (double w : in(o.getWeights()).data)
+          sum += w;
+        setScalar(o.getWeightSum(), sum);
+        setScalar(o.getLossSumGrad(), 1.0 / sum);
+        return success();
+      })
+      .Case([&](LmHeadCeFusedOp o) -> LogicalResult {
+        auto w = shapeOf(o.getWeight());
+        std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+        for (int32_t l : labels)
+          if (l < 0 || l >= w[0])
+            return o.emitOpError() << "label " << l
+                                   << " is outside the vocabulary of " << w[0];
+        int64_t n = int64_t(labels.size());
+        ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
+            ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
+            ptr(o.getWeights()), n, w[0], w[1]);
+        setScalar(o.getLossSum(), sums.lossSum);
+        setScalar(o.getWeightSum(), sums.weightSum);
+        setScalar(o.getCorrect(), sums.correct);
+        setScalar(o.getCount(), sums.count);
+        ref::lmHeadCrossEntropyGrad<double>(
+            ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
+            ptr(o.getWeights()), scalar(o.getLossSumGrad()),
+            outPtr(o.getInputGrad()), n, w[0], w[1]);
+        return success();
+      })
+      .Case([&](AdamWMultiOp o) {
+        unsigned n = o.getNumParams();
+        // fp32 gradients, their global norm, the clip and the schedule.
+        std::vector<HostTensor> grads;
+        double sumSq = 0;
+        for (Value g : o.getGrads()) {
+          grads.push_back(in(g));
+          sumSq += ref::sumOfSquares<double>(grads.back().data.data(),
+                                             grads.back().numel());
+        }
+        double norm = std::sqrt(sumSq);
+        double clip =
+            ref::clipCoefficient(norm, o.getMaxGradNorm().convertToDouble());
+        int64_t stepIndex = int64_t(scalar(o.getStep()));
+        double lr = ref::learningRate(stepIndex, int64_t(scalar(o.getTotal())),
+                                      o.getLr().convertToDouble(),
+                                      o.getWarmupRatio().convertToDouble());
+        if (precision == Precision::Storage)
+          lr = double(float(lr));
+        ref::AdamWConfig config;
+        config.lr = lr;
+        config.beta1 = o.getBeta1().convertToDouble();
+        config.beta2 = o.getBeta2().convertToDouble();
+        config.eps = o.getEps().convertToDouble();
+        config.weightDecay = o.getWeightDecay().convertToDouble();
+        for (unsigned i = 0; i < n; ++i) {
+          HostTensor &master = out(o.getNewMaster(i));
+          HostTensor &m = out(o.getNewMoment1(i));
+          HostTensor &v = out(o.getNewMoment2(i));
+          master.data = in(o.getMasters()[i]).data;
+          m.data = in(o.getMoment1()[i]).data;
+          v.data = in(o.getMoment2()[i]).data;
+          ref::adamw<double>(master.data.data(), grads[i].data.data(),
+                             m.data.data(), v.data.data(), master.numel(),
+                             stepIndex + 1, clip, config);
+          out(o.getNewParam(i)).data = master.data;
+        }
+        setScalar(o.getGradNorm(), norm);
+        setScalar(o.getLrValue(), lr);
         return success();
       })
       .Default([&](Operation *other) { return failure(); });

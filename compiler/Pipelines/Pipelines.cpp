@@ -10,10 +10,23 @@ void dflash::buildTrainStepPipeline(mlir::OpPassManager &pm) {
   pm.addPass(createAppendOptimizer());
 }
 
+void dflash::buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
+                                         double budgetGiB) {
+  pm.addPass(createFuseKernels());
+  PlanMemoryOptions options;
+  options.budgetGiB = budgetGiB;
+  pm.addPass(createPlanMemory(options));
+  pm.addPass(createVerifyLowering());
+}
+
 void dflash::registerDFlashPassesAndPipelines() {
   registerDFlashPasses();
   mlir::PassPipelineRegistration<>(
       "dflash-train-step",
       "Forward graph to the whole training step (what --emit=train prints)",
       [](mlir::OpPassManager &pm) { buildTrainStepPipeline(pm); });
+  mlir::PassPipelineRegistration<>(
+      "dflash-lower-to-kernels",
+      "Whole step to fused kernels with a memory plan (--emit=planned)",
+      [](mlir::OpPassManager &pm) { buildLowerToKernelsPipeline(pm); });
 }

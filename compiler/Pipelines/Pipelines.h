@@ -16,6 +16,12 @@ namespace dflash {
 /// generate-backward, append-optimizer.
 void buildTrainStepPipeline(mlir::OpPassManager &pm);
 
+/// The whole step -> kernels with a static memory plan, ready for
+/// translation to CUDA (--emit=planned): fuse-kernels, plan-memory,
+/// verify-lowering. `budgetGiB` > 0 overrides the spec's memory budget.
+void buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
+                                 double budgetGiB = 0);
+
 /// Registers every dflash pass and pipeline with the global registry (for
 /// dflash-opt).
 void registerDFlashPassesAndPipelines();

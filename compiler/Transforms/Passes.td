@@ -96,4 +96,75 @@ def PrintFlops : Pass<"dflash-print-flops", "mlir::ModuleOp"> {
   }];
 }
 
+def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
+  let summary = "Group graph ops into kernels and pick each kernel's template";
+  let description = [{
+    Rewrites the training step (after `dflash-append-optimizer`) so that
+    each op is one kernel of kernels/ or one cuBLASLt call: residual add and
+    RMS norm, per-head norm and RoPE (and their gradients), the residual
+    stream's gradient, gradient accumulation into GEMMs (beta = 1), the
+    draft embedding gather, lm_head with the cross-entropy and its gradient
+    (chunked; logits never materialised for the whole batch) and the whole
+    optimizer. See docs/dialect.md for the fused ops.
+
+    Before:
+    ```mlir
+    %x1 = dflash.add %x, %o : ...
+    %h = dflash.rms_norm %x1, %w {eps = 1.0e-06 : f64} : ...
+    ```
+    After:
+    ```mlir
+    %x1, %h = dflash.residual_rms_norm %x, %o, %w {eps = 1.0e-06 : f64} : ...
+    ```
+  }];
+  let dependentDialects = ["::mlir::dflash::DFlashDialect"];
+}
+
+def PlanMemory : Pass<"dflash-plan-memory", "mlir::ModuleOp"> {
+  let summary = "Static arena offsets from liveness; checks the memory budget";
+  let description = [{
+    Gives every tensor the step computes a static offset in one per-GPU
+    arena: values whose lifetimes do not overlap share bytes (greedy,
+    largest first, 256-byte aligned). Views and in-place updates share their
+    source's bytes: a reshape, an accumulated gradient whose accumulator dies
+    there, and the optimizer's new state, written over its argument. Each op
+    gets `dflash.offsets` (one per result: the arena offset, or -(i+1) when
+    the result is written into argument i); the module gets
+    `dflash.arena_bytes`.
+
+    With a budget (`budget-gib`, or the module's `dflash.memory_budget_gib`
+    from the spec), the arguments, the arena and the kernels' workspaces
+    must fit, or the pass fails with the sizes and the rows per GPU that
+    would fit.
+
+    ```mlir
+    %0 = dflash.linear %a, %w {dflash.offsets = array<i64: 0>} : ...
+    module attributes {dflash.arena_bytes = 1048576 : i64} ...
+    ```
+  }];
+  let options = [
+    Option<"budgetGiB", "budget-gib", "double", "0",
+           "GPU memory budget in GiB (0: the module's, else none)">
+  ];
+}
+
+def PrintMemoryPlan : Pass<"dflash-print-memory-plan", "mlir::ModuleOp"> {
+  let summary = "Print the arena plan: slot, offset, size, live range";
+  let description = [{
+    One line per planned value, in program order:
+    `slot <op>#<result> offset=<bytes> size=<bytes> live=[<def>, <last use>]`,
+    then `arena <bytes>` and the peak; for review as a lit diff.
+  }];
+}
+
+def VerifyLowering : Pass<"dflash-verify-lowering", "mlir::ModuleOp"> {
+  let summary = "Check that only ops the CUDA emitter translates remain";
+  let description = [{
+    Fails on any op of @step that is not one kernel (a graph op that
+    dflash-fuse-kernels should have grouped, such as dflash.lm_head_ce,
+    dflash.adamw or dflash.global_norm), and on any result without a memory
+    plan. Runs right before translation.
+  }];
+}
+
 #endif // DFLASH_TRANSFORMS_PASSES_TD

@@ -12,6 +12,7 @@
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Interpreter/Interpreter.h"
+#include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Transforms/Passes.h"
 
 #include "mlir/Pass/PassManager.h"
@@ -88,6 +89,11 @@ protected:
         t.data[N + 4] = 0;
       } else if (name == "loss_sum_grad") {
         t.data[0] = 1;
+      } else if (info.getRole() == ArgRole::Counter) {
+        t.data[0] = name == "step" ? 3 : 10;
+      } else if (info.getRole() == ArgRole::Moment2) {
+        for (double &x : t.data)
+          x = 1e-4 * std::abs(normal(rng));
       } else if (info.getRole() == ArgRole::Parameter &&
                  type.getRank() == 1) {
         for (double &x : t.data)
@@ -224,6 +230,44 @@ TEST_F(StepTest, LabelsAreSamePosition) {
   };
   EXPECT_NE(withToken(a + 1), base); // the label of slot k = 1
   EXPECT_EQ(withToken(a + 2), base); // a shifted label would read this
+}
+
+// dflash-fuse-kernels regroups ops; the step it computes must not change.
+TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
+  OwningOpRef<ModuleOp> train = forward->clone();
+  PassManager pm(&context);
+  buildTrainStepPipeline(pm);
+  ASSERT_TRUE(succeeded(pm.run(*train)));
+  OwningOpRef<ModuleOp> fused = train->clone();
+  PassManager fuse(&context);
+  fuse.addPass(createFuseKernels());
+  ASSERT_TRUE(succeeded(fuse.run(*fused)));
+  // Something was fused.
+  int graphLevel = 0;
+  fused->walk([&](Operation *op) {
+    graphLevel += isa<LmHeadCeOp, LmHeadCeGradOp, AdamWOp, RopeOp>(op);
+  });
+  EXPECT_EQ(graphLevel, 0);
+
+  func::FuncOp trainStep = train->lookupSymbol<func::FuncOp>("step");
+  func::FuncOp fusedStep = fused->lookupSymbol<func::FuncOp>("step");
+  ASSERT_EQ(trainStep.getNumArguments(), fusedStep.getNumArguments());
+  std::vector<HostTensor> args = randomArgs(trainStep, 13);
+  auto expected = StepInterpreter(trainStep, Precision::Exact).run(args);
+  auto actual = StepInterpreter(fusedStep, Precision::Exact).run(args);
+  ASSERT_TRUE(succeeded(expected));
+  ASSERT_TRUE(succeeded(actual));
+  ASSERT_EQ(expected->size(), actual->size());
+  for (size_t r = 0; r < expected->size(); ++r) {
+    double err = 0, ref = 0;
+    for (size_t i = 0; i < (*expected)[r].data.size(); ++i) {
+      double d = (*expected)[r].data[i] - (*actual)[r].data[i];
+      err += d * d;
+      ref += (*expected)[r].data[i] * (*expected)[r].data[i];
+    }
+    EXPECT_LE(std::sqrt(err), 1e-9 * std::max(1.0, std::sqrt(ref)))
+        << "result " << r;
+  }
 }
 
 } // namespace

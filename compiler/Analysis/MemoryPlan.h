@@ -1,0 +1,42 @@
+//===- MemoryPlan.h - Sizes, aliases and lifetimes of step values -*- C++ -*-//
+//
+// Shared by dflash-plan-memory (which decides offsets), its print pass and
+// the CUDA emitter (which reads them): how many bytes a value needs, which
+// values share another's bytes, and the workspace each kernel will ask for.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_COMPILER_ANALYSIS_MEMORYPLAN_H
+#define DFLASH_COMPILER_ANALYSIS_MEMORYPLAN_H
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
+namespace dflash {
+
+/// The attribute names the plan is stored under.
+inline constexpr llvm::StringLiteral kOffsetsAttrName = "dflash.offsets";
+inline constexpr llvm::StringLiteral kArenaBytesAttrName = "dflash.arena_bytes";
+inline constexpr llvm::StringLiteral kBudgetAttrName =
+    "dflash.memory_budget_gib";
+
+/// Alignment of every arena slot (cuBLASLt and 16-byte vector access).
+constexpr int64_t kArenaAlignment = 256;
+
+/// Bytes of a statically shaped tensor.
+int64_t tensorBytes(mlir::Type type);
+
+/// The value whose bytes `v` uses: itself, or for views and in-place
+/// results the value they are written over (possibly an argument).
+mlir::Value storageRoot(mlir::Value v);
+
+/// Rows of the lm_head chunk the fused cross-entropy uses: logits for at most
+/// this many rows exist at once (at most 512 MiB of them).
+int64_t lmHeadChunkRows(int64_t rows, int64_t vocab);
+
+/// An upper bound of the largest workspace any kernel of `step` asks for
+/// (kernels run one at a time on one stream, so they share it).
+int64_t estimateWorkspaceBytes(mlir::func::FuncOp step);
+
+} // namespace dflash
+
+#endif // DFLASH_COMPILER_ANALYSIS_MEMORYPLAN_H

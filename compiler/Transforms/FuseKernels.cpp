@@ -1,0 +1,307 @@
+//===- FuseKernels.cpp - Group graph ops into kernels ---------------------===//
+//
+// Rewrites the training step so that every op left is one kernel of
+// kernels/ (or one cuBLASLt call). The groups:
+// - draft_tokens + embed                  -> draft_embed
+// - add (residual) + rms_norm             -> residual_rms_norm
+// - rms_norm (per head) + rope            -> qk_norm_rope
+// - rope_grad + rms_norm_grad             -> qk_norm_rope_grad
+// - add(g, rms_norm_grad) (residual grad) -> rms_norm_grad_residual
+// - add(g, linear_grad_*)                 -> accumulate_linear_grad (beta=1)
+// - lm_head_ce + lm_head_ce_grad          -> loss_seed + lm_head_ce_fused:
+//   the seed 1/sum(w) only needs the weights, so it is computed first and
+//   the logits of each chunk are made once, for the loss and the gradient
+// - convert, all_reduce, global_norm, clip_coefficient, lr_schedule and
+//   one adamw per parameter               -> adamw_multi
+// Each rewrite needs the intermediate values to have no other use, so no
+// value is computed twice and nothing the backward pass reads disappears.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Transforms/Passes.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace dflash {
+#define GEN_PASS_DEF_FUSEKERNELS
+#include "compiler/Transforms/Passes.h.inc"
+} // namespace dflash
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace {
+
+struct FuseKernelsPass : public ::dflash::impl::FuseKernelsBase<FuseKernelsPass> {
+  void runOnOperation() override;
+};
+
+template <typename OpTy> OpTy singleUser(Value v) {
+  if (!v.hasOneUse())
+    return nullptr;
+  return dyn_cast<OpTy>(*v.getUsers().begin());
+}
+
+/// The other operand of a binary add, given one of them.
+Value otherOperand(AddOp add, Value one) {
+  return add.getLhs() == one ? add.getRhs() : add.getLhs();
+}
+
+void fuseDraftEmbed(func::FuncOp step) {
+  step.walk([](EmbedOp embed) {
+    auto tokens = embed.getIds().getDefiningOp<DraftTokensOp>();
+    if (!tokens || !tokens.getResult().hasOneUse())
+      return;
+    OpBuilder b(embed);
+    Value x = DraftEmbedOp::create(
+        b, embed.getLoc(), embed.getType(), embed.getTable(),
+        tokens.getInputIds(), tokens.getAnchors(), tokens.getKeep(),
+        tokens.getBlockSizeAttr(), tokens.getMaskTokenIdAttr());
+    embed.getResult().replaceAllUsesWith(x);
+    embed.erase();
+    tokens.erase();
+  });
+}
+
+void fuseResidualNorm(func::FuncOp step) {
+  step.walk([](RmsNormOp norm) {
+    auto add = norm.getInput().getDefiningOp<AddOp>();
+    if (!add)
+      return;
+    OpBuilder b(norm);
+    auto fused = ResidualRmsNormOp::create(
+        b, norm.getLoc(), add.getType(), norm.getType(), add.getLhs(),
+        add.getRhs(), norm.getWeight(), norm.getEpsAttr());
+    add.getResult().replaceAllUsesWith(fused.getSum());
+    norm.getResult().replaceAllUsesWith(fused.getResult());
+    norm.erase();
+    add.erase();
+  });
+}
+
+void fuseQkNormRope(func::FuncOp step) {
+  step.walk([](RopeOp rope) {
+    auto norm = rope.getInput().getDefiningOp<RmsNormOp>();
+    if (!norm || !norm.getResult().hasOneUse())
+      return;
+    OpBuilder b(rope);
+    Value y = QkNormRopeOp::create(b, rope.getLoc(), rope.getType(),
+                                   norm.getInput(), norm.getWeight(),
+                                   rope.getPositions(), norm.getEpsAttr(),
+                                   rope.getThetaAttr());
+    rope.getResult().replaceAllUsesWith(y);
+    rope.erase();
+    norm.erase();
+  });
+  step.walk([](RmsNormGradOp normGrad) {
+    auto ropeGrad = normGrad.getGrad().getDefiningOp<RopeGradOp>();
+    if (!ropeGrad || !ropeGrad.getResult().hasOneUse())
+      return;
+    OpBuilder b(normGrad);
+    auto fused = QkNormRopeGradOp::create(
+        b, normGrad.getLoc(), normGrad.getInputGrad().getType(),
+        normGrad.getWeightGrad().getType(), ropeGrad.getGrad(),
+        normGrad.getInput(), normGrad.getWeight(), ropeGrad.getPositions(),
+        normGrad.getEpsAttr(), ropeGrad.getThetaAttr());
+    normGrad.getInputGrad().replaceAllUsesWith(fused.getInputGrad());
+    normGrad.getWeightGrad().replaceAllUsesWith(fused.getWeightGrad());
+    normGrad.erase();
+    ropeGrad.erase();
+  });
+}
+
+void fuseResidualNormGrad(func::FuncOp step) {
+  step.walk([](AddOp add) {
+    for (Value side : {add.getLhs(), add.getRhs()}) {
+      auto normGrad = side.getDefiningOp<RmsNormGradOp>();
+      if (!normGrad || !normGrad.getInputGrad().hasOneUse())
+        continue;
+      Value residual = otherOperand(add, side);
+      // The residual gradient must exist before the norm's gradient op.
+      if (Operation *def = residual.getDefiningOp())
+        if (!def->isBeforeInBlock(normGrad))
+          continue;
+      OpBuilder b(normGrad);
+      auto fused = RmsNormGradResidualOp::create(
+          b, normGrad.getLoc(), normGrad.getInputGrad().getType(),
+          normGrad.getWeightGrad().getType(), normGrad.getGrad(),
+          normGrad.getInput(), normGrad.getWeight(), residual,
+          normGrad.getEpsAttr());
+      add.getResult().replaceAllUsesWith(fused.getInputGrad());
+      normGrad.getWeightGrad().replaceAllUsesWith(fused.getWeightGrad());
+      add.erase();
+      normGrad.erase();
+      return;
+    }
+  });
+}
+
+void fuseGradientAccumulation(func::FuncOp step) {
+  step.walk([](AddOp add) {
+    for (Value side : {add.getRhs(), add.getLhs()}) {
+      Operation *def = side.getDefiningOp();
+      if (!def || !side.hasOneUse() ||
+          !isa<LinearGradInputOp, LinearGradWeightOp>(def))
+        continue;
+      Value acc = otherOperand(add, side);
+      OpBuilder b(add);
+      Value fused;
+      if (auto g = dyn_cast<LinearGradWeightOp>(def))
+        fused = AccumulateLinearGradOp::create(b, add.getLoc(), add.getType(),
+                                               acc, g.getGrad(), g.getInput(),
+                                               b.getUnitAttr());
+      else {
+        auto gi = cast<LinearGradInputOp>(def);
+        fused = AccumulateLinearGradOp::create(b, add.getLoc(), add.getType(),
+                                               acc, gi.getGrad(),
+                                               gi.getWeight(), UnitAttr());
+      }
+      add.getResult().replaceAllUsesWith(fused);
+      add.erase();
+      def->erase();
+      return;
+    }
+  });
+}
+
+LogicalResult fuseLmHead(func::FuncOp step) {
+  SmallVector<LmHeadCeOp> losses;
+  step.walk([&](LmHeadCeOp op) { losses.push_back(op); });
+  for (LmHeadCeOp loss : losses) {
+    LmHeadCeGradOp grad;
+    for (Operation *user : loss.getInput().getUsers())
+      if (auto g = dyn_cast<LmHeadCeGradOp>(user))
+        if (g.getWeight() == loss.getWeight() &&
+            g.getLabels() == loss.getLabels() &&
+            g.getWeights() == loss.getWeights())
+          grad = g;
+    if (!grad)
+      continue;
+    // The seed right after the loss weights exist.
+    Operation *weightsDef = loss.getWeights().getDefiningOp();
+    if (!weightsDef)
+      return loss.emitOpError("needs loss weights computed inside @step");
+    OpBuilder b(weightsDef->getContext());
+    b.setInsertionPointAfter(weightsDef);
+    Type scalar = RankedTensorType::get({}, b.getF32Type());
+    auto seed = LossSeedOp::create(b, loss.getLoc(), scalar, scalar,
+                                   loss.getWeights());
+    b.setInsertionPoint(loss);
+    auto fused = LmHeadCeFusedOp::create(
+        b, loss.getLoc(), scalar, scalar, scalar, scalar,
+        grad.getResult().getType(), loss.getInput(), loss.getWeight(),
+        loss.getLabels(), loss.getWeights(), seed.getLossSumGrad());
+    for (unsigned i = 0; i < 4; ++i)
+      loss.getResult(i).replaceAllUsesWith(fused.getResult(i));
+    grad.getResult().replaceAllUsesWith(fused.getInputGrad());
+    grad.erase();
+    loss.erase();
+  }
+  return success();
+}
+
+/// Rebuilds the optimizer tail appended by dflash-append-optimizer as one
+/// adamw_multi. Leaves the step unchanged when it does not have that shape.
+LogicalResult fuseOptimizer(func::FuncOp step) {
+  SmallVector<AdamWOp> updates;
+  step.walk([&](AdamWOp op) { updates.push_back(op); });
+  if (updates.empty())
+    return success();
+  auto lr = updates.front().getLr().getDefiningOp<LrScheduleOp>();
+  auto clip = updates.front().getClip().getDefiningOp<ClipCoefficientOp>();
+  GlobalNormOp norm = clip ? clip.getNorm().getDefiningOp<GlobalNormOp>()
+                           : GlobalNormOp();
+  if (!lr || !clip || !norm)
+    return step.emitError("the optimizer's learning rate and clip must come "
+                          "from dflash.lr_schedule and dflash.clip_coefficient");
+  SmallVector<Value> params, masters, m, v, grads;
+  for (AdamWOp u : updates) {
+    if (u.getLr() != lr.getResult() || u.getClip() != clip.getResult())
+      return u.emitOpError("must share the step's learning rate and clip");
+    // grad = all_reduce(convert(bf16 gradient)).
+    Value g = u.getGrad();
+    auto reduce = g.getDefiningOp<AllReduceOp>();
+    ConvertOp convert;
+    if (reduce)
+      convert = reduce.getInputs()[cast<OpResult>(g).getResultNumber()]
+                    .getDefiningOp<ConvertOp>();
+    if (!convert)
+      return u.emitOpError("expects its gradient from dflash.convert through "
+                           "dflash.all_reduce");
+    masters.push_back(u.getMaster());
+    m.push_back(u.getMoment1());
+    v.push_back(u.getMoment2());
+    grads.push_back(convert.getInput());
+    params.push_back(Value()); // filled below from the signature
+  }
+  // The bf16 parameter of each update: the argument whose master is the
+  // update's master.
+  FailureOr<StepSignature> sig =
+      StepSignature::get(step->getParentOfType<ModuleOp>());
+  if (failed(sig))
+    return failure();
+  for (auto [i, u] : llvm::enumerate(updates)) {
+    auto master = dyn_cast<BlockArgument>(u.getMaster());
+    if (!master)
+      return u.emitOpError("expects its master to be an argument of @step");
+    StringRef name = sig->argInfo(master.getArgNumber()).getName();
+    std::optional<unsigned> p = sig->findArg(ArgRole::Parameter, name);
+    if (!p)
+      return u.emitOpError() << "has no parameter argument named '" << name
+                             << "'";
+    params[i] = step.getArgument(*p);
+  }
+
+  OpBuilder b(updates.back());
+  b.setInsertionPointAfter(updates.back());
+  SmallVector<Type> stateTypes;
+  for (auto *group : {&params, &masters, &m, &v})
+    for (Value x : *group)
+      stateTypes.push_back(x.getType());
+  Type scalar = RankedTensorType::get({}, b.getF32Type());
+  AdamWOp first = updates.front();
+  auto multi = AdamWMultiOp::create(
+      b, first.getLoc(), stateTypes, scalar, scalar, params, masters, m, v,
+      grads, lr.getStep(), lr.getTotal(), lr.getLrAttr(),
+      lr.getWarmupRatioAttr(), clip.getMaxNormAttr(), first.getBeta1Attr(),
+      first.getBeta2Attr(), first.getEpsAttr(), first.getWeightDecayAttr());
+  for (auto [i, u] : llvm::enumerate(updates)) {
+    u.getNewParameter().replaceAllUsesWith(multi.getNewParam(i));
+    u.getNewMaster().replaceAllUsesWith(multi.getNewMaster(i));
+    u.getNewMoment1().replaceAllUsesWith(multi.getNewMoment1(i));
+    u.getNewMoment2().replaceAllUsesWith(multi.getNewMoment2(i));
+  }
+  norm.getResult().replaceAllUsesWith(multi.getGradNorm());
+  lr.getResult().replaceAllUsesWith(multi.getLrValue());
+  for (AdamWOp u : updates)
+    u.erase();
+  // The rest is dead now: clip, norm, lr, the gradient all-reduce and the
+  // conversions.
+  SmallVector<Operation *> ops;
+  for (Operation &op : step.front().without_terminator())
+    ops.push_back(&op);
+  for (Operation *op : llvm::reverse(ops))
+    if (isa<ClipCoefficientOp, GlobalNormOp, LrScheduleOp, AllReduceOp,
+            ConvertOp>(op) &&
+        op->use_empty())
+      op->erase();
+  return success();
+}
+
+void FuseKernelsPass::runOnOperation() {
+  FailureOr<StepSignature> sig = StepSignature::get(getOperation());
+  if (failed(sig))
+    return signalPassFailure();
+  func::FuncOp step = sig->func();
+  fuseDraftEmbed(step);
+  fuseResidualNorm(step);
+  fuseQkNormRope(step);
+  fuseResidualNormGrad(step);
+  fuseGradientAccumulation(step);
+  if (failed(fuseLmHead(step)) || failed(fuseOptimizer(step)))
+    return signalPassFailure();
+}
+
+} // namespace

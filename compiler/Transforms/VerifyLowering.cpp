@@ -1,0 +1,49 @@
+//===- VerifyLowering.cpp - Only translatable ops reach the emitter -------===//
+
+#include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Transforms/Passes.h"
+
+namespace dflash {
+#define GEN_PASS_DEF_VERIFYLOWERING
+#include "compiler/Transforms/Passes.h.inc"
+} // namespace dflash
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace {
+
+struct VerifyLoweringPass
+    : public ::dflash::impl::VerifyLoweringBase<VerifyLoweringPass> {
+  void runOnOperation() override {
+    FailureOr<StepSignature> sig = StepSignature::get(getOperation());
+    if (failed(sig))
+      return signalPassFailure();
+    bool ok = true;
+    for (Operation &op : sig->func().front().without_terminator()) {
+      // Graph-level ops that dflash-fuse-kernels groups into a kernel.
+      if (isa<EmbedOp, DraftTokensOp, RopeOp, RopeGradOp, LmHeadCeOp,
+              LmHeadCeGradOp, ConvertOp, GlobalNormOp, ClipCoefficientOp,
+              LrScheduleOp, AdamWOp>(op) ||
+          op.getDialect() != sig->func()->getContext()->getLoadedDialect(
+                                 "dflash")) {
+        op.emitOpError("has no kernel: it must be grouped by "
+                       "dflash-fuse-kernels before translation to CUDA");
+        ok = false;
+        continue;
+      }
+      auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(kOffsetsAttrName);
+      if (!offsets || offsets.size() != int64_t(op.getNumResults())) {
+        op.emitOpError("has no memory plan: run dflash-plan-memory before "
+                       "translation to CUDA");
+        ok = false;
+      }
+    }
+    if (!ok)
+      signalPassFailure();
+  }
+};
+
+} // namespace

@@ -1,0 +1,251 @@
+//===- DFlashKernelOps.cpp - Verifiers and FLOPs of the fused ops ---------===//
+//
+// The fused ops come from dflash-fuse-kernels, not from users, but their
+// verifiers still check what the kernels rely on, with numbered constraints
+// like every other op (docs/dialect.md).
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialect/DFlashOps.h"
+
+#include "llvm/Support/Format.h"
+
+using namespace mlir;
+using namespace mlir::dflash;
+
+namespace {
+
+RankedTensorType tensorOf(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+int64_t numElements(Value v) { return tensorOf(v).getNumElements(); }
+
+LogicalResult sameType(Operation *op, StringRef c, StringRef a, Value va,
+                       StringRef b, Value vb) {
+  if (va.getType() == vb.getType())
+    return success();
+  return op->emitOpError() << "(" << c << ") " << a << " (" << va.getType()
+                           << ") and " << b << " (" << vb.getType()
+                           << ") must have the same type";
+}
+
+LogicalResult positive(Operation *op, StringRef c, StringRef what,
+                       FloatAttr value) {
+  if (value.getValueAsDouble() > 0)
+    return success();
+  return op->emitOpError() << "(" << c << ") " << what << " must be positive";
+}
+
+/// The norm weight of a normalisation over the input's last dimension.
+LogicalResult lastDimWeight(Operation *op, StringRef c, Value input,
+                            Value weight) {
+  auto x = tensorOf(input), w = tensorOf(weight);
+  if (w.getRank() == 1 && x.getRank() >= 1 &&
+      w.getDimSize(0) == x.getShape().back())
+    return success();
+  return op->emitOpError() << "(" << c << ") weight " << w
+                           << " must be one value per element of the input's "
+                              "last dimension";
+}
+
+} // namespace
+
+LogicalResult DraftEmbedOp::verify() {
+  auto table = tensorOf(getTable()), ids = tensorOf(getInputIds());
+  auto anchors = tensorOf(getAnchors());
+  // draft_embed C1
+  if (table.getRank() != 2 || ids.getRank() != 2 || anchors.getRank() != 2)
+    return emitOpError("(C1) table, input_ids and anchors must have rank 2");
+  // draft_embed C2
+  auto r = tensorOf(getResult());
+  SmallVector<int64_t> want = {ids.getDimSize(0),
+                               anchors.getDimSize(1) * int64_t(getBlockSize()),
+                               table.getDimSize(1)};
+  if (r.getShape() != ArrayRef<int64_t>(want) ||
+      r.getElementType() != table.getElementType())
+    return emitOpError() << "(C2) result must be [B, N*block_size, H] of the "
+                            "table's element type, not "
+                         << r;
+  return success();
+}
+
+LogicalResult ResidualRmsNormOp::verify() {
+  Operation *op = *this;
+  // residual_rms_norm C1
+  if (failed(positive(op, "C1", "eps", getEpsAttr())))
+    return failure();
+  // residual_rms_norm C2
+  if (failed(sameType(op, "C2", "delta", getDelta(), "input", getInput())) ||
+      failed(sameType(op, "C2", "sum", getSum(), "input", getInput())) ||
+      failed(sameType(op, "C2", "result", getResult(), "input", getInput())))
+    return failure();
+  // residual_rms_norm C3
+  return lastDimWeight(op, "C3", getInput(), getWeight());
+}
+
+LogicalResult QkNormRopeOp::verify() {
+  Operation *op = *this;
+  // qk_norm_rope C1
+  if (failed(positive(op, "C1", "eps", getEpsAttr())) ||
+      failed(positive(op, "C1", "theta", getThetaAttr())))
+    return failure();
+  // qk_norm_rope C2
+  auto x = tensorOf(getInput());
+  auto pos = tensorOf(getPositions());
+  if (x.getRank() != 4 || x.getDimSize(3) % 2 != 0 || pos.getRank() != 2 ||
+      pos.getDimSize(0) != x.getDimSize(0) ||
+      pos.getDimSize(1) != x.getDimSize(1))
+    return emitOpError("(C2) input must be [B, T, heads, d] with d even and "
+                       "positions [B, T]");
+  // qk_norm_rope C3
+  if (failed(lastDimWeight(op, "C3", getInput(), getWeight())))
+    return failure();
+  // qk_norm_rope C4
+  return sameType(op, "C4", "result", getResult(), "input", getInput());
+}
+
+LogicalResult QkNormRopeGradOp::verify() {
+  Operation *op = *this;
+  // qk_norm_rope_grad C1
+  if (failed(positive(op, "C1", "eps", getEpsAttr())) ||
+      failed(positive(op, "C1", "theta", getThetaAttr())))
+    return failure();
+  // qk_norm_rope_grad C2
+  auto x = tensorOf(getInput());
+  if (x.getRank() != 4 || x.getDimSize(3) % 2 != 0)
+    return emitOpError("(C2) input must be [B, T, heads, d] with d even");
+  // qk_norm_rope_grad C3
+  if (failed(lastDimWeight(op, "C3", getInput(), getWeight())))
+    return failure();
+  // qk_norm_rope_grad C4
+  if (failed(sameType(op, "C4", "grad", getGrad(), "input", getInput())) ||
+      failed(sameType(op, "C4", "input_grad", getInputGrad(), "input",
+                      getInput())) ||
+      failed(sameType(op, "C4", "weight_grad", getWeightGrad(), "weight",
+                      getWeight())))
+    return failure();
+  return success();
+}
+
+LogicalResult RmsNormGradResidualOp::verify() {
+  Operation *op = *this;
+  // rms_norm_grad_residual C1
+  if (failed(positive(op, "C1", "eps", getEpsAttr())))
+    return failure();
+  // rms_norm_grad_residual C2
+  if (failed(sameType(op, "C2", "grad", getGrad(), "input", getInput())) ||
+      failed(sameType(op, "C2", "residual_grad", getResidualGrad(), "input",
+                      getInput())) ||
+      failed(sameType(op, "C2", "input_grad", getInputGrad(), "input",
+                      getInput())) ||
+      failed(sameType(op, "C2", "weight_grad", getWeightGrad(), "weight",
+                      getWeight())))
+    return failure();
+  // rms_norm_grad_residual C3
+  return lastDimWeight(op, "C3", getInput(), getWeight());
+}
+
+LogicalResult AccumulateLinearGradOp::verify() {
+  Operation *op = *this;
+  // accumulate_linear_grad C1
+  if (failed(sameType(op, "C1", "result", getResult(), "accumulator",
+                      getAccumulator())))
+    return failure();
+  // accumulate_linear_grad C2
+  auto dy = tensorOf(getGrad()), x = tensorOf(getOperand());
+  auto acc = tensorOf(getAccumulator());
+  bool ok;
+  if (getWeightGrad()) // dW [N, K] += dy[.., N]^T x[.., K]
+    ok = acc.getRank() == 2 && dy.getShape().back() == acc.getDimSize(0) &&
+         x.getShape().back() == acc.getDimSize(1) &&
+         dy.getShape().drop_back() == x.getShape().drop_back();
+  else // dx [.., K] += dy [.., N] W [N, K]
+    ok = x.getRank() == 2 && dy.getShape().back() == x.getDimSize(0) &&
+         acc.getShape().back() == x.getDimSize(1) &&
+         acc.getShape().drop_back() == dy.getShape().drop_back();
+  if (!ok)
+    return emitOpError() << "(C2) accumulator " << acc << ", grad " << dy
+                         << " and operand " << x
+                         << " do not form a linear layer's gradient";
+  return success();
+}
+
+LogicalResult LossSeedOp::verify() { return success(); }
+
+LogicalResult LmHeadCeFusedOp::verify() {
+  Operation *op = *this;
+  auto y = tensorOf(getInput()), w = tensorOf(getWeight());
+  // lm_head_ce_fused C1
+  if (w.getRank() != 2 || y.getRank() < 2 ||
+      w.getDimSize(1) != y.getShape().back())
+    return emitOpError("(C1) weight must be [V, H] with H the input's last "
+                       "dimension");
+  // lm_head_ce_fused C2
+  ArrayRef<int64_t> rows = y.getShape().drop_back();
+  if (tensorOf(getLabels()).getShape() != rows ||
+      tensorOf(getWeights()).getShape() != rows)
+    return emitOpError("(C2) labels and weights must have one entry per row");
+  // lm_head_ce_fused C3
+  return sameType(op, "C3", "input_grad", getInputGrad(), "input", getInput());
+}
+
+LogicalResult AdamWMultiOp::verify() {
+  unsigned n = getParams().size();
+  // adamw_multi C1
+  if (getMasters().size() != n || getMoment1().size() != n ||
+      getMoment2().size() != n || getGrads().size() != n)
+    return emitOpError() << "(C1) params, masters, moment1, moment2 and "
+                            "grads must have one entry per parameter ("
+                         << n << ")";
+  // adamw_multi C2
+  if (getNewState().size() != 4 * n)
+    return emitOpError() << "(C2) has " << getNewState().size()
+                         << " state results; it needs 4 x " << n;
+  // adamw_multi C3
+  for (unsigned i = 0; i < n; ++i) {
+    auto p = tensorOf(getParams()[i]);
+    auto m = tensorOf(getMasters()[i]);
+    if (p.getShape() != m.getShape() || getMoment1()[i].getType() != m ||
+        getMoment2()[i].getType() != m ||
+        tensorOf(getGrads()[i]).getShape() != p.getShape() ||
+        getNewParam(i).getType() != p || getNewMaster(i).getType() != m ||
+        getNewMoment1(i).getType() != m || getNewMoment2(i).getType() != m)
+      return emitOpError() << "(C3) the state of parameter " << i
+                           << " must share its shape, fp32 for masters and "
+                              "moments";
+  }
+  return success();
+}
+
+int64_t DraftEmbedOp::getFlopCount() { return 0; }
+int64_t ResidualRmsNormOp::getFlopCount() {
+  return 5 * numElements(getInput());
+}
+int64_t QkNormRopeOp::getFlopCount() { return 7 * numElements(getInput()); }
+int64_t QkNormRopeGradOp::getFlopCount() {
+  return 11 * numElements(getInput());
+}
+int64_t RmsNormGradResidualOp::getFlopCount() {
+  return 9 * numElements(getInput());
+}
+int64_t AccumulateLinearGradOp::getFlopCount() {
+  int64_t n = tensorOf(getGrad()).getShape().back();
+  int64_t rows = numElements(getGrad()) / n;
+  int64_t k = getWeightGrad() ? tensorOf(getOperand()).getShape().back()
+                              : tensorOf(getOperand()).getDimSize(1);
+  return 2 * rows * n * k + numElements(getAccumulator());
+}
+int64_t LossSeedOp::getFlopCount() { return numElements(getWeights()); }
+// Logits once, then the input gradient: two GEMMs (the graph counted three,
+// since lm_head_ce_grad recomputes the logits).
+int64_t LmHeadCeFusedOp::getFlopCount() {
+  auto w = tensorOf(getWeight());
+  return 4 * numElements(getLabels()) * w.getDimSize(0) * w.getDimSize(1);
+}
+int64_t AdamWMultiOp::getFlopCount() {
+  int64_t n = 0;
+  for (Value p : getParams())
+    n += numElements(p);
+  return 14 * n;
+}

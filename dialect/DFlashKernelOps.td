@@ -1,0 +1,234 @@
+//===- DFlashKernelOps.td - dflash fused kernel ops --------*- tablegen -*-===//
+//
+// Ops that `dflash-fuse-kernels` forms from groups of graph ops. Each one is
+// exactly one kernel template of kernels/ (or one cuBLASLt call), so the
+// emitter translates it 1:1. Graph ops that already are one kernel (linear,
+// block_attention, swiglu, ...) stay as they are.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNEL_OPS_TD
+#define DFLASH_KERNEL_OPS_TD
+
+def DFlash_DraftEmbedOp : DFlash_PureOp<"draft_embed"> {
+  let summary = "draft_tokens + embed in one gather";
+  let description = [{
+    The embedding of the noised draft blocks, without materialising their
+    token ids: `embed(table, draft_tokens(input_ids, anchors, keep))`.
+
+    ```mlir
+    %x = dflash.draft_embed %embed, %ids, %anchors, %keep
+        {block_size = 16 : i64, mask_token_id = 151669 : i64}
+        : (tensor<151936x4096xbf16>, tensor<4x3072xi32>, tensor<4x512xi32>,
+           tensor<4x512xi8>) -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$table, DFlash_IndexTensor:$input_ids,
+                       DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       I64Attr:$block_size, I64Attr:$mask_token_id);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$table `,` $input_ids `,` $anchors `,` $keep attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_ResidualRmsNormOp : DFlash_PureOp<"residual_rms_norm"> {
+  let summary = "Residual add and RMS normalisation in one pass";
+  let description = [{
+    `sum = input + delta` (rounded to the storage type) and
+    `result = rms_norm(sum, weight)`, reading and writing each row once.
+
+    ```mlir
+    %sum, %h = dflash.residual_rms_norm %x, %o, %w {eps = 1.0e-06 : f64}
+        : (tensor<4x8192x4096xbf16>, tensor<4x8192x4096xbf16>,
+           tensor<4096xbf16>)
+        -> (tensor<4x8192x4096xbf16>, tensor<4x8192x4096xbf16>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$delta,
+                       DFlash_FloatTensor:$weight, F64Attr:$eps);
+  let results = (outs DFlash_FloatTensor:$sum, DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $delta `,` $weight attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_QkNormRopeOp : DFlash_PureOp<"qk_norm_rope"> {
+  let summary = "Per-head RMS normalisation then rotary embedding";
+  let description = [{
+    `rope(rms_norm(input, weight), positions)` over `[B, T, heads, d]`.
+
+    ```mlir
+    %q = dflash.qk_norm_rope %x, %w, %pos {eps = 1.0e-06 : f64,
+        theta = 1.0e+06 : f64}
+        : (tensor<4x8192x32x128xbf16>, tensor<128xbf16>, tensor<4x8192xi32>)
+        -> tensor<4x8192x32x128xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       DFlash_IndexTensor:$positions, F64Attr:$eps,
+                       F64Attr:$theta);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $weight `,` $positions attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_QkNormRopeGradOp : DFlash_PureOp<"qk_norm_rope_grad"> {
+  let summary = "Gradients of qk_norm_rope";
+  let description = [{
+    `rope_grad` then `rms_norm_grad` in one kernel: the input gradient and
+    the norm weight's gradient (summed over rows and heads).
+
+    ```mlir
+    %dx, %dw = dflash.qk_norm_rope_grad %dy, %x, %w, %pos {...}
+        : (...) -> (tensor<4x8192x32x128xbf16>, tensor<128xbf16>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$input,
+                       DFlash_FloatTensor:$weight,
+                       DFlash_IndexTensor:$positions, F64Attr:$eps,
+                       F64Attr:$theta);
+  let results = (outs DFlash_FloatTensor:$input_grad,
+                      DFlash_FloatTensor:$weight_grad);
+  let assemblyFormat =
+      "$grad `,` $input `,` $weight `,` $positions attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_RmsNormGradResidualOp : DFlash_PureOp<"rms_norm_grad_residual"> {
+  let summary = "RMS-norm gradient added to the residual stream's gradient";
+  let description = [{
+    `input_grad = residual_grad + d rms_norm / d input` and the weight's
+    gradient, in one pass: the backward of a pre-norm residual block.
+
+    ```mlir
+    %dx, %dw = dflash.rms_norm_grad_residual %dy, %x, %w, %dres
+        {eps = 1.0e-06 : f64} : (...) -> (...)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$input,
+                       DFlash_FloatTensor:$weight,
+                       DFlash_FloatTensor:$residual_grad, F64Attr:$eps);
+  let results = (outs DFlash_FloatTensor:$input_grad,
+                      DFlash_FloatTensor:$weight_grad);
+  let assemblyFormat =
+      "$grad `,` $input `,` $weight `,` $residual_grad attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_AccumulateLinearGradOp : DFlash_PureOp<"accumulate_linear_grad"> {
+  let summary = "A linear layer's gradient added to a running sum";
+  let description = [{
+    `result = accumulator + g` where `g` is `linear_grad_input(grad, operand)`
+    (`weight_grad` unset) or `linear_grad_weight(grad, operand)`
+    (`weight_grad` set): one GEMM with beta = 1 into the accumulator's
+    buffer, which the result reuses.
+
+    ```mlir
+    %dw2 = dflash.accumulate_linear_grad %dw1, %dy, %x {weight_grad}
+        : (tensor<1024x4096xbf16>, tensor<4x8192x1024xbf16>,
+           tensor<4x8192x4096xbf16>) -> tensor<1024x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$accumulator,
+                       DFlash_FloatTensor:$grad, DFlash_FloatTensor:$operand,
+                       UnitAttr:$weight_grad);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$accumulator `,` $grad `,` $operand attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_LossSeedOp : DFlash_PureOp<"loss_seed"> {
+  let summary = "1 / sum(w) over the step: the seed of the backward pass";
+  let description = [{
+    Sums the loss weights of this GPU; with `all_ranks` the sum is over every
+    GPU (the runtime's all-reduce). Known before the loss itself, so the
+    fused lm_head kernel can write the input gradient in the same pass.
+
+    ```mlir
+    %wsum, %seed = dflash.loss_seed %weights
+        : (tensor<4x8192xf32>) -> (tensor<f32>, tensor<f32>)
+    ```
+  }];
+  let arguments = (ins DFlash_F32Tensor:$weights);
+  let results = (outs DFlash_F32Scalar:$weight_sum,
+                      DFlash_F32Scalar:$loss_sum_grad);
+  let assemblyFormat =
+      "$weights attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_LmHeadCeFusedOp : DFlash_PureOp<"lm_head_ce_fused"> {
+  let summary = "lm_head, weighted cross-entropy and its input gradient";
+  let description = [{
+    `lm_head_ce` and `lm_head_ce_grad` in one chunked pass: each chunk of
+    rows computes its logits once (never the whole batch), adds to the sums
+    and writes its rows of the input gradient, scaled by `loss_sum_grad`.
+
+    ```mlir
+    %loss, %wsum, %correct, %count, %dy = dflash.lm_head_ce_fused %y, %w,
+        %labels, %weights, %seed : (...) -> (...)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       DFlash_IndexTensor:$labels,
+                       DFlash_F32Tensor:$weights,
+                       DFlash_F32Scalar:$loss_sum_grad);
+  let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
+                      DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
+                      DFlash_FloatTensor:$input_grad);
+  let assemblyFormat =
+      "$input `,` $weight `,` $labels `,` $weights `,` $loss_sum_grad "
+      "attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_AdamWMultiOp : DFlash_PureOp<"adamw_multi", [AttrSizedOperandSegments]> {
+  let summary = "Global-norm clip and AdamW over every parameter at once";
+  let description = [{
+    The optimizer of SEMANTICS.md section 5 in a few launches: the global
+    L2 norm of every (all-reduced) gradient, the clip coefficient, the
+    learning rate of `step` and one AdamW update of each parameter's fp32
+    master and moments, with the bf16 parameter written back. Operands come
+    in groups of equal length, one entry per parameter.
+
+    ```mlir
+    %state:8, %norm, %lr = dflash.adamw_multi
+        params(%a, %b) masters(%a32, %b32) moment1(%ma, %mb) moment2(%va, %vb)
+        grads(%ga, %gb) step(%step) total(%total) {...} : ...
+    ```
+  }];
+  let arguments = (ins Variadic<DFlash_FloatTensor>:$params,
+                       Variadic<DFlash_F32Tensor>:$masters,
+                       Variadic<DFlash_F32Tensor>:$moment1,
+                       Variadic<DFlash_F32Tensor>:$moment2,
+                       Variadic<DFlash_FloatTensor>:$grads,
+                       0DTensorOf<[I32]>:$step, 0DTensorOf<[I32]>:$total,
+                       F64Attr:$lr, F64Attr:$warmup_ratio,
+                       F64Attr:$max_grad_norm, F64Attr:$beta1,
+                       F64Attr:$beta2, F64Attr:$eps, F64Attr:$weight_decay);
+  // new_state: the updated parameters, masters, first and second moments,
+  // n of each in parameter order.
+  let results = (outs Variadic<DFlash_FloatTensor>:$new_state,
+                      DFlash_F32Scalar:$grad_norm, DFlash_F32Scalar:$lr_value);
+  let assemblyFormat =
+      "`params` `(` $params `)` `masters` `(` $masters `)` "
+      "`moment1` `(` $moment1 `)` `moment2` `(` $moment2 `)` "
+      "`grads` `(` $grads `)` `step` `(` $step `)` `total` `(` $total `)` "
+      "attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = [{
+    unsigned getNumParams() { return getParams().size(); }
+    ::mlir::Value getNewParam(unsigned i) { return getNewState()[i]; }
+    ::mlir::Value getNewMaster(unsigned i) {
+      return getNewState()[getNumParams() + i];
+    }
+    ::mlir::Value getNewMoment1(unsigned i) {
+      return getNewState()[2 * getNumParams() + i];
+    }
+    ::mlir::Value getNewMoment2(unsigned i) {
+      return getNewState()[3 * getNumParams() + i];
+    }
+  }];
+}
+
+#endif // DFLASH_KERNEL_OPS_TD

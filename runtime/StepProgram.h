@@ -1,0 +1,112 @@
+//===- StepProgram.h - What generated code gives the runtime ----*- C++ -*-===//
+//
+// The contract between `dflashc`'s generated step.cu and the runtime. The
+// compiler emits one class implementing StepProgram for a spec: its static
+// shapes, the persistent buffers it reads and writes, the size of its
+// activation arena, and enqueue(), which issues the whole training step
+// (forward, backward, optimizer) on one stream without synchronising with
+// the host, so that the runtime can capture it once in a CUDA graph and
+// replay it.
+//
+// The runtime owns every allocation: it allocates the buffers in the order of
+// buffers(), the arena and the workspace, fills inputs, frozen weights,
+// parameters and optimizer state, binds them once, and reads the metrics
+// back after each step.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_STEPPROGRAM_H
+#define DFLASH_RUNTIME_STEPPROGRAM_H
+
+#include "runtime/ModelConfig.h"
+#include "runtime/Safetensors.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+namespace dflash::kernels {
+class CublasLtGemm;
+}
+
+namespace dflash::rt {
+
+/// What a persistent buffer holds; mirrors #dflash.arg's roles.
+enum class BufferRole {
+  Input,     ///< per-step data: input_ids, loss_mask, target_hidden, anchors, keep
+  Frozen,    ///< embed, lm_head (absent when tied)
+  Parameter, ///< bf16 trainable weight, updated in place by the step
+  Master,    ///< its fp32 master copy
+  Moment1,   ///< Adam first moment (fp32)
+  Moment2,   ///< Adam second moment (fp32)
+  Counter,   ///< int32 scalars: step (0-based), total_steps
+  Metric,    ///< f32 scalars written by the step: loss, acc, grad_norm, lr
+};
+
+struct BufferSpec {
+  std::string name; ///< "input_ids", "layers.0.mlp.up_proj.weight", "loss"
+  BufferRole role;
+  DType dtype;
+  std::vector<int64_t> shape;
+  size_t bytes() const { return size_t(shapeNumel(shape)) * dtypeSize(dtype); }
+};
+
+/// Hyperparameters the step reads at run time. Defaults are the spec's;
+/// `train --lr/--warmup-ratio` override them before the graph is captured.
+struct StepHyper {
+  float lr = 0;
+  float warmupRatio = 0;
+  float maxGradNorm = 1;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0;
+};
+
+/// Per-GPU resources the generated code uses: one stream is given to
+/// enqueue(); GEMMs go through `gemm` (cuBLASLt, algorithm cached per shape).
+/// Collectives are the identity on one GPU; with several they sum over the
+/// data-parallel group (allReduceSum may be called from inside a capture).
+struct DeviceResources {
+  kernels::CublasLtGemm *gemm = nullptr;
+  /// Sums `count` floats in place over every rank; nullptr on one GPU.
+  void (*allReduceSum)(void *self, float *data, size_t count,
+                       cudaStream_t stream) = nullptr;
+  void *collectives = nullptr; ///< `self` of allReduceSum
+  int64_t rank = 0, worldSize = 1;
+};
+
+class StepProgram {
+public:
+  virtual ~StepProgram() = default;
+
+  /// The drafter this step was compiled for.
+  virtual const ModelConfig &config() const = 0;
+  /// Every buffer that lives across steps, in binding order.
+  virtual const std::vector<BufferSpec> &buffers() const = 0;
+  /// Bytes of scratch memory for activations (its offsets are static).
+  virtual size_t arenaBytes() const = 0;
+  /// Bytes of the cuBLASLt workspace the step's GEMMs need.
+  virtual size_t gemmWorkspaceBytes() const = 0;
+  /// FLOPs of one step on one GPU, as the compiler counts them.
+  virtual double flopsPerStep() const = 0;
+
+  /// Binds device pointers once: one per buffers() entry, and the arena
+  /// (256-byte aligned). Pointers must stay valid and fixed while the step
+  /// is used, since a captured graph holds them.
+  virtual void bind(const std::vector<void *> &buffers, void *arena,
+                    const DeviceResources &resources,
+                    const StepHyper &hyper) = 0;
+  /// Issues one whole step on `stream`. It reads the inputs and the step
+  /// counter, updates parameters and optimizer state in place and writes
+  /// the metrics. No host synchronisation, no allocation: capturable.
+  virtual void enqueue(cudaStream_t stream) = 0;
+};
+
+/// Defined by the generated step.cu.
+std::unique_ptr<StepProgram> createStepProgram();
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_STEPPROGRAM_H
