@@ -1,0 +1,484 @@
+//===- KernelBench.cu - Timings of the step's kernels ---------------------===//
+//
+// Times every hand-written kernel of kernels/ at the qwen3-8b-b16 recipe
+// shapes (B 4, S 3072, N 512, bs 16, nh/nkv/d 32/8/128, H 4096, I 12288,
+// V 151936) next to the ceilings measured in the same run: a device-to-device
+// copy (bytes read + written) and a cuBLASLt bf16 GEMM. CUDA events around
+// each launch, warm-up first, median of the repetitions. Every working set
+// is larger than the 60 MB L2 (q alone is 268 MB), so consecutive runs do
+// not hit in cache. Prints a table and writes one JSON object per line to
+// the file named by argv[1] (when given).
+//
+// Attention FLOPs count visible (query head, key) pairs only: 4 d per pair
+// forward (QK^T and PV), 2.5 times that backward (the usual convention).
+//
+//===----------------------------------------------------------------------===//
+
+#include "kernels/AdamW.cuh"
+#include "kernels/BlockAttention.cuh"
+#include "kernels/DraftBlocks.cuh"
+#include "kernels/Gemm.cuh"
+#include "kernels/LmHeadCrossEntropy.cuh"
+#include "kernels/QkNormRope.cuh"
+#include "kernels/RmsNorm.cuh"
+#include "kernels/SwiGlu.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace dflash::kernels;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+FILE *jsonOut = nullptr;
+std::string anchorFile; // where the B = 4 anchors go, for torch_reference.py
+
+/// Median milliseconds of `reps` runs of f after `warmup` runs.
+double timeMs(const std::function<void()> &f, int warmup = 3, int reps = 15) {
+  for (int i = 0; i < warmup; ++i)
+    f();
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * reps);
+  for (auto &e : ev)
+    DFLASH_CUDA_CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    DFLASH_CUDA_CHECK(cudaEventRecord(ev[2 * i]));
+    f();
+    DFLASH_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> ms(reps);
+  for (int i = 0; i < reps; ++i)
+    DFLASH_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
+  for (auto &e : ev)
+    cudaEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return ms[reps / 2];
+}
+
+void report(const std::string &name, double ms, const std::string &metric,
+            double value, const std::string &note = "") {
+  std::printf("%-44s %9.3f ms  %9.1f %-8s %s\n", name.c_str(), ms, value,
+              metric.c_str(), note.c_str());
+  if (jsonOut)
+    std::fprintf(jsonOut,
+                 "{\"name\": \"%s\", \"ms\": %.5f, \"metric\": \"%s\", "
+                 "\"value\": %.4f, \"note\": \"%s\"}\n",
+                 name.c_str(), ms, metric.c_str(), value, note.c_str());
+}
+
+template <typename T> T *deviceAlloc(size_t count) {
+  T *p = nullptr;
+  DFLASH_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
+  return p;
+}
+
+__global__ void fillRandomBf16(bf16 *p, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    // Sum of two uniforms: cheap, roughly bell-shaped, never all zeros.
+    float u1 = (z & 0xFFFFFF) / 16777216.f,
+          u2 = ((z >> 24) & 0xFFFFFF) / 16777216.f;
+    p[i] = __float2bfloat16((u1 + u2 - 1.f) * 1.7f * scale);
+  }
+}
+
+void randomBf16(bf16 *p, size_t n, uint64_t seed, float scale = 1.f) {
+  fillRandomBf16<<<4096, 256>>>(p, n, seed, scale);
+  DFLASH_CUDA_CHECK_LAUNCH("fillRandomBf16");
+}
+
+double copyBandwidth() {
+  const size_t bytes = size_t(2) << 30;
+  char *a = deviceAlloc<char>(bytes), *b = deviceAlloc<char>(bytes);
+  DFLASH_CUDA_CHECK(cudaMemset(a, 1, bytes));
+  double ms = timeMs([&] {
+    DFLASH_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+  });
+  double gbs = 2.0 * bytes / (ms * 1e6);
+  report("copy d2d 2 GiB (read+write)", ms, "GB/s", gbs);
+  cudaFree(a);
+  cudaFree(b);
+  return gbs;
+}
+
+double gemmCeiling(CublasLtGemm &gemm) {
+  const int64_t n = 8192;
+  bf16 *a = deviceAlloc<bf16>(n * n), *b = deviceAlloc<bf16>(n * n),
+       *c = deviceAlloc<bf16>(n * n);
+  randomBf16(a, n * n, 1);
+  randomBf16(b, n * n, 2);
+  double ms = timeMs([&] { gemm.linear(a, b, c, n, n, n, 0); });
+  double tf = 2.0 * n * n * n / (ms * 1e9);
+  report("cuBLASLt bf16 GEMM 8192^3", ms, "TFLOP/s", tf);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return tf;
+}
+
+template <int WINDOW, bool CAUSAL> void attention(int B) {
+  constexpr int D = 128, BS = 16, NH = 32, NKV = 8;
+  const int S = 3072, N = 512, Q = N * BS;
+  std::mt19937_64 rng(42 + B);
+  std::vector<int32_t> anchors(size_t(B) * N);
+  std::vector<uint8_t> keep(size_t(B) * N, 1);
+  double pairs = 0; // visible (query row, key) pairs, per head
+  for (int b = 0; b < B; ++b) {
+    std::set<int> chosen;
+    std::uniform_int_distribution<int> pos(0, S - 2);
+    while (int(chosen.size()) < N)
+      chosen.insert(pos(rng));
+    int n = 0;
+    for (int a : chosen) {
+      anchors[b * N + n++] = a;
+      for (int k = 0; k < BS; ++k) {
+        int lo = WINDOW > 0 ? std::max(0, a + k - (WINDOW - 1)) : 0;
+        pairs += std::max(0, a - lo) + (CAUSAL ? k + 1 : BS);
+      }
+    }
+  }
+  pairs *= NH;
+  if (B == 4 && !anchorFile.empty()) {
+    if (FILE *f = std::fopen(anchorFile.c_str(), "wb")) {
+      std::fwrite(anchors.data(), sizeof(int32_t), anchors.size(), f);
+      std::fclose(f);
+    }
+  }
+  const size_t qn = size_t(B) * Q * NH * D, cn = size_t(B) * S * NKV * D,
+               dn = size_t(B) * Q * NKV * D;
+  bf16 *q = deviceAlloc<bf16>(qn), *ck = deviceAlloc<bf16>(cn),
+       *cv = deviceAlloc<bf16>(cn), *dk = deviceAlloc<bf16>(dn),
+       *dv = deviceAlloc<bf16>(dn), *out = deviceAlloc<bf16>(qn),
+       *dOut = deviceAlloc<bf16>(qn), *dq = deviceAlloc<bf16>(qn),
+       *dck = deviceAlloc<bf16>(cn), *dcv = deviceAlloc<bf16>(cn),
+       *ddk = deviceAlloc<bf16>(dn), *ddv = deviceAlloc<bf16>(dn);
+  float *lse = deviceAlloc<float>(size_t(B) * Q * NH);
+  float *ws = reinterpret_cast<float *>(
+      deviceAlloc<char>(blockAttentionBwdWorkspaceBytes<D, BS, NH, NKV>(B, N)));
+  randomBf16(q, qn, 3, 1.5f);
+  randomBf16(ck, cn, 4);
+  randomBf16(cv, cn, 5);
+  randomBf16(dk, dn, 6);
+  randomBf16(dv, dn, 7);
+  randomBf16(dOut, qn, 8);
+  int32_t *dAnchors = deviceAlloc<int32_t>(anchors.size());
+  uint8_t *dKeep = deviceAlloc<uint8_t>(keep.size());
+  DFLASH_CUDA_CHECK(cudaMemcpy(dAnchors, anchors.data(), anchors.size() * 4,
+                               cudaMemcpyHostToDevice));
+  DFLASH_CUDA_CHECK(
+      cudaMemcpy(dKeep, keep.data(), keep.size(), cudaMemcpyHostToDevice));
+  BlockAttentionFwdArgs fa{q,     ck,  cv,  dk, dv, dAnchors,
+                           dKeep, out, lse, B,  S,  N};
+  BlockAttentionBwdArgs ba{};
+  ba.dOut = dOut;
+  ba.q = q;
+  ba.contextKeys = ck;
+  ba.contextValues = cv;
+  ba.draftKeys = dk;
+  ba.draftValues = dv;
+  ba.anchors = dAnchors;
+  ba.keep = dKeep;
+  ba.out = out;
+  ba.lse = lse;
+  ba.dq = dq;
+  ba.dContextKeys = dck;
+  ba.dContextValues = dcv;
+  ba.dDraftKeys = ddk;
+  ba.dDraftValues = ddv;
+  ba.dqAccum = ws;
+  ba.dOutDotOut = ws + qn;
+  ba.B = B;
+  ba.S = S;
+  ba.N = N;
+  const char *kind = WINDOW > 0 ? "sliding2048" : "full";
+  double fwdFlops = 4.0 * D * pairs;
+  char name[128];
+  // Forward variants: m-tiles per warp x keys per tile.
+  auto fwd = [&](auto launch, const char *variant) {
+    double ms = timeMs([&] { launch(); });
+    std::snprintf(name, sizeof(name), "attention fwd %s B=%d [%s]", kind, B,
+                  variant);
+    report(name, ms, "TFLOP/s", fwdFlops / (ms * 1e9));
+  };
+  fwd(
+      [&] {
+        sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1, 64>(fa,
+                                                                             0);
+      },
+      "mt1 kt64");
+  fwd(
+      [&] {
+        sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(fa,
+                                                                             0);
+      },
+      "mt2 kt64");
+  fwd(
+      [&] {
+        sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 32>(fa,
+                                                                             0);
+      },
+      "mt2 kt32");
+  auto bwd = [&](auto launch, const char *variant) {
+    double ms = timeMs([&] { launch(); });
+    std::snprintf(name, sizeof(name), "attention bwd %s B=%d [%s]", kind, B,
+                  variant);
+    report(name, ms, "TFLOP/s", 2.5 * fwdFlops / (ms * 1e9));
+  };
+  bwd(
+      [&] {
+        sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                      BlockAttentionDq::AtomicVec4>(ba, 0);
+      },
+      "dq atomic v4");
+  bwd(
+      [&] {
+        sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                      BlockAttentionDq::BulkReduce>(ba, 0);
+      },
+      "dq bulk reduce");
+  bwd(
+      [&] {
+        sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                      BlockAttentionDq::OmitForTiming>(ba, 0);
+      },
+      "no dq phase, timing only");
+  for (void *p :
+       {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv, (void *)out,
+        (void *)dOut, (void *)dq, (void *)dck, (void *)dcv, (void *)ddk,
+        (void *)ddv, (void *)lse, (void *)ws, (void *)dAnchors, (void *)dKeep})
+    cudaFree(p);
+}
+
+void lmHead(CublasLtGemm &gemm, int64_t chunkRows) {
+  const int64_t rows = 8192, V = 151936, H = 4096;
+  bf16 *y = deviceAlloc<bf16>(rows * H), *w = deviceAlloc<bf16>(V * H),
+       *dy = deviceAlloc<bf16>(rows * H),
+       *chunk = deviceAlloc<bf16>(chunkRows * V);
+  int32_t *labels = deviceAlloc<int32_t>(rows);
+  float *weights = deviceAlloc<float>(rows),
+        *terms = deviceAlloc<float>(rows * 4), *sums = deviceAlloc<float>(4);
+  randomBf16(y, rows * H, 11);
+  randomBf16(w, V * H, 12, 0.02f);
+  std::vector<int32_t> hl(rows);
+  std::vector<float> hw(rows);
+  std::mt19937_64 rng(13);
+  for (int64_t r = 0; r < rows; ++r) {
+    hl[r] = static_cast<int32_t>(rng() % V);
+    hw[r] = r % 16 == 0 ? 0.f : 1.f;
+  }
+  DFLASH_CUDA_CHECK(
+      cudaMemcpy(labels, hl.data(), rows * 4, cudaMemcpyHostToDevice));
+  DFLASH_CUDA_CHECK(
+      cudaMemcpy(weights, hw.data(), rows * 4, cudaMemcpyHostToDevice));
+  LmHeadCrossEntropyArgs args{y,  w,    labels,   weights, nullptr,
+                              dy, sums, chunk,    terms,   rows,
+                              V,  H,    chunkRows};
+  double ms = timeMs([&] { lm_head_cross_entropy_bf16(gemm, args, 0); }, 2, 7);
+  double msGemm = timeMs(
+      [&] {
+        for (int64_t r0 = 0; r0 < rows; r0 += chunkRows) {
+          int64_t m = std::min(chunkRows, rows - r0);
+          gemm.linear(y + r0 * H, w, chunk, m, V, H, 0);
+          gemm.linearGradInput(chunk, w, dy + r0 * H, m, V, H, 0);
+        }
+      },
+      2, 7);
+  double flops = 4.0 * rows * V * H;
+  double extraMb = (lmHeadCrossEntropyChunkBytes(chunkRows, V) +
+                    lmHeadCrossEntropyRowTermBytes(rows)) /
+                   1e6;
+  char name[128], note[128];
+  std::snprintf(name, sizeof(name), "lm_head+CE 8192x151936x4096 chunk=%ld",
+                long(chunkRows));
+  std::snprintf(note, sizeof(note), "extra %.0f MB, %.3fx its GEMMs", extraMb,
+                ms / msGemm);
+  report(name, ms, "TFLOP/s", flops / (ms * 1e9), note);
+  std::snprintf(name, sizeof(name), "lm_head GEMMs alone chunk=%ld",
+                long(chunkRows));
+  report(name, msGemm, "TFLOP/s", flops / (msGemm * 1e9));
+  for (void *p : {(void *)y, (void *)w, (void *)dy, (void *)chunk,
+                  (void *)labels, (void *)weights, (void *)terms, (void *)sums})
+    cudaFree(p);
+}
+
+void memoryBound(double copyGbs) {
+  const int64_t rows = 4 * 512 * 16; // B * Q
+  constexpr int H = 4096, I = 12288, NH = 32, D = 128;
+  auto bw = [&](const char *name, double bytes, double ms) {
+    double gbs = bytes / (ms * 1e6);
+    char note[64];
+    std::snprintf(note, sizeof(note), "%.0f%% of copy", 100.0 * gbs / copyGbs);
+    report(name, ms, "GB/s", gbs, note);
+  };
+  {
+    const size_t n = size_t(rows) * H;
+    bf16 *x = deviceAlloc<bf16>(n), *d = deviceAlloc<bf16>(n),
+         *s = deviceAlloc<bf16>(n), *y = deviceAlloc<bf16>(n),
+         *w = deviceAlloc<bf16>(H), *dx = deviceAlloc<bf16>(n);
+    float *dw = deviceAlloc<float>(H),
+          *ws = deviceAlloc<float>(rmsNormBwdWorkspaceBytes(H) / 4);
+    randomBf16(x, n, 21);
+    randomBf16(d, n, 22);
+    randomBf16(w, H, 23);
+    double ms =
+        timeMs([&] { rms_norm_fwd_bf16<H>(x, d, w, s, y, rows, 1e-6f, 0); });
+    bw("rms_norm+residual fwd 32768x4096", 4.0 * n * 2, ms);
+    ms = timeMs(
+        [&] { rms_norm_bwd_bf16<H>(y, s, w, d, dx, dw, rows, 1e-6f, ws, 0); });
+    bw("rms_norm+residual bwd 32768x4096", 4.0 * n * 2, ms);
+    for (void *p : {(void *)x, (void *)d, (void *)s, (void *)y, (void *)w,
+                    (void *)dx, (void *)dw, (void *)ws})
+      cudaFree(p);
+  }
+  {
+    const size_t n = size_t(rows) * NH * D;
+    bf16 *x = deviceAlloc<bf16>(n), *y = deviceAlloc<bf16>(n),
+         *dx = deviceAlloc<bf16>(n), *w = deviceAlloc<bf16>(D);
+    int32_t *pos = deviceAlloc<int32_t>(rows);
+    float *dw = deviceAlloc<float>(D),
+          *ws = deviceAlloc<float>(qkNormRopeBwdWorkspaceBytes(D) / 4);
+    randomBf16(x, n, 31);
+    randomBf16(w, D, 32);
+    sequence_positions(pos, 1, rows, 0); // positions up to 32767
+    double ms = timeMs([&] {
+      qk_norm_rope_fwd_bf16<D, NH>(x, w, pos, y, rows, 1e-6f, 1e6f, 0);
+    });
+    bw("q norm+rope fwd 32768x32x128", 2.0 * n * 2, ms);
+    ms = timeMs([&] {
+      qk_norm_rope_bwd_bf16<D, NH>(y, x, w, pos, dx, dw, rows, 1e-6f, 1e6f, ws,
+                                   0);
+    });
+    bw("q norm+rope bwd 32768x32x128", 3.0 * n * 2, ms);
+    for (void *p : {(void *)x, (void *)y, (void *)dx, (void *)w, (void *)pos,
+                    (void *)dw, (void *)ws})
+      cudaFree(p);
+  }
+  {
+    const size_t n = size_t(rows) * I;
+    bf16 *gu = deviceAlloc<bf16>(2 * n), *y = deviceAlloc<bf16>(n),
+         *dgu = deviceAlloc<bf16>(2 * n);
+    randomBf16(gu, 2 * n, 41);
+    StridedBf16 g{gu, 2 * I}, u{gu + I, 2 * I};
+    double ms = timeMs([&] { swiglu_fwd_bf16(g, u, {y, I}, rows, I, 0); });
+    bw("swiglu fwd 32768x12288", 3.0 * n * 2, ms);
+    ms = timeMs([&] {
+      swiglu_bwd_bf16({y, I}, g, u, {dgu, 2 * I}, {dgu + I, 2 * I}, rows, I, 0);
+    });
+    bw("swiglu bwd 32768x12288", 5.0 * n * 2, ms);
+    cudaFree(gu);
+    cudaFree(y);
+    cudaFree(dgu);
+  }
+  {
+    // 256M parameters in 8 tensors; bf16 gradients.
+    std::vector<int64_t> sizes(8, int64_t(32) << 20);
+    std::vector<AdamWTensor> tensors;
+    std::vector<void *> owned;
+    for (int64_t s : sizes) {
+      AdamWTensor t{};
+      t.param = deviceAlloc<bf16>(s);
+      t.master = deviceAlloc<float>(s);
+      bf16 *g = deviceAlloc<bf16>(s);
+      t.grad = g;
+      t.m = deviceAlloc<float>(s);
+      t.v = deviceAlloc<float>(s);
+      t.n = s;
+      randomBf16(g, s, 51, 1e-3f);
+      DFLASH_CUDA_CHECK(cudaMemset(t.master, 0, s * 4));
+      DFLASH_CUDA_CHECK(cudaMemset(t.m, 0, s * 4));
+      DFLASH_CUDA_CHECK(cudaMemset(t.v, 0, s * 4));
+      tensors.push_back(t);
+      owned.insert(owned.end(), {t.param, t.master, g, t.m, t.v});
+    }
+    auto chunks = buildAdamWChunks(sizes);
+    AdamWTensor *dT = deviceAlloc<AdamWTensor>(tensors.size());
+    AdamWChunk *dC = deviceAlloc<AdamWChunk>(chunks.size());
+    double *partials = deviceAlloc<double>(chunks.size());
+    float *nc = deviceAlloc<float>(2);
+    AdamWStepState *state = deviceAlloc<AdamWStepState>(1);
+    AdamWStepState hs{6e-4f, 1};
+    DFLASH_CUDA_CHECK(cudaMemcpy(dT, tensors.data(),
+                                 tensors.size() * sizeof(AdamWTensor),
+                                 cudaMemcpyHostToDevice));
+    DFLASH_CUDA_CHECK(cudaMemcpy(dC, chunks.data(),
+                                 chunks.size() * sizeof(AdamWChunk),
+                                 cudaMemcpyHostToDevice));
+    DFLASH_CUDA_CHECK(
+        cudaMemcpy(state, &hs, sizeof(hs), cudaMemcpyHostToDevice));
+    AdamWTables tables{dT, dC, int(chunks.size()), partials, nc};
+    AdamWHyper hyper;
+    double ms =
+        timeMs([&] { adamw_multi_tensor_step<bf16>(tables, state, hyper, 0); });
+    double params = 8.0 * (32 << 20);
+    // grad read twice (norm, step), master/m/v read and written, bf16 param.
+    bw("adamw+clip 268M params (3 launches)", params * (2 + 2 + 24 + 2), ms);
+    for (void *p : owned)
+      cudaFree(p);
+    for (void *p :
+         {(void *)dT, (void *)dC, (void *)partials, (void *)nc, (void *)state})
+      cudaFree(p);
+  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  if (argc > 1) {
+    jsonOut = std::fopen(argv[1], "w");
+    std::string path = argv[1];
+    size_t slash = path.find_last_of('/');
+    anchorFile = (slash == std::string::npos ? std::string(".")
+                                             : path.substr(0, slash)) +
+                 "/anchors_b4.bin";
+  }
+  cudaDeviceProp prop;
+  DFLASH_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  cublasLtHandle_t lt;
+  DFLASH_CUBLAS_CHECK(cublasLtCreate(&lt));
+  size_t wsBytes = size_t(64) << 20;
+  void *ws = deviceAlloc<char>(wsBytes);
+  CublasLtGemm gemm(lt, ws, wsBytes);
+  std::string only = argc > 2 ? argv[2] : "";
+  auto want = [&](const char *what) {
+    return only.empty() || only.find(what) != std::string::npos;
+  };
+
+  double copyGbs = copyBandwidth();
+  if (want("gemm"))
+    gemmCeiling(gemm);
+  if (want("attention")) {
+    attention<0, false>(4);
+    attention<2048, true>(4);
+    attention<0, false>(1);
+  }
+  if (want("lmhead")) {
+    lmHead(gemm, 2048);
+    lmHead(gemm, 1024);
+  }
+  if (want("memory"))
+    memoryBound(copyGbs);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  if (jsonOut)
+    std::fclose(jsonOut);
+  cudaFree(ws);
+  cublasLtDestroy(lt);
+  return 0;
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Builds KernelBench when missing or older than its sources, runs it and the
+# PyTorch baselines (torch_reference.py) on this GPU in one go, and prints one
+# comparison table. Logs and JSON lines go to $OUT (or $1, or build-bench/).
+#   bench/kernels/run.sh [outdir] [only]   only: attention|lmhead|memory|gemm
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+out=${1:-${OUT:-$root/build-bench}}
+only=${2:-}
+build=${DFLASH_BENCH_BUILD:-$root/build-bench}
+nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
+mkdir -p "$out" "$build"
+bin=$build/KernelBench
+if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" -name '*.cu*' -newer "$bin") ]]; then
+  echo "building $bin"
+  "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
+    --expt-relaxed-constexpr -lineinfo "$here/KernelBench.cu" -o "$bin" -lcublasLt
+fi
+"$bin" "$out/kernels.jsonl" "$only" 2>&1 | tee "$out/kernels.log"
+if [[ -z $only || $only == attention || $only == lmhead ]]; then
+  python3 "$here/torch_reference.py" --out "$out/torch.jsonl" \
+    --anchors "$out/anchors_b4.bin" --only "$only" 2>&1 | tee "$out/torch.log"
+fi
+python3 - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return {}
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    return {r["name"]: r for r in rows}
+ours, torch = load("kernels.jsonl"), load("torch.jsonl")
+print("\n| kernel | ours ms | ours | baseline | baseline ms | baseline | speedup |")
+print("|---|---|---|---|---|---|---|")
+for name, r in ours.items():
+    base = None
+    if name.startswith("attention"):
+        # Variants carry a " [..]" suffix; flex runs once per shape.
+        base = torch.get("flex_attention" + name[len("attention"):].split(" [")[0])
+    line = f"| {name} | {r['ms']:.3f} | {r['value']:.1f} {r['metric']} {r['note']} |"
+    if base:
+        line += (f" flex_attention | {base['ms']:.3f} | {base['value']:.1f} "
+                 f"{base['metric']} | {base['ms'] / r['ms']:.2f}x |")
+    else:
+        line += " | | | |"
+    print(line)
+for name, r in torch.items():
+    if name.startswith("torch"):
+        print(f"| {name} | | | | {r['ms']:.3f} | {r['value']:.1f} "
+              f"{r['metric']} {r['note']} | |")
+PY

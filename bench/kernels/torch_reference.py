@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""PyTorch side of bench/kernels: the baselines KernelBench is compared with.
+
+Same shapes as KernelBench.cu (qwen3-8b-b16 recipe: B 4, S 3072, N 512, bs 16,
+nh/nkv/d 32/8/128; lm_head 8192 x 151936 x 4096), on the same GPU, timed the
+same way (CUDA events, warm-up, median):
+  - flex_attention (torch.compile'd) with the DFlash block mask of
+    SEMANTICS.md section 3 over kv = [context (S) | draft (Q)], enable_gqa,
+    full and sliding (window 2048, causal in-block), forward and backward;
+    TFLOP/s counts visible pairs only (4 d per pair forward, 2.5x backward);
+  - lm_head + weighted CE: materialised logits (fp32 CE, as trainers do) and
+    a chunked version (2048 rows at a time, autograd per chunk), with the
+    extra memory each allocates, and the two GEMMs alone.
+Writes one JSON object per line (name, ms, metric, value, note) to --out.
+Each benchmark is guarded, so one failure does not lose the others.
+"""
+
+import argparse
+import json
+import os
+import traceback
+
+import torch
+import torch.nn.functional as F
+
+S, N, BS, NH, NKV, D = 3072, 512, 16, 32, 8, 128
+Q = N * BS
+
+
+def time_ms(fn, warmup=3, reps=15):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return ms[reps // 2]
+
+
+class Reporter:
+    def __init__(self, path):
+        self.file = open(path, "w") if path else None
+
+    def __call__(self, name, ms, metric, value, note=""):
+        print(f"{name:<44} {ms:9.3f} ms  {value:9.1f} {metric:<8} {note}",
+              flush=True)
+        if self.file:
+            self.file.write(json.dumps({"name": name, "ms": ms,
+                                        "metric": metric, "value": value,
+                                        "note": note}) + "\n")
+            self.file.flush()
+
+
+def load_anchors(path, B):
+    if path and os.path.exists(path):
+        import numpy as np
+        a = np.fromfile(path, dtype=np.int32).reshape(B, N)
+        return torch.from_numpy(a).cuda()
+    g = torch.Generator().manual_seed(42)
+    rows = [torch.randperm(S - 1, generator=g)[:N].sort().values
+            for _ in range(B)]
+    return torch.stack(rows).to(torch.int32).cuda()
+
+
+def visible_pairs(anchors, window, causal):
+    a = anchors.to(torch.int64).unsqueeze(-1)           # [B, N, 1]
+    k = torch.arange(BS, device=a.device).view(1, 1, BS)
+    lo = (a + k - (window - 1)).clamp(min=0) if window > 0 else torch.zeros_like(a + k)
+    ctx = (a - lo).clamp(min=0)
+    draft = (k + 1) if causal else torch.full_like(k, BS)
+    return float((ctx + draft).sum().item()) * NH
+
+
+def attention(report, B, window, causal, anchor_path):
+    from torch.nn.attention.flex_attention import (create_block_mask,
+                                                   flex_attention)
+    anchors = load_anchors(anchor_path, B)
+    keep = torch.ones(B, N, dtype=torch.bool, device="cuda")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        n = q_idx // BS
+        k = q_idx % BS
+        a = anchors[b, n]
+        ctx = (kv_idx < S) & (kv_idx < a)
+        if window > 0:
+            ctx = ctx & (kv_idx >= a + k - (window - 1))
+        t = kv_idx - S
+        draft = (kv_idx >= S) & (t // BS == n)
+        if causal:
+            draft = draft & (t % BS <= k)
+        return keep[b, n] & (ctx | draft)
+
+    kind = f"sliding{window}" if window > 0 else "full"
+    block_mask = create_block_mask(mask_mod, B, None, Q, S + Q, device="cuda",
+                                   _compile=True)
+    mask_ms = time_ms(lambda: create_block_mask(mask_mod, B, None, Q, S + Q,
+                                                device="cuda", _compile=True),
+                      1, 3)
+    q = torch.randn(B, NH, Q, D, device="cuda", dtype=torch.bfloat16) * 1.5
+    k = torch.randn(B, NKV, S + Q, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, NKV, S + Q, D, device="cuda", dtype=torch.bfloat16)
+    flex = torch.compile(flex_attention, dynamic=False)
+    flops = 4.0 * D * visible_pairs(anchors, window, causal)
+    with torch.no_grad():
+        fwd = time_ms(lambda: flex(q, k, v, block_mask=block_mask,
+                                   enable_gqa=True))
+    report(f"flex_attention fwd {kind} B={B}", fwd, "TFLOP/s",
+           flops / (fwd * 1e9), f"block mask build {mask_ms:.2f} ms")
+    q.requires_grad_()
+    k.requires_grad_()
+    v.requires_grad_()
+    out = flex(q, k, v, block_mask=block_mask, enable_gqa=True)
+    d_out = torch.randn_like(out)
+    bwd = time_ms(lambda: torch.autograd.grad(out, (q, k, v), d_out,
+                                              retain_graph=True))
+    report(f"flex_attention bwd {kind} B={B}", bwd, "TFLOP/s",
+           2.5 * flops / (bwd * 1e9))
+
+
+def lm_head(report):
+    rows, V, H = 8192, 151936, 4096
+    torch.manual_seed(0)
+    y = torch.randn(rows, H, device="cuda", dtype=torch.bfloat16)
+    W = (torch.randn(V, H, device="cuda") * 0.02).to(torch.bfloat16)
+    labels = torch.randint(0, V, (rows,), device="cuda")
+    w = torch.ones(rows, device="cuda")
+    w[::16] = 0
+    flops = 4.0 * rows * V * H
+
+    def materialised():
+        yy = y.detach().requires_grad_()
+        logits = yy @ W.t()
+        loss = (F.cross_entropy(logits.float(), labels, reduction="none")
+                * w).sum()
+        loss.backward()
+        return yy.grad
+
+    def chunked(chunk=2048):
+        dy = torch.empty_like(y)
+        for i in range(0, rows, chunk):
+            yc = y[i:i + chunk].detach().requires_grad_()
+            logits = yc @ W.t()
+            loss = (F.cross_entropy(logits.float(), labels[i:i + chunk],
+                                    reduction="none") * w[i:i + chunk]).sum()
+            (g,) = torch.autograd.grad(loss, yc)
+            dy[i:i + chunk] = g
+        return dy
+
+    def gemms():
+        logits = y @ W.t()
+        return logits @ W
+
+    for name, fn in (("materialised", materialised),
+                     ("chunked 2048", chunked)):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 1e6
+        ms = time_ms(fn, 2, 7)
+        report(f"torch lm_head+CE {name}", ms, "TFLOP/s", flops / (ms * 1e9),
+               f"extra {extra:.0f} MB")
+    ms = time_ms(gemms, 2, 7)
+    report("torch lm_head GEMMs alone (unchunked)", ms, "TFLOP/s",
+           flops / (ms * 1e9))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="")
+    parser.add_argument("--anchors", default="")
+    parser.add_argument("--only", default="")
+    args = parser.parse_args()
+    report = Reporter(args.out)
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    jobs = []
+    if not args.only or "attention" in args.only:
+        jobs += [lambda: attention(report, 4, 0, False, args.anchors),
+                 lambda: attention(report, 4, 2048, True, args.anchors)]
+    if not args.only or "lmhead" in args.only:
+        jobs.append(lambda: lm_head(report))
+    for job in jobs:
+        try:
+            job()
+        except Exception:
+            traceback.print_exc()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

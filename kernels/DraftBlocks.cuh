@@ -1,0 +1,159 @@
+//===- DraftBlocks.cuh - Draft-block bookkeeping ---------------*- CUDA -*-===//
+//
+// The per-step bookkeeping of SEMANTICS.md sections 3 and 4, on the device:
+// - draft_embed_bf16: x[b, n*bs + k] = embed[token], token = input_ids[b,
+//   anchor_n] for the first slot of a kept block, the mask token otherwise
+//   (ref::draftTokens followed by ref::embed, fused);
+// - draft_positions / sequence_positions (ref::draftPositions,
+//   ref::sequencePositions);
+// - draft_targets: labels (same position, no shift) and fp32 weights with the
+//   gamma decay (ref::draftTargets).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_DRAFTBLOCKS_CUH
+#define DFLASH_KERNELS_DRAFTBLOCKS_CUH
+
+#include "kernels/CudaCheck.cuh"
+
+#include <cstdint>
+#include <cuda_bf16.h>
+
+namespace dflash::kernels {
+
+struct DraftBlocksShape {
+  int B, S, N, bs;
+  __host__ __device__ int64_t Q() const { return static_cast<int64_t>(N) * bs; }
+};
+
+namespace detail {
+
+__device__ __forceinline__ int32_t draftToken(const int32_t *inputIds,
+                                              const int32_t *anchors,
+                                              const uint8_t *keep,
+                                              DraftBlocksShape shape,
+                                              int64_t slot, int maskTokenId) {
+  int64_t Q = shape.Q();
+  int64_t b = slot / Q, q = slot % Q;
+  int64_t n = q / shape.bs, k = q % shape.bs;
+  int64_t bn = b * shape.N + n;
+  if (k != 0 || !keep[bn])
+    return maskTokenId;
+  return inputIds[b * shape.S + anchors[bn]];
+}
+
+/// One CTA per draft slot; H/8 16-byte vectors per row.
+template <int H>
+__global__ void __launch_bounds__(128)
+    draft_embed_bf16_kernel(const __nv_bfloat16 *embed, const int32_t *inputIds,
+                            const int32_t *anchors, const uint8_t *keep,
+                            __nv_bfloat16 *out, int32_t *tokensOut,
+                            DraftBlocksShape shape, int maskTokenId) {
+  static_assert(H % 8 == 0, "hidden size must be a multiple of 8");
+  const int64_t slot = blockIdx.x;
+  int32_t token = draftToken(inputIds, anchors, keep, shape, slot, maskTokenId);
+  if (tokensOut && threadIdx.x == 0)
+    tokensOut[slot] = token;
+  const uint4 *src =
+      reinterpret_cast<const uint4 *>(embed + static_cast<int64_t>(token) * H);
+  uint4 *dst = reinterpret_cast<uint4 *>(out + slot * H);
+  for (int c = threadIdx.x; c < H / 8; c += blockDim.x)
+    dst[c] = src[c];
+}
+
+__global__ void draft_positions_kernel(const int32_t *anchors, int32_t *out,
+                                       DraftBlocksShape shape) {
+  int64_t total = shape.B * shape.Q();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t b = i / shape.Q(), q = i % shape.Q();
+    out[i] = anchors[b * shape.N + q / shape.bs] +
+             static_cast<int32_t>(q % shape.bs);
+  }
+}
+
+__global__ void sequence_positions_kernel(int32_t *out, int64_t B, int64_t T) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < B * T; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = static_cast<int32_t>(i % T);
+}
+
+__global__ void draft_targets_kernel(const int32_t *inputIds,
+                                     const uint8_t *lossMask,
+                                     const int32_t *anchors,
+                                     const uint8_t *keep, int32_t *labels,
+                                     float *weights, DraftBlocksShape shape,
+                                     double gamma) {
+  int64_t total = shape.B * shape.Q();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    int64_t b = i / shape.Q(), q = i % shape.Q();
+    int64_t n = q / shape.bs, k = q % shape.bs;
+    int64_t bn = b * shape.N + n;
+    int64_t pos = anchors[bn] + k;
+    bool inside = pos < shape.S;
+    labels[i] = inside ? inputIds[b * shape.S + pos] : 0;
+    double w = 0.0;
+    if (keep[bn] && inside && k > 0 && lossMask[b * shape.S + pos])
+      w = gamma > 0 ? exp(-static_cast<double>(k - 1) / gamma) : 1.0;
+    weights[i] = static_cast<float>(w);
+  }
+}
+
+inline unsigned gridFor(int64_t total) {
+  int64_t blocks = (total + 255) / 256;
+  if (blocks > 4096)
+    blocks = 4096;
+  return static_cast<unsigned>(blocks > 0 ? blocks : 1);
+}
+
+} // namespace detail
+
+/// out [B, Q, H] = embed[draft tokens]; tokensOut [B, Q] (optional) gets
+/// the ids. embed [V, H], inputIds [B, S], anchors/keep [B, N].
+template <int H>
+void draft_embed_bf16(const __nv_bfloat16 *embed, const int32_t *inputIds,
+                      const int32_t *anchors, const uint8_t *keep,
+                      __nv_bfloat16 *out, int32_t *tokensOut,
+                      DraftBlocksShape shape, int maskTokenId,
+                      cudaStream_t stream) {
+  int64_t slots = shape.B * shape.Q();
+  if (slots == 0)
+    return;
+  detail::draft_embed_bf16_kernel<H>
+      <<<static_cast<unsigned>(slots), 128, 0, stream>>>(
+          embed, inputIds, anchors, keep, out, tokensOut, shape, maskTokenId);
+  DFLASH_CUDA_CHECK_LAUNCH("draft_embed_bf16");
+}
+
+/// out [B, Q] = anchor + k.
+inline void draft_positions(const int32_t *anchors, int32_t *out,
+                            DraftBlocksShape shape, cudaStream_t stream) {
+  detail::draft_positions_kernel<<<detail::gridFor(shape.B * shape.Q()), 256, 0,
+                                   stream>>>(anchors, out, shape);
+  DFLASH_CUDA_CHECK_LAUNCH("draft_positions");
+}
+
+/// out [B, T] = t.
+inline void sequence_positions(int32_t *out, int64_t B, int64_t T,
+                               cudaStream_t stream) {
+  detail::sequence_positions_kernel<<<detail::gridFor(B * T), 256, 0, stream>>>(
+      out, B, T);
+  DFLASH_CUDA_CHECK_LAUNCH("sequence_positions");
+}
+
+/// labels [B, Q] int32 and weights [B, Q] fp32 of the draft outputs.
+inline void draft_targets(const int32_t *inputIds, const uint8_t *lossMask,
+                          const int32_t *anchors, const uint8_t *keep,
+                          int32_t *labels, float *weights,
+                          DraftBlocksShape shape, double gamma,
+                          cudaStream_t stream) {
+  detail::draft_targets_kernel<<<detail::gridFor(shape.B * shape.Q()), 256, 0,
+                                 stream>>>(inputIds, lossMask, anchors, keep,
+                                           labels, weights, shape, gamma);
+  DFLASH_CUDA_CHECK_LAUNCH("draft_targets");
+}
+
+} // namespace dflash::kernels
+
+#endif // DFLASH_KERNELS_DRAFTBLOCKS_CUH

@@ -1,0 +1,253 @@
+//===- LmHeadCrossEntropy.cuh - Chunked lm_head + CE -----------*- CUDA -*-===//
+//
+// sum(w * CE(y lm_head^T, label)) and its gradient with respect to y without
+// ever holding the logits of every row (SEMANTICS.md section 4). Per chunk
+// of rows:
+//   1. logits = y_c lm_head^T               cuBLASLt, bf16 into the chunk
+//   buffer
+//   2. one CTA per row: max/argmax/log-sum-exp in fp32 from the bf16 logits,
+//      the row's loss, weight and accuracy terms, then
+//      d(logits) = w * dLossSum * (softmax - onehot), bf16, in place
+//   3. dy_c = d(logits) lm_head               cuBLASLt
+// The per-row terms are summed at the end in a fixed order (double), so the
+// four results are deterministic. lm_head is frozen: no weight gradient.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_LMHEADCROSSENTROPY_CUH
+#define DFLASH_KERNELS_LMHEADCROSSENTROPY_CUH
+
+#include "kernels/CudaCheck.cuh"
+#include "kernels/Gemm.cuh"
+#include "kernels/Reduce.cuh"
+
+#include <climits>
+#include <cstdint>
+#include <cuda_bf16.h>
+
+namespace dflash::kernels {
+
+struct LmHeadCrossEntropyArgs {
+  const __nv_bfloat16 *y;      ///< [rows, H]
+  const __nv_bfloat16 *lmHead; ///< [V, H]
+  const int32_t *labels;       ///< [rows]
+  const float *weights;        ///< [rows]
+  /// Device scalar: d(loss) / d(sum w * CE), e.g. 1 / global sum(w);
+  /// nullptr means 1.
+  const float *dLossSum;
+  __nv_bfloat16 *dy; ///< [rows, H] (overwritten)
+  /// [4]: sum(w * CE), sum(w), sum([argmax == label] [w > 0]), sum([w > 0]).
+  float *sums;
+  __nv_bfloat16 *logitsChunk; ///< workspace [chunkRows, V]
+  float *rowTerms;            ///< workspace [rows, 4]
+  int64_t rows, V, H, chunkRows;
+};
+
+namespace detail {
+
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2eF = 1.4426950408889634f;
+
+/// Combines two (max, sum of 2^(x - max)) pairs in base 2.
+__device__ __forceinline__ void combineLse(float &m, float &s, float m2,
+                                           float s2) {
+  float mn = fmaxf(m, m2);
+  if (mn == -INFINITY)
+    return;
+  s = s * exp2f(m - mn) + s2 * exp2f(m2 - mn);
+  m = mn;
+}
+
+/// Keeps the larger value, the lower index on ties (first maximum).
+__device__ __forceinline__ void combineArgmax(float &v, int &i, float v2,
+                                              int i2) {
+  if (v2 > v || (v2 == v && i2 < i)) {
+    v = v2;
+    i = i2;
+  }
+}
+
+template <int Threads>
+__global__ void __launch_bounds__(Threads)
+    cross_entropy_rows_bf16_kernel(__nv_bfloat16 *logits, int64_t V,
+                                   const int32_t *labels, const float *weights,
+                                   const float *dLossSum, float *rowTerms) {
+  constexpr int kWarps = Threads / 32;
+  __shared__ float sM[kWarps], sS[kWarps], sBest[kWarps];
+  __shared__ int sIdx[kWarps];
+  __shared__ float sLabelLogit;
+  const int64_t row = blockIdx.x;
+  __nv_bfloat16 *x = logits + row * V;
+  const int label = labels[row];
+  const float w = weights[row];
+  const bool vec = V % 8 == 0;
+
+  float m = -INFINITY, s = 0.f, best = -INFINITY;
+  int bestIdx = INT_MAX;
+  if (vec) {
+    const uint4 *xv = reinterpret_cast<const uint4 *>(x);
+    for (int64_t v = threadIdx.x; v < V / 8; v += Threads) {
+      float f[8];
+      unpackBf16x8(xv[v], f);
+      float lmax = f[0];
+      int li = 0;
+#pragma unroll
+      for (int e = 1; e < 8; ++e)
+        if (f[e] > lmax) {
+          lmax = f[e];
+          li = e;
+        }
+      if (lmax > best) {
+        best = lmax;
+        bestIdx = static_cast<int>(v * 8 + li);
+      }
+      float mn = fmaxf(m, lmax * kLog2eF);
+      float acc = 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        acc += exp2f(f[e] * kLog2eF - mn);
+      s = s * exp2f(m - mn) + acc;
+      m = mn;
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < V; v += Threads) {
+      float f = __bfloat162float(x[v]);
+      if (f > best) {
+        best = f;
+        bestIdx = static_cast<int>(v);
+      }
+      float mn = fmaxf(m, f * kLog2eF);
+      s = s * exp2f(m - mn) + exp2f(f * kLog2eF - mn);
+      m = mn;
+    }
+  }
+  if (threadIdx.x == 0)
+    sLabelLogit = __bfloat162float(x[label]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    combineLse(m, s, __shfl_xor_sync(0xffffffffu, m, o),
+               __shfl_xor_sync(0xffffffffu, s, o));
+    combineArgmax(best, bestIdx, __shfl_xor_sync(0xffffffffu, best, o),
+                  __shfl_xor_sync(0xffffffffu, bestIdx, o));
+  }
+  if (threadIdx.x % 32 == 0) {
+    sM[threadIdx.x / 32] = m;
+    sS[threadIdx.x / 32] = s;
+    sBest[threadIdx.x / 32] = best;
+    sIdx[threadIdx.x / 32] = bestIdx;
+  }
+  __syncthreads();
+  m = sM[0];
+  s = sS[0];
+  best = sBest[0];
+  bestIdx = sIdx[0];
+  for (int i = 1; i < kWarps; ++i) {
+    combineLse(m, s, sM[i], sS[i]);
+    combineArgmax(best, bestIdx, sBest[i], sIdx[i]);
+  }
+  const float lse2 = m + log2f(s); // log2-sum-exp2 of x * log2(e)
+  if (threadIdx.x == 0) {
+    float loss = lse2 * kLn2 - sLabelLogit;
+    float *t = rowTerms + row * 4;
+    t[0] = w * loss;
+    t[1] = w;
+    t[2] = (w > 0.f && bestIdx == label) ? 1.f : 0.f;
+    t[3] = w > 0.f ? 1.f : 0.f;
+  }
+
+  // Gradient in place: every read of this row happened before the barrier.
+  const float scale = w * (dLossSum ? *dLossSum : 1.f);
+  if (vec) {
+    uint4 *xv = reinterpret_cast<uint4 *>(x);
+    for (int64_t v = threadIdx.x; v < V / 8; v += Threads) {
+      float f[8];
+      if (scale != 0.f) {
+        unpackBf16x8(xv[v], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          float p = exp2f(f[e] * kLog2eF - lse2);
+          f[e] = scale * (p - (v * 8 + e == label ? 1.f : 0.f));
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+          f[e] = 0.f;
+      }
+      xv[v] = packBf16x8(f);
+    }
+  } else {
+    for (int64_t v = threadIdx.x; v < V; v += Threads) {
+      float g = 0.f;
+      if (scale != 0.f) {
+        float p = exp2f(__bfloat162float(x[v]) * kLog2eF - lse2);
+        g = scale * (p - (v == label ? 1.f : 0.f));
+      }
+      x[v] = __float2bfloat16(g);
+    }
+  }
+}
+
+/// sums[i] = sum over rows of rowTerms[row, i], one CTA, fixed order.
+__global__ void __launch_bounds__(1024)
+    cross_entropy_sums_kernel(const float *rowTerms, int64_t rows,
+                              float *sums) {
+  __shared__ double part[32][4];
+  double acc[4] = {0, 0, 0, 0};
+  for (int64_t r = threadIdx.x; r < rows; r += 1024)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[i] += rowTerms[r * 4 + i];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+  if (threadIdx.x % 32 == 0)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      part[threadIdx.x / 32][i] = acc[i];
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    double t = 0;
+    for (int w = 0; w < 32; ++w)
+      t += part[w][threadIdx.x];
+    sums[threadIdx.x] = static_cast<float>(t);
+  }
+}
+
+} // namespace detail
+
+/// Bytes of the two workspaces: the logits chunk and the per-row terms.
+inline size_t lmHeadCrossEntropyChunkBytes(int64_t chunkRows, int64_t V) {
+  return static_cast<size_t>(chunkRows) * V * sizeof(__nv_bfloat16);
+}
+inline size_t lmHeadCrossEntropyRowTermBytes(int64_t rows) {
+  return static_cast<size_t>(rows) * 4 * sizeof(float);
+}
+
+/// Forward and backward of lm_head + weighted CE, chunk by chunk.
+inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
+                                       const LmHeadCrossEntropyArgs &args,
+                                       cudaStream_t stream) {
+  constexpr int kThreads = 512;
+  for (int64_t r0 = 0; r0 < args.rows; r0 += args.chunkRows) {
+    int64_t m =
+        args.rows - r0 < args.chunkRows ? args.rows - r0 : args.chunkRows;
+    gemm.linear(args.y + r0 * args.H, args.lmHead, args.logitsChunk, m, args.V,
+                args.H, stream);
+    detail::cross_entropy_rows_bf16_kernel<kThreads>
+        <<<static_cast<unsigned>(m), kThreads, 0, stream>>>(
+            args.logitsChunk, args.V, args.labels + r0, args.weights + r0,
+            args.dLossSum, args.rowTerms + r0 * 4);
+    DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_rows_bf16");
+    gemm.linearGradInput(args.logitsChunk, args.lmHead, args.dy + r0 * args.H,
+                         m, args.V, args.H, stream);
+  }
+  detail::cross_entropy_sums_kernel<<<1, 1024, 0, stream>>>(
+      args.rowTerms, args.rows, args.sums);
+  DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_sums");
+}
+
+} // namespace dflash::kernels
+
+#endif // DFLASH_KERNELS_LMHEADCROSSENTROPY_CUH

@@ -1,0 +1,251 @@
+//===- AttentionGpuTest.cu - Block attention vs reference -----------------===//
+//
+// sm90_block_attention_{fwd,bwd}_bf16 against ref::blockAttention(Grad) in
+// double on the same bf16-rounded inputs, over the template configurations
+// of the shipped drafters (and small ones that stress the tiling), with
+// anchors at 0, 1 and S-2, windows wider than the context, and keep = 0
+// blocks both trailing (as the sampler writes them) and scattered.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kernels/BlockAttention.cuh"
+#include "kernels/reference/Reference.h"
+#include "test/gpu/GpuTestUtil.h"
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+
+using namespace dflash;
+using namespace dflash::gputest;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+enum class Anchors {
+  SortedTrailingKeep0, ///< sampler layout: ascending, unused slots (0, keep 0)
+  ScatteredKeep0,      ///< keep = 0 anywhere, anchors still ascending
+  NoneKept,            ///< every slot keep = 0
+};
+
+void makeAnchors(int B, int S, int N, Anchors mode, std::mt19937_64 &rng,
+                 std::vector<int32_t> &anchors, std::vector<uint8_t> &keep) {
+  anchors.assign(static_cast<size_t>(B) * N, 0);
+  keep.assign(static_cast<size_t>(B) * N, 0);
+  for (int b = 0; b < B; ++b) {
+    if (mode == Anchors::NoneKept)
+      continue;
+    int used = mode == Anchors::SortedTrailingKeep0 ? std::max(1, N - 3) : N;
+    used = std::min(used, S - 1);
+    std::set<int> chosen;
+    // The edges: the first anchor with no context, and the last possible.
+    chosen.insert(0);
+    if (used > 1)
+      chosen.insert(S - 2);
+    if (used > 2)
+      chosen.insert(1);
+    std::uniform_int_distribution<int> pos(0, S - 2);
+    while (static_cast<int>(chosen.size()) < used)
+      chosen.insert(pos(rng));
+    int n = 0;
+    for (int a : chosen) {
+      anchors[b * N + n] = a;
+      keep[b * N + n] = 1;
+      ++n;
+    }
+    if (mode == Anchors::ScatteredKeep0) {
+      std::bernoulli_distribution drop(0.2);
+      for (int i = 0; i < N; ++i)
+        if (drop(rng))
+          keep[b * N + i] = 0; // anchor left as it is
+    }
+  }
+}
+
+/// One random problem, its double-precision reference, and the device
+/// buffers every kernel variant is checked with.
+struct Problem {
+  int B, S, N, Q;
+  size_t qElems, ctxElems, draftElems;
+  Bf16Tensor q, ck, cv, dk, dv, dOut;
+  std::vector<int32_t> anchors;
+  std::vector<uint8_t> keep;
+  DeviceBuffer<int32_t> dAnchors;
+  DeviceBuffer<uint8_t> dKeep;
+  std::vector<double> refOut, refLse, refDq, refDck, refDcv, refDdk, refDdv;
+
+  Problem(int B, int S, int N, int bs, int nh, int nkv, int d, int window,
+          bool causal, Anchors mode, std::mt19937_64 &rng)
+      : B(B), S(S), N(N), Q(N * bs), qElems(size_t(B) * N * bs * nh * d),
+        ctxElems(size_t(B) * S * nkv * d),
+        draftElems(size_t(B) * N * bs * nkv * d),
+        q(randomBf16(qElems, rng, 1.5)), ck(randomBf16(ctxElems, rng)),
+        cv(randomBf16(ctxElems, rng)), dk(randomBf16(draftElems, rng)),
+        dv(randomBf16(draftElems, rng)), dOut(randomBf16(qElems, rng)),
+        dAnchors(size_t(B) * N), dKeep(size_t(B) * N) {
+    makeAnchors(B, S, N, mode, rng, anchors, keep);
+    dAnchors.upload(anchors);
+    dKeep.upload(keep);
+    ref::AttentionShape shape{B, S, N, bs, nh, nkv, d};
+    shape.window = window;
+    shape.causal = causal;
+    refOut.resize(qElems);
+    refLse.resize(size_t(B) * Q * nh);
+    ref::blockAttention(q.values.data(), ck.values.data(), cv.values.data(),
+                        dk.values.data(), dv.values.data(), anchors.data(),
+                        keep.data(), refOut.data(), refLse.data(), shape);
+    refDq.resize(qElems);
+    refDck.resize(ctxElems);
+    refDcv.resize(ctxElems);
+    refDdk.resize(draftElems);
+    refDdv.resize(draftElems);
+    ref::blockAttentionGrad(
+        dOut.values.data(), q.values.data(), ck.values.data(), cv.values.data(),
+        dk.values.data(), dv.values.data(), anchors.data(), keep.data(),
+        refOut.data(), refLse.data(), refDq.data(), refDck.data(),
+        refDcv.data(), refDdk.data(), refDdv.data(), shape);
+  }
+};
+
+/// Forward variant MT (m-tiles per warp), KT (keys per tile); leaves out and
+/// lse for the backward.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int MT,
+          int KT>
+void checkForward(const Problem &p, DeviceBuffer<bf16> &out,
+                  DeviceBuffer<float> &lse) {
+  SCOPED_TRACE(testing::Message() << "forward MT=" << MT << " KT=" << KT);
+  out.poison();
+  lse.poison();
+  kernels::BlockAttentionFwdArgs fa{p.q.ptr(),     p.ck.ptr(), p.cv.ptr(),
+                                    p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
+                                    p.dKeep.get(), out.get(),  lse.get(),
+                                    p.B,           p.S,        p.N};
+  kernels::sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, MT,
+                                         KT>(fa, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> gotOut = downloadBf16(out), gotLse = downloadF32(lse);
+  EXPECT_CLOSE(gotOut, p.refOut, 1e-2, "out");
+  double lseErr = 0;
+  for (size_t i = 0; i < p.refLse.size(); ++i) {
+    if (std::isinf(p.refLse[i]) || std::isinf(gotLse[i]) ||
+        std::isnan(gotLse[i])) {
+      if (gotLse[i] != p.refLse[i])
+        lseErr = INFINITY;
+      continue;
+    }
+    lseErr = std::max(lseErr, std::abs(gotLse[i] - p.refLse[i]));
+  }
+  EXPECT_LE(lseErr, 2e-3) << "lse max abs error";
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          kernels::BlockAttentionDq DQ>
+void checkBackward(const Problem &p, const DeviceBuffer<bf16> &out,
+                   const DeviceBuffer<float> &lse) {
+  SCOPED_TRACE(testing::Message() << "backward dq mode " << int(DQ));
+  DeviceBuffer<bf16> dq(p.qElems), dck(p.ctxElems), dcv(p.ctxElems),
+      ddk(p.draftElems), ddv(p.draftElems);
+  DeviceBuffer<float> dqAccum(p.qElems), dot(p.refLse.size());
+  for (auto *buf : {&dq, &dck, &dcv, &ddk, &ddv})
+    buf->poison();
+  dqAccum.poison();
+  dot.poison();
+  kernels::BlockAttentionBwdArgs ba{};
+  ba.dOut = p.dOut.ptr();
+  ba.q = p.q.ptr();
+  ba.contextKeys = p.ck.ptr();
+  ba.contextValues = p.cv.ptr();
+  ba.draftKeys = p.dk.ptr();
+  ba.draftValues = p.dv.ptr();
+  ba.anchors = p.dAnchors.get();
+  ba.keep = p.dKeep.get();
+  ba.out = out.get();
+  ba.lse = lse.get();
+  ba.dq = dq.get();
+  ba.dContextKeys = dck.get();
+  ba.dContextValues = dcv.get();
+  ba.dDraftKeys = ddk.get();
+  ba.dDraftValues = ddv.get();
+  ba.dqAccum = dqAccum.get();
+  ba.dOutDotOut = dot.get();
+  ba.B = p.B;
+  ba.S = p.S;
+  ba.N = p.N;
+  kernels::sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, DQ>(ba,
+                                                                             0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  const double tol = 2e-2;
+  EXPECT_CLOSE(downloadBf16(dq), p.refDq, tol, "dq");
+  EXPECT_CLOSE(downloadBf16(dck), p.refDck, tol, "dContextKeys");
+  EXPECT_CLOSE(downloadBf16(dcv), p.refDcv, tol, "dContextValues");
+  EXPECT_CLOSE(downloadBf16(ddk), p.refDdk, tol, "dDraftKeys");
+  EXPECT_CLOSE(downloadBf16(ddv), p.refDdv, tol, "dDraftValues");
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void runCase(int B, int S, int N, Anchors mode, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
+               << " WINDOW=" << WINDOW << " CAUSAL=" << CAUSAL << " B=" << B
+               << " S=" << S << " N=" << N << " mode=" << int(mode));
+  std::mt19937_64 rng(seed);
+  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng);
+  DeviceBuffer<bf16> out(p.qElems);
+  DeviceBuffer<float> lse(p.refLse.size());
+  checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 1, 64>(p, out, lse);
+  checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(p, out, lse);
+  checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 32>(p, out, lse);
+  // The backward reads the forward's out and lse (the last variant's).
+  using kernels::BlockAttentionDq;
+  checkBackward<D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::AtomicVec4>(
+      p, out, lse);
+  checkBackward<D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::BulkReduce>(
+      p, out, lse);
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void sweep(int B, int S, int N, uint64_t seed) {
+  runCase<D, BS, NH, NKV, WINDOW, CAUSAL>(B, S, N, Anchors::SortedTrailingKeep0,
+                                          seed);
+  runCase<D, BS, NH, NKV, WINDOW, CAUSAL>(B, S, N, Anchors::ScatteredKeep0,
+                                          seed + 1);
+}
+
+} // namespace
+
+// qwen3-8b b16: 32/8 heads, d 128, two blocks (128 rows) per forward CTA.
+TEST(BlockAttention, Qwen3FullBs16) {
+  sweep<128, 16, 32, 8, 0, false>(2, 300, 20, 1);
+  sweep<128, 16, 32, 8, 0, false>(1, 131, 19, 2); // odd N: half-empty last CTA
+}
+
+// Sliding layer: window 64 < context, causal in-block; and W 2048 > S.
+TEST(BlockAttention, SlidingWindowCausal) {
+  sweep<128, 16, 32, 8, 64, true>(2, 300, 20, 3);
+  sweep<128, 16, 32, 8, 2048, true>(2, 260, 16, 4);
+}
+
+// gpt-oss-20b b8: 64/8 heads (8 per group), d 64.
+TEST(BlockAttention, GptOssBs8) {
+  sweep<64, 8, 16, 2, 0, false>(2, 200, 24, 5);
+}
+
+// Llama b10: 40 rows per block, three blocks per CTA, 120 of 128 rows used.
+TEST(BlockAttention, LlamaBs10) {
+  sweep<128, 10, 8, 2, 0, false>(2, 220, 20, 6);
+}
+
+// 128 rows per block: the backward's 64-row query tiles split blocks.
+TEST(BlockAttention, GroupOf8Bs16) {
+  sweep<128, 16, 8, 1, 0, false>(2, 200, 10, 7);
+}
+
+// Small blocks (bs 4, 16 blocks per CTA), tiny window, causal.
+TEST(BlockAttention, SmallBlocksWindow7) {
+  sweep<64, 4, 4, 2, 7, true>(2, 100, 30, 8);
+  sweep<64, 4, 4, 2, 0, false>(1, 40, 37, 9);
+}
+
+TEST(BlockAttention, NothingKept) {
+  runCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 10);
+}

@@ -1,0 +1,255 @@
+//===- DenseGpuTest.cu - Norm, RoPE, SwiGLU, draft kernels ----------------===//
+//
+// rms_norm (with and without the fused residual add), q/k norm + RoPE,
+// SwiGLU (strided, vector and scalar paths) and the draft bookkeeping kernels
+// against kernels/reference in double on the same bf16-rounded inputs.
+//
+//===----------------------------------------------------------------------===//
+
+#include "kernels/DraftBlocks.cuh"
+#include "kernels/QkNormRope.cuh"
+#include "kernels/RmsNorm.cuh"
+#include "kernels/SwiGlu.cuh"
+#include "kernels/reference/Reference.h"
+#include "test/gpu/GpuTestUtil.h"
+
+using namespace dflash;
+using namespace dflash::gputest;
+using bf16 = __nv_bfloat16;
+
+namespace {
+
+template <int H> void rmsNormCase(int64_t rows, bool residual, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "H=" << H << " rows=" << rows << " residual=" << residual);
+  std::mt19937_64 rng(seed);
+  const float eps = 1e-6f;
+  Bf16Tensor x = randomBf16(rows * H, rng, 2.0);
+  Bf16Tensor delta = randomBf16(rows * H, rng, 1.0);
+  Bf16Tensor w = randomBf16(H, rng, 0.3, 1.0);
+  // The normalised input: the bf16 sum the kernel stores, or x.
+  std::vector<double> in = x.values;
+  if (residual)
+    for (size_t i = 0; i < in.size(); ++i)
+      in[i] = roundBf16(static_cast<float>(x.values[i]) +
+                        static_cast<float>(delta.values[i]));
+  std::vector<double> ref(rows * H);
+  ref::rmsNorm(in.data(), w.values.data(), ref.data(), rows, H, eps);
+
+  DeviceBuffer<bf16> y(rows * H), sum(rows * H);
+  y.poison();
+  sum.poison();
+  kernels::rms_norm_fwd_bf16<H>(x.ptr(), residual ? delta.ptr() : nullptr,
+                                w.ptr(), residual ? sum.get() : nullptr,
+                                y.get(), rows, eps, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(y), ref, 1e-2, "y");
+  if (residual)
+    EXPECT_CLOSE(downloadBf16(sum), in, 0.0, "x + delta");
+
+  // Backward, with the residual stream's gradient added when fused.
+  Bf16Tensor dy = randomBf16(rows * H, rng);
+  Bf16Tensor dres = randomBf16(rows * H, rng);
+  std::vector<double> refDx(rows * H), refDw(H);
+  ref::rmsNormGrad(dy.values.data(), in.data(), w.values.data(), refDx.data(),
+                   refDw.data(), rows, H, eps);
+  if (residual)
+    for (size_t i = 0; i < refDx.size(); ++i)
+      refDx[i] += dres.values[i];
+  Bf16Tensor xin(rows * H);
+  for (size_t i = 0; i < in.size(); ++i)
+    xin.set(i, static_cast<float>(in[i]));
+  xin.upload();
+  DeviceBuffer<bf16> dx(rows * H), dwBf16(H);
+  DeviceBuffer<float> dwF32(H), ws(kernels::rmsNormBwdWorkspaceBytes(H) / 4);
+  dx.poison();
+  dwBf16.poison();
+  dwF32.poison();
+  ws.poison();
+  kernels::rms_norm_bwd_bf16<H>(dy.ptr(), xin.ptr(), w.ptr(),
+                                residual ? dres.ptr() : nullptr, dx.get(),
+                                dwF32.get(), rows, eps, ws.get(), 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(dx), refDx, 1e-2, "dx");
+  EXPECT_CLOSE(downloadF32(dwF32), refDw, 1e-4, "dw fp32");
+  dx.poison();
+  kernels::rms_norm_bwd_bf16<H>(dy.ptr(), xin.ptr(), w.ptr(),
+                                residual ? dres.ptr() : nullptr, dx.get(),
+                                dwBf16.get(), rows, eps, ws.get(), 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(dwBf16), refDw, 1e-2, "dw bf16");
+}
+
+template <int D, int HEADS>
+void qkNormRopeCase(int64_t rows, double theta, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "D=" << D << " HEADS=" << HEADS << " rows=" << rows);
+  std::mt19937_64 rng(seed);
+  const float eps = 1e-6f;
+  const int64_t n = rows * HEADS * D;
+  Bf16Tensor x = randomBf16(n, rng, 3.0);
+  Bf16Tensor w = randomBf16(D, rng, 0.2, 1.0);
+  std::vector<int32_t> pos(rows);
+  std::uniform_int_distribution<int> pd(0, 4200);
+  for (auto &p : pos)
+    p = pd(rng);
+  DeviceBuffer<int32_t> dPos(rows);
+  dPos.upload(pos);
+
+  std::vector<double> normed(n), ref(n);
+  ref::rmsNorm(x.values.data(), w.values.data(), normed.data(), rows * HEADS, D,
+               eps);
+  for (auto &v : normed)
+    v = roundBf16(v); // the kernel rounds between norm and rotation
+  ref::rope(normed.data(), pos.data(), ref.data(), rows, HEADS, D, theta);
+  DeviceBuffer<bf16> y(n);
+  y.poison();
+  kernels::qk_norm_rope_fwd_bf16<D, HEADS>(x.ptr(), w.ptr(), dPos.get(),
+                                           y.get(), rows, eps,
+                                           static_cast<float>(theta), 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(y), ref, 1e-2, "y");
+
+  Bf16Tensor dy = randomBf16(n, rng);
+  std::vector<double> dn(n), refDx(n), refDw(D);
+  ref::ropeGrad(dy.values.data(), pos.data(), dn.data(), rows, HEADS, D, theta);
+  ref::rmsNormGrad(dn.data(), x.values.data(), w.values.data(), refDx.data(),
+                   refDw.data(), rows * HEADS, D, eps);
+  DeviceBuffer<bf16> dx(n);
+  DeviceBuffer<float> dw(D), ws(kernels::qkNormRopeBwdWorkspaceBytes(D) / 4);
+  dx.poison();
+  dw.poison();
+  ws.poison();
+  kernels::qk_norm_rope_bwd_bf16<D, HEADS>(
+      dy.ptr(), x.ptr(), w.ptr(), dPos.get(), dx.get(), dw.get(), rows, eps,
+      static_cast<float>(theta), ws.get(), 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(dx), refDx, 1e-2, "dx");
+  EXPECT_CLOSE(downloadF32(dw), refDw, 1e-4, "dw");
+}
+
+/// gate and up are the halves of one [rows, 2I] projection (row stride 2I).
+void swigluCase(int64_t rows, int64_t I, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "rows=" << rows << " I=" << I);
+  std::mt19937_64 rng(seed);
+  Bf16Tensor gu = randomBf16(rows * 2 * I, rng, 2.0);
+  std::vector<double> g(rows * I), u(rows * I);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < I; ++c) {
+      g[r * I + c] = gu.values[r * 2 * I + c];
+      u[r * I + c] = gu.values[r * 2 * I + I + c];
+    }
+  std::vector<double> ref(rows * I);
+  ref::swiglu(g.data(), u.data(), ref.data(), rows * I);
+  DeviceBuffer<bf16> y(rows * I);
+  y.poison();
+  kernels::StridedBf16 gate{gu.ptr(), 2 * I}, up{gu.ptr() + I, 2 * I};
+  kernels::swiglu_fwd_bf16(gate, up, {y.get(), I}, rows, I, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(y), ref, 1e-2, "y");
+
+  Bf16Tensor dy = randomBf16(rows * I, rng);
+  std::vector<double> refDg(rows * I), refDu(rows * I);
+  ref::swigluGrad(dy.values.data(), g.data(), u.data(), refDg.data(),
+                  refDu.data(), rows * I);
+  DeviceBuffer<bf16> dgu(rows * 2 * I);
+  dgu.poison();
+  kernels::swiglu_bwd_bf16({dy.ptr(), I}, gate, up, {dgu.get(), 2 * I},
+                           {dgu.get() + I, 2 * I}, rows, I, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> got = downloadBf16(dgu), gotDg(rows * I), gotDu(rows * I);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < I; ++c) {
+      gotDg[r * I + c] = got[r * 2 * I + c];
+      gotDu[r * I + c] = got[r * 2 * I + I + c];
+    }
+  EXPECT_CLOSE(gotDg, refDg, 1e-2, "dgate");
+  EXPECT_CLOSE(gotDu, refDu, 1e-2, "dup");
+}
+
+} // namespace
+
+TEST(RmsNorm, Hidden4096) {
+  rmsNormCase<4096>(97, false, 1);
+  rmsNormCase<4096>(97, true, 2);
+}
+TEST(RmsNorm, Hidden2880PartialVectors) {
+  rmsNormCase<2880>(50, true, 3);
+  rmsNormCase<2880>(1100, false, 4); // more rows than CTAs of the backward
+}
+TEST(RmsNorm, Hidden64) { rmsNormCase<64>(33, true, 5); }
+
+TEST(QkNormRope, Head128) {
+  qkNormRopeCase<128, 32>(70, 1e6, 6);
+  qkNormRopeCase<128, 8>(1500, 1e6, 7);
+}
+TEST(QkNormRope, Head64) {
+  qkNormRopeCase<64, 64>(40, 1.5e5, 8);
+  qkNormRopeCase<64, 3>(50, 1e4, 9); // partial warp of head slots
+}
+
+TEST(SwiGlu, VectorAndScalar) {
+  swigluCase(37, 96, 10);
+  swigluCase(21, 13, 11); // odd width: scalar path
+}
+
+TEST(DraftBlocks, EmbedPositionsTargets) {
+  std::mt19937_64 rng(12);
+  const int B = 3, S = 90, N = 7, bs = 16, V = 500, mask = 499;
+  constexpr int H = 264;
+  kernels::DraftBlocksShape shape{B, S, N, bs};
+  const int64_t Q = int64_t(N) * bs;
+  std::vector<int32_t> ids(B * S), anchors(B * N);
+  std::vector<uint8_t> keep(B * N), lossMask(B * S);
+  std::uniform_int_distribution<int> tok(0, V - 2), pos(0, S - 2);
+  std::bernoulli_distribution coin(0.7);
+  for (auto &t : ids)
+    t = tok(rng);
+  for (auto &m : lossMask)
+    m = coin(rng);
+  for (int i = 0; i < B * N; ++i) {
+    anchors[i] = i % N == N - 1 ? S - 2 : pos(rng); // one block runs past S
+    keep[i] = coin(rng);
+  }
+  DeviceBuffer<int32_t> dIds(ids.size()), dAnchors(anchors.size());
+  DeviceBuffer<uint8_t> dKeep(keep.size()), dMask(lossMask.size());
+  dIds.upload(ids);
+  dAnchors.upload(anchors);
+  dKeep.upload(keep);
+  dMask.upload(lossMask);
+  Bf16Tensor table = randomBf16(size_t(V) * H, rng);
+
+  std::vector<int32_t> refTokens(B * Q), refPos(B * Q), refLabels(B * Q),
+      refSeq(B * S);
+  std::vector<double> refW(B * Q);
+  ref::draftTokens(ids.data(), anchors.data(), keep.data(), refTokens.data(), B,
+                   S, N, bs, mask);
+  ref::draftPositions(anchors.data(), refPos.data(), B, N, bs);
+  ref::draftTargets(ids.data(), lossMask.data(), anchors.data(), keep.data(),
+                    refLabels.data(), refW.data(), B, S, N, bs, 7.0);
+  ref::sequencePositions(refSeq.data(), B, S);
+  std::vector<double> refX(B * Q * H);
+  ref::embed(table.values.data(), refTokens.data(), refX.data(), B * Q, H);
+
+  DeviceBuffer<bf16> x(B * Q * H);
+  DeviceBuffer<int32_t> tokens(B * Q), dPos(B * Q), labels(B * Q), seq(B * S);
+  DeviceBuffer<float> weights(B * Q);
+  for (auto *b : {&tokens, &dPos, &labels, &seq})
+    b->poison();
+  x.poison();
+  weights.poison();
+  kernels::draft_embed_bf16<H>(table.ptr(), dIds.get(), dAnchors.get(),
+                               dKeep.get(), x.get(), tokens.get(), shape, mask,
+                               0);
+  kernels::draft_positions(dAnchors.get(), dPos.get(), shape, 0);
+  kernels::sequence_positions(seq.get(), B, S, 0);
+  kernels::draft_targets(dIds.get(), dMask.get(), dAnchors.get(), dKeep.get(),
+                         labels.get(), weights.get(), shape, 7.0, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(tokens.download(), refTokens);
+  EXPECT_EQ(dPos.download(), refPos);
+  EXPECT_EQ(labels.download(), refLabels);
+  EXPECT_EQ(seq.download(), refSeq);
+  EXPECT_CLOSE(downloadF32(weights), refW, 1e-7, "weights");
+  EXPECT_CLOSE(downloadBf16(x), refX, 0.0, "embedding rows");
+}
