@@ -10,7 +10,7 @@ from lit.llvm import llvm_config
 config.name = "dflash"
 config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
 config.suffixes = [".mlir", ".toml", ".test"]
-config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "unit", "Inputs"]
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "unit", "gpu", "oracle", "Inputs", "compile-spec.sh"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.dflash_obj_root, "test")
 
@@ -39,6 +39,7 @@ if has_cuda_device():
     config.available_features.add("cuda-device")
 if shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc"):
     config.available_features.add("nvcc")
+    llvm_config.with_environment("PATH", "/usr/local/cuda/bin", append_path=True)
 
 # The independent PyTorch oracle: Debian's python3-torch in CI, PyTorch 2.x on
 # the GPU machine. Without one the oracle tests are unsupported, not passed.

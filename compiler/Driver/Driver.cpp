@@ -3,6 +3,10 @@
 // spec -> (--emit=spec) canonical TOML
 //      -> (--emit=graph) forward graph in the dflash dialect
 //      -> (--emit=train) the whole training step at graph level
+//      -> (--emit=fused) grouped into kernels
+//      -> (--emit=planned) with a static memory plan
+//      -> (--emit=cuda) a trainer directory (step.cu, kernels.cu, ...)
+//      -> (default) that directory built into DIR/train with nvcc
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,6 +15,8 @@
 #include "compiler/Driver/Summary.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Pipelines/Pipelines.h"
+#include "compiler/Target/Cuda/TranslateToCuda.h"
+#include "compiler/Transforms/Passes.h"
 #include "compiler/Spec/Spec.h"
 #include "dialect/DFlashOps.h"
 
@@ -30,7 +36,7 @@ namespace cl = llvm::cl;
 
 namespace {
 
-enum class EmitStage { Spec, Graph, Train };
+enum class EmitStage { Spec, Graph, Train, Fused, Planned, Cuda, Trainer };
 
 cl::OptionCategory category("dflashc options");
 
@@ -38,19 +44,43 @@ cl::opt<std::string> inputFile(cl::Positional, cl::desc("<spec.toml>"),
                                cl::Required, cl::cat(category));
 
 cl::opt<EmitStage> emitStage(
-    "emit", cl::desc("Stage to stop at and print"), cl::init(EmitStage::Graph),
+    "emit", cl::desc("Stage to stop at (default: build the trainer)"),
+    cl::init(EmitStage::Trainer),
     cl::values(
         clEnumValN(EmitStage::Spec, "spec",
                    "the spec with every default resolved, as TOML"),
         clEnumValN(EmitStage::Graph, "graph",
                    "the forward graph in the dflash dialect"),
         clEnumValN(EmitStage::Train, "train",
-                   "the whole step: forward, backward and optimizer")),
+                   "the whole step: forward, backward and optimizer"),
+        clEnumValN(EmitStage::Fused, "fused",
+                   "the step grouped into kernels"),
+        clEnumValN(EmitStage::Planned, "planned",
+                   "the kernels with their static memory plan"),
+        clEnumValN(EmitStage::Cuda, "cuda",
+                   "write the trainer's sources to the -o directory"),
+        clEnumValN(EmitStage::Trainer, "trainer",
+                   "write the sources and build DIR/train with nvcc "
+                   "(default)")),
     cl::cat(category));
 
-cl::opt<std::string> outputFile("o", cl::desc("Output file (default: stdout)"),
-                                cl::value_desc("file"), cl::init("-"),
-                                cl::cat(category));
+cl::opt<std::string> outputFile(
+    "o",
+    cl::desc("Output: a file for IR stages (default: stdout), a directory "
+             "for --emit=cuda and the trainer (default: dflash-<spec name>)"),
+    cl::value_desc("path"), cl::cat(category));
+
+cl::opt<double> gpuMemoryGiB(
+    "gpu-memory",
+    cl::desc("GPU memory budget in GiB that the step must fit (default: the "
+             "spec's [memory] gpu_memory_gib, else none)"),
+    cl::value_desc("GiB"), cl::init(0), cl::cat(category));
+
+cl::opt<std::string> sourceDir(
+    "source-dir",
+    cl::desc("dflashc source tree whose runtime/ and kernels/ the trainer "
+             "is built from (default: the tree dflashc was built from)"),
+    cl::value_desc("dir"), cl::init(DFLASH_SOURCE_DIR), cl::cat(category));
 
 cl::opt<bool> printSummary(
     "summary",
@@ -70,15 +100,20 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   mlir::registerPassManagerCLOptions();
-  cl::HideUnrelatedOptions({&category, &cl::getGeneralCategory()});
+  // libLLVM registers hundreds of backend options; show only ours.
+  cl::HideUnrelatedOptions(category);
   cl::ParseCommandLineOptions(
       argc, argv,
       "dflashc: ahead-of-time compiler for DFlash drafter training\n\n"
       "Reads a drafter spec (TOML, see docs/spec.md) and lowers its training "
       "step\nthrough the dflash dialect.\n\n"
       "  dflashc specs/tiny.toml --emit=spec     canonical spec\n"
-      "  dflashc specs/tiny.toml --emit=graph    forward graph (default)\n"
-      "  dflashc specs/tiny.toml --emit=train    forward, backward, optimizer\n");
+      "  dflashc specs/tiny.toml --emit=graph    forward graph\n"
+      "  dflashc specs/tiny.toml --emit=train    forward, backward, optimizer\n"
+      "  dflashc specs/tiny.toml --emit=planned  kernels and memory plan\n"
+      "  dflashc specs/tiny.toml -o out/tiny     build out/tiny/train (default)\n\n"
+      "MLIR's printing options (--mlir-print-debuginfo, ...) also apply; "
+      "--help-hidden lists them.\n");
 
   SpecError specError;
   std::optional<DrafterSpec> spec = loadSpec(inputFile, specError);
@@ -87,12 +122,20 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     return 1;
   }
 
-  std::string errorMessage;
-  std::unique_ptr<llvm::ToolOutputFile> output =
-      mlir::openOutputFile(outputFile, &errorMessage);
-  if (!output)
-    return fail("cannot open output file '" + outputFile +
-                "': " + errorMessage);
+  bool directoryOutput = emitStage >= EmitStage::Cuda;
+  std::string outputPath = outputFile;
+  if (outputPath.empty())
+    outputPath = directoryOutput ? "dflash-" + spec->name : "-";
+  if (gpuMemoryGiB < 0)
+    return fail("--gpu-memory must be positive");
+  std::unique_ptr<llvm::ToolOutputFile> output;
+  if (!directoryOutput) {
+    std::string errorMessage;
+    output = mlir::openOutputFile(outputPath, &errorMessage);
+    if (!output)
+      return fail("cannot open output file '" + outputPath +
+                  "': " + errorMessage);
+  }
 
   if (emitStage == EmitStage::Spec) {
     output->os() << printCanonicalSpec(*spec);
@@ -120,6 +163,40 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   };
   if (emitStage >= EmitStage::Train && !compileTrainStep(*module))
     return fail("compiling the training step of '" + inputFile + "' failed");
+  if (emitStage >= EmitStage::Fused) {
+    mlir::PassManager pm(&context);
+    if (failed(mlir::applyPassManagerCLOptions(pm)))
+      return fail("invalid pass manager options");
+    if (emitStage == EmitStage::Fused)
+      pm.addPass(createFuseKernels());
+    else
+      buildLowerToKernelsPipeline(pm, gpuMemoryGiB);
+    if (failed(pm.run(*module)))
+      return fail("lowering the training step of '" + inputFile +
+                  "' to kernels failed");
+  }
+
+  if (directoryOutput) {
+    mlir::FailureOr<CudaTrainerSources> sources =
+        translateToCuda(*module, *spec);
+    if (failed(sources))
+      return fail("translating '" + inputFile + "' to CUDA failed");
+    CudaTrainerOptions options;
+    options.outputDir = outputPath;
+    options.sourceDir = sourceDir;
+    std::string error;
+    if (failed(writeCudaTrainer(*sources, options, error)))
+      return fail(error);
+    llvm::errs() << "dflashc: wrote " << outputPath
+                 << "/{step.cu,kernels.cu,kernels.h,main.cpp,manifest.json,"
+                    "CMakeLists.txt}\n";
+    if (printSummary)
+      printStepSummary(llvm::errs(), *spec, *module);
+    if (emitStage == EmitStage::Trainer &&
+        failed(buildCudaTrainer(options, llvm::errs(), error)))
+      return fail(error);
+    return 0;
+  }
 
   module->print(output->os());
   output->os() << "\n";

@@ -161,6 +161,9 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                          b.getF64FloatAttr(spec.beta2),
                          b.getF64FloatAttr(spec.adamEps),
                          b.getF64FloatAttr(spec.weightDecay)));
+  if (spec.gpuMemoryGiB > 0)
+    (*module)->setAttr("dflash.memory_budget_gib",
+                       b.getF64FloatAttr(spec.gpuMemoryGiB));
   Block *entry = func.addEntryBlock();
   for (unsigned i = 0; i < argLocs.size(); ++i)
     entry->getArgument(i).setLoc(argLocs[i]);

@@ -291,17 +291,20 @@ LogicalResult fuseOptimizer(func::FuncOp step) {
 }
 
 void FuseKernelsPass::runOnOperation() {
-  FailureOr<StepSignature> sig = StepSignature::get(getOperation());
-  if (failed(sig))
-    return signalPassFailure();
-  func::FuncOp step = sig->func();
-  fuseDraftEmbed(step);
-  fuseResidualNorm(step);
-  fuseQkNormRope(step);
-  fuseResidualNormGrad(step);
-  fuseGradientAccumulation(step);
-  if (failed(fuseLmHead(step)) || failed(fuseOptimizer(step)))
-    return signalPassFailure();
+  // The groups are local patterns and apply to any function; the optimizer
+  // group needs @step's signature to find the parameters.
+  for (func::FuncOp f : getOperation().getOps<func::FuncOp>()) {
+    if (f.isExternal())
+      continue;
+    fuseDraftEmbed(f);
+    fuseResidualNorm(f);
+    fuseQkNormRope(f);
+    fuseResidualNormGrad(f);
+    fuseGradientAccumulation(f);
+    if (failed(fuseLmHead(f)) ||
+        (f.getSymName() == "step" && failed(fuseOptimizer(f))))
+      return signalPassFailure();
+  }
 }
 
 } // namespace

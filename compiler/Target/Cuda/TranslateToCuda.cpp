@@ -1,0 +1,899 @@
+//===- TranslateToCuda.cpp - Planned step to step.cu and kernels.cu -------===//
+//
+// One case per kernel-level op. Each op becomes a launch in
+// StepProgram::enqueue() with every shape a constant; templated kernels are
+// called through wrappers in kernels.cu named after their constants
+// ("attention_fwd_d128_bs16_nh32_nkv8_w2048_causal"), so that each
+// instantiation is compiled once and the schedule stays readable.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Target/Cuda/TranslateToCuda.h"
+
+#include "compiler/Analysis/FlopCount.h"
+#include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Target/Cuda/Manifest.h"
+#include "dialect/DFlashOps.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+
+namespace {
+
+std::string cType(Type elementType) {
+  if (elementType.isBF16())
+    return "__nv_bfloat16";
+  if (elementType.isF32())
+    return "float";
+  if (elementType.isInteger(32))
+    return "int32_t";
+  if (elementType.isInteger(8))
+    return "uint8_t";
+  return "void";
+}
+
+RankedTensorType tensorOf(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+int64_t rowsOf(Value v) {
+  auto t = tensorOf(v);
+  return t.getNumElements() / t.getShape().back();
+}
+
+std::string formatFloat(double v) {
+  std::string s;
+  llvm::raw_string_ostream(s) << llvm::format("%.9g", v);
+  if (s.find_first_of(".en") == std::string::npos)
+    s += ".0";
+  return s + "f";
+}
+
+/// A double as a C++ literal that reads back exactly.
+std::string doubleText(double v) {
+  std::string s;
+  llvm::raw_string_ostream(s) << llvm::format("%.17g", v);
+  if (s.find_first_of(".en") == std::string::npos)
+    s += ".0";
+  return s;
+}
+
+/// "specs/tiny.toml:27:11 layers.0.self_attn", for comments.
+std::string describeLoc(Location loc) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  if (auto name = dyn_cast<NameLoc>(loc)) {
+    if (auto file = dyn_cast<FileLineColLoc>(name.getChildLoc()))
+      os << file.getFilename().getValue() << ":" << file.getLine() << " ";
+    os << name.getName().getValue();
+  } else if (auto file = dyn_cast<FileLineColLoc>(loc)) {
+    os << file.getFilename().getValue() << ":" << file.getLine();
+  }
+  return s;
+}
+
+class StepEmitter {
+public:
+  StepEmitter(ModuleOp module, const DrafterSpec &spec,
+              const StepSignature &sig)
+      : module(module), spec(spec), sig(sig) {}
+
+  LogicalResult emit(CudaTrainerSources &out);
+
+private:
+  ModuleOp module;
+  const DrafterSpec &spec;
+  const StepSignature &sig;
+  std::string body, wrapperDecls, wrapperDefs;
+  llvm::raw_string_ostream os{body};
+  llvm::StringSet<> wrappers;
+  /// Metric buffers follow the arguments: loss, acc, grad_norm, lr.
+  llvm::SmallVector<std::pair<std::string, unsigned>> metrics;
+  std::optional<AdamWMultiOp> optimizer;
+  /// C++ expressions whose maximum is the workspace the kernels need.
+  std::vector<std::string> workspaceTerms;
+
+  /// A typed device pointer to `v`'s storage.
+  std::string ptr(Value v) {
+    std::string type = cType(tensorOf(v).getElementType());
+    if (auto arg = dyn_cast<BlockArgument>(v))
+      return "static_cast<" + type + " *>(buf[" +
+             std::to_string(arg.getArgNumber()) + "])";
+    auto res = cast<OpResult>(v);
+    auto offsets =
+        res.getOwner()->getAttrOfType<DenseI64ArrayAttr>(kOffsetsAttrName);
+    int64_t off = offsets[res.getResultNumber()];
+    if (off < 0)
+      return "static_cast<" + type + " *>(buf[" + std::to_string(-off - 1) +
+             "])";
+    return "reinterpret_cast<" + type + " *>(arena + " + std::to_string(off) +
+           ")";
+  }
+
+  /// Declares wrapper `name` once: `signature` is its parameter list,
+  /// `call` its body.
+  void wrapper(const std::string &name, const std::string &signature,
+               const std::string &call) {
+    if (!wrappers.insert(name).second)
+      return;
+    wrapperDecls += "void " + name + "(" + signature + ");\n";
+    wrapperDefs += "void " + name + "(" + signature + ") {\n  " + call +
+                   ";\n}\n\n";
+  }
+
+  LogicalResult emitOp(Operation *op);
+  LogicalResult emitNormGrad(Operation *op, Value residualGrad);
+  LogicalResult emitAttention(Operation *op, bool backward);
+  std::string stepCu(int64_t arena, double flops);
+};
+
+LogicalResult StepEmitter::emitNormGrad(Operation *op, Value residualGrad) {
+  Value grad = op->getOperand(0), input = op->getOperand(1),
+        weight = op->getOperand(2);
+  int64_t H = tensorOf(input).getShape().back();
+  if (H % 8 != 0)
+    return op->emitOpError() << "has no kernel for a normalised dimension "
+                             << H << " (it must be a multiple of 8)";
+  std::string name = "rms_norm_bwd_h" + std::to_string(H);
+  wrapper(name,
+          "const __nv_bfloat16 *dy, const __nv_bfloat16 *x, const "
+          "__nv_bfloat16 *w, const __nv_bfloat16 *dResidual, __nv_bfloat16 "
+          "*dx, __nv_bfloat16 *dw, int64_t rows, float eps, float "
+          "*workspace, cudaStream_t stream",
+          "dflash::kernels::rms_norm_bwd_bf16<" + std::to_string(H) +
+              ", __nv_bfloat16>(dy, x, w, dResidual, dx, dw, rows, eps, "
+              "workspace, stream)");
+  double eps = op->getAttrOfType<FloatAttr>("eps").getValueAsDouble();
+  os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, "
+                      "reinterpret_cast<float *>(workspace), stream);\n",
+                      name, ptr(grad), ptr(input), ptr(weight),
+                      residualGrad ? ptr(residualGrad) : "nullptr",
+                      ptr(op->getResult(0)), ptr(op->getResult(1)),
+                      rowsOf(input), formatFloat(eps));
+  return success();
+}
+
+LogicalResult StepEmitter::emitAttention(Operation *op, bool backward) {
+  unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
+  Value q = op->getOperand(base), kc = op->getOperand(base + 1);
+  auto qt = tensorOf(q), kt = tensorOf(kc);
+  int64_t D = qt.getDimSize(3), NH = qt.getDimSize(2), NKV = kt.getDimSize(2);
+  int64_t BS = op->getAttrOfType<IntegerAttr>("block_size").getInt();
+  auto windowAttr = op->getAttrOfType<IntegerAttr>("window");
+  int64_t window = windowAttr ? windowAttr.getInt() : 0;
+  bool causal = op->hasAttr("causal");
+  if (D != 64 && D != 128)
+    return op->emitOpError() << "has no attention kernel for head_dim " << D
+                             << " (64 or 128)";
+  int64_t blockRows = BS * (NH / NKV);
+  if (blockRows > 128 || (blockRows > 64 && blockRows % 64 != 0))
+    return op->emitOpError()
+           << "has no attention kernel for " << blockRows
+           << " query rows per block and kv head (block_size x num_heads / "
+              "num_kv_heads must be at most 64, or 128)";
+  std::string suffix = llvm::formatv("d{0}_bs{1}_nh{2}_nkv{3}_w{4}{5}", D, BS,
+                                     NH, NKV, window,
+                                     causal ? "_causal" : "");
+  std::string templateArgs = llvm::formatv("{0}, {1}, {2}, {3}, {4}, {5}", D,
+                                           BS, NH, NKV, window,
+                                           causal ? "true" : "false");
+  os << "    {\n";
+  if (!backward) {
+    auto o = cast<BlockAttentionOp>(op);
+    std::string name = "attention_fwd_" + suffix;
+    wrapper(name,
+            "const dflash::kernels::BlockAttentionFwdArgs &args, "
+            "cudaStream_t stream",
+            "dflash::kernels::sm90_block_attention_fwd_bf16<" + templateArgs +
+                ">(args, stream)");
+    os << "      dflash::kernels::BlockAttentionFwdArgs a{};\n"
+       << llvm::formatv("      a.q = {0};\n      a.contextKeys = {1};\n"
+                        "      a.contextValues = {2};\n      a.draftKeys = {3};\n"
+                        "      a.draftValues = {4};\n      a.anchors = {5};\n"
+                        "      a.keep = {6};\n      a.out = {7};\n"
+                        "      a.lse = {8};\n",
+                        ptr(o.getQuery()), ptr(o.getContextKeys()),
+                        ptr(o.getContextValues()), ptr(o.getDraftKeys()),
+                        ptr(o.getDraftValues()), ptr(o.getAnchors()),
+                        ptr(o.getKeep()), ptr(o.getResult()), ptr(o.getLse()))
+       << "      a.B = kBlocks.B;\n      a.S = kBlocks.S;\n"
+          "      a.N = kBlocks.N;\n"
+       << "      " << name << "(a, stream);\n";
+  } else {
+    auto o = cast<BlockAttentionGradOp>(op);
+    std::string name = "attention_bwd_" + suffix;
+    wrapper(name,
+            "const dflash::kernels::BlockAttentionBwdArgs &args, "
+            "cudaStream_t stream",
+            "dflash::kernels::sm90_block_attention_bwd_bf16<" + templateArgs +
+                ">(args, stream)");
+    int64_t rows = qt.getNumElements() / D;
+    os << "      dflash::kernels::BlockAttentionBwdArgs a{};\n"
+       << llvm::formatv(
+              "      a.dOut = {0};\n      a.q = {1};\n"
+              "      a.contextKeys = {2};\n      a.contextValues = {3};\n"
+              "      a.draftKeys = {4};\n      a.draftValues = {5};\n"
+              "      a.anchors = {6};\n      a.keep = {7};\n"
+              "      a.out = {8};\n      a.lse = {9};\n",
+              ptr(o.getGrad()), ptr(o.getQuery()), ptr(o.getContextKeys()),
+              ptr(o.getContextValues()), ptr(o.getDraftKeys()),
+              ptr(o.getDraftValues()), ptr(o.getAnchors()), ptr(o.getKeep()),
+              ptr(o.getOutput()), ptr(o.getLse()))
+       << llvm::formatv(
+              "      a.dq = {0};\n      a.dContextKeys = {1};\n"
+              "      a.dContextValues = {2};\n      a.dDraftKeys = {3};\n"
+              "      a.dDraftValues = {4};\n",
+              ptr(o.getQueryGrad()), ptr(o.getContextKeysGrad()),
+              ptr(o.getContextValuesGrad()), ptr(o.getDraftKeysGrad()),
+              ptr(o.getDraftValuesGrad()))
+       << "      a.dqAccum = reinterpret_cast<float *>(workspace);\n"
+       << llvm::formatv("      a.dOutDotOut = reinterpret_cast<float *>("
+                        "workspace) + {0};\n",
+                        rows * D)
+       << "      a.B = kBlocks.B;\n      a.S = kBlocks.S;\n"
+          "      a.N = kBlocks.N;\n"
+       << "      " << name << "(a, stream);\n";
+    workspaceTerms.push_back(
+        llvm::formatv("dflash::kernels::blockAttentionBwdWorkspaceBytes<{0}, "
+                      "{1}, {2}, {3}>({4}, {5})",
+                      D, BS, NH, NKV, qt.getDimSize(0),
+                      qt.getDimSize(1) / BS));
+  }
+  os << "    }\n";
+  return success();
+}
+
+LogicalResult StepEmitter::emitOp(Operation *op) {
+  os << "    // " << op->getName().getStringRef();
+  std::string where = describeLoc(op->getLoc());
+  if (!where.empty())
+    os << " (" << where << ")";
+  os << "\n";
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](ReshapeOp) { return success(); }) // a view
+      .Case([&](AllReduceOp o) {
+        // In place; the identity on one GPU.
+        for (Value v : o.getInputs())
+          os << llvm::formatv("    allReduce({0}, {1}, stream);\n", ptr(v),
+                              tensorOf(v).getNumElements());
+        return success();
+      })
+      .Case([&](LinearOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv(
+            "    res.gemm->linear({0}, {1}, {2}, {3}, {4}, {5}, stream);\n",
+            ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getResult()),
+            rowsOf(o.getInput()), w.getDimSize(0), w.getDimSize(1));
+        return success();
+      })
+      .Case([&](LinearGradInputOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv("    res.gemm->linearGradInput({0}, {1}, {2}, {3}, "
+                            "{4}, {5}, stream);\n",
+                            ptr(o.getGrad()), ptr(o.getWeight()),
+                            ptr(o.getResult()), rowsOf(o.getGrad()),
+                            w.getDimSize(0), w.getDimSize(1));
+        return success();
+      })
+      .Case([&](LinearGradWeightOp o) {
+        auto dw = tensorOf(o.getResult());
+        os << llvm::formatv("    res.gemm->linearGradWeight({0}, {1}, {2}, "
+                            "{3}, {4}, {5}, stream);\n",
+                            ptr(o.getGrad()), ptr(o.getInput()),
+                            ptr(o.getResult()), rowsOf(o.getGrad()),
+                            dw.getDimSize(0), dw.getDimSize(1));
+        return success();
+      })
+      .Case([&](AccumulateLinearGradOp o) {
+        std::string acc = ptr(o.getAccumulator()), out = ptr(o.getResult());
+        if (acc != out)
+          os << llvm::formatv(
+              "    check(cudaMemcpyAsync({0}, {1}, {2}, "
+              "cudaMemcpyDeviceToDevice, stream), \"copy accumulator\");\n",
+              out, acc, tensorBytes(o.getResult().getType()));
+        if (o.getWeightGrad()) {
+          auto dw = tensorOf(o.getResult());
+          os << llvm::formatv("    res.gemm->linearGradWeight({0}, {1}, {2}, "
+                              "{3}, {4}, {5}, stream, 1.f);\n",
+                              ptr(o.getGrad()), ptr(o.getOperand()), out,
+                              rowsOf(o.getGrad()), dw.getDimSize(0),
+                              dw.getDimSize(1));
+        } else {
+          auto w = tensorOf(o.getOperand());
+          os << llvm::formatv("    res.gemm->linearGradInput({0}, {1}, {2}, "
+                              "{3}, {4}, {5}, stream, 1.f);\n",
+                              ptr(o.getGrad()), ptr(o.getOperand()), out,
+                              rowsOf(o.getGrad()), w.getDimSize(0),
+                              w.getDimSize(1));
+        }
+        return success();
+      })
+      .Case([&](RmsNormOp o) -> LogicalResult {
+        int64_t H = tensorOf(o.getInput()).getShape().back();
+        if (H % 8 != 0)
+          return o.emitOpError() << "has no kernel for a normalised dimension "
+                                 << H << " (it must be a multiple of 8)";
+        std::string name = "rms_norm_fwd_h" + std::to_string(H);
+        wrapper(name,
+                "const __nv_bfloat16 *x, const __nv_bfloat16 *delta, const "
+                "__nv_bfloat16 *w, __nv_bfloat16 *xSum, __nv_bfloat16 *y, "
+                "int64_t rows, float eps, cudaStream_t stream",
+                "dflash::kernels::rms_norm_fwd_bf16<" + std::to_string(H) +
+                    ">(x, delta, w, xSum, y, rows, eps, stream)");
+        os << llvm::formatv(
+            "    {0}({1}, nullptr, {2}, nullptr, {3}, {4}, {5}, stream);\n",
+            name, ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getResult()),
+            rowsOf(o.getInput()), formatFloat(o.getEps().convertToDouble()));
+        return success();
+      })
+      .Case([&](ResidualRmsNormOp o) -> LogicalResult {
+        int64_t H = tensorOf(o.getInput()).getShape().back();
+        if (H % 8 != 0)
+          return o.emitOpError() << "has no kernel for a normalised dimension "
+                                 << H << " (it must be a multiple of 8)";
+        std::string name = "rms_norm_fwd_h" + std::to_string(H);
+        wrapper(name,
+                "const __nv_bfloat16 *x, const __nv_bfloat16 *delta, const "
+                "__nv_bfloat16 *w, __nv_bfloat16 *xSum, __nv_bfloat16 *y, "
+                "int64_t rows, float eps, cudaStream_t stream",
+                "dflash::kernels::rms_norm_fwd_bf16<" + std::to_string(H) +
+                    ">(x, delta, w, xSum, y, rows, eps, stream)");
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, "
+                            "stream);\n",
+                            name, ptr(o.getInput()), ptr(o.getDelta()),
+                            ptr(o.getWeight()), ptr(o.getSum()),
+                            ptr(o.getResult()), rowsOf(o.getInput()),
+                            formatFloat(o.getEps().convertToDouble()));
+        return success();
+      })
+      .Case([&](RmsNormGradOp o) { return emitNormGrad(o, Value()); })
+      .Case([&](RmsNormGradResidualOp o) {
+        return emitNormGrad(o, o.getResidualGrad());
+      })
+      .Case([&](QkNormRopeOp o) {
+        auto x = tensorOf(o.getInput());
+        int64_t heads = x.getDimSize(2), D = x.getDimSize(3);
+        std::string name = llvm::formatv("qk_norm_rope_fwd_d{0}_h{1}", D,
+                                         heads);
+        wrapper(name,
+                "const __nv_bfloat16 *x, const __nv_bfloat16 *w, const "
+                "int32_t *pos, __nv_bfloat16 *y, int64_t rows, float eps, "
+                "float theta, cudaStream_t stream",
+                llvm::formatv("dflash::kernels::qk_norm_rope_fwd_bf16<{0}, "
+                              "{1}>(x, w, pos, y, rows, eps, theta, stream)",
+                              D, heads));
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, "
+                            "stream);\n",
+                            name, ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getPositions()), ptr(o.getResult()),
+                            x.getDimSize(0) * x.getDimSize(1),
+                            formatFloat(o.getEps().convertToDouble()),
+                            formatFloat(o.getTheta().convertToDouble()));
+        return success();
+      })
+      .Case([&](QkNormRopeGradOp o) {
+        auto x = tensorOf(o.getInput());
+        int64_t heads = x.getDimSize(2), D = x.getDimSize(3);
+        std::string name = llvm::formatv("qk_norm_rope_bwd_d{0}_h{1}", D,
+                                         heads);
+        wrapper(name,
+                "const __nv_bfloat16 *dy, const __nv_bfloat16 *x, const "
+                "__nv_bfloat16 *w, const int32_t *pos, __nv_bfloat16 *dx, "
+                "__nv_bfloat16 *dw, int64_t rows, float eps, float theta, "
+                "float *workspace, cudaStream_t stream",
+                llvm::formatv("dflash::kernels::qk_norm_rope_bwd_bf16<{0}, "
+                              "{1}, __nv_bfloat16>(dy, x, w, pos, dx, dw, "
+                              "rows, eps, theta, workspace, stream)",
+                              D, heads));
+        os << llvm::formatv(
+            "    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, "
+            "reinterpret_cast<float *>(workspace), stream);\n",
+            name, ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getWeight()),
+            ptr(o.getPositions()), ptr(o.getInputGrad()),
+            ptr(o.getWeightGrad()), x.getDimSize(0) * x.getDimSize(1),
+            formatFloat(o.getEps().convertToDouble()),
+            formatFloat(o.getTheta().convertToDouble()));
+        return success();
+      })
+      .Case([&](BlockAttentionOp o) { return emitAttention(o, false); })
+      .Case([&](BlockAttentionGradOp o) { return emitAttention(o, true); })
+      .Case([&](SwigluOp o) {
+        int64_t cols = tensorOf(o.getGate()).getShape().back();
+        os << llvm::formatv("    dflash::kernels::swiglu_fwd_bf16({{{0}, {3}}, "
+                            "{{{1}, {3}}, {{{2}, {3}}, {4}, {3}, stream);\n",
+                            ptr(o.getGate()), ptr(o.getUp()),
+                            ptr(o.getResult()), cols, rowsOf(o.getGate()));
+        return success();
+      })
+      .Case([&](SwigluGradOp o) {
+        int64_t cols = tensorOf(o.getGate()).getShape().back();
+        os << llvm::formatv(
+            "    dflash::kernels::swiglu_bwd_bf16({{{0}, {5}}, {{{1}, {5}}, "
+            "{{{2}, {5}}, {{{3}, {5}}, {{{4}, {5}}, {6}, {5}, stream);\n",
+            ptr(o.getGrad()), ptr(o.getGate()), ptr(o.getUp()),
+            ptr(o.getGateGrad()), ptr(o.getUpGrad()), cols,
+            rowsOf(o.getGate()));
+        return success();
+      })
+      .Case([&](AddOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::add_bf16({0}, {1}, {2}, {3}, stream);\n",
+            ptr(o.getLhs()), ptr(o.getRhs()), ptr(o.getResult()),
+            tensorOf(o.getResult()).getNumElements());
+        return success();
+      })
+      .Case([&](DraftEmbedOp o) {
+        auto table = tensorOf(o.getTable());
+        int64_t H = table.getDimSize(1);
+        std::string name = "draft_embed_h" + std::to_string(H);
+        wrapper(name,
+                "const __nv_bfloat16 *embed, const int32_t *ids, const "
+                "int32_t *anchors, const uint8_t *keep, __nv_bfloat16 *out, "
+                "dflash::kernels::DraftBlocksShape shape, int mask, "
+                "cudaStream_t stream",
+                "dflash::kernels::draft_embed_bf16<" + std::to_string(H) +
+                    ">(embed, ids, anchors, keep, out, nullptr, shape, mask, "
+                    "stream)");
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, kBlocks, {6}, "
+                            "stream);\n",
+                            name, ptr(o.getTable()), ptr(o.getInputIds()),
+                            ptr(o.getAnchors()), ptr(o.getKeep()),
+                            ptr(o.getResult()), o.getMaskTokenId());
+        return success();
+      })
+      .Case([&](DraftPositionsOp o) {
+        os << llvm::formatv("    dflash::kernels::draft_positions({0}, {1}, "
+                            "kBlocks, stream);\n",
+                            ptr(o.getAnchors()), ptr(o.getResult()));
+        return success();
+      })
+      .Case([&](SequencePositionsOp o) {
+        auto t = tensorOf(o.getResult());
+        os << llvm::formatv("    dflash::kernels::sequence_positions({0}, {1}, "
+                            "{2}, stream);\n",
+                            ptr(o.getResult()), t.getDimSize(0),
+                            t.getDimSize(1));
+        return success();
+      })
+      .Case([&](DraftTargetsOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::draft_targets({0}, {1}, {2}, {3}, {4}, {5}, "
+            "kBlocks, {6}, stream);\n",
+            ptr(o.getInputIds()), ptr(o.getLossMask()), ptr(o.getAnchors()),
+            ptr(o.getKeep()), ptr(o.getLabels()), ptr(o.getWeights()),
+            doubleText(o.getGamma().convertToDouble()));
+        return success();
+      })
+      .Case([&](LossSeedOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::sum_f32({0}, {1}, {2}, stream);\n"
+            "    allReduce({2}, 1, stream);\n"
+            "    dflash::kernels::reciprocal_f32({2}, {3}, stream);\n",
+            ptr(o.getWeights()), tensorOf(o.getWeights()).getNumElements(),
+            ptr(o.getWeightSum()), ptr(o.getLossSumGrad()));
+        return success();
+      })
+      .Case([&](LmHeadCeFusedOp o) {
+        auto w = tensorOf(o.getWeight());
+        int64_t rows = rowsOf(o.getInput());
+        int64_t chunk = lmHeadChunkRows(rows, w.getDimSize(0));
+        os << "    {\n"
+           << "      dflash::kernels::LmHeadCrossEntropyArgs a{};\n"
+           << llvm::formatv("      a.y = {0};\n      a.lmHead = {1};\n"
+                            "      a.labels = {2};\n      a.weights = {3};\n"
+                            "      a.dLossSum = {4};\n      a.dy = {5};\n",
+                            ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getLabels()), ptr(o.getWeights()),
+                            ptr(o.getLossSumGrad()), ptr(o.getInputGrad()))
+           << llvm::formatv(
+                  "      a.sums = reinterpret_cast<float *>(workspace);\n"
+                  "      a.rowTerms = reinterpret_cast<float *>(workspace + "
+                  "256);\n"
+                  "      a.logitsChunk = reinterpret_cast<__nv_bfloat16 *>("
+                  "workspace + 256 + kLmHeadRowTermBytes);\n"
+                  "      a.rows = {0};\n      a.V = {1};\n      a.H = {2};\n"
+                  "      a.chunkRows = {3};\n"
+                  "      dflash::kernels::lm_head_cross_entropy_bf16(*res.gemm, "
+                  "a, stream);\n",
+                  rows, w.getDimSize(0), w.getDimSize(1), chunk);
+        Value sums[] = {o.getLossSum(), o.getWeightSum(), o.getCorrect(),
+                        o.getCount()};
+        for (int i = 0; i < 4; ++i)
+          os << llvm::formatv("      check(cudaMemcpyAsync({0}, a.sums + {1}, "
+                              "4, cudaMemcpyDeviceToDevice, stream), "
+                              "\"copy loss sums\");\n",
+                              ptr(sums[i]), i);
+        os << "    }\n";
+        return success();
+      })
+      .Case([&](LossStatsOp o) {
+        os << llvm::formatv("    dflash::kernels::loss_stats_f32({0}, {1}, {2}, "
+                            "{3}, {4}, {5}, {6}, stream);\n",
+                            ptr(o.getLossSum()), ptr(o.getWeightSum()),
+                            ptr(o.getCorrect()), ptr(o.getCount()),
+                            ptr(o.getLoss()), ptr(o.getAcc()),
+                            ptr(o.getLossSumGrad()));
+        return success();
+      })
+      .Case([&](AdamWMultiOp o) {
+        optimizer = o;
+        os << llvm::formatv(
+            "    dflash::kernels::lr_schedule({0}, {1}, hyper.lr, "
+            "hyper.warmupRatio, adamwState, {2}, stream);\n"
+            "    dflash::kernels::adamw_multi_tensor_step<__nv_bfloat16>("
+            "adamwTables, adamwState, adamwHyper, stream);\n"
+            "    check(cudaMemcpyAsync({3}, adamwTables.normAndClip, 4, "
+            "cudaMemcpyDeviceToDevice, stream), \"copy grad norm\");\n",
+            ptr(o.getStep()), ptr(o.getTotal()), ptr(o.getLrValue()),
+            ptr(o.getGradNorm()));
+        return success();
+      })
+      .Default([&](Operation *other) {
+        return other->emitOpError("has no CUDA translation");
+      });
+}
+
+} // namespace
+
+namespace {
+
+std::string quoted(StringRef s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string dtypeOf(Type elementType) {
+  if (elementType.isBF16())
+    return "BF16";
+  if (elementType.isF32())
+    return "F32";
+  if (elementType.isInteger(32))
+    return "I32";
+  return "U8";
+}
+
+const char *bufferRole(ArgRole role) {
+  switch (role) {
+  case ArgRole::Input:
+    return "Input";
+  case ArgRole::Frozen:
+    return "Frozen";
+  case ArgRole::Parameter:
+    return "Parameter";
+  case ArgRole::Master:
+    return "Master";
+  case ArgRole::Moment1:
+    return "Moment1";
+  case ArgRole::Moment2:
+    return "Moment2";
+  case ArgRole::Counter:
+    return "Counter";
+  default:
+    return "Metric";
+  }
+}
+
+std::string shapeList(ArrayRef<int64_t> shape) {
+  std::string s = "{";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "}";
+}
+
+
+/// The ModelConfig constructor body for `spec` (the fields of
+/// runtime/ModelConfig.h, as tools/common/SpecToModelConfig.cpp maps them).
+std::string modelConfigInit(const DrafterSpec &s) {
+  std::string o;
+  llvm::raw_string_ostream os(o);
+  auto ids = [](const std::vector<int64_t> &v) {
+    std::string r = "{";
+    for (size_t i = 0; i < v.size(); ++i)
+      r += (i ? ", " : "") + std::to_string(v[i]);
+    return r + "}";
+  };
+  std::vector<int64_t> windows;
+  for (const LayerSpec &l : s.layers)
+    windows.push_back(l.kind == AttentionKind::Sliding ? l.window : 0);
+  os << "    cfg.name = " << quoted(s.name) << ";\n"
+     << "    cfg.targetModel = " << quoted(s.targetModel) << ";\n"
+     << "    cfg.targetNumLayers = " << s.targetNumLayers << ";\n"
+     << "    cfg.targetHiddenSize = " << s.targetHiddenSize << ";\n"
+     << "    cfg.vocabSize = " << s.vocabSize << ";\n"
+     << "    cfg.targetLayerIds = " << ids(s.targetLayerIds) << ";\n"
+     << "    cfg.tieWordEmbeddings = "
+     << (s.tieWordEmbeddings ? "true" : "false") << ";\n"
+     << "    cfg.numLayers = " << s.numLayers << ";\n"
+     << "    cfg.hiddenSize = " << s.hiddenSize << ";\n"
+     << "    cfg.intermediateSize = " << s.intermediateSize << ";\n"
+     << "    cfg.numHeads = " << s.numHeads << ";\n"
+     << "    cfg.numKvHeads = " << s.numKvHeads << ";\n"
+     << "    cfg.headDim = " << s.headDim << ";\n"
+     << "    cfg.rmsNormEps = " << doubleText(s.rmsNormEps) << ";\n"
+     << "    cfg.ropeTheta = " << doubleText(s.ropeTheta) << ";\n"
+     << "    cfg.blockSize = " << s.blockSize << ";\n"
+     << "    cfg.maskTokenId = " << s.maskTokenId << ";\n"
+     << "    cfg.maxPositionEmbeddings = " << s.maxPositionEmbeddings << ";\n"
+     << "    cfg.layerWindows = " << ids(windows) << ";\n"
+     << "    cfg.seqLen = " << s.seqLen << ";\n"
+     << "    cfg.anchorsPerRow = " << s.anchorsPerRow << ";\n"
+     << "    cfg.rowsPerGpu = " << s.rowsPerGpu << ";\n"
+     << "    cfg.gamma = " << doubleText(s.gamma) << ";\n"
+     << "    cfg.seed = " << s.seed << ";\n"
+     << "    cfg.initStd = " << doubleText(s.initStd) << ";\n"
+     << "    cfg.lr = " << doubleText(s.lr) << ";\n"
+     << "    cfg.warmupRatio = " << doubleText(s.warmupRatio) << ";\n"
+     << "    cfg.maxGradNorm = " << doubleText(s.maxGradNorm) << ";\n"
+     << "    cfg.weightDecay = " << doubleText(s.weightDecay) << ";\n"
+     << "    cfg.beta1 = " << doubleText(s.beta1) << ";\n"
+     << "    cfg.beta2 = " << doubleText(s.beta2) << ";\n"
+     << "    cfg.adamEps = " << doubleText(s.adamEps) << ";\n"
+     << "    cfg.totalSteps = " << s.totalSteps << ";\n";
+  return o;
+}
+
+int64_t alignUp(int64_t x) {
+  return (x + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+}
+
+} // namespace
+
+LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
+  func::FuncOp step = sig.func();
+  auto arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
+  if (!arena)
+    return module.emitError("the module has no memory plan: run "
+                            "dflash-plan-memory before translation to CUDA");
+  for (Operation &op : step.front().without_terminator())
+    if (failed(emitOp(&op)))
+      return failure();
+
+  // Results: state must have been updated in place; metrics are copied
+  // into their buffers.
+  func::ReturnOp ret = sig.returnOp();
+  unsigned metricIndex = step.getNumArguments();
+  std::string metricCopies, metricSpecs;
+  for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
+    ArgAttr info = sig.resultInfo(i);
+    Value v = ret.getOperand(i);
+    if (info.getRole() == ArgRole::Metric) {
+      metricSpecs += "        {" + quoted(info.getName()) +
+                     ", BufferRole::Metric, DType::F32, {}},\n";
+      metricCopies += llvm::formatv(
+          "    check(cudaMemcpyAsync(buf[{0}], {1}, 4, "
+          "cudaMemcpyDeviceToDevice, stream), \"copy metric {2}\");\n",
+          metricIndex++, ptr(v), info.getName());
+      continue;
+    }
+    std::optional<unsigned> arg = sig.findArg(info.getRole(), info.getName());
+    auto root = dyn_cast<BlockArgument>(storageRoot(v));
+    if (!arg || !root || root.getArgNumber() != *arg)
+      return step.emitError() << "result '" << info.getName()
+                              << "' is not updated in place in its argument";
+  }
+
+  // Buffers, in binding order: the arguments, then the metrics.
+  std::string specs;
+  for (unsigned i = 0; i < step.getNumArguments(); ++i) {
+    ArgAttr info = sig.argInfo(i);
+    auto t = tensorOf(step.getArgument(i));
+    specs += "        {" + quoted(info.getName()) + ", BufferRole::" +
+             bufferRole(info.getRole()) + ", DType::" +
+             dtypeOf(t.getElementType()) + ", " + shapeList(t.getShape()) +
+             "},\n";
+  }
+  specs += metricSpecs;
+
+  // Shapes shared by the draft-block kernels.
+  std::optional<unsigned> ids = sig.findArg(ArgRole::Input, "input_ids");
+  std::optional<unsigned> anchors = sig.findArg(ArgRole::Input, "anchors");
+  if (!ids || !anchors)
+    return step.emitError("@step has no input_ids or anchors argument");
+  auto idsType = tensorOf(step.getArgument(*ids));
+  auto anchorsType = tensorOf(step.getArgument(*anchors));
+  int64_t B = idsType.getDimSize(0), S = idsType.getDimSize(1),
+          N = anchorsType.getDimSize(1);
+  int64_t rows = B * N * spec.blockSize;
+
+  // Kernel workspaces (kernels run one at a time and share them).
+  workspaceTerms.push_back("size_t(256) + kLmHeadRowTermBytes + "
+                           "dflash::kernels::lmHeadCrossEntropyChunkBytes(" +
+                           std::to_string(lmHeadChunkRows(rows,
+                                                          spec.vocabSize)) +
+                           ", " + std::to_string(spec.vocabSize) + ")");
+  workspaceTerms.push_back(
+      "dflash::kernels::rmsNormBwdWorkspaceBytes(" +
+      std::to_string(spec.hiddenSize) + ")");
+  workspaceTerms.push_back("dflash::kernels::qkNormRopeBwdWorkspaceBytes(" +
+                           std::to_string(spec.headDim) + ")");
+
+  // Optimizer tables: one entry per parameter, built at bind time.
+  std::string sizes, tensors;
+  if (optimizer) {
+    AdamWMultiOp o = *optimizer;
+    for (unsigned i = 0; i < o.getNumParams(); ++i) {
+      sizes += (i ? ", " : "") +
+               std::to_string(tensorOf(o.getParams()[i]).getNumElements());
+      tensors += llvm::formatv(
+          "        {{{0}, {1}, {2}, {3}, {4}, {5}},\n", ptr(o.getParams()[i]),
+          ptr(o.getMasters()[i]), ptr(o.getGrads()[i]),
+          ptr(o.getMoment1()[i]), ptr(o.getMoment2()[i]),
+          tensorOf(o.getParams()[i]).getNumElements());
+    }
+  }
+  std::string workspaceMax = "std::max<size_t>({";
+  for (size_t i = 0; i < workspaceTerms.size(); ++i)
+    workspaceMax += (i ? ", " : "") + workspaceTerms[i];
+  workspaceMax += "})";
+
+  double flops = double(FlopCount::of(step).step());
+  std::string s;
+  llvm::raw_string_ostream cu(s);
+  cu << "// Generated by dflashc from " << spec.file << ": the training step "
+     << "of \"" << spec.name << "\".\n"
+     << "// Do not edit; regenerate with `dflashc " << spec.file
+     << " --emit=cuda`.\n"
+     << "// Every shape is a constant; enqueue() is the static schedule of "
+        "one step.\n\n"
+     << "#include \"kernels.h\"\n"
+     << "#include \"kernels/AdamW.cuh\"\n"
+     << "#include \"kernels/DraftBlocks.cuh\"\n"
+     << "#include \"kernels/Gemm.cuh\"\n"
+     << "#include \"kernels/LmHeadCrossEntropy.cuh\"\n"
+     << "#include \"kernels/QkNormRope.cuh\"\n"
+     << "#include \"kernels/RmsNorm.cuh\"\n"
+     << "#include \"kernels/StepScalars.cuh\"\n"
+     << "#include \"kernels/SwiGlu.cuh\"\n"
+     << "#include \"runtime/StepProgram.h\"\n\n"
+     << "#include <algorithm>\n#include <cstdio>\n#include <cstdlib>\n\n"
+     << "namespace {\n\n"
+     << "using dflash::rt::BufferRole;\nusing dflash::rt::DType;\n\n"
+     << llvm::formatv("constexpr dflash::kernels::DraftBlocksShape kBlocks{{"
+                      "{0}, {1}, {2}, {3}};\n",
+                      B, S, N, spec.blockSize)
+     << "constexpr size_t kPlannedBytes = " << arena.getInt() << ";\n"
+     << "constexpr size_t kLmHeadRowTermBytes = " << alignUp(rows * 16)
+     << ";\n\n"
+     << "void check(cudaError_t status, const char *what) {\n"
+     << "  if (status == cudaSuccess)\n    return;\n"
+     << "  std::fprintf(stderr, \"train: error: %s: %s\\n\", what,\n"
+     << "               cudaGetErrorString(status));\n"
+     << "  std::exit(1);\n}\n\n"
+     << "size_t alignArena(size_t x) { return (x + 255) / 256 * 256; }\n\n"
+     << "class GeneratedStep final : public dflash::rt::StepProgram {\n"
+     << "public:\n"
+     << "  GeneratedStep() {\n"
+     << modelConfigInit(spec)
+     << "    specs = {\n" << specs << "    };\n"
+     << "    chunks = dflash::kernels::buildAdamWChunks({" << sizes << "});\n"
+     << "    workspaceBytes = alignArena(" << workspaceMax << ");\n"
+     << "    size_t numTensors = " << (optimizer ? optimizer->getNumParams() : 0)
+     << ";\n"
+     << "    optimizerBytes = alignArena(numTensors * "
+        "sizeof(dflash::kernels::AdamWTensor)) +\n"
+     << "                     alignArena(chunks.size() * "
+        "sizeof(dflash::kernels::AdamWChunk)) +\n"
+     << "                     alignArena(chunks.size() * sizeof(double)) + "
+        "2 * 256;\n"
+     << "  }\n\n"
+     << "  const dflash::rt::ModelConfig &config() const override { return "
+        "cfg; }\n"
+     << "  const std::vector<dflash::rt::BufferSpec> &buffers() const "
+        "override {\n    return specs;\n  }\n"
+     << "  size_t arenaBytes() const override {\n"
+     << "    return kPlannedBytes + workspaceBytes + optimizerBytes;\n  }\n"
+     << "  size_t gemmWorkspaceBytes() const override { return size_t(32) << "
+        "20; }\n"
+     << "  double flopsPerStep() const override { return "
+     << llvm::format("%.17g", flops) << "; }\n\n"
+     << "  void bind(const std::vector<void *> &buffers, void *arenaBase,\n"
+     << "            const dflash::rt::DeviceResources &resources,\n"
+     << "            const dflash::rt::StepHyper &stepHyper) override {\n"
+     << "    std::copy(buffers.begin(), buffers.end(), buf);\n"
+     << "    arena = static_cast<char *>(arenaBase);\n"
+     << "    workspace = arena + kPlannedBytes;\n"
+     << "    res = resources;\n    hyper = stepHyper;\n"
+     << "    adamwHyper.beta1 = hyper.beta1;\n"
+     << "    adamwHyper.beta2 = hyper.beta2;\n"
+     << "    adamwHyper.eps = hyper.eps;\n"
+     << "    adamwHyper.weightDecay = hyper.weightDecay;\n"
+     << "    adamwHyper.maxNorm = hyper.maxGradNorm;\n"
+     << "    // The optimizer's device tables, after the workspace.\n"
+     << "    char *opt = workspace + workspaceBytes;\n"
+     << "    std::vector<dflash::kernels::AdamWTensor> tensors = {\n"
+     << tensors << "    };\n"
+     << "    auto *tensorTable = "
+        "reinterpret_cast<dflash::kernels::AdamWTensor *>(opt);\n"
+     << "    opt += alignArena(tensors.size() * "
+        "sizeof(dflash::kernels::AdamWTensor));\n"
+     << "    auto *chunkTable = "
+        "reinterpret_cast<dflash::kernels::AdamWChunk *>(opt);\n"
+     << "    opt += alignArena(chunks.size() * "
+        "sizeof(dflash::kernels::AdamWChunk));\n"
+     << "    adamwTables.partials = reinterpret_cast<double *>(opt);\n"
+     << "    opt += alignArena(chunks.size() * sizeof(double));\n"
+     << "    adamwTables.normAndClip = reinterpret_cast<float *>(opt);\n"
+     << "    adamwState = reinterpret_cast<dflash::kernels::AdamWStepState "
+        "*>(opt + 256);\n"
+     << "    adamwTables.tensors = tensorTable;\n"
+     << "    adamwTables.chunks = chunkTable;\n"
+     << "    adamwTables.numChunks = int(chunks.size());\n"
+     << "    check(cudaMemcpy(tensorTable, tensors.data(), tensors.size() * "
+        "sizeof(tensors[0]), cudaMemcpyHostToDevice), \"optimizer table\");\n"
+     << "    check(cudaMemcpy(chunkTable, chunks.data(), chunks.size() * "
+        "sizeof(chunks[0]), cudaMemcpyHostToDevice), \"optimizer chunks\");\n"
+     << "  }\n\n"
+     << "  void enqueue(cudaStream_t stream) override {\n"
+     << body << metricCopies << "  }\n\n"
+     << "private:\n"
+     << "  void allReduce(float *data, size_t count, cudaStream_t stream) {\n"
+     << "    if (res.allReduceSum)\n"
+     << "      res.allReduceSum(res.collectives, data, count, stream);\n"
+     << "  }\n\n"
+     << "  dflash::rt::ModelConfig cfg;\n"
+     << "  std::vector<dflash::rt::BufferSpec> specs;\n"
+     << "  std::vector<dflash::kernels::AdamWChunk> chunks;\n"
+     << "  size_t workspaceBytes = 0, optimizerBytes = 0;\n"
+     << "  void *buf[" << step.getNumArguments() + 4 << "] = {};\n"
+     << "  char *arena = nullptr, *workspace = nullptr;\n"
+     << "  dflash::rt::DeviceResources res;\n"
+     << "  dflash::rt::StepHyper hyper;\n"
+     << "  dflash::kernels::AdamWHyper adamwHyper;\n"
+     << "  dflash::kernels::AdamWTables adamwTables{};\n"
+     << "  dflash::kernels::AdamWStepState *adamwState = nullptr;\n"
+     << "};\n\n"
+     << "} // namespace\n\n"
+     << "std::unique_ptr<dflash::rt::StepProgram> "
+        "dflash::rt::createStepProgram() {\n"
+     << "  return std::make_unique<GeneratedStep>();\n}\n";
+  out.stepCu = s;
+
+  out.kernelsH = "// Generated by dflashc: one wrapper per kernel template "
+                 "instantiation of the step.\n#pragma once\n\n"
+                 "#include \"kernels/BlockAttention.cuh\"\n"
+                 "#include \"kernels/DraftBlocks.cuh\"\n\n" +
+                 wrapperDecls;
+  out.kernelsCu = "// Generated by dflashc: the kernel templates of the step, "
+                  "instantiated with its constants.\n\n"
+                  "#include \"kernels.h\"\n"
+                  "#include \"kernels/QkNormRope.cuh\"\n"
+                  "#include \"kernels/RmsNorm.cuh\"\n\n" +
+                  wrapperDefs;
+  out.manifestJson = writeManifest(module, spec, sig);
+  return success();
+}
+
+namespace dflash {
+FailureOr<CudaTrainerSources>
+translateToCuda(ModuleOp module, const DrafterSpec &spec) {
+  FailureOr<StepSignature> sig = StepSignature::get(module);
+  if (failed(sig))
+    return failure();
+  CudaTrainerSources out;
+  StepEmitter emitter(module, spec, *sig);
+  if (failed(emitter.emit(out)))
+    return failure();
+  out.mainCpp =
+      "// Generated by dflashc: the train command of \"" + spec.name +
+      "\".\n\n#include \"runtime/StepProgram.h\"\n"
+      "#include \"runtime/TrainMain.h\"\n\n"
+      "int main(int argc, char **argv) {\n"
+      "  return dflash::rt::trainMain(argc, argv, "
+      "&dflash::rt::createStepProgram);\n}\n";
+  return out;
+}
+} // namespace dflash
