@@ -80,6 +80,12 @@ cl::opt<std::string> dumpStep(
              "file, for the PyTorch oracle"),
     cl::value_desc("file"), cl::cat(category));
 
+cl::opt<std::string> saveDir(
+    "save",
+    cl::desc("Export the parameters after the last step as a checkpoint "
+             "(SEMANTICS.md section 6) into this directory"),
+    cl::value_desc("dir"), cl::cat(category));
+
 int fail(const std::string &msg) {
   llvm::errs() << "dflash-reference: error: " << msg << "\n";
   return 1;
@@ -390,6 +396,19 @@ int main(int argc, char **argv) {
     std::fflush(stdout);
     if (!std::isfinite(metrics["loss"]))
       return fail("the loss is not finite at step " + std::to_string(step));
+  }
+  if (!saveDir.empty()) {
+    std::vector<std::vector<uint16_t>> bits;
+    std::vector<const uint16_t *> pointers;
+    for (const rt::ParamInfo &p : table) {
+      const std::vector<double> &values = state.param[p.name];
+      bits.emplace_back(values.size());
+      for (size_t i = 0; i < values.size(); ++i)
+        bits.back()[i] = floatToBf16(float(values[i]));
+      pointers.push_back(bits.back().data());
+    }
+    if (rt::Status s = rt::exportCheckpoint(saveDir, config, pointers); !s.ok())
+      return fail(s.message());
   }
   return 0;
 }

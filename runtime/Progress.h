@@ -1,0 +1,116 @@
+//===- Progress.h - Step metrics: JSONL log and live progress ---*- C++ -*-===//
+//
+// What the trainer reports after each step, in two forms: one JSON line per
+// step in a log file (for plots and for comparing against dflash-reference,
+// whose lines carry the same step, loss, acc, grad_norm and lr), and one
+// human-readable progress line on stderr, rewritten in place on a terminal
+// and printed every few steps otherwise.
+//
+// Throughput, for a step of `t` seconds on `world` GPUs of B rows each:
+//   context tokens/s = B * S * world / t   (JSONL "tokens_per_s")
+//   draft tokens/s   = B * Q * world / t   (JSONL "draft_tokens_per_s")
+// with S the sequence length and Q = N * bs the draft positions of a row.
+// "tflops" is the compiler's FLOP count of one GPU's step over t: the
+// achieved rate of one GPU, comparable with its bf16 GEMM ceiling.
+// The step time runs from before the step's input copies to the end of its
+// last kernel, measured with CUDA events.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_PROGRESS_H
+#define DFLASH_RUNTIME_PROGRESS_H
+
+#include "runtime/ModelConfig.h"
+#include "runtime/Status.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace dflash::rt {
+
+/// What one step reports.
+struct StepMetrics {
+  int64_t step = 0; ///< 0-based index: the step counter the step ran with
+  double loss = 0, acc = 0, gradNorm = 0, lr = 0;
+  double stepMs = 0;
+  double contextTokensPerS = 0;
+  double draftTokensPerS = 0;
+  double tflops = 0;
+
+  /// Whether loss and grad_norm are finite (the run stops otherwise).
+  bool finite() const;
+};
+
+/// Sets the throughput fields of `metrics` from its stepMs.
+void setThroughput(StepMetrics &metrics, const ModelConfig &config,
+                   int64_t worldSize, double flopsPerStep);
+
+/// One JSON object, without a newline: {"step": 0, "loss": ..., "acc",
+/// "grad_norm", "lr", "step_ms", "tokens_per_s", "draft_tokens_per_s",
+/// "tflops"}. A non-finite value is written as null.
+std::string metricsJsonLine(const StepMetrics &metrics);
+
+/// The JSONL metrics file of a run.
+class MetricsLog {
+public:
+  MetricsLog() = default;
+  MetricsLog(const MetricsLog &) = delete;
+  MetricsLog &operator=(const MetricsLog &) = delete;
+  ~MetricsLog();
+
+  /// Opens `path` for a run whose first step is `firstStep`. A fresh run
+  /// (firstStep 0) starts an empty file; a resumed run keeps the lines of
+  /// the steps before firstStep and drops the rest (steps a crashed or
+  /// interrupted run logged after its last checkpoint, and a torn last line).
+  Status open(const std::string &path, int64_t firstStep);
+  /// Appends one line and flushes it.
+  Status append(const StepMetrics &metrics);
+  const std::string &path() const { return filePath; }
+
+private:
+  std::string filePath;
+  std::FILE *file = nullptr;
+};
+
+/// "45s", "3m05s", "2h07m", "3d04h".
+std::string formatDuration(double seconds);
+/// "950", "12.3k", "4.56M", "1.20G".
+std::string formatRate(double perSecond);
+
+/// "step 12/200  loss 2.3456  acc 0.4120  12.3k tok/s  draft 4.56k tok/s
+/// 85.1 ms/step  ETA 3m05s"; `stepsDone` counts the step just finished.
+std::string progressLine(const StepMetrics &metrics, int64_t stepsDone,
+                         int64_t finalStep, double etaSeconds);
+
+/// The live progress line. On a terminal (`rewrite`) the line is rewritten
+/// with '\r' at most ten times a second; otherwise a plain line is printed
+/// for the first step, every `plainEvery` steps and the last step.
+class ProgressDisplay {
+public:
+  ProgressDisplay(std::FILE *out, bool rewrite, int64_t plainEvery);
+  ~ProgressDisplay() { finish(); }
+
+  /// Shows the step just finished; the ETA comes from the wall time since
+  /// the first update (or the step's own time on the first update).
+  void update(const StepMetrics &metrics, int64_t finalStep);
+  /// The same with an explicit clock in seconds, for tests.
+  void update(const StepMetrics &metrics, int64_t finalStep, double nowSeconds);
+  /// Prints a message on a line of its own, below the progress line.
+  void note(const std::string &message);
+  /// Ends a rewritten line so that later output starts on a fresh line.
+  void finish();
+
+private:
+  std::FILE *out;
+  bool rewrite;
+  int64_t plainEvery;
+  bool lineOpen = false;
+  int64_t updates = 0;
+  int64_t firstStepsDone = 0;
+  double firstSeconds = 0, lastDrawSeconds = -1;
+};
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_PROGRESS_H

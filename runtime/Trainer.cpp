@@ -1,0 +1,956 @@
+//===- Trainer.cpp - Runs the compiled step on one GPU --------------------===//
+
+#include "runtime/Trainer.h"
+
+#include "kernels/Bf16.h"
+#include "runtime/AtomicWrite.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cctype>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+using namespace dflash;
+using namespace dflash::rt;
+namespace fs = std::filesystem;
+
+//===----------------------------------------------------------------------===//
+// Buffers of a step program
+//===----------------------------------------------------------------------===//
+
+static const char *roleName(BufferRole role) {
+  switch (role) {
+  case BufferRole::Input:
+    return "input";
+  case BufferRole::Frozen:
+    return "frozen";
+  case BufferRole::Parameter:
+    return "parameter";
+  case BufferRole::Master:
+    return "master";
+  case BufferRole::Moment1:
+    return "moment1";
+  case BufferRole::Moment2:
+    return "moment2";
+  case BufferRole::Counter:
+    return "counter";
+  case BufferRole::Metric:
+    return "metric";
+  }
+  return "unknown";
+}
+
+namespace {
+/// Checks buffers one at a time against what the runtime fills or reads.
+class BufferChecker {
+public:
+  explicit BufferChecker(const std::vector<BufferSpec> &buffers)
+      : buffers(buffers) {}
+
+  std::string describe(int index) const {
+    const BufferSpec &b = buffers[size_t(index)];
+    return "step program: " + std::string(roleName(b.role)) + " buffer '" +
+           b.name + "'";
+  }
+
+  /// Puts `index` into `slot` after checking its dtype (one of `dtypes`)
+  /// and shape.
+  Status claim(int index, int &slot, std::initializer_list<DType> dtypes,
+               const std::vector<int64_t> &shape) const {
+    const BufferSpec &b = buffers[size_t(index)];
+    if (slot != -1)
+      return Status::error(describe(index) + " appears twice");
+    bool dtypeOk = false;
+    std::string expected;
+    for (DType d : dtypes) {
+      dtypeOk |= b.dtype == d;
+      expected += std::string(expected.empty() ? "" : " or ") + dtypeName(d);
+    }
+    if (!dtypeOk)
+      return Status::error(describe(index) + " has dtype " +
+                           dtypeName(b.dtype) + " but the runtime needs " +
+                           expected);
+    if (b.shape != shape)
+      return Status::error(describe(index) + " has shape " +
+                           shapeString(b.shape) + " but the config needs " +
+                           shapeString(shape));
+    slot = index;
+    return Status::success();
+  }
+
+  /// A scalar: any shape of one element.
+  Status claimScalar(int index, int &slot, DType dtype) const {
+    const BufferSpec &b = buffers[size_t(index)];
+    if (shapeNumel(b.shape) != 1)
+      return Status::error(describe(index) + " has shape " +
+                           shapeString(b.shape) + " but must be a scalar");
+    return claim(index, slot, {dtype}, b.shape);
+  }
+
+private:
+  const std::vector<BufferSpec> &buffers;
+};
+} // namespace
+
+Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
+                                  const ModelConfig &c, StepBufferMap &map) {
+  StepBufferMap m;
+  BufferChecker check(buffers);
+  const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
+  const int64_t V = c.vocabSize, H = c.hiddenSize;
+  std::vector<ParamInfo> table = parameterTable(c);
+  std::map<std::string, size_t> tensorIndex;
+  for (size_t i = 0; i < table.size(); ++i)
+    tensorIndex[table[i].name] = i;
+  for (std::vector<int> *v : {&m.param, &m.master, &m.moment1, &m.moment2})
+    v->assign(table.size(), -1);
+
+  for (int i = 0; i < int(buffers.size()); ++i) {
+    const BufferSpec &b = buffers[size_t(i)];
+    Status status;
+    switch (b.role) {
+    case BufferRole::Input:
+      if (b.name == "input_ids")
+        status = check.claim(i, m.inputIds, {DType::I32}, {B, S});
+      else if (b.name == "loss_mask")
+        status = check.claim(i, m.lossMask, {DType::U8, DType::BOOL}, {B, S});
+      else if (b.name == "target_hidden")
+        status = check.claim(i, m.targetHidden, {DType::BF16},
+                             {B, S, c.contextWidth()});
+      else if (b.name == "anchors")
+        status = check.claim(i, m.anchors, {DType::I32}, {B, N});
+      else if (b.name == "keep")
+        status = check.claim(i, m.keep, {DType::U8, DType::BOOL}, {B, N});
+      else
+        status = Status::error(check.describe(i) +
+                               " is not one the runtime fills (input_ids, "
+                               "loss_mask, target_hidden, anchors, keep)");
+      break;
+    case BufferRole::Frozen:
+      if (b.name == "embed")
+        status = check.claim(i, m.embed, {DType::BF16}, {V, H});
+      else if (b.name == "lm_head")
+        status = check.claim(i, m.lmHead, {DType::BF16}, {V, H});
+      else
+        status = Status::error(check.describe(i) +
+                               " is not one the runtime fills (embed, "
+                               "lm_head)");
+      break;
+    case BufferRole::Parameter:
+    case BufferRole::Master:
+    case BufferRole::Moment1:
+    case BufferRole::Moment2: {
+      auto it = tensorIndex.find(b.name);
+      if (it == tensorIndex.end()) {
+        status = Status::error(check.describe(i) +
+                               " is not a trainable tensor of the config");
+        break;
+      }
+      std::vector<int> &slots = b.role == BufferRole::Parameter ? m.param
+                                : b.role == BufferRole::Master  ? m.master
+                                : b.role == BufferRole::Moment1 ? m.moment1
+                                                                : m.moment2;
+      DType dtype = b.role == BufferRole::Parameter ? DType::BF16 : DType::F32;
+      status =
+          check.claim(i, slots[it->second], {dtype}, table[it->second].shape);
+      break;
+    }
+    case BufferRole::Counter:
+      if (b.name == "step")
+        status = check.claimScalar(i, m.stepCounter, DType::I32);
+      else if (b.name == "total_steps")
+        status = check.claimScalar(i, m.totalStepsCounter, DType::I32);
+      else
+        status = Status::error(check.describe(i) +
+                               " is not one the runtime writes (step, "
+                               "total_steps)");
+      break;
+    case BufferRole::Metric: {
+      if (b.dtype != DType::F32 || shapeNumel(b.shape) < 1) {
+        status = Status::error(check.describe(i) + " has dtype " +
+                               dtypeName(b.dtype) + " and shape " +
+                               shapeString(b.shape) +
+                               " but metrics are F32 with at least one "
+                               "element");
+        break;
+      }
+      m.metrics.push_back(i);
+      int unused = -1;
+      int &slot = b.name == "loss"        ? m.loss
+                  : b.name == "acc"       ? m.acc
+                  : b.name == "grad_norm" ? m.gradNorm
+                  : b.name == "lr"        ? m.lr
+                                          : unused;
+      if (&slot != &unused)
+        status = check.claimScalar(i, slot, DType::F32);
+      break;
+    }
+    }
+    if (!status.ok())
+      return status;
+  }
+
+  struct Required {
+    int index;
+    const char *what;
+  } required[] = {
+      {m.inputIds, "input buffer 'input_ids'"},
+      {m.lossMask, "input buffer 'loss_mask'"},
+      {m.targetHidden, "input buffer 'target_hidden'"},
+      {m.anchors, "input buffer 'anchors'"},
+      {m.keep, "input buffer 'keep'"},
+      {m.embed, "frozen buffer 'embed'"},
+      {m.stepCounter, "counter buffer 'step'"},
+      {m.totalStepsCounter, "counter buffer 'total_steps'"},
+      {m.loss, "metric buffer 'loss'"},
+      {m.acc, "metric buffer 'acc'"},
+      {m.gradNorm, "metric buffer 'grad_norm'"},
+      {m.lr, "metric buffer 'lr'"},
+  };
+  for (const Required &r : required)
+    if (r.index < 0)
+      return Status::error("step program: has no " + std::string(r.what));
+  if (!c.tieWordEmbeddings && m.lmHead < 0)
+    return Status::error("step program: has no frozen buffer 'lm_head' but "
+                         "the target does not tie it to the embedding");
+  const char *roles[] = {"parameter", "master", "moment1", "moment2"};
+  const std::vector<int> *lists[] = {&m.param, &m.master, &m.moment1,
+                                     &m.moment2};
+  for (int r = 0; r < 4; ++r)
+    for (size_t t = 0; t < table.size(); ++t)
+      if ((*lists[r])[t] < 0)
+        return Status::error("step program: has no " + std::string(roles[r]) +
+                             " buffer for '" + table[t].name + "'");
+  map = std::move(m);
+  return Status::success();
+}
+
+StepHyper dflash::rt::stepHyperFor(const ModelConfig &c, double lr,
+                                   double warmupRatio) {
+  StepHyper hyper;
+  hyper.lr = float(lr);
+  hyper.warmupRatio = float(warmupRatio);
+  hyper.maxGradNorm = float(c.maxGradNorm);
+  hyper.beta1 = float(c.beta1);
+  hyper.beta2 = float(c.beta2);
+  hyper.eps = float(c.adamEps);
+  hyper.weightDecay = float(c.weightDecay);
+  return hyper;
+}
+
+//===----------------------------------------------------------------------===//
+// Checkpoint layout
+//===----------------------------------------------------------------------===//
+
+static const char *kRunFormat = "dflash-trainer-run";
+
+Status dflash::rt::writeRunSettings(const std::string &path,
+                                    const RunSettings &run) {
+  nlohmann::ordered_json json;
+  json["format"] = kRunFormat;
+  json["version"] = 1;
+  json["total_steps"] = run.totalSteps;
+  json["seed"] = run.seed;
+  json["lr"] = run.lr;
+  json["warmup_ratio"] = run.warmupRatio;
+  json["data"] = run.data;
+  json["synthetic_rows"] = run.syntheticRows;
+  json["world_size"] = run.worldSize;
+  return writeFileAtomically(path, json.dump(2) + "\n");
+}
+
+Status dflash::rt::readRunSettings(const std::string &checkpointDir,
+                                   RunSettings &run, bool &found) {
+  std::string path = checkpointDir + "/" + kRunSettingsFile;
+  std::error_code ec;
+  found = fs::exists(path, ec);
+  if (!found)
+    return Status::success();
+  std::string text;
+  if (Status s = readTextFile(path, text); !s.ok())
+    return s;
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
+  if (json.is_discarded() || !json.is_object())
+    return Status::error(path + ": not a json object");
+  auto format = json.find("format");
+  if (format == json.end() || *format != kRunFormat)
+    return Status::error(path + ": 'format' is not '" +
+                         std::string(kRunFormat) + "'");
+  RunSettings read;
+  auto field = [&](const char *key, auto &value,
+                   bool (nlohmann::json::*is)() const) -> Status {
+    auto it = json.find(key);
+    if (it == json.end() || !((*it).*is)())
+      return Status::error(path + ": '" + key + "' is missing or has the " +
+                           "wrong type");
+    value = it->get<std::remove_reference_t<decltype(value)>>();
+    return Status::success();
+  };
+  Status status =
+      field("total_steps", read.totalSteps, &nlohmann::json::is_number_integer);
+  if (status.ok())
+    status = field("seed", read.seed, &nlohmann::json::is_number_integer);
+  if (status.ok())
+    status = field("lr", read.lr, &nlohmann::json::is_number);
+  if (status.ok())
+    status =
+        field("warmup_ratio", read.warmupRatio, &nlohmann::json::is_number);
+  if (status.ok())
+    status = field("data", read.data, &nlohmann::json::is_string);
+  if (status.ok())
+    status = field("synthetic_rows", read.syntheticRows,
+                   &nlohmann::json::is_number_integer);
+  if (status.ok())
+    status =
+        field("world_size", read.worldSize, &nlohmann::json::is_number_integer);
+  if (!status.ok())
+    return status;
+  if (read.totalSteps < 1)
+    return Status::error(path + ": 'total_steps' must be positive");
+  run = read;
+  return Status::success();
+}
+
+std::string dflash::rt::checkpointDirectory(const std::string &outDir,
+                                            int64_t steps) {
+  return outDir + "/checkpoint-" + std::to_string(steps);
+}
+
+bool dflash::rt::checkpointDue(int64_t stepsDone, int64_t finalStep,
+                               int64_t saveEvery) {
+  if (stepsDone <= 0)
+    return false;
+  if (stepsDone == finalStep)
+    return true;
+  return saveEvery > 0 && stepsDone % saveEvery == 0;
+}
+
+Status dflash::rt::resolveCheckpoint(const std::string &path,
+                                     std::string &checkpointDir) {
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return Status::error(path + ": no such directory");
+  if (!fs::is_directory(path, ec))
+    return Status::error(path + ": not a directory");
+  if (fs::exists(path + "/" + kTrainingStateFile, ec)) {
+    checkpointDir = path;
+    return Status::success();
+  }
+  std::string latestPath = path + "/" + kLatestFile;
+  if (!fs::exists(latestPath, ec))
+    return Status::error(
+        path + ": neither a training checkpoint (no " + kTrainingStateFile +
+        ") nor an output directory with a '" + kLatestFile + "' file");
+  std::string name;
+  if (Status s = readTextFile(latestPath, name); !s.ok())
+    return s;
+  while (!name.empty() && std::isspace((unsigned char)name.back()))
+    name.pop_back();
+  if (name.empty() || name.find('/') != std::string::npos)
+    return Status::error(latestPath + ": does not name a checkpoint directory");
+  std::string candidate = path + "/" + name;
+  if (!fs::exists(candidate + "/" + kTrainingStateFile, ec))
+    return Status::error(latestPath + ": names '" + name + "' but " +
+                         candidate + " has no " + kTrainingStateFile);
+  checkpointDir = candidate;
+  return Status::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Trainer
+//===----------------------------------------------------------------------===//
+
+Trainer::Trainer(StepProgram &program, DeviceContext &device,
+                 TrainerOptions options)
+    : program(program), device(device), options(std::move(options)),
+      config(program.config()) {}
+
+Trainer::~Trainer() { releaseDeviceObjects(); }
+
+void Trainer::releaseDeviceObjects() {
+  // The prefetch thread reads into pinned slots: stop it before anything is
+  // freed.
+  prefetcher.reset();
+  (void)device.makeCurrent();
+  if (graphExec)
+    (void)cudaGraphExecDestroy(graphExec);
+  if (graph)
+    (void)cudaGraphDestroy(graph);
+  for (cudaEvent_t event : {stepStart, stepEnd, copiesDone, metricsDone})
+    if (event)
+      (void)cudaEventDestroy(event);
+  if (hostCounters)
+    (void)cudaFreeHost(hostCounters);
+  if (hostMetrics)
+    (void)cudaFreeHost(hostMetrics);
+  graphExec = nullptr;
+  graph = nullptr;
+  stepStart = stepEnd = copiesDone = metricsDone = nullptr;
+  hostCounters = nullptr;
+  hostMetrics = nullptr;
+}
+
+Status Trainer::upload(int index, const void *data, size_t bytes) {
+  const BufferSpec &spec = program.buffers()[size_t(index)];
+  if (bytes != spec.bytes())
+    return Status::error("buffer '" + spec.name + "' needs " +
+                         std::to_string(spec.bytes()) + " bytes but " +
+                         std::to_string(bytes) + " were given");
+  if (Status s = cudaCallStatus(
+          cudaMemcpyAsync(device.buffers()[size_t(index)], data, bytes,
+                          cudaMemcpyHostToDevice, device.stream()),
+          "copying '" + spec.name + "' to the device");
+      !s.ok())
+    return s;
+  // The sources are often temporaries of the caller: wait until they are
+  // read.
+  return device.synchronize("copying '" + spec.name + "' to the device");
+}
+
+Status Trainer::download(int index, void *data, size_t bytes) {
+  const BufferSpec &spec = program.buffers()[size_t(index)];
+  if (bytes != spec.bytes())
+    return Status::error("buffer '" + spec.name + "' holds " +
+                         std::to_string(spec.bytes()) + " bytes but " +
+                         std::to_string(bytes) + " were asked for");
+  return cudaCallStatus(cudaMemcpyAsync(data, device.buffers()[size_t(index)],
+                                        bytes, cudaMemcpyDeviceToHost,
+                                        device.stream()),
+                        "copying '" + spec.name + "' from the device");
+}
+
+Status Trainer::init(TrainerInputs given) {
+  if (initialised)
+    return Status::error("the trainer is initialised twice");
+  inputs = std::move(given);
+  if (!inputs.target || !inputs.rows)
+    return Status::error("the trainer needs target weights and a row source");
+  if (options.run.worldSize != 1)
+    return Status::error("training over " +
+                         std::to_string(options.run.worldSize) +
+                         " GPUs is not supported yet");
+  if (options.finalStep < 1 || options.run.totalSteps < options.finalStep)
+    return Status::error(
+        "the run needs 1 <= steps (" + std::to_string(options.finalStep) +
+        ") <= total steps (" + std::to_string(options.run.totalSteps) + ")");
+  if (Status s = device.makeCurrent(); !s.ok())
+    return s;
+  if (Status s = mapStepBuffers(program.buffers(), config, map); !s.ok())
+    return s;
+
+  // Host data against the config (the loaders check it too; this guards
+  // callers that build inputs themselves).
+  std::vector<ParamInfo> table = parameterTable(config);
+  if (inputs.params.size() != table.size())
+    return Status::error("got " + std::to_string(inputs.params.size()) +
+                         " parameter tensors but the model has " +
+                         std::to_string(table.size()));
+  for (size_t t = 0; t < table.size(); ++t)
+    if (int64_t(inputs.params[t].size()) != table[t].numel())
+      return Status::error("parameter '" + table[t].name + "' has " +
+                           std::to_string(inputs.params[t].size()) +
+                           " elements but needs " +
+                           std::to_string(table[t].numel()));
+  if (inputs.resume) {
+    const TrainingState &r = *inputs.resume;
+    for (const auto *group : {&r.master, &r.adamM, &r.adamV}) {
+      if (group->size() != table.size())
+        return Status::error(
+            "the resumed optimizer state has " + std::to_string(group->size()) +
+            " tensors but the model has " + std::to_string(table.size()));
+      for (size_t t = 0; t < table.size(); ++t)
+        if (int64_t((*group)[t].size()) != table[t].numel())
+          return Status::error("the resumed optimizer state of '" +
+                               table[t].name + "' has the wrong size");
+    }
+  }
+  const size_t frozenElements =
+      size_t(config.vocabSize) * size_t(config.hiddenSize);
+  if (inputs.target->embed.size() != frozenElements ||
+      (!inputs.target->tied && inputs.target->lmHead.size() != frozenElements))
+    return Status::error("the target's embedding or lm_head does not have " +
+                         std::to_string(config.vocabSize) + " x " +
+                         std::to_string(config.hiddenSize) + " elements");
+
+  if (Status s = device.allocate(program.buffers(), program.arenaBytes());
+      !s.ok())
+    return s;
+  if (Status s = device.memory(afterAllocation); !s.ok())
+    return s;
+
+  // Frozen weights; a tied target fills an lm_head buffer with the
+  // embedding should the step have one.
+  if (Status s =
+          upload(map.embed, inputs.target->embed.data(), frozenElements * 2);
+      !s.ok())
+    return s;
+  if (map.lmHead >= 0)
+    if (Status s =
+            upload(map.lmHead, inputs.target->lmHeadData(), frozenElements * 2);
+        !s.ok())
+      return s;
+
+  // Parameters, fp32 masters (the bf16 values widened, or the resumed
+  // ones), Adam moments (zero from allocate(), or the resumed ones).
+  std::vector<float> widened;
+  for (size_t t = 0; t < table.size(); ++t) {
+    const std::vector<uint16_t> &param = inputs.params[t];
+    if (Status s = upload(map.param[t], param.data(), param.size() * 2);
+        !s.ok())
+      return s;
+    const float *master;
+    if (inputs.resume) {
+      master = inputs.resume->master[t].data();
+    } else {
+      widened.resize(param.size());
+      bf16ToFloats(param.data(), widened.data(), param.size());
+      master = widened.data();
+    }
+    if (Status s = upload(map.master[t], master, param.size() * 4); !s.ok())
+      return s;
+    if (inputs.resume) {
+      if (Status s = upload(map.moment1[t], inputs.resume->adamM[t].data(),
+                            param.size() * 4);
+          !s.ok())
+        return s;
+      if (Status s = upload(map.moment2[t], inputs.resume->adamV[t].data(),
+                            param.size() * 4);
+          !s.ok())
+        return s;
+    }
+  }
+
+  // Pinned host scalars: counters in, metrics out.
+  if (Status s = cudaCallStatus(
+          cudaHostAlloc(reinterpret_cast<void **>(&hostCounters),
+                        2 * sizeof(int32_t), cudaHostAllocDefault),
+          "cudaHostAlloc of the step counters");
+      !s.ok())
+    return s;
+  size_t metricFloats = 0;
+  for (int index : map.metrics) {
+    metricOffsets.push_back(metricFloats);
+    metricFloats += size_t(shapeNumel(program.buffers()[size_t(index)].shape));
+  }
+  if (Status s = cudaCallStatus(
+          cudaHostAlloc(reinterpret_cast<void **>(&hostMetrics),
+                        metricFloats * sizeof(float), cudaHostAllocDefault),
+          "cudaHostAlloc of the step metrics");
+      !s.ok())
+    return s;
+  if (options.run.totalSteps > INT32_MAX)
+    return Status::error("total steps " +
+                         std::to_string(options.run.totalSteps) +
+                         " do not fit the step's int32 counter");
+  completedSteps = inputs.resume ? inputs.resume->step : 0;
+  hostCounters[0] = int32_t(completedSteps);
+  hostCounters[1] = int32_t(options.run.totalSteps);
+  if (Status s = upload(map.totalStepsCounter, &hostCounters[1], 4); !s.ok())
+    return s;
+  if (Status s = upload(map.stepCounter, &hostCounters[0], 4); !s.ok())
+    return s;
+
+  for (cudaEvent_t *event : {&stepStart, &stepEnd})
+    if (Status s = cudaCallStatus(cudaEventCreate(event), "cudaEventCreate");
+        !s.ok())
+      return s;
+  for (cudaEvent_t *event : {&copiesDone, &metricsDone})
+    if (Status s = cudaCallStatus(
+            cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+            "cudaEventCreateWithFlags");
+        !s.ok())
+      return s;
+
+  program.bind(device.buffers(), device.arena(), device.resources(),
+               stepHyperFor(config, options.run.lr, options.run.warmupRatio));
+
+  // Data: this rank's batches in BatchLoader order, from the resumed
+  // position when there is one.
+  loader = std::make_unique<BatchLoader>(*inputs.rows, config, options.run.seed,
+                                         /*rank=*/0,
+                                         /*worldSize=*/1);
+  if (Status s = loader->validate(); !s.ok())
+    return s;
+  if (inputs.resume)
+    if (Status s = loader->seek(inputs.resume->data, inputs.resume->rngState);
+        !s.ok())
+      return s;
+  dataPosition = loader->position();
+  anchorRngState = loader->anchorRngState();
+  prefetcher = std::make_unique<BatchPrefetcher>(
+      *loader, config, HostMemory::Pinned, options.prefetchSlots);
+  if (Status s = prefetcher->start(); !s.ok())
+    return s;
+
+  // The device holds everything now; drop the host copies.
+  inputs.params.clear();
+  inputs.params.shrink_to_fit();
+  inputs.resume.reset();
+  inputs.target = nullptr;
+  initialised = true;
+  return Status::success();
+}
+
+Status Trainer::captureGraph() {
+  cudaStream_t stream = device.stream();
+  // Thread-local: other trainers of this process may make unsafe calls
+  // (cudaMalloc, synchronisation) on their own threads meanwhile.
+  if (Status s = cudaCallStatus(
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+      !s.ok())
+    return s;
+  program.enqueue(stream);
+  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (Status s = cudaCallStatus(
+          ended, "capturing the step as a CUDA graph (try --no-graph to run "
+                 "it eagerly)");
+      !s.ok())
+    return s;
+  return cudaCallStatus(cudaGraphInstantiate(&graphExec, graph, 0),
+                        "cudaGraphInstantiate of the step");
+}
+
+namespace {
+/// Hands a prefetched batch back on every path out of a step.
+class BatchLease {
+public:
+  BatchLease(BatchPrefetcher &prefetcher, PrefetchedBatch *batch)
+      : prefetcher(prefetcher), batch(batch) {}
+  BatchLease(const BatchLease &) = delete;
+  BatchLease &operator=(const BatchLease &) = delete;
+  ~BatchLease() { release(); }
+  void release() {
+    if (batch)
+      prefetcher.release(batch);
+    batch = nullptr;
+  }
+
+private:
+  BatchPrefetcher &prefetcher;
+  PrefetchedBatch *batch;
+};
+
+std::string numberText(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+} // namespace
+
+Status Trainer::step(StepMetrics &metrics) {
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  if (poisoned)
+    return Status::error("step " + std::to_string(completedSteps) +
+                         ": an earlier step left non-finite values on the "
+                         "device");
+  PrefetchedBatch *batch = nullptr;
+  if (Status s = prefetcher->acquire(batch); !s.ok())
+    return Status::error("step " + std::to_string(completedSteps) + ": " +
+                         s.message());
+  BatchLease lease(*prefetcher, batch);
+  const std::string where = "step " + std::to_string(completedSteps);
+
+  if (options.useGraph && !graphExec)
+    if (Status s = captureGraph(); !s.ok())
+      return Status::error(where + ": " + s.message());
+
+  cudaStream_t stream = device.stream();
+  const std::vector<void *> &buffers = device.buffers();
+  const std::vector<BufferSpec> &specs = program.buffers();
+  struct InputCopy {
+    int index;
+    const void *source;
+  } copies[] = {
+      {map.inputIds, batch->inputIds},
+      {map.lossMask, batch->lossMask},
+      {map.targetHidden, batch->hiddenStates},
+      {map.anchors, batch->anchors},
+      {map.keep, batch->keep},
+  };
+  if (Status s = cudaCallStatus(cudaEventRecord(stepStart, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+  for (const InputCopy &copy : copies)
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(buffers[size_t(copy.index)], copy.source,
+                            specs[size_t(copy.index)].bytes(),
+                            cudaMemcpyHostToDevice, stream),
+            where + ": copying '" + specs[size_t(copy.index)].name +
+                "' to the device");
+        !s.ok())
+      return s;
+  // The previous step's copy of this pinned scalar has completed: every
+  // step ends with a wait for its metrics.
+  hostCounters[0] = int32_t(completedSteps);
+  if (Status s = cudaCallStatus(
+          cudaMemcpyAsync(buffers[size_t(map.stepCounter)], &hostCounters[0],
+                          sizeof(int32_t), cudaMemcpyHostToDevice, stream),
+          where + ": copying the step counter to the device");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(cudaEventRecord(copiesDone, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+
+  if (options.useGraph) {
+    if (Status s = cudaCallStatus(cudaGraphLaunch(graphExec, stream),
+                                  where + ": cudaGraphLaunch");
+        !s.ok())
+      return s;
+  } else {
+    program.enqueue(stream);
+    if (Status s =
+            cudaCallStatus(cudaGetLastError(), where + ": launching the step");
+        !s.ok())
+      return s;
+  }
+  if (Status s = cudaCallStatus(cudaEventRecord(stepEnd, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+  for (size_t m = 0; m < map.metrics.size(); ++m) {
+    int index = map.metrics[m];
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(
+                hostMetrics + metricOffsets[m], buffers[size_t(index)],
+                specs[size_t(index)].bytes(), cudaMemcpyDeviceToHost, stream),
+            where + ": copying metric '" + specs[size_t(index)].name +
+                "' from the device");
+        !s.ok())
+      return s;
+  }
+  if (Status s = cudaCallStatus(cudaEventRecord(metricsDone, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+
+  // Free the slot as soon as its copies are done, so that the prefetch
+  // thread refills it while the step runs.
+  if (Status s = cudaCallStatus(cudaEventSynchronize(copiesDone),
+                                where + ": copying the batch to the device");
+      !s.ok())
+    return s;
+  DataPosition positionAfter = batch->positionAfter;
+  Rng::State rngAfter = batch->anchorRngAfter;
+  lease.release();
+  if (Status s = cudaCallStatus(cudaEventSynchronize(metricsDone),
+                                where + ": running the step");
+      !s.ok())
+    return s;
+  float elapsedMs = 0;
+  if (Status s =
+          cudaCallStatus(cudaEventElapsedTime(&elapsedMs, stepStart, stepEnd),
+                         where + ": cudaEventElapsedTime");
+      !s.ok())
+    return s;
+
+  auto metricValue = [&](int index) {
+    for (size_t m = 0; m < map.metrics.size(); ++m)
+      if (map.metrics[m] == index)
+        return double(hostMetrics[metricOffsets[m]]);
+    return 0.0;
+  };
+  metrics = StepMetrics();
+  metrics.step = completedSteps;
+  metrics.loss = metricValue(map.loss);
+  metrics.acc = metricValue(map.acc);
+  metrics.gradNorm = metricValue(map.gradNorm);
+  metrics.lr = metricValue(map.lr);
+  metrics.stepMs = elapsedMs;
+  setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());
+  if (afterFirstStep.totalBytes == 0)
+    if (Status s = device.memory(afterFirstStep); !s.ok())
+      return s;
+
+  if (!metrics.finite()) {
+    // The optimizer has applied the bad update in place: nothing on the
+    // device may be saved any more.
+    poisoned = true;
+    return Status::error(where + ": the loss is " + numberText(metrics.loss) +
+                         " and grad_norm is " + numberText(metrics.gradNorm) +
+                         "; stopped without saving this state (" +
+                         (lastCheckpoint.empty()
+                              ? std::string("no checkpoint was saved")
+                              : "the last checkpoint is " + lastCheckpoint) +
+                         ")");
+  }
+  ++completedSteps;
+  dataPosition = positionAfter;
+  anchorRngState = rngAfter;
+  return Status::success();
+}
+
+Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
+                          TrainingState &state) {
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  std::vector<ParamInfo> table = parameterTable(config);
+  params.assign(table.size(), {});
+  state = TrainingState();
+  state.master.assign(table.size(), {});
+  state.adamM.assign(table.size(), {});
+  state.adamV.assign(table.size(), {});
+  for (size_t t = 0; t < table.size(); ++t) {
+    size_t n = size_t(table[t].numel());
+    params[t].resize(n);
+    state.master[t].resize(n);
+    state.adamM[t].resize(n);
+    state.adamV[t].resize(n);
+    Status status = download(map.param[t], params[t].data(), n * 2);
+    if (status.ok())
+      status = download(map.master[t], state.master[t].data(), n * 4);
+    if (status.ok())
+      status = download(map.moment1[t], state.adamM[t].data(), n * 4);
+    if (status.ok())
+      status = download(map.moment2[t], state.adamV[t].data(), n * 4);
+    if (!status.ok())
+      return status;
+  }
+  if (Status s = device.synchronize("copying the training state to the host");
+      !s.ok())
+    return s;
+  state.step = completedSteps;
+  state.data = dataPosition;
+  state.rngState = anchorRngState;
+  return Status::success();
+}
+
+Status Trainer::saveCheckpoint(std::string &dir) {
+  if (poisoned)
+    return Status::error("the device state is not finite and is not saved");
+  if (options.outDir.empty())
+    return Status::error("no output directory to save a checkpoint in");
+  std::vector<std::vector<uint16_t>> params;
+  TrainingState state;
+  if (Status s = readState(params, state); !s.ok())
+    return s;
+  std::vector<const uint16_t *> paramPointers;
+  for (const std::vector<uint16_t> &p : params)
+    paramPointers.push_back(p.data());
+
+  // The checkpoint and its run settings appear together: both are written
+  // into one staged directory (saveTrainingCheckpoint swaps its own files
+  // into the staged one).
+  std::string target = checkpointDirectory(options.outDir, completedSteps);
+  StagedDirectory staged;
+  Status status = staged.begin(target);
+  if (status.ok())
+    status = saveTrainingCheckpoint(staged.path(), config, paramPointers,
+                                    state.ref());
+  if (status.ok())
+    status =
+        writeRunSettings(staged.path() + "/" + kRunSettingsFile, options.run);
+  if (status.ok())
+    status = staged.commit();
+  if (status.ok())
+    status = writeFileAtomically(options.outDir + "/" + kLatestFile,
+                                 "checkpoint-" +
+                                     std::to_string(completedSteps) + "\n");
+  if (!status.ok())
+    return status;
+  lastCheckpoint = target;
+  dir = target;
+  return Status::success();
+}
+
+Status Trainer::exportFinal(std::string &dir) {
+  if (poisoned)
+    return Status::error("the device state is not finite and is not exported");
+  if (options.outDir.empty())
+    return Status::error("no output directory to export the drafter to");
+  std::vector<ParamInfo> table = parameterTable(config);
+  std::vector<std::vector<uint16_t>> params(table.size());
+  std::vector<const uint16_t *> paramPointers;
+  for (size_t t = 0; t < table.size(); ++t) {
+    params[t].resize(size_t(table[t].numel()));
+    if (Status s =
+            download(map.param[t], params[t].data(), params[t].size() * 2);
+        !s.ok())
+      return s;
+    paramPointers.push_back(params[t].data());
+  }
+  if (Status s = device.synchronize("copying the parameters to the host");
+      !s.ok())
+    return s;
+  std::string target = options.outDir + "/" + kFinalDir;
+  if (Status s = exportCheckpoint(target, config, paramPointers); !s.ok())
+    return s;
+  dir = target;
+  return Status::success();
+}
+
+Status Trainer::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
+  outcome = TrainerOutcome();
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  if (Status s = device.makeCurrent(); !s.ok())
+    return s;
+  const int64_t firstStep = completedSteps;
+  int64_t lastSaved = -1;
+  auto finish = [&](Status status) {
+    outcome.stepsDone = completedSteps;
+    outcome.stepsThisRun = completedSteps - firstStep;
+    outcome.lastCheckpoint = lastCheckpoint;
+    return status;
+  };
+  auto save = [&]() -> Status {
+    std::string dir;
+    if (Status s = saveCheckpoint(dir); !s.ok())
+      return s;
+    lastSaved = completedSteps;
+    if (hooks.onNote)
+      hooks.onNote("saved checkpoint " + dir);
+    return Status::success();
+  };
+  auto stopRequested = [&] {
+    return hooks.stopSignal ? hooks.stopSignal->load() : 0;
+  };
+
+  while (completedSteps < options.finalStep) {
+    if (int signal = stopRequested()) {
+      outcome.stoppedBySignal = signal;
+      break;
+    }
+    StepMetrics metrics;
+    Status status = step(metrics);
+    // A non-finite step still reports its metrics, so that the log shows
+    // it; other failures have none.
+    bool reported = status.ok() || poisoned;
+    if (reported && hooks.onStep) {
+      Status logged = hooks.onStep(metrics);
+      if (status.ok())
+        status = logged;
+    }
+    if (!status.ok())
+      return finish(status);
+    if (!options.outDir.empty() &&
+        checkpointDue(completedSteps, options.finalStep, options.saveEvery))
+      if (Status s = save(); !s.ok())
+        return finish(s);
+  }
+  if (outcome.stoppedBySignal) {
+    if (!options.outDir.empty() && completedSteps > firstStep &&
+        lastSaved != completedSteps)
+      if (Status s = save(); !s.ok())
+        return finish(s);
+    return finish(Status::success());
+  }
+  if (!options.outDir.empty() && options.exportFinal) {
+    std::string dir;
+    if (Status s = exportFinal(dir); !s.ok())
+      return finish(s);
+    outcome.finalExport = dir;
+    if (hooks.onNote)
+      hooks.onNote("exported the drafter to " + dir);
+  }
+  return finish(Status::success());
+}

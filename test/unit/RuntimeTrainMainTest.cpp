@@ -1,0 +1,1091 @@
+//===- RuntimeTrainMainTest.cpp - The trainer's host side, without a GPU --===//
+//
+// Command line parsing and validation, host-side preparation (data, target,
+// resume), metrics formatting, the progress line, checkpoint layout and
+// schedule, the step buffer map and the prefetch thread. A fake StepProgram
+// provides config() and buffers(); nothing here needs a GPU, and the one
+// test that would reach the GPU checks the "no device" error and is skipped
+// where a device exists.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/DeviceContext.h"
+#include "runtime/Prefetch.h"
+#include "runtime/Progress.h"
+#include "runtime/Synthetic.h"
+#include "runtime/TrainMain.h"
+#include "runtime/Trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <unistd.h>
+
+using namespace dflash::rt;
+namespace fs = std::filesystem;
+
+namespace {
+
+ModelConfig smallConfig() {
+  ModelConfig c;
+  c.name = "trainmain";
+  c.targetModel = "test/target";
+  c.targetNumLayers = 4;
+  c.targetHiddenSize = c.hiddenSize = 16;
+  c.vocabSize = 64;
+  c.targetLayerIds = {1, 2};
+  c.numLayers = 1;
+  c.intermediateSize = 32;
+  c.numHeads = 2;
+  c.numKvHeads = 1;
+  c.headDim = 8;
+  c.blockSize = 4;
+  c.maskTokenId = 63;
+  c.maxPositionEmbeddings = 128;
+  c.layerWindows = {0};
+  c.seqLen = 32;
+  c.anchorsPerRow = 3;
+  c.rowsPerGpu = 2;
+  c.seed = 7;
+  c.lr = 3e-3;
+  c.warmupRatio = 0.04;
+  c.totalSteps = 50;
+  return c;
+}
+
+/// Every buffer a compiled step of `c` has, in the compiler's order.
+std::vector<BufferSpec> stepBuffers(const ModelConfig &c) {
+  const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
+  std::vector<BufferSpec> buffers = {
+      {"input_ids", BufferRole::Input, DType::I32, {B, S}},
+      {"loss_mask", BufferRole::Input, DType::U8, {B, S}},
+      {"target_hidden",
+       BufferRole::Input,
+       DType::BF16,
+       {B, S, c.contextWidth()}},
+      {"anchors", BufferRole::Input, DType::I32, {B, N}},
+      {"keep", BufferRole::Input, DType::U8, {B, N}},
+      {"embed", BufferRole::Frozen, DType::BF16, {c.vocabSize, c.hiddenSize}},
+  };
+  if (!c.tieWordEmbeddings)
+    buffers.push_back({"lm_head",
+                       BufferRole::Frozen,
+                       DType::BF16,
+                       {c.vocabSize, c.hiddenSize}});
+  for (const ParamInfo &p : parameterTable(c))
+    buffers.push_back({p.name, BufferRole::Parameter, DType::BF16, p.shape});
+  for (const ParamInfo &p : parameterTable(c)) {
+    buffers.push_back({p.name, BufferRole::Master, DType::F32, p.shape});
+    buffers.push_back({p.name, BufferRole::Moment1, DType::F32, p.shape});
+    buffers.push_back({p.name, BufferRole::Moment2, DType::F32, p.shape});
+  }
+  buffers.push_back({"step", BufferRole::Counter, DType::I32, {}});
+  buffers.push_back({"total_steps", BufferRole::Counter, DType::I32, {}});
+  for (const char *name : {"loss", "acc", "grad_norm", "lr"})
+    buffers.push_back({name, BufferRole::Metric, DType::F32, {}});
+  return buffers;
+}
+
+/// A step program with a shape and buffers but no kernels.
+class FakeStepProgram : public StepProgram {
+public:
+  explicit FakeStepProgram(ModelConfig c)
+      : cfg(std::move(c)), specs(stepBuffers(cfg)) {}
+  const ModelConfig &config() const override { return cfg; }
+  const std::vector<BufferSpec> &buffers() const override { return specs; }
+  size_t arenaBytes() const override { return 1024; }
+  size_t gemmWorkspaceBytes() const override { return 0; }
+  double flopsPerStep() const override { return 1e9; }
+  void bind(const std::vector<void *> &, void *, const DeviceResources &,
+            const StepHyper &) override {}
+  void enqueue(cudaStream_t) override {}
+
+private:
+  ModelConfig cfg;
+  std::vector<BufferSpec> specs;
+};
+
+std::unique_ptr<StepProgram> fakeFactory() {
+  return std::make_unique<FakeStepProgram>(smallConfig());
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string pattern =
+        (fs::temp_directory_path() / "dflash-trainmain-XXXXXX").string();
+    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/// argv for the parser; the strings live in the vector.
+class Args {
+public:
+  Args(std::initializer_list<std::string> items) : strings(items) {
+    strings.insert(strings.begin(), "train");
+    for (std::string &s : strings)
+      pointers.push_back(s.data());
+    pointers.push_back(nullptr);
+  }
+  int argc() const { return int(strings.size()); }
+  char **argv() { return pointers.data(); }
+
+private:
+  std::vector<std::string> strings;
+  std::vector<char *> pointers;
+};
+
+CommandLineAction parse(Args args, TrainOptions &options, std::string &text,
+                        const ModelConfig &config = smallConfig()) {
+  return parseTrainCommandLine(args.argc(), args.argv(), config, options, text);
+}
+
+/// Parses and validates; the error message, or "" when both succeed.
+std::string validationError(Args args,
+                            const ModelConfig &config = smallConfig()) {
+  TrainOptions options;
+  std::string text;
+  if (parse(std::move(args), options, text, config) != CommandLineAction::Train)
+    return "parse: " + text;
+  Status s = validateTrainOptions(options, config);
+  return s.ok() ? std::string() : s.message();
+}
+
+/// Runs trainMain, capturing stdout and stderr.
+int runTrainMain(Args args, std::string &out, std::string &err) {
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  int code = trainMain(args.argc(), args.argv(), &fakeFactory);
+  out = testing::internal::GetCapturedStdout();
+  err = testing::internal::GetCapturedStderr();
+  return code;
+}
+
+std::string readFile(const std::string &path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+/// Saves a small training checkpoint of `config` at `step` the way the
+/// trainer does (model, state, run settings), for resume tests.
+void writeTrainingCheckpoint(const std::string &dir, const ModelConfig &config,
+                             int64_t step, const RunSettings *run) {
+  std::vector<std::vector<uint16_t>> params = initialParameters(config, 1);
+  TrainingState state;
+  std::vector<const uint16_t *> pointers;
+  for (const auto &p : params) {
+    pointers.push_back(p.data());
+    state.master.emplace_back(p.size(), 0.5f);
+    state.adamM.emplace_back(p.size(), 0.0f);
+    state.adamV.emplace_back(p.size(), 0.0f);
+  }
+  state.step = step;
+  state.rngState = Rng(3).state();
+  state.data = {0, 4};
+  ASSERT_TRUE(saveTrainingCheckpoint(dir, config, pointers, state.ref()).ok());
+  if (run) {
+    ASSERT_TRUE(writeRunSettings(dir + "/" + kRunSettingsFile, *run).ok());
+  }
+}
+
+} // namespace
+
+//===----------------------------------------------------------------------===//
+// Command line
+//===----------------------------------------------------------------------===//
+
+TEST(TrainCommandLine, DefaultsComeFromTheConfig) {
+  TrainOptions o;
+  std::string text;
+  ASSERT_EQ(parse({"--data", "synthetic"}, o, text), CommandLineAction::Train)
+      << text;
+  EXPECT_EQ(o.steps, 50);
+  EXPECT_DOUBLE_EQ(o.lr, 3e-3);
+  EXPECT_DOUBLE_EQ(o.warmupRatio, 0.04);
+  EXPECT_EQ(o.seed, 7u);
+  EXPECT_EQ(o.rows, 256);
+  EXPECT_EQ(o.out, "./dflash-out");
+  EXPECT_EQ(o.gpus, std::vector<int>{0});
+  EXPECT_FALSE(o.noGraph);
+  EXPECT_FALSE(o.givenLr || o.givenSeed || o.givenTotalSteps ||
+               o.givenWarmupRatio || o.givenRows);
+}
+
+TEST(TrainCommandLine, EveryOptionIsRead) {
+  TrainOptions o;
+  std::string text;
+  ASSERT_EQ(parse({"--target",
+                   "t",
+                   "--data",
+                   "d",
+                   "--steps",
+                   "9",
+                   "--total-steps",
+                   "12",
+                   "--lr",
+                   "1e-4",
+                   "--warmup-ratio",
+                   "0.1",
+                   "--save-every",
+                   "3",
+                   "--out",
+                   "o",
+                   "--resume",
+                   "r",
+                   "--init",
+                   "i",
+                   "--seed",
+                   "11",
+                   "--log",
+                   "l.jsonl",
+                   "--rows",
+                   "5",
+                   "--gpus",
+                   "2",
+                   "--no-graph",
+                   "--progress-every",
+                   "4"},
+                  o, text),
+            CommandLineAction::Train)
+      << text;
+  EXPECT_EQ(o.target, "t");
+  EXPECT_EQ(o.data, "d");
+  EXPECT_EQ(o.steps, 9);
+  EXPECT_EQ(o.totalSteps, 12);
+  EXPECT_DOUBLE_EQ(o.lr, 1e-4);
+  EXPECT_DOUBLE_EQ(o.warmupRatio, 0.1);
+  EXPECT_EQ(o.saveEvery, 3);
+  EXPECT_EQ(o.out, "o");
+  EXPECT_EQ(o.resume, "r");
+  EXPECT_EQ(o.init, "i");
+  EXPECT_EQ(o.seed, 11u);
+  EXPECT_EQ(o.log, "l.jsonl");
+  EXPECT_EQ(o.rows, 5);
+  EXPECT_EQ(o.gpus, std::vector<int>{2});
+  EXPECT_TRUE(o.noGraph);
+  EXPECT_EQ(o.progressEvery, 4);
+  EXPECT_TRUE(o.givenLr && o.givenSeed && o.givenTotalSteps &&
+              o.givenWarmupRatio && o.givenRows);
+}
+
+TEST(TrainCommandLine, HelpListsOptionsWithDefaults) {
+  TrainOptions o;
+  std::string text;
+  ASSERT_EQ(parse({"--help"}, o, text), CommandLineAction::ShowHelp);
+  for (const char *expected :
+       {"--target", "--data",         "--steps",      "--total-steps",
+        "--lr",     "--warmup-ratio", "--save-every", "--out",
+        "--resume", "--init",         "--seed",       "--log",
+        "--rows",   "--gpus",         "--no-graph",   "0.003",
+        "0.04",     "./dflash-out",   "256",          "'trainmain'",
+        "SIGINT"})
+    EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n"
+                                                      << text;
+}
+
+TEST(TrainCommandLine, StepsAreRequiredWithoutASpecDefault) {
+  ModelConfig c = smallConfig();
+  c.totalSteps = 0;
+  TrainOptions o;
+  std::string text;
+  EXPECT_EQ(parse({"--data", "synthetic"}, o, text, c),
+            CommandLineAction::Fail);
+  EXPECT_NE(text.find("--steps is required"), std::string::npos) << text;
+}
+
+TEST(TrainCommandLine, BadArgumentsFail) {
+  struct Case {
+    std::vector<std::string> args;
+    const char *message;
+  } cases[] = {
+      {{"--data", "synthetic", "--bogus"}, "--bogus"},
+      {{"--steps", "3"}, "--data is required"},
+      {{"--data", "synthetic", "--steps", "three"}, "three"},
+      {{"--data", "synthetic", "--gpus", "0,x"}, "'x' is not a device index"},
+      {{"--data", "synthetic", "--gpus", ""}, "is not a device index"},
+      {{"--data", "synthetic", "extra"}, "extra"},
+  };
+  for (const Case &c : cases) {
+    TrainOptions o;
+    std::string text;
+    std::vector<const char *> argv = {"train"};
+    for (const std::string &a : c.args)
+      argv.push_back(a.c_str());
+    EXPECT_EQ(parseTrainCommandLine(int(argv.size()), argv.data(),
+                                    smallConfig(), o, text),
+              CommandLineAction::Fail)
+        << c.message;
+    EXPECT_NE(text.find(c.message), std::string::npos) << text;
+    ASSERT_FALSE(text.empty());
+    EXPECT_FALSE(std::isupper((unsigned char)text[0])) << text;
+  }
+}
+
+TEST(TrainCommandLine, GpuListIsParsed) {
+  TrainOptions o;
+  std::string text;
+  ASSERT_EQ(parse({"--data", "synthetic", "--gpus", "0,3"}, o, text),
+            CommandLineAction::Train)
+      << text;
+  EXPECT_EQ(o.gpus, (std::vector<int>{0, 3}));
+}
+
+//===----------------------------------------------------------------------===//
+// Validation
+//===----------------------------------------------------------------------===//
+
+TEST(TrainValidation, AcceptsAGoodCommandLine) {
+  TempDir dir;
+  EXPECT_EQ(validationError({"--data", "synthetic", "--out", dir.path + "/o"}),
+            "");
+  EXPECT_TRUE(fs::is_directory(dir.path + "/o"));
+}
+
+TEST(TrainValidation, NamesTheBadOption) {
+  TempDir dir;
+  std::string out = dir.path + "/out";
+  std::string file = dir.path + "/file";
+  std::ofstream(file) << "x";
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"--data", "synthetic", "--steps", "0"}, "--steps must be at least 1"},
+      {{"--data", "synthetic", "--total-steps", "10", "--steps", "20"},
+       "--total-steps (10) is smaller than --steps (20)"},
+      {{"--data", "synthetic", "--save-every", "-1"},
+       "--save-every must not be negative"},
+      {{"--data", "synthetic", "--rows", "0"}, "--rows must be at least 1"},
+      {{"--data", "synthetic", "--lr", "0"}, "--lr must be a positive number"},
+      {{"--data", "synthetic", "--warmup-ratio", "1"},
+       "--warmup-ratio must be in [0, 1)"},
+      {{"--data", "synthetic", "--gpus", "0,1"},
+       "training on 2 GPUs is not supported yet"},
+      {{"--data", dir.path + "/missing", "--target", dir.path},
+       "--data " + dir.path + "/missing: no such file or directory"},
+      {{"--data", dir.path}, "needs --target DIR"},
+      {{"--data", dir.path, "--target", dir.path, "--rows", "4"},
+       "--rows applies only to --data synthetic"},
+      {{"--data", "synthetic", "--target", dir.path + "/nothing"},
+       "--target " + dir.path + "/nothing: no such directory"},
+      {{"--data", "synthetic", "--target", file},
+       "--target " + file + ": not a directory"},
+      {{"--data", "synthetic", "--init", dir.path, "--resume", dir.path},
+       "--init and --resume exclude each other"},
+      {{"--data", "synthetic", "--resume", dir.path + "/none"},
+       "--resume " + dir.path + "/none: no such directory"},
+      {{"--data", "synthetic", "--out", ""}, "--out is empty"},
+      {{"--data", "synthetic", "--out", file},
+       "--out " + file + ": exists and is not a directory"},
+      {{"--data", "synthetic", "--out", file + "/sub"},
+       "--out " + file + "/sub: cannot create the directory"},
+      {{"--data", "synthetic", "--out", out, "--log",
+        dir.path + "/no/such/metrics.jsonl"},
+       "does not exist"},
+  };
+  for (const Case &c : cases) {
+    std::vector<std::string> args = c.args;
+    bool hasOut = false;
+    for (const std::string &a : args)
+      hasOut |= a == "--out";
+    if (!hasOut) {
+      args.push_back("--out");
+      args.push_back(out);
+    }
+    TrainOptions o;
+    std::string text;
+    std::vector<const char *> argv = {"train"};
+    for (const std::string &a : args)
+      argv.push_back(a.c_str());
+    ASSERT_EQ(parseTrainCommandLine(int(argv.size()), argv.data(),
+                                    smallConfig(), o, text),
+              CommandLineAction::Train)
+        << text;
+    Status s = validateTrainOptions(o, smallConfig());
+    ASSERT_FALSE(s.ok()) << c.message;
+    EXPECT_NE(s.message().find(c.message), std::string::npos)
+        << s.message() << "\nexpected: " << c.message;
+  }
+}
+
+TEST(TrainValidation, RefusesToOverwriteAnotherRun) {
+  TempDir dir;
+  std::ofstream(dir.path + "/latest") << "checkpoint-5\n";
+  std::string error =
+      validationError({"--data", "synthetic", "--out", dir.path});
+  EXPECT_NE(error.find("already holds a run"), std::string::npos) << error;
+  EXPECT_NE(error.find("--resume " + dir.path), std::string::npos) << error;
+}
+
+//===----------------------------------------------------------------------===//
+// Host-side preparation
+//===----------------------------------------------------------------------===//
+
+namespace {
+Status prepare(Args args, PreparedRun &run,
+               const ModelConfig &config = smallConfig()) {
+  TrainOptions options;
+  std::string text;
+  if (parse(std::move(args), options, text, config) != CommandLineAction::Train)
+    return Status::error("parse: " + text);
+  if (Status s = validateTrainOptions(options, config); !s.ok())
+    return s;
+  return prepareRun(options, config, run);
+}
+} // namespace
+
+TEST(TrainPrepare, SyntheticFreshRun) {
+  TempDir dir;
+  PreparedRun run;
+  Status s = prepare({"--data", "synthetic", "--steps", "20", "--rows", "9",
+                      "--out", dir.path, "--save-every", "5", "--no-graph"},
+                     run);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ModelConfig c = smallConfig();
+  ASSERT_TRUE(run.synthetic);
+  EXPECT_EQ(run.inputs.target, &run.synthetic->target());
+  EXPECT_EQ(run.inputs.rows->numRows(), 9);
+  EXPECT_EQ(run.inputs.params, run.synthetic->initialParameters());
+  EXPECT_FALSE(run.inputs.resume);
+  EXPECT_EQ(run.trainer.finalStep, 20);
+  EXPECT_EQ(run.trainer.run.totalSteps, 20);
+  EXPECT_EQ(run.trainer.run.seed, 7u);
+  EXPECT_EQ(run.trainer.run.data, "synthetic");
+  EXPECT_EQ(run.trainer.run.syntheticRows, 9);
+  EXPECT_EQ(run.trainer.saveEvery, 5);
+  EXPECT_FALSE(run.trainer.useGraph);
+  EXPECT_EQ(run.trainer.outDir, dir.path);
+  EXPECT_EQ(run.logPath, dir.path + "/metrics.jsonl");
+}
+
+TEST(TrainPrepare, TooFewRowsForOneStep) {
+  TempDir dir;
+  PreparedRun run;
+  Status s =
+      prepare({"--data", "synthetic", "--rows", "1", "--out", dir.path}, run);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("one step needs 2"), std::string::npos)
+      << s.message();
+}
+
+TEST(TrainPrepare, ShardsAndTargetFromDisk) {
+  TempDir dir;
+  ModelConfig c = smallConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  ASSERT_TRUE(writeSyntheticTarget(dir.path + "/target", problem).ok());
+  ASSERT_TRUE(
+      writeSyntheticShards(dir.path + "/data", problem, 6, 4, false).ok());
+  ASSERT_TRUE(writeSyntheticInit(dir.path + "/init", problem).ok());
+  PreparedRun run;
+  Status s = prepare({"--data", dir.path + "/data", "--target",
+                      dir.path + "/target", "--init", dir.path + "/init",
+                      "--out", dir.path + "/out", "--steps", "4"},
+                     run);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_FALSE(run.synthetic);
+  EXPECT_EQ(run.inputs.target, &run.loadedTarget);
+  EXPECT_EQ(run.loadedTarget.embed, problem.target().embed);
+  EXPECT_EQ(run.inputs.params, problem.initialParameters());
+  EXPECT_EQ(run.trainer.run.syntheticRows, 0);
+}
+
+TEST(TrainPrepare, ShardOfAnotherSpecIsRefused) {
+  TempDir dir;
+  ModelConfig other = smallConfig();
+  other.seqLen = 24;
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(other, 7).ok());
+  ASSERT_TRUE(
+      writeSyntheticShards(dir.path + "/data", problem, 4, 4, false).ok());
+  ASSERT_TRUE(writeSyntheticTarget(dir.path + "/target", problem).ok());
+  PreparedRun run;
+  Status s = prepare({"--data", dir.path + "/data", "--target",
+                      dir.path + "/target", "--out", dir.path + "/out"},
+                     run);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("shard-00000.safetensors"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("seq_len"), std::string::npos) << s.message();
+}
+
+TEST(TrainPrepare, ResumeTakesTheCheckpointsSettings) {
+  TempDir dir;
+  ModelConfig c = smallConfig();
+  RunSettings stored;
+  stored.totalSteps = 40;
+  stored.seed = 99;
+  stored.lr = 1e-3;
+  stored.warmupRatio = 0.1;
+  stored.data = "synthetic";
+  stored.syntheticRows = 12;
+  writeTrainingCheckpoint(dir.path + "/checkpoint-10", c, 10, &stored);
+  std::ofstream(dir.path + "/latest") << "checkpoint-10\n";
+
+  PreparedRun run;
+  Status s = prepare({"--data", "synthetic", "--steps", "30", "--resume",
+                      dir.path, "--out", dir.path, "--lr", "2e-3"},
+                     run);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(run.resumedFrom, dir.path + "/checkpoint-10");
+  ASSERT_TRUE(run.inputs.resume);
+  EXPECT_EQ(run.inputs.resume->step, 10);
+  EXPECT_EQ(run.inputs.resume->data.row, 4);
+  EXPECT_EQ(run.inputs.params, initialParameters(c, 1));
+  EXPECT_EQ(run.trainer.run.totalSteps, 40);
+  EXPECT_EQ(run.trainer.run.seed, 99u);
+  EXPECT_EQ(run.trainer.run.syntheticRows, 12);
+  EXPECT_DOUBLE_EQ(run.trainer.run.lr, 2e-3); // given: overrides
+  EXPECT_DOUBLE_EQ(run.trainer.run.warmupRatio, 0.1);
+  EXPECT_EQ(run.inputs.rows->numRows(), 12);
+}
+
+TEST(TrainPrepare, ResumeMismatchesAreErrors) {
+  TempDir dir;
+  ModelConfig c = smallConfig();
+  RunSettings stored;
+  stored.totalSteps = 40;
+  stored.seed = 99;
+  stored.lr = 1e-3;
+  stored.warmupRatio = 0.1;
+  stored.data = "synthetic";
+  stored.syntheticRows = 12;
+  std::string ckpt = dir.path + "/checkpoint-10";
+  writeTrainingCheckpoint(ckpt, c, 10, &stored);
+  std::string bare = dir.path + "/bare/checkpoint-10";
+  writeTrainingCheckpoint(bare, c, 10, nullptr);
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  } cases[] = {
+      {{"--resume", ckpt, "--total-steps", "50", "--steps", "30"},
+       "--total-steps 50 does not match the schedule of 40 steps in " + ckpt +
+           "/trainer_run.json"},
+      {{"--resume", ckpt, "--seed", "5", "--steps", "30"},
+       "--seed 5 does not match the seed 99"},
+      {{"--resume", ckpt, "--rows", "13", "--steps", "30"},
+       "--rows 13 does not match the 12 rows"},
+      {{"--resume", ckpt, "--steps", "10"},
+       ckpt + " is at step 10; --steps 10 leaves nothing to train"},
+      {{"--resume", ckpt, "--steps", "41"},
+       "--steps 41 exceeds the schedule length of 40 steps"},
+      {{"--resume", bare, "--steps", "30"},
+       bare + ": has no trainer_run.json; give the schedule length with "
+              "--total-steps"},
+      {{"--resume", dir.path, "--steps", "30"},
+       "neither a training checkpoint"},
+  };
+  for (const Case &k : cases) {
+    std::vector<std::string> args = k.args;
+    for (const char *a : {"--data", "synthetic", "--out"})
+      args.push_back(a);
+    args.push_back(dir.path + "/out");
+    std::vector<const char *> argv = {"train"};
+    for (const std::string &a : args)
+      argv.push_back(a.c_str());
+    TrainOptions o;
+    std::string text;
+    ASSERT_EQ(parseTrainCommandLine(int(argv.size()), argv.data(), c, o, text),
+              CommandLineAction::Train)
+        << text;
+    Status s = validateTrainOptions(o, c);
+    ASSERT_TRUE(s.ok()) << s.message();
+    PreparedRun run;
+    s = prepareRun(o, c, run);
+    ASSERT_FALSE(s.ok()) << k.message;
+    EXPECT_NE(s.message().find(k.message), std::string::npos)
+        << s.message() << "\nexpected: " << k.message;
+  }
+}
+
+TEST(TrainPrepare, CorruptCheckpointIsAClearError) {
+  TempDir dir;
+  ModelConfig c = smallConfig();
+  RunSettings stored;
+  stored.totalSteps = 40;
+  stored.data = "synthetic";
+  stored.syntheticRows = 12;
+  std::string ckpt = dir.path + "/checkpoint-10";
+  writeTrainingCheckpoint(ckpt, c, 10, &stored);
+  std::string state = ckpt + "/" + kTrainingStateFile;
+  fs::resize_file(state, fs::file_size(state) / 2);
+  std::string before = readFile(state);
+
+  std::string out, err;
+  int code = runTrainMain({"--data", "synthetic", "--steps", "20", "--resume",
+                           ckpt, "--out", dir.path},
+                          out, err);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(err.rfind("train: error: " + state, 0), 0u) << err;
+  // Nothing was written over the broken checkpoint.
+  EXPECT_EQ(readFile(state), before);
+  EXPECT_FALSE(fs::exists(dir.path + "/metrics.jsonl"));
+}
+
+//===----------------------------------------------------------------------===//
+// trainMain
+//===----------------------------------------------------------------------===//
+
+TEST(TrainMain, UnknownOptionFails) {
+  std::string out, err;
+  EXPECT_EQ(runTrainMain({"--data", "synthetic", "--bogus"}, out, err), 1);
+  EXPECT_EQ(err.rfind("train: error: ", 0), 0u) << err;
+  EXPECT_NE(err.find("--bogus"), std::string::npos) << err;
+}
+
+TEST(TrainMain, HelpGoesToStdout) {
+  std::string out, err;
+  EXPECT_EQ(runTrainMain({"--help"}, out, err), 0);
+  EXPECT_NE(out.find("--total-steps"), std::string::npos) << out;
+  EXPECT_EQ(err, "");
+}
+
+TEST(TrainMain, MissingTargetDirectory) {
+  TempDir dir;
+  std::string out, err;
+  EXPECT_EQ(runTrainMain({"--data", "synthetic", "--target", dir.path + "/nope",
+                          "--out", dir.path},
+                         out, err),
+            1);
+  EXPECT_EQ(err, "train: error: --target " + dir.path +
+                     "/nope: no such directory\n");
+}
+
+TEST(TrainMain, NoDeviceIsReportedAfterTheHostChecks) {
+  std::string reason;
+  if (visibleCudaDevices(reason) > 0)
+    GTEST_SKIP() << "a CUDA device is visible";
+  TempDir dir;
+  std::string out, err;
+  EXPECT_EQ(
+      runTrainMain({"--data", "synthetic", "--steps", "3", "--out", dir.path},
+                   out, err),
+      1);
+  EXPECT_EQ(err.rfind("train: error: no CUDA device is visible", 0), 0u) << err;
+}
+
+//===----------------------------------------------------------------------===//
+// Metrics and progress
+//===----------------------------------------------------------------------===//
+
+namespace {
+StepMetrics sampleMetrics() {
+  StepMetrics m;
+  m.step = 12;
+  m.loss = 2.5;
+  m.acc = 0.25;
+  m.gradNorm = 1.125;
+  m.lr = 0.0006;
+  m.stepMs = 80;
+  setThroughput(m, smallConfig(), 1, 4e12);
+  return m;
+}
+} // namespace
+
+TEST(TrainMetrics, Throughput) {
+  StepMetrics m = sampleMetrics();
+  // B 2 x S 32 tokens and B 2 x Q 12 draft slots in 0.08 s; 4e12 FLOP.
+  EXPECT_DOUBLE_EQ(m.contextTokensPerS, 64 / 0.08);
+  EXPECT_DOUBLE_EQ(m.draftTokensPerS, 24 / 0.08);
+  EXPECT_DOUBLE_EQ(m.tflops, 50.0);
+  setThroughput(m, smallConfig(), 4, 4e12);
+  EXPECT_DOUBLE_EQ(m.contextTokensPerS, 4 * 64 / 0.08);
+  EXPECT_DOUBLE_EQ(m.tflops, 50.0); // one GPU's rate
+  m.stepMs = 0;
+  setThroughput(m, smallConfig(), 1, 4e12);
+  EXPECT_EQ(m.contextTokensPerS, 0);
+}
+
+TEST(TrainMetrics, JsonLine) {
+  EXPECT_EQ(metricsJsonLine(sampleMetrics()),
+            "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"grad_norm\": "
+            "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"tokens_per_s\": "
+            "800.0, \"draft_tokens_per_s\": 300.0, \"tflops\": 50.000}");
+  StepMetrics bad = sampleMetrics();
+  bad.loss = std::numeric_limits<double>::quiet_NaN();
+  bad.gradNorm = std::numeric_limits<double>::infinity();
+  EXPECT_FALSE(bad.finite());
+  std::string line = metricsJsonLine(bad);
+  EXPECT_NE(line.find("\"loss\": null"), std::string::npos) << line;
+  EXPECT_NE(line.find("\"grad_norm\": null"), std::string::npos) << line;
+  // float metrics keep every bit through the log
+  float lr = 0.000123456789f;
+  StepMetrics exact;
+  exact.lr = lr;
+  std::string text = metricsJsonLine(exact);
+  size_t at = text.find("\"lr\": ") + 6;
+  EXPECT_EQ(float(std::strtod(text.c_str() + at, nullptr)), lr);
+}
+
+TEST(TrainMetrics, LogKeepsEarlierStepsOnResume) {
+  TempDir dir;
+  std::string path = dir.path + "/metrics.jsonl";
+  {
+    MetricsLog log;
+    ASSERT_TRUE(log.open(path, 0).ok());
+    for (int i = 0; i < 6; ++i) {
+      StepMetrics m = sampleMetrics();
+      m.step = i;
+      ASSERT_TRUE(log.append(m).ok());
+    }
+  }
+  // A crash mid-line leaves a torn last line.
+  std::ofstream(path, std::ios::app) << "{\"step\": 6, \"lo";
+  {
+    MetricsLog log;
+    ASSERT_TRUE(log.open(path, 4).ok());
+    StepMetrics m = sampleMetrics();
+    m.step = 4;
+    ASSERT_TRUE(log.append(m).ok());
+  }
+  std::string text = readFile(path);
+  std::vector<int64_t> steps;
+  size_t at = 0;
+  while ((at = text.find("{\"step\": ", at)) != std::string::npos) {
+    steps.push_back(std::strtoll(text.c_str() + at + 9, nullptr, 10));
+    ++at;
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  // A fresh run starts over.
+  MetricsLog fresh;
+  ASSERT_TRUE(fresh.open(path, 0).ok());
+  EXPECT_EQ(readFile(path), "");
+  MetricsLog bad;
+  Status s = bad.open(dir.path + "/no/dir/m.jsonl", 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(dir.path + "/no/dir/m.jsonl: cannot open"),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(TrainProgress, Formatting) {
+  EXPECT_EQ(formatDuration(45), "45s");
+  EXPECT_EQ(formatDuration(185), "3m05s");
+  EXPECT_EQ(formatDuration(7620), "2h07m");
+  EXPECT_EQ(formatDuration(3 * 86400 + 4 * 3600), "3d04h");
+  EXPECT_EQ(formatDuration(std::nan("")), "?");
+  EXPECT_EQ(formatRate(950), "950");
+  EXPECT_EQ(formatRate(12345), "12.3k");
+  EXPECT_EQ(formatRate(4.56e6), "4.56M");
+  EXPECT_EQ(formatRate(1.2e9), "1.20G");
+  EXPECT_EQ(progressLine(sampleMetrics(), 13, 200, 185),
+            "step 13/200  loss 2.5000  acc 0.2500  800 tok/s  draft 300 "
+            "tok/s  80.0 ms/step  ETA 3m05s");
+}
+
+namespace {
+std::string readBack(std::FILE *file) {
+  std::fflush(file);
+  std::rewind(file);
+  std::string text;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0)
+    text.append(buffer, n);
+  return text;
+}
+} // namespace
+
+TEST(TrainProgress, PlainLinesEveryNSteps) {
+  std::FILE *file = std::tmpfile();
+  ASSERT_NE(file, nullptr);
+  {
+    ProgressDisplay display(file, /*rewrite=*/false, /*plainEvery=*/4);
+    for (int i = 0; i < 10; ++i) {
+      StepMetrics m = sampleMetrics();
+      m.step = i;
+      display.update(m, 10, 100.0 + i);
+      if (i == 5)
+        display.note("train: saved checkpoint x");
+    }
+  }
+  std::string text = readBack(file);
+  std::fclose(file);
+  // Steps done 1 (first), 4, 8 and 10 (last), plus the note.
+  EXPECT_NE(text.find("step 1/10 "), std::string::npos) << text;
+  EXPECT_NE(text.find("step 4/10 "), std::string::npos) << text;
+  EXPECT_NE(text.find("step 8/10 "), std::string::npos) << text;
+  EXPECT_NE(text.find("step 10/10 "), std::string::npos) << text;
+  EXPECT_EQ(text.find("step 2/10 "), std::string::npos) << text;
+  EXPECT_NE(text.find("\ntrain: saved checkpoint x\n"), std::string::npos);
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+  // After the first step, ETA is the wall time per step: 1 s.
+  EXPECT_NE(text.find("step 4/10 "), std::string::npos);
+  EXPECT_NE(text.find("ETA 6s"), std::string::npos) << text;
+}
+
+TEST(TrainProgress, TerminalLineIsRewritten) {
+  std::FILE *file = std::tmpfile();
+  ASSERT_NE(file, nullptr);
+  {
+    ProgressDisplay display(file, /*rewrite=*/true, 1);
+    StepMetrics m = sampleMetrics();
+    for (int i = 0; i < 5; ++i) {
+      m.step = i;
+      // Steps 1..3 come within 0.1 s of each other: only the first and the
+      // last are drawn.
+      display.update(m, 5, i == 4 ? 10.0 : 1.0 + 0.01 * i);
+    }
+    display.note("train: done");
+  }
+  std::string text = readBack(file);
+  std::fclose(file);
+  EXPECT_EQ(text.rfind("\rstep 1/5 ", 0), 0u) << text;
+  EXPECT_EQ(text.find("step 2/5 "), std::string::npos) << text;
+  EXPECT_NE(text.find("\rstep 5/5 "), std::string::npos) << text;
+  EXPECT_NE(text.find("\033[K\ntrain: done\n"), std::string::npos) << text;
+}
+
+//===----------------------------------------------------------------------===//
+// Checkpoint layout and schedule
+//===----------------------------------------------------------------------===//
+
+TEST(TrainCheckpoints, Schedule) {
+  // every 5 steps of a 12-step run: 5, 10 and the last
+  std::vector<int64_t> due;
+  for (int64_t s = 0; s <= 12; ++s)
+    if (checkpointDue(s, 12, 5))
+      due.push_back(s);
+  EXPECT_EQ(due, (std::vector<int64_t>{5, 10, 12}));
+  due.clear();
+  for (int64_t s = 0; s <= 12; ++s)
+    if (checkpointDue(s, 12, 0))
+      due.push_back(s);
+  EXPECT_EQ(due, std::vector<int64_t>{12});
+  EXPECT_FALSE(checkpointDue(0, 0, 5));
+  EXPECT_EQ(checkpointDirectory("out", 250), "out/checkpoint-250");
+}
+
+TEST(TrainCheckpoints, ResolveFollowsLatest) {
+  TempDir dir;
+  writeTrainingCheckpoint(dir.path + "/checkpoint-3", smallConfig(), 3,
+                          nullptr);
+  std::string ckpt;
+  ASSERT_TRUE(resolveCheckpoint(dir.path + "/checkpoint-3", ckpt).ok());
+  EXPECT_EQ(ckpt, dir.path + "/checkpoint-3");
+  Status s = resolveCheckpoint(dir.path, ckpt);
+  EXPECT_NE(s.message().find("neither a training checkpoint"),
+            std::string::npos)
+      << s.message();
+  std::ofstream(dir.path + "/latest") << "checkpoint-3\n";
+  ASSERT_TRUE(resolveCheckpoint(dir.path, ckpt).ok());
+  EXPECT_EQ(ckpt, dir.path + "/checkpoint-3");
+  std::ofstream(dir.path + "/latest") << "checkpoint-4\n";
+  s = resolveCheckpoint(dir.path, ckpt);
+  EXPECT_NE(s.message().find("names 'checkpoint-4' but"), std::string::npos)
+      << s.message();
+  std::ofstream(dir.path + "/latest") << "../elsewhere\n";
+  s = resolveCheckpoint(dir.path, ckpt);
+  EXPECT_NE(s.message().find("does not name a checkpoint"), std::string::npos)
+      << s.message();
+}
+
+TEST(TrainCheckpoints, RunSettingsRoundTrip) {
+  TempDir dir;
+  RunSettings run;
+  run.totalSteps = 1000;
+  run.seed = 0xfedcba9876543210ull;
+  run.lr = 6e-4;
+  run.warmupRatio = 0.04;
+  run.data = "/data/shards";
+  run.worldSize = 1;
+  ASSERT_TRUE(writeRunSettings(dir.path + "/" + kRunSettingsFile, run).ok());
+  RunSettings back;
+  bool found = false;
+  ASSERT_TRUE(readRunSettings(dir.path, back, found).ok());
+  ASSERT_TRUE(found);
+  EXPECT_EQ(back.totalSteps, 1000);
+  EXPECT_EQ(back.seed, run.seed);
+  EXPECT_EQ(back.lr, run.lr);
+  EXPECT_EQ(back.warmupRatio, run.warmupRatio);
+  EXPECT_EQ(back.data, run.data);
+  EXPECT_EQ(back.syntheticRows, 0);
+
+  ASSERT_TRUE(readRunSettings(dir.path + "/none", back, found).ok());
+  EXPECT_FALSE(found);
+  std::ofstream(dir.path + "/" + kRunSettingsFile)
+      << "{\"format\": \"dflash-trainer-run\", \"total_steps\": 5}";
+  Status s = readRunSettings(dir.path, back, found);
+  EXPECT_NE(s.message().find("trainer_run.json: 'seed' is missing"),
+            std::string::npos)
+      << s.message();
+  std::ofstream(dir.path + "/" + kRunSettingsFile) << "{not json";
+  s = readRunSettings(dir.path, back, found);
+  EXPECT_NE(s.message().find("not a json object"), std::string::npos)
+      << s.message();
+}
+
+//===----------------------------------------------------------------------===//
+// Step buffer map
+//===----------------------------------------------------------------------===//
+
+TEST(TrainBuffers, MapsEveryBuffer) {
+  ModelConfig c = smallConfig();
+  std::vector<BufferSpec> buffers = stepBuffers(c);
+  StepBufferMap map;
+  Status s = mapStepBuffers(buffers, c, map);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(buffers[size_t(map.inputIds)].name, "input_ids");
+  EXPECT_EQ(buffers[size_t(map.lmHead)].name, "lm_head");
+  std::vector<ParamInfo> table = parameterTable(c);
+  ASSERT_EQ(map.master.size(), table.size());
+  for (size_t t = 0; t < table.size(); ++t) {
+    EXPECT_EQ(buffers[size_t(map.master[t])].name, table[t].name);
+    EXPECT_EQ(buffers[size_t(map.master[t])].role, BufferRole::Master);
+    EXPECT_EQ(buffers[size_t(map.moment2[t])].role, BufferRole::Moment2);
+  }
+  EXPECT_EQ(map.metrics.size(), 4u);
+  EXPECT_EQ(buffers[size_t(map.gradNorm)].name, "grad_norm");
+
+  c.tieWordEmbeddings = true;
+  ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, map).ok());
+  EXPECT_EQ(map.lmHead, -1);
+}
+
+TEST(TrainBuffers, MismatchesNameTheBuffer) {
+  ModelConfig c = smallConfig();
+  auto expectError = [&](std::vector<BufferSpec> buffers,
+                         const std::string &message) {
+    StepBufferMap map;
+    Status s = mapStepBuffers(buffers, c, map);
+    ASSERT_FALSE(s.ok()) << message;
+    EXPECT_NE(s.message().find(message), std::string::npos)
+        << s.message() << "\nexpected: " << message;
+  };
+  std::vector<BufferSpec> buffers = stepBuffers(c);
+  auto find = [&](std::vector<BufferSpec> &list, const std::string &name,
+                  BufferRole role) -> BufferSpec & {
+    for (BufferSpec &b : list)
+      if (b.name == name && b.role == role)
+        return b;
+    return list.front();
+  };
+
+  auto noMaster = buffers;
+  noMaster.erase(
+      std::find_if(noMaster.begin(), noMaster.end(), [](const BufferSpec &b) {
+        return b.name == "fc.weight" && b.role == BufferRole::Master;
+      }));
+  expectError(noMaster, "step program: has no master buffer for 'fc.weight'");
+  auto badShape = buffers;
+  find(badShape, "target_hidden", BufferRole::Input).shape = {2, 32, 16};
+  expectError(badShape, "step program: input buffer 'target_hidden' has "
+                        "shape [2, 32, 16] but the config needs [2, 32, 32]");
+  auto badDtype = buffers;
+  find(badDtype, "norm.weight", BufferRole::Parameter).dtype = DType::F32;
+  expectError(badDtype, "parameter buffer 'norm.weight' has dtype F32 but "
+                        "the runtime needs BF16");
+  auto unknown = buffers;
+  unknown.push_back({"position_ids", BufferRole::Input, DType::I32, {2}});
+  expectError(unknown, "'position_ids' is not one the runtime fills");
+  auto noLmHead = buffers;
+  noLmHead.erase(noLmHead.begin() + 6);
+  expectError(noLmHead, "has no frozen buffer 'lm_head'");
+  auto noLoss = buffers;
+  find(noLoss, "loss", BufferRole::Metric).name = "loss_sum";
+  expectError(noLoss, "has no metric buffer 'loss'");
+  auto twice = buffers;
+  twice.push_back(twice.front());
+  expectError(twice, "input buffer 'input_ids' appears twice");
+  auto vectorCounter = buffers;
+  find(vectorCounter, "step", BufferRole::Counter).shape = {2};
+  expectError(vectorCounter, "counter buffer 'step' has shape [2] but must "
+                             "be a scalar");
+}
+
+//===----------------------------------------------------------------------===//
+// Prefetch thread
+//===----------------------------------------------------------------------===//
+
+namespace {
+/// Rows of the synthetic problem; row `failing` cannot be read.
+class FailingSource : public RowSource {
+public:
+  FailingSource(const RowSource &inner, int64_t failing)
+      : inner(inner), failing(failing) {}
+  int64_t numRows() const override { return inner.numRows(); }
+  bool hasPinnedAnchors() const override { return false; }
+  Status readRow(int64_t index, const RowBuffers &out) const override {
+    if (index == failing)
+      return Status::error("shard-3.safetensors row 1: read failed");
+    return inner.readRow(index, out);
+  }
+
+private:
+  const RowSource &inner;
+  int64_t failing;
+};
+} // namespace
+
+TEST(TrainPrefetch, SameBatchesAndPositionsAsTheLoader) {
+  ModelConfig c = smallConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  SyntheticRowSource rows(problem, 7, false);
+  BatchLoader direct(rows, c, 7), ahead(rows, c, 7);
+  BatchPrefetcher prefetcher(ahead, c, HostMemory::Pageable, 2);
+  ASSERT_TRUE(prefetcher.start().ok());
+  HostBatch expected;
+  // 7 rows, 2 per step: 3 steps per epoch, so this crosses epochs.
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(direct.next(expected).ok());
+    PrefetchedBatch *batch = nullptr;
+    ASSERT_TRUE(prefetcher.acquire(batch).ok());
+    EXPECT_EQ(batch->sequence, i);
+    EXPECT_EQ(batch->rows, expected.rows);
+    size_t BS = size_t(c.rowsPerGpu * c.seqLen);
+    size_t BN = size_t(c.rowsPerGpu * c.anchorsPerRow);
+    EXPECT_TRUE(std::equal(expected.inputIds.begin(), expected.inputIds.end(),
+                           batch->inputIds));
+    EXPECT_TRUE(std::equal(expected.lossMask.begin(), expected.lossMask.end(),
+                           batch->lossMask));
+    EXPECT_TRUE(std::equal(expected.hiddenStates.begin(),
+                           expected.hiddenStates.end(), batch->hiddenStates));
+    EXPECT_TRUE(std::equal(expected.anchors.begin(), expected.anchors.end(),
+                           batch->anchors));
+    EXPECT_TRUE(
+        std::equal(expected.keep.begin(), expected.keep.end(), batch->keep));
+    EXPECT_EQ(expected.inputIds.size(), BS);
+    EXPECT_EQ(expected.anchors.size(), BN);
+    EXPECT_EQ(batch->positionAfter.epoch, direct.position().epoch);
+    EXPECT_EQ(batch->positionAfter.row, direct.position().row);
+    EXPECT_EQ(batch->anchorRngAfter, direct.anchorRngState());
+    prefetcher.release(batch);
+  }
+  prefetcher.stop();
+}
+
+TEST(TrainPrefetch, ReadErrorArrivesInOrder) {
+  ModelConfig c = smallConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  SyntheticRowSource rows(problem, 8, false);
+  // The row the third batch reads first.
+  BatchLoader probe(rows, c, 7);
+  HostBatch batch;
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(probe.next(batch).ok());
+  FailingSource failing(rows, batch.rows[0]);
+  BatchLoader loader(failing, c, 7);
+  BatchPrefetcher prefetcher(loader, c, HostMemory::Pageable, 3);
+  ASSERT_TRUE(prefetcher.start().ok());
+  for (int i = 0; i < 2; ++i) {
+    PrefetchedBatch *b = nullptr;
+    ASSERT_TRUE(prefetcher.acquire(b).ok());
+    prefetcher.release(b);
+  }
+  PrefetchedBatch *b = nullptr;
+  Status s = prefetcher.acquire(b);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "shard-3.safetensors row 1: read failed");
+}
