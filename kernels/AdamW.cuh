@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(256)
 }
 
 /// normAndClip[0] = global norm, normAndClip[1] = clip coefficient.
-__global__ void __launch_bounds__(1024)
+static __global__ void __launch_bounds__(1024)
     adamw_clip_coefficient_kernel(const double *partials, int numChunks,
                                   double maxNorm, float *normAndClip) {
   __shared__ double part[32];

@@ -319,7 +319,7 @@ attendTile(const uint32_t (&qf)[D / 16][4], const bf16 *sQ, int row0,
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int MT,
           int KT>
-__global__ void
+static __global__ void
 __launch_bounds__((BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kThreads),
                   (BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kMinBlocks))
     sm90_block_attention_fwd_bf16_kernel(BlockAttentionFwdArgs args) {
@@ -745,7 +745,7 @@ template <int D> constexpr int dqStageStride() { return D + 4; }
 /// Backward, step 2: context keys, key-tile major.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ>
-__global__ void
+static __global__ void
 __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kBwdThreads), 1)
     sm90_block_attention_bwd_context_bf16_kernel(BlockAttentionBwdArgs args) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;

@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(128)
     dst[c] = src[c];
 }
 
-__global__ void draft_positions_kernel(const int32_t *anchors, int32_t *out,
+static __global__ void draft_positions_kernel(const int32_t *anchors, int32_t *out,
                                        DraftBlocksShape shape) {
   int64_t total = shape.B * shape.Q();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -72,13 +72,13 @@ __global__ void draft_positions_kernel(const int32_t *anchors, int32_t *out,
   }
 }
 
-__global__ void sequence_positions_kernel(int32_t *out, int64_t B, int64_t T) {
+static __global__ void sequence_positions_kernel(int32_t *out, int64_t B, int64_t T) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < B * T; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = static_cast<int32_t>(i % T);
 }
 
-__global__ void draft_targets_kernel(const int32_t *inputIds,
+static __global__ void draft_targets_kernel(const int32_t *inputIds,
                                      const uint8_t *lossMask,
                                      const int32_t *anchors,
                                      const uint8_t *keep, int32_t *labels,

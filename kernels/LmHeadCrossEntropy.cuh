@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(Threads)
 }
 
 /// sums[i] = sum over rows of rowTerms[row, i], one CTA, fixed order.
-__global__ void __launch_bounds__(1024)
+static __global__ void __launch_bounds__(1024)
     cross_entropy_sums_kernel(const float *rowTerms, int64_t rows,
                               float *sums) {
   __shared__ double part[32][4];

@@ -22,7 +22,7 @@ namespace dflash::kernels {
 
 namespace detail {
 
-__global__ void __launch_bounds__(1024)
+static __global__ void __launch_bounds__(1024)
     sum_f32_kernel(const float *x, int64_t n, float *out) {
   // fp64 partials: the sum of up to millions of loss weights stays exact
   // enough for the seed 1/sum(w).
@@ -44,11 +44,11 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-__global__ void reciprocal_kernel(const float *x, float *out) {
+static __global__ void reciprocal_kernel(const float *x, float *out) {
   *out = 1.0f / *x;
 }
 
-__global__ void loss_stats_kernel(const float *lossSum, const float *weightSum,
+static __global__ void loss_stats_kernel(const float *lossSum, const float *weightSum,
                                   const float *correct, const float *count,
                                   float *loss, float *acc, float *seed) {
   *loss = *lossSum / *weightSum;
@@ -58,7 +58,7 @@ __global__ void loss_stats_kernel(const float *lossSum, const float *weightSum,
 
 /// SEMANTICS.md section 5: warm = int(ratio * total); linear warmup, then
 /// cosine to 0. Writes AdamW's (lr, 1-based step) and the reported lr.
-__global__ void lr_schedule_kernel(const int32_t *step, const int32_t *total,
+static __global__ void lr_schedule_kernel(const int32_t *step, const int32_t *total,
                                    float peak, float warmupRatio,
                                    AdamWStepState *state, float *lrOut) {
   int64_t t = *step, n = *total;
@@ -76,7 +76,7 @@ __global__ void lr_schedule_kernel(const int32_t *step, const int32_t *total,
   *lrOut = float(lr);
 }
 
-__global__ void add_bf16_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
+static __global__ void add_bf16_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
                                 __nv_bfloat16 *out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)

@@ -13,6 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <thread>
 #include <cstdio>
 #include <numeric>
 
@@ -43,12 +46,33 @@ static int32_t ordinaryToken(Rng &rng, const ModelConfig &config) {
   return int32_t(token);
 }
 
+/// Runs body(i) for i in [0, n) on all cores; each i must be independent.
+static void parallelFor(int64_t n, const std::function<void(int64_t)> &body) {
+  int64_t threads = std::max<int64_t>(
+      1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
+  std::atomic<int64_t> next{0};
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < threads; ++t)
+    pool.emplace_back([&] {
+      for (int64_t i = next++; i < n; i = next++)
+        body(i);
+    });
+  for (std::thread &t : pool)
+    t.join();
+}
+
+/// N(0, stddev) values in bf16. Chunks of 2^20 draw from their own Rng
+/// stream, so the values do not depend on how many threads made them.
 static std::vector<uint16_t> normalBf16(uint64_t seed, uint64_t stream,
                                         size_t count, double stddev) {
-  Rng rng = Rng::forStream(seed, stream);
+  constexpr size_t kChunk = size_t(1) << 20;
   std::vector<uint16_t> values(count);
-  for (uint16_t &value : values)
-    value = floatToBf16(float(rng.normal() * stddev));
+  parallelFor(int64_t((count + kChunk - 1) / kChunk), [&](int64_t c) {
+    Rng rng = Rng::forStream(seed, stream + (uint64_t(c) << 32));
+    size_t end = std::min(count, size_t(c + 1) * kChunk);
+    for (size_t i = size_t(c) * kChunk; i < end; ++i)
+      values[i] = floatToBf16(float(rng.normal() * stddev));
+  });
   return values;
 }
 
@@ -155,6 +179,20 @@ std::vector<std::vector<uint16_t>> SyntheticProblem::initialParameters() const {
   return dflash::rt::initialParameters(cfg, problemSeed);
 }
 
+void SyntheticRowSource::materialize() {
+  const ModelConfig &c = problem.config();
+  const size_t S = size_t(c.seqLen), W = size_t(c.contextWidth());
+  cachedIds.resize(size_t(rows) * S);
+  cachedMask.resize(size_t(rows) * S);
+  cachedHidden.resize(size_t(rows) * S * W);
+  parallelFor(rows, [&](int64_t i) {
+    problem.generateRow(i, cachedIds.data() + size_t(i) * S,
+                        cachedMask.data() + size_t(i) * S,
+                        cachedHidden.data() + size_t(i) * S * W);
+  });
+  materialized = true;
+}
+
 Status SyntheticRowSource::readRow(int64_t index, const RowBuffers &out) const {
   if (index < 0 || index >= rows)
     return Status::error("synthetic data: row " + std::to_string(index) +
@@ -163,7 +201,16 @@ Status SyntheticRowSource::readRow(int64_t index, const RowBuffers &out) const {
     return Status::error("synthetic data: row " + std::to_string(index) +
                          " needs input_ids, loss_mask and hidden_states "
                          "buffers");
-  problem.generateRow(index, out.inputIds, out.lossMask, out.hiddenStates);
+  if (materialized) {
+    const ModelConfig &c = problem.config();
+    const size_t S = size_t(c.seqLen), W = size_t(c.contextWidth());
+    std::copy_n(cachedIds.data() + size_t(index) * S, S, out.inputIds);
+    std::copy_n(cachedMask.data() + size_t(index) * S, S, out.lossMask);
+    std::copy_n(cachedHidden.data() + size_t(index) * S * W, S * W,
+                out.hiddenStates);
+  } else {
+    problem.generateRow(index, out.inputIds, out.lossMask, out.hiddenStates);
+  }
   if (pinAnchors && out.anchors && out.keep)
     problem.pinnedAnchors(index, out.lossMask, out.anchors, out.keep);
   return Status::success();

@@ -85,10 +85,25 @@ public:
   bool hasPinnedAnchors() const override { return pinAnchors; }
   Status readRow(int64_t index, const RowBuffers &out) const override;
 
+  /// Generates every row once, on all cores, and serves later reads from
+  /// memory: at the size of a real drafter a row takes about half a second
+  /// to make, far longer than a GPU step.
+  void materialize();
+  /// Host bytes materialize() needs.
+  size_t materializedBytes() const {
+    const ModelConfig &c = problem.config();
+    return size_t(rows) * size_t(c.seqLen) *
+           (4 + 1 + 2 * size_t(c.contextWidth()));
+  }
+
 private:
   const SyntheticProblem &problem;
   int64_t rows;
   bool pinAnchors;
+  bool materialized = false;
+  std::vector<int32_t> cachedIds;
+  std::vector<uint8_t> cachedMask;
+  std::vector<uint16_t> cachedHidden;
 };
 
 /// Writes the target directory in Hugging Face layout: config.json

@@ -396,8 +396,13 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     run.synthetic = std::make_unique<SyntheticProblem>();
     if (Status s = run.synthetic->init(config, settings.seed); !s.ok())
       return s;
-    run.rows = std::make_unique<SyntheticRowSource>(
+    auto rows = std::make_unique<SyntheticRowSource>(
         *run.synthetic, settings.syntheticRows, /*pinAnchors=*/false);
+    // Rows made on the fly cannot keep up with a GPU step at full size;
+    // keep them in memory when that costs at most 16 GiB.
+    if (rows->materializedBytes() <= (size_t(16) << 30))
+      rows->materialize();
+    run.rows = std::move(rows);
   } else {
     auto reader = std::make_unique<FeatureShardReader>();
     if (Status s = reader->open(o.data, config); !s.ok())

@@ -19,11 +19,23 @@ FlopCount FlopCount::of(func::FuncOp step) {
         fromSeed.insert(step.getArgument(i));
   for (Operation &op : step.front().without_terminator()) {
     Phase phase = Forward;
-    if (isa<AllReduceOp, LossStatsOp, ConvertOp, GlobalNormOp,
-            ClipCoefficientOp, LrScheduleOp, AdamWOp>(op)) {
+    if (auto fused = dyn_cast<LmHeadCeFusedOp>(op)) {
+      // Its logits are the forward pass, its input gradient the backward.
+      int64_t half = fused.getFlopCount() / 2;
+      count.byOp[Forward][op.getName().getStringRef()] += half;
+      count.byOp[Backward][op.getName().getStringRef()] += half;
+      count.total[Forward] += half;
+      count.total[Backward] += half;
+      fromSeed.insert(fused.getInputGrad());
+      continue;
+    }
+    if (isa<AllReduceOp, LossStatsOp, LossSeedOp, ConvertOp, GlobalNormOp,
+            ClipCoefficientOp, LrScheduleOp, AdamWOp, AdamWMultiOp>(op)) {
       phase = Optimizer;
       if (auto stats = dyn_cast<LossStatsOp>(op))
         fromSeed.insert(stats.getLossSumGrad());
+      if (auto seed = dyn_cast<LossSeedOp>(op))
+        fromSeed.insert(seed.getLossSumGrad());
     } else if (llvm::any_of(op.getOperands(),
                             [&](Value v) { return fromSeed.contains(v); })) {
       phase = Backward;
