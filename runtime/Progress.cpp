@@ -51,6 +51,7 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"grad_norm\": " + jsonNumber("%.9g", m.gradNorm) +
          ", \"lr\": " + jsonNumber("%.9g", m.lr) +
          ", \"step_ms\": " + jsonNumber("%.4f", m.stepMs) +
+         ", \"compute_ms\": " + jsonNumber("%.4f", m.computeMs) +
          ", \"tokens_per_s\": " + jsonNumber("%.1f", m.contextTokensPerS) +
          ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
          ", \"tflops\": " + jsonNumber("%.3f", m.tflops) + "}";

@@ -33,7 +33,8 @@ namespace dflash::rt {
 struct StepMetrics {
   int64_t step = 0; ///< 0-based index: the step counter the step ran with
   double loss = 0, acc = 0, gradNorm = 0, lr = 0;
-  double stepMs = 0;
+  double stepMs = 0;    ///< input copies and the step
+  double computeMs = 0; ///< the step alone, without the input copies
   double contextTokensPerS = 0;
   double draftTokensPerS = 0;
   double tflops = 0;
@@ -47,8 +48,8 @@ void setThroughput(StepMetrics &metrics, const ModelConfig &config,
                    int64_t worldSize, double flopsPerStep);
 
 /// One JSON object, without a newline: {"step": 0, "loss": ..., "acc",
-/// "grad_norm", "lr", "step_ms", "tokens_per_s", "draft_tokens_per_s",
-/// "tflops"}. A non-finite value is written as null.
+/// "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
+/// "draft_tokens_per_s", "tflops"}. A non-finite value is written as null.
 std::string metricsJsonLine(const StepMetrics &metrics);
 
 /// The JSONL metrics file of a run.

@@ -555,11 +555,12 @@ Status Trainer::init(TrainerInputs given) {
   if (Status s = upload(map.stepCounter, &hostCounters[0], 4); !s.ok())
     return s;
 
-  for (cudaEvent_t *event : {&stepStart, &stepEnd})
+  // copiesDone times the step without its input copies, too.
+  for (cudaEvent_t *event : {&stepStart, &stepEnd, &copiesDone})
     if (Status s = cudaCallStatus(cudaEventCreate(event), "cudaEventCreate");
         !s.ok())
       return s;
-  for (cudaEvent_t *event : {&copiesDone, &metricsDone})
+  for (cudaEvent_t *event : {&metricsDone})
     if (Status s = cudaCallStatus(
             cudaEventCreateWithFlags(event, cudaEventDisableTiming),
             "cudaEventCreateWithFlags");
@@ -746,10 +747,15 @@ Status Trainer::step(StepMetrics &metrics) {
                                 where + ": running the step");
       !s.ok())
     return s;
-  float elapsedMs = 0;
+  float elapsedMs = 0, computeMs = 0;
   if (Status s =
           cudaCallStatus(cudaEventElapsedTime(&elapsedMs, stepStart, stepEnd),
                          where + ": cudaEventElapsedTime");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(
+          cudaEventElapsedTime(&computeMs, copiesDone, stepEnd),
+          where + ": cudaEventElapsedTime");
       !s.ok())
     return s;
 
@@ -766,6 +772,7 @@ Status Trainer::step(StepMetrics &metrics) {
   metrics.gradNorm = metricValue(map.gradNorm);
   metrics.lr = metricValue(map.lr);
   metrics.stepMs = elapsedMs;
+  metrics.computeMs = computeMs;
   setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());
   if (afterFirstStep.totalBytes == 0)
     if (Status s = device.memory(afterFirstStep); !s.ok())

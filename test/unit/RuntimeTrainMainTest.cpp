@@ -687,6 +687,7 @@ StepMetrics sampleMetrics() {
   m.gradNorm = 1.125;
   m.lr = 0.0006;
   m.stepMs = 80;
+  m.computeMs = 70;
   setThroughput(m, smallConfig(), 1, 4e12);
   return m;
 }
@@ -709,7 +710,8 @@ TEST(TrainMetrics, Throughput) {
 TEST(TrainMetrics, JsonLine) {
   EXPECT_EQ(metricsJsonLine(sampleMetrics()),
             "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"grad_norm\": "
-            "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"tokens_per_s\": "
+            "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
+            "70.0000, \"tokens_per_s\": "
             "800.0, \"draft_tokens_per_s\": 300.0, \"tflops\": 50.000}");
   StepMetrics bad = sampleMetrics();
   bad.loss = std::numeric_limits<double>::quiet_NaN();
