@@ -373,10 +373,25 @@ Trainer::Trainer(StepProgram &program, DeviceContext &device,
 Trainer::~Trainer() { releaseDeviceObjects(); }
 
 void Trainer::releaseDeviceObjects() {
+  (void)device.makeCurrent();
+  // A staged batch may still be copying from its pinned slot.
+  if (copyStream)
+    (void)cudaStreamSynchronize(copyStream);
+  if (staged && prefetcher)
+    prefetcher->release(staged);
+  staged = nullptr;
   // The prefetch thread reads into pinned slots: stop it before anything is
   // freed.
   prefetcher.reset();
-  (void)device.makeCurrent();
+  for (void *buffer : staging)
+    (void)cudaFree(buffer);
+  staging.clear();
+  if (copyStream)
+    (void)cudaStreamDestroy(copyStream);
+  if (stagedReady)
+    (void)cudaEventDestroy(stagedReady);
+  copyStream = nullptr;
+  stagedReady = nullptr;
   if (graphExec)
     (void)cudaGraphExecDestroy(graphExec);
   if (graph)
@@ -587,6 +602,27 @@ Status Trainer::init(TrainerInputs given) {
       *loader, config, HostMemory::Pinned, options.prefetchSlots);
   if (Status s = prefetcher->start(); !s.ok())
     return s;
+  if (Status s = cudaCallStatus(
+          cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking),
+          "creating the input copy stream");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(
+          cudaEventCreateWithFlags(&stagedReady, cudaEventDisableTiming),
+          "cudaEventCreateWithFlags");
+      !s.ok())
+    return s;
+  for (int index : {map.inputIds, map.lossMask, map.targetHidden, map.anchors,
+                    map.keep}) {
+    void *buffer = nullptr;
+    size_t bytes = program.buffers()[size_t(index)].bytes();
+    if (Status s = cudaCallStatus(cudaMalloc(&buffer, bytes),
+                                  "allocating " + std::to_string(bytes) +
+                                      " bytes of input staging");
+        !s.ok())
+      return s;
+    staging.push_back(buffer);
+  }
 
   // The device holds everything now; drop the host copies.
   inputs.params.clear();
@@ -631,6 +667,8 @@ public:
       prefetcher.release(batch);
     batch = nullptr;
   }
+  /// The batch outlives this lease (its owner releases it later).
+  void keep() { batch = nullptr; }
 
 private:
   BatchPrefetcher &prefetcher;
@@ -644,6 +682,39 @@ std::string numberText(double value) {
 }
 } // namespace
 
+Status Trainer::stageNextBatch() {
+  PrefetchedBatch *batch = nullptr;
+  if (Status s = prefetcher->acquire(batch); !s.ok())
+    return s;
+  BatchLease lease(*prefetcher, batch);
+  // The staging buffers are free once the last step copied them out (before
+  // the first step the event has not been recorded and the wait is a no-op).
+  if (Status s = cudaCallStatus(cudaStreamWaitEvent(copyStream, copiesDone, 0),
+                                "ordering the input copies");
+      !s.ok())
+    return s;
+  const void *sources[] = {batch->inputIds, batch->lossMask,
+                           batch->hiddenStates, batch->anchors, batch->keep};
+  int indices[] = {map.inputIds, map.lossMask, map.targetHidden, map.anchors,
+                   map.keep};
+  for (size_t i = 0; i < staging.size(); ++i) {
+    const BufferSpec &spec = program.buffers()[size_t(indices[i])];
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
+                            cudaMemcpyHostToDevice, copyStream),
+            "copying '" + spec.name + "' to the device");
+        !s.ok())
+      return s;
+  }
+  if (Status s = cudaCallStatus(cudaEventRecord(stagedReady, copyStream),
+                                "cudaEventRecord");
+      !s.ok())
+    return s;
+  staged = batch;
+  lease.keep();
+  return Status::success();
+}
+
 Status Trainer::step(StepMetrics &metrics) {
   if (!initialised)
     return Status::error("the trainer is not initialised");
@@ -651,12 +722,15 @@ Status Trainer::step(StepMetrics &metrics) {
     return Status::error("step " + std::to_string(completedSteps) +
                          ": an earlier step left non-finite values on the "
                          "device");
-  PrefetchedBatch *batch = nullptr;
-  if (Status s = prefetcher->acquire(batch); !s.ok())
-    return Status::error("step " + std::to_string(completedSteps) + ": " +
-                         s.message());
-  BatchLease lease(*prefetcher, batch);
   const std::string where = "step " + std::to_string(completedSteps);
+  if (!stagingError.ok())
+    return Status::error(where + ": " + stagingError.message());
+  if (!staged)
+    if (Status s = stageNextBatch(); !s.ok())
+      return Status::error(where + ": " + s.message());
+  PrefetchedBatch *batch = staged;
+  staged = nullptr;
+  BatchLease lease(*prefetcher, batch);
 
   if (options.useGraph && !graphExec)
     if (Status s = captureGraph(); !s.ok())
@@ -665,27 +739,24 @@ Status Trainer::step(StepMetrics &metrics) {
   cudaStream_t stream = device.stream();
   const std::vector<void *> &buffers = device.buffers();
   const std::vector<BufferSpec> &specs = program.buffers();
-  struct InputCopy {
-    int index;
-    const void *source;
-  } copies[] = {
-      {map.inputIds, batch->inputIds},
-      {map.lossMask, batch->lossMask},
-      {map.targetHidden, batch->hiddenStates},
-      {map.anchors, batch->anchors},
-      {map.keep, batch->keep},
-  };
   if (Status s = cudaCallStatus(cudaEventRecord(stepStart, stream),
                                 where + ": cudaEventRecord");
       !s.ok())
     return s;
-  for (const InputCopy &copy : copies)
+  // The batch was staged on the device while the previous step ran.
+  if (Status s = cudaCallStatus(cudaStreamWaitEvent(stream, stagedReady, 0),
+                                where + ": waiting for the staged batch");
+      !s.ok())
+    return s;
+  int inputIndices[] = {map.inputIds, map.lossMask, map.targetHidden,
+                        map.anchors, map.keep};
+  for (size_t i = 0; i < staging.size(); ++i)
     if (Status s = cudaCallStatus(
-            cudaMemcpyAsync(buffers[size_t(copy.index)], copy.source,
-                            specs[size_t(copy.index)].bytes(),
-                            cudaMemcpyHostToDevice, stream),
-            where + ": copying '" + specs[size_t(copy.index)].name +
-                "' to the device");
+            cudaMemcpyAsync(buffers[size_t(inputIndices[i])], staging[i],
+                            specs[size_t(inputIndices[i])].bytes(),
+                            cudaMemcpyDeviceToDevice, stream),
+            where + ": copying '" + specs[size_t(inputIndices[i])].name +
+                "' into place");
         !s.ok())
       return s;
   // The previous step's copy of this pinned scalar has completed: every
@@ -734,15 +805,17 @@ Status Trainer::step(StepMetrics &metrics) {
       !s.ok())
     return s;
 
-  // Free the slot as soon as its copies are done, so that the prefetch
-  // thread refills it while the step runs.
-  if (Status s = cudaCallStatus(cudaEventSynchronize(copiesDone),
+  // This batch's pinned slot was copied out before the previous step ended;
+  // free it for the prefetch thread, then stage the next batch so that its
+  // transfer overlaps this step.
+  if (Status s = cudaCallStatus(cudaEventSynchronize(stagedReady),
                                 where + ": copying the batch to the device");
       !s.ok())
     return s;
   DataPosition positionAfter = batch->positionAfter;
   Rng::State rngAfter = batch->anchorRngAfter;
   lease.release();
+  stagingError = stageNextBatch();
   if (Status s = cudaCallStatus(cudaEventSynchronize(metricsDone),
                                 where + ": running the step");
       !s.ok())

@@ -196,6 +196,11 @@ private:
   Status upload(int index, const void *data, size_t bytes);
   Status download(int index, void *data, size_t bytes);
   Status captureGraph();
+  /// Takes the next batch from the prefetcher and copies it to the device
+  /// staging buffers on the copy stream, once the previous step has moved
+  /// the last staged batch into its inputs: the host-to-device copy of step
+  /// k+1 overlaps step k.
+  Status stageNextBatch();
   void releaseDeviceObjects();
 
   StepProgram &program;
@@ -219,6 +224,13 @@ private:
   cudaGraphExec_t graphExec = nullptr;
   cudaEvent_t stepStart = nullptr, stepEnd = nullptr, copiesDone = nullptr,
               metricsDone = nullptr;
+  /// Inputs staged on the device ahead of their step, and the copy stream
+  /// and event of that transfer.
+  std::vector<void *> staging;
+  cudaStream_t copyStream = nullptr;
+  cudaEvent_t stagedReady = nullptr;
+  PrefetchedBatch *staged = nullptr;
+  Status stagingError; ///< a failed read of the next batch, for its step
   int32_t *hostCounters = nullptr;   ///< pinned: step, total_steps
   float *hostMetrics = nullptr;      ///< pinned: every Metric buffer
   std::vector<size_t> metricOffsets; ///< in floats, per map.metrics entry

@@ -17,7 +17,7 @@ record() { results+=("$(printf '%-34s %s' "$1" "$2")"); }
 
 nvidia-smi -L | tee "$O/gpu.txt"
 
-for t in AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest RuntimeTrainerTest; do
+for t in ${GPU_TESTS:-AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest RuntimeTrainerTest}; do
   timeout 240 "$D/bin/$t" > "$O/$t.log" 2>&1
   rc=$?
   record "$t" "$([ $rc -eq 0 ] && echo passed || echo "FAILED rc=$rc") $(grep -E '^\[  PASSED|^\[  FAILED' "$O/$t.log" | tr '\n' ' ')"
@@ -28,9 +28,19 @@ tiny() { "$D/bin/train-tiny" --target "$T/target" --data "$T/data" "$@"; }
 # Parity with dflash-reference on the same files (10 steps).
 tiny --init "$T/init" --steps 10 --out /tmp/tiny --log "$O/tiny.jsonl" 2> "$O/tiny.err"
 record "tiny train (graph)" "rc=$?"
+# Tolerance of the parameters: AdamW's first steps move each weight by about
+# lr * sign(g), so rounding alone separates runs; the two CPU references
+# (bf16 storage and fp64) differ by about 2e-2 after 10 steps (measured, see
+# the last line), and the GPU must stay within 5e-2 of both.
 python3 scripts/compare-runs.py --losses "$O/tiny.jsonl" "$D/ref/tiny-losses.jsonl" --steps 10 \
-  --params /tmp/tiny/final/model.safetensors "$D/ref/tiny-params/model.safetensors" > "$O/tiny-parity.txt" 2>&1
-record "tiny vs dflash-reference" "$(grep -E 'worst' "$O/tiny-parity.txt" | tr '\n' ' ')"
+  --params /tmp/tiny/final/model.safetensors "$D/ref/tiny-params/model.safetensors" --param-tol 5e-2 > "$O/tiny-parity.txt" 2>&1
+record "tiny vs reference (bf16 storage)" "$(grep -E 'worst' "$O/tiny-parity.txt" | tr '\n' ' ')"
+python3 scripts/compare-runs.py --losses "$O/tiny.jsonl" "$D/ref/tiny-losses-exact.jsonl" --steps 10 \
+  --params /tmp/tiny/final/model.safetensors "$D/ref/tiny-params-exact/model.safetensors" --param-tol 5e-2 > "$O/tiny-parity-exact.txt" 2>&1
+record "tiny vs reference (fp64)" "$(grep -E 'worst' "$O/tiny-parity-exact.txt" | tr '\n' ' ')"
+python3 scripts/compare-runs.py --losses "$D/ref/tiny-losses.jsonl" "$D/ref/tiny-losses-exact.jsonl" --steps 10 \
+  --params "$D/ref/tiny-params/model.safetensors" "$D/ref/tiny-params-exact/model.safetensors" --param-tol 5e-2 > "$O/ref-vs-ref.txt" 2>&1
+record "reference bf16 vs fp64 (noise)" "$(grep -E 'worst' "$O/ref-vs-ref.txt" | tr '\n' ' ')"
 
 # Graph replay against eager launches: bit for bit.
 tiny --init "$T/init" --steps 10 --out /tmp/tiny-eager --log "$O/tiny-eager.jsonl" --no-graph 2> "$O/tiny-eager.err"
@@ -55,11 +65,12 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 steady = sorted(r["step_ms"] for r in rows[5:])
 med = steady[len(steady) // 2]
 r = [x for x in rows if x["step_ms"] == med][0]
-print("steps %d first loss %.4f last loss %.4f median step %.1f ms tokens/s %.0f draft tokens/s %.0f TFLOP/s %.1f" %
-      (len(rows), rows[0]["loss"], rows[-1]["loss"], med, r["tokens_per_s"], r["draft_tokens_per_s"], r["tflops"]))
+compute = sorted(x["compute_ms"] for x in rows[5:])
+print("steps %d first loss %.4f last loss %.4f median step %.1f ms (compute %.1f ms) tokens/s %.0f draft tokens/s %.0f TFLOP/s %.1f" %
+      (len(rows), rows[0]["loss"], rows[-1]["loss"], med, compute[len(compute) // 2], r["tokens_per_s"], r["draft_tokens_per_s"], r["tflops"]))
 PY
 record "qwen3-8b summary" "$(cat "$O/q8-summary.txt")"
-grep -iE "memory|peak" "$O/q8.err" | head -3 > "$O/q8-memory.txt"
+grep -iE "GiB" "$O/q8.err" | head -3 > "$O/q8-memory.txt"
 record "qwen3-8b memory" "$(tr '\n' ' ' < "$O/q8-memory.txt")"
 
 # Exported checkpoints through the real libraries.

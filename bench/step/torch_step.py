@@ -10,7 +10,11 @@ weighted cross-entropy, backward, and AdamW. Modes:
 Prints one JSON line per mode: median step ms over --steps timed steps after
 --warmup, draft and context tokens/s, TFLOP/s (with --flops from dflashc's
 manifest.json), peak memory. Anchors are fixed across steps so that the block
-mask is built once (the most favourable setting for PyTorch).
+mask is built once (the most favourable setting for PyTorch). With
+--anchors synthetic (default) they follow the loss masks of `train --data
+synthetic` (runtime/Synthetic.h: a prompt of S/8..S/4 unsupervised tokens, a
+quarter of the rows ending early), so both sides attend over the same
+amount of context; --anchors uniform draws them over the whole row.
 """
 
 import argparse
@@ -112,6 +116,7 @@ def main():
     ap.add_argument("--windows", default="", help="comma list per layer, 0 = full")
     ap.add_argument("--flops", type=float, default=0.0, help="FLOPs per step")
     ap.add_argument("--modes", default="eager,compile")
+    ap.add_argument("--anchors", choices=["synthetic", "uniform"], default="synthetic")
     a = ap.parse_args()
     a.kv_heads, a.head_dim = a.kv_heads, a.head_dim
     windows = [int(w) for w in a.windows.split(",")] if a.windows else [0] * a.layers
@@ -120,8 +125,26 @@ def main():
     B, S, N, bs, Q = a.rows, a.seq, a.anchors, a.block, a.anchors * a.block
     hidden = torch.randn(B, S, a.taps * a.hidden, device=dev, dtype=torch.bfloat16)
     lm_head = torch.randn(a.vocab, a.hidden, device=dev, dtype=torch.bfloat16) * 0.02
-    anchors = torch.stack([torch.randperm(S - 1, device=dev)[:N].sort().values
-                           for _ in range(B)]).int()
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for _ in range(B):
+        if a.anchors == "uniform":
+            lo, length = 0, S
+        else:
+            lo = S // 8 + int(torch.randint(0, S // 8 + 1, (1,), generator=g))
+            length = S
+            if int(torch.randint(0, 4, (1,), generator=g)) == 0:
+                length = min(S, lo + 2 + int(torch.randint(0, S - lo - 1, (1,), generator=g)))
+        candidates = torch.arange(lo, length - 1)
+        rows.append(candidates[torch.randperm(len(candidates), generator=g)])
+    n_eff = min(N, max(len(r) for r in rows))
+    anchors = torch.zeros(B, N, dtype=torch.int32)
+    keep = torch.zeros(B, N, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        take = r[:n_eff].sort().values
+        anchors[b, :len(take)] = take.int()
+        keep[b, :len(take)] = True
+    anchors, keep = anchors.to(dev), keep.to(dev)
     draft_pos = (anchors[:, :, None] + torch.arange(bs, device=dev)).view(B, Q)
     ctx_pos = torch.arange(S, device=dev)[None].expand(B, S)
     noise_emb = torch.randn(B, Q, a.hidden, device=dev, dtype=torch.bfloat16) * 0.02
@@ -134,11 +157,11 @@ def main():
             n = q_idx // bs
             k = q_idx % bs
             anchor = anchors[b, n]
-            ctx_ok = (kv_idx < S) & (kv_idx < anchor)
+            ctx_ok = keep[b, n] & (kv_idx < S) & (kv_idx < anchor)
             if window:
                 ctx_ok = ctx_ok & (kv_idx >= anchor + k - (window - 1))
             kd = kv_idx - S
-            draft_ok = (kv_idx >= S) & (kd // bs == n)
+            draft_ok = keep[b, n] & (kv_idx >= S) & (kd // bs == n)
             if window:
                 draft_ok = draft_ok & (kd % bs <= k)
             return ctx_ok | draft_ok
