@@ -218,6 +218,23 @@ LogicalResult AdamWMultiOp::verify() {
   return success();
 }
 
+LogicalResult GradientBucketOp::verify() {
+  // gradient_bucket C1
+  if (getGrads().empty() || getGrads().size() != getResults().size())
+    return emitOpError() << "(C1) needs one result per gradient and at least "
+                            "one gradient, not "
+                         << getGrads().size() << " gradients and "
+                         << getResults().size() << " results";
+  // gradient_bucket C2
+  for (auto [g, r] : llvm::zip(getGrads(), getResults()))
+    if (tensorOf(g).getShape() != tensorOf(r).getShape())
+      return emitOpError() << "(C2) result " << r.getType()
+                           << " must have the shape of its gradient "
+                           << g.getType();
+  return success();
+}
+
+int64_t GradientBucketOp::getFlopCount() { return 0; }
 int64_t DraftEmbedOp::getFlopCount() { return 0; }
 int64_t ResidualRmsNormOp::getFlopCount() {
   return 5 * numElements(getInput());

@@ -231,4 +231,27 @@ def DFlash_AdamWMultiOp : DFlash_PureOp<"adamw_multi", [AttrSizedOperandSegments
   }];
 }
 
+def DFlash_GradientBucketOp : DFlash_PureOp<"gradient_bucket"> {
+  let summary = "fp32 gradients of a group of parameters, summed over GPUs";
+  let description = [{
+    Converts each gradient to fp32 and sums it over every GPU of the
+    data-parallel group (SEMANTICS.md section 5: gradients to fp32, then
+    all-reduce). `dflash-bucket-gradients` groups the gradients into buckets
+    of a fixed size in the order the backward pass finishes them and places
+    each bucket right after its last gradient, so that its all-reduce runs
+    on a second stream while the backward pass goes on. The results of one
+    bucket are contiguous in memory: one collective per bucket.
+
+    ```mlir
+    %g32:2 = dflash.gradient_bucket %dw_down, %dw_up
+        : (tensor<4096x12288xbf16>, tensor<12288x4096xbf16>)
+        -> (tensor<4096x12288xf32>, tensor<12288x4096xf32>)
+    ```
+  }];
+  let arguments = (ins Variadic<DFlash_FloatTensor>:$grads);
+  let results = (outs Variadic<DFlash_F32Tensor>:$results);
+  let assemblyFormat =
+      "$grads attr-dict `:` functional-type(operands, results)";
+}
+
 #endif // DFLASH_KERNEL_OPS_TD

@@ -83,7 +83,23 @@ static __global__ void add_bf16_kernel(const __nv_bfloat16 *a, const __nv_bfloat
     out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
 }
 
+static __global__ void convert_bf16_f32_kernel(const __nv_bfloat16 *in,
+                                               float *out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = __bfloat162float(in[i]);
+}
+
 } // namespace detail
+
+/// out = float(in), n elements: gradients into their fp32 all-reduce bucket.
+inline void convert_bf16_f32(const __nv_bfloat16 *in, float *out, int64_t n,
+                             cudaStream_t stream) {
+  int64_t blocks = (n + 255) / 256;
+  detail::convert_bf16_f32_kernel<<<unsigned(blocks < 8192 ? blocks : 8192),
+                                    256, 0, stream>>>(in, out, n);
+  DFLASH_CUDA_CHECK_LAUNCH("convert_bf16_f32");
+}
 
 /// out = sum of n floats (one CTA; n is the number of draft slots).
 inline void sum_f32(const float *x, int64_t n, float *out,

@@ -30,7 +30,8 @@ FlopCount FlopCount::of(func::FuncOp step) {
       continue;
     }
     if (isa<AllReduceOp, LossStatsOp, LossSeedOp, ConvertOp, GlobalNormOp,
-            ClipCoefficientOp, LrScheduleOp, AdamWOp, AdamWMultiOp>(op)) {
+            ClipCoefficientOp, LrScheduleOp, AdamWOp, AdamWMultiOp,
+            GradientBucketOp>(op)) {
       phase = Optimizer;
       if (auto stats = dyn_cast<LossStatsOp>(op))
         fromSeed.insert(stats.getLossSumGrad());

@@ -161,6 +161,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                          b.getF64FloatAttr(spec.beta2),
                          b.getF64FloatAttr(spec.adamEps),
                          b.getF64FloatAttr(spec.weightDecay)));
+  (*module)->setAttr("dflash.bucket_mib",
+                     b.getI64IntegerAttr(spec.bucketMiB));
   if (spec.gpuMemoryGiB > 0)
     (*module)->setAttr("dflash.memory_budget_gib",
                        b.getF64FloatAttr(spec.gpuMemoryGiB));

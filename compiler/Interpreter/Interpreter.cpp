@@ -143,7 +143,7 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<DraftEmbedOp, ResidualRmsNormOp, QkNormRopeOp,
                QkNormRopeGradOp, RmsNormGradResidualOp,
                AccumulateLinearGradOp, LossSeedOp, LmHeadCeFusedOp,
-               AdamWMultiOp>(op))
+               AdamWMultiOp, GradientBucketOp>(op))
     result = evalFused(op);
   else
     result = evalForward(op);
@@ -497,6 +497,12 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         HostTensor &r = out(o.getResult());
         for (size_t i = 0; i < r.data.size(); ++i)
           r.data[i] = acc.data[i] + g.data[i];
+        return success();
+      })
+      .Case([&](GradientBucketOp o) {
+        // fp32 copies; one process is the whole data-parallel group.
+        for (auto [g, r] : llvm::zip(o.getGrads(), o.getResults()))
+          out(r).data = in(g).data;
         return success();
       })
       .Case([&](LossSeedOp o) {

@@ -17,8 +17,8 @@ namespace dflash {
 void buildTrainStepPipeline(mlir::OpPassManager &pm);
 
 /// The whole step -> kernels with a static memory plan, ready for
-/// translation to CUDA (--emit=planned): fuse-kernels, plan-memory,
-/// verify-lowering. `budgetGiB` > 0 overrides the spec's memory budget.
+/// translation to CUDA (--emit=planned): fuse-kernels, bucket-gradients,
+/// plan-memory, verify-lowering. `budgetGiB` > 0 overrides the spec's memory budget.
 void buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
                                  double budgetGiB = 0);
 

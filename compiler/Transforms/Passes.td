@@ -120,6 +120,31 @@ def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];
 }
 
+def BucketGradients : Pass<"dflash-bucket-gradients", "mlir::ModuleOp"> {
+  let summary = "Group the gradients into fp32 all-reduce buckets";
+  let description = [{
+    After `dflash-fuse-kernels`: the bf16 gradients that `dflash.adamw_multi`
+    reads become the results of `dflash.gradient_bucket` ops (fp32, summed
+    over every GPU), each bucket of about `bucket-mib` MiB (default: the
+    module's `dflash.bucket_mib` from the spec's [parallel] bucket_mib),
+    filled in the order the backward pass finishes the gradients and placed
+    right after its last one, so that its all-reduce overlaps the rest of
+    the backward pass.
+
+    ```mlir
+    %dw = dflash.linear_grad_weight %dy, %x : ...
+    %g32:2 = dflash.gradient_bucket %dw, %dw2 : ... -> (tensor<..xf32>, ...)
+    ...
+    dflash.adamw_multi ... grads(%g32#0, %g32#1) ...
+    ```
+  }];
+  let options = [
+    Option<"bucketMiB", "bucket-mib", "int64_t", "0",
+           "Bucket size in MiB of fp32 (0: the module's, else 64)">
+  ];
+  let dependentDialects = ["::mlir::dflash::DFlashDialect"];
+}
+
 def PlanMemory : Pass<"dflash-plan-memory", "mlir::ModuleOp"> {
   let summary = "Static arena offsets from liveness; checks the memory budget";
   let description = [{

@@ -67,8 +67,23 @@ void PlanMemoryPass::runOnOperation() {
   for (Operation &op : body)
     index[&op] = n++;
   llvm::DenseMap<Value, unsigned> slotOf;
+  // Offsets inside a slot: the results of a gradient bucket share one slot,
+  // contiguous, so that one collective covers them.
+  llvm::DenseMap<Value, int64_t> offsetInSlot;
   std::vector<Slot> slots;
-  for (Operation &op : body.without_terminator())
+  for (Operation &op : body.without_terminator()) {
+    if (auto bucket = dyn_cast<GradientBucketOp>(op)) {
+      Slot s;
+      s.root = bucket.getResult(0);
+      s.def = s.last = index[&op];
+      for (Value r : bucket.getResults()) {
+        slotOf[r] = slots.size();
+        offsetInSlot[r] = s.bytes;
+        s.bytes += alignUp(tensorBytes(r.getType()));
+      }
+      slots.push_back(s);
+      continue;
+    }
     for (Value r : op.getResults()) {
       Value root = storageRoot(r);
       if (isa<BlockArgument>(root) || slotOf.count(root))
@@ -80,6 +95,7 @@ void PlanMemoryPass::runOnOperation() {
       s.def = s.last = index[root.getDefiningOp()];
       slots.push_back(s);
     }
+  }
   for (Operation &op : body)
     for (Value operand : op.getOperands()) {
       auto it = slotOf.find(storageRoot(operand));
@@ -125,7 +141,8 @@ void PlanMemoryPass::runOnOperation() {
       if (auto arg = dyn_cast<BlockArgument>(root))
         offsets.push_back(-int64_t(arg.getArgNumber()) - 1);
       else
-        offsets.push_back(slots[slotOf[root]].offset);
+        offsets.push_back(slots[slotOf[root]].offset +
+                          offsetInSlot.lookup(root));
     }
     op.setAttr(kOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
   }

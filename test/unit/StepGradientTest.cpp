@@ -232,7 +232,8 @@ TEST_F(StepTest, LabelsAreSamePosition) {
   EXPECT_EQ(withToken(a + 2), base); // a shifted label would read this
 }
 
-// dflash-fuse-kernels regroups ops; the step it computes must not change.
+// dflash-fuse-kernels regroups ops and dflash-bucket-gradients adds the fp32
+// all-reduce buckets; the step they compute must not change.
 TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
   OwningOpRef<ModuleOp> train = forward->clone();
   PassManager pm(&context);
@@ -241,7 +242,13 @@ TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
   OwningOpRef<ModuleOp> fused = train->clone();
   PassManager fuse(&context);
   fuse.addPass(createFuseKernels());
+  BucketGradientsOptions buckets;
+  buckets.bucketMiB = 1; // several buckets even for tiny
+  fuse.addPass(createBucketGradients(buckets));
   ASSERT_TRUE(succeeded(fuse.run(*fused)));
+  int numBuckets = 0;
+  fused->walk([&](GradientBucketOp) { ++numBuckets; });
+  EXPECT_GT(numBuckets, 1);
   // Something was fused.
   int graphLevel = 0;
   fused->walk([&](Operation *op) {

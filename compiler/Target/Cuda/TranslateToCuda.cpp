@@ -103,6 +103,7 @@ private:
   std::vector<std::string> workspaceTerms;
   /// What each profiled op is, in schedule order.
   std::vector<std::string> opNames;
+  size_t numBuckets = 0;
 
   /// A typed device pointer to `v`'s storage.
   std::string ptr(Value v) {
@@ -541,13 +542,49 @@ LogicalResult StepEmitter::emitKernel(Operation *op) {
                             ptr(o.getLossSumGrad()));
         return success();
       })
+      .Case([&](GradientBucketOp o) {
+        // With several GPUs: fp32 copies, then one in-place all-reduce on
+        // the communication stream while the backward pass goes on. On one
+        // GPU the optimizer reads the bf16 gradients directly.
+        size_t k = numBuckets++;
+        os << "    if (res.allReduceSum) {\n";
+        for (auto [g, r] : llvm::zip(o.getGrads(), o.getResults()))
+          os << llvm::formatv("      dflash::kernels::convert_bf16_f32({0}, "
+                              "{1}, {2}, stream);\n",
+                              ptr(g), ptr(r),
+                              tensorOf(r).getNumElements());
+        Value first = o.getResult(0), last = o.getResults().back();
+        auto offsets = o->getAttrOfType<DenseI64ArrayAttr>(kOffsetsAttrName);
+        int64_t floats = (offsets[o.getNumResults() - 1] +
+                          tensorBytes(last.getType()) - offsets[0]) /
+                         4;
+        os << llvm::formatv(
+            "      check(cudaEventRecord(bucketReady[{0}], stream), "
+            "\"bucket event\");\n"
+            "      check(cudaStreamWaitEvent(commStream, bucketReady[{0}], 0), "
+            "\"bucket wait\");\n"
+            "      res.allReduceSum(res.collectives, {1}, {2}, commStream);\n"
+            "      check(cudaEventRecord(bucketDone[{0}], commStream), "
+            "\"bucket event\");\n"
+            "    }\n",
+            k, ptr(first), floats);
+        return success();
+      })
       .Case([&](AdamWMultiOp o) {
         optimizer = o;
         os << llvm::formatv(
             "    dflash::kernels::lr_schedule({0}, {1}, hyper.lr, "
             "hyper.warmupRatio, adamwState, {2}, stream);\n"
-            "    dflash::kernels::adamw_multi_tensor_step<__nv_bfloat16>("
+            "    if (res.allReduceSum) {{\n"
+            "      for (cudaEvent_t done : bucketDone)\n"
+            "        check(cudaStreamWaitEvent(stream, done, 0), "
+            "\"bucket join\");\n"
+            "      dflash::kernels::adamw_multi_tensor_step<float>("
+            "adamwTablesF32, adamwState, adamwHyper, stream);\n"
+            "    } else {{\n"
+            "      dflash::kernels::adamw_multi_tensor_step<__nv_bfloat16>("
             "adamwTables, adamwState, adamwHyper, stream);\n"
+            "    }\n"
             "    check(cudaMemcpyAsync({3}, adamwTables.normAndClip, 4, "
             "cudaMemcpyDeviceToDevice, stream), \"copy grad norm\");\n",
             ptr(o.getStep()), ptr(o.getTotal()), ptr(o.getLrValue()),
@@ -739,17 +776,30 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
                            std::to_string(spec.headDim) + ")");
 
   // Optimizer tables: one entry per parameter, built at bind time.
-  std::string sizes, tensors;
+  // Two tables: the bf16 gradients (one GPU) and their all-reduced fp32
+  // bucket copies (several GPUs).
+  std::string sizes, tensors, tensorsF32;
   if (optimizer) {
     AdamWMultiOp o = *optimizer;
     for (unsigned i = 0; i < o.getNumParams(); ++i) {
+      Value g = o.getGrads()[i], bf16Grad = g;
+      if (auto bucket = g.getDefiningOp<GradientBucketOp>())
+        bf16Grad = bucket.getGrads()[cast<OpResult>(g).getResultNumber()];
+      if (!tensorOf(bf16Grad).getElementType().isBF16())
+        return o.emitOpError("expects bf16 gradients or gradient buckets of "
+                             "them");
       sizes += (i ? ", " : "") +
                std::to_string(tensorOf(o.getParams()[i]).getNumElements());
-      tensors += llvm::formatv(
-          "        {{{0}, {1}, {2}, {3}, {4}, {5}},\n", ptr(o.getParams()[i]),
-          ptr(o.getMasters()[i]), ptr(o.getGrads()[i]),
-          ptr(o.getMoment1()[i]), ptr(o.getMoment2()[i]),
-          tensorOf(o.getParams()[i]).getNumElements());
+      auto row = [&](Value grad) {
+        return llvm::formatv("        {{{0}, {1}, {2}, {3}, {4}, {5}},\n",
+                             ptr(o.getParams()[i]), ptr(o.getMasters()[i]),
+                             ptr(grad), ptr(o.getMoment1()[i]),
+                             ptr(o.getMoment2()[i]),
+                             tensorOf(o.getParams()[i]).getNumElements())
+            .str();
+      };
+      tensors += row(bf16Grad);
+      tensorsF32 += row(g);
     }
   }
   std::string workspaceMax = "std::max<size_t>({";
@@ -804,7 +854,7 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "    workspaceBytes = alignArena(" << workspaceMax << ");\n"
      << "    size_t numTensors = " << (optimizer ? optimizer->getNumParams() : 0)
      << ";\n"
-     << "    optimizerBytes = alignArena(numTensors * "
+     << "    optimizerBytes = alignArena(2 * numTensors * "
         "sizeof(dflash::kernels::AdamWTensor)) +\n"
      << "                     alignArena(chunks.size() * "
         "sizeof(dflash::kernels::AdamWChunk)) +\n"
@@ -839,7 +889,7 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << tensors << "    };\n"
      << "    auto *tensorTable = "
         "reinterpret_cast<dflash::kernels::AdamWTensor *>(opt);\n"
-     << "    opt += alignArena(tensors.size() * "
+     << "    opt += alignArena(2 * tensors.size() * "
         "sizeof(dflash::kernels::AdamWTensor));\n"
      << "    auto *chunkTable = "
         "reinterpret_cast<dflash::kernels::AdamWChunk *>(opt);\n"
@@ -857,6 +907,22 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
         "sizeof(tensors[0]), cudaMemcpyHostToDevice), \"optimizer table\");\n"
      << "    check(cudaMemcpy(chunkTable, chunks.data(), chunks.size() * "
         "sizeof(chunks[0]), cudaMemcpyHostToDevice), \"optimizer chunks\");\n"
+     << "    // The same update reading the all-reduced fp32 buckets.\n"
+     << "    std::vector<dflash::kernels::AdamWTensor> tensorsF32 = {\n"
+     << tensorsF32 << "    };\n"
+     << "    check(cudaMemcpy(tensorTable + tensors.size(), tensorsF32.data(), "
+        "tensorsF32.size() * sizeof(tensorsF32[0]), cudaMemcpyHostToDevice), "
+        "\"optimizer table\");\n"
+     << "    adamwTablesF32 = adamwTables;\n"
+     << "    adamwTablesF32.tensors = tensorTable + tensors.size();\n"
+     << "    if (res.allReduceSum) {\n"
+     << "      check(cudaStreamCreateWithFlags(&commStream, "
+        "cudaStreamNonBlocking), \"communication stream\");\n"
+     << "      for (cudaEvent_t *e : {bucketReady, bucketDone})\n"
+     << "        for (size_t k = 0; k < kBuckets; ++k)\n"
+     << "          check(cudaEventCreateWithFlags(&e[k], "
+        "cudaEventDisableTiming), \"bucket events\");\n"
+     << "    }\n"
      << "  }\n\n"
      << "  void enqueue(cudaStream_t stream) override {\n"
      << "    profiler.beginStep(stream);\n"
@@ -875,7 +941,11 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "  dflash::rt::DeviceResources res;\n"
      << "  dflash::rt::StepHyper hyper;\n"
      << "  dflash::kernels::AdamWHyper adamwHyper;\n"
-     << "  dflash::kernels::AdamWTables adamwTables{};\n"
+     << "  dflash::kernels::AdamWTables adamwTables{}, adamwTablesF32{};\n"
+     << "  static constexpr size_t kBuckets = " << std::max<size_t>(numBuckets, 1)
+     << ";\n"
+     << "  cudaStream_t commStream = nullptr;\n"
+     << "  cudaEvent_t bucketReady[kBuckets] = {}, bucketDone[kBuckets] = {};\n"
      << "  dflash::kernels::AdamWStepState *adamwState = nullptr;\n"
      << "  dflash::rt::StepProfiler profiler{{" << profileNames << "}};\n"
      << "};\n\n"
