@@ -103,9 +103,8 @@ private:
   Precision precision;
 
   const HostTensor &in(Value v) { return env.find(v)->second; }
-  HostTensor &out(Value v) {
-    return env.insert({v, HostTensor(shapeOf(v))}).first->second;
-  }
+  /// The result tensor of `v`, created by eval() before the op runs.
+  HostTensor &out(Value v) { return env.find(v)->second; }
   const double *ptr(Value v) { return in(v).data.data(); }
   double *outPtr(Value v) { return out(v).data.data(); }
   static int64_t lastDim(Value v) { return shapeOf(v).back(); }
@@ -132,6 +131,10 @@ private:
 };
 
 LogicalResult Evaluator::eval(Operation *op) {
+  // Every result exists before the op runs: the cases below hold references
+  // into `env`, which an insertion could move.
+  for (Value r : op->getResults())
+    env.try_emplace(r, HostTensor(shapeOf(r)));
   LogicalResult result = success();
   if (isa<AllReduceOp, LossStatsOp, ConvertOp, GlobalNormOp,
           ClipCoefficientOp, LrScheduleOp, AdamWOp>(op))
@@ -587,6 +590,10 @@ StepInterpreter::run(const std::vector<HostTensor> &args) {
                             << " arguments for @step's "
                             << step.getNumArguments();
   Evaluator eval(precision);
+  unsigned numValues = args.size();
+  for (Operation &op : step.front())
+    numValues += op.getNumResults();
+  eval.env.reserve(numValues);
   for (unsigned i = 0; i < args.size(); ++i) {
     BlockArgument arg = step.getArgument(i);
     if (args[i].shape != shapeOf(arg) ||

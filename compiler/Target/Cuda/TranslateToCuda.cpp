@@ -135,10 +135,34 @@ private:
 
   LogicalResult emitOp(Operation *op);
   LogicalResult emitKernel(Operation *op);
+  /// rms_norm_fwd_bf16 with an optional residual `delta` (written to `sum`).
+  LogicalResult emitNorm(Operation *op, Value input, Value delta, Value weight,
+                         Value sum, Value result, double eps);
   LogicalResult emitNormGrad(Operation *op, Value residualGrad);
   LogicalResult emitAttention(Operation *op, bool backward);
   std::string stepCu(int64_t arena, double flops);
 };
+
+LogicalResult StepEmitter::emitNorm(Operation *op, Value input, Value delta,
+                                    Value weight, Value sum, Value result,
+                                    double eps) {
+  int64_t H = tensorOf(input).getShape().back();
+  if (H % 8 != 0)
+    return op->emitOpError() << "has no kernel for a normalised dimension "
+                             << H << " (it must be a multiple of 8)";
+  std::string name = "rms_norm_fwd_h" + std::to_string(H);
+  wrapper(name,
+          "const __nv_bfloat16 *x, const __nv_bfloat16 *delta, const "
+          "__nv_bfloat16 *w, __nv_bfloat16 *xSum, __nv_bfloat16 *y, "
+          "int64_t rows, float eps, cudaStream_t stream",
+          "dflash::kernels::rms_norm_fwd_bf16<" + std::to_string(H) +
+              ">(x, delta, w, xSum, y, rows, eps, stream)");
+  os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, stream);\n",
+                      name, ptr(input), delta ? ptr(delta) : "nullptr",
+                      ptr(weight), sum ? ptr(sum) : "nullptr", ptr(result),
+                      rowsOf(input), formatFloat(eps));
+  return success();
+}
 
 LogicalResult StepEmitter::emitNormGrad(Operation *op, Value residualGrad) {
   Value grad = op->getOperand(0), input = op->getOperand(1),
@@ -335,43 +359,14 @@ LogicalResult StepEmitter::emitKernel(Operation *op) {
         }
         return success();
       })
-      .Case([&](RmsNormOp o) -> LogicalResult {
-        int64_t H = tensorOf(o.getInput()).getShape().back();
-        if (H % 8 != 0)
-          return o.emitOpError() << "has no kernel for a normalised dimension "
-                                 << H << " (it must be a multiple of 8)";
-        std::string name = "rms_norm_fwd_h" + std::to_string(H);
-        wrapper(name,
-                "const __nv_bfloat16 *x, const __nv_bfloat16 *delta, const "
-                "__nv_bfloat16 *w, __nv_bfloat16 *xSum, __nv_bfloat16 *y, "
-                "int64_t rows, float eps, cudaStream_t stream",
-                "dflash::kernels::rms_norm_fwd_bf16<" + std::to_string(H) +
-                    ">(x, delta, w, xSum, y, rows, eps, stream)");
-        os << llvm::formatv(
-            "    {0}({1}, nullptr, {2}, nullptr, {3}, {4}, {5}, stream);\n",
-            name, ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getResult()),
-            rowsOf(o.getInput()), formatFloat(o.getEps().convertToDouble()));
-        return success();
+      .Case([&](RmsNormOp o) {
+        return emitNorm(o, o.getInput(), Value(), o.getWeight(), Value(),
+                        o.getResult(), o.getEps().convertToDouble());
       })
-      .Case([&](ResidualRmsNormOp o) -> LogicalResult {
-        int64_t H = tensorOf(o.getInput()).getShape().back();
-        if (H % 8 != 0)
-          return o.emitOpError() << "has no kernel for a normalised dimension "
-                                 << H << " (it must be a multiple of 8)";
-        std::string name = "rms_norm_fwd_h" + std::to_string(H);
-        wrapper(name,
-                "const __nv_bfloat16 *x, const __nv_bfloat16 *delta, const "
-                "__nv_bfloat16 *w, __nv_bfloat16 *xSum, __nv_bfloat16 *y, "
-                "int64_t rows, float eps, cudaStream_t stream",
-                "dflash::kernels::rms_norm_fwd_bf16<" + std::to_string(H) +
-                    ">(x, delta, w, xSum, y, rows, eps, stream)");
-        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, "
-                            "stream);\n",
-                            name, ptr(o.getInput()), ptr(o.getDelta()),
-                            ptr(o.getWeight()), ptr(o.getSum()),
-                            ptr(o.getResult()), rowsOf(o.getInput()),
-                            formatFloat(o.getEps().convertToDouble()));
-        return success();
+      .Case([&](ResidualRmsNormOp o) {
+        return emitNorm(o, o.getInput(), o.getDelta(), o.getWeight(),
+                        o.getSum(), o.getResult(),
+                        o.getEps().convertToDouble());
       })
       .Case([&](RmsNormGradOp o) { return emitNormGrad(o, Value()); })
       .Case([&](RmsNormGradResidualOp o) {
