@@ -255,6 +255,7 @@ TrainingStateRef TrainingState::ref() const {
   TrainingStateRef state;
   state.step = step;
   state.rngState = rngState;
+  state.otherRankRngStates = otherRankRngStates;
   state.data = data;
   for (const std::vector<float> &values : master)
     state.master.push_back(values.data());
@@ -302,12 +303,21 @@ dflash::rt::saveTrainingCheckpoint(const std::string &dir,
     }
   }
   int64_t step = state.step;
-  int64_t rngWords[4];
-  for (int i = 0; i < 4; ++i)
-    rngWords[i] = int64_t(state.rngState[size_t(i)]);
+  // Rank r's four words in row r; a one-GPU state keeps the [4] shape that
+  // checkpoints had before data parallelism.
+  std::vector<int64_t> rngWords;
+  for (size_t r = 0; r <= state.otherRankRngStates.size(); ++r) {
+    const Rng::State &words =
+        r == 0 ? state.rngState : state.otherRankRngStates[r - 1];
+    for (uint64_t word : words)
+      rngWords.push_back(int64_t(word));
+  }
+  int64_t ranks = int64_t(state.otherRankRngStates.size()) + 1;
+  std::vector<int64_t> rngShape =
+      ranks == 1 ? std::vector<int64_t>{4} : std::vector<int64_t>{ranks, 4};
   int64_t position[2] = {state.data.epoch, state.data.row};
   tensors.push_back({"step", DType::I64, {1}, &step});
-  tensors.push_back({"rng_state", DType::I64, {4}, rngWords});
+  tensors.push_back({"rng_state", DType::I64, rngShape, rngWords.data()});
   tensors.push_back({"data_position", DType::I64, {2}, position});
   std::map<std::string, std::string> metadata = {
       {"format", kStateFormat},
@@ -340,6 +350,35 @@ static Status readInt64s(const SafetensorsFile &file, const std::string &name,
   if (status.ok())
     std::memcpy(out, view->data, size_t(count) * sizeof(int64_t));
   return status;
+}
+
+/// The anchor Rng states of tensor 'rng_state': [4] for one rank, [R, 4]
+/// for R ranks; each one must be a state the generator can reach.
+static Status readRngStates(const SafetensorsFile &file,
+                            std::vector<Rng::State> &states) {
+  const TensorView *view = file.find("rng_state");
+  if (!view)
+    return Status::error(file.path() + ": has no tensor 'rng_state'");
+  const std::vector<int64_t> &shape = view->shape;
+  bool oneRank = shape == std::vector<int64_t>{4};
+  if (view->dtype != DType::I64 ||
+      !(oneRank || (shape.size() == 2 && shape[0] >= 1 && shape[1] == 4)))
+    return Status::error(file.path() + ": tensor 'rng_state' has dtype " +
+                         dtypeName(view->dtype) + " and shape " +
+                         shapeString(shape) +
+                         " but must be I64 [4] or [ranks, 4]");
+  size_t ranks = oneRank ? 1 : size_t(shape[0]);
+  states.assign(ranks, Rng::State{});
+  for (size_t r = 0; r < ranks; ++r) {
+    std::memcpy(states[r].data(), view->data + r * 4 * sizeof(int64_t),
+                4 * sizeof(int64_t));
+    Rng probe;
+    if (Status s = probe.restore(states[r]); !s.ok())
+      return Status::error(file.path() + ": tensor 'rng_state'" +
+                           (oneRank ? "" : " row " + std::to_string(r)) + ": " +
+                           s.message());
+  }
+  return Status::success();
 }
 
 Status dflash::rt::loadTrainingState(const std::string &dir,
@@ -379,30 +418,24 @@ Status dflash::rt::loadTrainingState(const std::string &dir,
   if (!status.ok())
     return status;
 
-  int64_t step = 0, rngWords[4], position[2];
+  int64_t step = 0, position[2];
   status = readInt64s(file, "step", 1, &step);
-  if (status.ok())
-    status = readInt64s(file, "rng_state", 4, rngWords);
   if (status.ok())
     status = readInt64s(file, "data_position", 2, position);
   if (!status.ok())
     return status;
+  std::vector<Rng::State> rngStates;
+  if (Status s = readRngStates(file, rngStates); !s.ok())
+    return s;
   if (step < 0)
     return Status::error(file.path() + ": tensor 'step' is negative (" +
                          std::to_string(step) + ")");
   if (position[0] < 0 || position[1] < 0)
     return Status::error(file.path() +
                          ": tensor 'data_position' has a negative entry");
-  Rng::State rngState;
-  for (int i = 0; i < 4; ++i)
-    rngState[size_t(i)] = uint64_t(rngWords[i]);
-  Rng probe;
-  status = probe.restore(rngState);
-  if (!status.ok())
-    return Status::error(file.path() +
-                         ": tensor 'rng_state': " + status.message());
   loaded.step = step;
-  loaded.rngState = rngState;
+  loaded.rngState = rngStates.front();
+  loaded.otherRankRngStates.assign(rngStates.begin() + 1, rngStates.end());
   loaded.data = {position[0], position[1]};
   state = std::move(loaded);
   return Status::success();

@@ -5,10 +5,12 @@
 // prefix, no embedding or lm_head) that serving engines load as a
 // DFlashDraftModel. A training checkpoint is the same directory plus
 // training_state.safetensors: fp32 masters, both Adam moments (tensors
-// "master.<name>", "adam_m.<name>", "adam_v.<name>"), the step, the RNG
-// state and the data position. Directories are written under a temporary
-// name and swapped in whole (StagedDirectory), so a crash leaves either the
-// previous checkpoint or the new one.
+// "master.<name>", "adam_m.<name>", "adam_v.<name>"), the step, the anchor
+// RNG state of every rank ("rng_state": I64 [4] for one rank, [ranks, 4] for
+// a data-parallel run; each rank samples its anchors from its own stream)
+// and the data position, which every rank shares. Directories are written under
+// a temporary name and swapped in whole (StagedDirectory), so a crash leaves
+// either the previous checkpoint or the new one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -52,8 +54,11 @@ struct DataPosition {
 /// order, read in place.
 struct TrainingStateRef {
   int64_t step = 0; ///< optimizer steps completed
-  Rng::State rngState{};
-  DataPosition data;
+  Rng::State rngState{}; ///< rank 0's anchor Rng (the only one on one GPU)
+  /// The anchor Rngs of ranks 1, 2, ... of a data-parallel run; empty for
+  /// one GPU.
+  std::vector<Rng::State> otherRankRngStates;
+  DataPosition data; ///< the same on every rank
   std::vector<const float *> master, adamM, adamV;
 };
 
@@ -61,9 +66,17 @@ struct TrainingStateRef {
 struct TrainingState {
   int64_t step = 0;
   Rng::State rngState{};
+  std::vector<Rng::State> otherRankRngStates;
   DataPosition data;
   std::vector<std::vector<float>> master, adamM, adamV;
   TrainingStateRef ref() const;
+
+  /// The number of ranks whose anchor Rng the state holds.
+  int64_t worldSize() const { return 1 + int64_t(otherRankRngStates.size()); }
+  /// Rank `rank`'s anchor Rng state (0 <= rank < worldSize()).
+  const Rng::State &anchorRngState(int64_t rank) const {
+    return rank == 0 ? rngState : otherRankRngStates[size_t(rank - 1)];
+  }
 };
 
 /// The name of the state file inside a training checkpoint.

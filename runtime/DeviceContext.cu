@@ -2,6 +2,8 @@
 
 #include "runtime/DeviceContext.h"
 
+#include "runtime/Collectives.h"
+
 #include "kernels/CudaCheck.cuh"
 #include "kernels/Gemm.cuh"
 
@@ -156,6 +158,12 @@ DeviceResources DeviceContext::resources() {
   resources.collectives = nullptr;
   resources.rank = 0;
   resources.worldSize = 1;
+  if (communicator) {
+    resources.allReduceSum = &Collectives::allReduceSumHook;
+    resources.collectives = communicator;
+    resources.rank = communicator->rank();
+    resources.worldSize = communicator->worldSize();
+  }
   return resources;
 }
 

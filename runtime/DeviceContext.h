@@ -3,7 +3,8 @@
 // Everything a training step needs on one GPU besides the step itself: the
 // device made current on the calling thread, a non-blocking stream, a
 // cuBLASLt handle with its workspace and the GEMM planner of kernels/Gemm.cuh,
-// the persistent buffers of a StepProgram and its activation arena. One
+// the persistent buffers of a StepProgram and its activation arena, and the
+// rank's NCCL communicator in a data-parallel run (owned by the caller). One
 // context per GPU worker thread; a context is used from one thread at a time.
 //
 // Every CUDA and cuBLASLt call here is checked and turned into a Status
@@ -28,6 +29,8 @@
 #include <cuda_runtime.h>
 
 namespace dflash::rt {
+
+class Collectives;
 
 /// Success, or an error "<what>: <CUDA's description>".
 Status cudaCallStatus(cudaError_t status, const std::string &what);
@@ -82,7 +85,15 @@ public:
   /// Bytes of the persistent buffers.
   size_t bufferBytes() const { return bufferSize; }
 
-  /// What the generated step uses on one GPU: the GEMM planner, no
+  /// Makes `collectives` (which must outlive the context's step) the
+  /// communicator of this GPU's rank; null: no collectives.
+  void attachCollectives(Collectives *collectives) {
+    communicator = collectives;
+  }
+  Collectives *collectives() const { return communicator; }
+
+  /// What the generated step uses: the GEMM planner, and with a
+  /// communicator its all-reduce hook, rank and world size; without one no
   /// collectives, rank 0 of a world of 1.
   DeviceResources resources();
 
@@ -107,6 +118,7 @@ private:
   void *arenaPointer = nullptr;
   size_t arenaSize = 0;
   bool allocated = false;
+  Collectives *communicator = nullptr;
 };
 
 } // namespace dflash::rt

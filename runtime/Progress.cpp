@@ -42,6 +42,16 @@ static std::string jsonNumber(const char *format, double value) {
   return text;
 }
 
+/// `, "rank_step_ms": [..]`, or nothing for no ranks.
+static std::string rankTimes(const std::vector<double> &times) {
+  if (times.empty())
+    return "";
+  std::string text = ", \"rank_step_ms\": [";
+  for (size_t r = 0; r < times.size(); ++r)
+    text += (r ? ", " : "") + jsonNumber("%.4f", times[r]);
+  return text + "]";
+}
+
 std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
   // Losses, norms and rates keep 9 significant digits so that runs can be
   // compared bit for bit in float; timings need far fewer.
@@ -54,7 +64,8 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"compute_ms\": " + jsonNumber("%.4f", m.computeMs) +
          ", \"tokens_per_s\": " + jsonNumber("%.1f", m.contextTokensPerS) +
          ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
-         ", \"tflops\": " + jsonNumber("%.3f", m.tflops) + "}";
+         ", \"tflops\": " + jsonNumber("%.3f", m.tflops) +
+         rankTimes(m.rankStepMs) + "}";
 }
 
 //===----------------------------------------------------------------------===//
@@ -157,13 +168,23 @@ std::string dflash::rt::formatRate(double perSecond) {
 
 std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
                                      int64_t finalStep, double etaSeconds) {
-  char text[256];
+  char ranks[64] = "";
+  if (m.rankStepMs.size() > 1) {
+    // Unknown times (NaN) are left out.
+    double fastest = m.stepMs;
+    for (double t : m.rankStepMs)
+      if (std::isfinite(t))
+        fastest = std::min(fastest, t);
+    std::snprintf(ranks, sizeof(ranks), " (%zu GPUs, fastest %.1f)",
+                  m.rankStepMs.size(), fastest);
+  }
+  char text[320];
   std::snprintf(text, sizeof(text),
                 "step %lld/%lld  loss %.4f  acc %.4f  %s tok/s  draft %s "
-                "tok/s  %.1f ms/step  ETA %s",
+                "tok/s  %.1f ms/step%s  ETA %s",
                 (long long)stepsDone, (long long)finalStep, m.loss, m.acc,
                 formatRate(m.contextTokensPerS).c_str(),
-                formatRate(m.draftTokensPerS).c_str(), m.stepMs,
+                formatRate(m.draftTokensPerS).c_str(), m.stepMs, ranks,
                 formatDuration(etaSeconds).c_str());
   return text;
 }

@@ -9,11 +9,20 @@
 // Throughput, for a step of `t` seconds on `world` GPUs of B rows each:
 //   context tokens/s = B * S * world / t   (JSONL "tokens_per_s")
 //   draft tokens/s   = B * Q * world / t   (JSONL "draft_tokens_per_s")
-// with S the sequence length and Q = N * bs the draft positions of a row.
-// "tflops" is the compiler's FLOP count of one GPU's step over t: the
-// achieved rate of one GPU, comparable with its bf16 GEMM ceiling.
-// The step time runs from before the step's input copies to the end of its
-// last kernel, measured with CUDA events.
+// with S the sequence length and Q = N * bs the draft positions of a row:
+// the whole run's rate, summed over its GPUs. "tflops" is the compiler's
+// FLOP count of one GPU's step over t: the achieved rate of one GPU,
+// comparable with its bf16 GEMM ceiling.
+// Each GPU's step time runs from before the step's input copies to the end
+// of its last kernel, measured with CUDA events on that GPU. With several
+// GPUs, t ("step_ms", likewise "compute_ms") is the slowest rank's: the
+// ranks wait for each other in the all-reduces, so the longest time is the
+// run's pace. The JSONL line then also lists every rank's own time,
+// "rank_step_ms": [rank 0, rank 1, ...] in global rank order, and the
+// progress line shows the fastest next to t: a rank whose step started late
+// (its thread or its batch was late) shows the shortest time, since the
+// others waited for it inside their step. The loss, acc, grad_norm and lr
+// are rank 0's, which equal every rank's: the step all-reduces their sums.
 //
 //===----------------------------------------------------------------------===//
 
@@ -26,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace dflash::rt {
 
@@ -33,8 +43,10 @@ namespace dflash::rt {
 struct StepMetrics {
   int64_t step = 0; ///< 0-based index: the step counter the step ran with
   double loss = 0, acc = 0, gradNorm = 0, lr = 0;
-  double stepMs = 0;    ///< input copies and the step
+  double stepMs = 0;    ///< input copies and the step (slowest rank)
   double computeMs = 0; ///< the step alone, without the input copies
+  /// Every rank's stepMs, in rank order; empty when not reported per rank.
+  std::vector<double> rankStepMs;
   double contextTokensPerS = 0;
   double draftTokensPerS = 0;
   double tflops = 0;
@@ -49,7 +61,8 @@ void setThroughput(StepMetrics &metrics, const ModelConfig &config,
 
 /// One JSON object, without a newline: {"step": 0, "loss": ..., "acc",
 /// "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
-/// "draft_tokens_per_s", "tflops"}. A non-finite value is written as null.
+/// "draft_tokens_per_s", "tflops"}, and "rank_step_ms": [...] last when
+/// rankStepMs is not empty. A non-finite value is written as null.
 std::string metricsJsonLine(const StepMetrics &metrics);
 
 /// The JSONL metrics file of a run.
@@ -80,7 +93,8 @@ std::string formatDuration(double seconds);
 std::string formatRate(double perSecond);
 
 /// "step 12/200  loss 2.3456  acc 0.4120  12.3k tok/s  draft 4.56k tok/s
-/// 85.1 ms/step  ETA 3m05s"; `stepsDone` counts the step just finished.
+/// 85.1 ms/step  ETA 3m05s"; with several ranks "85.1 ms/step (8 GPUs,
+/// fastest 80.2)". `stepsDone` counts the step just finished.
 std::string progressLine(const StepMetrics &metrics, int64_t stepsDone,
                          int64_t finalStep, double etaSeconds);
 

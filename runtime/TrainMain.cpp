@@ -2,12 +2,14 @@
 
 #include "runtime/TrainMain.h"
 
+#include "runtime/Collectives.h"
 #include "runtime/DeviceContext.h"
 #include "runtime/FeatureShard.h"
 #include "runtime/Progress.h"
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -145,12 +147,16 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
       "--rows", options.rows,
       "Rows of the synthetic data set (only with --data synthetic)");
   rows->type_name("R")->capture_default_str();
-  std::string gpuText = "0";
-  app.add_option("--gpus", gpuText,
-                 "CUDA device indices to train on, comma-separated (one GPU "
-                 "for now)")
-      ->type_name("LIST")
-      ->capture_default_str();
+  std::string gpuText;
+  CLI::Option *gpus = app.add_option(
+      "--gpus", gpuText,
+      "CUDA devices to train on, comma-separated, one data-parallel rank "
+      "each (default: every visible device); under mpirun, the devices of "
+      "each node");
+  gpus->type_name("LIST");
+  app.add_flag("--nccl", options.nccl,
+               "Sum over the GPUs with NCCL even when there is one (checks "
+               "the data-parallel path; with several GPUs it is always on)");
   app.add_option("--progress-every", options.progressEvery,
                  "When stderr is not a terminal, print progress every N "
                  "steps")
@@ -177,7 +183,7 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
     text = lowerFirst(error.what());
     return CommandLineAction::Fail;
   }
-  if (!parseGpuList(gpuText, options.gpus, text))
+  if (gpus->count() > 0 && !parseGpuList(gpuText, options.gpus, text))
     return CommandLineAction::Fail;
   options.givenTotalSteps = totalSteps->count() > 0;
   options.givenLr = lr->count() > 0;
@@ -246,10 +252,18 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
     return Status::error("--lr must be a positive number");
   if (!std::isfinite(o.warmupRatio) || o.warmupRatio < 0 || o.warmupRatio >= 1)
     return Status::error("--warmup-ratio must be in [0, 1)");
-  if (o.gpus.size() != 1)
+  for (size_t i = 0; i < o.gpus.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (o.gpus[i] == o.gpus[j])
+        return Status::error("--gpus: device " + std::to_string(o.gpus[i]) +
+                             " is listed twice (each GPU is one rank)");
+  if (o.nccl && !collectivesAvailable())
+    return Status::error("--nccl: this trainer was built without NCCL");
+  if (o.gpus.size() > 1 && !collectivesAvailable())
     return Status::error("--gpus: training on " +
                          std::to_string(o.gpus.size()) +
-                         " GPUs is not supported yet; give one device index");
+                         " GPUs needs NCCL, and this trainer was built "
+                         "without it; give one device index");
 
   bool synthetic = o.data == "synthetic";
   if (o.data.empty())
@@ -298,6 +312,20 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
   return Status::success();
 }
 
+Status dflash::rt::resolveGpus(TrainOptions &o, int visibleDevices) {
+  if (!o.gpus.empty())
+    return Status::success();
+  for (int d = 0; d < visibleDevices; ++d)
+    o.gpus.push_back(d);
+  if (o.gpus.empty())
+    o.gpus.push_back(0);
+  if (o.gpus.size() > 1 && !collectivesAvailable())
+    return Status::error(std::to_string(o.gpus.size()) +
+                         " GPUs are visible but this trainer was built "
+                         "without NCCL; train on one with --gpus 0");
+  return Status::success();
+}
+
 //===----------------------------------------------------------------------===//
 // Host-side loading
 //===----------------------------------------------------------------------===//
@@ -334,11 +362,13 @@ static Status settleResumedRun(const TrainOptions &o, const std::string &ckpt,
     return Status::error(
         "--rows " + std::to_string(o.rows) + " does not match the " +
         std::to_string(stored.syntheticRows) + " rows in " + file);
+  // Each rank has its own rows and anchor stream: another world size
+  // would read other batches than the run being continued.
   if (stored.worldSize != run.worldSize)
-    return Status::error(file + ": the run trained on " +
-                         std::to_string(stored.worldSize) +
-                         " GPUs; resuming on " + std::to_string(run.worldSize) +
-                         " is not supported");
+    return Status::error(
+        "--gpus: " + file + " is a run on " + std::to_string(stored.worldSize) +
+        " GPUs but this one has " + std::to_string(run.worldSize) +
+        "; resume on the same number of GPUs");
   run.totalSteps = stored.totalSteps;
   run.seed = stored.seed;
   if (synthetic)
@@ -351,7 +381,9 @@ static Status settleResumedRun(const TrainOptions &o, const std::string &ckpt,
 }
 
 Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
-                              PreparedRun &run) {
+                              PreparedRun &run, int64_t node, int64_t nodes) {
+  if (o.gpus.empty())
+    return Status::error("--gpus: no device to train on");
   bool synthetic = o.data == "synthetic";
   RunSettings settings;
   settings.totalSteps = o.givenTotalSteps ? o.totalSteps : o.steps;
@@ -360,7 +392,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   settings.warmupRatio = o.warmupRatio;
   settings.data = o.data;
   settings.syntheticRows = synthetic ? o.rows : 0;
-  settings.worldSize = int64_t(o.gpus.size());
+  settings.worldSize = nodes * int64_t(o.gpus.size());
 
   // Resumed state first: it settles the seed the data depends on.
   std::vector<std::vector<uint16_t>> params;
@@ -373,6 +405,12 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     TrainingState state;
     if (Status s = loadTrainingState(ckpt, config, state); !s.ok())
       return s;
+    if (state.worldSize() != settings.worldSize)
+      return Status::error(
+          "--gpus: " + ckpt + "/" + kTrainingStateFile +
+          " holds the state of " + std::to_string(state.worldSize()) +
+          " GPUs but this run has " + std::to_string(settings.worldSize) +
+          "; resume on the same number of GPUs");
     if (Status s = loadCheckpoint(ckpt, config, params); !s.ok())
       return s;
     if (state.step >= o.steps)
@@ -461,7 +499,10 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.saveEvery = o.saveEvery;
   run.trainer.exportFinal = true;
   run.logPath = o.log.empty() ? o.out + "/metrics.jsonl" : o.log;
-  run.gpu = o.gpus.front();
+  run.layout.gpus = o.gpus;
+  run.layout.node = node;
+  run.layout.nodes = nodes;
+  run.layout.forceCollectives = o.nccl;
   return Status::success();
 }
 
@@ -533,10 +574,6 @@ std::string numberText(double value) {
   return text;
 }
 
-void note(const std::string &message) {
-  std::fprintf(stderr, "train: %s\n", message.c_str());
-}
-
 const char *signalName(int signal) {
   switch (signal) {
   case SIGINT:
@@ -546,6 +583,26 @@ const char *signalName(int signal) {
   default:
     return "a signal";
   }
+}
+
+/// Every process of a run trains on the same number of GPUs: ranks are
+/// numbered node * gpusPerNode + local index.
+Status checkSameGpuCount(ProcessGroup &processes, int64_t gpus) {
+  std::vector<int64_t> counts(size_t(processes.size()));
+  if (Status s = processes.allGather(&gpus, sizeof(gpus), counts.data());
+      !s.ok())
+    return s;
+  auto gpuCount = [](int64_t n) {
+    return std::to_string(n) + (n == 1 ? " GPU" : " GPUs");
+  };
+  for (size_t node = 0; node < counts.size(); ++node)
+    if (counts[node] != gpus)
+      return Status::error("--gpus: node " + std::to_string(node) +
+                           " trains on " + gpuCount(counts[node]) +
+                           " but node " + std::to_string(processes.rank()) +
+                           " on " + gpuCount(gpus) +
+                           "; every node needs the same number");
+  return Status::success();
 }
 
 int runTraining(int argc, char **argv,
@@ -568,29 +625,76 @@ int runTraining(int argc, char **argv,
   case CommandLineAction::Train:
     break;
   }
-  if (Status s = validateTrainOptions(options, config); !s.ok())
-    return fail(s.message());
-  PreparedRun run;
-  if (Status s = prepareRun(options, config, run); !s.ok())
-    return fail(s.message());
-  int64_t firstStep = run.inputs.resume ? run.inputs.resume->step : 0;
-  MetricsLog log;
-  if (Status s = log.open(run.logPath, firstStep); !s.ok())
-    return fail(s.message());
 
-  // Only now the GPU.
+  // The other nodes of an mpirun launch, if any. From here on a failure on
+  // one process ends all of them: the others would wait for it forever in
+  // their next collective.
+  std::unique_ptr<ProcessGroup> processes;
+  if (Status s = joinProcessGroup(processes); !s.ok())
+    return fail(s.message());
+  const int64_t node = processes ? processes->rank() : 0;
+  const int64_t nodes = processes ? processes->size() : 1;
+  const bool leader = node == 0; // writes the log, progress and files
+  auto failRun = [&](const std::string &message) {
+    int code = fail(nodes > 1 ? "node " + std::to_string(node) + ": " + message
+                              : message);
+    if (processes)
+      processes->abortAll(code);
+    return code;
+  };
+
+  if (Status s = validateTrainOptions(options, config); !s.ok())
+    return failRun(s.message());
+  // Counting devices initialises the driver but uses none of them.
   std::string reason;
   int devices = visibleCudaDevices(reason);
-  if (devices == 0)
-    return fail("no CUDA device is visible" +
-                (reason.empty() ? std::string() : " (" + reason + ")"));
-  if (run.gpu >= devices)
-    return fail("--gpus: device " + std::to_string(run.gpu) +
-                " does not exist (" + std::to_string(devices) + " visible)");
+  if (Status s = resolveGpus(options, devices); !s.ok())
+    return failRun(s.message());
+  if (nodes > 1) {
+    if (!collectivesAvailable())
+      return failRun("a run over " + std::to_string(nodes) +
+                     " nodes needs NCCL, and this trainer was built without "
+                     "it");
+    if (Status s = checkSameGpuCount(*processes, int64_t(options.gpus.size()));
+        !s.ok())
+      return failRun(s.message());
+  }
+  PreparedRun run;
+  if (Status s = prepareRun(options, config, run, node, nodes); !s.ok())
+    return failRun(s.message());
+  run.layout.processes = processes.get();
+  int64_t firstStep = run.inputs.resume ? run.inputs.resume->step : 0;
+  MetricsLog log;
+  if (leader)
+    if (Status s = log.open(run.logPath, firstStep); !s.ok())
+      return failRun(s.message());
 
+  // Only now the GPUs.
+  if (devices == 0)
+    return failRun("no CUDA device is visible" +
+                   (reason.empty() ? std::string() : " (" + reason + ")"));
+  for (int gpu : options.gpus)
+    if (gpu >= devices)
+      return failRun("--gpus: device " + std::to_string(gpu) +
+                     " does not exist (" + std::to_string(devices) +
+                     " visible)");
+
+  const int64_t world = run.layout.worldSize();
+  auto note = [&](const std::string &message) {
+    if (leader)
+      std::fprintf(stderr, "train: %s\n", message.c_str());
+  };
   note(config.name + ": " + std::to_string(numParameters(config)) +
        " trainable parameters; " + std::to_string(config.rowsPerGpu) +
-       " rows x " + std::to_string(config.seqLen) + " tokens per step");
+       " rows x " + std::to_string(config.seqLen) + " tokens per GPU and step");
+  if (world > 1 || options.nccl)
+    note("data parallel over " + std::to_string(world) + " GPU" +
+         (world > 1 ? "s" : "") +
+         (nodes > 1 ? " (" + std::to_string(nodes) + " nodes x " +
+                          std::to_string(options.gpus.size()) + ")"
+                    : std::string()) +
+         " with NCCL: " + std::to_string(world * config.rowsPerGpu) +
+         " rows per step");
   if (!run.resumedFrom.empty())
     note("resuming " + run.resumedFrom + " at step " +
          std::to_string(firstStep));
@@ -606,61 +710,72 @@ int runTraining(int argc, char **argv,
 
   StopSignalHandlers signals;
   DeviceWorkScope deviceWork;
-  std::unique_ptr<DeviceContext> device;
-  if (Status s =
-          DeviceContext::create(run.gpu, program->gemmWorkspaceBytes(), device);
-      !s.ok())
-    return fail(s.message());
-  Trainer trainer(*program, *device, run.trainer);
-  if (Status s = trainer.init(std::move(run.inputs)); !s.ok())
-    return fail(s.message());
-  // The frozen weights live on the device now; a real target's can be
-  // gigabytes of host memory. (The synthetic problem keeps its own: it
-  // generates rows from them.)
+  // Each GPU's thread builds its own step program.
+  TrainerGroup group([factory] { return factory(); }, run.trainer, run.layout);
+  if (Status s = group.init(run.inputs); !s.ok())
+    return failRun(s.message());
+  // Every device holds its copy now; a real target's weights and the
+  // optimizer state can be gigabytes of host memory. (The synthetic problem
+  // keeps its own: it generates rows from them.)
+  run.inputs.params.clear();
+  run.inputs.params.shrink_to_fit();
+  run.inputs.resume.reset();
   run.loadedTarget = TargetWeights();
-  const DeviceMemory &allocatedMemory = trainer.memoryAfterAllocation();
-  note("device " + std::to_string(run.gpu) + " (" + device->name() +
-       "): step buffers " + formatBytes(device->bufferBytes()) + ", arena " +
-       formatBytes(device->arenaBytes()) + ", GEMM workspace " +
-       formatBytes(device->workspaceBytes()) + "; " +
-       formatBytes(allocatedMemory.usedBytes()) + " of " +
-       formatBytes(allocatedMemory.totalBytes) + " in use");
+  for (int local = 0; local < group.localRanks(); ++local) {
+    const DeviceContext &device = group.device(local);
+    const DeviceMemory &memory = group.trainer(local).memoryAfterAllocation();
+    note("device " + std::to_string(device.device()) + " (" + device.name() +
+         "): step buffers " + formatBytes(device.bufferBytes()) + ", arena " +
+         formatBytes(device.arenaBytes()) + ", GEMM workspace " +
+         formatBytes(device.workspaceBytes()) + "; " +
+         formatBytes(memory.usedBytes()) + " of " +
+         formatBytes(memory.totalBytes) + " in use");
+  }
 
   ProgressDisplay progress(stderr, ::isatty(STDERR_FILENO) != 0,
                            options.progressEvery);
   TrainerHooks hooks;
   hooks.onStep = [&](const StepMetrics &metrics) {
+    if (!leader)
+      return Status::success();
     progress.update(metrics, run.trainer.finalStep);
     return log.append(metrics);
   };
   hooks.onNote = [&](const std::string &message) {
-    progress.note("train: " + message);
+    if (leader)
+      progress.note("train: " + message);
   };
   hooks.stopSignal = &stopSignal;
   auto started = std::chrono::steady_clock::now();
   TrainerOutcome outcome;
-  Status status = trainer.run(hooks, outcome);
+  Status status = group.run(hooks, outcome);
   progress.finish();
   if (!status.ok())
-    return fail(status.message());
+    return failRun(status.message());
   if (outcome.stoppedBySignal) {
-    std::string saved =
-        outcome.lastCheckpoint.empty()
-            ? std::string("no checkpoint was saved")
-            : "the last checkpoint is " + outcome.lastCheckpoint +
-                  " (continue with --resume " + options.out + ")";
-    fail("stopped by " + std::string(signalName(outcome.stoppedBySignal)) +
-         " after step " + std::to_string(outcome.stepsDone) + "; " + saved);
+    if (leader) {
+      std::string saved =
+          outcome.lastCheckpoint.empty()
+              ? std::string("no checkpoint was saved")
+              : "the last checkpoint is " + outcome.lastCheckpoint +
+                    " (continue with --resume " + options.out + ")";
+      fail("stopped by " + std::string(signalName(outcome.stoppedBySignal)) +
+           " after step " + std::to_string(outcome.stepsDone) + "; " + saved);
+    }
     return 128 + outcome.stoppedBySignal;
   }
   double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
           .count();
+  size_t usedAfterFirstStep = 0;
+  for (int local = 0; local < group.localRanks(); ++local)
+    usedAfterFirstStep =
+        std::max(usedAfterFirstStep,
+                 group.trainer(local).memoryAfterFirstStep().usedBytes());
   note("done: " + std::to_string(outcome.stepsThisRun) + " steps in " +
-       formatDuration(seconds) + "; " +
-       formatBytes(trainer.memoryAfterFirstStep().usedBytes()) +
-       " in use on the device after the first step; drafter in " +
-       outcome.finalExport);
+       formatDuration(seconds) + "; " + formatBytes(usedAfterFirstStep) +
+       " in use on the " + (group.localRanks() > 1 ? "fullest " : "") +
+       "device after the first step; drafter in " + outcome.finalExport);
   return 0;
 }
 

@@ -12,6 +12,12 @@
 // "train: error: <what>", exit code 1) on any machine. The pieces are public
 // for tests.
 //
+// One process trains on every GPU of its node (--gpus, default all visible
+// devices), one thread per GPU (TrainerGroup). Under `mpirun -np NODES`
+// each node's process joins the others through MPI; node 0 writes the log,
+// the progress display and the checkpoints, and an error on any node ends
+// every process of the run (docs/runtime.md).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef DFLASH_RUNTIME_TRAINMAIN_H
@@ -47,8 +53,9 @@ struct TrainOptions {
   double lr = 0;               ///< --lr; default the config's
   double warmupRatio = 0;      ///< --warmup-ratio; default the config's
   uint64_t seed = 0;           ///< --seed; default the config's
-  std::vector<int> gpus = {0}; ///< --gpus
+  std::vector<int> gpus;       ///< --gpus; empty: every visible device
   bool noGraph = false;        ///< --no-graph
+  bool nccl = false;           ///< --nccl: collectives even on one GPU
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,
@@ -66,9 +73,15 @@ CommandLineAction parseTrainCommandLine(int argc, const char *const *argv,
 
 /// Checks what needs no data loaded: numbers in range, paths that exist,
 /// an output directory that can be written (created when missing) and does
-/// not hold another run unless it is resumed.
+/// not hold another run unless it is resumed, a GPU list without repeats
+/// and the collectives it needs in this build.
 Status validateTrainOptions(const TrainOptions &options,
                             const ModelConfig &config);
+
+/// Fills an empty --gpus with every device of `visibleDevices` (or device
+/// 0 when there is none, so that the host checks run and the missing
+/// device is reported after them); checks that several GPUs can be used.
+Status resolveGpus(TrainOptions &options, int visibleDevices);
 
 /// Everything a run needs from the host, loaded and checked. Holds the
 /// target weights and the row source that TrainerInputs points to, so it
@@ -85,14 +98,17 @@ struct PreparedRun {
   TrainerOptions trainer;
   std::string resumedFrom; ///< the checkpoint directory, when resuming
   std::string logPath;
-  int gpu = 0;
+  /// This process's GPUs and place among the run's processes.
+  GroupLayout layout;
 };
 
 /// Loads the data, target weights, initial parameters or resumed state and
 /// settles the run's settings (a resumed run keeps its checkpoint's schedule
-/// length, seed and synthetic rows; giving different ones is an error).
+/// length, seed and synthetic rows; giving different ones is an error). The
+/// run has `nodes` processes of options.gpus each; this one is `node`; a
+/// resumed run must have the world size (nodes x GPUs) of its checkpoint.
 Status prepareRun(const TrainOptions &options, const ModelConfig &config,
-                  PreparedRun &run);
+                  PreparedRun &run, int64_t node = 0, int64_t nodes = 1);
 
 /// The whole `train` command; returns the process exit code: 0 when done,
 /// 1 on an error, 128 + the signal after SIGINT or SIGTERM (with a

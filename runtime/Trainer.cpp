@@ -7,7 +7,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -374,6 +376,9 @@ Trainer::~Trainer() { releaseDeviceObjects(); }
 
 void Trainer::releaseDeviceObjects() {
   (void)device.makeCurrent();
+  // The last step (or one whose collectives were aborted) may still run
+  // in the graph about to be destroyed.
+  (void)cudaStreamSynchronize(device.stream());
   // A staged batch may still be copying from its pinned slot.
   if (copyStream)
     (void)cudaStreamSynchronize(copyStream);
@@ -439,16 +444,33 @@ Status Trainer::download(int index, void *data, size_t bytes) {
                         "copying '" + spec.name + "' from the device");
 }
 
-Status Trainer::init(TrainerInputs given) {
+Status Trainer::init(const TrainerInputs &inputs) {
   if (initialised)
     return Status::error("the trainer is initialised twice");
-  inputs = std::move(given);
   if (!inputs.target || !inputs.rows)
     return Status::error("the trainer needs target weights and a row source");
-  if (options.run.worldSize != 1)
-    return Status::error("training over " +
-                         std::to_string(options.run.worldSize) +
-                         " GPUs is not supported yet");
+  const int64_t world = options.run.worldSize;
+  if (world < 1 || options.rank < 0 || options.rank >= world)
+    return Status::error("rank " + std::to_string(options.rank) +
+                         " does not fit a world of " + std::to_string(world) +
+                         " GPUs");
+  // Without a communicator each rank would train on its own.
+  if (Collectives *c = device.collectives()) {
+    if (c->worldSize() != world || c->rank() != options.rank)
+      return Status::error(
+          "device " + std::to_string(device.device()) +
+          ": its communicator is rank " + std::to_string(c->rank()) + " of " +
+          std::to_string(c->worldSize()) + " but the trainer is rank " +
+          std::to_string(options.rank) + " of " + std::to_string(world));
+  } else if (world > 1) {
+    return Status::error("training over " + std::to_string(world) +
+                         " GPUs needs a communicator on device " +
+                         std::to_string(device.device()));
+  }
+  if (inputs.resume && inputs.resume->worldSize() != world)
+    return Status::error("the resumed state holds the anchor Rng states of " +
+                         std::to_string(inputs.resume->worldSize()) +
+                         " ranks but the run has " + std::to_string(world));
   if (options.finalStep < 1 || options.run.totalSteps < options.finalStep)
     return Status::error(
         "the run needs 1 <= steps (" + std::to_string(options.finalStep) +
@@ -587,17 +609,18 @@ Status Trainer::init(TrainerInputs given) {
 
   // Data: this rank's batches in BatchLoader order, from the resumed
   // position when there is one.
-  loader = std::make_unique<BatchLoader>(*inputs.rows, config, options.run.seed,
-                                         /*rank=*/0,
-                                         /*worldSize=*/1);
+  rows = inputs.rows;
+  loader = std::make_unique<BatchLoader>(*rows, config, options.run.seed,
+                                         options.rank, world);
   if (Status s = loader->validate(); !s.ok())
     return s;
   if (inputs.resume)
-    if (Status s = loader->seek(inputs.resume->data, inputs.resume->rngState);
+    if (Status s = loader->seek(inputs.resume->data,
+                                inputs.resume->anchorRngState(options.rank));
         !s.ok())
       return s;
   dataPosition = loader->position();
-  anchorRngState = loader->anchorRngState();
+  anchorRng = loader->anchorRngState();
   prefetcher = std::make_unique<BatchPrefetcher>(
       *loader, config, HostMemory::Pinned, options.prefetchSlots);
   if (Status s = prefetcher->start(); !s.ok())
@@ -624,11 +647,6 @@ Status Trainer::init(TrainerInputs given) {
     staging.push_back(buffer);
   }
 
-  // The device holds everything now; drop the host copies.
-  inputs.params.clear();
-  inputs.params.shrink_to_fit();
-  inputs.resume.reset();
-  inputs.target = nullptr;
   initialised = true;
   return Status::success();
 }
@@ -649,8 +667,45 @@ Status Trainer::captureGraph() {
                  "it eagerly)");
       !s.ok())
     return s;
+  // An all-reduce the step asked for while capturing and NCCL refused.
+  if (Status s = collectivesStatus(); !s.ok())
+    return s;
   return cudaCallStatus(cudaGraphInstantiate(&graphExec, graph, 0),
                         "cudaGraphInstantiate of the step");
+}
+
+Status Trainer::collectivesStatus() {
+  Collectives *c = device.collectives();
+  return c ? c->check() : Status::success();
+}
+
+Status Trainer::waitForStep(cudaEvent_t event, const std::string &what) {
+  Collectives *c = device.collectives();
+  if (!c)
+    return cudaCallStatus(cudaEventSynchronize(event), what);
+  // A blocking wait would never return if a peer failed before its part of
+  // an all-reduce: poll, and watch the communicator and the other ranks.
+  while (true) {
+    cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess)
+      return Status::success();
+    if (status != cudaErrorNotReady)
+      return cudaCallStatus(status, what);
+    // "Not ready" is no error: keep it from the next cudaGetLastError check.
+    (void)cudaGetLastError();
+    if (Status s = c->check(); !s.ok()) {
+      aborted = true;
+      c->abort();
+      return Status::error(what + ": " + s.message());
+    }
+    if (abortFlag && abortFlag->load()) {
+      aborted = abortedByPeer = true;
+      c->abort();
+      return Status::error(what + ": stopped because another GPU of the run "
+                                  "failed");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 namespace {
@@ -715,19 +770,31 @@ Status Trainer::stageNextBatch() {
   return Status::success();
 }
 
-Status Trainer::step(StepMetrics &metrics) {
+Status Trainer::prepareStep() {
   if (!initialised)
     return Status::error("the trainer is not initialised");
   if (poisoned)
     return Status::error("step " + std::to_string(completedSteps) +
                          ": an earlier step left non-finite values on the "
                          "device");
+  if (aborted)
+    return Status::error("step " + std::to_string(completedSteps) +
+                         ": an earlier step was aborted");
   const std::string where = "step " + std::to_string(completedSteps);
   if (!stagingError.ok())
     return Status::error(where + ": " + stagingError.message());
   if (!staged)
-    if (Status s = stageNextBatch(); !s.ok())
+    if (Status s = stageNextBatch(); !s.ok()) {
+      stagingError = s;
       return Status::error(where + ": " + s.message());
+    }
+  return Status::success();
+}
+
+Status Trainer::step(StepMetrics &metrics) {
+  if (Status s = prepareStep(); !s.ok())
+    return s;
+  const std::string where = "step " + std::to_string(completedSteps);
   PrefetchedBatch *batch = staged;
   staged = nullptr;
   BatchLease lease(*prefetcher, batch);
@@ -784,6 +851,8 @@ Status Trainer::step(StepMetrics &metrics) {
             cudaCallStatus(cudaGetLastError(), where + ": launching the step");
         !s.ok())
       return s;
+    if (Status s = collectivesStatus(); !s.ok())
+      return Status::error(where + ": " + s.message());
   }
   if (Status s = cudaCallStatus(cudaEventRecord(stepEnd, stream),
                                 where + ": cudaEventRecord");
@@ -816,8 +885,7 @@ Status Trainer::step(StepMetrics &metrics) {
   Rng::State rngAfter = batch->anchorRngAfter;
   lease.release();
   stagingError = stageNextBatch();
-  if (Status s = cudaCallStatus(cudaEventSynchronize(metricsDone),
-                                where + ": running the step");
+  if (Status s = waitForStep(metricsDone, where + ": running the step");
       !s.ok())
     return s;
   float elapsedMs = 0, computeMs = 0;
@@ -865,7 +933,7 @@ Status Trainer::step(StepMetrics &metrics) {
   }
   ++completedSteps;
   dataPosition = positionAfter;
-  anchorRngState = rngAfter;
+  anchorRng = rngAfter;
   return Status::success();
 }
 
@@ -900,19 +968,32 @@ Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
     return s;
   state.step = completedSteps;
   state.data = dataPosition;
-  state.rngState = anchorRngState;
+  state.rngState = anchorRng;
   return Status::success();
 }
 
-Status Trainer::saveCheckpoint(std::string &dir) {
+Status Trainer::saveCheckpoint(std::string &dir,
+                               const std::vector<Rng::State> &rankRngStates) {
   if (poisoned)
     return Status::error("the device state is not finite and is not saved");
+  if (aborted)
+    return Status::error("a step was aborted; the device state is not saved");
   if (options.outDir.empty())
     return Status::error("no output directory to save a checkpoint in");
+  const int64_t world = options.run.worldSize;
+  if (world > 1 && (int64_t(rankRngStates.size()) != world ||
+                    rankRngStates[size_t(options.rank)] != anchorRng))
+    return Status::error("a checkpoint of " + std::to_string(world) +
+                         " ranks needs each rank's anchor Rng state");
   std::vector<std::vector<uint16_t>> params;
   TrainingState state;
   if (Status s = readState(params, state); !s.ok())
     return s;
+  if (world > 1) {
+    state.rngState = rankRngStates.front();
+    state.otherRankRngStates.assign(rankRngStates.begin() + 1,
+                                    rankRngStates.end());
+  }
   std::vector<const uint16_t *> paramPointers;
   for (const std::vector<uint16_t> &p : params)
     paramPointers.push_back(p.data());
@@ -945,6 +1026,8 @@ Status Trainer::saveCheckpoint(std::string &dir) {
 Status Trainer::exportFinal(std::string &dir) {
   if (poisoned)
     return Status::error("the device state is not finite and is not exported");
+  if (aborted)
+    return Status::error("a step was aborted; the drafter is not exported");
   if (options.outDir.empty())
     return Status::error("no output directory to export the drafter to");
   std::vector<ParamInfo> table = parameterTable(config);
@@ -968,14 +1051,314 @@ Status Trainer::exportFinal(std::string &dir) {
   return Status::success();
 }
 
-Status Trainer::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
+//===----------------------------------------------------------------------===//
+// TrainerGroup
+//===----------------------------------------------------------------------===//
+
+struct TrainerGroup::Worker {
+  int local = 0;
+  int gpu = 0;
+  std::unique_ptr<Collectives> collectives;
+  std::unique_ptr<StepProgram> program;
+  std::unique_ptr<DeviceContext> device;
+  std::unique_ptr<Trainer> trainer;
+  StepMetrics metrics; ///< the last step's, written by its job
+  std::thread thread;
+  // Guarded by TrainerGroup::mutex.
+  Job job;
+  bool posted = false, done = false, quit = false;
+  Status result;
+};
+
+TrainerGroup::TrainerGroup(StepProgramFactory factory, TrainerOptions options,
+                           GroupLayout layout)
+    : factory(std::move(factory)), options(std::move(options)),
+      layout(std::move(layout)) {}
+
+TrainerGroup::~TrainerGroup() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::unique_ptr<Worker> &w : workers)
+      w->quit = true;
+  }
+  changed.notify_all();
+  for (std::unique_ptr<Worker> &w : workers)
+    if (w->thread.joinable())
+      w->thread.join();
+}
+
+void TrainerGroup::serve(Worker &w) {
+  while (true) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [&] { return w.posted || w.quit; });
+      if (!w.posted)
+        break;
+      job = std::move(w.job);
+      w.posted = false;
+    }
+    Status result;
+    try {
+      result = job(w);
+    } catch (const std::exception &error) {
+      // Host allocations of a huge step, mostly; the thread must report,
+      // not end the process.
+      result = Status::error("device " + std::to_string(w.gpu) + ": " +
+                             error.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      w.result = std::move(result);
+      w.done = true;
+    }
+    changed.notify_all();
+  }
+  // Freed on the thread that used them, with its device current: the
+  // trainer first (graph, prefetch thread), the step program, the context,
+  // and last the communicator, which every rank destroys at the same time.
+  w.trainer.reset();
+  w.program.reset();
+  w.device.reset();
+  if (w.collectives && abortRequested.load())
+    w.collectives->abort(); // peers may be gone: do not wait for them
+  w.collectives.reset();
+}
+
+Status TrainerGroup::runOnWorkers(const Job &job, int only) {
+  std::unique_lock<std::mutex> lock(mutex);
+  auto selected = [&](const Worker &w) { return only < 0 || w.local == only; };
+  for (std::unique_ptr<Worker> &w : workers)
+    if (selected(*w)) {
+      w->job = job;
+      w->posted = true;
+      w->done = false;
+      w->result = Status::success();
+    }
+  changed.notify_all();
+  while (true) {
+    bool allDone = true, anyFailed = false;
+    for (std::unique_ptr<Worker> &w : workers)
+      if (selected(*w)) {
+        allDone &= w->done;
+        anyFailed |= w->done && !w->result.ok();
+      }
+    // The ranks still waiting in a collective for the failed one give up.
+    if (anyFailed)
+      abortRequested.store(true);
+    if (allDone)
+      break;
+    changed.wait(lock);
+  }
+  const Status *first = nullptr, *firstOwn = nullptr;
+  for (std::unique_ptr<Worker> &w : workers) {
+    if (!selected(*w) || w->result.ok())
+      continue;
+    if (!first)
+      first = &w->result;
+    if (!firstOwn && !(w->trainer && w->trainer->stoppedByPeer()))
+      firstOwn = &w->result;
+  }
+  return firstOwn ? *firstOwn : first ? *first : Status::success();
+}
+
+const DeviceContext &TrainerGroup::device(int local) const {
+  return *workers[size_t(local)]->device;
+}
+
+const Trainer &TrainerGroup::trainer(int local) const {
+  return *workers[size_t(local)]->trainer;
+}
+
+Status TrainerGroup::init(const TrainerInputs &inputs) {
+  if (initialised || !workers.empty())
+    return Status::error("the trainer group is initialised twice");
+  if (layout.gpus.empty())
+    return Status::error("no GPU to train on");
+  if (layout.nodes < 1 || layout.node < 0 || layout.node >= layout.nodes ||
+      (layout.nodes > 1 && !layout.processes))
+    return Status::error("node " + std::to_string(layout.node) + " of " +
+                         std::to_string(layout.nodes) +
+                         " has no process group");
+  if (options.run.worldSize != layout.worldSize())
+    return Status::error(
+        "the run settings say " + std::to_string(options.run.worldSize) +
+        " GPUs but the group has " + std::to_string(layout.worldSize()));
+
+  // Communicators first, from this thread: their creation waits for every
+  // rank of the run, of every process.
+  std::vector<std::unique_ptr<Collectives>> comms;
+  if (layout.usesCollectives()) {
+    disableNvlinkMulticastByDefault();
+    CollectiveId id;
+    if (layout.node == 0)
+      if (Status s = createCollectiveId(id); !s.ok())
+        return s;
+    if (layout.processes)
+      if (Status s =
+              layout.processes->broadcast(id.bytes.data(), id.bytes.size(), 0);
+          !s.ok())
+        return Status::error("sending the NCCL id to every node: " +
+                             s.message());
+    if (Status s = Collectives::create(layout.gpus, layout.firstRank(),
+                                       layout.worldSize(), id, comms);
+        !s.ok())
+      return s;
+  }
+
+  for (size_t i = 0; i < layout.gpus.size(); ++i) {
+    auto w = std::make_unique<Worker>();
+    w->local = int(i);
+    w->gpu = layout.gpus[i];
+    if (!comms.empty())
+      w->collectives = std::move(comms[i]);
+    workers.push_back(std::move(w));
+  }
+  for (std::unique_ptr<Worker> &w : workers)
+    w->thread = std::thread([this, worker = w.get()] { serve(*worker); });
+
+  Status status = runOnWorkers([&](Worker &w) -> Status {
+    w.program = factory ? factory() : nullptr;
+    if (!w.program)
+      return Status::error("device " + std::to_string(w.gpu) +
+                           ": no step program");
+    if (Status s = DeviceContext::create(w.gpu, w.program->gemmWorkspaceBytes(),
+                                         w.device);
+        !s.ok())
+      return s;
+    w.device->attachCollectives(w.collectives.get());
+    TrainerOptions mine = options;
+    mine.rank = layout.firstRank() + w.local;
+    w.trainer = std::make_unique<Trainer>(*w.program, *w.device, mine);
+    w.trainer->watchForAbort(&abortRequested);
+    return w.trainer->init(inputs);
+  });
+  if (!status.ok())
+    return status;
+  completedSteps = workers.front()->trainer->stepsDone();
+  flopsPerStep = workers.front()->program->flopsPerStep();
+  rankRngStates.assign(size_t(layout.worldSize()), Rng::State{});
+  initialised = true;
+  return Status::success();
+}
+
+Status TrainerGroup::readState(int local,
+                               std::vector<std::vector<uint16_t>> &params,
+                               TrainingState &state) {
+  if (!initialised || local < 0 || local >= localRanks())
+    return Status::error("no trainer of local rank " + std::to_string(local));
+  return runOnWorkers(
+      [&](Worker &w) { return w.trainer->readState(params, state); }, local);
+}
+
+namespace {
+/// The words one process contributes to the per-step exchange: its stop
+/// signal, then per local rank its step and compute times and anchor Rng.
+constexpr size_t kWordsPerRank = 6;
+
+uint64_t doubleBits(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+double bitsDouble(uint64_t bits) {
+  double value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+} // namespace
+
+Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
+                                StepMetrics &metrics, int &agreedStop) {
+  const size_t world = size_t(layout.worldSize());
+  const size_t first = size_t(layout.firstRank());
+  // Unknown times (another process's, after a failed step) stay NaN and
+  // show as null.
+  std::vector<double> stepMs(world, std::nan("")),
+      computeMs(world, std::nan(""));
+  rankRngStates.resize(world);
+  for (std::unique_ptr<Worker> &w : workers) {
+    size_t rank = first + size_t(w->local);
+    stepMs[rank] = w->metrics.stepMs;
+    computeMs[rank] = w->metrics.computeMs;
+    rankRngStates[rank] = w->trainer->anchorRngState();
+  }
+  // Over several processes, only after a step that went well everywhere:
+  // a process whose step failed ends the whole run instead.
+  if (layout.processes && layout.nodes > 1 && stepOk) {
+    const size_t local = workers.size();
+    const size_t perProcess = 1 + kWordsPerRank * local;
+    std::vector<uint64_t> mine(perProcess),
+        all(perProcess * size_t(layout.nodes));
+    mine[0] = uint64_t(hooks.stopSignal ? hooks.stopSignal->load() : 0);
+    for (size_t i = 0; i < local; ++i) {
+      uint64_t *words = &mine[1 + kWordsPerRank * i];
+      words[0] = doubleBits(stepMs[first + i]);
+      words[1] = doubleBits(computeMs[first + i]);
+      for (size_t k = 0; k < 4; ++k)
+        words[2 + k] = rankRngStates[first + i][k];
+    }
+    if (Status s = layout.processes->allGather(
+            mine.data(), mine.size() * sizeof(uint64_t), all.data());
+        !s.ok())
+      return Status::error("exchanging step " +
+                           std::to_string(workers.front()->metrics.step) +
+                           " with the other nodes: " + s.message());
+    for (size_t node = 0; node < size_t(layout.nodes); ++node) {
+      const uint64_t *words = &all[node * perProcess];
+      if (words[0] != 0 && agreedStop == 0)
+        agreedStop = int(words[0]);
+      for (size_t i = 0; i < local; ++i) {
+        const uint64_t *rankWords = words + 1 + kWordsPerRank * i;
+        size_t rank = node * local + i;
+        stepMs[rank] = bitsDouble(rankWords[0]);
+        computeMs[rank] = bitsDouble(rankWords[1]);
+        for (size_t k = 0; k < 4; ++k)
+          rankRngStates[rank][k] = rankWords[2 + k];
+      }
+    }
+  }
+  // Loss, acc, grad_norm and lr are sums over every rank inside the step:
+  // rank 0's (here the first local rank's) are the run's.
+  metrics = workers.front()->metrics;
+  auto slowest = [](const std::vector<double> &times) {
+    double most = 0;
+    for (double t : times)
+      if (std::isfinite(t))
+        most = std::max(most, t);
+    return most;
+  };
+  metrics.stepMs = slowest(stepMs);
+  metrics.computeMs = slowest(computeMs);
+  metrics.rankStepMs = stepMs;
+  setThroughput(metrics, workers.front()->program->config(), layout.worldSize(),
+                flopsPerStep);
+  return Status::success();
+}
+
+Status TrainerGroup::saveCheckpoint(std::string &dir) {
+  std::vector<Rng::State> states = rankRngStates;
+  std::string saved;
+  if (Status s = runOnWorkers(
+          [&](Worker &w) { return w.trainer->saveCheckpoint(saved, states); },
+          /*only=*/0);
+      !s.ok())
+    return s;
+  lastCheckpoint = dir = saved;
+  return Status::success();
+}
+
+Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
   outcome = TrainerOutcome();
   if (!initialised)
-    return Status::error("the trainer is not initialised");
-  if (Status s = device.makeCurrent(); !s.ok())
-    return s;
+    return Status::error("the trainer group is not initialised");
+  // Rank 0 (the first GPU of node 0) writes every file of the run.
+  const bool writesFiles = layout.node == 0 && !options.outDir.empty();
+  const bool severalProcesses = layout.processes && layout.nodes > 1;
   const int64_t firstStep = completedSteps;
   int64_t lastSaved = -1;
+  int agreedStop = 0;
   auto finish = [&](Status status) {
     outcome.stepsDone = completedSteps;
     outcome.stepsThisRun = completedSteps - firstStep;
@@ -983,35 +1366,54 @@ Status Trainer::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
     return status;
   };
   auto save = [&]() -> Status {
+    lastSaved = completedSteps;
+    if (!writesFiles)
+      return Status::success();
     std::string dir;
     if (Status s = saveCheckpoint(dir); !s.ok())
       return s;
-    lastSaved = completedSteps;
     if (hooks.onNote)
       hooks.onNote("saved checkpoint " + dir);
     return Status::success();
   };
-  auto stopRequested = [&] {
-    return hooks.stopSignal ? hooks.stopSignal->load() : 0;
-  };
 
   while (completedSteps < options.finalStep) {
-    if (int signal = stopRequested()) {
+    // Every process must run the same steps: over several, only a stop that
+    // all of them agreed on after the last step counts.
+    int signal = severalProcesses   ? agreedStop
+                 : hooks.stopSignal ? hooks.stopSignal->load()
+                                    : 0;
+    if (signal) {
       outcome.stoppedBySignal = signal;
       break;
     }
-    StepMetrics metrics;
-    Status status = step(metrics);
+    // Every rank has its batch before any starts the step: a rank that
+    // cannot read its rows must fail before the others wait for it in a
+    // collective (the first one also connects NCCL, on the host).
+    Status status =
+        runOnWorkers([](Worker &w) { return w.trainer->prepareStep(); });
+    if (status.ok())
+      status =
+          runOnWorkers([](Worker &w) { return w.trainer->step(w.metrics); });
     // A non-finite step still reports its metrics, so that the log shows
     // it; other failures have none.
-    bool reported = status.ok() || poisoned;
-    if (reported && hooks.onStep) {
-      Status logged = hooks.onStep(metrics);
+    bool reported = true;
+    for (std::unique_ptr<Worker> &w : workers)
+      reported &= w->result.ok() || w->trainer->nonFinite();
+    if (reported) {
+      StepMetrics metrics;
+      Status gathered = gatherStep(hooks, status.ok(), metrics, agreedStop);
+      if (gathered.ok() && hooks.onStep) {
+        Status logged = hooks.onStep(metrics);
+        if (status.ok())
+          status = logged;
+      }
       if (status.ok())
-        status = logged;
+        status = gathered;
     }
     if (!status.ok())
       return finish(status);
+    completedSteps = workers.front()->trainer->stepsDone();
     if (!options.outDir.empty() &&
         checkpointDue(completedSteps, options.finalStep, options.saveEvery))
       if (Status s = save(); !s.ok())
@@ -1024,9 +1426,11 @@ Status Trainer::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
         return finish(s);
     return finish(Status::success());
   }
-  if (!options.outDir.empty() && options.exportFinal) {
+  if (writesFiles && options.exportFinal) {
     std::string dir;
-    if (Status s = exportFinal(dir); !s.ok())
+    if (Status s = runOnWorkers(
+            [&](Worker &w) { return w.trainer->exportFinal(dir); }, 0);
+        !s.ok())
       return finish(s);
     outcome.finalExport = dir;
     if (hooks.onNote)

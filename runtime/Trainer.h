@@ -1,17 +1,27 @@
-//===- Trainer.h - Runs the compiled step on one GPU ------------*- C++ -*-===//
+//===- Trainer.h - Runs the compiled step on the GPUs of a node -*- C++ -*-===//
 //
-// Everything around a StepProgram on one GPU: its buffers filled from the
-// target's frozen weights, the initial (or resumed) parameters and optimizer
-// state; batches from a prefetch thread copied in before every step; the step
-// captured once as a CUDA graph (thread-local capture mode, so that several
-// trainers of one process can capture at once, one per thread) and replayed;
-// metrics read back after every step; checkpoints saved, resumed and
-// exported.
+// Trainer: everything around a StepProgram on one GPU: its buffers filled
+// from the target's frozen weights, the initial (or resumed) parameters and
+// optimizer state; batches from a prefetch thread copied in before every
+// step; the step captured once as a CUDA graph (thread-local capture mode,
+// so that the trainers of one process can capture at once, one per thread)
+// and replayed; metrics read back after every step; checkpoints saved,
+// resumed and exported.
 //
-// A Trainer belongs to one thread: init(), step(), run() and the checkpoint
-// calls are made from the thread that owns its DeviceContext.
+// TrainerGroup: data-parallel training on every GPU of this process, one
+// worker thread per GPU owning its DeviceContext, StepProgram and Trainer.
+// Each GPU is one rank, reads its own rows of every global batch and sums
+// its gradients with the others' inside the step, through NCCL (the step
+// synchronises the ranks by itself). Between steps the main thread gathers
+// the ranks' metrics and anchor Rng states on the host, decides together
+// with the other processes of a multi-node run whether to stop, and has
+// rank 0 save checkpoints: after the all-reduce every rank holds the same
+// parameters and optimizer state.
 //
-// Output directory layout (--out):
+// A Trainer belongs to one thread: init(), step() and the checkpoint calls
+// are made from the thread that owns its DeviceContext.
+//
+// Output directory layout (--out), written by rank 0:
 //   checkpoint-<steps>/  a resumable training checkpoint (Checkpoint.h) plus
 //                        trainer_run.json (RunSettings), swapped in whole
 //   latest               "checkpoint-<steps>": the newest complete one
@@ -25,6 +35,7 @@
 
 #include "runtime/BatchLoader.h"
 #include "runtime/Checkpoint.h"
+#include "runtime/Collectives.h"
 #include "runtime/DeviceContext.h"
 #include "runtime/Prefetch.h"
 #include "runtime/Progress.h"
@@ -33,11 +44,14 @@
 #include "runtime/TargetWeights.h"
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace dflash::rt {
@@ -83,6 +97,7 @@ struct RunSettings {
   double lr = 0, warmupRatio = 0;
   std::string data;          ///< "synthetic" or the feature shard path
   int64_t syntheticRows = 0; ///< rows of the synthetic data; 0 for shards
+  /// GPUs of the whole run: the global batch, and one anchor stream each.
   int64_t worldSize = 1;
 };
 
@@ -111,6 +126,8 @@ Status resolveCheckpoint(const std::string &path, std::string &checkpointDir);
 
 struct TrainerOptions {
   RunSettings run;
+  /// This trainer's rank among run.worldSize (set by TrainerGroup).
+  int64_t rank = 0;
   /// Stop once this many optimizer steps are done (counting resumed ones).
   int64_t finalStep = 0;
   /// Capture the step as a CUDA graph and replay it; false runs enqueue()
@@ -126,26 +143,32 @@ struct TrainerOptions {
 };
 
 /// The host-side state a run starts from, loaded and checked before the GPU
-/// is touched.
+/// is touched. Trainer::init only reads it (the trainers of a group read
+/// the same one at once); the caller may drop it afterwards.
 struct TrainerInputs {
   const TargetWeights *target = nullptr; ///< read by init() only
   const RowSource *rows = nullptr;       ///< must outlive the Trainer
   /// bf16 parameters in parameterTable order: initial, or the resumed
   /// checkpoint's.
   std::vector<std::vector<uint16_t>> params;
-  /// Masters, moments, step, data position and anchor Rng of a resumed run;
-  /// absent for a fresh one (masters = widened params, moments 0, step 0).
+  /// Masters, moments, step, data position and the anchor Rng of every rank
+  /// of a resumed run; absent for a fresh one (masters = widened params,
+  /// moments 0, step 0).
   std::optional<TrainingState> resume;
 };
 
-/// How run() reports to its caller.
+/// How TrainerGroup::run reports to its caller (on every process of a
+/// multi-node run).
 struct TrainerHooks {
-  /// After every step, also the one whose loss is not finite.
+  /// After every step, also the one whose loss is not finite, with the
+  /// run's metrics (Progress.h).
   std::function<Status(const StepMetrics &)> onStep;
   /// Checkpoint saved, final export written.
   std::function<void(const std::string &)> onNote;
   /// A signal number (SIGINT, SIGTERM) once the run should stop: it
-  /// finishes the current step, saves a checkpoint and returns.
+  /// finishes the current step, saves a checkpoint and returns. Over
+  /// several processes, they stop together after the first step that
+  /// follows a signal on any of them.
   const std::atomic<int> *stopSignal = nullptr;
 };
 
@@ -153,6 +176,7 @@ struct TrainerOutcome {
   int64_t stepsDone = 0; ///< optimizer steps done in total
   int64_t stepsThisRun = 0;
   int stoppedBySignal = 0; ///< the signal that ended the run, or 0
+  /// Written by this process (rank 0's): empty on the others.
   std::string lastCheckpoint, finalExport;
 };
 
@@ -164,29 +188,49 @@ public:
   ~Trainer();
 
   /// Maps and allocates the step's buffers, uploads weights and state, binds
-  /// the step and starts the prefetch thread.
-  Status init(TrainerInputs inputs);
+  /// the step and starts the prefetch thread; reads `inputs` only here.
+  /// A run over several GPUs needs the device's communicator
+  /// (DeviceContext::attachCollectives) of rank options.rank.
+  Status init(const TrainerInputs &inputs);
+
+  /// Once `flag` is set (another rank of the run failed), a step waiting
+  /// for its collectives aborts them and fails instead of waiting forever.
+  void watchForAbort(const std::atomic<bool> *flag) { abortFlag = flag; }
+
+  /// Makes sure the next step's batch is on its way to the device: the part
+  /// of a step that can fail on one rank alone (its rows cannot be read).
+  /// TrainerGroup runs it on every rank before any of them starts the step,
+  /// so that no rank waits in a collective for one that will not come.
+  Status prepareStep();
 
   /// Runs one step (the first one captures the graph) and reads its
   /// metrics. A non-finite loss or grad_norm fills `metrics`, then fails;
   /// the device state is then unusable and nothing can be saved.
   Status step(StepMetrics &metrics);
 
-  /// Steps until finalStep, saving checkpoints on schedule, then exports
-  /// the final drafter. Returns early with success when stopSignal is set.
-  Status run(const TrainerHooks &hooks, TrainerOutcome &outcome);
-
   /// Saves `<outDir>/checkpoint-<steps>` and updates `<outDir>/latest`.
-  Status saveCheckpoint(std::string &dir);
+  /// With several ranks, `rankRngStates` holds every rank's anchor Rng
+  /// state in rank order (a rank knows only its own).
+  Status saveCheckpoint(std::string &dir,
+                        const std::vector<Rng::State> &rankRngStates = {});
   /// Exports `<outDir>/final`.
   Status exportFinal(std::string &dir);
 
   /// Copies parameters and optimizer state back to the host; `state.step`,
-  /// data position and Rng are those of the last completed step.
+  /// data position and Rng (this rank's, as `rngState`) are those of the
+  /// last completed step.
   Status readState(std::vector<std::vector<uint16_t>> &params,
                    TrainingState &state);
 
   int64_t stepsDone() const { return completedSteps; }
+  /// The loader's position and this rank's anchor Rng state after the last
+  /// completed step: what a checkpoint taken now stores.
+  const DataPosition &position() const { return dataPosition; }
+  const Rng::State &anchorRngState() const { return anchorRng; }
+  /// Whether the last step's loss or grad_norm was not finite.
+  bool nonFinite() const { return poisoned; }
+  /// Whether the last step failed only because another rank failed.
+  bool stoppedByPeer() const { return abortedByPeer; }
   /// Device memory right after allocation and after the first step (graph
   /// instantiated, GEMMs planned): what a user needs to size a run.
   const DeviceMemory &memoryAfterAllocation() const { return afterAllocation; }
@@ -196,6 +240,11 @@ private:
   Status upload(int index, const void *data, size_t bytes);
   Status download(int index, void *data, size_t bytes);
   Status captureGraph();
+  /// Waits for `event` of the step. With collectives, polls instead of
+  /// blocking, so that a lost peer or a failed rank ends the wait.
+  Status waitForStep(cudaEvent_t event, const std::string &what);
+  /// The communicator's first error, if this rank has one.
+  Status collectivesStatus();
   /// Takes the next batch from the prefetcher and copies it to the device
   /// staging buffers on the copy stream, once the previous step has moved
   /// the last staged batch into its inputs: the host-to-device copy of step
@@ -208,16 +257,20 @@ private:
   TrainerOptions options;
   const ModelConfig &config;
   StepBufferMap map;
-  TrainerInputs inputs;
+  const RowSource *rows = nullptr;
+  const std::atomic<bool> *abortFlag = nullptr;
 
   std::unique_ptr<BatchLoader> loader;
   std::unique_ptr<BatchPrefetcher> prefetcher;
 
   int64_t completedSteps = 0;
   DataPosition dataPosition;
-  Rng::State anchorRngState{};
+  Rng::State anchorRng{};
   bool initialised = false;
   bool poisoned = false; ///< a step produced a non-finite loss or norm
+  /// A step gave up: another rank failed, or the collectives did; the
+  /// device state is unusable.
+  bool aborted = false, abortedByPeer = false;
   std::string lastCheckpoint;
 
   cudaGraph_t graph = nullptr;
@@ -235,6 +288,94 @@ private:
   float *hostMetrics = nullptr;      ///< pinned: every Metric buffer
   std::vector<size_t> metricOffsets; ///< in floats, per map.metrics entry
   DeviceMemory afterAllocation, afterFirstStep;
+};
+
+//===----------------------------------------------------------------------===//
+// Data-parallel group
+//===----------------------------------------------------------------------===//
+
+/// Where the GPUs of this process sit in a data-parallel run.
+struct GroupLayout {
+  /// CUDA devices of this process, one rank each, in local rank order.
+  std::vector<int> gpus = {0};
+  int64_t node = 0, nodes = 1; ///< this process among the run's processes
+  /// NCCL communicators even for a world of one GPU (`train --nccl`): the
+  /// data-parallel path, which must give the one-GPU results.
+  bool forceCollectives = false;
+  /// The run's processes when there are several; not owned.
+  ProcessGroup *processes = nullptr;
+
+  int64_t worldSize() const { return nodes * int64_t(gpus.size()); }
+  /// Global rank of gpus[0]: ranks are numbered node by node.
+  int64_t firstRank() const { return node * int64_t(gpus.size()); }
+  bool usesCollectives() const { return forceCollectives || worldSize() > 1; }
+};
+
+/// Builds one GPU's step program; called once per GPU, on its worker
+/// thread. It must not touch the GPU (bind() does).
+using StepProgramFactory = std::function<std::unique_ptr<StepProgram>()>;
+
+class TrainerGroup {
+public:
+  /// `options.run.worldSize` must equal layout.worldSize().
+  TrainerGroup(StepProgramFactory factory, TrainerOptions options,
+               GroupLayout layout);
+  TrainerGroup(const TrainerGroup &) = delete;
+  TrainerGroup &operator=(const TrainerGroup &) = delete;
+  /// Ends the worker threads; each frees its GPU's objects.
+  ~TrainerGroup();
+
+  /// Creates the communicators (with the other processes, if any), then on
+  /// one worker thread per GPU its device context, step program and
+  /// Trainer, initialised from `inputs` (read only during init).
+  Status init(const TrainerInputs &inputs);
+
+  /// Steps every rank until finalStep. After each step hooks.onStep gets
+  /// rank 0's metrics with the slowest rank's time and every rank's time;
+  /// rank 0 saves checkpoints on schedule and exports the final drafter.
+  /// Returns early with success when a stop signal arrives.
+  Status run(const TrainerHooks &hooks, TrainerOutcome &outcome);
+
+  int localRanks() const { return int(workers.size()); }
+  /// Local rank `local`'s device and trainer after init, for host-side
+  /// facts (name, sizes, memory); no CUDA call may be made through them.
+  const DeviceContext &device(int local) const;
+  const Trainer &trainer(int local) const;
+  /// Local rank `local`'s Trainer::readState, run on its thread.
+  Status readState(int local, std::vector<std::vector<uint16_t>> &params,
+                   TrainingState &state);
+  int64_t stepsDone() const { return completedSteps; }
+
+private:
+  struct Worker;
+  using Job = std::function<Status(Worker &)>;
+
+  void serve(Worker &worker);
+  /// Runs `job` on every worker (or only on local rank `only`) and waits
+  /// for all of them. The first failure makes the others' steps give up
+  /// (Trainer::watchForAbort); the error returned is that of the first
+  /// rank that failed on its own.
+  Status runOnWorkers(const Job &job, int only = -1);
+  /// After a step: every rank's time and anchor Rng state, from this
+  /// process's workers and, over several processes, from the others; also
+  /// agrees on a stop signal. Fills `metrics` with the run's.
+  Status gatherStep(const TrainerHooks &hooks, bool stepOk,
+                    StepMetrics &metrics, int &agreedStop);
+  Status saveCheckpoint(std::string &dir);
+
+  StepProgramFactory factory;
+  TrainerOptions options;
+  GroupLayout layout;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::atomic<bool> abortRequested{false};
+  bool initialised = false;
+  int64_t completedSteps = 0;
+  /// Every rank's anchor Rng state after the last step, in rank order.
+  std::vector<Rng::State> rankRngStates;
+  std::string lastCheckpoint;
+  double flopsPerStep = 0;
 };
 
 } // namespace dflash::rt

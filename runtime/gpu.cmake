@@ -11,15 +11,26 @@ if(NOT CLI11_FOUND AND NOT DFLASH_CLI11_INCLUDE_DIR)
                       "command line needs CLI/CLI.hpp)")
 endif()
 
-# NCCL is optional for now: one GPU per process needs no collectives.
+# NCCL is optional: without it the trainer runs on one GPU only (several
+# GPUs and --nccl report that it is missing).
 find_path(DFLASH_NCCL_INCLUDE_DIR nccl.h
   HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
 find_library(DFLASH_NCCL_LIBRARY nccl
   HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/lib/x86_64-linux-gnu)
 
+# MPI is optional too: it only joins the processes of a multi-node run
+# (`mpirun -np NODES train ...`); one node needs none. Off: never look.
+option(DFLASH_ENABLE_MPI "Build the trainer with MPI when it is found" ON)
+if(DFLASH_ENABLE_MPI)
+  # The C API only (libmpi; the top level enables C): the runtime never
+  # uses the C++ bindings.
+  find_package(MPI COMPONENTS C QUIET)
+endif()
+
 find_package(Threads REQUIRED)
 
 add_library(DFlashRuntime STATIC
+  Collectives.cpp
   DeviceContext.cu
   Prefetch.cpp
   Progress.cpp
@@ -47,6 +58,17 @@ if(DFLASH_NCCL_INCLUDE_DIR AND DFLASH_NCCL_LIBRARY)
   message(STATUS "NCCL: ${DFLASH_NCCL_LIBRARY}")
 else()
   message(STATUS "NCCL not found: the trainer is built for one GPU")
+endif()
+if(MPI_C_FOUND)
+  # Headers and libraries only: MPI::MPI_C's compile options (-pthread)
+  # would reach nvcc through the .cu files. Only Collectives.cpp includes
+  # mpi.h.
+  target_include_directories(DFlashRuntime PRIVATE ${MPI_C_INCLUDE_DIRS})
+  target_link_libraries(DFlashRuntime PUBLIC ${MPI_C_LIBRARIES})
+  target_compile_definitions(DFlashRuntime PRIVATE DFLASH_HAVE_MPI=1)
+  message(STATUS "MPI: ${MPI_C_LIBRARIES} (multi-node runs)")
+else()
+  message(STATUS "MPI not found: the trainer runs on one node")
 endif()
 # One CUDA runtime in the process, the shared one that cuBLASLt uses:
 # executables linking DFlashRuntime set CUDA_RUNTIME_LIBRARY Shared too.

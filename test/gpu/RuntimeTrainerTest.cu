@@ -9,12 +9,20 @@
 // inputs give the same bits, whether the step is replayed from a graph or
 // run eagerly, on one thread or two.
 //
+// The step is data parallel for real: every rank's loss sums and gradients
+// go through DeviceResources::allReduceSum (NCCL), the gradients on a second
+// stream inside the captured graph, as in the generated step.
+//
 // Checks: graph replay equals eager execution bit for bit; a checkpoint
 // resumed continues exactly like an uninterrupted run; a non-finite loss
 // stops the run without touching the last checkpoint; SIGINT saves and exits
 // with 130; two trainers on two threads of one GPU capture (one of them while
 // the other allocates and synchronises) and replay their own graphs with the
-// results of a single thread.
+// results of a single thread; the NCCL path on one GPU (--nccl) equals the
+// one-GPU path bit for bit. With two GPUs (skipped with fewer): two ranks of
+// B rows train like one GPU of 2B rows, a rank that fails stops the other
+// instead of leaving it in the all-reduce, and a data-parallel run resumes
+// exactly, every rank's anchor stream included.
 //
 //===----------------------------------------------------------------------===//
 
@@ -28,6 +36,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -106,6 +115,18 @@ std::vector<BufferSpec> stepBuffers(const ModelConfig &c) {
 //===----------------------------------------------------------------------===//
 // The hand-written step
 //===----------------------------------------------------------------------===//
+//
+// A data-parallel regression: row b of the global batch (G rows over every
+// rank) has a target t_b mixing all its inputs and the embedding, and every
+// trainable tensor m of n elements is pulled towards the targets:
+//   loss = sum_t sum_b sum_i (m_i - t_b)^2 / (n G)
+//   grad_i = sum_b 2 (m_i - t_b) / (n G)
+// Each rank sums over its own rows; allReduceSum adds the ranks' loss sums
+// (with the kept-anchor count for acc, on the main stream) and their
+// gradients (two buckets on a communication stream, joined before the
+// update), as the generated step does. Without the hook (one GPU) those
+// calls are skipped; with NCCL on one GPU they are sums of one term, so the
+// results are the same bits.
 
 constexpr int kThreads = 256;
 
@@ -123,74 +144,96 @@ __device__ float blockSum(float value, float *shared) {
   return sum;
 }
 
-/// The step's regression target: a scalar mixing every input and the
-/// embedding, so that a different batch gives a different loss.
-__global__ void batchTargetKernel(const int32_t *ids, const uint8_t *mask,
-                                  const uint16_t *hidden,
-                                  const int32_t *anchors, const uint8_t *keep,
-                                  const uint16_t *embed, int64_t tokens,
-                                  int64_t features, int64_t slots,
-                                  float *target, float *acc) {
+/// targets[b] for this rank's B rows; kept[0] = kept anchor slots.
+__global__ void rowTargetsKernel(const int32_t *ids, const uint8_t *mask,
+                                 const uint16_t *hidden,
+                                 const int32_t *anchors, const uint8_t *keep,
+                                 const uint16_t *embed, int64_t rows,
+                                 int64_t seq, int64_t width, int64_t slots,
+                                 float *targets, float *kept) {
   __shared__ float shared[kThreads];
-  float idSum = 0, hiddenSum = 0, keptSum = 0, anchorSum = 0;
-  for (int64_t i = threadIdx.x; i < tokens; i += kThreads)
-    idSum += float(ids[i] * mask[i]);
-  for (int64_t i = threadIdx.x; i < features; i += kThreads)
-    hiddenSum += bf16ToFloat(hidden[i]);
-  for (int64_t i = threadIdx.x; i < slots; i += kThreads) {
-    keptSum += float(keep[i]);
-    anchorSum += float(anchors[i] * keep[i]);
+  float keptTotal = 0;
+  for (int64_t b = 0; b < rows; ++b) {
+    float idSum = 0, hiddenSum = 0, keptSum = 0, anchorSum = 0;
+    for (int64_t i = threadIdx.x; i < seq; i += kThreads)
+      idSum += float(ids[b * seq + i] * mask[b * seq + i]);
+    for (int64_t i = threadIdx.x; i < seq * width; i += kThreads)
+      hiddenSum += bf16ToFloat(hidden[b * seq * width + i]);
+    for (int64_t i = threadIdx.x; i < slots; i += kThreads) {
+      keptSum += float(keep[b * slots + i]);
+      anchorSum += float(anchors[b * slots + i] * keep[b * slots + i]);
+    }
+    idSum = blockSum(idSum, shared);
+    hiddenSum = blockSum(hiddenSum, shared);
+    keptSum = blockSum(keptSum, shared);
+    anchorSum = blockSum(anchorSum, shared);
+    if (threadIdx.x == 0)
+      targets[b] = fmodf(idSum, 97.f) / 97.f + hiddenSum / float(seq * width) +
+                   anchorSum / 1000.f + bf16ToFloat(embed[0]);
+    keptTotal += keptSum;
   }
-  idSum = blockSum(idSum, shared);
-  hiddenSum = blockSum(hiddenSum, shared);
-  keptSum = blockSum(keptSum, shared);
-  anchorSum = blockSum(anchorSum, shared);
-  if (threadIdx.x == 0) {
-    target[0] = fmodf(idSum, 97.f) / 97.f + hiddenSum / float(features) +
-                anchorSum / 1000.f + bf16ToFloat(embed[0]);
-    acc[0] = keptSum / float(slots);
-  }
+  if (threadIdx.x == 0)
+    kept[0] = keptTotal;
 }
 
-/// parts[0] = sum((m - t)^2) / n, parts[1] = its squared gradient norm.
+/// This rank's loss sum of one tensor and its gradient contribution.
 __global__ void tensorLossKernel(const float *master, int64_t n,
-                                 const float *target, float *parts) {
+                                 const float *targets, int64_t rows,
+                                 float globalRows, float *lossSum,
+                                 float *grad) {
   __shared__ float shared[kThreads];
-  float t = target[0], sum = 0;
+  float scale = 1.f / (float(n) * globalRows), sum = 0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {
-    float d = master[i] - t;
-    sum += d * d;
+    float g = 0;
+    for (int64_t b = 0; b < rows; ++b) {
+      float d = master[i] - targets[b];
+      sum += d * d;
+      g += 2.f * d;
+    }
+    grad[i] = g * scale;
   }
   sum = blockSum(sum, shared);
-  if (threadIdx.x == 0) {
-    parts[0] = sum / float(n);
-    parts[1] = 4.f * sum / (float(n) * float(n));
-  }
+  if (threadIdx.x == 0)
+    lossSum[0] = sum * scale;
 }
 
-__global__ void finalizeKernel(const float *parts, int tensors,
+/// Squared norm of one tensor's (summed) gradient.
+__global__ void gradNormKernel(const float *grad, int64_t n, float *part) {
+  __shared__ float shared[kThreads];
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads)
+    sum += grad[i] * grad[i];
+  sum = blockSum(sum, shared);
+  if (threadIdx.x == 0)
+    part[0] = sum;
+}
+
+/// scalars = [kept anchors, loss sum of each tensor], summed over ranks.
+__global__ void finalizeKernel(const float *scalars, const float *normParts,
+                               int tensors, float anchorSlots,
                                const int32_t *step, const int32_t *total,
-                               float lr0, int nanStep, float *loss,
+                               float lr0, int nanStep, float *loss, float *acc,
                                float *gradNorm, float *lr) {
   float l = 0, g = 0;
   for (int i = 0; i < tensors; ++i) {
-    l += parts[2 * i];
-    g += parts[2 * i + 1];
+    l += scalars[1 + i];
+    g += normParts[i];
   }
   if (*step == nanStep)
     l = __int_as_float(0x7fc00000);
   *loss = l;
+  *acc = scalars[0] / anchorSlots;
   *gradNorm = sqrtf(g);
   *lr = lr0 * float(*step + 1) / float(*total);
 }
 
 __global__ void updateKernel(uint16_t *param, float *master, float *m1,
-                             float *m2, int64_t n, const float *target,
+                             float *m2, const float *grad, int64_t n,
                              const float *lr, const float *loss) {
   int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n)
     return;
-  float g = 2.f * (master[i] - target[0]) / float(n);
+  float g = grad[i];
   if (!isfinite(*loss)) // as a real step would: a NaN loss poisons all
     g = __int_as_float(0x7fc00000);
   float a = 0.9f * m1[i] + 0.1f * g;
@@ -208,16 +251,46 @@ struct FakeBehaviour {
   int signalAtEnqueue = -1; ///< raise SIGINT in this enqueue() call (0-based)
   /// Called inside enqueue() while the stream is being captured.
   std::function<void()> whileCapturing;
+  /// Called by bind() with what the runtime gave the step.
+  std::function<void(const DeviceResources &)> onBind;
+  /// In this enqueue() call (0-based) of rank failRank: skip the
+  /// collectives and make a launch fail, as a rank that breaks mid-step.
+  int failAtEnqueue = -1;
+  int64_t failRank = -1;
 };
+
+__global__ void emptyKernel() {}
 
 class FakeGpuProgram : public StepProgram {
 public:
-  explicit FakeGpuProgram(FakeBehaviour behaviour = {})
-      : cfg(smallConfig()), specs(stepBuffers(cfg)),
-        behaviour(std::move(behaviour)) {}
+  explicit FakeGpuProgram(FakeBehaviour behaviour = {},
+                          ModelConfig config = smallConfig())
+      : cfg(std::move(config)), specs(stepBuffers(cfg)),
+        behaviour(std::move(behaviour)) {
+    // Arena layout in floats, each part 64-float aligned.
+    auto round = [](size_t n) { return (n + 63) / 64 * 64; };
+    size_t tensors = parameterTable(cfg).size();
+    targetsAt = 0;
+    scalarsAt = targetsAt + round(size_t(cfg.rowsPerGpu));
+    normsAt = scalarsAt + round(1 + tensors);
+    gradsAt = normsAt + round(tensors);
+    size_t at = gradsAt;
+    for (const ParamInfo &p : parameterTable(cfg)) {
+      gradOffsets.push_back(at);
+      at += round(size_t(p.numel()));
+    }
+    arenaFloats = at;
+  }
+  ~FakeGpuProgram() override {
+    for (cudaEvent_t event : {gradsReady, gradsDone})
+      if (event)
+        (void)cudaEventDestroy(event);
+    if (commStream)
+      (void)cudaStreamDestroy(commStream);
+  }
   const ModelConfig &config() const override { return cfg; }
   const std::vector<BufferSpec> &buffers() const override { return specs; }
-  size_t arenaBytes() const override { return 4096; }
+  size_t arenaBytes() const override { return arenaFloats * sizeof(float); }
   size_t gemmWorkspaceBytes() const override { return 1 << 20; }
   double flopsPerStep() const override { return 1e6; }
 
@@ -231,48 +304,94 @@ public:
     ptrs = pointers;
     scratch = static_cast<float *>(arena);
     lr0 = hyper.lr;
-    boundWithGemm = resources.gemm != nullptr && resources.worldSize == 1;
+    res = resources;
+    boundWithGemm = resources.gemm != nullptr;
     for (size_t i = 0; i < pointers.size(); ++i)
       alignedTo256 &= reinterpret_cast<uintptr_t>(pointers[i]) % 256 == 0;
     alignedTo256 &= reinterpret_cast<uintptr_t>(arena) % 256 == 0;
+    // The buckets' gaps are summed too: keep them zero.
+    DFLASH_CUDA_CHECK(cudaMemset(arena, 0, arenaBytes()));
+    if (res.allReduceSum) {
+      DFLASH_CUDA_CHECK(
+          cudaStreamCreateWithFlags(&commStream, cudaStreamNonBlocking));
+      DFLASH_CUDA_CHECK(
+          cudaEventCreateWithFlags(&gradsReady, cudaEventDisableTiming));
+      DFLASH_CUDA_CHECK(
+          cudaEventCreateWithFlags(&gradsDone, cudaEventDisableTiming));
+    }
+    if (behaviour.onBind)
+      behaviour.onBind(resources);
   }
 
   void enqueue(cudaStream_t stream) override {
     int call = enqueueCalls++;
     if (call == behaviour.signalAtEnqueue)
       std::raise(SIGINT);
+    const bool broken =
+        call == behaviour.failAtEnqueue && res.rank == behaviour.failRank;
+    const bool collectives = res.allReduceSum && !broken;
     const int64_t B = cfg.rowsPerGpu, S = cfg.seqLen, N = cfg.anchorsPerRow;
-    float *target = scratch, *parts = scratch + 1;
-    batchTargetKernel<<<1, kThreads, 0, stream>>>(
+    const float globalRows = float(B * res.worldSize);
+    std::vector<ParamInfo> table = parameterTable(cfg);
+    const int tensors = int(table.size());
+    float *targets = scratch + targetsAt, *scalars = scratch + scalarsAt;
+    float *norms = scratch + normsAt;
+    rowTargetsKernel<<<1, kThreads, 0, stream>>>(
         at<int32_t>(map.inputIds), at<uint8_t>(map.lossMask),
         at<uint16_t>(map.targetHidden), at<int32_t>(map.anchors),
-        at<uint8_t>(map.keep), at<uint16_t>(map.embed), B * S,
-        B * S * cfg.contextWidth(), B * N, target, at<float>(map.acc));
-    DFLASH_CUDA_CHECK_LAUNCH("batchTargetKernel");
-    std::vector<ParamInfo> table = parameterTable(cfg);
-    for (size_t t = 0; t < table.size(); ++t) {
+        at<uint8_t>(map.keep), at<uint16_t>(map.embed), B, S,
+        cfg.contextWidth(), N, targets, scalars);
+    DFLASH_CUDA_CHECK_LAUNCH("rowTargetsKernel");
+    for (int t = 0; t < tensors; ++t) {
       tensorLossKernel<<<1, kThreads, 0, stream>>>(
-          at<float>(map.master[t]), table[t].numel(), target, parts + 2 * t);
+          at<float>(map.master[size_t(t)]), table[size_t(t)].numel(), targets,
+          B, globalRows, scalars + 1 + t, grad(t));
       DFLASH_CUDA_CHECK_LAUNCH("tensorLossKernel");
+    }
+    if (collectives) {
+      // Gradients on the communication stream, in two buckets, while the
+      // main stream sums the scalars.
+      DFLASH_CUDA_CHECK(cudaEventRecord(gradsReady, stream));
+      DFLASH_CUDA_CHECK(cudaStreamWaitEvent(commStream, gradsReady, 0));
+      int half = tensors / 2;
+      float *first = grad(0), *middle = grad(half);
+      float *end = grad(tensors - 1) + table.back().numel();
+      res.allReduceSum(res.collectives, first, size_t(middle - first),
+                       commStream);
+      res.allReduceSum(res.collectives, middle, size_t(end - middle),
+                       commStream);
+      DFLASH_CUDA_CHECK(cudaEventRecord(gradsDone, commStream));
+      res.allReduceSum(res.collectives, scalars, size_t(1 + tensors), stream);
     }
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     DFLASH_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
     if (capture == cudaStreamCaptureStatusActive && behaviour.whileCapturing)
       behaviour.whileCapturing();
+    if (collectives)
+      DFLASH_CUDA_CHECK(cudaStreamWaitEvent(stream, gradsDone, 0));
+    for (int t = 0; t < tensors; ++t) {
+      gradNormKernel<<<1, kThreads, 0, stream>>>(
+          grad(t), table[size_t(t)].numel(), norms + t);
+      DFLASH_CUDA_CHECK_LAUNCH("gradNormKernel");
+    }
     finalizeKernel<<<1, 1, 0, stream>>>(
-        parts, int(table.size()), at<int32_t>(map.stepCounter),
-        at<int32_t>(map.totalStepsCounter), lr0, behaviour.nanStep,
-        at<float>(map.loss), at<float>(map.gradNorm), at<float>(map.lr));
+        scalars, norms, tensors, globalRows * float(N),
+        at<int32_t>(map.stepCounter), at<int32_t>(map.totalStepsCounter), lr0,
+        behaviour.nanStep, at<float>(map.loss), at<float>(map.acc),
+        at<float>(map.gradNorm), at<float>(map.lr));
     DFLASH_CUDA_CHECK_LAUNCH("finalizeKernel");
-    for (size_t t = 0; t < table.size(); ++t) {
-      int64_t n = table[t].numel();
+    for (int t = 0; t < tensors; ++t) {
+      int64_t n = table[size_t(t)].numel();
       updateKernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0,
                      stream>>>(
-          at<uint16_t>(map.param[t]), at<float>(map.master[t]),
-          at<float>(map.moment1[t]), at<float>(map.moment2[t]), n, target,
-          at<float>(map.lr), at<float>(map.loss));
+          at<uint16_t>(map.param[size_t(t)]), at<float>(map.master[size_t(t)]),
+          at<float>(map.moment1[size_t(t)]), at<float>(map.moment2[size_t(t)]),
+          grad(t), n, at<float>(map.lr), at<float>(map.loss));
       DFLASH_CUDA_CHECK_LAUNCH("updateKernel");
     }
+    // Last, unchecked: the runtime's launch check must see it.
+    if (broken)
+      emptyKernel<<<0, 1, 0, stream>>>(); // invalid: zero blocks
   }
 
   bool boundWithGemm = false;
@@ -283,6 +402,9 @@ private:
   template <typename T> T *at(int index) const {
     return static_cast<T *>(ptrs[size_t(index)]);
   }
+  float *grad(int tensor) const {
+    return scratch + gradOffsets[size_t(tensor)];
+  }
 
   ModelConfig cfg;
   std::vector<BufferSpec> specs;
@@ -291,6 +413,12 @@ private:
   std::vector<void *> ptrs;
   float *scratch = nullptr;
   float lr0 = 0;
+  DeviceResources res;
+  size_t targetsAt = 0, scalarsAt = 0, normsAt = 0, gradsAt = 0;
+  size_t arenaFloats = 0;
+  std::vector<size_t> gradOffsets;
+  cudaStream_t commStream = nullptr;
+  cudaEvent_t gradsReady = nullptr, gradsDone = nullptr;
 };
 
 //===----------------------------------------------------------------------===//
@@ -327,7 +455,8 @@ struct RunResult {
 };
 
 /// Trains `steps` steps of a fresh run with a Trainer on the calling thread.
-/// `afterCreate` runs once the device context exists.
+/// `beforeInit` runs before the device context exists, `afterInit` once the
+/// trainer is initialised.
 Status trainDirect(const Problem &p, int64_t steps, bool graph,
                    RunResult &result, FakeBehaviour behaviour = {},
                    const std::function<void()> &beforeInit = nullptr,
@@ -356,14 +485,12 @@ Status trainDirect(const Problem &p, int64_t steps, bool graph,
     return s;
   if (afterInit)
     afterInit();
-  TrainerHooks hooks;
-  hooks.onStep = [&](const StepMetrics &m) {
+  while (trainer.stepsDone() < steps) {
+    StepMetrics m;
+    if (Status s = trainer.step(m); !s.ok())
+      return s;
     result.metrics.push_back(m);
-    return Status::success();
-  };
-  TrainerOutcome outcome;
-  if (Status s = trainer.run(hooks, outcome); !s.ok())
-    return s;
+  }
   if (!program.boundWithGemm || !program.alignedTo256)
     return Status::error("bind() saw no GEMM planner or unaligned buffers");
   if (program.enqueueCalls != (graph ? 1 : int(steps)))
@@ -395,6 +522,115 @@ void expectSameState(const RunResult &a, const RunResult &b) {
   EXPECT_EQ(a.state.rngState, b.state.rngState);
 }
 
+/// |a - b| <= tolerance * max(1, |b|).
+void expectClose(double a, double b, double tolerance,
+                 const std::string &what) {
+  EXPECT_LE(std::fabs(a - b), tolerance * std::max(1.0, std::fabs(b)))
+      << what << ": " << a << " vs " << b;
+}
+
+void expectCloseTensors(const std::vector<std::vector<float>> &a,
+                        const std::vector<std::vector<float>> &b,
+                        double tolerance, const std::string &what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t t = 0; t < a.size(); ++t) {
+    ASSERT_EQ(a[t].size(), b[t].size()) << what;
+    double worst = 0;
+    for (size_t i = 0; i < a[t].size(); ++i)
+      worst = std::max(worst, std::fabs(double(a[t][i]) - double(b[t][i])) /
+                                  std::max(1.0, std::fabs(double(b[t][i]))));
+    EXPECT_LE(worst, tolerance) << what << " of tensor " << t;
+  }
+}
+
+int visibleDevices() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess)
+    return 0;
+  return count;
+}
+
+/// How trainGroup runs.
+struct GroupSetup {
+  std::vector<int> gpus = {0};
+  bool nccl = false; ///< --nccl
+  bool graph = true;
+  ModelConfig config = smallConfig(); ///< its rowsPerGpu, mostly
+  const RowSource *rows = nullptr;    ///< default: the problem's
+  FakeBehaviour behaviour;
+};
+
+/// Trains `steps` steps of a fresh run with a TrainerGroup, the way
+/// trainMain does. `result` gets the run's metrics and local rank 0's
+/// final state, `ranks` (when given) every local rank's.
+Status trainGroup(const Problem &p, int64_t steps, const GroupSetup &setup,
+                  RunResult &result, std::vector<RunResult> *ranks = nullptr) {
+  GroupLayout layout;
+  layout.gpus = setup.gpus;
+  layout.forceCollectives = setup.nccl;
+  TrainerOptions options;
+  options.run.totalSteps = steps;
+  options.run.seed = 5;
+  options.run.lr = setup.config.lr;
+  options.run.data = "synthetic";
+  options.run.syntheticRows = 16;
+  options.run.worldSize = layout.worldSize();
+  options.finalStep = steps;
+  options.useGraph = setup.graph;
+  FakeBehaviour behaviour = setup.behaviour;
+  ModelConfig config = setup.config;
+  TrainerGroup group(
+      [behaviour, config] {
+        return std::make_unique<FakeGpuProgram>(behaviour, config);
+      },
+      options, layout);
+  TrainerInputs inputs;
+  inputs.target = &p.problem.target();
+  inputs.rows = setup.rows ? setup.rows : p.rows.get();
+  inputs.params = p.problem.initialParameters();
+  if (Status s = group.init(inputs); !s.ok())
+    return s;
+  TrainerHooks hooks;
+  hooks.onStep = [&](const StepMetrics &m) {
+    result.metrics.push_back(m);
+    return Status::success();
+  };
+  TrainerOutcome outcome;
+  if (Status s = group.run(hooks, outcome); !s.ok())
+    return s;
+  if (outcome.stepsDone != steps)
+    return Status::error("the group did " + std::to_string(outcome.stepsDone) +
+                         " steps");
+  if (Status s = group.readState(0, result.params, result.state); !s.ok())
+    return s;
+  if (ranks)
+    for (int local = 0; local < group.localRanks(); ++local) {
+      RunResult rank;
+      if (Status s = group.readState(local, rank.params, rank.state); !s.ok())
+        return s;
+      ranks->push_back(std::move(rank));
+    }
+  return Status::success();
+}
+
+/// Rows of the synthetic problem; row `failing` cannot be read.
+class FailingSource : public RowSource {
+public:
+  FailingSource(const RowSource &inner, int64_t failing)
+      : inner(inner), failing(failing) {}
+  int64_t numRows() const override { return inner.numRows(); }
+  bool hasPinnedAnchors() const override { return inner.hasPinnedAnchors(); }
+  Status readRow(int64_t index, const RowBuffers &out) const override {
+    if (index == failing)
+      return Status::error("row " + std::to_string(index) + ": read failed");
+    return inner.readRow(index, out);
+  }
+
+private:
+  const RowSource &inner;
+  int64_t failing;
+};
+
 /// trainMain with the fake step; the behaviour is global because a factory
 /// is a plain function pointer.
 FakeBehaviour mainBehaviour;
@@ -402,9 +638,14 @@ std::unique_ptr<StepProgram> makeFakeProgram() {
   return std::make_unique<FakeGpuProgram>(mainBehaviour);
 }
 
+/// Without --gpus in `args`: on device 0 alone, whatever the machine has.
 int runTrainMain(std::vector<std::string> args, std::string &err,
                  FakeBehaviour behaviour = {}) {
   mainBehaviour = std::move(behaviour);
+  if (std::find(args.begin(), args.end(), "--gpus") == args.end()) {
+    args.push_back("--gpus");
+    args.push_back("0");
+  }
   args.insert(args.begin(), "train");
   std::vector<char *> argv;
   for (std::string &a : args)
@@ -675,4 +916,248 @@ TEST(RuntimeTrainer, TwoThreadsCaptureAndReplayTheirOwnGraphs) {
   expectSameMetrics(b.metrics, single.metrics);
   expectSameState(a, single);
   expectSameState(b, single);
+}
+
+//===----------------------------------------------------------------------===//
+// Data parallelism
+//===----------------------------------------------------------------------===//
+
+TEST(RuntimeTrainerGroup, OneGpuEqualsTheTrainerAlone) {
+  Problem p;
+  RunResult alone, group;
+  Status aloneRun = trainDirect(p, 20, true, alone);
+  ASSERT_TRUE(aloneRun.ok()) << aloneRun.message();
+  Status groupRun = trainGroup(p, 20, {}, group);
+  ASSERT_TRUE(groupRun.ok()) << groupRun.message();
+  expectSameMetrics(group.metrics, alone.metrics);
+  expectSameState(group, alone);
+  ASSERT_EQ(group.metrics.size(), 20u);
+  EXPECT_EQ(group.metrics[3].rankStepMs.size(), 1u);
+  EXPECT_EQ(group.metrics[3].rankStepMs[0], group.metrics[3].stepMs);
+}
+
+TEST(RuntimeTrainerGroup, NcclWithOneGpuEqualsOneGpu) {
+  Problem p;
+  // What bind() was given, by every program of the runs.
+  struct Bound {
+    std::mutex mutex;
+    std::vector<DeviceResources> resources;
+  };
+  auto bound = std::make_shared<Bound>();
+  GroupSetup plain, nccl, ncclEager;
+  for (GroupSetup *setup : {&plain, &nccl, &ncclEager})
+    setup->behaviour.onBind = [bound](const DeviceResources &r) {
+      std::lock_guard<std::mutex> lock(bound->mutex);
+      bound->resources.push_back(r);
+    };
+  nccl.nccl = ncclEager.nccl = true;
+  ncclEager.graph = false;
+  RunResult a, b, c;
+  Status plainRun = trainGroup(p, 30, plain, a);
+  ASSERT_TRUE(plainRun.ok()) << plainRun.message();
+  Status ncclRun = trainGroup(p, 30, nccl, b);
+  ASSERT_TRUE(ncclRun.ok()) << ncclRun.message();
+  Status eagerRun = trainGroup(p, 30, ncclEager, c);
+  ASSERT_TRUE(eagerRun.ok()) << eagerRun.message();
+  ASSERT_EQ(bound->resources.size(), 3u);
+  EXPECT_EQ(bound->resources[0].allReduceSum, nullptr);
+  for (int i : {1, 2}) {
+    EXPECT_NE(bound->resources[size_t(i)].allReduceSum, nullptr);
+    EXPECT_NE(bound->resources[size_t(i)].collectives, nullptr);
+    EXPECT_EQ(bound->resources[size_t(i)].rank, 0);
+    EXPECT_EQ(bound->resources[size_t(i)].worldSize, 1);
+  }
+  // The all-reduces of one rank are sums of one term: the same bits.
+  expectSameMetrics(b.metrics, a.metrics);
+  expectSameState(b, a);
+  expectSameMetrics(c.metrics, a.metrics);
+  expectSameState(c, a);
+  EXPECT_NE(a.metrics.front().loss, a.metrics.back().loss);
+}
+
+TEST(RuntimeTrainerGroup, TwoGpusEqualOneGpuWithTwiceTheRows) {
+  if (visibleDevices() < 2)
+    GTEST_SKIP() << "skipped: needs 2 GPUs";
+  Problem p;
+  // Pinned anchors: the one-GPU run and the two ranks see the same ones
+  // (sampled anchors come from per-rank streams).
+  SyntheticRowSource pinned(p.problem, 16, /*pinAnchors=*/true);
+  GroupSetup two, twoEager, one;
+  two.gpus = twoEager.gpus = {0, 1};
+  twoEager.graph = false;
+  one.config.rowsPerGpu = 2 * two.config.rowsPerGpu;
+  for (GroupSetup *setup : {&two, &twoEager, &one})
+    setup->rows = &pinned;
+  const int64_t steps = 20; // 5 epochs of 4 global batches
+  RunResult a, eager, single;
+  std::vector<RunResult> ranks;
+  Status twoRun = trainGroup(p, steps, two, a, &ranks);
+  ASSERT_TRUE(twoRun.ok()) << twoRun.message();
+  Status eagerRun = trainGroup(p, steps, twoEager, eager);
+  ASSERT_TRUE(eagerRun.ok()) << eagerRun.message();
+  Status singleRun = trainGroup(p, steps, one, single);
+  ASSERT_TRUE(singleRun.ok()) << singleRun.message();
+
+  // After the all-reduce every rank applies the same update.
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(ranks[0].params, ranks[1].params);
+  EXPECT_EQ(ranks[0].state.master, ranks[1].state.master);
+  EXPECT_EQ(ranks[0].state.adamM, ranks[1].state.adamM);
+  EXPECT_EQ(ranks[0].state.adamV, ranks[1].state.adamV);
+  EXPECT_NE(ranks[0].state.rngState, ranks[1].state.rngState);
+  // Graph replay and eager steps agree over two GPUs too.
+  expectSameMetrics(eager.metrics, a.metrics);
+  expectSameState(eager, a);
+
+  // Two GPUs of B rows train like one GPU of 2B rows, up to the order of
+  // the float sums.
+  ASSERT_EQ(a.metrics.size(), size_t(steps));
+  ASSERT_EQ(single.metrics.size(), size_t(steps));
+  for (size_t i = 0; i < a.metrics.size(); ++i) {
+    std::string at = "step " + std::to_string(i);
+    expectClose(a.metrics[i].loss, single.metrics[i].loss, 1e-5, at + " loss");
+    expectClose(a.metrics[i].gradNorm, single.metrics[i].gradNorm, 1e-5,
+                at + " grad_norm");
+    EXPECT_EQ(a.metrics[i].acc, single.metrics[i].acc) << at;
+    EXPECT_EQ(a.metrics[i].lr, single.metrics[i].lr) << at;
+    ASSERT_EQ(a.metrics[i].rankStepMs.size(), 2u) << at;
+    EXPECT_EQ(a.metrics[i].stepMs, std::max(a.metrics[i].rankStepMs[0],
+                                            a.metrics[i].rankStepMs[1]));
+  }
+  EXPECT_NE(a.metrics.front().loss, a.metrics.back().loss);
+  expectCloseTensors(a.state.master, single.state.master, 1e-4, "master");
+  expectCloseTensors(a.state.adamM, single.state.adamM, 1e-4, "adam_m");
+  EXPECT_EQ(a.state.data.epoch, single.state.data.epoch);
+  EXPECT_EQ(a.state.data.row, single.state.data.row);
+  // The whole run's tokens: twice the rows of one rank.
+  EXPECT_DOUBLE_EQ(a.metrics[5].contextTokensPerS,
+                   4.0 * 32 / (a.metrics[5].stepMs / 1e3));
+}
+
+TEST(RuntimeTrainerGroup, AFailedRankStopsTheOthers) {
+  if (visibleDevices() < 2)
+    GTEST_SKIP() << "skipped: needs 2 GPUs";
+  Problem p;
+  // Rank 1 cannot read the first row of its step 3: no rank starts that
+  // step.
+  BatchLoader probe(*p.rows, smallConfig(), 5, 1, 2);
+  HostBatch batch;
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(probe.next(batch).ok());
+  FailingSource failing(*p.rows, batch.rows[0]);
+  for (bool graph : {true, false}) {
+    GroupSetup setup;
+    setup.gpus = {0, 1};
+    setup.graph = graph;
+    setup.rows = &failing;
+    RunResult result;
+    Status s = trainGroup(p, 10, setup, result);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.message(), "step 3: row " + std::to_string(batch.rows[0]) +
+                               ": read failed");
+    EXPECT_EQ(result.metrics.size(), 3u);
+  }
+
+  // Rank 1 breaks in the middle of step 3 without its all-reduces: rank 0
+  // is left waiting in them on the device, and must give up.
+  GroupSetup setup;
+  setup.gpus = {0, 1};
+  setup.graph = false;
+  setup.behaviour.failAtEnqueue = 3;
+  setup.behaviour.failRank = 1;
+  RunResult result;
+  auto started = std::chrono::steady_clock::now();
+  Status s = trainGroup(p, 10, setup, result);
+  double seconds = std::chrono::duration<double>(
+                       std::chrono::steady_clock::now() - started)
+                       .count();
+  ASSERT_FALSE(s.ok());
+  // Rank 1's own error, not rank 0's "another GPU of the run failed".
+  EXPECT_EQ(s.message().rfind("step 3: launching the step: ", 0), 0u)
+      << s.message();
+  EXPECT_EQ(result.metrics.size(), 3u);
+  EXPECT_LT(seconds, 60.0);
+}
+
+TEST(RuntimeTrainer, NcclFlagGivesTheSameRun) {
+  TempDir dir;
+  std::string plain = dir.path + "/plain", nccl = dir.path + "/nccl";
+  std::string err;
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "10", "--steps",
+                          "12", "--out", plain},
+                         err),
+            0)
+      << err;
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "10", "--steps",
+                          "12", "--nccl", "--out", nccl},
+                         err),
+            0)
+      << err;
+  EXPECT_NE(err.find("data parallel over 1 GPU with NCCL"), std::string::npos)
+      << err;
+  auto expected = readMetricsLog(plain + "/metrics.jsonl");
+  auto got = readMetricsLog(nccl + "/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 12u);
+  for (const auto &[step, values] : expected)
+    EXPECT_EQ(got[step], values) << "step " << step;
+  EXPECT_EQ(readFile(nccl + "/final/model.safetensors"),
+            readFile(plain + "/final/model.safetensors"));
+  EXPECT_EQ(readFile(nccl + "/checkpoint-12/training_state.safetensors"),
+            readFile(plain + "/checkpoint-12/training_state.safetensors"));
+}
+
+TEST(RuntimeTrainer, DataParallelResumeContinuesExactly) {
+  if (visibleDevices() < 2)
+    GTEST_SKIP() << "skipped: needs 2 GPUs";
+  TempDir dir;
+  std::string whole = dir.path + "/whole", split = dir.path + "/split";
+  std::string err;
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "12", "--steps",
+                          "16", "--gpus", "0,1", "--out", whole},
+                         err),
+            0)
+      << err;
+  EXPECT_NE(err.find("data parallel over 2 GPUs with NCCL: 4 rows per step"),
+            std::string::npos)
+      << err;
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "12", "--steps",
+                          "8", "--total-steps", "16", "--gpus", "0,1", "--out",
+                          split},
+                         err),
+            0)
+      << err;
+  // Every rank's anchor stream is in the checkpoint.
+  TrainingState saved;
+  ASSERT_TRUE(
+      loadTrainingState(split + "/checkpoint-8", smallConfig(), saved).ok());
+  EXPECT_EQ(saved.worldSize(), 2);
+  // Resuming needs the same number of GPUs.
+  EXPECT_EQ(runTrainMain({"--data", "synthetic", "--steps", "16", "--resume",
+                          split, "--gpus", "0", "--out", split},
+                         err),
+            1);
+  EXPECT_NE(err.find("resume on the same number of GPUs"), std::string::npos)
+      << err;
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--steps", "16", "--resume",
+                          split, "--gpus", "0,1", "--out", split},
+                         err),
+            0)
+      << err;
+  auto expected = readMetricsLog(whole + "/metrics.jsonl");
+  auto resumed = readMetricsLog(split + "/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 16u);
+  ASSERT_EQ(resumed.size(), 16u);
+  for (const auto &[step, values] : expected)
+    EXPECT_EQ(resumed[step], values) << "step " << step;
+  EXPECT_EQ(readFile(split + "/final/model.safetensors"),
+            readFile(whole + "/final/model.safetensors"));
+  EXPECT_EQ(readFile(split + "/checkpoint-16/training_state.safetensors"),
+            readFile(whole + "/checkpoint-16/training_state.safetensors"));
+  // Every line lists both ranks' times.
+  std::ifstream in(whole + "/metrics.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  nlohmann::json first = nlohmann::json::parse(line);
+  ASSERT_TRUE(first["rank_step_ms"].is_array());
+  EXPECT_EQ(first["rank_step_ms"].size(), 2u);
 }

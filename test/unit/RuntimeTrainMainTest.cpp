@@ -9,14 +9,17 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/Collectives.h"
 #include "runtime/DeviceContext.h"
 #include "runtime/Prefetch.h"
 #include "runtime/Progress.h"
+#include "runtime/Safetensors.h"
 #include "runtime/Synthetic.h"
 #include "runtime/TrainMain.h"
 #include "runtime/Trainer.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -177,9 +180,11 @@ std::string readFile(const std::string &path) {
 }
 
 /// Saves a small training checkpoint of `config` at `step` the way the
-/// trainer does (model, state, run settings), for resume tests.
+/// trainer does (model, state, run settings), for resume tests; the state
+/// holds the anchor Rng of `ranks` ranks.
 void writeTrainingCheckpoint(const std::string &dir, const ModelConfig &config,
-                             int64_t step, const RunSettings *run) {
+                             int64_t step, const RunSettings *run,
+                             int64_t ranks = 1) {
   std::vector<std::vector<uint16_t>> params = initialParameters(config, 1);
   TrainingState state;
   std::vector<const uint16_t *> pointers;
@@ -191,6 +196,8 @@ void writeTrainingCheckpoint(const std::string &dir, const ModelConfig &config,
   }
   state.step = step;
   state.rngState = Rng(3).state();
+  for (int64_t r = 1; r < ranks; ++r)
+    state.otherRankRngStates.push_back(Rng(uint64_t(3 + r)).state());
   state.data = {0, 4};
   ASSERT_TRUE(saveTrainingCheckpoint(dir, config, pointers, state.ref()).ok());
   if (run) {
@@ -215,8 +222,9 @@ TEST(TrainCommandLine, DefaultsComeFromTheConfig) {
   EXPECT_EQ(o.seed, 7u);
   EXPECT_EQ(o.rows, 256);
   EXPECT_EQ(o.out, "./dflash-out");
-  EXPECT_EQ(o.gpus, std::vector<int>{0});
+  EXPECT_TRUE(o.gpus.empty()); // every visible device
   EXPECT_FALSE(o.noGraph);
+  EXPECT_FALSE(o.nccl);
   EXPECT_FALSE(o.givenLr || o.givenSeed || o.givenTotalSteps ||
                o.givenWarmupRatio || o.givenRows);
 }
@@ -253,6 +261,7 @@ TEST(TrainCommandLine, EveryOptionIsRead) {
                    "--gpus",
                    "2",
                    "--no-graph",
+                   "--nccl",
                    "--progress-every",
                    "4"},
                   o, text),
@@ -273,6 +282,7 @@ TEST(TrainCommandLine, EveryOptionIsRead) {
   EXPECT_EQ(o.rows, 5);
   EXPECT_EQ(o.gpus, std::vector<int>{2});
   EXPECT_TRUE(o.noGraph);
+  EXPECT_TRUE(o.nccl);
   EXPECT_EQ(o.progressEvery, 4);
   EXPECT_TRUE(o.givenLr && o.givenSeed && o.givenTotalSteps &&
               o.givenWarmupRatio && o.givenRows);
@@ -283,12 +293,12 @@ TEST(TrainCommandLine, HelpListsOptionsWithDefaults) {
   std::string text;
   ASSERT_EQ(parse({"--help"}, o, text), CommandLineAction::ShowHelp);
   for (const char *expected :
-       {"--target", "--data",         "--steps",      "--total-steps",
-        "--lr",     "--warmup-ratio", "--save-every", "--out",
-        "--resume", "--init",         "--seed",       "--log",
-        "--rows",   "--gpus",         "--no-graph",   "0.003",
-        "0.04",     "./dflash-out",   "256",          "'trainmain'",
-        "SIGINT"})
+       {"--target",    "--data",         "--steps",      "--total-steps",
+        "--lr",        "--warmup-ratio", "--save-every", "--out",
+        "--resume",    "--init",         "--seed",       "--log",
+        "--rows",      "--gpus",         "--no-graph",   "--nccl",
+        "0.003",       "0.04",           "./dflash-out", "256",
+        "'trainmain'", "SIGINT"})
     EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n"
                                                       << text;
 }
@@ -340,6 +350,27 @@ TEST(TrainCommandLine, GpuListIsParsed) {
   EXPECT_EQ(o.gpus, (std::vector<int>{0, 3}));
 }
 
+TEST(TrainCommandLine, GpusDefaultToEveryVisibleDevice) {
+  TrainOptions given;
+  given.gpus = {2};
+  ASSERT_TRUE(resolveGpus(given, 8).ok());
+  EXPECT_EQ(given.gpus, std::vector<int>{2});
+  // Without a device the host checks still run; the missing device is
+  // reported later.
+  TrainOptions none;
+  ASSERT_TRUE(resolveGpus(none, 0).ok());
+  EXPECT_EQ(none.gpus, std::vector<int>{0});
+  TrainOptions all;
+  Status s = resolveGpus(all, 4);
+  if (collectivesAvailable()) {
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(all.gpus, (std::vector<int>{0, 1, 2, 3}));
+  } else {
+    EXPECT_EQ(s.message(), "4 GPUs are visible but this trainer was built "
+                           "without NCCL; train on one with --gpus 0");
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Validation
 //===----------------------------------------------------------------------===//
@@ -369,8 +400,8 @@ TEST(TrainValidation, NamesTheBadOption) {
       {{"--data", "synthetic", "--lr", "0"}, "--lr must be a positive number"},
       {{"--data", "synthetic", "--warmup-ratio", "1"},
        "--warmup-ratio must be in [0, 1)"},
-      {{"--data", "synthetic", "--gpus", "0,1"},
-       "training on 2 GPUs is not supported yet"},
+      {{"--data", "synthetic", "--gpus", "0,2,0"},
+       "--gpus: device 0 is listed twice"},
       {{"--data", dir.path + "/missing", "--target", dir.path},
        "--data " + dir.path + "/missing: no such file or directory"},
       {{"--data", dir.path}, "needs --target DIR"},
@@ -439,6 +470,9 @@ Status prepare(Args args, PreparedRun &run,
   if (parse(std::move(args), options, text, config) != CommandLineAction::Train)
     return Status::error("parse: " + text);
   if (Status s = validateTrainOptions(options, config); !s.ok())
+    return s;
+  // As trainMain does, on a machine with one GPU.
+  if (Status s = resolveGpus(options, 1); !s.ok())
     return s;
   return prepareRun(options, config, run);
 }
@@ -600,12 +634,109 @@ TEST(TrainPrepare, ResumeMismatchesAreErrors) {
         << text;
     Status s = validateTrainOptions(o, c);
     ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_TRUE(resolveGpus(o, 1).ok());
     PreparedRun run;
     s = prepareRun(o, c, run);
     ASSERT_FALSE(s.ok()) << k.message;
     EXPECT_NE(s.message().find(k.message), std::string::npos)
         << s.message() << "\nexpected: " << k.message;
   }
+}
+
+TEST(TrainPrepare, DataParallelRunsTakeTheirWorldFromTheGpus) {
+  if (!collectivesAvailable())
+    GTEST_SKIP() << "built without NCCL: one GPU only";
+  TempDir dir;
+  PreparedRun run;
+  Status s = prepare({"--data", "synthetic", "--rows", "9", "--gpus", "1,3",
+                      "--out", dir.path},
+                     run);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(run.trainer.run.worldSize, 2);
+  EXPECT_EQ(run.layout.gpus, (std::vector<int>{1, 3}));
+  EXPECT_EQ(run.layout.worldSize(), 2);
+  EXPECT_EQ(run.layout.firstRank(), 0);
+  EXPECT_TRUE(run.layout.usesCollectives());
+
+  // The second of three nodes with two GPUs each: ranks 2 and 3 of 6.
+  TrainOptions o;
+  std::string text;
+  ASSERT_EQ(parse({"--data", "synthetic", "--rows", "12", "--gpus", "0,1",
+                   "--out", dir.path + "/nodes"},
+                  o, text),
+            CommandLineAction::Train)
+      << text;
+  ASSERT_TRUE(validateTrainOptions(o, smallConfig()).ok());
+  PreparedRun second;
+  s = prepareRun(o, smallConfig(), second, /*node=*/1, /*nodes=*/3);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(second.trainer.run.worldSize, 6);
+  EXPECT_EQ(second.layout.firstRank(), 2);
+
+  // One global batch is 2 rows x 2 GPUs.
+  PreparedRun small;
+  s = prepare({"--data", "synthetic", "--rows", "3", "--gpus", "0,1", "--out",
+               dir.path + "/small"},
+              small);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("the data has 3 rows but one step needs 4 (2 "
+                             "rows per GPU x 2 GPUs)"),
+            std::string::npos)
+      << s.message();
+
+  PreparedRun forced;
+  s = prepare({"--data", "synthetic", "--nccl", "--out", dir.path + "/nccl"},
+              forced);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(forced.layout.worldSize(), 1);
+  EXPECT_TRUE(forced.layout.forceCollectives);
+  EXPECT_TRUE(forced.layout.usesCollectives());
+}
+
+TEST(TrainPrepare, ResumeNeedsTheSameNumberOfGpus) {
+  if (!collectivesAvailable())
+    GTEST_SKIP() << "built without NCCL: one GPU only";
+  TempDir dir;
+  ModelConfig c = smallConfig();
+  RunSettings stored;
+  stored.totalSteps = 40;
+  stored.seed = 99;
+  stored.data = "synthetic";
+  stored.syntheticRows = 12;
+  stored.worldSize = 2;
+  std::string ckpt = dir.path + "/checkpoint-10";
+  writeTrainingCheckpoint(ckpt, c, 10, &stored, /*ranks=*/2);
+  std::string bare = dir.path + "/bare/checkpoint-10";
+  writeTrainingCheckpoint(bare, c, 10, nullptr, /*ranks=*/2);
+
+  PreparedRun run;
+  Status s = prepare({"--data", "synthetic", "--steps", "30", "--resume", ckpt,
+                      "--gpus", "0", "--out", dir.path + "/one"},
+                     run);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "--gpus: " + ckpt +
+                             "/trainer_run.json is a run on 2 GPUs but this "
+                             "one has 1; resume on the same number of GPUs");
+  PreparedRun fromBare;
+  s = prepare({"--data", "synthetic", "--steps", "30", "--total-steps", "40",
+               "--resume", bare, "--gpus", "0", "--out", dir.path + "/bare1"},
+              fromBare);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "--gpus: " + bare +
+                             "/training_state.safetensors holds the state of "
+                             "2 GPUs but this run has 1; resume on the same "
+                             "number of GPUs");
+
+  PreparedRun two;
+  s = prepare({"--data", "synthetic", "--steps", "30", "--resume", ckpt,
+               "--gpus", "0,1", "--out", dir.path + "/two"},
+              two);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_TRUE(two.inputs.resume);
+  EXPECT_EQ(two.inputs.resume->worldSize(), 2);
+  EXPECT_EQ(two.inputs.resume->anchorRngState(0), Rng(3).state());
+  EXPECT_EQ(two.inputs.resume->anchorRngState(1), Rng(4).state());
+  EXPECT_EQ(two.trainer.run.worldSize, 2);
 }
 
 TEST(TrainPrepare, CorruptCheckpointIsAClearError) {
@@ -659,6 +790,51 @@ TEST(TrainMain, MissingTargetDirectory) {
             1);
   EXPECT_EQ(err, "train: error: --target " + dir.path +
                      "/nope: no such directory\n");
+}
+
+TEST(TrainMain, NoDeviceIsReportedAfterTheHostChecksOfSeveralGpus) {
+  std::string reason;
+  if (visibleCudaDevices(reason) > 0)
+    GTEST_SKIP() << "a CUDA device is visible";
+  if (!collectivesAvailable())
+    GTEST_SKIP() << "built without NCCL: one GPU only";
+  TempDir dir;
+  std::string out, err;
+  EXPECT_EQ(runTrainMain({"--data", "synthetic", "--steps", "3", "--gpus",
+                          "0,1", "--out", dir.path},
+                         out, err),
+            1);
+  EXPECT_EQ(err.rfind("train: error: no CUDA device is visible", 0), 0u) << err;
+  // The host checks of a data-parallel run come first.
+  EXPECT_EQ(runTrainMain({"--data", "synthetic", "--steps", "3", "--rows", "3",
+                          "--gpus", "0,1", "--out", dir.path + "/few"},
+                         out, err),
+            1);
+  EXPECT_NE(err.find("one step needs 4 (2 rows per GPU x 2 GPUs)"),
+            std::string::npos)
+      << err;
+}
+
+TEST(TrainMain, MultiNodeLaunchWithoutMpiIsRefused) {
+  if (multiNodeAvailable())
+    GTEST_SKIP() << "built with MPI (the error applies to builds without)";
+  const char *previous = std::getenv("OMPI_COMM_WORLD_SIZE");
+  std::string saved = previous ? previous : "";
+  ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  TempDir dir;
+  std::string out, err;
+  int code = runTrainMain({"--data", "synthetic", "--out", dir.path + "/out"},
+                          out, err);
+  if (previous)
+    ::setenv("OMPI_COMM_WORLD_SIZE", saved.c_str(), 1);
+  else
+    ::unsetenv("OMPI_COMM_WORLD_SIZE");
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(err, "train: error: this trainer was built without MPI; "
+                 "multi-node runs need it (install libopenmpi-dev and "
+                 "rebuild)\n");
+  // Refused before anything was written.
+  EXPECT_FALSE(fs::exists(dir.path + "/out"));
 }
 
 TEST(TrainMain, NoDeviceIsReportedAfterTheHostChecks) {
@@ -727,6 +903,33 @@ TEST(TrainMetrics, JsonLine) {
   std::string text = metricsJsonLine(exact);
   size_t at = text.find("\"lr\": ") + 6;
   EXPECT_EQ(float(std::strtod(text.c_str() + at, nullptr)), lr);
+}
+
+TEST(TrainMetrics, EveryRanksStepTime) {
+  StepMetrics m = sampleMetrics();
+  m.rankStepMs = {80, 75.5};
+  setThroughput(m, smallConfig(), 2, 4e12);
+  // The whole run's tokens over the slowest rank's time.
+  EXPECT_DOUBLE_EQ(m.contextTokensPerS, 2 * 64 / 0.08);
+  EXPECT_EQ(metricsJsonLine(m),
+            "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"grad_norm\": "
+            "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
+            "70.0000, \"tokens_per_s\": 1600.0, \"draft_tokens_per_s\": "
+            "600.0, \"tflops\": 50.000, \"rank_step_ms\": [80.0000, "
+            "75.5000]}");
+  EXPECT_EQ(progressLine(m, 13, 200, 185),
+            "step 13/200  loss 2.5000  acc 0.2500  1.60k tok/s  draft 600 "
+            "tok/s  80.0 ms/step (2 GPUs, fastest 75.5)  ETA 3m05s");
+  // A rank whose time is not known (another node's, after a failed step).
+  m.rankStepMs = {80, std::nan("")};
+  std::string line = metricsJsonLine(m);
+  EXPECT_NE(line.find("\"rank_step_ms\": [80.0000, null]"), std::string::npos)
+      << line;
+  // One rank: the plain line.
+  m.rankStepMs = {80};
+  EXPECT_EQ(progressLine(m, 13, 200, 185).find("GPUs"), std::string::npos);
+  nlohmann::json parsed = nlohmann::json::parse(metricsJsonLine(m));
+  EXPECT_EQ(parsed["rank_step_ms"], nlohmann::json::array({80.0}));
 }
 
 TEST(TrainMetrics, LogKeepsEarlierStepsOnResume) {
@@ -892,6 +1095,52 @@ TEST(TrainCheckpoints, ResolveFollowsLatest) {
       << s.message();
 }
 
+TEST(TrainCheckpoints, EveryRanksAnchorRngRoundTrips) {
+  TempDir dir;
+  ModelConfig c = smallConfig();
+  std::string two = dir.path + "/two", one = dir.path + "/one";
+  writeTrainingCheckpoint(two, c, 7, nullptr, /*ranks=*/2);
+  writeTrainingCheckpoint(one, c, 7, nullptr);
+  TrainingState loaded;
+  Status s = loadTrainingState(two, c, loaded);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(loaded.worldSize(), 2);
+  EXPECT_EQ(loaded.anchorRngState(0), Rng(3).state());
+  EXPECT_EQ(loaded.anchorRngState(1), Rng(4).state());
+  EXPECT_EQ(loaded.data.row, 4);
+  // Rank r's state is row r of an I64 [ranks, 4] tensor; one rank keeps
+  // the [4] of the checkpoints written before data parallelism.
+  SafetensorsFile file;
+  ASSERT_TRUE(file.open(two + "/" + kTrainingStateFile).ok());
+  ASSERT_NE(file.find("rng_state"), nullptr);
+  EXPECT_EQ(file.find("rng_state")->shape, (std::vector<int64_t>{2, 4}));
+  SafetensorsFile single;
+  ASSERT_TRUE(single.open(one + "/" + kTrainingStateFile).ok());
+  EXPECT_EQ(single.find("rng_state")->shape, std::vector<int64_t>{4});
+  ASSERT_TRUE(loadTrainingState(one, c, loaded).ok());
+  EXPECT_EQ(loaded.worldSize(), 1);
+  EXPECT_TRUE(loaded.otherRankRngStates.empty());
+
+  // A rank whose state cannot be restored names its row.
+  std::vector<std::vector<uint16_t>> params = initialParameters(c, 1);
+  std::vector<const uint16_t *> pointers;
+  TrainingState broken;
+  for (const auto &p : params) {
+    pointers.push_back(p.data());
+    broken.master.emplace_back(p.size(), 0.0f);
+    broken.adamM.emplace_back(p.size(), 0.0f);
+    broken.adamV.emplace_back(p.size(), 0.0f);
+  }
+  broken.rngState = Rng(1).state();
+  broken.otherRankRngStates = {Rng(2).state(), Rng::State{}};
+  std::string bad = dir.path + "/bad";
+  ASSERT_TRUE(saveTrainingCheckpoint(bad, c, pointers, broken.ref()).ok());
+  s = loadTrainingState(bad, c, loaded);
+  EXPECT_EQ(s.message(), bad + "/" + kTrainingStateFile +
+                             ": tensor 'rng_state' row 2: random generator "
+                             "state is all zero");
+}
+
 TEST(TrainCheckpoints, RunSettingsRoundTrip) {
   TempDir dir;
   RunSettings run;
@@ -1003,6 +1252,119 @@ TEST(TrainBuffers, MismatchesNameTheBuffer) {
   find(vectorCounter, "step", BufferRole::Counter).shape = {2};
   expectError(vectorCounter, "counter buffer 'step' has shape [2] but must "
                              "be a scalar");
+}
+
+//===----------------------------------------------------------------------===//
+// Data-parallel layout and data
+//===----------------------------------------------------------------------===//
+
+TEST(TrainDataParallel, RanksAreNumberedNodeByNode) {
+  GroupLayout layout;
+  layout.gpus = {4, 5, 6, 7};
+  layout.node = 2;
+  layout.nodes = 3;
+  EXPECT_EQ(layout.worldSize(), 12);
+  EXPECT_EQ(layout.firstRank(), 8);
+  EXPECT_TRUE(layout.usesCollectives());
+  GroupLayout one;
+  EXPECT_EQ(one.worldSize(), 1);
+  EXPECT_EQ(one.firstRank(), 0);
+  EXPECT_FALSE(one.usesCollectives());
+  one.forceCollectives = true;
+  EXPECT_TRUE(one.usesCollectives());
+}
+
+namespace {
+template <typename T>
+std::vector<T> joined(const std::vector<T> &a, const std::vector<T> &b) {
+  std::vector<T> all = a;
+  all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+} // namespace
+
+TEST(TrainDataParallel, RanksSplitTheGlobalBatchAndResumeTheirOwnAnchors) {
+  ModelConfig c = smallConfig(); // 2 rows per GPU
+  ModelConfig wide = c;
+  wide.rowsPerGpu = 4;
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  SyntheticRowSource rows(problem, 10, false);
+  BatchLoader rank0(rows, c, 7, 0, 2), rank1(rows, c, 7, 1, 2);
+  BatchLoader single(rows, wide, 7);
+  // 10 rows, 4 per step: two steps per epoch, so this crosses epochs.
+  for (int step = 0; step < 5; ++step) {
+    HostBatch a, b, all;
+    ASSERT_TRUE(rank0.next(a).ok());
+    ASSERT_TRUE(rank1.next(b).ok());
+    ASSERT_TRUE(single.next(all).ok());
+    // Rank r reads rows [r*B, (r+1)*B) of the one-GPU batch of 2B rows.
+    EXPECT_EQ(joined(a.rows, b.rows), all.rows) << "step " << step;
+    EXPECT_EQ(joined(a.inputIds, b.inputIds), all.inputIds);
+    EXPECT_EQ(joined(a.hiddenStates, b.hiddenStates), all.hiddenStates);
+    EXPECT_EQ(rank0.position().epoch, single.position().epoch);
+    EXPECT_EQ(rank0.position().row, single.position().row);
+    EXPECT_EQ(rank1.position().row, single.position().row);
+  }
+  // Each rank draws anchors from its own stream.
+  EXPECT_NE(rank0.anchorRngState(), rank1.anchorRngState());
+
+  // A checkpoint of the two ranks, then two loaders resumed from it.
+  TempDir dir;
+  std::vector<std::vector<uint16_t>> params = initialParameters(c, 1);
+  std::vector<const uint16_t *> pointers;
+  TrainingState state;
+  for (const auto &p : params) {
+    pointers.push_back(p.data());
+    state.master.emplace_back(p.size(), 0.0f);
+    state.adamM.emplace_back(p.size(), 0.0f);
+    state.adamV.emplace_back(p.size(), 0.0f);
+  }
+  state.step = 5;
+  state.data = rank0.position();
+  state.rngState = rank0.anchorRngState();
+  state.otherRankRngStates = {rank1.anchorRngState()};
+  ASSERT_TRUE(
+      saveTrainingCheckpoint(dir.path + "/ckpt", c, pointers, state.ref())
+          .ok());
+  TrainingState loaded;
+  ASSERT_TRUE(loadTrainingState(dir.path + "/ckpt", c, loaded).ok());
+  BatchLoader resumed0(rows, c, 7, 0, 2), resumed1(rows, c, 7, 1, 2);
+  ASSERT_TRUE(resumed0.seek(loaded.data, loaded.anchorRngState(0)).ok());
+  ASSERT_TRUE(resumed1.seek(loaded.data, loaded.anchorRngState(1)).ok());
+  for (int step = 0; step < 4; ++step) {
+    HostBatch x, y;
+    ASSERT_TRUE(rank0.next(x).ok());
+    ASSERT_TRUE(resumed0.next(y).ok());
+    EXPECT_EQ(x.rows, y.rows);
+    EXPECT_EQ(x.anchors, y.anchors);
+    EXPECT_EQ(x.keep, y.keep);
+    ASSERT_TRUE(rank1.next(x).ok());
+    ASSERT_TRUE(resumed1.next(y).ok());
+    EXPECT_EQ(x.rows, y.rows);
+    EXPECT_EQ(x.anchors, y.anchors);
+    EXPECT_EQ(x.keep, y.keep);
+  }
+}
+
+TEST(TrainDataParallel, PrefetchedBatchesCarryTheRanksState) {
+  ModelConfig c = smallConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  SyntheticRowSource rows(problem, 8, false);
+  BatchLoader direct(rows, c, 7, 1, 2), ahead(rows, c, 7, 1, 2);
+  BatchPrefetcher prefetcher(ahead, c, HostMemory::Pageable, 2);
+  ASSERT_TRUE(prefetcher.start().ok());
+  HostBatch expected;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(direct.next(expected).ok());
+    PrefetchedBatch *batch = nullptr;
+    ASSERT_TRUE(prefetcher.acquire(batch).ok());
+    EXPECT_EQ(batch->rows, expected.rows);
+    EXPECT_EQ(batch->positionAfter.row, direct.position().row);
+    EXPECT_EQ(batch->anchorRngAfter, direct.anchorRngState());
+    prefetcher.release(batch);
+  }
 }
 
 //===----------------------------------------------------------------------===//
