@@ -96,24 +96,16 @@ __global__ void __launch_bounds__(256)
   const AdamWChunk c = chunks[blockIdx.x];
   const void *g = tensors[c.tensor].grad;
   float acc = 0.f;
-  // 16-byte loads where the chunk allows (chunks start at multiples of
-  // kAdamWChunkElems, so only the tensor base and length decide).
-  constexpr int kVec = 16 / sizeof(GradT);
-  const GradT *base = static_cast<const GradT *>(g) + c.start;
-  if (c.length % kVec == 0 && reinterpret_cast<uintptr_t>(base) % 16 == 0) {
-    for (int i = kVec * threadIdx.x; i < c.length; i += kVec * 256) {
-      uint4 raw = *reinterpret_cast<const uint4 *>(base + i);
+  // Eight consecutive elements per thread and iteration whatever GradT is:
+  // the same summation order for bf16 gradients and their fp32 all-reduced
+  // copies, so both give the same norm, bit for bit.
+  for (int i = 8 * threadIdx.x; i < c.length; i += 8 * 256) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        float v = gradAt<GradT>(&raw, e);
+    for (int e = 0; e < 8; ++e)
+      if (i + e < c.length) {
+        float v = gradAt<GradT>(g, c.start + i + e);
         acc += v * v;
       }
-    }
-  } else {
-    for (int i = threadIdx.x; i < c.length; i += 256) {
-      float v = gradAt<GradT>(g, c.start + i);
-      acc += v * v;
-    }
   }
   double d = acc;
 #pragma unroll

@@ -104,6 +104,22 @@ void PlanMemoryPass::runOnOperation() {
             std::max(slots[it->second].last, index[&op]);
     }
 
+  // On one GPU the optimizer reads a bucket's bf16 gradients, not its fp32
+  // copies (the generated step skips the conversion): they live until the
+  // bucket's results are last read.
+  for (Operation &op : body.without_terminator())
+    if (auto bucket = dyn_cast<GradientBucketOp>(op)) {
+      int64_t last = index[&op];
+      for (Value r : bucket.getResults())
+        for (Operation *user : r.getUsers())
+          last = std::max(last, index[user]);
+      for (Value g : bucket.getGrads()) {
+        auto it = slotOf.find(storageRoot(g));
+        if (it != slotOf.end())
+          slots[it->second].last = std::max(slots[it->second].last, last);
+      }
+    }
+
   // Largest first, lowest free offset.
   std::vector<unsigned> order(slots.size());
   for (unsigned i = 0; i < order.size(); ++i)
