@@ -11,10 +11,10 @@ Prints one JSON line per mode: median step ms over --steps timed steps after
 --warmup, draft and context tokens/s, TFLOP/s (with --flops from dflashc's
 manifest.json), peak memory. Anchors are fixed across steps so that the block
 mask is built once (the most favourable setting for PyTorch). With
---anchors synthetic (default) they follow the loss masks of `train --data
+--anchor-layout synthetic (default) they follow the loss masks of `train --data
 synthetic` (runtime/Synthetic.h: a prompt of S/8..S/4 unsupervised tokens, a
 quarter of the rows ending early), so both sides attend over the same
-amount of context; --anchors uniform draws them over the whole row.
+amount of context; --anchor-layout uniform draws them over the whole row.
 """
 
 import argparse
@@ -116,9 +116,8 @@ def main():
     ap.add_argument("--windows", default="", help="comma list per layer, 0 = full")
     ap.add_argument("--flops", type=float, default=0.0, help="FLOPs per step")
     ap.add_argument("--modes", default="eager,compile")
-    ap.add_argument("--anchors", choices=["synthetic", "uniform"], default="synthetic")
+    ap.add_argument("--anchor-layout", choices=["synthetic", "uniform"], default="synthetic")
     a = ap.parse_args()
-    a.kv_heads, a.head_dim = a.kv_heads, a.head_dim
     windows = [int(w) for w in a.windows.split(",")] if a.windows else [0] * a.layers
     dev = "cuda"
     torch.manual_seed(0)
@@ -128,7 +127,7 @@ def main():
     g = torch.Generator().manual_seed(1)
     rows = []
     for _ in range(B):
-        if a.anchors == "uniform":
+        if a.anchor_layout == "uniform":
             lo, length = 0, S
         else:
             lo = S // 8 + int(torch.randint(0, S // 8 + 1, (1,), generator=g))
@@ -199,7 +198,7 @@ def main():
             "context_tokens_per_s": round(B * S / ms * 1e3),
             "tflops": round(a.flops / ms / 1e9, 1) if a.flops else None,
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-            "loss": round(float(loss), 4),
+            "loss": round(float(loss.detach()), 4),
             "wall_s_incl_compile": round(time.time() - t0, 1)}), flush=True)
         del model, opt, fwd
 

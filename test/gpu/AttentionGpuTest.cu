@@ -114,8 +114,7 @@ template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int MT,
 void checkForward(const Problem &p, DeviceBuffer<bf16> &out,
                   DeviceBuffer<float> &lse) {
   SCOPED_TRACE(testing::Message() << "forward MT=" << MT << " KT=" << KT);
-  out.poison();
-  lse.poison();
+  poisonAll(out, lse);
   kernels::BlockAttentionFwdArgs fa{p.q.ptr(),     p.ck.ptr(), p.cv.ptr(),
                                     p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
                                     p.dKeep.get(), out.get(),  lse.get(),
@@ -146,10 +145,7 @@ void checkBackward(const Problem &p, const DeviceBuffer<bf16> &out,
   DeviceBuffer<bf16> dq(p.qElems), dck(p.ctxElems), dcv(p.ctxElems),
       ddk(p.draftElems), ddv(p.draftElems);
   DeviceBuffer<float> dqAccum(p.qElems), dot(p.refLse.size());
-  for (auto *buf : {&dq, &dck, &dcv, &ddk, &ddv})
-    buf->poison();
-  dqAccum.poison();
-  dot.poison();
+  poisonAll(dq, dck, dcv, ddk, ddv, dqAccum, dot);
   kernels::BlockAttentionBwdArgs ba{};
   ba.dOut = p.dOut.ptr();
   ba.q = p.q.ptr();

@@ -37,8 +37,7 @@ template <int H> void rmsNormCase(int64_t rows, bool residual, uint64_t seed) {
   ref::rmsNorm(in.data(), w.values.data(), ref.data(), rows, H, eps);
 
   DeviceBuffer<bf16> y(rows * H), sum(rows * H);
-  y.poison();
-  sum.poison();
+  poisonAll(y, sum);
   kernels::rms_norm_fwd_bf16<H>(x.ptr(), residual ? delta.ptr() : nullptr,
                                 w.ptr(), residual ? sum.get() : nullptr,
                                 y.get(), rows, eps, 0);
@@ -62,10 +61,7 @@ template <int H> void rmsNormCase(int64_t rows, bool residual, uint64_t seed) {
   xin.upload();
   DeviceBuffer<bf16> dx(rows * H), dwBf16(H);
   DeviceBuffer<float> dwF32(H), ws(kernels::rmsNormBwdWorkspaceBytes(H) / 4);
-  dx.poison();
-  dwBf16.poison();
-  dwF32.poison();
-  ws.poison();
+  poisonAll(dx, dwBf16, dwF32, ws);
   kernels::rms_norm_bwd_bf16<H>(dy.ptr(), xin.ptr(), w.ptr(),
                                 residual ? dres.ptr() : nullptr, dx.get(),
                                 dwF32.get(), rows, eps, ws.get(), 0);
@@ -117,9 +113,7 @@ void qkNormRopeCase(int64_t rows, double theta, uint64_t seed) {
                    refDw.data(), rows * HEADS, D, eps);
   DeviceBuffer<bf16> dx(n);
   DeviceBuffer<float> dw(D), ws(kernels::qkNormRopeBwdWorkspaceBytes(D) / 4);
-  dx.poison();
-  dw.poison();
-  ws.poison();
+  poisonAll(dx, dw, ws);
   kernels::qk_norm_rope_bwd_bf16<D, HEADS>(
       dy.ptr(), x.ptr(), w.ptr(), dPos.get(), dx.get(), dw.get(), rows, eps,
       static_cast<float>(theta), ws.get(), 0);
@@ -234,10 +228,7 @@ TEST(DraftBlocks, EmbedPositionsTargets) {
   DeviceBuffer<bf16> x(B * Q * H);
   DeviceBuffer<int32_t> tokens(B * Q), dPos(B * Q), labels(B * Q), seq(B * S);
   DeviceBuffer<float> weights(B * Q);
-  for (auto *b : {&tokens, &dPos, &labels, &seq})
-    b->poison();
-  x.poison();
-  weights.poison();
+  poisonAll(tokens, dPos, labels, seq, x, weights);
   kernels::draft_embed_bf16<H>(table.ptr(), dIds.get(), dAnchors.get(),
                                dKeep.get(), x.get(), tokens.get(), shape, mask,
                                0);

@@ -65,6 +65,12 @@ private:
   size_t count;
 };
 
+/// Poisons each buffer in turn; they may hold different element types, which
+/// a loop over one initializer list cannot.
+template <typename... Buffers> void poisonAll(Buffers &...buffers) {
+  (buffers.poison(), ...);
+}
+
 /// A bf16 tensor: device copy plus the exact (rounded) values as doubles.
 struct Bf16Tensor {
   std::vector<uint16_t> bits;

@@ -45,9 +45,7 @@ void gemmCase(int64_t M, int64_t N, int64_t K, uint64_t seed) {
 
   DeviceBuffer<bf16> y(M * N), dx(M * K), dw(N * K);
   DeviceBuffer<float> dw32(N * K);
-  for (auto *b : {&y, &dx, &dw})
-    b->poison();
-  dw32.poison();
+  poisonAll(y, dx, dw, dw32);
   gemm.linear(x.ptr(), w.ptr(), y.get(), M, N, K, 0);
   gemm.linearGradInput(dy.ptr(), w.ptr(), dx.get(), M, N, K, 0);
   gemm.linearGradWeight(dy.ptr(), x.ptr(), dw.get(), M, N, K, 0);
@@ -116,10 +114,7 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   dWeights.upload(weights32);
   std::vector<float> scale{static_cast<float>(dLossSum)};
   dScale.upload(scale);
-  for (auto *b : {&sums, &terms})
-    b->poison();
-  chunk.poison();
-  dy.poison();
+  poisonAll(sums, terms, chunk, dy);
   kernels::LmHeadCrossEntropyArgs args{};
   args.y = y.ptr();
   args.lmHead = w.ptr();

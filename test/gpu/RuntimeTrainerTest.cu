@@ -32,6 +32,8 @@
 #include "runtime/Synthetic.h"
 #include "runtime/TrainMain.h"
 #include "runtime/Trainer.h"
+#include "test/unit/RuntimeTestSupport.h"
+#include "test/unit/StepProgramTestSupport.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -49,67 +51,22 @@
 #include <mutex>
 #include <set>
 #include <thread>
-#include <unistd.h>
 
 using namespace dflash;
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 namespace fs = std::filesystem;
 
 namespace {
 
 ModelConfig smallConfig() {
-  ModelConfig c;
+  ModelConfig c = oneLayerDrafterConfig();
   c.name = "trainer-test";
-  c.targetModel = "test/target";
-  c.targetNumLayers = 4;
-  c.targetHiddenSize = c.hiddenSize = 16;
-  c.vocabSize = 64;
-  c.targetLayerIds = {1, 2};
-  c.numLayers = 1;
-  c.intermediateSize = 32;
-  c.numHeads = 2;
-  c.numKvHeads = 1;
-  c.headDim = 8;
-  c.blockSize = 4;
-  c.maskTokenId = 63;
-  c.maxPositionEmbeddings = 128;
-  c.layerWindows = {0};
-  c.seqLen = 32;
-  c.anchorsPerRow = 3;
-  c.rowsPerGpu = 2;
   c.seed = 5;
   c.lr = 1e-2;
   c.warmupRatio = 0.0;
   c.totalSteps = 20;
   return c;
-}
-
-std::vector<BufferSpec> stepBuffers(const ModelConfig &c) {
-  const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
-  std::vector<BufferSpec> buffers = {
-      {"input_ids", BufferRole::Input, DType::I32, {B, S}},
-      {"loss_mask", BufferRole::Input, DType::U8, {B, S}},
-      {"target_hidden",
-       BufferRole::Input,
-       DType::BF16,
-       {B, S, c.contextWidth()}},
-      {"anchors", BufferRole::Input, DType::I32, {B, N}},
-      {"keep", BufferRole::Input, DType::U8, {B, N}},
-      {"embed", BufferRole::Frozen, DType::BF16, {c.vocabSize, c.hiddenSize}},
-      {"lm_head", BufferRole::Frozen, DType::BF16, {c.vocabSize, c.hiddenSize}},
-  };
-  for (const ParamInfo &p : parameterTable(c))
-    buffers.push_back({p.name, BufferRole::Parameter, DType::BF16, p.shape});
-  for (const ParamInfo &p : parameterTable(c)) {
-    buffers.push_back({p.name, BufferRole::Master, DType::F32, p.shape});
-    buffers.push_back({p.name, BufferRole::Moment1, DType::F32, p.shape});
-    buffers.push_back({p.name, BufferRole::Moment2, DType::F32, p.shape});
-  }
-  buffers.push_back({"step", BufferRole::Counter, DType::I32, {}});
-  buffers.push_back({"total_steps", BufferRole::Counter, DType::I32, {}});
-  for (const char *name : {"loss", "acc", "grad_norm", "lr"})
-    buffers.push_back({name, BufferRole::Metric, DType::F32, {}});
-  return buffers;
 }
 
 //===----------------------------------------------------------------------===//
@@ -425,17 +382,9 @@ private:
 // Running it
 //===----------------------------------------------------------------------===//
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "dflash-trainer-XXXXXX").string();
-    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+/// Named after this binary, like the trainer runs' directories it holds.
+struct TrainerTempDir : TempDir {
+  TrainerTempDir() : TempDir("dflash-trainer") {}
 };
 
 /// The synthetic problem the direct (non-trainMain) runs train on.
@@ -672,11 +621,6 @@ std::map<int64_t, std::vector<double>> readMetricsLog(const std::string &path) {
   return byStep;
 }
 
-std::string readFile(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 } // namespace
 
 //===----------------------------------------------------------------------===//
@@ -752,7 +696,7 @@ TEST(RuntimeTrainer, GraphReplayEqualsEager) {
 }
 
 TEST(RuntimeTrainer, ResumeContinuesExactly) {
-  TempDir dir;
+  TrainerTempDir dir;
   std::string whole = dir.path + "/whole", split = dir.path + "/split";
   std::string err;
   ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "10", "--steps",
@@ -796,7 +740,7 @@ TEST(RuntimeTrainer, ResumeContinuesExactly) {
 }
 
 TEST(RuntimeTrainer, NonFiniteLossKeepsTheLastCheckpoint) {
-  TempDir dir;
+  TrainerTempDir dir;
   std::string out = dir.path + "/out";
   std::string err;
   ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "10", "--steps",
@@ -841,7 +785,7 @@ TEST(RuntimeTrainer, NonFiniteLossKeepsTheLastCheckpoint) {
 }
 
 TEST(RuntimeTrainer, InterruptSavesAndExits) {
-  TempDir dir;
+  TrainerTempDir dir;
   std::string out = dir.path + "/out";
   FakeBehaviour interrupt;
   interrupt.signalAtEnqueue = 3; // during the fourth step, run eagerly
@@ -1080,7 +1024,7 @@ TEST(RuntimeTrainerGroup, AFailedRankStopsTheOthers) {
 }
 
 TEST(RuntimeTrainer, NcclFlagGivesTheSameRun) {
-  TempDir dir;
+  TrainerTempDir dir;
   std::string plain = dir.path + "/plain", nccl = dir.path + "/nccl";
   std::string err;
   ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "10", "--steps",
@@ -1109,7 +1053,7 @@ TEST(RuntimeTrainer, NcclFlagGivesTheSameRun) {
 TEST(RuntimeTrainer, DataParallelResumeContinuesExactly) {
   if (visibleDevices() < 2)
     GTEST_SKIP() << "skipped: needs 2 GPUs";
-  TempDir dir;
+  TrainerTempDir dir;
   std::string whole = dir.path + "/whole", split = dir.path + "/split";
   std::string err;
   ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "12", "--steps",

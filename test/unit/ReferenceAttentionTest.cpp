@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/reference/Reference.h"
+#include "test/unit/ReferenceTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -19,33 +20,9 @@
 #include <vector>
 
 using namespace dflash::ref;
+using namespace dflash::reftest;
 
 namespace {
-
-using Vector = std::vector<double>;
-
-Vector randomVector(std::mt19937_64 &rng, int64_t n) {
-  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  Vector values(n);
-  for (double &value : values)
-    value = uniform(rng);
-  return values;
-}
-
-double norm(const Vector &x) {
-  double sum = 0;
-  for (double value : x)
-    sum += value * value;
-  return std::sqrt(sum);
-}
-
-/// ||actual - expected|| / ||expected||.
-double relativeError(const Vector &actual, const Vector &expected) {
-  Vector difference(actual.size());
-  for (size_t i = 0; i < actual.size(); ++i)
-    difference[i] = actual[i] - expected[i];
-  return norm(difference) / norm(expected);
-}
 
 /// One attention problem: shape, anchors, keep flags and random tensors.
 struct AttentionCase {
@@ -219,30 +196,12 @@ AttentionResult denseMaskAttention(const AttentionCase &c) {
   return result;
 }
 
-double dotProduct(const Vector &a, const Vector &b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    sum += a[i] * b[i];
-  return sum;
-}
-
 /// Central differences of sum(r * out) with respect to every element of
-/// `input`, a tensor of `c`.
-Vector finiteDifferences(AttentionCase c, Vector AttentionCase::*input,
-                         const Vector &r) {
-  constexpr double step = 1e-6;
-  Vector &x = c.*input;
-  Vector gradient(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + step;
-    const double plus = dotProduct(r, runAttention(c).out);
-    x[i] = saved - step;
-    const double minus = dotProduct(r, runAttention(c).out);
-    x[i] = saved;
-    gradient[i] = (plus - minus) / (2 * step);
-  }
-  return gradient;
+/// `input`, a tensor of `c` (a copy, so the caller's case is not touched).
+Vector attentionFiniteDifferences(AttentionCase c, Vector AttentionCase::*input,
+                                  const Vector &r) {
+  return finiteDifferences(c.*input,
+                           [&] { return dotProduct(r, runAttention(c).out); });
 }
 
 bool allZero(const Vector &x) {
@@ -290,7 +249,7 @@ TEST(ReferenceAttention, GradientsMatchFiniteDifferences) {
                            "dDraftValues"};
     for (int i = 0; i < 5; ++i) {
       SCOPED_TRACE(names[i]);
-      const Vector fd = finiteDifferences(c, inputs[i].first, r);
+      const Vector fd = attentionFiniteDifferences(c, inputs[i].first, r);
       ASSERT_GT(norm(*inputs[i].second), 0);
       const double error = relativeError(fd, *inputs[i].second);
       EXPECT_LT(error, 1e-6);

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/reference/Reference.h"
+#include "test/unit/ReferenceTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -15,33 +16,9 @@
 #include <vector>
 
 using namespace dflash::ref;
+using namespace dflash::reftest;
 
 namespace {
-
-using Vector = std::vector<double>;
-
-Vector randomVector(std::mt19937_64 &rng, int64_t n) {
-  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  Vector values(n);
-  for (double &value : values)
-    value = uniform(rng);
-  return values;
-}
-
-double norm(const Vector &x) {
-  double sum = 0;
-  for (double value : x)
-    sum += value * value;
-  return std::sqrt(sum);
-}
-
-/// ||actual - expected|| / ||expected||.
-double relativeError(const Vector &actual, const Vector &expected) {
-  Vector difference(actual.size());
-  for (size_t i = 0; i < actual.size(); ++i)
-    difference[i] = actual[i] - expected[i];
-  return norm(difference) / norm(expected);
-}
 
 /// The sums computed the plain way: every logit, log of a sum of exps.
 CrossEntropySums directSums(const Vector &y, const Vector &w,
@@ -149,17 +126,8 @@ TEST(ReferenceCrossEntropy, GradientMatchesFiniteDifferences) {
   lmHeadCrossEntropyGrad(c.y.data(), c.w.data(), c.labels.data(),
                          c.weights.data(), dLossSum, dy.data(), c.rows, c.V,
                          c.H);
-  constexpr double step = 1e-6;
-  Vector fd(c.y.size());
-  for (size_t i = 0; i < c.y.size(); ++i) {
-    const double saved = c.y[i];
-    c.y[i] = saved + step;
-    const double plus = dLossSum * runLoss(c).lossSum;
-    c.y[i] = saved - step;
-    const double minus = dLossSum * runLoss(c).lossSum;
-    c.y[i] = saved;
-    fd[i] = (plus - minus) / (2 * step);
-  }
+  const Vector fd =
+      finiteDifferences(c.y, [&] { return dLossSum * runLoss(c).lossSum; });
   const double error = relativeError(fd, dy);
   EXPECT_LT(error, 1e-6);
   std::printf("lmHeadCrossEntropyGrad: relative error %.3g\n", error);

@@ -6,6 +6,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/reference/Reference.h"
+#include "test/unit/ReferenceTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -16,58 +17,9 @@
 #include <vector>
 
 using namespace dflash::ref;
+using namespace dflash::reftest;
 
 namespace {
-
-using Vector = std::vector<double>;
-
-Vector randomVector(std::mt19937_64 &rng, int64_t n, double lo = -1.0,
-                    double hi = 1.0) {
-  std::uniform_real_distribution<double> uniform(lo, hi);
-  Vector values(n);
-  for (double &value : values)
-    value = uniform(rng);
-  return values;
-}
-
-double norm(const Vector &x) {
-  double sum = 0;
-  for (double value : x)
-    sum += value * value;
-  return std::sqrt(sum);
-}
-
-/// ||actual - expected|| / ||expected||.
-double relativeError(const Vector &actual, const Vector &expected) {
-  Vector difference(actual.size());
-  for (size_t i = 0; i < actual.size(); ++i)
-    difference[i] = actual[i] - expected[i];
-  return norm(difference) / norm(expected);
-}
-
-double dotProduct(const Vector &a, const Vector &b) {
-  double sum = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    sum += a[i] * b[i];
-  return sum;
-}
-
-/// Central differences of the scalar `f` with respect to every element of
-/// `x` (which f reads), restored afterwards.
-Vector finiteDifferences(Vector &x, const std::function<double()> &f) {
-  constexpr double step = 1e-6;
-  Vector gradient(x.size());
-  for (size_t i = 0; i < x.size(); ++i) {
-    const double saved = x[i];
-    x[i] = saved + step;
-    const double plus = f();
-    x[i] = saved - step;
-    const double minus = f();
-    x[i] = saved;
-    gradient[i] = (plus - minus) / (2 * step);
-  }
-  return gradient;
-}
 
 /// Checks an analytic gradient against finite differences, records the
 /// error under `what` and returns it.

@@ -1,6 +1,7 @@
 //===- RuntimeBatchLoaderTest.cpp - Data order, rank sharding, resume -----===//
 
 #include "runtime/BatchLoader.h"
+#include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -8,28 +9,24 @@
 #include <set>
 
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 
 namespace {
 
+/// The one-layer drafter made narrower, with no target model: the loader
+/// only looks at the batch and row shapes.
 ModelConfig smallConfig() {
-  ModelConfig c;
+  ModelConfig c = oneLayerDrafterConfig();
   c.name = "loader";
-  c.targetNumLayers = 4;
+  c.targetModel.clear();
   c.targetHiddenSize = c.hiddenSize = 8;
   c.vocabSize = 50;
-  c.targetLayerIds = {1, 2};
-  c.numLayers = 1;
   c.intermediateSize = 16;
-  c.numHeads = 2;
-  c.numKvHeads = 1;
   c.headDim = 4;
   c.blockSize = 2;
   c.maskTokenId = 49;
   c.maxPositionEmbeddings = 64;
-  c.layerWindows = {0};
   c.seqLen = 16;
-  c.anchorsPerRow = 3;
-  c.rowsPerGpu = 2;
   return c;
 }
 

@@ -8,6 +8,7 @@
 #include "runtime/Safetensors.h"
 #include "runtime/Synthetic.h"
 #include "runtime/TargetWeights.h"
+#include "test/unit/RuntimeTestSupport.h"
 #include "tools/common/SpecToModelConfig.h"
 
 #include <nlohmann/json.hpp>
@@ -18,53 +19,18 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <unistd.h>
 
 using namespace dflash;
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "dflash-rt-XXXXXX").string();
-    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string &name) const {
-    return path + "/" + name;
-  }
-};
-
 ModelConfig testConfig() {
-  ModelConfig c;
-  c.name = "unit";
-  c.targetModel = "test/target";
-  c.targetNumLayers = 6;
-  c.targetHiddenSize = 32;
-  c.vocabSize = 64;
-  c.targetLayerIds = {1, 3};
-  c.numLayers = 2;
-  c.hiddenSize = 32;
-  c.intermediateSize = 48;
-  c.numHeads = 4;
-  c.numKvHeads = 2;
-  c.headDim = 8;
+  ModelConfig c = twoLayerDrafterConfig();
   c.ropeTheta = 10000;
-  c.blockSize = 4;
-  c.maskTokenId = 63;
-  c.maxPositionEmbeddings = 256;
-  c.layerWindows = {8, 0};
-  c.seqLen = 32;
-  c.anchorsPerRow = 6;
-  c.rowsPerGpu = 2;
   c.gamma = 4;
   c.seed = 3;
   c.totalSteps = 100;

@@ -2,54 +2,24 @@
 
 #include "runtime/FeatureShard.h"
 #include "runtime/Synthetic.h"
+#include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <unistd.h>
 
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "dflash-rt-XXXXXX").string();
-    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string &name) const {
-    return path + "/" + name;
-  }
-};
-
 ModelConfig testConfig() {
-  ModelConfig c;
-  c.name = "unit";
-  c.targetModel = "test/target";
+  ModelConfig c = oneLayerDrafterConfig();
   c.targetNumLayers = 6;
-  c.targetHiddenSize = 16;
-  c.vocabSize = 64;
   c.targetLayerIds = {1, 3};
-  c.numLayers = 1;
-  c.hiddenSize = 16;
-  c.intermediateSize = 32;
-  c.numHeads = 2;
-  c.numKvHeads = 1;
-  c.headDim = 8;
-  c.blockSize = 4;
-  c.maskTokenId = 63;
   c.maxPositionEmbeddings = 256;
-  c.layerWindows = {0};
   c.seqLen = 16;
-  c.anchorsPerRow = 3;
-  c.rowsPerGpu = 2;
   return c;
 }
 
@@ -322,29 +292,7 @@ TEST(RuntimeFeatureShard, SyntheticShardsMatchTheRowSource) {
   EXPECT_TRUE(reader.hasPinnedAnchors());
 
   SyntheticRowSource memory(problem, 10, true);
-  int64_t S = c.seqLen, N = c.anchorsPerRow, LH = c.contextWidth();
-  for (int64_t r = 0; r < 10; ++r) {
-    std::vector<int32_t> ids(static_cast<size_t>(S)),
-        ids2(static_cast<size_t>(S)), anchors(static_cast<size_t>(N)),
-        anchors2(static_cast<size_t>(N));
-    std::vector<uint8_t> mask(static_cast<size_t>(S)),
-        mask2(static_cast<size_t>(S)), keep(static_cast<size_t>(N)),
-        keep2(static_cast<size_t>(N));
-    std::vector<uint16_t> hidden(size_t(S * LH)), hidden2(size_t(S * LH));
-    ASSERT_TRUE(reader
-                    .readRow(r, {ids.data(), mask.data(), hidden.data(),
-                                 anchors.data(), keep.data()})
-                    .ok());
-    ASSERT_TRUE(memory
-                    .readRow(r, {ids2.data(), mask2.data(), hidden2.data(),
-                                 anchors2.data(), keep2.data()})
-                    .ok());
-    EXPECT_EQ(ids, ids2);
-    EXPECT_EQ(mask, mask2);
-    EXPECT_EQ(hidden, hidden2);
-    EXPECT_EQ(anchors, anchors2);
-    EXPECT_EQ(keep, keep2);
-  }
+  expectSameRows(reader, memory, 10, c);
 }
 
 } // namespace

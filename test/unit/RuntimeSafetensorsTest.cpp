@@ -1,6 +1,7 @@
 //===- RuntimeSafetensorsTest.cpp - safetensors reading and writing -------===//
 
 #include "runtime/Safetensors.h"
+#include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -8,38 +9,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 namespace fs = std::filesystem;
 
 namespace {
 
-/// A fresh directory removed at the end of the test.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "dflash-rt-XXXXXX").string();
-    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string &name) const {
-    return path + "/" + name;
-  }
-};
-
 void writeBytes(const std::string &path, const std::string &bytes) {
   std::ofstream out(path, std::ios::binary);
   out.write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-std::string readBytes(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 /// A raw file: length prefix, `header`, `dataBytes` zero bytes.
@@ -306,7 +285,7 @@ TEST(RuntimeSafetensors, WrittenFileIsByteExact) {
   uint8_t data[3] = {1, 2, 3};
   std::string path = dir / "exact.safetensors";
   ASSERT_TRUE(writeSafetensors(path, {{"x", DType::U8, {3}, data}}).ok());
-  std::string bytes = readBytes(path);
+  std::string bytes = readFile(path);
   std::string header =
       R"({"x":{"data_offsets":[0,3],"dtype":"U8","shape":[3]}})";
   header.append((8 - header.size() % 8) % 8, ' ');

@@ -11,11 +11,13 @@
 #include "runtime/FeatureShard.h"
 #include "runtime/Synthetic.h"
 #include "runtime/TargetWeights.h"
+#include "test/unit/RuntimeTestSupport.h"
 #include "tools/common/SpecToModelConfig.h"
 
 #include <gtest/gtest.h>
 
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 
 namespace {
 
@@ -46,30 +48,7 @@ TEST(RuntimeSynthOutput, ReadsBack) {
   EXPECT_EQ(reader.numRows(), 10);
   EXPECT_TRUE(reader.hasPinnedAnchors());
   SyntheticRowSource memory(problem, 10, true);
-  int64_t S = config.seqLen, N = config.anchorsPerRow,
-          LH = config.contextWidth();
-  for (int64_t r = 0; r < reader.numRows(); ++r) {
-    std::vector<int32_t> ids(static_cast<size_t>(S)),
-        ids2(static_cast<size_t>(S)), anchors(static_cast<size_t>(N)),
-        anchors2(static_cast<size_t>(N));
-    std::vector<uint8_t> mask(static_cast<size_t>(S)),
-        mask2(static_cast<size_t>(S)), keep(static_cast<size_t>(N)),
-        keep2(static_cast<size_t>(N));
-    std::vector<uint16_t> hidden(size_t(S * LH)), hidden2(size_t(S * LH));
-    ASSERT_TRUE(reader
-                    .readRow(r, {ids.data(), mask.data(), hidden.data(),
-                                 anchors.data(), keep.data()})
-                    .ok());
-    ASSERT_TRUE(memory
-                    .readRow(r, {ids2.data(), mask2.data(), hidden2.data(),
-                                 anchors2.data(), keep2.data()})
-                    .ok());
-    EXPECT_EQ(ids, ids2) << "row " << r;
-    EXPECT_EQ(mask, mask2) << "row " << r;
-    EXPECT_EQ(hidden, hidden2) << "row " << r;
-    EXPECT_EQ(anchors, anchors2) << "row " << r;
-    EXPECT_EQ(keep, keep2) << "row " << r;
-  }
+  expectSameRows(reader, memory, reader.numRows(), config);
 }
 
 } // namespace

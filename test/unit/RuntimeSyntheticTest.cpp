@@ -4,57 +4,26 @@
 #include "kernels/Bf16.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Synthetic.h"
+#include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <unistd.h>
 
 using namespace dflash;
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 namespace fs = std::filesystem;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "dflash-rt-XXXXXX").string();
-    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string &name) const {
-    return path + "/" + name;
-  }
-};
-
 ModelConfig testConfig() {
-  ModelConfig c;
-  c.name = "unit";
-  c.targetModel = "test/target";
-  c.targetNumLayers = 6;
-  c.targetHiddenSize = 32;
+  ModelConfig c = twoLayerDrafterConfig();
   c.vocabSize = 50;
-  c.targetLayerIds = {1, 3};
-  c.numLayers = 2;
-  c.hiddenSize = 32;
-  c.intermediateSize = 48;
-  c.numHeads = 4;
-  c.numKvHeads = 2;
-  c.headDim = 8;
-  c.blockSize = 4;
   c.maskTokenId = 20; // inside the vocabulary, not at its end
-  c.maxPositionEmbeddings = 256;
-  c.layerWindows = {8, 0};
   c.seqLen = 64;
-  c.anchorsPerRow = 6;
-  c.rowsPerGpu = 2;
   return c;
 }
 

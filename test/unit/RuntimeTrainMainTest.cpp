@@ -17,6 +17,8 @@
 #include "runtime/Synthetic.h"
 #include "runtime/TrainMain.h"
 #include "runtime/Trainer.h"
+#include "test/unit/RuntimeTestSupport.h"
+#include "test/unit/StepProgramTestSupport.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -28,71 +30,21 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <unistd.h>
 
 using namespace dflash::rt;
+using namespace dflash::runtimetest;
 namespace fs = std::filesystem;
 
 namespace {
 
 ModelConfig smallConfig() {
-  ModelConfig c;
+  ModelConfig c = oneLayerDrafterConfig();
   c.name = "trainmain";
-  c.targetModel = "test/target";
-  c.targetNumLayers = 4;
-  c.targetHiddenSize = c.hiddenSize = 16;
-  c.vocabSize = 64;
-  c.targetLayerIds = {1, 2};
-  c.numLayers = 1;
-  c.intermediateSize = 32;
-  c.numHeads = 2;
-  c.numKvHeads = 1;
-  c.headDim = 8;
-  c.blockSize = 4;
-  c.maskTokenId = 63;
-  c.maxPositionEmbeddings = 128;
-  c.layerWindows = {0};
-  c.seqLen = 32;
-  c.anchorsPerRow = 3;
-  c.rowsPerGpu = 2;
   c.seed = 7;
   c.lr = 3e-3;
   c.warmupRatio = 0.04;
   c.totalSteps = 50;
   return c;
-}
-
-/// Every buffer a compiled step of `c` has, in the compiler's order.
-std::vector<BufferSpec> stepBuffers(const ModelConfig &c) {
-  const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
-  std::vector<BufferSpec> buffers = {
-      {"input_ids", BufferRole::Input, DType::I32, {B, S}},
-      {"loss_mask", BufferRole::Input, DType::U8, {B, S}},
-      {"target_hidden",
-       BufferRole::Input,
-       DType::BF16,
-       {B, S, c.contextWidth()}},
-      {"anchors", BufferRole::Input, DType::I32, {B, N}},
-      {"keep", BufferRole::Input, DType::U8, {B, N}},
-      {"embed", BufferRole::Frozen, DType::BF16, {c.vocabSize, c.hiddenSize}},
-  };
-  if (!c.tieWordEmbeddings)
-    buffers.push_back({"lm_head",
-                       BufferRole::Frozen,
-                       DType::BF16,
-                       {c.vocabSize, c.hiddenSize}});
-  for (const ParamInfo &p : parameterTable(c))
-    buffers.push_back({p.name, BufferRole::Parameter, DType::BF16, p.shape});
-  for (const ParamInfo &p : parameterTable(c)) {
-    buffers.push_back({p.name, BufferRole::Master, DType::F32, p.shape});
-    buffers.push_back({p.name, BufferRole::Moment1, DType::F32, p.shape});
-    buffers.push_back({p.name, BufferRole::Moment2, DType::F32, p.shape});
-  }
-  buffers.push_back({"step", BufferRole::Counter, DType::I32, {}});
-  buffers.push_back({"total_steps", BufferRole::Counter, DType::I32, {}});
-  for (const char *name : {"loss", "acc", "grad_norm", "lr"})
-    buffers.push_back({name, BufferRole::Metric, DType::F32, {}});
-  return buffers;
 }
 
 /// A step program with a shape and buffers but no kernels.
@@ -118,17 +70,9 @@ std::unique_ptr<StepProgram> fakeFactory() {
   return std::make_unique<FakeStepProgram>(smallConfig());
 }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string pattern =
-        (fs::temp_directory_path() / "dflash-trainmain-XXXXXX").string();
-    path = ::mkdtemp(pattern.data()) ? pattern : std::string();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+/// Named after this binary, like the run directories it holds.
+struct TrainMainTempDir : TempDir {
+  TrainMainTempDir() : TempDir("dflash-trainmain") {}
 };
 
 /// argv for the parser; the strings live in the vector.
@@ -172,11 +116,6 @@ int runTrainMain(Args args, std::string &out, std::string &err) {
   out = testing::internal::GetCapturedStdout();
   err = testing::internal::GetCapturedStderr();
   return code;
-}
-
-std::string readFile(const std::string &path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 /// Saves a small training checkpoint of `config` at `step` the way the
@@ -376,14 +315,14 @@ TEST(TrainCommandLine, GpusDefaultToEveryVisibleDevice) {
 //===----------------------------------------------------------------------===//
 
 TEST(TrainValidation, AcceptsAGoodCommandLine) {
-  TempDir dir;
+  TrainMainTempDir dir;
   EXPECT_EQ(validationError({"--data", "synthetic", "--out", dir.path + "/o"}),
             "");
   EXPECT_TRUE(fs::is_directory(dir.path + "/o"));
 }
 
 TEST(TrainValidation, NamesTheBadOption) {
-  TempDir dir;
+  TrainMainTempDir dir;
   std::string out = dir.path + "/out";
   std::string file = dir.path + "/file";
   std::ofstream(file) << "x";
@@ -450,7 +389,7 @@ TEST(TrainValidation, NamesTheBadOption) {
 }
 
 TEST(TrainValidation, RefusesToOverwriteAnotherRun) {
-  TempDir dir;
+  TrainMainTempDir dir;
   std::ofstream(dir.path + "/latest") << "checkpoint-5\n";
   std::string error =
       validationError({"--data", "synthetic", "--out", dir.path});
@@ -479,7 +418,7 @@ Status prepare(Args args, PreparedRun &run,
 } // namespace
 
 TEST(TrainPrepare, SyntheticFreshRun) {
-  TempDir dir;
+  TrainMainTempDir dir;
   PreparedRun run;
   Status s = prepare({"--data", "synthetic", "--steps", "20", "--rows", "9",
                       "--out", dir.path, "--save-every", "5", "--no-graph"},
@@ -503,7 +442,7 @@ TEST(TrainPrepare, SyntheticFreshRun) {
 }
 
 TEST(TrainPrepare, TooFewRowsForOneStep) {
-  TempDir dir;
+  TrainMainTempDir dir;
   PreparedRun run;
   Status s =
       prepare({"--data", "synthetic", "--rows", "1", "--out", dir.path}, run);
@@ -513,7 +452,7 @@ TEST(TrainPrepare, TooFewRowsForOneStep) {
 }
 
 TEST(TrainPrepare, ShardsAndTargetFromDisk) {
-  TempDir dir;
+  TrainMainTempDir dir;
   ModelConfig c = smallConfig();
   SyntheticProblem problem;
   ASSERT_TRUE(problem.init(c, 7).ok());
@@ -535,7 +474,7 @@ TEST(TrainPrepare, ShardsAndTargetFromDisk) {
 }
 
 TEST(TrainPrepare, ShardOfAnotherSpecIsRefused) {
-  TempDir dir;
+  TrainMainTempDir dir;
   ModelConfig other = smallConfig();
   other.seqLen = 24;
   SyntheticProblem problem;
@@ -554,7 +493,7 @@ TEST(TrainPrepare, ShardOfAnotherSpecIsRefused) {
 }
 
 TEST(TrainPrepare, ResumeTakesTheCheckpointsSettings) {
-  TempDir dir;
+  TrainMainTempDir dir;
   ModelConfig c = smallConfig();
   RunSettings stored;
   stored.totalSteps = 40;
@@ -585,7 +524,7 @@ TEST(TrainPrepare, ResumeTakesTheCheckpointsSettings) {
 }
 
 TEST(TrainPrepare, ResumeMismatchesAreErrors) {
-  TempDir dir;
+  TrainMainTempDir dir;
   ModelConfig c = smallConfig();
   RunSettings stored;
   stored.totalSteps = 40;
@@ -646,7 +585,7 @@ TEST(TrainPrepare, ResumeMismatchesAreErrors) {
 TEST(TrainPrepare, DataParallelRunsTakeTheirWorldFromTheGpus) {
   if (!collectivesAvailable())
     GTEST_SKIP() << "built without NCCL: one GPU only";
-  TempDir dir;
+  TrainMainTempDir dir;
   PreparedRun run;
   Status s = prepare({"--data", "synthetic", "--rows", "9", "--gpus", "1,3",
                       "--out", dir.path},
@@ -696,7 +635,7 @@ TEST(TrainPrepare, DataParallelRunsTakeTheirWorldFromTheGpus) {
 TEST(TrainPrepare, ResumeNeedsTheSameNumberOfGpus) {
   if (!collectivesAvailable())
     GTEST_SKIP() << "built without NCCL: one GPU only";
-  TempDir dir;
+  TrainMainTempDir dir;
   ModelConfig c = smallConfig();
   RunSettings stored;
   stored.totalSteps = 40;
@@ -740,7 +679,7 @@ TEST(TrainPrepare, ResumeNeedsTheSameNumberOfGpus) {
 }
 
 TEST(TrainPrepare, CorruptCheckpointIsAClearError) {
-  TempDir dir;
+  TrainMainTempDir dir;
   ModelConfig c = smallConfig();
   RunSettings stored;
   stored.totalSteps = 40;
@@ -782,7 +721,7 @@ TEST(TrainMain, HelpGoesToStdout) {
 }
 
 TEST(TrainMain, MissingTargetDirectory) {
-  TempDir dir;
+  TrainMainTempDir dir;
   std::string out, err;
   EXPECT_EQ(runTrainMain({"--data", "synthetic", "--target", dir.path + "/nope",
                           "--out", dir.path},
@@ -798,7 +737,7 @@ TEST(TrainMain, NoDeviceIsReportedAfterTheHostChecksOfSeveralGpus) {
     GTEST_SKIP() << "a CUDA device is visible";
   if (!collectivesAvailable())
     GTEST_SKIP() << "built without NCCL: one GPU only";
-  TempDir dir;
+  TrainMainTempDir dir;
   std::string out, err;
   EXPECT_EQ(runTrainMain({"--data", "synthetic", "--steps", "3", "--gpus",
                           "0,1", "--out", dir.path},
@@ -821,7 +760,7 @@ TEST(TrainMain, MultiNodeLaunchWithoutMpiIsRefused) {
   const char *previous = std::getenv("OMPI_COMM_WORLD_SIZE");
   std::string saved = previous ? previous : "";
   ::setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
-  TempDir dir;
+  TrainMainTempDir dir;
   std::string out, err;
   int code = runTrainMain({"--data", "synthetic", "--out", dir.path + "/out"},
                           out, err);
@@ -841,7 +780,7 @@ TEST(TrainMain, NoDeviceIsReportedAfterTheHostChecks) {
   std::string reason;
   if (visibleCudaDevices(reason) > 0)
     GTEST_SKIP() << "a CUDA device is visible";
-  TempDir dir;
+  TrainMainTempDir dir;
   std::string out, err;
   EXPECT_EQ(
       runTrainMain({"--data", "synthetic", "--steps", "3", "--out", dir.path},
@@ -933,7 +872,7 @@ TEST(TrainMetrics, EveryRanksStepTime) {
 }
 
 TEST(TrainMetrics, LogKeepsEarlierStepsOnResume) {
-  TempDir dir;
+  TrainMainTempDir dir;
   std::string path = dir.path + "/metrics.jsonl";
   {
     MetricsLog log;
@@ -1072,7 +1011,7 @@ TEST(TrainCheckpoints, Schedule) {
 }
 
 TEST(TrainCheckpoints, ResolveFollowsLatest) {
-  TempDir dir;
+  TrainMainTempDir dir;
   writeTrainingCheckpoint(dir.path + "/checkpoint-3", smallConfig(), 3,
                           nullptr);
   std::string ckpt;
@@ -1096,7 +1035,7 @@ TEST(TrainCheckpoints, ResolveFollowsLatest) {
 }
 
 TEST(TrainCheckpoints, EveryRanksAnchorRngRoundTrips) {
-  TempDir dir;
+  TrainMainTempDir dir;
   ModelConfig c = smallConfig();
   std::string two = dir.path + "/two", one = dir.path + "/one";
   writeTrainingCheckpoint(two, c, 7, nullptr, /*ranks=*/2);
@@ -1142,7 +1081,7 @@ TEST(TrainCheckpoints, EveryRanksAnchorRngRoundTrips) {
 }
 
 TEST(TrainCheckpoints, RunSettingsRoundTrip) {
-  TempDir dir;
+  TrainMainTempDir dir;
   RunSettings run;
   run.totalSteps = 1000;
   run.seed = 0xfedcba9876543210ull;
@@ -1310,7 +1249,7 @@ TEST(TrainDataParallel, RanksSplitTheGlobalBatchAndResumeTheirOwnAnchors) {
   EXPECT_NE(rank0.anchorRngState(), rank1.anchorRngState());
 
   // A checkpoint of the two ranks, then two loaders resumed from it.
-  TempDir dir;
+  TrainMainTempDir dir;
   std::vector<std::vector<uint16_t>> params = initialParameters(c, 1);
   std::vector<const uint16_t *> pointers;
   TrainingState state;
