@@ -209,8 +209,8 @@ void PlanMemoryPass::runOnOperation() {
     diag.attachNote() << "not even one row fits: the parameters and optimizer "
                          "state alone need "
                       << gib(fixed)
-                      << "; set [parallel] shard_optimizer_state or a "
-                         "larger budget";
+                      << "; a larger budget or a smaller drafter is "
+                         "needed";
   signalPassFailure();
 }
 
