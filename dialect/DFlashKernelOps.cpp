@@ -231,6 +231,95 @@ LogicalResult GradientBucketOp::verify() {
       return emitOpError() << "(C2) result " << r.getType()
                            << " must have the shape of its gradient "
                            << g.getType();
+  // gradient_bucket C3
+  if (bool(getWorldSizeAttr()) != bool(getShardElementsAttr()))
+    return emitOpError() << "(C3) needs both world_size and shard_elements "
+                            "or neither";
+  if (getWorldSizeAttr()) {
+    int64_t world = getWorldSizeAttr().getInt();
+    int64_t shard = getShardElementsAttr().getInt();
+    if (world < 1 || shard < 1)
+      return emitOpError() << "(C3) world_size (" << world
+                           << ") and shard_elements (" << shard
+                           << ") must be positive";
+    // gradient_bucket C4
+    int64_t elements = 0;
+    for (Value r : getResults())
+      elements += numElements(r);
+    if (world * shard < elements)
+      return emitOpError() << "(C4) " << world << " shards of " << shard
+                           << " elements cannot hold its " << elements
+                           << " gradient elements";
+  }
+  return success();
+}
+
+SmallVector<GradientBucketOp> mlir::dflash::shardedBuckets(AdamWShardedOp op) {
+  SmallVector<GradientBucketOp> buckets;
+  for (Value g : op.getGrads())
+    if (auto bucket = g.getDefiningOp<GradientBucketOp>())
+      if (!llvm::is_contained(buckets, bucket))
+        buckets.push_back(bucket);
+  return buckets;
+}
+
+LogicalResult AdamWShardedOp::verify() {
+  unsigned n = getParams().size(), k = getMasters().size();
+  // adamw_sharded C1
+  if (getGrads().size() != n || getMoment1().size() != k ||
+      getMoment2().size() != k)
+    return emitOpError() << "(C1) needs one grad per parameter (" << n
+                         << ") and one master, moment1 and moment2 per bucket ("
+                         << k << ")";
+  // adamw_sharded C2
+  if (getNewState().size() != n + 3 * k)
+    return emitOpError() << "(C2) has " << getNewState().size()
+                         << " state results; it needs " << n << " + 3 x " << k;
+  // adamw_sharded C3
+  for (unsigned i = 0; i < n; ++i)
+    if (tensorOf(getGrads()[i]).getShape() !=
+            tensorOf(getParams()[i]).getShape() ||
+        getNewParam(i).getType() != getParams()[i].getType())
+      return emitOpError() << "(C3) the grad and new value of parameter " << i
+                           << " must have its shape";
+  // adamw_sharded C4
+  const int64_t world = getWorldSizeAttr().getInt();
+  if (world < 1)
+    return emitOpError() << "(C4) world_size must be positive, not "
+                         << world;
+  for (auto [i, g] : llvm::enumerate(getGrads())) {
+    auto bucket = g.getDefiningOp<GradientBucketOp>();
+    if (!bucket || !bucket.getWorldSizeAttr() ||
+        bucket.getWorldSizeAttr().getInt() != world)
+      return emitOpError() << "(C4) grad " << i
+                           << " must be a result of a gradient_bucket sharded "
+                              "over world_size "
+                           << world;
+  }
+  // adamw_sharded C5
+  SmallVector<GradientBucketOp> buckets = shardedBuckets(*this);
+  if (buckets.size() != k)
+    return emitOpError() << "(C5) the grads come from " << buckets.size()
+                         << " buckets but there are " << k
+                         << " groups of shard state";
+  for (GradientBucketOp bucket : buckets)
+    for (Value r : bucket.getResults())
+      if (llvm::count(getGrads(), r) != 1)
+        return emitOpError() << "(C5) every result of a bucket must be "
+                                "exactly one grad; result "
+                             << cast<OpResult>(r).getResultNumber()
+                             << " of a bucket is not";
+  // adamw_sharded C6
+  for (unsigned b = 0; b < k; ++b) {
+    auto shard = RankedTensorType::get({buckets[b].getShardElementsAttr().getInt()},
+                                       Float32Type::get(getContext()));
+    for (Value v : {getMasters()[b], getMoment1()[b], getMoment2()[b],
+                    getNewMaster(b), getNewMoment1(b), getNewMoment2(b)})
+      if (v.getType() != shard)
+        return emitOpError() << "(C6) the state of bucket " << b
+                             << " must be " << shard << ", not "
+                             << v.getType();
+  }
   return success();
 }
 
@@ -264,5 +353,12 @@ int64_t AdamWMultiOp::getFlopCount() {
   int64_t n = 0;
   for (Value p : getParams())
     n += numElements(p);
+  return 14 * n;
+}
+// Each GPU updates only its shards.
+int64_t AdamWShardedOp::getFlopCount() {
+  int64_t n = 0;
+  for (Value m : getMasters())
+    n += numElements(m);
   return 14 * n;
 }

@@ -242,16 +242,83 @@ def DFlash_GradientBucketOp : DFlash_PureOp<"gradient_bucket"> {
     on a second stream while the backward pass goes on. The results of one
     bucket are contiguous in memory: one collective per bucket.
 
+    With `world_size` and `shard_elements` S (set by
+    `dflash-shard-optimizer-state`, for `dflash.adamw_sharded`), the flat
+    fp32 range is padded to `world_size` x S elements and reduce-scattered
+    instead: on rank r only the elements [r S, (r + 1) S) hold the sum over
+    the GPUs; the others are unspecified.
+
     ```mlir
     %g32:2 = dflash.gradient_bucket %dw_down, %dw_up
         : (tensor<4096x12288xbf16>, tensor<12288x4096xbf16>)
         -> (tensor<4096x12288xf32>, tensor<12288x4096xf32>)
     ```
   }];
-  let arguments = (ins Variadic<DFlash_FloatTensor>:$grads);
+  let arguments = (ins Variadic<DFlash_FloatTensor>:$grads,
+                       OptionalAttr<I64Attr>:$world_size,
+                       OptionalAttr<I64Attr>:$shard_elements);
   let results = (outs Variadic<DFlash_F32Tensor>:$results);
   let assemblyFormat =
       "$grads attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_AdamWShardedOp : DFlash_PureOp<"adamw_sharded",
+                                          [AttrSizedOperandSegments]> {
+  let summary = "AdamW on this GPU's shard of every gradient bucket (ZeRO-1)";
+  let description = [{
+    The optimizer of SEMANTICS.md section 5 with its fp32 state split over
+    the `world_size` GPUs of the data-parallel group. Every gradient is a
+    result of a sharded `dflash.gradient_bucket` (`world_size`,
+    `shard_elements` S): the bucket's flat fp32 range of `world_size` x S
+    elements is reduce-scattered, so that rank r holds the sum of the
+    elements [r S, (r + 1) S). State group k (`masters`, `moment1`,
+    `moment2`, each `tensor<S x f32>`) is rank r's shard of the k-th bucket,
+    in the order the `grads` first name the buckets. The op sums the squares
+    of its shards' gradients over every GPU for the global norm and clip,
+    updates its shards as `dflash.adamw_multi` updates whole tensors, and
+    all-gathers the bf16 parameters: every GPU ends with all of them.
+
+    ```mlir
+    %g:2 = dflash.gradient_bucket %da, %db {shard_elements = 2048 : i64,
+        world_size = 4 : i64} : ... -> (tensor<64x64xf32>, tensor<64x64xf32>)
+    %state:5, %norm, %lr = dflash.adamw_sharded params(%a, %b)
+        grads(%g#0, %g#1) masters(%m) moment1(%m1) moment2(%m2)
+        step(%step) total(%total) {world_size = 4 : i64, ...} : ...
+    ```
+  }];
+  let arguments = (ins Variadic<DFlash_FloatTensor>:$params,
+                       Variadic<DFlash_F32Tensor>:$grads,
+                       Variadic<DFlash_F32Tensor>:$masters,
+                       Variadic<DFlash_F32Tensor>:$moment1,
+                       Variadic<DFlash_F32Tensor>:$moment2,
+                       0DTensorOf<[I32]>:$step, 0DTensorOf<[I32]>:$total,
+                       I64Attr:$world_size,
+                       F64Attr:$lr, F64Attr:$warmup_ratio,
+                       F64Attr:$max_grad_norm, F64Attr:$beta1,
+                       F64Attr:$beta2, F64Attr:$eps, F64Attr:$weight_decay);
+  // new_state: the updated parameters (one per parameter), then the updated
+  // masters, first and second moments (one per bucket each).
+  let results = (outs Variadic<DFlash_FloatTensor>:$new_state,
+                      DFlash_F32Scalar:$grad_norm, DFlash_F32Scalar:$lr_value);
+  let assemblyFormat =
+      "`params` `(` $params `)` `grads` `(` $grads `)` "
+      "`masters` `(` $masters `)` `moment1` `(` $moment1 `)` "
+      "`moment2` `(` $moment2 `)` `step` `(` $step `)` `total` `(` $total `)` "
+      "attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = [{
+    unsigned getNumParams() { return getParams().size(); }
+    unsigned getNumBuckets() { return getMasters().size(); }
+    ::mlir::Value getNewParam(unsigned i) { return getNewState()[i]; }
+    ::mlir::Value getNewMaster(unsigned k) {
+      return getNewState()[getNumParams() + k];
+    }
+    ::mlir::Value getNewMoment1(unsigned k) {
+      return getNewState()[getNumParams() + getNumBuckets() + k];
+    }
+    ::mlir::Value getNewMoment2(unsigned k) {
+      return getNewState()[getNumParams() + 2 * getNumBuckets() + k];
+    }
+  }];
 }
 
 #endif // DFLASH_KERNEL_OPS_TD

@@ -25,6 +25,13 @@ namespace mlir::dflash {
 inline constexpr llvm::StringLiteral kArgAttrName = "dflash.arg";
 /// The module attribute holding the #dflash.optimizer of the step.
 inline constexpr llvm::StringLiteral kOptimizerAttrName = "dflash.optimizer";
+/// The gradient buckets of an adamw_sharded in state order: the order its
+/// grads first name them.
+llvm::SmallVector<GradientBucketOp> shardedBuckets(AdamWShardedOp op);
+/// Module attribute: the number of GPUs the optimizer state is sharded over
+/// (spec `[parallel] shard_optimizer_state`); absent when it is not.
+inline constexpr llvm::StringLiteral kShardOptimizerStateAttrName =
+    "dflash.shard_optimizer_state";
 } // namespace mlir::dflash
 
 #endif // DFLASH_DIALECT_DFLASHOPS_H

@@ -19,6 +19,7 @@
 #define DFLASH_RUNTIME_STEPPROGRAM_H
 
 #include "runtime/ModelConfig.h"
+#include "runtime/OptimizerShards.h"
 #include "runtime/Safetensors.h"
 
 #include <cstddef>
@@ -73,7 +74,17 @@ struct DeviceResources {
   /// Sums `count` floats in place over every rank; nullptr on one GPU.
   void (*allReduceSum)(void *self, float *data, size_t count,
                        cudaStream_t stream) = nullptr;
-  void *collectives = nullptr; ///< `self` of allReduceSum
+  void *collectives = nullptr; ///< `self` of every collective hook
+  /// ZeRO-1: `data` holds worldSize * shardCount floats; afterwards shard
+  /// `rank` ([rank * shardCount, (rank + 1) * shardCount)) holds their sum
+  /// over every rank, the rest is unspecified. In place; nullptr on one GPU.
+  void (*reduceScatterSum)(void *self, float *data, size_t shardCount,
+                           cudaStream_t stream) = nullptr;
+  /// ZeRO-1: `data` holds worldSize * shardBytes bytes; every rank sends
+  /// its part `rank` and receives all the others'. In place; nullptr on
+  /// one GPU.
+  void (*allGather)(void *self, void *data, size_t shardBytes,
+                    cudaStream_t stream) = nullptr;
   int64_t rank = 0, worldSize = 1;
 };
 
@@ -91,6 +102,14 @@ public:
   virtual size_t gemmWorkspaceBytes() const = 0;
   /// FLOPs of one step on one GPU, as the compiler counts them.
   virtual double flopsPerStep() const = 0;
+  /// With ZeRO-1 (spec `[parallel] shard_optimizer_state`): how the
+  /// optimizer state is split over the GPUs; its Master and Moment buffers
+  /// are then one shard per bucket ("bucket.<k>"), and the step runs only
+  /// on exactly layout.worldSize GPUs. nullptr when every GPU holds the
+  /// whole state (one Master/Moment buffer per trainable tensor).
+  virtual const OptimizerShardLayout *optimizerShards() const {
+    return nullptr;
+  }
 
   /// Binds device pointers once: one per buffers() entry, and the arena
   /// (256-byte aligned). Pointers must stay valid and fixed while the step

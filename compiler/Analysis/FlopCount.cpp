@@ -31,7 +31,7 @@ FlopCount FlopCount::of(func::FuncOp step) {
     }
     if (isa<AllReduceOp, LossStatsOp, LossSeedOp, ConvertOp, GlobalNormOp,
             ClipCoefficientOp, LrScheduleOp, AdamWOp, AdamWMultiOp,
-            GradientBucketOp>(op)) {
+            AdamWShardedOp, GradientBucketOp>(op)) {
       phase = Optimizer;
       if (auto stats = dyn_cast<LossStatsOp>(op))
         fromSeed.insert(stats.getLossSumGrad());

@@ -41,10 +41,47 @@ Value storageRoot(Value v) {
       ValueRange groups[] = {adamw.getParams(), adamw.getMasters(),
                              adamw.getMoment1(), adamw.getMoment2()};
       v = groups[i / n][i % n];
+    } else if (auto sharded = dyn_cast<AdamWShardedOp>(op)) {
+      unsigned i = result.getResultNumber();
+      unsigned n = sharded.getNumParams(), k = sharded.getNumBuckets();
+      if (i >= n + 3 * k)
+        return v;
+      if (i < n) {
+        v = sharded.getParams()[i];
+      } else {
+        ValueRange groups[] = {sharded.getMasters(), sharded.getMoment1(),
+                               sharded.getMoment2()};
+        v = groups[(i - n) / k][(i - n) % k];
+      }
     } else {
       return v;
     }
   }
+}
+
+SmallVector<int64_t> bucketResultOffsets(GradientBucketOp bucket) {
+  SmallVector<int64_t> offsets;
+  int64_t bytes = 0;
+  for (Value r : bucket.getResults()) {
+    offsets.push_back(bytes);
+    int64_t size = tensorBytes(r.getType());
+    bytes += (size + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment;
+  }
+  return offsets;
+}
+
+int64_t bucketFlatElements(GradientBucketOp bucket) {
+  Value last = bucket.getResults().back();
+  return (bucketResultOffsets(bucket).back() + tensorBytes(last.getType())) /
+         4;
+}
+
+int64_t bucketSlotBytes(GradientBucketOp bucket) {
+  int64_t bytes = bucketFlatElements(bucket) * 4;
+  if (bucket.getWorldSizeAttr() && bucket.getShardElementsAttr())
+    bytes = std::max(bytes, bucket.getWorldSizeAttr().getInt() *
+                                bucket.getShardElementsAttr().getInt() * 4);
+  return bytes;
 }
 
 int64_t lmHeadChunkRows(int64_t rows, int64_t vocab) {
@@ -77,6 +114,14 @@ int64_t estimateWorkspaceBytes(func::FuncOp step) {
       for (Value p : adamw.getParams())
         elems += cast<RankedTensorType>(p.getType()).getNumElements();
       bytes = (elems / 16384 + adamw.getNumParams() + 1) * 64;
+    } else if (auto sharded = dyn_cast<AdamWShardedOp>(op)) {
+      // Pieces: at most one per parameter plus one per bucket boundary.
+      int64_t elems = 0;
+      for (Value m : sharded.getMasters())
+        elems += cast<RankedTensorType>(m.getType()).getNumElements();
+      bytes = (elems / 16384 + sharded.getNumParams() +
+               sharded.getNumBuckets() + 1) *
+              64;
     }
     most = std::max(most, bytes);
   });

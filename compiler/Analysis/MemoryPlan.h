@@ -9,6 +9,7 @@
 #ifndef DFLASH_COMPILER_ANALYSIS_MEMORYPLAN_H
 #define DFLASH_COMPILER_ANALYSIS_MEMORYPLAN_H
 
+#include "dialect/DFlashOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 namespace dflash {
@@ -28,6 +29,20 @@ int64_t tensorBytes(mlir::Type type);
 /// The value whose bytes `v` uses: itself, or for views and in-place
 /// results the value they are written over (possibly an argument).
 mlir::Value storageRoot(mlir::Value v);
+
+/// Byte offsets of a gradient bucket's results inside its one slot, in
+/// result order: each starts 256-byte aligned, so a kernel may read any of
+/// them with vector loads.
+llvm::SmallVector<int64_t>
+bucketResultOffsets(mlir::dflash::GradientBucketOp bucket);
+
+/// fp32 elements from the start of the bucket's slot to the end of its last
+/// result: the flat range its collective covers.
+int64_t bucketFlatElements(mlir::dflash::GradientBucketOp bucket);
+
+/// Bytes of the bucket's slot: its flat range, padded to world_size x
+/// shard_elements fp32 when it is sharded (the reduce-scatter's buffer).
+int64_t bucketSlotBytes(mlir::dflash::GradientBucketOp bucket);
 
 /// Rows of the lm_head chunk the fused cross-entropy uses: logits for at most
 /// this many rows exist at once (at most 512 MiB of them).

@@ -6,6 +6,14 @@ using namespace mlir;
 using namespace mlir::dflash;
 using namespace ::dflash;
 
+namespace dflash {
+DictionaryAttr argAttrDict(MLIRContext *ctx, ArgRole role, StringRef name) {
+  return DictionaryAttr::get(
+      ctx, {NamedAttribute(StringAttr::get(ctx, kArgAttrName),
+                           ArgAttr::get(ctx, role, name))});
+}
+} // namespace dflash
+
 FailureOr<StepSignature> StepSignature::get(ModuleOp module) {
   auto step = module.lookupSymbol<func::FuncOp>("step");
   if (!step || step.isExternal())

@@ -14,6 +14,12 @@
 
 namespace dflash {
 
+/// The attribute dictionary of a @step argument or result that holds
+/// `#dflash.arg<role, name>`.
+mlir::DictionaryAttr argAttrDict(mlir::MLIRContext *ctx,
+                                 mlir::dflash::ArgRole role,
+                                 llvm::StringRef name);
+
 class StepSignature {
 public:
   /// The `@step` of `module`, or an error on the module when there is none or

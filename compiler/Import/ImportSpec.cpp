@@ -163,6 +163,10 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                          b.getF64FloatAttr(spec.weightDecay)));
   (*module)->setAttr("dflash.bucket_mib",
                      b.getI64IntegerAttr(spec.bucketMiB));
+  if (spec.shardOptimizerState)
+    (*module)->setAttr(
+        kShardOptimizerStateAttrName,
+        b.getI64IntegerAttr(int64_t(spec.gpusPerNode) * spec.nodes));
   if (spec.gpuMemoryGiB > 0)
     (*module)->setAttr("dflash.memory_budget_gib",
                        b.getF64FloatAttr(spec.gpuMemoryGiB));

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Interpreter/Interpreter.h"
+#include "compiler/Analysis/MemoryPlan.h"
 
 #include "dialect/DFlashOps.h"
 #include "kernels/Bf16.h"
@@ -123,6 +124,37 @@ private:
   LogicalResult evalOptimizer(Operation *op);
   /// The ops of dflash-fuse-kernels, as the compositions they replace.
   LogicalResult evalFused(Operation *op);
+
+  /// What the fused optimizers share: the gradients' global norm, the
+  /// clip, the step's learning rate and the AdamW settings.
+  struct OptimizerScalars {
+    double norm = 0, clip = 1;
+    int64_t stepIndex = 0;
+    ref::AdamWConfig config;
+  };
+  template <typename OptimizerOp>
+  OptimizerScalars optimizerScalars(OptimizerOp o,
+                                    const std::vector<HostTensor> &grads) {
+    OptimizerScalars k;
+    double sumSq = 0;
+    for (const HostTensor &g : grads)
+      sumSq += ref::sumOfSquares<double>(g.data.data(), g.numel());
+    k.norm = std::sqrt(sumSq);
+    k.clip = ref::clipCoefficient(k.norm, o.getMaxGradNorm().convertToDouble());
+    k.stepIndex = int64_t(scalar(o.getStep()));
+    double lr = ref::learningRate(k.stepIndex, int64_t(scalar(o.getTotal())),
+                                  o.getLr().convertToDouble(),
+                                  o.getWarmupRatio().convertToDouble());
+    if (precision == Precision::Storage)
+      lr = double(float(lr));
+    k.config.lr = lr;
+    k.config.beta1 = o.getBeta1().convertToDouble();
+    k.config.beta2 = o.getBeta2().convertToDouble();
+    k.config.eps = o.getEps().convertToDouble();
+    k.config.weightDecay = o.getWeightDecay().convertToDouble();
+    return k;
+  }
+
   /// Rounds `t` as a value of `type` is stored, in Storage precision.
   void store(HostTensor &t, Type type) {
     if (precision == Precision::Storage)
@@ -146,7 +178,7 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<DraftEmbedOp, ResidualRmsNormOp, QkNormRopeOp,
                QkNormRopeGradOp, RmsNormGradResidualOp,
                AccumulateLinearGradOp, LossSeedOp, LmHeadCeFusedOp,
-               AdamWMultiOp, GradientBucketOp>(op))
+               AdamWMultiOp, AdamWShardedOp, GradientBucketOp>(op))
     result = evalFused(op);
   else
     result = evalForward(op);
@@ -539,29 +571,10 @@ LogicalResult Evaluator::evalFused(Operation *op) {
       })
       .Case([&](AdamWMultiOp o) {
         unsigned n = o.getNumParams();
-        // fp32 gradients, their global norm, the clip and the schedule.
         std::vector<HostTensor> grads;
-        double sumSq = 0;
-        for (Value g : o.getGrads()) {
+        for (Value g : o.getGrads())
           grads.push_back(in(g));
-          sumSq += ref::sumOfSquares<double>(grads.back().data.data(),
-                                             grads.back().numel());
-        }
-        double norm = std::sqrt(sumSq);
-        double clip =
-            ref::clipCoefficient(norm, o.getMaxGradNorm().convertToDouble());
-        int64_t stepIndex = int64_t(scalar(o.getStep()));
-        double lr = ref::learningRate(stepIndex, int64_t(scalar(o.getTotal())),
-                                      o.getLr().convertToDouble(),
-                                      o.getWarmupRatio().convertToDouble());
-        if (precision == Precision::Storage)
-          lr = double(float(lr));
-        ref::AdamWConfig config;
-        config.lr = lr;
-        config.beta1 = o.getBeta1().convertToDouble();
-        config.beta2 = o.getBeta2().convertToDouble();
-        config.eps = o.getEps().convertToDouble();
-        config.weightDecay = o.getWeightDecay().convertToDouble();
+        OptimizerScalars k = optimizerScalars(o, grads);
         for (unsigned i = 0; i < n; ++i) {
           HostTensor &master = out(o.getNewMaster(i));
           HostTensor &m = out(o.getNewMoment1(i));
@@ -571,11 +584,49 @@ LogicalResult Evaluator::evalFused(Operation *op) {
           v.data = in(o.getMoment2()[i]).data;
           ref::adamw<double>(master.data.data(), grads[i].data.data(),
                              m.data.data(), v.data.data(), master.numel(),
-                             stepIndex + 1, clip, config);
+                             k.stepIndex + 1, k.clip, k.config);
           out(o.getNewParam(i)).data = master.data;
         }
-        setScalar(o.getGradNorm(), norm);
-        setScalar(o.getLrValue(), lr);
+        setScalar(o.getGradNorm(), k.norm);
+        setScalar(o.getLrValue(), k.config.lr);
+        return success();
+      })
+      .Case([&](AdamWShardedOp o) -> LogicalResult {
+        // One process is one rank: with one GPU its shard of each bucket
+        // is the bucket's whole flat range, laid out as the memory plan
+        // lays out the bucket's results.
+        if (o.getWorldSizeAttr().getInt() != 1)
+          return o.emitOpError()
+                 << "is sharded over " << o.getWorldSizeAttr().getInt()
+                 << " GPUs; the interpreter runs one";
+        std::vector<HostTensor> grads;
+        for (Value g : o.getGrads())
+          grads.push_back(in(g));
+        OptimizerScalars k = optimizerScalars(o, grads);
+        SmallVector<GradientBucketOp> buckets = shardedBuckets(o);
+        for (unsigned b = 0; b < buckets.size(); ++b) {
+          HostTensor &master = out(o.getNewMaster(b));
+          HostTensor &m = out(o.getNewMoment1(b));
+          HostTensor &v = out(o.getNewMoment2(b));
+          master.data = in(o.getMasters()[b]).data;
+          m.data = in(o.getMoment1()[b]).data;
+          v.data = in(o.getMoment2()[b]).data;
+          SmallVector<int64_t> offsets = bucketResultOffsets(buckets[b]);
+          for (auto [r, offset] :
+               llvm::zip(buckets[b].getResults(), offsets)) {
+            unsigned i = unsigned(llvm::find(o.getGrads(), r) -
+                                  o.getGrads().begin());
+            int64_t at = offset / 4, count = grads[i].numel();
+            ref::adamw<double>(master.data.data() + at, grads[i].data.data(),
+                               m.data.data() + at, v.data.data() + at, count,
+                               k.stepIndex + 1, k.clip, k.config);
+            HostTensor &param = out(o.getNewParam(i));
+            param.data.assign(master.data.begin() + at,
+                              master.data.begin() + at + count);
+          }
+        }
+        setScalar(o.getGradNorm(), k.norm);
+        setScalar(o.getLrValue(), k.config.lr);
         return success();
       })
       .Default([&](Operation *other) { return failure(); });

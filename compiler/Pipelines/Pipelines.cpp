@@ -14,6 +14,7 @@ void dflash::buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
                                          double budgetGiB) {
   pm.addPass(createFuseKernels());
   pm.addPass(createBucketGradients());
+  pm.addPass(createShardOptimizerState());
   PlanMemoryOptions options;
   options.budgetGiB = budgetGiB;
   pm.addPass(createPlanMemory(options));

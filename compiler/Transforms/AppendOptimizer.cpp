@@ -28,12 +28,6 @@ struct AppendOptimizerPass
   void runOnOperation() override;
 };
 
-DictionaryAttr argDict(MLIRContext *ctx, ArgRole role, StringRef name) {
-  return DictionaryAttr::get(
-      ctx, {NamedAttribute(StringAttr::get(ctx, kArgAttrName),
-                           ArgAttr::get(ctx, role, name))});
-}
-
 void AppendOptimizerPass::runOnOperation() {
   ModuleOp module = getOperation();
   MLIRContext *ctx = &getContext();
@@ -109,7 +103,7 @@ void AppendOptimizerPass::runOnOperation() {
   }
   auto appendArg = [&](Type type, ArgRole role, StringRef name) -> Value {
     unsigned index = step.getNumArguments();
-    if (failed(step.insertArgument(index, type, argDict(ctx, role, name),
+    if (failed(step.insertArgument(index, type, argAttrDict(ctx, role, name),
                                    step.getLoc())))
       return Value();
     return step.getArgument(index);
@@ -170,7 +164,7 @@ void AppendOptimizerPass::runOnOperation() {
   auto add = [&](ArrayRef<Value> values, ArgRole role) {
     for (auto [v, s] : llvm::zip(values, states)) {
       results.push_back(v);
-      attrs.push_back(argDict(ctx, role, s.name));
+      attrs.push_back(argAttrDict(ctx, role, s.name));
     }
   };
   add(newParams, ArgRole::Parameter);
@@ -181,7 +175,7 @@ void AppendOptimizerPass::runOnOperation() {
   StringRef metricNames[] = {"loss", "acc", "grad_norm", "lr"};
   for (auto [v, name] : llvm::zip(metrics, metricNames)) {
     results.push_back(v);
-    attrs.push_back(argDict(ctx, ArgRole::Metric, name));
+    attrs.push_back(argAttrDict(ctx, ArgRole::Metric, name));
   }
   func::ReturnOp::create(b, loc, results);
   ret.erase();

@@ -145,6 +145,37 @@ def BucketGradients : Pass<"dflash-bucket-gradients", "mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];
 }
 
+def ShardOptimizerState
+    : Pass<"dflash-shard-optimizer-state", "mlir::ModuleOp"> {
+  let summary = "ZeRO-1: each GPU keeps and updates one shard of the "
+                "optimizer state";
+  let description = [{
+    After `dflash-bucket-gradients`, when the optimizer state is to be
+    sharded over `world-size` GPUs (default: the module's
+    `dflash.shard_optimizer_state`, from the spec's [parallel]
+    shard_optimizer_state and its GPU count; without either the pass does
+    nothing). Each gradient bucket gets `world_size` and `shard_elements`
+    S (its flat fp32 range over the GPUs, rounded up to 64 elements) and
+    becomes a reduce-scatter; the per-tensor `master`, `moment1` and
+    `moment2` arguments and results of @step are replaced by one of each per
+    bucket (`#dflash.arg<master, "bucket.K">`, `tensor<S x f32>`), and
+    `dflash.adamw_multi` by `dflash.adamw_sharded`, which updates this GPU's
+    shards and all-gathers the parameters.
+
+    ```mlir
+    %g:2 = dflash.gradient_bucket %da, %db
+        {shard_elements = 2048 : i64, world_size = 4 : i64} : ...
+    %s:5, %norm, %lr = dflash.adamw_sharded params(%a, %b) grads(%g#0, %g#1)
+        masters(%m) moment1(%m1) moment2(%m2) step(%t) total(%n) ...
+    ```
+  }];
+  let options = [
+    Option<"worldSize", "world-size", "int64_t", "0",
+           "GPUs to shard over (0: the module's dflash.shard_optimizer_state)">
+  ];
+  let dependentDialects = ["::mlir::dflash::DFlashDialect"];
+}
+
 def PlanMemory : Pass<"dflash-plan-memory", "mlir::ModuleOp"> {
   let summary = "Static arena offsets from liveness; checks the memory budget";
   let description = [{

@@ -76,11 +76,12 @@ void PlanMemoryPass::runOnOperation() {
       Slot s;
       s.root = bucket.getResult(0);
       s.def = s.last = index[&op];
-      for (Value r : bucket.getResults()) {
+      SmallVector<int64_t> offsets = bucketResultOffsets(bucket);
+      for (auto [r, offset] : llvm::zip(bucket.getResults(), offsets)) {
         slotOf[r] = slots.size();
-        offsetInSlot[r] = s.bytes;
-        s.bytes += alignUp(tensorBytes(r.getType()));
+        offsetInSlot[r] = offset;
       }
+      s.bytes = alignUp(bucketSlotBytes(bucket));
       slots.push_back(s);
       continue;
     }

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "compiler/Analysis/MemoryPlan.h"
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Interpreter/Interpreter.h"
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 using namespace mlir;
@@ -275,6 +277,111 @@ TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
     EXPECT_LE(std::sqrt(err), 1e-9 * std::max(1.0, std::sqrt(ref)))
         << "result " << r;
   }
+}
+
+// dflash-shard-optimizer-state moves the optimizer state into one shard
+// per bucket; over one GPU the shard is the bucket's whole flat range and
+// the step must compute exactly what the per-tensor state computes.
+TEST_F(StepTest, ShardedOptimizerStateComputesTheSameStep) {
+  OwningOpRef<ModuleOp> fused = forward->clone();
+  PassManager pm(&context);
+  buildTrainStepPipeline(pm);
+  pm.addPass(createFuseKernels());
+  BucketGradientsOptions buckets;
+  buckets.bucketMiB = 1;
+  pm.addPass(createBucketGradients(buckets));
+  ASSERT_TRUE(succeeded(pm.run(*fused)));
+  OwningOpRef<ModuleOp> sharded = fused->clone();
+  PassManager shard(&context);
+  ShardOptimizerStateOptions options;
+  options.worldSize = 1;
+  shard.addPass(createShardOptimizerState(options));
+  ASSERT_TRUE(succeeded(shard.run(*sharded)));
+
+  FailureOr<StepSignature> whole = StepSignature::get(*fused);
+  FailureOr<StepSignature> split = StepSignature::get(*sharded);
+  ASSERT_TRUE(succeeded(whole) && succeeded(split));
+  AdamWShardedOp update;
+  split->func().walk([&](AdamWShardedOp op) { update = op; });
+  ASSERT_TRUE(update);
+  SmallVector<GradientBucketOp> groups = shardedBuckets(update);
+  ASSERT_GT(groups.size(), 1u);
+  EXPECT_TRUE(split->argsWithRole(ArgRole::Master).size() == groups.size());
+
+  // Where each tensor's state lives in its bucket's shard.
+  struct Place {
+    unsigned bucket;
+    int64_t offset;
+  };
+  std::map<std::string, Place> places;
+  for (auto [k, bucket] : llvm::enumerate(groups)) {
+    SmallVector<int64_t> offsets = bucketResultOffsets(bucket);
+    for (auto [r, offset] : llvm::zip(bucket.getResults(), offsets)) {
+      unsigned i = unsigned(llvm::find(update.getGrads(), r) -
+                            update.getGrads().begin());
+      auto param = cast<BlockArgument>(update.getParams()[i]);
+      std::string name =
+          split->argInfo(param.getArgNumber()).getName().str();
+      places[name] = {unsigned(k), offset / 4};
+    }
+  }
+  ASSERT_EQ(places.size(), update.getParams().size());
+
+  std::vector<HostTensor> wholeArgs = randomArgs(whole->func(), 29);
+  std::vector<HostTensor> splitArgs;
+  for (unsigned i = 0; i < split->func().getNumArguments(); ++i) {
+    ArgAttr info = split->argInfo(i);
+    std::optional<unsigned> same = whole->findArg(info.getRole(),
+                                                  info.getName());
+    if (same) {
+      splitArgs.push_back(wholeArgs[*same]);
+      continue;
+    }
+    // A bucket's shard: each tensor's state at its place, zero padding.
+    auto type = cast<RankedTensorType>(split->func().getArgument(i).getType());
+    HostTensor t({type.getDimSize(0)});
+    unsigned k = unsigned(std::stoul(info.getName().str().substr(7)));
+    for (const auto &[name, place] : places) {
+      if (place.bucket != k)
+        continue;
+      std::optional<unsigned> state = whole->findArg(info.getRole(), name);
+      ASSERT_TRUE(state) << name;
+      const HostTensor &full = wholeArgs[*state];
+      std::copy(full.data.begin(), full.data.end(),
+                t.data.begin() + place.offset);
+    }
+    splitArgs.push_back(std::move(t));
+  }
+
+  auto expected = StepInterpreter(whole->func(), Precision::Exact).run(wholeArgs);
+  auto actual = StepInterpreter(split->func(), Precision::Exact).run(splitArgs);
+  ASSERT_TRUE(succeeded(expected));
+  ASSERT_TRUE(succeeded(actual));
+  int compared = 0;
+  for (unsigned r = 0; r < split->func().getNumResults(); ++r) {
+    ArgAttr info = split->resultInfo(r);
+    const HostTensor &got = (*actual)[r];
+    if (std::optional<unsigned> same =
+            whole->findResult(info.getRole(), info.getName())) {
+      EXPECT_EQ(got.data, (*expected)[*same].data) << info.getName().str();
+      ++compared;
+      continue;
+    }
+    unsigned k = unsigned(std::stoul(info.getName().str().substr(7)));
+    for (const auto &[name, place] : places) {
+      if (place.bucket != k)
+        continue;
+      std::optional<unsigned> state = whole->findResult(info.getRole(), name);
+      ASSERT_TRUE(state) << name;
+      const HostTensor &full = (*expected)[*state];
+      std::vector<double> part(got.data.begin() + place.offset,
+                               got.data.begin() + place.offset + full.numel());
+      EXPECT_EQ(part, full.data) << name;
+      ++compared;
+    }
+  }
+  // Parameters, metrics and every tensor's three state groups.
+  EXPECT_EQ(compared, int(whole->func().getNumResults()));
 }
 
 } // namespace
