@@ -152,6 +152,43 @@ static __global__ void __launch_bounds__(1024)
   }
 }
 
+/// sumOfSquares[0] = the sum of the chunks' partials, in a fixed order
+/// (ZeRO-1: one rank's share of the squared global norm).
+static __global__ void __launch_bounds__(1024)
+    adamw_square_sum_kernel(const double *partials, int numChunks,
+                            float *sumOfSquares) {
+  __shared__ double part[32];
+  double acc = 0;
+  for (int i = threadIdx.x; i < numChunks; i += 1024)
+    acc += partials[i];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (threadIdx.x % 32 == 0)
+    part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int w = 0; w < 32; ++w)
+      t += part[w];
+    sumOfSquares[0] = static_cast<float>(t);
+  }
+}
+
+/// normAndClip from the squared global norm (summed over the ranks).
+static __global__ void adamw_clip_from_square_sum_kernel(
+    const float *sumOfSquares, double maxNorm, float *normAndClip) {
+  double norm = sqrt(static_cast<double>(sumOfSquares[0]));
+  double clip = 1.0;
+  if (maxNorm > 0) {
+    clip = maxNorm / (norm + 1e-6);
+    if (clip > 1.0)
+      clip = 1.0;
+  }
+  normAndClip[0] = static_cast<float>(norm);
+  normAndClip[1] = static_cast<float>(clip);
+}
+
 /// One element of the update; the scalars are fp32 as torch uses them.
 struct AdamWScalars {
   float clip, stepSize, bc2Sqrt, decay, w1, beta2, w2, eps;
@@ -270,6 +307,47 @@ void adamw_multi_tensor_step(const AdamWTables &tables,
   detail::adamw_clip_coefficient_kernel<<<1, 1024, 0, stream>>>(
       tables.partials, tables.numChunks, hyper.maxNorm, tables.normAndClip);
   DFLASH_CUDA_CHECK_LAUNCH("adamw_clip_coefficient");
+  detail::adamw_step_kernel<GradT><<<tables.numChunks, 256, 0, stream>>>(
+      tables.tensors, tables.chunks, tables.normAndClip, state, hyper);
+  DFLASH_CUDA_CHECK_LAUNCH("adamw_step");
+}
+
+// ZeRO-1 (the sharded optimizer state): the same three stages, split so
+// that the ranks' sums of squares can be summed between the first and the
+// clip. Every rank's tables hold its pieces of the buckets' shards.
+
+/// sumOfSquares[0] = sum of g^2 over every chunk of the tables (0 when
+/// there is none), as a float for the float all-reduce.
+template <typename GradT>
+void adamw_grad_square_sum(const AdamWTables &tables, float *sumOfSquares,
+                           cudaStream_t stream) {
+  if (tables.numChunks > 0) {
+    detail::adamw_grad_sum_of_squares_kernel<GradT>
+        <<<tables.numChunks, 256, 0, stream>>>(tables.tensors, tables.chunks,
+                                               tables.partials);
+    DFLASH_CUDA_CHECK_LAUNCH("adamw_grad_sum_of_squares");
+  }
+  detail::adamw_square_sum_kernel<<<1, 1024, 0, stream>>>(
+      tables.partials, tables.numChunks, sumOfSquares);
+  DFLASH_CUDA_CHECK_LAUNCH("adamw_square_sum");
+}
+
+/// tables.normAndClip from the squared global norm of every rank.
+inline void adamw_clip_from_square_sum(const AdamWTables &tables,
+                                       const float *sumOfSquares,
+                                       const AdamWHyper &hyper,
+                                       cudaStream_t stream) {
+  detail::adamw_clip_from_square_sum_kernel<<<1, 1, 0, stream>>>(
+      sumOfSquares, hyper.maxNorm, tables.normAndClip);
+  DFLASH_CUDA_CHECK_LAUNCH("adamw_clip_from_square_sum");
+}
+
+/// The AdamW update of every chunk with the clip in tables.normAndClip.
+template <typename GradT>
+void adamw_update(const AdamWTables &tables, const AdamWStepState *state,
+                  const AdamWHyper &hyper, cudaStream_t stream) {
+  if (tables.numChunks == 0)
+    return;
   detail::adamw_step_kernel<GradT><<<tables.numChunks, 256, 0, stream>>>(
       tables.tensors, tables.chunks, tables.normAndClip, state, hyper);
   DFLASH_CUDA_CHECK_LAUNCH("adamw_step");

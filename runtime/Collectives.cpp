@@ -176,15 +176,18 @@ std::string Collectives::where() const {
          std::to_string(deviceIndex) + ")";
 }
 
+bool Collectives::usable(const char *what) {
+  if (comm)
+    return true;
+  if (firstError.ok())
+    firstError = Status::error(std::string(what) + where() +
+                               " after its communicator was aborted");
+  return false;
+}
+
 void Collectives::allReduceSum(float *data, size_t count, cudaStream_t stream) {
-  if (count == 0)
+  if (count == 0 || !usable("all-reduce"))
     return;
-  if (!comm) {
-    if (firstError.ok())
-      firstError = Status::error("all-reduce" + where() +
-                                 " after its communicator was aborted");
-    return;
-  }
 #ifdef DFLASH_HAVE_NCCL
   // In place: NCCL allows sendbuff == recvbuff and needs no extra buffer.
   ncclResult_t result =
@@ -200,9 +203,63 @@ void Collectives::allReduceSum(float *data, size_t count, cudaStream_t stream) {
 #endif
 }
 
+void Collectives::reduceScatterSum(float *data, size_t shardCount,
+                                   cudaStream_t stream) {
+  if (shardCount == 0 || !usable("reduce-scatter"))
+    return;
+#ifdef DFLASH_HAVE_NCCL
+  // In place: NCCL's reduce-scatter allows recvbuff == sendbuff + rank *
+  // recvcount, so this rank's shard is summed where it already lies.
+  ncclResult_t result =
+      ncclReduceScatter(data, data + size_t(rankIndex) * shardCount, shardCount,
+                        ncclFloat, ncclSum, comm, stream);
+  if (result != ncclSuccess && firstError.ok())
+    firstError =
+        ncclStatus(result,
+                   "ncclReduceScatter of " + std::to_string(shardCount) +
+                       " floats per rank" + where(),
+                   comm);
+#else
+  (void)data;
+  (void)stream;
+#endif
+}
+
+void Collectives::allGather(void *data, size_t shardBytes,
+                            cudaStream_t stream) {
+  if (shardBytes == 0 || !usable("all-gather"))
+    return;
+#ifdef DFLASH_HAVE_NCCL
+  // In place: NCCL's all-gather allows sendbuff == recvbuff + rank *
+  // sendcount. Bytes, whatever the shard holds (bf16 parameters).
+  char *bytes = static_cast<char *>(data);
+  ncclResult_t result =
+      ncclAllGather(bytes + size_t(rankIndex) * shardBytes, bytes, shardBytes,
+                    ncclUint8, comm, stream);
+  if (result != ncclSuccess && firstError.ok())
+    firstError = ncclStatus(result,
+                            "ncclAllGather of " + std::to_string(shardBytes) +
+                                " bytes per rank" + where(),
+                            comm);
+#else
+  (void)data;
+  (void)stream;
+#endif
+}
+
 void Collectives::allReduceSumHook(void *self, float *data, size_t count,
                                    cudaStream_t stream) {
   static_cast<Collectives *>(self)->allReduceSum(data, count, stream);
+}
+
+void Collectives::reduceScatterSumHook(void *self, float *data,
+                                       size_t shardCount, cudaStream_t stream) {
+  static_cast<Collectives *>(self)->reduceScatterSum(data, shardCount, stream);
+}
+
+void Collectives::allGatherHook(void *self, void *data, size_t shardBytes,
+                                cudaStream_t stream) {
+  static_cast<Collectives *>(self)->allGather(data, shardBytes, stream);
 }
 
 Status Collectives::check() {

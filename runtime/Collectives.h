@@ -5,9 +5,10 @@
 // rank = node * gpusPerNode + the GPU's position in --gpus. Every rank owns
 // one NCCL communicator (Collectives); the communicators of one process are
 // created together from its main thread, then each is used only by the
-// worker thread of its GPU, through the DeviceResources::allReduceSum hook
-// that the generated step calls, also while its stream is being captured
-// as a CUDA graph.
+// worker thread of its GPU, through the DeviceResources hooks that the
+// generated step calls (allReduceSum; reduceScatterSum and allGather with a
+// sharded optimizer state), also while its stream is being captured as a
+// CUDA graph.
 //
 // Several nodes run one process each, started by `mpirun`; the processes
 // find each other through MPI (ProcessGroup): rank 0 makes the NCCL unique
@@ -89,12 +90,27 @@ public:
   /// order. A failure is kept for check() (the hook returns nothing).
   void allReduceSum(float *data, size_t count, cudaStream_t stream);
 
-  /// The DeviceResources::allReduceSum hook; `self` is a Collectives.
+  /// ZeRO-1: `data` holds worldSize() * shardCount floats; sums them over
+  /// every rank into this rank's shard, [rank() * shardCount, (rank() + 1) *
+  /// shardCount), in place (the rest is left unspecified). Capturable; a
+  /// failure is kept for check().
+  void reduceScatterSum(float *data, size_t shardCount, cudaStream_t stream);
+  /// ZeRO-1: `data` holds worldSize() * shardBytes bytes; sends this rank's
+  /// part, [rank() * shardBytes, (rank() + 1) * shardBytes), to every rank
+  /// and receives theirs, in place. Capturable; a failure is kept for
+  /// check().
+  void allGather(void *data, size_t shardBytes, cudaStream_t stream);
+
+  /// The DeviceResources hooks; `self` is a Collectives.
   static void allReduceSumHook(void *self, float *data, size_t count,
                                cudaStream_t stream);
+  static void reduceScatterSumHook(void *self, float *data, size_t shardCount,
+                                   cudaStream_t stream);
+  static void allGatherHook(void *self, void *data, size_t shardBytes,
+                            cudaStream_t stream);
 
-  /// The first failure of this communicator: a failed allReduceSum call,
-  /// an asynchronous NCCL error (a peer or the network lost) or an abort;
+  /// The first failure of this communicator: a failed collective call, an
+  /// asynchronous NCCL error (a peer or the network lost) or an abort;
   /// success when there was none. Once failed, it stays failed.
   Status check();
 
@@ -106,6 +122,8 @@ public:
 private:
   Collectives() = default;
   std::string where() const;
+  /// Whether a collective may be issued; records the error when not.
+  bool usable(const char *what);
 
   ncclComm *comm = nullptr;
   int64_t rankIndex = 0, worldCount = 1;

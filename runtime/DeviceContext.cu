@@ -155,11 +155,15 @@ DeviceResources DeviceContext::resources() {
   DeviceResources resources;
   resources.gemm = gemmPlanner.get();
   resources.allReduceSum = nullptr;
+  resources.reduceScatterSum = nullptr;
+  resources.allGather = nullptr;
   resources.collectives = nullptr;
   resources.rank = 0;
   resources.worldSize = 1;
   if (communicator) {
     resources.allReduceSum = &Collectives::allReduceSumHook;
+    resources.reduceScatterSum = &Collectives::reduceScatterSumHook;
+    resources.allGather = &Collectives::allGatherHook;
     resources.collectives = communicator;
     resources.rank = communicator->rank();
     resources.worldSize = communicator->worldSize();

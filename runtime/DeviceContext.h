@@ -93,8 +93,8 @@ public:
   Collectives *collectives() const { return communicator; }
 
   /// What the generated step uses: the GEMM planner, and with a
-  /// communicator its all-reduce hook, rank and world size; without one no
-  /// collectives, rank 0 of a world of 1.
+  /// communicator its all-reduce, reduce-scatter and all-gather hooks, rank
+  /// and world size; without one no collectives, rank 0 of a world of 1.
   DeviceResources resources();
 
   /// The device's free and total memory now.

@@ -99,8 +99,53 @@ private:
 };
 } // namespace
 
+/// Checks a shard layout against the trainable tensors and records, per
+/// bucket, which tensor of `table` each of its entries is.
+static Status mapShardLayout(const OptimizerShardLayout &layout,
+                             const std::vector<ParamInfo> &table,
+                             const std::map<std::string, size_t> &tensorIndex,
+                             StepBufferMap &m) {
+  if (Status s = checkShardLayout(layout); !s.ok())
+    return Status::error("step program: " + s.message());
+  std::vector<int64_t> bucketOf(table.size(), -1);
+  m.shardTensors.assign(layout.buckets.size(), {});
+  for (size_t k = 0; k < layout.buckets.size(); ++k) {
+    const std::string where =
+        "step program: optimizer shard layout, bucket " + std::to_string(k);
+    for (const ShardedTensor &tensor : layout.buckets[k].tensors) {
+      auto it = tensorIndex.find(tensor.name);
+      if (it == tensorIndex.end())
+        return Status::error(where + ": '" + tensor.name +
+                             "' is not a trainable tensor of the config");
+      size_t t = it->second;
+      if (bucketOf[t] >= 0)
+        return Status::error(where + ": tensor '" + tensor.name +
+                             "' is already in bucket " +
+                             std::to_string(bucketOf[t]));
+      if (tensor.numel != table[t].numel())
+        return Status::error(where + ": tensor '" + tensor.name + "' has " +
+                             std::to_string(tensor.numel) +
+                             " elements but the config gives it " +
+                             std::to_string(table[t].numel()));
+      bucketOf[t] = int64_t(k);
+      m.shardTensors[k].push_back(t);
+    }
+  }
+  for (size_t t = 0; t < table.size(); ++t)
+    if (bucketOf[t] < 0)
+      return Status::error("step program: the optimizer shard layout has no "
+                           "bucket for '" +
+                           table[t].name + "'");
+  m.sharded = true;
+  for (std::vector<int> *v : {&m.shardMaster, &m.shardMoment1, &m.shardMoment2})
+    v->assign(layout.buckets.size(), -1);
+  return Status::success();
+}
+
 Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
-                                  const ModelConfig &c, StepBufferMap &map) {
+                                  const ModelConfig &c,
+                                  const OptimizerShardLayout *shards,
+                                  StepBufferMap &map) {
   StepBufferMap m;
   BufferChecker check(buffers);
   const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
@@ -111,6 +156,13 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
     tensorIndex[table[i].name] = i;
   for (std::vector<int> *v : {&m.param, &m.master, &m.moment1, &m.moment2})
     v->assign(table.size(), -1);
+  std::map<std::string, size_t> bucketIndex;
+  if (shards) {
+    if (Status s = mapShardLayout(*shards, table, tensorIndex, m); !s.ok())
+      return s;
+    for (size_t k = 0; k < shards->buckets.size(); ++k)
+      bucketIndex[shardBufferName(k)] = k;
+  }
 
   for (int i = 0; i < int(buffers.size()); ++i) {
     const BufferSpec &b = buffers[size_t(i)];
@@ -143,10 +195,38 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
                                " is not one the runtime fills (embed, "
                                "lm_head)");
       break;
-    case BufferRole::Parameter:
     case BufferRole::Master:
     case BufferRole::Moment1:
-    case BufferRole::Moment2: {
+    case BufferRole::Moment2:
+      if (m.sharded) {
+        auto bucket = bucketIndex.find(b.name);
+        if (bucket == bucketIndex.end()) {
+          status = Status::error(
+              check.describe(i) +
+              " is not a bucket of the optimizer shard layout: the step "
+              "shards its optimizer state into " +
+              std::to_string(shards->buckets.size()) +
+              " buckets ('bucket.<k>'), with no per-tensor state");
+          break;
+        }
+        size_t k = bucket->second;
+        std::vector<int> &slots = b.role == BufferRole::Master ? m.shardMaster
+                                  : b.role == BufferRole::Moment1
+                                      ? m.shardMoment1
+                                      : m.shardMoment2;
+        status = check.claim(i, slots[k], {DType::F32},
+                             {shards->buckets[k].shardElements});
+        break;
+      }
+      // A shard buffer without a layout: name what is missing.
+      if (!tensorIndex.count(b.name) && b.name.rfind("bucket.", 0) == 0) {
+        status = Status::error(check.describe(i) +
+                               " is a shard of the optimizer state but the "
+                               "step program reports no shard layout");
+        break;
+      }
+      [[fallthrough]];
+    case BufferRole::Parameter: {
       auto it = tensorIndex.find(b.name);
       if (it == tensorIndex.end()) {
         status = Status::error(check.describe(i) +
@@ -221,13 +301,29 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
     return Status::error("step program: has no frozen buffer 'lm_head' but "
                          "the target does not tie it to the embedding");
   const char *roles[] = {"parameter", "master", "moment1", "moment2"};
+  // Sharded: the parameters per tensor, the state per bucket.
+  const int perTensorRoles = m.sharded ? 1 : 4;
   const std::vector<int> *lists[] = {&m.param, &m.master, &m.moment1,
                                      &m.moment2};
-  for (int r = 0; r < 4; ++r)
+  for (int r = 0; r < perTensorRoles; ++r)
     for (size_t t = 0; t < table.size(); ++t)
       if ((*lists[r])[t] < 0)
         return Status::error("step program: has no " + std::string(roles[r]) +
                              " buffer for '" + table[t].name + "'");
+  if (m.sharded) {
+    const std::vector<int> *shardLists[] = {&m.shardMaster, &m.shardMoment1,
+                                            &m.shardMoment2};
+    for (int r = 0; r < 3; ++r)
+      for (size_t k = 0; k < shardLists[r]->size(); ++k)
+        if ((*shardLists[r])[k] < 0)
+          return Status::error(
+              "step program: has no " + std::string(roles[1 + r]) +
+              " buffer '" + shardBufferName(k) + "' for bucket " +
+              std::to_string(k) + " of its optimizer shard layout");
+    m.master.clear();
+    m.moment1.clear();
+    m.moment2.clear();
+  }
   map = std::move(m);
   return Status::success();
 }
@@ -367,6 +463,22 @@ Status dflash::rt::resolveCheckpoint(const std::string &path,
 // Trainer
 //===----------------------------------------------------------------------===//
 
+/// The shard size is compiled in: a sharded step runs on its world only.
+static Status checkShardWorld(const OptimizerShardLayout &shards,
+                              int64_t world) {
+  if (shards.worldSize == world)
+    return Status::success();
+  auto gpus = [](int64_t n) {
+    return std::to_string(n) + (n == 1 ? " GPU" : " GPUs");
+  };
+  return Status::error(
+      "this trainer was compiled to shard the optimizer state over " +
+      gpus(shards.worldSize) +
+      " ([parallel] gpus_per_node x nodes in its spec) but runs on " +
+      std::to_string(world) + "; recompile the spec for " + gpus(world) +
+      " or drop shard_optimizer_state");
+}
+
 Trainer::Trainer(StepProgram &program, DeviceContext &device,
                  TrainerOptions options)
     : program(program), device(device), options(std::move(options)),
@@ -444,6 +556,63 @@ Status Trainer::download(int index, void *data, size_t bytes) {
                         "copying '" + spec.name + "' from the device");
 }
 
+Status Trainer::readParams(std::vector<std::vector<uint16_t>> &params) {
+  std::vector<ParamInfo> table = parameterTable(config);
+  params.assign(table.size(), {});
+  for (size_t t = 0; t < table.size(); ++t) {
+    params[t].resize(size_t(table[t].numel()));
+    if (Status s =
+            download(map.param[t], params[t].data(), params[t].size() * 2);
+        !s.ok())
+      return s;
+  }
+  return device.synchronize("copying the parameters to the host");
+}
+
+Status Trainer::uploadShards(const std::vector<std::vector<uint16_t>> &params,
+                             const TrainingState *resume) {
+  std::vector<float> master, moment1, moment2;
+  for (size_t k = 0; k < shards->buckets.size(); ++k) {
+    const ShardedBucket &bucket = shards->buckets[k];
+    const size_t count = size_t(bucket.shardElements);
+    // The gaps between tensors and the padding stay 0.
+    master.assign(count, 0.0f);
+    if (resume) {
+      moment1.assign(count, 0.0f);
+      moment2.assign(count, 0.0f);
+    }
+    for (const ShardPiece &piece : shardPieces(bucket, options.rank)) {
+      const size_t t = map.shardTensors[k][piece.tensor];
+      const size_t from = size_t(piece.tensorOffset);
+      const size_t to = size_t(piece.shardOffset);
+      const size_t length = size_t(piece.length);
+      if (resume) {
+        std::copy_n(resume->master[t].data() + from, length,
+                    master.data() + to);
+        std::copy_n(resume->adamM[t].data() + from, length,
+                    moment1.data() + to);
+        std::copy_n(resume->adamV[t].data() + from, length,
+                    moment2.data() + to);
+      } else {
+        bf16ToFloats(params[t].data() + from, master.data() + to, length);
+      }
+    }
+    if (Status s = upload(map.shardMaster[k], master.data(), count * 4);
+        !s.ok())
+      return s;
+    // Fresh moments are the zeros of allocate().
+    if (resume) {
+      if (Status s = upload(map.shardMoment1[k], moment1.data(), count * 4);
+          !s.ok())
+        return s;
+      if (Status s = upload(map.shardMoment2[k], moment2.data(), count * 4);
+          !s.ok())
+        return s;
+    }
+  }
+  return Status::success();
+}
+
 Status Trainer::init(const TrainerInputs &inputs) {
   if (initialised)
     return Status::error("the trainer is initialised twice");
@@ -477,8 +646,13 @@ Status Trainer::init(const TrainerInputs &inputs) {
         ") <= total steps (" + std::to_string(options.run.totalSteps) + ")");
   if (Status s = device.makeCurrent(); !s.ok())
     return s;
-  if (Status s = mapStepBuffers(program.buffers(), config, map); !s.ok())
+  shards = program.optimizerShards();
+  if (Status s = mapStepBuffers(program.buffers(), config, shards, map);
+      !s.ok())
     return s;
+  if (shards)
+    if (Status s = checkShardWorld(*shards, world); !s.ok())
+      return s;
 
   // Host data against the config (the loaders check it too; this guards
   // callers that build inputs themselves).
@@ -540,6 +714,8 @@ Status Trainer::init(const TrainerInputs &inputs) {
     if (Status s = upload(map.param[t], param.data(), param.size() * 2);
         !s.ok())
       return s;
+    if (map.sharded)
+      continue; // the state goes into this rank's shards below
     const float *master;
     if (inputs.resume) {
       master = inputs.resume->master[t].data();
@@ -561,6 +737,12 @@ Status Trainer::init(const TrainerInputs &inputs) {
         return s;
     }
   }
+
+  if (map.sharded)
+    if (Status s = uploadShards(inputs.params,
+                                inputs.resume ? &*inputs.resume : nullptr);
+        !s.ok())
+      return s;
 
   // Pinned host scalars: counters in, metrics out.
   if (Status s = cudaCallStatus(
@@ -937,34 +1119,91 @@ Status Trainer::step(StepMetrics &metrics) {
   return Status::success();
 }
 
+/// Empty when `state` holds every trainable tensor of `table` in full, else
+/// what is wrong with it.
+static std::string fullStateProblem(const TrainingState &state,
+                                    const std::vector<ParamInfo> &table) {
+  const char *names[] = {"master", "adam_m", "adam_v"};
+  const std::vector<std::vector<float>> *groups[] = {
+      &state.master, &state.adamM, &state.adamV};
+  for (int g = 0; g < 3; ++g) {
+    if (groups[g]->size() != table.size())
+      return std::string(names[g]) + " has " +
+             std::to_string(groups[g]->size()) + " tensors but the model has " +
+             std::to_string(table.size());
+    for (size_t t = 0; t < table.size(); ++t)
+      if (int64_t((*groups[g])[t].size()) != table[t].numel())
+        return std::string(names[g]) + " of '" + table[t].name + "' has " +
+               std::to_string((*groups[g])[t].size()) + " elements but needs " +
+               std::to_string(table[t].numel());
+  }
+  return "";
+}
+
+Status Trainer::readOptimizerState(TrainingState &state) {
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  std::vector<ParamInfo> table = parameterTable(config);
+  if (std::string problem = fullStateProblem(state, table); !problem.empty())
+    return Status::error("reading the optimizer state of rank " +
+                         std::to_string(options.rank) + ": " + problem);
+  if (!map.sharded) {
+    for (size_t t = 0; t < table.size(); ++t) {
+      size_t n = size_t(table[t].numel());
+      Status status = download(map.master[t], state.master[t].data(), n * 4);
+      if (status.ok())
+        status = download(map.moment1[t], state.adamM[t].data(), n * 4);
+      if (status.ok())
+        status = download(map.moment2[t], state.adamV[t].data(), n * 4);
+      if (!status.ok())
+        return status;
+    }
+    return device.synchronize("copying the optimizer state to the host");
+  }
+  // This rank's shards, scattered into the tensors they cut: only its own
+  // pieces are written, so the other ranks may fill the same state at once.
+  std::vector<float> values[3];
+  const int *slots[] = {map.shardMaster.data(), map.shardMoment1.data(),
+                        map.shardMoment2.data()};
+  std::vector<std::vector<float>> *targets[] = {&state.master, &state.adamM,
+                                                &state.adamV};
+  for (size_t k = 0; k < shards->buckets.size(); ++k) {
+    const ShardedBucket &bucket = shards->buckets[k];
+    const size_t count = size_t(bucket.shardElements);
+    for (int r = 0; r < 3; ++r) {
+      values[r].resize(count);
+      if (Status s = download(slots[r][k], values[r].data(), count * 4);
+          !s.ok())
+        return s;
+    }
+    if (Status s = device.synchronize("copying optimizer shard '" +
+                                      shardBufferName(k) + "' to the host");
+        !s.ok())
+      return s;
+    for (const ShardPiece &piece : shardPieces(bucket, options.rank)) {
+      const size_t t = map.shardTensors[k][piece.tensor];
+      for (int r = 0; r < 3; ++r)
+        std::copy_n(values[r].data() + piece.shardOffset, size_t(piece.length),
+                    (*targets[r])[t].data() + piece.tensorOffset);
+    }
+  }
+  return Status::success();
+}
+
 Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
                           TrainingState &state) {
   if (!initialised)
     return Status::error("the trainer is not initialised");
   std::vector<ParamInfo> table = parameterTable(config);
-  params.assign(table.size(), {});
+  if (Status s = readParams(params); !s.ok())
+    return s;
   state = TrainingState();
-  state.master.assign(table.size(), {});
-  state.adamM.assign(table.size(), {});
-  state.adamV.assign(table.size(), {});
-  for (size_t t = 0; t < table.size(); ++t) {
-    size_t n = size_t(table[t].numel());
-    params[t].resize(n);
-    state.master[t].resize(n);
-    state.adamM[t].resize(n);
-    state.adamV[t].resize(n);
-    Status status = download(map.param[t], params[t].data(), n * 2);
-    if (status.ok())
-      status = download(map.master[t], state.master[t].data(), n * 4);
-    if (status.ok())
-      status = download(map.moment1[t], state.adamM[t].data(), n * 4);
-    if (status.ok())
-      status = download(map.moment2[t], state.adamV[t].data(), n * 4);
-    if (!status.ok())
-      return status;
+  for (auto *group : {&state.master, &state.adamM, &state.adamV}) {
+    group->assign(table.size(), {});
+    for (size_t t = 0; t < table.size(); ++t)
+      (*group)[t].assign(size_t(table[t].numel()), 0.0f);
   }
-  if (Status s = device.synchronize("copying the training state to the host");
-      !s.ok())
+  if (Status s = readOptimizerState(state); !s.ok())
     return s;
   state.step = completedSteps;
   state.data = dataPosition;
@@ -973,7 +1212,8 @@ Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
 }
 
 Status Trainer::saveCheckpoint(std::string &dir,
-                               const std::vector<Rng::State> &rankRngStates) {
+                               const std::vector<Rng::State> &rankRngStates,
+                               const TrainingState *assembled) {
   if (poisoned)
     return Status::error("the device state is not finite and is not saved");
   if (aborted)
@@ -985,10 +1225,30 @@ Status Trainer::saveCheckpoint(std::string &dir,
                     rankRngStates[size_t(options.rank)] != anchorRng))
     return Status::error("a checkpoint of " + std::to_string(world) +
                          " ranks needs each rank's anchor Rng state");
+  if (!assembled && holdsPartialState())
+    return Status::error(
+        "rank " + std::to_string(options.rank) +
+        " holds only its shards of the optimizer state; a checkpoint needs "
+        "the state of every rank, assembled");
   std::vector<std::vector<uint16_t>> params;
-  TrainingState state;
-  if (Status s = readState(params, state); !s.ok())
+  TrainingState own;
+  if (assembled) {
+    if (std::string problem =
+            fullStateProblem(*assembled, parameterTable(config));
+        !problem.empty())
+      return Status::error("the assembled optimizer state to save: " + problem);
+    if (Status s = readParams(params); !s.ok())
+      return s;
+  } else if (Status s = readState(params, own); !s.ok()) {
     return s;
+  }
+  // Masters and moments from `assembled` when given; step, data position
+  // and Rng states are this trainer's.
+  TrainingStateRef state = (assembled ? *assembled : own).ref();
+  state.step = completedSteps;
+  state.data = dataPosition;
+  state.rngState = anchorRng;
+  state.otherRankRngStates.clear();
   if (world > 1) {
     state.rngState = rankRngStates.front();
     state.otherRankRngStates.assign(rankRngStates.begin() + 1,
@@ -1005,8 +1265,8 @@ Status Trainer::saveCheckpoint(std::string &dir,
   StagedDirectory staged;
   Status status = staged.begin(target);
   if (status.ok())
-    status = saveTrainingCheckpoint(staged.path(), config, paramPointers,
-                                    state.ref());
+    status =
+        saveTrainingCheckpoint(staged.path(), config, paramPointers, state);
   if (status.ok())
     status =
         writeRunSettings(staged.path() + "/" + kRunSettingsFile, options.run);
@@ -1030,20 +1290,13 @@ Status Trainer::exportFinal(std::string &dir) {
     return Status::error("a step was aborted; the drafter is not exported");
   if (options.outDir.empty())
     return Status::error("no output directory to export the drafter to");
-  std::vector<ParamInfo> table = parameterTable(config);
-  std::vector<std::vector<uint16_t>> params(table.size());
-  std::vector<const uint16_t *> paramPointers;
-  for (size_t t = 0; t < table.size(); ++t) {
-    params[t].resize(size_t(table[t].numel()));
-    if (Status s =
-            download(map.param[t], params[t].data(), params[t].size() * 2);
-        !s.ok())
-      return s;
-    paramPointers.push_back(params[t].data());
-  }
-  if (Status s = device.synchronize("copying the parameters to the host");
-      !s.ok())
+  // Only the parameters: every rank holds all of them, sharded or not.
+  std::vector<std::vector<uint16_t>> params;
+  if (Status s = readParams(params); !s.ok())
     return s;
+  std::vector<const uint16_t *> paramPointers;
+  for (const std::vector<uint16_t> &p : params)
+    paramPointers.push_back(p.data());
   std::string target = options.outDir + "/" + kFinalDir;
   if (Status s = exportCheckpoint(target, config, paramPointers); !s.ok())
     return s;
@@ -1185,9 +1438,42 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
         "the run settings say " + std::to_string(options.run.worldSize) +
         " GPUs but the group has " + std::to_string(layout.worldSize()));
 
-  // Communicators first, from this thread: their creation waits for every
+  for (size_t i = 0; i < layout.gpus.size(); ++i) {
+    auto w = std::make_unique<Worker>();
+    w->local = int(i);
+    w->gpu = layout.gpus[i];
+    workers.push_back(std::move(w));
+  }
+  for (std::unique_ptr<Worker> &w : workers)
+    w->thread = std::thread([this, worker = w.get()] { serve(*worker); });
+
+  // The step programs first (no GPU yet): what a program cannot run on is
+  // refused before the communicators wait for every rank.
+  Status status = runOnWorkers([&](Worker &w) -> Status {
+    w.program = factory ? factory() : nullptr;
+    if (!w.program)
+      return Status::error("device " + std::to_string(w.gpu) +
+                           ": no step program");
+    const OptimizerShardLayout *shards = w.program->optimizerShards();
+    if (!shards)
+      return Status::success();
+    // Each process would hold only its own ranks' shards, and checkpoints
+    // are assembled within one process.
+    if (layout.nodes > 1)
+      return Status::error(
+          "this trainer shards the optimizer state (shard_optimizer_state), "
+          "which runs on one node only: its checkpoints would need the "
+          "shards of the other nodes' processes; train on one node, or "
+          "recompile the spec without shard_optimizer_state");
+    if (Status s = checkShardLayout(*shards); !s.ok())
+      return Status::error("step program: " + s.message());
+    return checkShardWorld(*shards, layout.worldSize());
+  });
+  if (!status.ok())
+    return status;
+
+  // Communicators next, from this thread: their creation waits for every
   // rank of the run, of every process.
-  std::vector<std::unique_ptr<Collectives>> comms;
   if (layout.usesCollectives()) {
     disableNvlinkMulticastByDefault();
     CollectiveId id;
@@ -1200,28 +1486,18 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
           !s.ok())
         return Status::error("sending the NCCL id to every node: " +
                              s.message());
+    std::vector<std::unique_ptr<Collectives>> comms;
     if (Status s = Collectives::create(layout.gpus, layout.firstRank(),
                                        layout.worldSize(), id, comms);
         !s.ok())
       return s;
+    // The workers are idle: the next job's hand-over orders these writes
+    // before their reads.
+    for (size_t i = 0; i < workers.size(); ++i)
+      workers[i]->collectives = std::move(comms[i]);
   }
 
-  for (size_t i = 0; i < layout.gpus.size(); ++i) {
-    auto w = std::make_unique<Worker>();
-    w->local = int(i);
-    w->gpu = layout.gpus[i];
-    if (!comms.empty())
-      w->collectives = std::move(comms[i]);
-    workers.push_back(std::move(w));
-  }
-  for (std::unique_ptr<Worker> &w : workers)
-    w->thread = std::thread([this, worker = w.get()] { serve(*worker); });
-
-  Status status = runOnWorkers([&](Worker &w) -> Status {
-    w.program = factory ? factory() : nullptr;
-    if (!w.program)
-      return Status::error("device " + std::to_string(w.gpu) +
-                           ": no step program");
+  status = runOnWorkers([&](Worker &w) -> Status {
     if (Status s = DeviceContext::create(w.gpu, w.program->gemmWorkspaceBytes(),
                                          w.device);
         !s.ok())
@@ -1237,6 +1513,7 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     return status;
   completedSteps = workers.front()->trainer->stepsDone();
   flopsPerStep = workers.front()->program->flopsPerStep();
+  partialState = workers.front()->trainer->holdsPartialState();
   rankRngStates.assign(size_t(layout.worldSize()), Rng::State{});
   initialised = true;
   return Status::success();
@@ -1249,6 +1526,37 @@ Status TrainerGroup::readState(int local,
     return Status::error("no trainer of local rank " + std::to_string(local));
   return runOnWorkers(
       [&](Worker &w) { return w.trainer->readState(params, state); }, local);
+}
+
+Status TrainerGroup::readFullState(std::vector<std::vector<uint16_t>> &params,
+                                   TrainingState &state) {
+  if (Status s = readState(0, params, state); !s.ok())
+    return s;
+  if (!partialState)
+    return Status::success();
+  TrainingState assembled;
+  if (Status s = assembleOptimizerState(assembled); !s.ok())
+    return s;
+  state.master = std::move(assembled.master);
+  state.adamM = std::move(assembled.adamM);
+  state.adamV = std::move(assembled.adamV);
+  return Status::success();
+}
+
+Status TrainerGroup::assembleOptimizerState(TrainingState &state) {
+  if (!initialised)
+    return Status::error("the trainer group is not initialised");
+  std::vector<ParamInfo> table =
+      parameterTable(workers.front()->program->config());
+  for (auto *group : {&state.master, &state.adamM, &state.adamV}) {
+    group->assign(table.size(), {});
+    for (size_t t = 0; t < table.size(); ++t)
+      (*group)[t].assign(size_t(table[t].numel()), 0.0f);
+  }
+  // Each local rank writes the elements of its own shards, which no other
+  // rank touches: all at once, into the same vectors.
+  return runOnWorkers(
+      [&](Worker &w) { return w.trainer->readOptimizerState(state); });
 }
 
 namespace {
@@ -1340,8 +1648,17 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
 Status TrainerGroup::saveCheckpoint(std::string &dir) {
   std::vector<Rng::State> states = rankRngStates;
   std::string saved;
+  // Sharded: the state of every rank, assembled, so that the checkpoint is
+  // the one an unsharded run would write.
+  TrainingState assembled;
+  if (partialState)
+    if (Status s = assembleOptimizerState(assembled); !s.ok())
+      return s;
   if (Status s = runOnWorkers(
-          [&](Worker &w) { return w.trainer->saveCheckpoint(saved, states); },
+          [&](Worker &w) {
+            return w.trainer->saveCheckpoint(
+                saved, states, partialState ? &assembled : nullptr);
+          },
           /*only=*/0);
       !s.ok())
     return s;

@@ -16,7 +16,10 @@
 // the ranks' metrics and anchor Rng states on the host, decides together
 // with the other processes of a multi-node run whether to stop, and has
 // rank 0 save checkpoints: after the all-reduce every rank holds the same
-// parameters and optimizer state.
+// parameters and optimizer state. With a sharded optimizer state (ZeRO-1,
+// OptimizerShards.h) each rank holds only its shards: the group assembles
+// the whole state from every local rank before rank 0 saves it, so that a
+// checkpoint is the same whether or not the run was sharded.
 //
 // A Trainer belongs to one thread: init(), step() and the checkpoint calls
 // are made from the thread that owns its DeviceContext.
@@ -64,8 +67,18 @@ namespace dflash::rt {
 struct StepBufferMap {
   int inputIds = -1, lossMask = -1, targetHidden = -1, anchors = -1, keep = -1;
   int embed = -1, lmHead = -1; ///< lmHead is -1 when the target ties them
-  /// One entry per parameterTable(config) tensor.
+  /// One entry per parameterTable(config) tensor. master, moment1 and
+  /// moment2 are empty when the optimizer state is sharded.
   std::vector<int> param, master, moment1, moment2;
+  /// ZeRO-1 (StepProgram::optimizerShards): whether the optimizer state is
+  /// held as one shard per bucket instead of per tensor.
+  bool sharded = false;
+  /// With `sharded`, one entry per bucket of the layout: its "bucket.<k>"
+  /// buffers.
+  std::vector<int> shardMaster, shardMoment1, shardMoment2;
+  /// With `sharded`, per bucket and per tensor of the bucket (in layout
+  /// order): its index in parameterTable(config).
+  std::vector<std::vector<size_t>> shardTensors;
   int stepCounter = -1, totalStepsCounter = -1;
   int loss = -1, acc = -1, gradNorm = -1, lr = -1;
   /// Every Metric buffer, in buffers() order.
@@ -76,9 +89,14 @@ struct StepBufferMap {
 /// the five inputs, embed (and lm_head unless tied), four buffers per
 /// trainable tensor, the step and total_steps counters and the loss, acc,
 /// grad_norm and lr metrics, each with the dtype and shape SEMANTICS.md
-/// gives. Messages name the buffer.
+/// gives. With `shards` (StepProgram::optimizerShards; null: unsharded),
+/// the layout must be valid and hold every trainable tensor exactly once,
+/// and the optimizer state is instead one F32 [S_k] master, moment1 and
+/// moment2 buffer per bucket k, named shardBufferName(k). Messages name the
+/// buffer, bucket or tensor.
 Status mapStepBuffers(const std::vector<BufferSpec> &buffers,
-                      const ModelConfig &config, StepBufferMap &map);
+                      const ModelConfig &config,
+                      const OptimizerShardLayout *shards, StepBufferMap &map);
 
 /// The step's hyperparameters: the config's, with lr and warmup ratio as
 /// given.
@@ -210,17 +228,35 @@ public:
 
   /// Saves `<outDir>/checkpoint-<steps>` and updates `<outDir>/latest`.
   /// With several ranks, `rankRngStates` holds every rank's anchor Rng
-  /// state in rank order (a rank knows only its own).
+  /// state in rank order (a rank knows only its own). `assembled`, when
+  /// given, supplies the masters and moments to save instead of this rank's
+  /// (full tensors, e.g. TrainerGroup's assembly of every rank's shards);
+  /// a rank that holds only its shards of the state needs it.
   Status saveCheckpoint(std::string &dir,
-                        const std::vector<Rng::State> &rankRngStates = {});
+                        const std::vector<Rng::State> &rankRngStates = {},
+                        const TrainingState *assembled = nullptr);
   /// Exports `<outDir>/final`.
   Status exportFinal(std::string &dir);
 
   /// Copies parameters and optimizer state back to the host; `state.step`,
   /// data position and Rng (this rank's, as `rngState`) are those of the
-  /// last completed step.
+  /// last completed step. The masters and moments are full tensors; with a
+  /// sharded optimizer state only the elements this rank owns are filled,
+  /// the others are 0 (readOptimizerState of every other rank completes
+  /// them).
   Status readState(std::vector<std::vector<uint16_t>> &params,
                    TrainingState &state);
+  /// Copies the optimizer state this rank holds into `state`, whose master,
+  /// adamM and adamV must already hold every trainable tensor in full: all
+  /// of it without sharding, else only the elements of this rank's shards
+  /// (the other elements are left as they are, so that the ranks of a
+  /// process can fill one state at once).
+  Status readOptimizerState(TrainingState &state);
+  /// Whether this rank holds only its shards of the optimizer state (a
+  /// sharded step on more than one rank).
+  bool holdsPartialState() const {
+    return map.sharded && options.run.worldSize > 1;
+  }
 
   int64_t stepsDone() const { return completedSteps; }
   /// The loader's position and this rank's anchor Rng state after the last
@@ -239,6 +275,13 @@ public:
 private:
   Status upload(int index, const void *data, size_t bytes);
   Status download(int index, void *data, size_t bytes);
+  /// Every parameter tensor, downloaded (every rank holds all of them).
+  Status readParams(std::vector<std::vector<uint16_t>> &params);
+  /// Fills this rank's shards of the optimizer state from full tensors:
+  /// masters from `resume` or the widened `params`, moments from `resume`
+  /// or zero; padding zero.
+  Status uploadShards(const std::vector<std::vector<uint16_t>> &params,
+                      const TrainingState *resume);
   Status captureGraph();
   /// Waits for `event` of the step. With collectives, polls instead of
   /// blocking, so that a lost peer or a failed rank ends the wait.
@@ -256,6 +299,8 @@ private:
   DeviceContext &device;
   TrainerOptions options;
   const ModelConfig &config;
+  /// The program's shard layout (null: unsharded), set by init().
+  const OptimizerShardLayout *shards = nullptr;
   StepBufferMap map;
   const RowSource *rows = nullptr;
   const std::atomic<bool> *abortFlag = nullptr;
@@ -325,9 +370,13 @@ public:
   /// Ends the worker threads; each frees its GPU's objects.
   ~TrainerGroup();
 
-  /// Creates the communicators (with the other processes, if any), then on
-  /// one worker thread per GPU its device context, step program and
-  /// Trainer, initialised from `inputs` (read only during init).
+  /// Builds each GPU's step program on its worker thread, creates the
+  /// communicators (with the other processes, if any), then on each worker
+  /// its device context and Trainer, initialised from `inputs` (read only
+  /// during init). A step with a sharded optimizer state is refused before
+  /// any communicator on another world size than its own, and on more than
+  /// one node: its checkpoints would need the shards of the other
+  /// processes.
   Status init(const TrainerInputs &inputs);
 
   /// Steps every rank until finalStep. After each step hooks.onStep gets
@@ -344,6 +393,12 @@ public:
   /// Local rank `local`'s Trainer::readState, run on its thread.
   Status readState(int local, std::vector<std::vector<uint16_t>> &params,
                    TrainingState &state);
+  /// Local rank 0's Trainer::readState with the optimizer state completed
+  /// from every local rank's shards (each on its own thread): the run's
+  /// whole state, as a checkpoint holds it. Without sharding, the same as
+  /// readState(0, ...).
+  Status readFullState(std::vector<std::vector<uint16_t>> &params,
+                       TrainingState &state);
   int64_t stepsDone() const { return completedSteps; }
 
 private:
@@ -362,6 +417,9 @@ private:
   Status gatherStep(const TrainerHooks &hooks, bool stepOk,
                     StepMetrics &metrics, int &agreedStop);
   Status saveCheckpoint(std::string &dir);
+  /// The masters and moments of every local rank in one full-size state
+  /// (with a sharded optimizer state, each rank fills its own elements).
+  Status assembleOptimizerState(TrainingState &state);
 
   StepProgramFactory factory;
   TrainerOptions options;
@@ -371,6 +429,8 @@ private:
   std::condition_variable changed;
   std::atomic<bool> abortRequested{false};
   bool initialised = false;
+  /// Whether the ranks hold only their shards of the optimizer state.
+  bool partialState = false;
   int64_t completedSteps = 0;
   /// Every rank's anchor Rng state after the last step, in rank order.
   std::vector<Rng::State> rankRngStates;

@@ -576,14 +576,6 @@ bool SpecReader::readParallel() {
       !readInt("bucket_mib", spec.bucketMiB, false, 1, 1 << 16) ||
       !readBool("shard_optimizer_state", spec.shardOptimizerState))
     return false;
-  // Accepted syntax, refused meaning: a step that quietly kept the whole
-  // optimizer state on every GPU would not be what the spec asked for.
-  if (spec.shardOptimizerState)
-    return failAt("parallel.shard_optimizer_state",
-                  "'parallel.shard_optimizer_state' = true (ZeRO-1 "
-                  "optimizer-state sharding) is not implemented yet; every "
-                  "GPU holds the whole fp32 state, so remove the key or set "
-                  "it to false");
   return leave();
 }
 

@@ -210,8 +210,8 @@ void PlanMemoryPass::runOnOperation() {
     diag.attachNote() << "not even one row fits: the parameters and optimizer "
                          "state alone need "
                       << gib(fixed)
-                      << "; a larger budget or a smaller drafter is "
-                         "needed";
+                      << "; shard it over the GPUs ([parallel] "
+                         "shard_optimizer_state) or raise the budget";
   signalPassFailure();
 }
 

@@ -3,7 +3,9 @@
 // Three steps of adamw_multi_tensor_step over tensors that span several
 // chunks, end in partial ones or defeat the vector path, with a gradient
 // large enough to be clipped, against ref::sumOfSquares, ref::clipCoefficient
-// and ref::adamw (fp32 masters, as torch keeps them).
+// and ref::adamw (fp32 masters, as torch keeps them). The ZeRO-1 stages
+// (square sum, clip from the summed squares, update) answer to the same
+// reference with every tensor cut between two emulated ranks.
 //
 //===----------------------------------------------------------------------===//
 
@@ -20,9 +22,14 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-template <typename GradT> void adamwCase(double weightDecay, uint64_t seed) {
-  SCOPED_TRACE(testing::Message()
-               << "grad bytes=" << sizeof(GradT) << " wd=" << weightDecay);
+/// With `sharded`, each tensor is cut in two at an unaligned point and the
+/// pieces go to two tables, as two ranks hold them; their squared norms are
+/// summed on the host between the stages, as the all-reduce sums them.
+template <typename GradT>
+void adamwCase(double weightDecay, uint64_t seed, bool sharded = false) {
+  SCOPED_TRACE(testing::Message() << "grad bytes=" << sizeof(GradT)
+                                  << " wd=" << weightDecay
+                                  << " sharded=" << sharded);
   std::mt19937_64 rng(seed);
   const std::vector<int64_t> sizes = {1000, 40000, 17, 16384};
   const size_t T = sizes.size();
@@ -60,6 +67,44 @@ template <typename GradT> void adamwCase(double weightDecay, uint64_t seed) {
   kernels::AdamWTables tables{dTensors.get(), dChunks.get(),
                               static_cast<int>(chunks.size()), partials.get(),
                               normAndClip.get()};
+  // Two ranks' tables: rank 0 holds [0, cut) of each tensor, rank 1 the
+  // rest.
+  std::vector<kernels::AdamWTensor> pieces[2];
+  std::vector<int64_t> lengths[2];
+  for (size_t t = 0; t < T; ++t) {
+    const int64_t cut = sizes[t] * 2 / 5 + 1;
+    const kernels::AdamWTensor &w = tensors[t];
+    const int64_t from[2] = {0, cut}, to[2] = {cut, sizes[t]};
+    for (int r = 0; r < 2; ++r) {
+      if (to[r] <= from[r])
+        continue;
+      const int64_t o = from[r];
+      pieces[r].push_back({w.param + o, w.master + o,
+                           static_cast<const GradT *>(w.grad) + o, w.m + o,
+                           w.v + o, to[r] - from[r]});
+      lengths[r].push_back(to[r] - from[r]);
+    }
+  }
+  std::unique_ptr<DeviceBuffer<kernels::AdamWTensor>> rankTensors[2];
+  std::unique_ptr<DeviceBuffer<kernels::AdamWChunk>> rankChunks[2];
+  std::unique_ptr<DeviceBuffer<double>> rankPartials[2];
+  std::unique_ptr<DeviceBuffer<float>> rankNormAndClip[2];
+  kernels::AdamWTables rankTables[2];
+  DeviceBuffer<float> squares(2);
+  for (int r = 0; r < 2; ++r) {
+    std::vector<kernels::AdamWChunk> c = kernels::buildAdamWChunks(lengths[r]);
+    rankTensors[r] =
+        std::make_unique<DeviceBuffer<kernels::AdamWTensor>>(pieces[r].size());
+    rankChunks[r] = std::make_unique<DeviceBuffer<kernels::AdamWChunk>>(c.size());
+    rankPartials[r] = std::make_unique<DeviceBuffer<double>>(c.size());
+    rankNormAndClip[r] = std::make_unique<DeviceBuffer<float>>(2);
+    rankTensors[r]->upload(pieces[r]);
+    rankChunks[r]->upload(c);
+    rankTables[r] = {rankTensors[r]->get(), rankChunks[r]->get(),
+                     static_cast<int>(c.size()), rankPartials[r]->get(),
+                     rankNormAndClip[r]->get()};
+  }
+
   kernels::AdamWHyper hyper;
   hyper.weightDecay = weightDecay;
   hyper.maxNorm = 1.0;
@@ -103,7 +148,28 @@ template <typename GradT> void adamwCase(double weightDecay, uint64_t seed) {
     normAndClip.poison();
     for (auto &p : dParam)
       p->poison();
-    kernels::adamw_multi_tensor_step<GradT>(tables, state.get(), hyper, 0);
+    if (!sharded) {
+      kernels::adamw_multi_tensor_step<GradT>(tables, state.get(), hyper, 0);
+    } else {
+      squares.poison();
+      for (int r = 0; r < 2; ++r) {
+        rankNormAndClip[r]->poison();
+        kernels::adamw_grad_square_sum<GradT>(rankTables[r],
+                                              squares.get() + r, 0);
+      }
+      std::vector<float> sq = squares.download();
+      ASSERT_TRUE(std::isfinite(sq[0]) && std::isfinite(sq[1]));
+      float total = sq[0] + sq[1];
+      squares.upload(std::vector<float>{total, total});
+      for (int r = 0; r < 2; ++r) {
+        kernels::adamw_clip_from_square_sum(rankTables[r], squares.get() + r,
+                                            hyper, 0);
+        kernels::adamw_update<GradT>(rankTables[r], state.get(), hyper, 0);
+      }
+      DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(rankNormAndClip[0]->download(), rankNormAndClip[1]->download());
+      normAndClip.upload(rankNormAndClip[0]->download());
+    }
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> nc = normAndClip.download();
     EXPECT_NEAR(nc[0], norm, 1e-5 * norm) << "norm";
@@ -131,3 +197,7 @@ template <typename GradT> void adamwCase(double weightDecay, uint64_t seed) {
 
 TEST(AdamW, Bf16Gradients) { adamwCase<bf16>(0.0, 1); }
 TEST(AdamW, Fp32GradientsWeightDecay) { adamwCase<float>(0.1, 2); }
+TEST(AdamW, ShardedStagesBf16Gradients) { adamwCase<bf16>(0.0, 3, true); }
+TEST(AdamW, ShardedStagesFp32GradientsWeightDecay) {
+  adamwCase<float>(0.1, 4, true);
+}

@@ -24,6 +24,13 @@
 // instead of leaving it in the all-reduce, and a data-parallel run resumes
 // exactly, every rank's anchor stream included.
 //
+// Sharded optimizer state (ZeRO-1): init fills this rank's shards from the
+// parameters or the resumed state, a sharded step on one GPU equals the
+// unsharded one, checkpoints are whole and resume across both kinds, a
+// sharded step refuses another world size; the reduce-scatter and all-gather
+// hooks work in place (on every visible GPU); with two GPUs each rank holds
+// only its own elements and the checkpoint holds them all.
+//
 //===----------------------------------------------------------------------===//
 
 #include "kernels/Bf16.h"
@@ -49,6 +56,8 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -214,6 +223,13 @@ struct FakeBehaviour {
   /// collectives and make a launch fail, as a rank that breaks mid-step.
   int failAtEnqueue = -1;
   int64_t failRank = -1;
+  /// Above 0: the optimizer state is sharded over this many ranks (ZeRO-1;
+  /// shardLayout() in 3 buckets, with gaps and padding). Over one rank,
+  /// rank 0's shards hold every tensor at its bucket offset and the step
+  /// computes what the unsharded one does, on the shards. Over several, the
+  /// step leaves parameters and state as they are (it reports a loss of 0):
+  /// enough for what the runtime does with the shards.
+  int64_t shardWorld = 0;
 };
 
 __global__ void emptyKernel() {}
@@ -224,6 +240,18 @@ public:
                           ModelConfig config = smallConfig())
       : cfg(std::move(config)), specs(stepBuffers(cfg)),
         behaviour(std::move(behaviour)) {
+    if (this->behaviour.shardWorld > 0) {
+      shards = shardLayout(cfg, this->behaviour.shardWorld, 3, 64, 32);
+      specs = shardedStepBuffers(cfg, *shards);
+      std::map<std::string, size_t> index;
+      std::vector<ParamInfo> table = parameterTable(cfg);
+      for (size_t t = 0; t < table.size(); ++t)
+        index[table[t].name] = t;
+      shardOf.resize(table.size());
+      for (size_t k = 0; k < shards->buckets.size(); ++k)
+        for (const ShardedTensor &tensor : shards->buckets[k].tensors)
+          shardOf[index[tensor.name]] = {k, tensor.offset};
+    }
     // Arena layout in floats, each part 64-float aligned.
     auto round = [](size_t n) { return (n + 63) / 64 * 64; };
     size_t tensors = parameterTable(cfg).size();
@@ -247,13 +275,16 @@ public:
   }
   const ModelConfig &config() const override { return cfg; }
   const std::vector<BufferSpec> &buffers() const override { return specs; }
+  const OptimizerShardLayout *optimizerShards() const override {
+    return shards ? &*shards : nullptr;
+  }
   size_t arenaBytes() const override { return arenaFloats * sizeof(float); }
   size_t gemmWorkspaceBytes() const override { return 1 << 20; }
   double flopsPerStep() const override { return 1e6; }
 
   void bind(const std::vector<void *> &pointers, void *arena,
             const DeviceResources &resources, const StepHyper &hyper) override {
-    Status s = mapStepBuffers(specs, cfg, map);
+    Status s = mapStepBuffers(specs, cfg, optimizerShards(), map);
     if (!s.ok()) {
       std::fprintf(stderr, "fake step: %s\n", s.message().c_str());
       std::abort();
@@ -293,6 +324,17 @@ public:
     const int tensors = int(table.size());
     float *targets = scratch + targetsAt, *scalars = scratch + scalarsAt;
     float *norms = scratch + normsAt;
+    if (shards && res.worldSize > 1) {
+      // No rank holds whole tensors: only the metrics, from the zeroed
+      // scalars, and the state stays as it is.
+      finalizeKernel<<<1, 1, 0, stream>>>(
+          scalars, norms, 0, globalRows * float(N),
+          at<int32_t>(map.stepCounter), at<int32_t>(map.totalStepsCounter), lr0,
+          behaviour.nanStep, at<float>(map.loss), at<float>(map.acc),
+          at<float>(map.gradNorm), at<float>(map.lr));
+      DFLASH_CUDA_CHECK_LAUNCH("finalizeKernel");
+      return;
+    }
     rowTargetsKernel<<<1, kThreads, 0, stream>>>(
         at<int32_t>(map.inputIds), at<uint8_t>(map.lossMask),
         at<uint16_t>(map.targetHidden), at<int32_t>(map.anchors),
@@ -301,8 +343,8 @@ public:
     DFLASH_CUDA_CHECK_LAUNCH("rowTargetsKernel");
     for (int t = 0; t < tensors; ++t) {
       tensorLossKernel<<<1, kThreads, 0, stream>>>(
-          at<float>(map.master[size_t(t)]), table[size_t(t)].numel(), targets,
-          B, globalRows, scalars + 1 + t, grad(t));
+          master(t), table[size_t(t)].numel(), targets, B, globalRows,
+          scalars + 1 + t, grad(t));
       DFLASH_CUDA_CHECK_LAUNCH("tensorLossKernel");
     }
     if (collectives) {
@@ -340,10 +382,9 @@ public:
     for (int t = 0; t < tensors; ++t) {
       int64_t n = table[size_t(t)].numel();
       updateKernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0,
-                     stream>>>(
-          at<uint16_t>(map.param[size_t(t)]), at<float>(map.master[size_t(t)]),
-          at<float>(map.moment1[size_t(t)]), at<float>(map.moment2[size_t(t)]),
-          grad(t), n, at<float>(map.lr), at<float>(map.loss));
+                     stream>>>(at<uint16_t>(map.param[size_t(t)]), master(t),
+                               moment(1, t), moment(2, t), grad(t), n,
+                               at<float>(map.lr), at<float>(map.loss));
       DFLASH_CUDA_CHECK_LAUNCH("updateKernel");
     }
     // Last, unchecked: the runtime's launch check must see it.
@@ -362,10 +403,30 @@ private:
   float *grad(int tensor) const {
     return scratch + gradOffsets[size_t(tensor)];
   }
+  /// Tensor `t`'s master or Adam moment (`which`: 1 or 2). Sharded over one
+  /// rank, its shard holds the whole tensor at its bucket offset.
+  float *master(int t) const { return state(0, t); }
+  float *moment(int which, int t) const { return state(which, t); }
+  float *state(int which, int t) const {
+    if (!map.sharded) {
+      const std::vector<int> &slots = which == 0   ? map.master
+                                      : which == 1 ? map.moment1
+                                                   : map.moment2;
+      return at<float>(slots[size_t(t)]);
+    }
+    const auto &[bucket, offset] = shardOf[size_t(t)];
+    const std::vector<int> &slots = which == 0   ? map.shardMaster
+                                    : which == 1 ? map.shardMoment1
+                                                 : map.shardMoment2;
+    return at<float>(slots[bucket]) + offset;
+  }
 
   ModelConfig cfg;
   std::vector<BufferSpec> specs;
   FakeBehaviour behaviour;
+  std::optional<OptimizerShardLayout> shards;
+  /// Per tensor: its bucket and offset there, when sharded.
+  std::vector<std::pair<size_t, int64_t>> shardOf;
   StepBufferMap map;
   std::vector<void *> ptrs;
   float *scratch = nullptr;
@@ -656,6 +717,8 @@ TEST(RuntimeDevice, AllocatesAlignedZeroedBuffers) {
   EXPECT_GT(memory.totalBytes, memory.freeBytes);
   EXPECT_NE(device->resources().gemm, nullptr);
   EXPECT_EQ(device->resources().allReduceSum, nullptr);
+  EXPECT_EQ(device->resources().reduceScatterSum, nullptr);
+  EXPECT_EQ(device->resources().allGather, nullptr);
   EXPECT_FALSE(device->allocate(specs, 10).ok());
 }
 
@@ -905,8 +968,12 @@ TEST(RuntimeTrainerGroup, NcclWithOneGpuEqualsOneGpu) {
   ASSERT_TRUE(eagerRun.ok()) << eagerRun.message();
   ASSERT_EQ(bound->resources.size(), 3u);
   EXPECT_EQ(bound->resources[0].allReduceSum, nullptr);
+  EXPECT_EQ(bound->resources[0].reduceScatterSum, nullptr);
+  EXPECT_EQ(bound->resources[0].allGather, nullptr);
   for (int i : {1, 2}) {
     EXPECT_NE(bound->resources[size_t(i)].allReduceSum, nullptr);
+    EXPECT_NE(bound->resources[size_t(i)].reduceScatterSum, nullptr);
+    EXPECT_NE(bound->resources[size_t(i)].allGather, nullptr);
     EXPECT_NE(bound->resources[size_t(i)].collectives, nullptr);
     EXPECT_EQ(bound->resources[size_t(i)].rank, 0);
     EXPECT_EQ(bound->resources[size_t(i)].worldSize, 1);
@@ -1104,4 +1171,458 @@ TEST(RuntimeTrainer, DataParallelResumeContinuesExactly) {
   nlohmann::json first = nlohmann::json::parse(line);
   ASSERT_TRUE(first["rank_step_ms"].is_array());
   EXPECT_EQ(first["rank_step_ms"].size(), 2u);
+}
+
+//===----------------------------------------------------------------------===//
+// Sharded optimizer state (ZeRO-1)
+//===----------------------------------------------------------------------===//
+
+namespace {
+
+/// A fresh seed per run (DFLASH_TEST_SEED=<n> repeats one), printed with
+/// any failure.
+uint64_t testSeed() {
+  if (const char *given = std::getenv("DFLASH_TEST_SEED"))
+    return std::strtoull(given, nullptr, 10);
+  return std::random_device{}();
+}
+
+/// Random bf16 parameters of `c`, none of them zero.
+std::vector<std::vector<uint16_t>> randomParams(const ModelConfig &c,
+                                                std::mt19937_64 &rng) {
+  std::uniform_real_distribution<float> value(0.05f, 1.0f);
+  std::vector<std::vector<uint16_t>> params;
+  for (const ParamInfo &p : parameterTable(c)) {
+    std::vector<uint16_t> tensor(size_t(p.numel()));
+    for (uint16_t &v : tensor)
+      v = floatToBf16(rng() % 2 ? value(rng) : -value(rng));
+    params.push_back(std::move(tensor));
+  }
+  return params;
+}
+
+/// A random resumable state of `c` for `ranks` ranks at `step`, with no
+/// zero in its masters and moments.
+TrainingState randomState(const ModelConfig &c, int64_t ranks, int64_t step,
+                          std::mt19937_64 &rng) {
+  std::uniform_real_distribution<float> value(0.01f, 2.0f);
+  TrainingState state;
+  for (const ParamInfo &p : parameterTable(c)) {
+    std::vector<float> master(size_t(p.numel())), m(master.size()),
+        v(master.size());
+    for (size_t i = 0; i < master.size(); ++i) {
+      master[i] = rng() % 2 ? value(rng) : -value(rng);
+      m[i] = rng() % 2 ? value(rng) : -value(rng);
+      v[i] = value(rng) * 1e-3f;
+    }
+    state.master.push_back(std::move(master));
+    state.adamM.push_back(std::move(m));
+    state.adamV.push_back(std::move(v));
+  }
+  state.step = step;
+  state.rngState = Rng(rng()).state();
+  for (int64_t r = 1; r < ranks; ++r)
+    state.otherRankRngStates.push_back(Rng(rng()).state());
+  state.data = {0, 0};
+  return state;
+}
+
+/// Rank `rank`'s shard of bucket `k`, built from whole tensors by laying
+/// them out in the bucket's flat range (zero elsewhere) and cutting that:
+/// independent of shardPieces().
+std::vector<float> expectedShard(const OptimizerShardLayout &layout, size_t k,
+                                 int64_t rank, const ModelConfig &c,
+                                 const std::vector<std::vector<float>> &full) {
+  const ShardedBucket &bucket = layout.buckets[k];
+  std::vector<ParamInfo> table = parameterTable(c);
+  std::vector<float> flat(size_t(layout.worldSize * bucket.shardElements), 0);
+  for (const ShardedTensor &tensor : bucket.tensors)
+    for (size_t t = 0; t < table.size(); ++t)
+      if (table[t].name == tensor.name)
+        std::copy(full[t].begin(), full[t].end(), flat.begin() + tensor.offset);
+  auto begin = flat.begin() + rank * bucket.shardElements;
+  return std::vector<float>(begin, begin + bucket.shardElements);
+}
+
+/// Which rank owns element `i` of tensor `name` in `layout`.
+int64_t ownerOf(const OptimizerShardLayout &layout, const std::string &name,
+                int64_t i) {
+  for (const ShardedBucket &bucket : layout.buckets)
+    for (const ShardedTensor &tensor : bucket.tensors)
+      if (tensor.name == name)
+        return (tensor.offset + i) / bucket.shardElements;
+  return -1;
+}
+
+std::vector<float> widen(const std::vector<uint16_t> &bf16) {
+  std::vector<float> out(bf16.size());
+  bf16ToFloats(bf16.data(), out.data(), bf16.size());
+  return out;
+}
+
+FakeBehaviour shardedOver(int64_t world) {
+  FakeBehaviour behaviour;
+  behaviour.shardWorld = world;
+  return behaviour;
+}
+
+} // namespace
+
+TEST(RuntimeTrainerSharded, InitFillsThisRanksShards) {
+  const uint64_t seed = testSeed();
+  SCOPED_TRACE("DFLASH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  Problem p;
+  for (bool resumed : {false, true}) {
+    SCOPED_TRACE(resumed ? "resumed" : "fresh");
+    FakeGpuProgram program(shardedOver(1));
+    const ModelConfig &c = program.config();
+    const OptimizerShardLayout &layout = *program.optimizerShards();
+    std::unique_ptr<DeviceContext> device;
+    Status s = DeviceContext::create(0, program.gemmWorkspaceBytes(), device);
+    ASSERT_TRUE(s.ok()) << s.message();
+    TrainerOptions options;
+    options.run.totalSteps = options.finalStep = 10;
+    options.run.seed = 5;
+    options.run.lr = c.lr;
+    options.run.data = "synthetic";
+    options.run.syntheticRows = 16;
+    Trainer trainer(program, *device, options);
+    TrainerInputs inputs;
+    inputs.target = &p.problem.target();
+    inputs.rows = p.rows.get();
+    inputs.params = randomParams(c, rng);
+    std::vector<std::vector<uint16_t>> params = inputs.params;
+    if (resumed)
+      inputs.resume = randomState(c, 1, 3, rng);
+    // What the shards must hold, as whole tensors.
+    std::vector<std::vector<float>> master, moment1, moment2;
+    for (size_t t = 0; t < params.size(); ++t) {
+      master.push_back(resumed ? inputs.resume->master[t] : widen(params[t]));
+      moment1.push_back(resumed ? inputs.resume->adamM[t]
+                                : std::vector<float>(params[t].size(), 0));
+      moment2.push_back(resumed ? inputs.resume->adamV[t]
+                                : std::vector<float>(params[t].size(), 0));
+    }
+    Status initialised = trainer.init(inputs);
+    ASSERT_TRUE(initialised.ok()) << initialised.message();
+
+    const std::vector<BufferSpec> &specs = program.buffers();
+    for (size_t k = 0; k < layout.buckets.size(); ++k) {
+      const std::pair<BufferRole, const std::vector<std::vector<float>> *>
+          roles[] = {{BufferRole::Master, &master},
+                     {BufferRole::Moment1, &moment1},
+                     {BufferRole::Moment2, &moment2}};
+      for (const auto &[role, full] : roles) {
+        size_t index = 0;
+        while (index < specs.size() &&
+               !(specs[index].name == shardBufferName(k) &&
+                 specs[index].role == role))
+          ++index;
+        ASSERT_LT(index, specs.size());
+        std::vector<float> shard(size_t(layout.buckets[k].shardElements));
+        DFLASH_CUDA_CHECK(cudaMemcpy(shard.data(), device->buffers()[index],
+                                     shard.size() * 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(shard, expectedShard(layout, k, 0, c, *full))
+            << "buffer '" << shardBufferName(k) << "' role " << int(role);
+      }
+    }
+    // Read back as whole tensors.
+    std::vector<std::vector<uint16_t>> paramsBack;
+    TrainingState state;
+    Status read = trainer.readState(paramsBack, state);
+    ASSERT_TRUE(read.ok()) << read.message();
+    EXPECT_EQ(paramsBack, params);
+    EXPECT_EQ(state.master, master);
+    EXPECT_EQ(state.adamM, moment1);
+    EXPECT_EQ(state.adamV, moment2);
+    EXPECT_EQ(state.step, resumed ? 3 : 0);
+  }
+}
+
+TEST(RuntimeTrainerSharded, OneGpuEqualsTheUnshardedStep) {
+  Problem p;
+  RunResult plain, graph, eager;
+  Status plainRun = trainDirect(p, 25, true, plain);
+  ASSERT_TRUE(plainRun.ok()) << plainRun.message();
+  Status graphRun = trainDirect(p, 25, true, graph, shardedOver(1));
+  ASSERT_TRUE(graphRun.ok()) << graphRun.message();
+  Status eagerRun = trainDirect(p, 25, false, eager, shardedOver(1));
+  ASSERT_TRUE(eagerRun.ok()) << eagerRun.message();
+  expectSameMetrics(graph.metrics, plain.metrics);
+  expectSameState(graph, plain);
+  expectSameMetrics(eager.metrics, plain.metrics);
+  expectSameState(eager, plain);
+  EXPECT_NE(plain.metrics.front().loss, plain.metrics.back().loss);
+}
+
+TEST(RuntimeTrainerSharded, RunsOnTheWorldItWasCompiledFor) {
+  Problem p;
+  RunResult result;
+  Status s = trainDirect(p, 5, true, result, shardedOver(2));
+  EXPECT_EQ(s.message(),
+            "this trainer was compiled to shard the optimizer state over 2 "
+            "GPUs ([parallel] gpus_per_node x nodes in its spec) but runs on "
+            "1; recompile the spec for 1 GPU or drop shard_optimizer_state");
+}
+
+TEST(RuntimeTrainerSharded, CheckpointsAreWholeAndResumeEitherWay) {
+  TrainerTempDir dir;
+  std::string whole = dir.path + "/whole", plain = dir.path + "/plain",
+              sharded = dir.path + "/sharded";
+  std::string err;
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "10", "--steps",
+                          "20", "--out", whole},
+                         err),
+            0)
+      << err;
+  // 10 steps of a 20-step schedule, into `out`.
+  auto firstHalf = [](const std::string &out) {
+    return std::vector<std::string>{
+        "--data", "synthetic",     "--rows", "10",    "--steps",
+        "10",     "--total-steps", "20",     "--out", out};
+  };
+  ASSERT_EQ(runTrainMain(firstHalf(plain), err), 0) << err;
+  ASSERT_EQ(runTrainMain(firstHalf(sharded), err, shardedOver(1)), 0) << err;
+  // The same checkpoint, sharded or not.
+  EXPECT_EQ(readFile(sharded + "/checkpoint-10/training_state.safetensors"),
+            readFile(plain + "/checkpoint-10/training_state.safetensors"));
+  EXPECT_EQ(readFile(sharded + "/checkpoint-10/model.safetensors"),
+            readFile(plain + "/checkpoint-10/model.safetensors"));
+  // Each resumed by the other kind of step.
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--steps", "20", "--resume",
+                          sharded, "--out", sharded},
+                         err),
+            0)
+      << err;
+  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--steps", "20", "--resume",
+                          plain, "--out", plain},
+                         err, shardedOver(1)),
+            0)
+      << err;
+  auto expected = readMetricsLog(whole + "/metrics.jsonl");
+  ASSERT_EQ(expected.size(), 20u);
+  for (const std::string &run : {plain, sharded}) {
+    SCOPED_TRACE(run);
+    auto resumed = readMetricsLog(run + "/metrics.jsonl");
+    ASSERT_EQ(resumed.size(), 20u);
+    for (const auto &[step, values] : expected)
+      EXPECT_EQ(resumed[step], values) << "step " << step;
+    EXPECT_EQ(readFile(run + "/final/model.safetensors"),
+              readFile(whole + "/final/model.safetensors"));
+    EXPECT_EQ(readFile(run + "/checkpoint-20/training_state.safetensors"),
+              readFile(whole + "/checkpoint-20/training_state.safetensors"));
+  }
+}
+
+TEST(RuntimeTrainerSharded, TwoGpusAssembleTheWholeState) {
+  if (visibleDevices() < 2)
+    GTEST_SKIP() << "skipped: needs 2 GPUs";
+  const uint64_t seed = testSeed();
+  SCOPED_TRACE("DFLASH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  Problem p;
+  TrainerTempDir dir;
+  const ModelConfig c = smallConfig();
+  const OptimizerShardLayout layout =
+      *FakeGpuProgram(shardedOver(2)).optimizerShards();
+  GroupLayout gpus;
+  gpus.gpus = {0, 1};
+  TrainerOptions options;
+  options.run.totalSteps = 8;
+  options.run.seed = 5;
+  options.run.lr = c.lr;
+  options.run.data = "synthetic";
+  options.run.syntheticRows = 16;
+  options.run.worldSize = 2;
+  options.finalStep = 6;
+  options.outDir = dir.path + "/out";
+  options.exportFinal = false;
+  TrainerGroup group(
+      [] { return std::make_unique<FakeGpuProgram>(shardedOver(2)); }, options,
+      gpus);
+  TrainerInputs inputs;
+  inputs.target = &p.problem.target();
+  inputs.rows = p.rows.get();
+  inputs.params = randomParams(c, rng);
+  inputs.resume = randomState(c, 2, 4, rng);
+  const TrainingState resume = *inputs.resume;
+  const std::vector<std::vector<uint16_t>> params = inputs.params;
+  Status s = group.init(inputs);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  // Each rank holds its own elements, and only those.
+  std::vector<ParamInfo> table = parameterTable(c);
+  for (int local = 0; local < 2; ++local) {
+    SCOPED_TRACE("rank " + std::to_string(local));
+    std::vector<std::vector<uint16_t>> paramsBack;
+    TrainingState state;
+    Status read = group.readState(local, paramsBack, state);
+    ASSERT_TRUE(read.ok()) << read.message();
+    EXPECT_EQ(paramsBack, params);
+    for (size_t t = 0; t < table.size(); ++t)
+      for (size_t i = 0; i < resume.master[t].size(); ++i) {
+        bool mine = ownerOf(layout, table[t].name, int64_t(i)) == local;
+        ASSERT_EQ(state.master[t][i], mine ? resume.master[t][i] : 0.0f)
+            << table[t].name << "[" << i << "]";
+        ASSERT_EQ(state.adamM[t][i], mine ? resume.adamM[t][i] : 0.0f);
+        ASSERT_EQ(state.adamV[t][i], mine ? resume.adamV[t][i] : 0.0f);
+      }
+  }
+  std::vector<std::vector<uint16_t>> paramsBack;
+  TrainingState full;
+  Status readFull = group.readFullState(paramsBack, full);
+  ASSERT_TRUE(readFull.ok()) << readFull.message();
+  EXPECT_EQ(full.master, resume.master);
+  EXPECT_EQ(full.adamM, resume.adamM);
+  EXPECT_EQ(full.adamV, resume.adamV);
+
+  // The step leaves the state as it is: the checkpoint after it is the
+  // resumed state, whole.
+  TrainerOutcome outcome;
+  Status ran = group.run(TrainerHooks(), outcome);
+  ASSERT_TRUE(ran.ok()) << ran.message();
+  EXPECT_EQ(outcome.lastCheckpoint, options.outDir + "/checkpoint-6");
+  TrainingState saved;
+  Status loaded = loadTrainingState(outcome.lastCheckpoint, c, saved);
+  ASSERT_TRUE(loaded.ok()) << loaded.message();
+  EXPECT_EQ(saved.step, 6);
+  EXPECT_EQ(saved.worldSize(), 2);
+  EXPECT_EQ(saved.master, resume.master);
+  EXPECT_EQ(saved.adamM, resume.adamM);
+  EXPECT_EQ(saved.adamV, resume.adamV);
+}
+
+TEST(RuntimeCollectives, ReduceScatterAndAllGatherInPlace) {
+  if (!collectivesAvailable())
+    GTEST_SKIP() << "skipped: built without NCCL";
+  const uint64_t seed = testSeed();
+  SCOPED_TRACE("DFLASH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  // Every visible GPU (up to 8) is a rank; one GPU is a world of one.
+  const int world = std::min(visibleDevices(), 8);
+  std::vector<int> devices;
+  for (int d = 0; d < world; ++d)
+    devices.push_back(d);
+  disableNvlinkMulticastByDefault();
+  CollectiveId id;
+  ASSERT_TRUE(createCollectiveId(id).ok());
+  std::vector<std::unique_ptr<Collectives>> comms;
+  Status s = Collectives::create(devices, 0, world, id, comms);
+  ASSERT_TRUE(s.ok()) << s.message();
+
+  const size_t shard = size_t(std::uniform_int_distribution<int>(1, 5000)(rng));
+  const size_t shardBytes = shard * 2 + size_t(rng() % 2); // odd sizes too
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::vector<std::vector<float>> sums(devices.size());
+  std::vector<std::vector<uint8_t>> parts(devices.size());
+  for (int r = 0; r < world; ++r) {
+    sums[size_t(r)].resize(size_t(world) * shard);
+    for (float &v : sums[size_t(r)])
+      v = value(rng);
+    parts[size_t(r)].resize(shardBytes);
+    for (uint8_t &b : parts[size_t(r)])
+      b = uint8_t(rng());
+  }
+  struct RankResult {
+    std::string error;
+    std::vector<float> summed;
+    std::vector<uint8_t> gathered;
+  };
+  std::vector<RankResult> results(devices.size());
+  auto rankJob = [&](int r) {
+    RankResult &out = results[size_t(r)];
+    auto cuda = [&](cudaError_t e, const char *what) {
+      if (e != cudaSuccess && out.error.empty())
+        out.error = std::string(what) + ": " + cudaGetErrorString(e);
+      return e == cudaSuccess;
+    };
+    if (!cuda(cudaSetDevice(r), "cudaSetDevice"))
+      return;
+    cudaStream_t stream = nullptr;
+    float *data = nullptr;
+    uint8_t *bytes = nullptr;
+    if (!cuda(cudaStreamCreate(&stream), "cudaStreamCreate") ||
+        !cuda(cudaMalloc(&data, size_t(world) * shard * 4), "cudaMalloc") ||
+        !cuda(cudaMalloc(&bytes, size_t(world) * shardBytes), "cudaMalloc"))
+      return;
+    // Every rank's floats; its own part of the bytes, the rest garbage.
+    std::vector<uint8_t> mine(size_t(world) * shardBytes, 0xab);
+    std::copy(parts[size_t(r)].begin(), parts[size_t(r)].end(),
+              mine.begin() + size_t(r) * shardBytes);
+    cuda(cudaMemcpy(data, sums[size_t(r)].data(), size_t(world) * shard * 4,
+                    cudaMemcpyHostToDevice),
+         "cudaMemcpy");
+    cuda(cudaMemcpy(bytes, mine.data(), mine.size(), cudaMemcpyHostToDevice),
+         "cudaMemcpy");
+    comms[size_t(r)]->reduceScatterSum(data, shard, stream);
+    comms[size_t(r)]->allGather(bytes, shardBytes, stream);
+    cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    out.summed.resize(shard);
+    out.gathered.resize(mine.size());
+    cuda(cudaMemcpy(out.summed.data(), data + size_t(r) * shard, shard * 4,
+                    cudaMemcpyDeviceToHost),
+         "cudaMemcpy");
+    cuda(cudaMemcpy(out.gathered.data(), bytes, mine.size(),
+                    cudaMemcpyDeviceToHost),
+         "cudaMemcpy");
+    if (Status c = comms[size_t(r)]->check(); !c.ok() && out.error.empty())
+      out.error = c.message();
+    (void)cudaFree(data);
+    (void)cudaFree(bytes);
+    (void)cudaStreamDestroy(stream);
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back(rankJob, r);
+  for (std::thread &t : threads)
+    t.join();
+
+  std::vector<uint8_t> everyPart;
+  for (const std::vector<uint8_t> &part : parts)
+    everyPart.insert(everyPart.end(), part.begin(), part.end());
+  for (int r = 0; r < world; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r) + " of " + std::to_string(world));
+    const RankResult &got = results[size_t(r)];
+    ASSERT_TRUE(got.error.empty()) << got.error;
+    for (size_t i = 0; i < shard; ++i) {
+      // Up to two terms the float sum has one result whatever the order;
+      // more are summed in NCCL's order.
+      float expected = 0;
+      for (int q = 0; q < world; ++q)
+        expected += sums[size_t(q)][size_t(r) * shard + i];
+      ASSERT_NEAR(got.summed[i], expected, world <= 2 ? 0.0 : 1e-5)
+          << "element " << i;
+    }
+    EXPECT_EQ(got.gathered, everyPart);
+  }
+}
+
+TEST(RuntimeCollectives, AnAbortedCommunicatorReportsTheCollective) {
+  if (!collectivesAvailable())
+    GTEST_SKIP() << "skipped: built without NCCL";
+  disableNvlinkMulticastByDefault();
+  const std::pair<std::string, std::function<void(Collectives &, void *)>>
+      calls[] = {
+          {"reduce-scatter",
+           [](Collectives &c, void *d) {
+             c.reduceScatterSum(static_cast<float *>(d), 4, nullptr);
+           }},
+          {"all-gather",
+           [](Collectives &c, void *d) { c.allGather(d, 16, nullptr); }},
+      };
+  for (const auto &[name, call] : calls) {
+    CollectiveId id;
+    ASSERT_TRUE(createCollectiveId(id).ok());
+    std::vector<std::unique_ptr<Collectives>> comms;
+    Status s = Collectives::create({0}, 0, 1, id, comms);
+    ASSERT_TRUE(s.ok()) << s.message();
+    comms[0]->abort();
+    float data[4] = {};
+    call(*comms[0], data); // nothing reaches the device
+    Status c = comms[0]->check();
+    EXPECT_EQ(c.message(),
+              name +
+                  " on rank 0 (device 0) after its communicator was aborted");
+  }
 }

@@ -1,7 +1,8 @@
 # The trainer on a GPU (runtime/Trainer, DeviceContext) around a hand-written
 # StepProgram: graph replay against eager runs, checkpoint and resume,
-# non-finite stops, several trainers on threads. Exits with 77 (skipped)
-# without a CUDA device.
+# non-finite stops, several trainers on threads, a sharded optimizer state
+# (ZeRO-1) and the NCCL collectives. Exits with 77 (skipped) without a CUDA
+# device.
 add_executable(RuntimeTrainerTest RuntimeTrainerTest.cu)
 target_compile_options(RuntimeTrainerTest PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:${DFLASH_CUDA_FLAGS}>)

@@ -30,6 +30,8 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <random>
 
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
@@ -47,13 +49,20 @@ ModelConfig smallConfig() {
   return c;
 }
 
-/// A step program with a shape and buffers but no kernels.
+/// A step program with a shape and buffers but no kernels; its optimizer
+/// state sharded as `shards` when given.
 class FakeStepProgram : public StepProgram {
 public:
-  explicit FakeStepProgram(ModelConfig c)
-      : cfg(std::move(c)), specs(stepBuffers(cfg)) {}
+  explicit FakeStepProgram(
+      ModelConfig c, std::optional<OptimizerShardLayout> shards = std::nullopt)
+      : cfg(std::move(c)), shards(std::move(shards)),
+        specs(this->shards ? shardedStepBuffers(cfg, *this->shards)
+                           : stepBuffers(cfg)) {}
   const ModelConfig &config() const override { return cfg; }
   const std::vector<BufferSpec> &buffers() const override { return specs; }
+  const OptimizerShardLayout *optimizerShards() const override {
+    return shards ? &*shards : nullptr;
+  }
   size_t arenaBytes() const override { return 1024; }
   size_t gemmWorkspaceBytes() const override { return 0; }
   double flopsPerStep() const override { return 1e9; }
@@ -63,6 +72,7 @@ public:
 
 private:
   ModelConfig cfg;
+  std::optional<OptimizerShardLayout> shards;
   std::vector<BufferSpec> specs;
 };
 
@@ -1123,7 +1133,7 @@ TEST(TrainBuffers, MapsEveryBuffer) {
   ModelConfig c = smallConfig();
   std::vector<BufferSpec> buffers = stepBuffers(c);
   StepBufferMap map;
-  Status s = mapStepBuffers(buffers, c, map);
+  Status s = mapStepBuffers(buffers, c, nullptr, map);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(buffers[size_t(map.inputIds)].name, "input_ids");
   EXPECT_EQ(buffers[size_t(map.lmHead)].name, "lm_head");
@@ -1138,7 +1148,7 @@ TEST(TrainBuffers, MapsEveryBuffer) {
   EXPECT_EQ(buffers[size_t(map.gradNorm)].name, "grad_norm");
 
   c.tieWordEmbeddings = true;
-  ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, map).ok());
+  ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, nullptr, map).ok());
   EXPECT_EQ(map.lmHead, -1);
 }
 
@@ -1147,7 +1157,7 @@ TEST(TrainBuffers, MismatchesNameTheBuffer) {
   auto expectError = [&](std::vector<BufferSpec> buffers,
                          const std::string &message) {
     StepBufferMap map;
-    Status s = mapStepBuffers(buffers, c, map);
+    Status s = mapStepBuffers(buffers, c, nullptr, map);
     ASSERT_FALSE(s.ok()) << message;
     EXPECT_NE(s.message().find(message), std::string::npos)
         << s.message() << "\nexpected: " << message;
@@ -1191,6 +1201,229 @@ TEST(TrainBuffers, MismatchesNameTheBuffer) {
   find(vectorCounter, "step", BufferRole::Counter).shape = {2};
   expectError(vectorCounter, "counter buffer 'step' has shape [2] but must "
                              "be a scalar");
+}
+
+namespace {
+/// A fresh seed per run (DFLASH_TEST_SEED=<n> repeats one), printed with
+/// any failure.
+uint64_t testSeed() {
+  if (const char *given = std::getenv("DFLASH_TEST_SEED"))
+    return std::strtoull(given, nullptr, 10);
+  return std::random_device{}();
+}
+} // namespace
+
+TEST(TrainBuffers, MapsShardedBuffers) {
+  const uint64_t seed = testSeed();
+  SCOPED_TRACE("DFLASH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  ModelConfig c = smallConfig();
+  std::vector<ParamInfo> table = parameterTable(c);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t aligns[] = {1, 8, 64, 256};
+    OptimizerShardLayout layout =
+        shardLayout(c, uniform(1, 8), size_t(uniform(1, int64_t(table.size()))),
+                    aligns[uniform(0, 3)], uniform(0, 1) * uniform(1, 500));
+    SCOPED_TRACE("world " + std::to_string(layout.worldSize) + ", " +
+                 std::to_string(layout.buckets.size()) + " buckets");
+    std::vector<BufferSpec> buffers = shardedStepBuffers(c, layout);
+    // The buffers in any order.
+    std::shuffle(buffers.begin(), buffers.end(), rng);
+    StepBufferMap map;
+    Status s = mapStepBuffers(buffers, c, &layout, map);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_TRUE(map.sharded);
+    EXPECT_TRUE(map.master.empty());
+    EXPECT_TRUE(map.moment1.empty());
+    EXPECT_TRUE(map.moment2.empty());
+    ASSERT_EQ(map.param.size(), table.size());
+    for (size_t t = 0; t < table.size(); ++t) {
+      EXPECT_EQ(buffers[size_t(map.param[t])].name, table[t].name);
+      EXPECT_EQ(buffers[size_t(map.param[t])].role, BufferRole::Parameter);
+    }
+    const size_t K = layout.buckets.size();
+    ASSERT_EQ(map.shardMaster.size(), K);
+    ASSERT_EQ(map.shardMoment1.size(), K);
+    ASSERT_EQ(map.shardMoment2.size(), K);
+    ASSERT_EQ(map.shardTensors.size(), K);
+    for (size_t k = 0; k < K; ++k) {
+      const std::pair<int, BufferRole> slots[] = {
+          {map.shardMaster[k], BufferRole::Master},
+          {map.shardMoment1[k], BufferRole::Moment1},
+          {map.shardMoment2[k], BufferRole::Moment2}};
+      for (const auto &[index, role] : slots) {
+        const BufferSpec &b = buffers[size_t(index)];
+        EXPECT_EQ(b.name, "bucket." + std::to_string(k));
+        EXPECT_EQ(b.role, role);
+        EXPECT_EQ(b.shape,
+                  std::vector<int64_t>{layout.buckets[k].shardElements});
+      }
+      ASSERT_EQ(map.shardTensors[k].size(), layout.buckets[k].tensors.size());
+      for (size_t j = 0; j < map.shardTensors[k].size(); ++j)
+        EXPECT_EQ(table[map.shardTensors[k][j]].name,
+                  layout.buckets[k].tensors[j].name);
+    }
+  }
+  // Unsharded, nothing of the above.
+  StepBufferMap plain;
+  ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, nullptr, plain).ok());
+  EXPECT_FALSE(plain.sharded);
+  EXPECT_TRUE(plain.shardMaster.empty());
+  EXPECT_EQ(plain.master.size(), table.size());
+}
+
+TEST(TrainBuffers, ShardedMismatchesNameTheBucketOrTensor) {
+  ModelConfig c = smallConfig();
+  OptimizerShardLayout layout = shardLayout(c, 4, 3, 64);
+  std::vector<BufferSpec> buffers = shardedStepBuffers(c, layout);
+  auto expectError = [&](const std::vector<BufferSpec> &list,
+                         const OptimizerShardLayout *shards,
+                         const std::string &message) {
+    StepBufferMap map;
+    Status s = mapStepBuffers(list, c, shards, map);
+    ASSERT_FALSE(s.ok()) << message;
+    EXPECT_NE(s.message().find(message), std::string::npos)
+        << s.message() << "\nexpected: " << message;
+  };
+  auto find = [](std::vector<BufferSpec> &list, const std::string &name,
+                 BufferRole role) -> BufferSpec & {
+    for (BufferSpec &b : list)
+      if (b.name == name && b.role == role)
+        return b;
+    return list.front();
+  };
+  const std::string first = layout.buckets[0].tensors[0].name;
+  const std::string last = layout.buckets[2].tensors.back().name;
+
+  // Per-tensor state in a sharded step.
+  auto perTensor = buffers;
+  perTensor.push_back(
+      {first, BufferRole::Master, DType::F32, parameterTable(c)[0].shape});
+  expectError(perTensor, &layout,
+              "step program: master buffer '" + first +
+                  "' is not a bucket of the optimizer shard layout");
+  // A bucket the layout does not have.
+  auto extra = buffers;
+  extra.push_back({"bucket.3", BufferRole::Moment1, DType::F32, {64}});
+  expectError(extra, &layout, "moment1 buffer 'bucket.3' is not a bucket");
+  // A missing shard.
+  auto missing = buffers;
+  missing.erase(
+      std::find_if(missing.begin(), missing.end(), [](const BufferSpec &b) {
+        return b.name == "bucket.1" && b.role == BufferRole::Moment2;
+      }));
+  expectError(missing, &layout,
+              "step program: has no moment2 buffer 'bucket.1' for bucket 1");
+  // A shard of the wrong size or type.
+  const int64_t S = layout.buckets[2].shardElements;
+  auto wrongSize = buffers;
+  find(wrongSize, "bucket.2", BufferRole::Master).shape = {S + 1};
+  expectError(wrongSize, &layout,
+              "master buffer 'bucket.2' has shape [" + std::to_string(S + 1) +
+                  "] but the config needs [" + std::to_string(S) + "]");
+  auto wrongType = buffers;
+  find(wrongType, "bucket.0", BufferRole::Moment1).dtype = DType::BF16;
+  expectError(wrongType, &layout,
+              "moment1 buffer 'bucket.0' has dtype BF16 but the runtime "
+              "needs F32");
+  // Shards without a layout.
+  expectError(buffers, nullptr,
+              "master buffer 'bucket.0' is a shard of the optimizer state but "
+              "the step program reports no shard layout");
+
+  // Layouts that do not fit the config.
+  OptimizerShardLayout unknown = layout;
+  unknown.buckets[1].tensors[0].name = "layers.7.mlp.up_proj.weight";
+  expectError(buffers, &unknown,
+              "step program: optimizer shard layout, bucket 1: "
+              "'layers.7.mlp.up_proj.weight' is not a trainable tensor of the "
+              "config");
+  OptimizerShardLayout twice = layout;
+  twice.buckets[2].tensors.back().name = first;
+  expectError(buffers, &twice,
+              "optimizer shard layout, bucket 2: tensor '" + first +
+                  "' is already in bucket 0");
+  OptimizerShardLayout resized = layout;
+  resized.buckets[2].tensors.back().numel -= 1;
+  expectError(buffers, &resized,
+              "optimizer shard layout, bucket 2: tensor '" + last + "' has " +
+                  std::to_string(layout.buckets[2].tensors.back().numel - 1) +
+                  " elements but the config gives it " +
+                  std::to_string(layout.buckets[2].tensors.back().numel));
+  OptimizerShardLayout dropped = layout;
+  dropped.buckets[2].tensors.pop_back();
+  expectError(buffers, &dropped,
+              "step program: the optimizer shard layout has no bucket for '" +
+                  last + "'");
+  OptimizerShardLayout broken = layout;
+  broken.buckets[1].shardElements = 0;
+  expectError(buffers, &broken,
+              "step program: optimizer shard layout, bucket 1: shards of 0 "
+              "elements");
+}
+
+namespace {
+/// Two processes that never talk: enough for what TrainerGroup::init
+/// refuses before its first collective.
+class SilentProcessGroup : public ProcessGroup {
+public:
+  int64_t rank() const override { return 0; }
+  int64_t size() const override { return 2; }
+  Status broadcast(void *, size_t, int64_t) override {
+    return Status::error("unexpected broadcast");
+  }
+  Status allGather(const void *, size_t, void *) override {
+    return Status::error("unexpected all-gather");
+  }
+  [[noreturn]] void abortAll(int exitCode) override { std::_Exit(exitCode); }
+};
+} // namespace
+
+TEST(TrainDataParallel, AShardedStepRunsOnItsOwnWorldAndOneNode) {
+  // Refused on the host, before any GPU or communicator is touched: these
+  // run without a GPU.
+  ModelConfig c = smallConfig();
+  auto group = [&](int64_t compiledWorld, GroupLayout layout,
+                   ProcessGroup *processes) {
+    layout.processes = processes;
+    TrainerOptions options;
+    options.run.worldSize = layout.worldSize();
+    options.run.totalSteps = options.finalStep = 4;
+    OptimizerShardLayout shards = shardLayout(c, compiledWorld, 2);
+    return std::make_unique<TrainerGroup>(
+        [c, shards] { return std::make_unique<FakeStepProgram>(c, shards); },
+        options, layout);
+  };
+  GroupLayout one;
+  one.gpus = {0};
+  TrainerInputs inputs;
+  Status s = group(4, one, nullptr)->init(inputs);
+  EXPECT_EQ(s.message(),
+            "this trainer was compiled to shard the optimizer state over 4 "
+            "GPUs ([parallel] gpus_per_node x nodes in its spec) but runs on "
+            "1; recompile the spec for 1 GPU or drop shard_optimizer_state");
+  GroupLayout three;
+  three.gpus = {0, 1, 2};
+  s = group(1, three, nullptr)->init(inputs);
+  EXPECT_NE(s.message().find("over 1 GPU ([parallel]"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("recompile the spec for 3 GPUs"),
+            std::string::npos)
+      << s.message();
+
+  SilentProcessGroup processes;
+  GroupLayout twoNodes;
+  twoNodes.gpus = {0};
+  twoNodes.nodes = 2;
+  s = group(2, twoNodes, &processes)->init(inputs);
+  EXPECT_NE(s.message().find("this trainer shards the optimizer state "
+                             "(shard_optimizer_state), which runs on one node "
+                             "only"),
+            std::string::npos)
+      << s.message();
 }
 
 //===----------------------------------------------------------------------===//

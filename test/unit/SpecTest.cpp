@@ -304,10 +304,6 @@ const ErrorCase kErrorCases[] = {
     {"ZeroGpus", "rows_per_gpu = 2",
      "rows_per_gpu = 2\n[parallel]\ngpus_per_node = 0",
      "'parallel.gpus_per_node' is 0; it must be at least 1", "gpus_per_node"},
-    {"ShardedOptimizerStateNotImplemented", "rows_per_gpu = 2",
-     "rows_per_gpu = 2\n[parallel]\nshard_optimizer_state = true",
-     "(ZeRO-1 optimizer-state sharding) is not implemented yet",
-     "shard_optimizer_state"},
     {"NonFiniteLr", "rows_per_gpu = 2", "rows_per_gpu = 2\n[optimizer]\nlr = nan",
      "'optimizer.lr' must be a finite number", "lr = nan"},
 };

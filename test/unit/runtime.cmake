@@ -1,11 +1,13 @@
 # Host runtime (runtime/, no CUDA): safetensors, bf16, random numbers, anchor
-# sampling, LR schedule, checkpoints, feature shards, synthetic problem.
+# sampling, LR schedule, checkpoints, feature shards, synthetic problem,
+# optimizer-state shards.
 add_executable(RuntimeTest
   RuntimeAnchorSamplerTest.cpp
   RuntimeCheckpointTest.cpp
   RuntimeFeatureShardTest.cpp
   RuntimeNumericsTest.cpp
   RuntimeBatchLoaderTest.cpp
+  RuntimeOptimizerShardsTest.cpp
   RuntimeSafetensorsTest.cpp
   RuntimeSyntheticTest.cpp
   )

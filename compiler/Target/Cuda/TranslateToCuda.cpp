@@ -99,6 +99,8 @@ private:
   /// Metric buffers follow the arguments: loss, acc, grad_norm, lr.
   llvm::SmallVector<std::pair<std::string, unsigned>> metrics;
   std::optional<AdamWMultiOp> optimizer;
+  /// ZeRO-1: the optimizer updates this GPU's shards (instead of optimizer).
+  std::optional<AdamWShardedOp> shardedOptimizer;
   /// C++ expressions whose maximum is the workspace the kernels need.
   std::vector<std::string> workspaceTerms;
   /// What each profiled op is, in schedule order.
@@ -141,6 +143,13 @@ private:
   LogicalResult emitNormGrad(Operation *op, Value residualGrad);
   LogicalResult emitAttention(Operation *op, bool backward);
   std::string stepCu(int64_t arena, double flops);
+  /// ZeRO-1: constructor code that fills shardLayout, and bind() code that
+  /// cuts this rank's pieces into the optimizer tables and the copies of
+  /// the parameter all-gather.
+  std::string shardLayoutInit();
+  std::string shardTablesBind();
+  /// ZeRO-1: the members of the generated class that gather parameters.
+  std::string shardedMembers();
 };
 
 LogicalResult StepEmitter::emitNorm(Operation *op, Value input, Value delta,
@@ -538,31 +547,33 @@ LogicalResult StepEmitter::emitKernel(Operation *op) {
         return success();
       })
       .Case([&](GradientBucketOp o) {
-        // With several GPUs: fp32 copies, then one in-place all-reduce on
-        // the communication stream while the backward pass goes on. On one
-        // GPU the optimizer reads the bf16 gradients directly.
+        // fp32 copies, then one in-place collective on the communication
+        // stream while the backward pass goes on: an all-reduce, or with
+        // ZeRO-1 a reduce-scatter (whose shards exist even on one GPU). On
+        // one GPU without shards the optimizer reads the bf16 gradients.
         size_t k = numBuckets++;
-        os << "    if (res.allReduceSum) {\n";
+        const bool sharded = bool(o.getShardElementsAttr());
+        os << (sharded ? "    {\n" : "    if (res.allReduceSum) {\n");
         for (auto [g, r] : llvm::zip(o.getGrads(), o.getResults()))
           os << llvm::formatv("      dflash::kernels::convert_bf16_f32({0}, "
                               "{1}, {2}, stream);\n",
                               ptr(g), ptr(r),
                               tensorOf(r).getNumElements());
-        Value first = o.getResult(0), last = o.getResults().back();
-        auto offsets = o->getAttrOfType<DenseI64ArrayAttr>(kOffsetsAttrName);
-        int64_t floats = (offsets[o.getNumResults() - 1] +
-                          tensorBytes(last.getType()) - offsets[0]) /
-                         4;
+        const char *hook = sharded ? "reduceScatterSum" : "allReduceSum";
+        int64_t count = sharded ? o.getShardElementsAttr().getInt()
+                                : bucketFlatElements(o);
         os << llvm::formatv(
-            "      check(cudaEventRecord(bucketReady[{0}], stream), "
+            "      if (res.{3}) {{\n"
+            "        check(cudaEventRecord(bucketReady[{0}], stream), "
             "\"bucket event\");\n"
-            "      check(cudaStreamWaitEvent(commStream, bucketReady[{0}], 0), "
-            "\"bucket wait\");\n"
-            "      res.allReduceSum(res.collectives, {1}, {2}, commStream);\n"
-            "      check(cudaEventRecord(bucketDone[{0}], commStream), "
+            "        check(cudaStreamWaitEvent(commStream, bucketReady[{0}], "
+            "0), \"bucket wait\");\n"
+            "        res.{3}(res.collectives, {1}, {2}, commStream);\n"
+            "        check(cudaEventRecord(bucketDone[{0}], commStream), "
             "\"bucket event\");\n"
+            "      }\n"
             "    }\n",
-            k, ptr(first), floats);
+            k, ptr(o.getResult(0)), count, hook);
         return success();
       })
       .Case([&](AdamWMultiOp o) {
@@ -580,6 +591,32 @@ LogicalResult StepEmitter::emitKernel(Operation *op) {
             "      dflash::kernels::adamw_multi_tensor_step<__nv_bfloat16>("
             "adamwTables, adamwState, adamwHyper, stream);\n"
             "    }\n"
+            "    check(cudaMemcpyAsync({3}, adamwTables.normAndClip, 4, "
+            "cudaMemcpyDeviceToDevice, stream), \"copy grad norm\");\n",
+            ptr(o.getStep()), ptr(o.getTotal()), ptr(o.getLrValue()),
+            ptr(o.getGradNorm()));
+        return success();
+      })
+      .Case([&](AdamWShardedOp o) {
+        // ZeRO-1: each rank's sum of squares, summed over the ranks, gives
+        // the global norm; each rank updates its pieces, then every rank
+        // gathers the others' parameters.
+        shardedOptimizer = o;
+        os << llvm::formatv(
+            "    dflash::kernels::lr_schedule({0}, {1}, hyper.lr, "
+            "hyper.warmupRatio, adamwState, {2}, stream);\n"
+            "    if (res.reduceScatterSum)\n"
+            "      for (cudaEvent_t done : bucketDone)\n"
+            "        check(cudaStreamWaitEvent(stream, done, 0), "
+            "\"bucket join\");\n"
+            "    dflash::kernels::adamw_grad_square_sum<float>(adamwTables, "
+            "squareSum, stream);\n"
+            "    allReduce(squareSum, 1, stream);\n"
+            "    dflash::kernels::adamw_clip_from_square_sum(adamwTables, "
+            "squareSum, adamwHyper, stream);\n"
+            "    dflash::kernels::adamw_update<float>(adamwTables, "
+            "adamwState, adamwHyper, stream);\n"
+            "    gatherParameters(stream);\n"
             "    check(cudaMemcpyAsync({3}, adamwTables.normAndClip, 4, "
             "cudaMemcpyDeviceToDevice, stream), \"copy grad norm\");\n",
             ptr(o.getStep()), ptr(o.getTotal()), ptr(o.getLrValue()),
@@ -701,6 +738,141 @@ int64_t alignUp(int64_t x) {
 
 } // namespace
 
+/// For each bucket of the sharded optimizer, its tensors in flat order:
+/// the index of each one's grad (and parameter) in the op.
+static SmallVector<SmallVector<unsigned>> bucketTensors(AdamWShardedOp o) {
+  SmallVector<SmallVector<unsigned>> out;
+  for (GradientBucketOp bucket : shardedBuckets(o)) {
+    SmallVector<unsigned> &tensors = out.emplace_back();
+    for (Value r : bucket.getResults())
+      tensors.push_back(
+          unsigned(llvm::find(o.getGrads(), r) - o.getGrads().begin()));
+  }
+  return out;
+}
+
+std::string StepEmitter::shardLayoutInit() {
+  AdamWShardedOp o = *shardedOptimizer;
+  SmallVector<GradientBucketOp> buckets = shardedBuckets(o);
+  SmallVector<SmallVector<unsigned>> tensors = bucketTensors(o);
+  std::string init;
+  llvm::raw_string_ostream is(init);
+  is << "    // ZeRO-1: which flat elements of each bucket hold which "
+        "tensor.\n"
+     << "    shardLayout.worldSize = " << o.getWorldSizeAttr().getInt()
+     << ";\n    shardLayout.buckets = {\n";
+  for (auto [k, bucket] : llvm::enumerate(buckets)) {
+    SmallVector<int64_t> offsets = bucketResultOffsets(bucket);
+    is << "        {{\n";
+    for (auto [i, offset] : llvm::zip(tensors[k], offsets)) {
+      auto param = cast<BlockArgument>(o.getParams()[i]);
+      is << "             {" << quoted(sig.argInfo(param.getArgNumber()).getName())
+         << ", " << offset / 4 << ", " << tensorOf(param).getNumElements()
+         << "},\n";
+    }
+    is << "         },\n         " << bucket.getShardElementsAttr().getInt()
+       << "},\n";
+  }
+  is << "    };\n";
+  return init;
+}
+
+std::string StepEmitter::shardTablesBind() {
+  AdamWShardedOp o = *shardedOptimizer;
+  SmallVector<GradientBucketOp> buckets = shardedBuckets(o);
+  SmallVector<SmallVector<unsigned>> tensors = bucketTensors(o);
+  std::string bind;
+  llvm::raw_string_ostream bs(bind);
+  bs << "    // ZeRO-1: this rank's pieces of every bucket's shard, and the\n"
+     << "    // copies that gather the others' parameters.\n"
+     << "    if (res.worldSize != shardLayout.worldSize || res.rank < 0 ||\n"
+     << "        res.rank >= res.worldSize) {\n"
+     << "      std::fprintf(stderr, \"train: error: this step shards the "
+        "optimizer state over %lld GPUs but runs as rank %lld of %lld\\n\",\n"
+     << "                   (long long)shardLayout.worldSize, "
+        "(long long)res.rank, (long long)res.worldSize);\n"
+     << "      std::exit(1);\n    }\n"
+     << "    struct BucketRefs {\n      float *grads, *master, *m, *v;\n"
+     << "      std::vector<__nv_bfloat16 *> params;\n    };\n"
+     << "    const BucketRefs refs[] = {\n";
+  for (auto [k, bucket] : llvm::enumerate(buckets)) {
+    bs << "        {" << ptr(bucket.getResult(0)) << ",\n         "
+       << ptr(o.getMasters()[k]) << ",\n         " << ptr(o.getMoment1()[k])
+       << ",\n         " << ptr(o.getMoment2()[k]) << ",\n         {";
+    for (auto [j, i] : llvm::enumerate(tensors[k]))
+      bs << (j ? ", " : "") << ptr(o.getParams()[i]);
+    bs << "}},\n";
+  }
+  bs << "    };\n"
+     << "    std::vector<dflash::kernels::AdamWTensor> tensors;\n"
+     << "    std::vector<int64_t> lengths;\n"
+     << "    packCopies.clear();\n    unpackCopies.clear();\n"
+     << "    gathers.clear();\n"
+     << "    for (size_t k = 0; k < shardLayout.buckets.size(); ++k) {\n"
+     << "      const dflash::rt::ShardedBucket &bucket = "
+        "shardLayout.buckets[k];\n"
+     << "      const BucketRefs &r = refs[k];\n"
+     << "      auto *staging = reinterpret_cast<__nv_bfloat16 *>(r.grads);\n"
+     << "      const int64_t own = res.rank * bucket.shardElements;\n"
+     << "      for (const dflash::rt::ShardPiece &p :\n"
+     << "           dflash::rt::shardPieces(bucket, res.rank)) {\n"
+     << "        const dflash::rt::ShardedTensor &t = "
+        "bucket.tensors[p.tensor];\n"
+     << "        __nv_bfloat16 *param = r.params[p.tensor] + "
+        "p.tensorOffset;\n"
+     << "        tensors.push_back({param, r.master + p.shardOffset,\n"
+     << "                           r.grads + t.offset + p.tensorOffset,\n"
+     << "                           r.m + p.shardOffset, r.v + "
+        "p.shardOffset, p.length});\n"
+     << "        lengths.push_back(p.length);\n"
+     << "        packCopies.push_back({staging + own + p.shardOffset, param,\n"
+     << "                              size_t(p.length) * 2});\n"
+     << "      }\n"
+     << "      for (size_t t = 0; t < bucket.tensors.size(); ++t)\n"
+     << "        unpackCopies.push_back({r.params[t], staging + "
+        "bucket.tensors[t].offset,\n"
+     << "                                size_t(bucket.tensors[t].numel) * "
+        "2});\n"
+     << "      gathers.push_back({r.grads, size_t(bucket.shardElements) * "
+        "2});\n"
+     << "    }\n"
+     << "    chunks = dflash::kernels::buildAdamWChunks(lengths);\n";
+  return bind;
+}
+
+std::string StepEmitter::shardedMembers() {
+  // gatherParameters() and what it and shardTablesBind() fill.
+  return R"(  // ZeRO-1: every rank's updated shards to every rank, through the
+  // buckets' slots (dead once the update has read them) as bf16.
+  void gatherParameters(cudaStream_t stream) {
+    if (!res.allGather)
+      return; // one GPU: its pieces are all the parameters
+    for (const ShardCopy &c : packCopies)
+      check(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice,
+                            stream), "pack a parameter shard");
+    for (const ShardGather &g : gathers)
+      res.allGather(res.collectives, g.data, g.shardBytes, stream);
+    for (const ShardCopy &c : unpackCopies)
+      check(cudaMemcpyAsync(c.to, c.from, c.bytes, cudaMemcpyDeviceToDevice,
+                            stream), "unpack gathered parameters");
+  }
+
+  struct ShardCopy {
+    void *to;
+    const void *from;
+    size_t bytes;
+  };
+  struct ShardGather {
+    void *data;
+    size_t shardBytes;
+  };
+  dflash::rt::OptimizerShardLayout shardLayout;
+  std::vector<ShardCopy> packCopies, unpackCopies;
+  std::vector<ShardGather> gathers;
+  float *squareSum = nullptr;
+)";
+}
+
 LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
   func::FuncOp step = sig.func();
   auto arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
@@ -797,6 +969,9 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
       tensorsF32 += row(g);
     }
   }
+  unsigned numTensors = optimizer          ? optimizer->getNumParams()
+                        : shardedOptimizer ? shardedOptimizer->getNumParams()
+                                           : 0;
   std::string workspaceMax = "std::max<size_t>({";
   for (size_t i = 0; i < workspaceTerms.size(); ++i)
     workspaceMax += (i ? ", " : "") + workspaceTerms[i];
@@ -845,15 +1020,24 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "  GeneratedStep() {\n"
      << modelConfigInit(spec)
      << "    specs = {\n" << specs << "    };\n"
-     << "    chunks = dflash::kernels::buildAdamWChunks({" << sizes << "});\n"
      << "    workspaceBytes = alignArena(" << workspaceMax << ");\n"
-     << "    size_t numTensors = " << (optimizer ? optimizer->getNumParams() : 0)
-     << ";\n"
+     << "    size_t numTensors = " << numTensors << ";\n"
+     << (shardedOptimizer
+             ? shardLayoutInit() +
+                   "    // A rank's pieces: at most one per tensor, and "
+                   "their chunks.\n"
+                   "    maxChunks = numTensors;\n"
+                   "    for (const auto &bucket : shardLayout.buckets)\n"
+                   "      maxChunks += (bucket.shardElements + "
+                   "dflash::kernels::kAdamWChunkElems - 1) /\n"
+                   "                   dflash::kernels::kAdamWChunkElems;\n"
+             : "    chunks = dflash::kernels::buildAdamWChunks({" + sizes +
+                   "});\n    maxChunks = chunks.size();\n")
      << "    optimizerBytes = alignArena(2 * numTensors * "
         "sizeof(dflash::kernels::AdamWTensor)) +\n"
-     << "                     alignArena(chunks.size() * "
+     << "                     alignArena(maxChunks * "
         "sizeof(dflash::kernels::AdamWChunk)) +\n"
-     << "                     alignArena(chunks.size() * sizeof(double)) + "
+     << "                     alignArena(maxChunks * sizeof(double)) + "
         "2 * 256;\n"
      << "  }\n\n"
      << "  const dflash::rt::ModelConfig &config() const override { return "
@@ -865,7 +1049,12 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "  size_t gemmWorkspaceBytes() const override { return size_t(32) << "
         "20; }\n"
      << "  double flopsPerStep() const override { return "
-     << llvm::format("%.17g", flops) << "; }\n\n"
+     << llvm::format("%.17g", flops) << "; }\n"
+     << (shardedOptimizer
+             ? "  const dflash::rt::OptimizerShardLayout *optimizerShards() "
+               "const override {\n    return &shardLayout;\n  }\n"
+             : "")
+     << "\n"
      << "  void bind(const std::vector<void *> &buffers, void *arenaBase,\n"
      << "            const dflash::rt::DeviceResources &resources,\n"
      << "            const dflash::rt::StepHyper &stepHyper) override {\n"
@@ -880,8 +1069,10 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "    adamwHyper.maxNorm = hyper.maxGradNorm;\n"
      << "    // The optimizer's device tables, after the workspace.\n"
      << "    char *opt = workspace + workspaceBytes;\n"
-     << "    std::vector<dflash::kernels::AdamWTensor> tensors = {\n"
-     << tensors << "    };\n"
+     << (shardedOptimizer
+             ? shardTablesBind()
+             : "    std::vector<dflash::kernels::AdamWTensor> tensors = {\n" +
+                   tensors + "    };\n")
      << "    auto *tensorTable = "
         "reinterpret_cast<dflash::kernels::AdamWTensor *>(opt);\n"
      << "    opt += alignArena(2 * tensors.size() * "
@@ -895,6 +1086,8 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "    adamwTables.normAndClip = reinterpret_cast<float *>(opt);\n"
      << "    adamwState = reinterpret_cast<dflash::kernels::AdamWStepState "
         "*>(opt + 256);\n"
+     << (shardedOptimizer ? "    squareSum = adamwTables.normAndClip + 2;\n"
+                          : "")
      << "    adamwTables.tensors = tensorTable;\n"
      << "    adamwTables.chunks = chunkTable;\n"
      << "    adamwTables.numChunks = int(chunks.size());\n"
@@ -927,6 +1120,8 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "    if (res.allReduceSum)\n"
      << "      res.allReduceSum(res.collectives, data, count, stream);\n"
      << "  }\n\n"
+     << (shardedOptimizer ? shardedMembers() : std::string())
+     << "  size_t maxChunks = 0;\n"
      << "  dflash::rt::ModelConfig cfg;\n"
      << "  std::vector<dflash::rt::BufferSpec> specs;\n"
      << "  std::vector<dflash::kernels::AdamWChunk> chunks;\n"
