@@ -3,7 +3,9 @@
 // Every CUDA runtime and cuBLASLt call of the kernel library goes through one
 // of these macros. A failure is a programming or device error, never a user
 // input error, so it reports file:line and the failing call and exits: the
-// step cannot continue on a device in an unknown state.
+// step cannot continue on a device in an unknown state. quick_exit, because
+// other threads (one per GPU) may still be running: exit() would destroy
+// the statics under them. Handlers go through std::at_quick_exit.
 //
 //===----------------------------------------------------------------------===//
 
@@ -22,7 +24,7 @@ namespace dflash::kernels::detail {
                                            const char *message) {
   std::fprintf(stderr, "%s:%d: %s failed: %s\n", file, line, call, message);
   std::fflush(stderr);
-  std::exit(EXIT_FAILURE);
+  std::quick_exit(EXIT_FAILURE);
 }
 
 inline void checkCuda(cudaError_t status, const char *file, int line,

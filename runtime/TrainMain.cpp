@@ -542,8 +542,8 @@ private:
 };
 
 /// Whether the process is inside the GPU part of a run. The kernel library's
-/// checks (kernels/CudaCheck.cuh) report a failed call and exit(); this
-/// lets the exit path add the line a user of `train` looks for.
+/// checks (kernels/CudaCheck.cuh) report a failed call and quick_exit();
+/// this lets the exit path add the line a user of `train` looks for.
 std::atomic<bool> deviceWorkActive{false};
 
 void reportDeviceFailureAtExit() {
@@ -557,7 +557,8 @@ class DeviceWorkScope {
 public:
   DeviceWorkScope() {
     static std::once_flag registered;
-    std::call_once(registered, [] { std::atexit(reportDeviceFailureAtExit); });
+    std::call_once(registered,
+                   [] { std::at_quick_exit(reportDeviceFailureAtExit); });
     deviceWorkActive.store(true);
   }
   ~DeviceWorkScope() { deviceWorkActive.store(false); }

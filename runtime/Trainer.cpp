@@ -981,7 +981,13 @@ Status Trainer::step(StepMetrics &metrics) {
   staged = nullptr;
   BatchLease lease(*prefetcher, batch);
 
-  if (options.useGraph && !graphExec)
+  // NCCL connects its ranks lazily, in a communicator's first collectives,
+  // with calls that a capture forbids: the first step with collectives
+  // runs eagerly (it computes what the graph computes), the graph is
+  // captured at the next one.
+  const bool useGraph =
+      options.useGraph && (!device.collectives() || collectivesWarm);
+  if (useGraph && !graphExec)
     if (Status s = captureGraph(); !s.ok())
       return Status::error(where + ": " + s.message());
 
@@ -1022,7 +1028,7 @@ Status Trainer::step(StepMetrics &metrics) {
       !s.ok())
     return s;
 
-  if (options.useGraph) {
+  if (useGraph) {
     if (Status s = cudaCallStatus(cudaGraphLaunch(graphExec, stream),
                                   where + ": cudaGraphLaunch");
         !s.ok())
@@ -1035,6 +1041,7 @@ Status Trainer::step(StepMetrics &metrics) {
       return s;
     if (Status s = collectivesStatus(); !s.ok())
       return Status::error(where + ": " + s.message());
+    collectivesWarm = true;
   }
   if (Status s = cudaCallStatus(cudaEventRecord(stepEnd, stream),
                                 where + ": cudaEventRecord");

@@ -313,6 +313,8 @@ private:
   Rng::State anchorRng{};
   bool initialised = false;
   bool poisoned = false; ///< a step produced a non-finite loss or norm
+  /// A step with collectives has run eagerly (see Trainer::step).
+  bool collectivesWarm = false;
   /// A step gave up: another rank failed, or the collectives did; the
   /// device state is unusable.
   bool aborted = false, abortedByPeer = false;

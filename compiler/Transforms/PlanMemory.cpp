@@ -107,9 +107,10 @@ void PlanMemoryPass::runOnOperation() {
 
   // On one GPU the optimizer reads a bucket's bf16 gradients, not its fp32
   // copies (the generated step skips the conversion): they live until the
-  // bucket's results are last read.
+  // bucket's results are last read. Sharded buckets are always converted.
   for (Operation &op : body.without_terminator())
-    if (auto bucket = dyn_cast<GradientBucketOp>(op)) {
+    if (auto bucket = dyn_cast<GradientBucketOp>(op);
+        bucket && !bucket.getShardElementsAttr()) {
       int64_t last = index[&op];
       for (Value r : bucket.getResults())
         for (Operation *user : r.getUsers())

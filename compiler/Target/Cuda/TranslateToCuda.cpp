@@ -791,7 +791,7 @@ std::string StepEmitter::shardTablesBind() {
         "optimizer state over %lld GPUs but runs as rank %lld of %lld\\n\",\n"
      << "                   (long long)shardLayout.worldSize, "
         "(long long)res.rank, (long long)res.worldSize);\n"
-     << "      std::exit(1);\n    }\n"
+     << "      std::quick_exit(1);\n    }\n"
      << "    struct BucketRefs {\n      float *grads, *master, *m, *v;\n"
      << "      std::vector<__nv_bfloat16 *> params;\n    };\n"
      << "    const BucketRefs refs[] = {\n";
@@ -1013,7 +1013,7 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "  if (status == cudaSuccess)\n    return;\n"
      << "  std::fprintf(stderr, \"train: error: %s: %s\\n\", what,\n"
      << "               cudaGetErrorString(status));\n"
-     << "  std::exit(1);\n}\n\n"
+     << "  std::quick_exit(1);\n}\n\n"
      << "size_t alignArena(size_t x) { return (x + 255) / 256 * 256; }\n\n"
      << "class GeneratedStep final : public dflash::rt::StepProgram {\n"
      << "public:\n"
