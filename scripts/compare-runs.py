@@ -30,7 +30,8 @@ def read_safetensors(path):
         if info["dtype"] == "BF16":
             arr = (np.frombuffer(buf, np.uint16).astype(np.uint32) << 16).view(np.float32)
         else:
-            arr = np.frombuffer(buf, {"F32": np.float32, "F64": np.float64}[info["dtype"]])
+            arr = np.frombuffer(buf, {"F32": np.float32, "F64": np.float64,
+                                      "I64": np.int64}[info["dtype"]])
         out[name] = arr.astype(np.float64).reshape(info["shape"])
     return out
 

@@ -16,6 +16,7 @@
 
 #include "kernels/AdamW.cuh"
 #include "kernels/BlockAttention.cuh"
+#include "kernels/BlockAttentionWgmma.cuh"
 #include "kernels/DraftBlocks.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/LmHeadCrossEntropy.cuh"
@@ -229,6 +230,43 @@ template <int WINDOW, bool CAUSAL> void attention(int B) {
                                                                              0);
       },
       "mt2 kt32");
+  // wgmma (sm_90a) forward: keys per tile x sub-tiles per tile.
+  fwd(
+      [&] {
+        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
+                                             1>(fa, 0);
+      },
+      "wgmma kt64");
+  fwd(
+      [&] {
+        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                             128, 1>(fa, 0);
+      },
+      "wgmma kt128");
+  fwd(
+      [&] {
+        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
+                                             2>(fa, 0);
+      },
+      "wgmma kt64 split2");
+  fwd(
+      [&] {
+        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                             128, 2>(fa, 0);
+      },
+      "wgmma kt128 split2");
+  fwd(
+      [&] {
+        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
+                                             1, true>(fa, 0);
+      },
+      "wgmma kt64 groups-fast");
+  fwd(
+      [&] {
+        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
+                                             2, true>(fa, 0);
+      },
+      "wgmma kt64 split2 groups-fast");
   auto bwd = [&](auto launch, const char *variant) {
     double ms = timeMs([&] { launch(); });
     std::snprintf(name, sizeof(name), "attention bwd %s B=%d [%s]", kind, B,

@@ -1,6 +1,7 @@
 //===- AttentionGpuTest.cu - Block attention vs reference -----------------===//
 //
-// sm90_block_attention_{fwd,bwd}_bf16 against ref::blockAttention(Grad) in
+// sm90_block_attention_{fwd,bwd}_bf16 and the wgmma forward
+// (sm90a_block_attention_fwd_wgmma_bf16) against ref::blockAttention(Grad) in
 // double on the same bf16-rounded inputs, over the template configurations
 // of the shipped drafters (and small ones that stress the tiling), with
 // anchors at 0, 1 and S-2, windows wider than the context, and keep = 0
@@ -9,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/BlockAttention.cuh"
+#include "kernels/BlockAttentionWgmma.cuh"
 #include "kernels/reference/Reference.h"
 #include "test/gpu/GpuTestUtil.h"
 
@@ -107,6 +109,32 @@ struct Problem {
   }
 };
 
+/// out within 1e-2 relative, lse within 2e-3 absolute (-inf exactly where
+/// the reference is -inf); poisoned (NaN) elements never pass.
+void expectForwardClose(const Problem &p, const DeviceBuffer<bf16> &out,
+                        const DeviceBuffer<float> &lse,
+                        double *outErrOut = nullptr,
+                        double *lseErrOut = nullptr) {
+  std::vector<double> gotOut = downloadBf16(out), gotLse = downloadF32(lse);
+  double outErr = gputest::relativeError(gotOut, p.refOut);
+  EXPECT_LE(outErr, 1e-2) << "out: relative error " << outErr;
+  double lseErr = 0;
+  for (size_t i = 0; i < p.refLse.size(); ++i) {
+    if (std::isinf(p.refLse[i]) || std::isinf(gotLse[i]) ||
+        std::isnan(gotLse[i])) {
+      if (gotLse[i] != p.refLse[i])
+        lseErr = INFINITY;
+      continue;
+    }
+    lseErr = std::max(lseErr, std::abs(gotLse[i] - p.refLse[i]));
+  }
+  EXPECT_LE(lseErr, 2e-3) << "lse max abs error";
+  if (outErrOut)
+    *outErrOut = outErr;
+  if (lseErrOut)
+    *lseErrOut = lseErr;
+}
+
 /// Forward variant MT (m-tiles per warp), KT (keys per tile); leaves out and
 /// lse for the backward.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int MT,
@@ -122,19 +150,55 @@ void checkForward(const Problem &p, DeviceBuffer<bf16> &out,
   kernels::sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, MT,
                                          KT>(fa, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> gotOut = downloadBf16(out), gotLse = downloadF32(lse);
-  EXPECT_CLOSE(gotOut, p.refOut, 1e-2, "out");
-  double lseErr = 0;
-  for (size_t i = 0; i < p.refLse.size(); ++i) {
-    if (std::isinf(p.refLse[i]) || std::isinf(gotLse[i]) ||
-        std::isnan(gotLse[i])) {
-      if (gotLse[i] != p.refLse[i])
-        lseErr = INFINITY;
-      continue;
-    }
-    lseErr = std::max(lseErr, std::abs(gotLse[i] - p.refLse[i]));
-  }
-  EXPECT_LE(lseErr, 2e-3) << "lse max abs error";
+  expectForwardClose(p, out, lse);
+}
+
+/// The wgmma forward (KT keys per tile, H sub-tiles); prints its errors.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int KT,
+          int H, bool GROUPS_FAST = false>
+void checkForwardWgmma(const Problem &p) {
+  SCOPED_TRACE(testing::Message() << "wgmma forward KT=" << KT << " H=" << H
+                                  << " GROUPS_FAST=" << GROUPS_FAST);
+  DeviceBuffer<bf16> out(p.qElems);
+  DeviceBuffer<float> lse(p.refLse.size());
+  poisonAll(out, lse);
+  kernels::BlockAttentionFwdArgs fa{p.q.ptr(),     p.ck.ptr(), p.cv.ptr(),
+                                    p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
+                                    p.dKeep.get(), out.get(),  lse.get(),
+                                    p.B,           p.S,        p.N};
+  kernels::sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                                KT, H, GROUPS_FAST>(fa, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  double outErr = 0, lseErr = 0;
+  expectForwardClose(p, out, lse, &outErr, &lseErr);
+  std::printf("wgmma fwd D=%d BS=%d W=%d KT=%d H=%d GF=%d B=%d S=%d N=%d: out "
+              "rel %.3g, lse abs %.3g\n",
+              D, BS, WINDOW, KT, H, int(GROUPS_FAST), p.B, p.S, p.N, outErr,
+              lseErr);
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
+               << " WINDOW=" << WINDOW << " CAUSAL=" << CAUSAL << " B=" << B
+               << " S=" << S << " N=" << N << " mode=" << int(mode));
+  std::mt19937_64 rng(seed);
+  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng);
+  checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, 64, 1>(p);
+  checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, 128, 1>(p);
+  checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, 64, 2>(p);
+  checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, 128, 2>(p);
+  checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, 64, 1, true>(p);
+  checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, 64, 2, true>(p);
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void sweepWgmma(int B, int S, int N, uint64_t seed) {
+  runWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(
+      B, S, N, Anchors::SortedTrailingKeep0, seed);
+  runWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(B, S, N, Anchors::ScatteredKeep0,
+                                               seed + 1);
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
@@ -244,4 +308,31 @@ TEST(BlockAttention, SmallBlocksWindow7) {
 
 TEST(BlockAttention, NothingKept) {
   runCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 10);
+}
+
+// The wgmma forward: qwen3-8b full and sliding layers (odd N, keep = 0
+// blocks, anchors 0, 1, S-2), contexts of several 128-key tiles, a window
+// that cuts blocks' contexts mid-tile, one wider than the context; d 64.
+TEST(BlockAttentionWgmma, Qwen3Full) {
+  sweepWgmma<128, 16, 32, 8, 0, false>(2, 300, 20, 21);
+  sweepWgmma<128, 16, 32, 8, 0, false>(1, 1100, 37, 22);
+}
+
+TEST(BlockAttentionWgmma, Qwen3Sliding) {
+  sweepWgmma<128, 16, 32, 8, 2048, true>(2, 260, 16, 23);
+  sweepWgmma<128, 16, 32, 8, 200, true>(2, 900, 30, 25);
+}
+
+// A 2048 window inside a 3000-token context (slow reference: about 40 s).
+TEST(BlockAttentionWgmma, Qwen3SlidingLong) {
+  sweepWgmma<128, 16, 32, 8, 2048, true>(1, 3000, 41, 24);
+}
+
+TEST(BlockAttentionWgmma, GptOssD64) {
+  sweepWgmma<64, 8, 16, 2, 0, false>(2, 400, 24, 26);
+  sweepWgmma<64, 8, 16, 2, 128, true>(1, 500, 21, 27);
+}
+
+TEST(BlockAttentionWgmma, NothingKept) {
+  runWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 28);
 }

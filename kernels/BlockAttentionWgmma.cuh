@@ -1,0 +1,597 @@
+//===- BlockAttentionWgmma.cuh - Block attention on wgmma ------*- CUDA -*-===//
+//
+// The forward of BlockAttention.cuh (same arguments, same outputs: out bf16,
+// lse fp32 natural log, keep = 0 rows out 0 and lse -inf) on Hopper's
+// warpgroup MMA (sm_90a, FlashAttention-3 style):
+// - one CTA per (row, kv head, pair of blocks), as the mma.sync forward; the
+//   two blocks' 128 query rows (GQA packing, r = (n * bs + k) * G + hh) go to
+//   two warpgroups, one block of 64 rows each;
+// - S = Q K^T by wgmma m64nKTk16 with Q and K from 128B-swizzled shared
+//   tiles (both K-major); O += P V with P from registers (the accumulator
+//   packed to bf16 A fragments) and V [keys x d] as an MN-major B operand
+//   (the descriptor's transpose bit), so V needs no transpose;
+// - K/V tiles by cp.async into the swizzled layout, two stages; a warpgroup
+//   skips tiles that no row of its block sees. KT = 64 keys per tile fits
+//   two CTAs (four warpgroups) per SM, whose phases overlap; H = 2 also
+//   splits each tile in two halves so that one half's products run under
+//   the other half's softmax (FlashAttention-3's intra-warpgroup overlap).
+// Needs bs * (nh / nkv) == 64 (one block per warpgroup) and d 64 or 128;
+// other shapes stay on sm90_block_attention_fwd_bf16.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_BLOCKATTENTIONWGMMA_CUH
+#define DFLASH_KERNELS_BLOCKATTENTIONWGMMA_CUH
+
+#include "kernels/BlockAttention.cuh"
+
+// wgmma exists only on the sm_90a target (not plain sm_90).
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "BlockAttentionWgmma.cuh needs -gencode=arch=compute_90a,code=sm_90a"
+#endif
+
+namespace dflash::kernels {
+
+namespace detail::wgmma {
+
+// d (m64 x N fp32 accumulators) += A * B for one k16 step. ss: A and B from
+// shared memory (descriptors), both K-major, scaleD = 0 overwrites d. rs: A
+// as bf16 fragments in registers, B MN-major (transposed) from shared memory.
+// Accumulator layout per warp w of the warpgroup: d[4j + 2i + e] is row
+// 16w + lane/4 + 8i, column 8j + 2(lane%4) + e (mma.sync's C layout).
+template <int N> struct Wgmma;
+template <> struct Wgmma<16> {
+  static __device__ __forceinline__ void ss(float (&d)[8], uint64_t a,
+                                            uint64_t b, int scaleD) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7"
+                 "}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+                   "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "l"(a), "l"(b), "r"(scaleD));
+  }
+  static __device__ __forceinline__ void
+  rs(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7"
+                 "}, {%8, %9, %10, %11}, %12, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+                   "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+};
+
+template <> struct Wgmma<32> {
+  static __device__ __forceinline__ void ss(float (&d)[16], uint64_t a,
+                                            uint64_t b, int scaleD) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+          "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
+          "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15])
+        : "l"(a), "l"(b), "r"(scaleD));
+  }
+  static __device__ __forceinline__ void
+  rs(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+        "}, {%16, %17, %18, %19}, %20, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+          "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
+          "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+};
+
+template <> struct Wgmma<64> {
+  static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a,
+                                            uint64_t b, int scaleD) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+        "%30, %31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+          "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
+          "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(scaleD));
+  }
+  static __device__ __forceinline__ void
+  rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+        "%30, %31"
+        "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+          "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
+          "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+};
+
+template <> struct Wgmma<128> {
+  static __device__ __forceinline__ void ss(float (&d)[64], uint64_t a,
+                                            uint64_t b, int scaleD) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+        "%30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+        "%46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+          "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
+          "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]),
+          "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(scaleD));
+  }
+  static __device__ __forceinline__ void
+  rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+        "%30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "
+        "%46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "
+        "%62, %63"
+        "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]),
+          "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]),
+          "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+          "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
+          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]),
+          "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
+          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+          "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+  }
+};
+
+__device__ __forceinline__ void fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int Pending> __device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+/// Keeps the compiler from moving accesses of r across wgmma issue/wait.
+template <int K> __device__ __forceinline__ void pin(float (&r)[K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i)
+    asm volatile("" : "+f"(r[i])::"memory");
+}
+/// cp.async / st.shared writes become visible to the tensor cores' (async
+/// proxy) reads only after this fence in each writing thread.
+__device__ __forceinline__ void fenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/// Descriptor of a 128B-swizzled operand in shared memory: 8-row atoms of
+/// 128-byte rows, 1024-byte aligned. lbo/sbo in bytes.
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo,
+                                         uint32_t sbo) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
+}
+
+/// Element offset of (row, 16-byte chunk c) in a tile of `Rows` rows stored
+/// as D/64 column panels of [Rows][64], each 128B-swizzled: the layout wgmma
+/// reads with SWIZZLE_128B (the chunk index XORs with row % 8).
+template <int Rows> __device__ __forceinline__ int tileOffset(int row, int c) {
+  return (c >> 3) * Rows * 64 + row * 64 + (((c & 7) ^ (row & 7)) << 3);
+}
+
+} // namespace detail::wgmma
+
+namespace detail {
+
+/// Tiling of the wgmma forward: 2 blocks of 64 rows per CTA, KT context keys
+/// per tile, 2 stages.
+template <int D, int BS, int NH, int NKV, int KT> struct WgmmaFwdConfig {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  static_assert(D == 64 || D == 128, "wgmma forward: head dim 64 or 128");
+  static_assert(T::kBlockRows == 64,
+                "wgmma forward: needs bs * (nh / nkv) == 64 query rows per "
+                "block (one block per warpgroup); use "
+                "sm90_block_attention_fwd_bf16 for other shapes");
+  static_assert(KT == 64 || KT == 128, "key tile 64 or 128");
+  static_assert(T::kBlocksPerCta == 2, "two blocks per CTA");
+  static constexpr int kRows = 128;
+  static constexpr int kThreads = 256;
+  static constexpr int kDraftKeys = roundUp(2 * BS, 16);
+  static_assert(kDraftKeys <= 128, "draft keys of a CTA above 128");
+  static constexpr int kBufRows = KT > kDraftKeys ? KT : kDraftKeys;
+  static constexpr size_t kQBytes = size_t(kRows) * D * 2;
+  static constexpr size_t kBufBytes = size_t(kBufRows) * D * 2;
+  // Q, two stages of K and V, and slack to align the base to 1024 bytes.
+  static constexpr size_t kSmemBytes = kQBytes + 4 * kBufBytes + 1024;
+};
+
+/// Scales, masks and exponentiates one sub-tile of scores in place (online
+/// softmax: m, l updated; alpha is what O must be multiplied by before this
+/// sub-tile's P V). NK keys; col0 its first key within the tile.
+template <int NK, typename Visible>
+__device__ __forceinline__ void
+wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2], float (&l)[2],
+             float (&alpha)[2], float scaleLog2, bool whole, Visible visible,
+             int col0, int lane) {
+#pragma unroll
+  for (int j = 0; j < NK / 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        int col = col0 + j * 8 + 2 * (lane & 3) + e;
+        float &v = s[4 * j + 2 * i + e];
+        v = (whole || visible(i, col)) ? v * scaleLog2 : -INFINITY;
+      }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j)
+      mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float mNew = fmaxf(m[i], mx);
+    // A row that has seen nothing keeps m = -inf: exponentiate against 0 so
+    // masked entries give 0, not NaN.
+    float mUse = mNew == -INFINITY ? 0.f : mNew;
+    alpha[i] = exp2Approx(m[i] - mUse);
+    m[i] = mNew;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j) {
+      float p0 = exp2Approx(s[4 * j + 2 * i] - mUse);
+      float p1 = exp2Approx(s[4 * j + 2 * i + 1] - mUse);
+      s[4 * j + 2 * i] = p0;
+      s[4 * j + 2 * i + 1] = p1;
+      sum += p0 + p1;
+    }
+    l[i] = l[i] * alpha[i] + sum;
+  }
+}
+
+/// O += P V for one sub-tile (P packed from the scores: two adjacent n8
+/// accumulator tiles are one k16 A fragment); V [keys x d] MN-major, 8-key
+/// groups 1024 bytes apart, d panels BR * 128 bytes apart.
+template <int D, int NK, int BR>
+__device__ __forceinline__ void wgmmaPV(const float (&s)[NK / 2],
+                                        uint32_t vAddr, float (&o)[D / 2]) {
+  using namespace wgmma;
+  uint32_t pa[NK / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < NK / 16; ++ks) {
+    pa[ks][0] = packBf16(s[8 * ks + 0], s[8 * ks + 1]);
+    pa[ks][1] = packBf16(s[8 * ks + 2], s[8 * ks + 3]);
+    pa[ks][2] = packBf16(s[8 * ks + 4], s[8 * ks + 5]);
+    pa[ks][3] = packBf16(s[8 * ks + 6], s[8 * ks + 7]);
+  }
+  pin(o);
+  fence();
+#pragma unroll
+  for (int ks = 0; ks < NK / 16; ++ks)
+    Wgmma<D>::rs(o, pa[ks], desc(vAddr + ks * 16 * 128, BR * 128, 1024));
+  commit();
+}
+
+/// One tile of NK keys for one warpgroup: S = Q K^T, mask, online softmax,
+/// O += P V. H = 2 splits the tile in two halves of keys so that the second
+/// half's S product runs under the first half's softmax and the first
+/// half's P V under the second half's exponentials (FlashAttention-3's
+/// intra-warpgroup overlap, within one shared-memory stage).
+template <int D, int NK, int BR, int H, typename Visible>
+__device__ __forceinline__ void
+wgmmaAttendTile(uint32_t qAddr, uint32_t kAddr, uint32_t vAddr,
+                float (&o)[D / 2], float (&m)[2], float (&l)[2],
+                float scaleLog2, bool whole, Visible visible, int lane) {
+  using namespace wgmma;
+  static_assert(H == 1 || H == 2, "one or two key halves");
+  constexpr int NS = NK / H;
+  static_assert(NS % 16 == 0, "sub-tile of 16-key steps");
+  float s[H][NS / 2];
+  fence();
+#pragma unroll
+  for (int h = 0; h < H; ++h) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      // Q panels are 128 rows (16 KB) apart, K panels BR rows.
+      uint32_t qa = qAddr + (kk >> 2) * 128 * 128 + (kk & 3) * 32;
+      uint32_t ka = kAddr + h * NS * 128 + (kk >> 2) * BR * 128 + (kk & 3) * 32;
+      Wgmma<NS>::ss(s[h], desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 0);
+    }
+    commit();
+  }
+  float alpha[2];
+  // Groups in flight, oldest first: S0 [S1].
+  wait<H - 1>();
+  pin(s[0]);
+  wgmmaSoftmax<NS>(s[0], m, l, alpha, scaleLog2, whole, visible, 0, lane);
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    o[i] *= alpha[i & 2 ? 1 : 0];
+  wgmmaPV<D, NS, BR>(s[0], vAddr, o);
+  if constexpr (H == 2) {
+    // In flight: S1, PV0. O belongs to PV0 until the wait below.
+    wait<1>();
+    pin(s[1]);
+    wgmmaSoftmax<NS>(s[1], m, l, alpha, scaleLog2, whole, visible, NS, lane);
+    wait<0>();
+    pin(o);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i)
+      o[i] *= alpha[i & 2 ? 1 : 0];
+    wgmmaPV<D, NS, BR>(s[1], vAddr + NS * 128, o);
+  }
+  wait<0>();
+  pin(o);
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int KT,
+          int H, bool GROUPS_FAST>
+static __global__ void __launch_bounds__(256, KT == 64 ? 2 : 1)
+    sm90a_block_attention_fwd_wgmma_bf16_kernel(BlockAttentionFwdArgs args) {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  using C = WgmmaFwdConfig<D, BS, NH, NKV, KT>;
+  using wgmma::tileOffset;
+  constexpr int G = T::G, BR = C::kBufRows, NKD = C::kDraftKeys;
+  constexpr int kChunks = D / 8, kRows = C::kRows;
+  extern __shared__ unsigned char smemRaw[];
+  // SWIZZLE_128B atoms must start on 1024-byte boundaries.
+  unsigned char *smem =
+      smemRaw + ((1024 - (smemAddress(smemRaw) & 1023)) & 1023);
+  bf16 *sQ = reinterpret_cast<bf16 *>(smem);
+  bf16 *sK = reinterpret_cast<bf16 *>(smem + C::kQBytes); // [2][BR x D]
+  bf16 *sV = sK + 2 * BR * D;
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4,
+            lane = tid % 32;
+  // Groups of late blocks have the longest contexts: launch them first.
+  // GROUPS_FAST: consecutive CTAs share one (row, kv head) and its K/V.
+  const int bg = GROUPS_FAST ? blockIdx.y : blockIdx.x;
+  const int b = bg / NKV, g = bg % NKV;
+  const int group =
+      GROUPS_FAST ? gridDim.x - 1 - blockIdx.x : gridDim.y - 1 - blockIdx.y;
+  const int S = args.S, N = args.N, Q = N * BS;
+  const int nFirst = group * 2;
+  const int nCount = min(2, N - nFirst);
+  const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
+  const uint8_t *keep = args.keep + static_cast<int64_t>(b) * N;
+
+  // The context keys any row of the CTA may see: [lo, hi).
+  int lo = INT_MAX, hi = 0;
+  for (int p = 0; p < nCount; ++p) {
+    if (!keep[nFirst + p])
+      continue;
+    int a = anchors[nFirst + p];
+    lo = min(lo, WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0);
+    hi = max(hi, a);
+  }
+  const int numContextTiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
+
+  // This warpgroup's block and this thread's two rows (k = row in block).
+  const bool mine = wg < nCount && keep[nFirst + wg];
+  const int anchor = mine ? anchors[nFirst + wg] : 0;
+  int kRow[2], rowLo[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    kRow[i] = (warp * 16 + lane / 4 + 8 * i) / G;
+    rowLo[i] = WINDOW > 0 ? max(0, anchor + kRow[i] - (WINDOW - 1)) : 0;
+  }
+  // Context keys seen by every row of the block / by some row of it.
+  const int blockLoMax =
+      WINDOW > 0 ? max(0, anchor + BS - 1 - (WINDOW - 1)) : 0;
+  const int blockLoMin = WINDOW > 0 ? max(0, anchor - (WINDOW - 1)) : 0;
+
+  auto rowIndex = [&](int p, int rr) -> int64_t { // into [B, Q, nh]
+    int k = rr / G, hh = rr % G;
+    return (static_cast<int64_t>(b) * Q + (nFirst + p) * BS + k) * NH + g * G +
+           hh;
+  };
+
+  // Q and the CTA's draft keys (stage 0).
+  for (int idx = tid; idx < kRows * kChunks; idx += C::kThreads) {
+    int r = idx / kChunks, c = idx % kChunks;
+    int p = r / 64;
+    bool valid = p < nCount;
+    const bf16 *src = valid ? args.q + rowIndex(p, r % 64) * D + c * 8 : args.q;
+    cpAsync16(smemAddress(sQ + tileOffset<kRows>(r, c)), src, valid);
+  }
+  for (int idx = tid; idx < NKD * kChunks; idx += C::kThreads) {
+    int t = idx / kChunks, c = idx % kChunks;
+    bool valid = t < nCount * BS;
+    int64_t off =
+        ((static_cast<int64_t>(b) * Q + nFirst * BS + t) * NKV + g) * D + c * 8;
+    cpAsync16(smemAddress(sK + tileOffset<BR>(t, c)),
+              valid ? args.draftKeys + off : args.draftKeys, valid);
+    cpAsync16(smemAddress(sV + tileOffset<BR>(t, c)),
+              valid ? args.draftValues + off : args.draftValues, valid);
+  }
+  cpAsyncCommit();
+
+  auto loadContextTile = [&](int j0, bf16 *tK, bf16 *tV) {
+    for (int idx = tid; idx < KT * kChunks; idx += C::kThreads) {
+      int t = idx / kChunks, c = idx % kChunks;
+      int j = j0 + t;
+      // Keys past the context are zero-filled: masked scores multiply them.
+      bool valid = j < S;
+      int64_t off = ((static_cast<int64_t>(b) * S + j) * NKV + g) * D + c * 8;
+      cpAsync16(smemAddress(tK + tileOffset<BR>(t, c)),
+                valid ? args.contextKeys + off : args.contextKeys, valid);
+      cpAsync16(smemAddress(tV + tileOffset<BR>(t, c)),
+                valid ? args.contextValues + off : args.contextValues, valid);
+    }
+  };
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // The warpgroup's 64 Q rows start 64 rows into each panel.
+  const uint32_t qAddr = smemAddress(sQ) + wg * 64 * 128;
+
+  const int numTiles = 1 + numContextTiles;
+  for (int it = 0; it < numTiles; ++it) {
+    cpAsyncWait<0>();
+    wgmma::fenceProxyAsync();
+    __syncthreads();
+    if (it + 1 < numTiles) {
+      int nb = (it + 1) & 1;
+      loadContextTile(lo + it * KT, sK + nb * BR * D, sV + nb * BR * D);
+      cpAsyncCommit();
+    }
+    if (!mine)
+      continue;
+    const uint32_t kAddr = smemAddress(sK + (it & 1) * BR * D);
+    const uint32_t vAddr = smemAddress(sV + (it & 1) * BR * D);
+    if (it == 0) {
+      auto visible = [&](int i, int t) {
+        return t / BS == wg && (!CAUSAL || t % BS <= kRow[i]);
+      };
+      wgmmaAttendTile<D, NKD, BR, 1>(qAddr, kAddr, vAddr, o, m, l,
+                                     T::kScaleLog2, false, visible, lane);
+    } else {
+      int j0 = lo + (it - 1) * KT;
+      // No row of this block sees the tile: skip it (uniform per warpgroup).
+      if (j0 >= anchor || j0 + KT <= blockLoMin)
+        continue;
+      bool whole = j0 >= blockLoMax && j0 + KT <= anchor;
+      auto visible = [&](int i, int t) {
+        int j = j0 + t;
+        return j >= rowLo[i] && j < anchor;
+      };
+      wgmmaAttendTile<D, KT, BR, H>(qAddr, kAddr, vAddr, o, m, l, T::kScaleLog2,
+                                    whole, visible, lane);
+    }
+  }
+
+  // Normalise; stage the warp's 16 rows in its own rows of sQ (only this
+  // warp's part of the warpgroup's finished wgmma read them), then store 16
+  // bytes at a time. keep = 0 rows: l = 0 gives out 0 and lse -inf.
+  if (wg >= nCount)
+    return;
+  float lseRow[2];
+  const int rowBase = wg * 64 + warp * 16;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float inv = sum > 0.f ? 1.f / sum : 0.f;
+    lseRow[i] =
+        sum > 0.f ? (m[i] + __log2f(sum)) * 0.6931471805599453f : -INFINITY;
+    int r = rowBase + lane / 4 + 8 * i;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      int col = j * 8 + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t *>(sQ + tileOffset<kRows>(r, col >> 3) +
+                                    (col & 7)) =
+          packBf16(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+    }
+  }
+  __syncwarp();
+  for (int idx = lane; idx < 16 * kChunks; idx += 32) {
+    int rr = warp * 16 + idx / kChunks, c = idx % kChunks;
+    *reinterpret_cast<uint4 *>(args.out + rowIndex(wg, rr) * D + c * 8) =
+        *reinterpret_cast<const uint4 *>(sQ +
+                                         tileOffset<kRows>(wg * 64 + rr, c));
+  }
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      args.lse[rowIndex(wg, warp * 16 + lane / 4 + 8 * i)] = lseRow[i];
+  }
+}
+
+} // namespace detail
+
+/// Forward on wgmma (sm_90a): same arguments and outputs as
+/// sm90_block_attention_fwd_bf16. KT context keys per tile (64: two CTAs per
+/// SM); H = 2 splits each tile in two halves whose products overlap the
+/// other half's softmax; GROUPS_FAST launches the CTAs of one (row, kv head)
+/// together (K/V reuse in L2) instead of those of one block group.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int KT = 64,
+          int H = 1, bool GROUPS_FAST = false>
+void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
+                                          cudaStream_t stream) {
+  using C = detail::WgmmaFwdConfig<D, BS, NH, NKV, KT>;
+  auto kernel = detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<
+      D, BS, NH, NKV, WINDOW, CAUSAL, KT, H, GROUPS_FAST>;
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
+  const int groups = (args.N + 1) / 2;
+  dim3 grid =
+      GROUPS_FAST ? dim3(groups, args.B * NKV) : dim3(args.B * NKV, groups);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
+  DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_bf16");
+}
+
+/// Whether the wgmma forward handles a shape: one block of 64 query rows per
+/// warpgroup, head dim 64 or 128.
+template <int D, int BS, int NH, int NKV>
+constexpr bool kWgmmaForwardSupports =
+    (D == 64 || D == 128) && NH % NKV == 0 && BS * (NH / NKV) == 64;
+
+/// The forward the generated step calls: wgmma (KT = 64, the fastest
+/// variant measured, bench/kernels/NOTES.md) where the shape allows, else the
+/// mma.sync kernel. Both produce the same outputs.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void block_attention_fwd_bf16(const BlockAttentionFwdArgs &args,
+                              cudaStream_t stream) {
+  if constexpr (kWgmmaForwardSupports<D, BS, NH, NKV>)
+    sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+        args, stream);
+  else
+    sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
+                                                                  stream);
+}
+
+} // namespace dflash::kernels
+
+#endif // DFLASH_KERNELS_BLOCKATTENTIONWGMMA_CUH
