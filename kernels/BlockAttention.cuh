@@ -123,6 +123,23 @@ template <int D, int BS, int NH, int NKV> struct BlockAttentionTiling {
   static constexpr float kScaleLog2 = kScale * kLog2e;
 };
 
+/// The context keys that any row of blocks [nFirst, nFirst + nCount) may
+/// see: [lo, hi); hi <= lo when no block is kept.
+template <int WINDOW>
+__device__ __forceinline__ void
+groupContextKeys(const int32_t *anchors, const uint8_t *keep, int nFirst,
+                 int nCount, int &lo, int &hi) {
+  lo = INT_MAX;
+  hi = 0;
+  for (int p = 0; p < nCount; ++p) {
+    if (!keep[nFirst + p])
+      continue;
+    int a = anchors[nFirst + p];
+    lo = min(lo, WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0);
+    hi = max(hi, a);
+  }
+}
+
 /// S = Q K^T for one warp's 16 rows against NK keys of a shared tile; qf is
 /// the warp's Q as A fragments.
 template <int D, int NK>
@@ -348,15 +365,8 @@ __launch_bounds__((BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kThreads),
   const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
   const uint8_t *keep = args.keep + static_cast<int64_t>(b) * N;
 
-  // The context keys any row of the group may see: [lo, hi).
-  int lo = INT_MAX, hi = 0;
-  for (int p = 0; p < nCount; ++p) {
-    if (!keep[nFirst + p])
-      continue;
-    int a = anchors[nFirst + p];
-    lo = min(lo, WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0);
-    hi = max(hi, a);
-  }
+  int lo, hi;
+  groupContextKeys<WINDOW>(anchors, keep, nFirst, nCount, lo, hi);
   const int numContextTiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
 
   auto rowIndex = [&](int r) -> int64_t { // into [B, Q, nh]

@@ -404,15 +404,8 @@ static __global__ void __launch_bounds__(256, KT == 64 ? 2 : 1)
   const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
   const uint8_t *keep = args.keep + static_cast<int64_t>(b) * N;
 
-  // The context keys any row of the CTA may see: [lo, hi).
-  int lo = INT_MAX, hi = 0;
-  for (int p = 0; p < nCount; ++p) {
-    if (!keep[nFirst + p])
-      continue;
-    int a = anchors[nFirst + p];
-    lo = min(lo, WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0);
-    hi = max(hi, a);
-  }
+  int lo, hi;
+  groupContextKeys<WINDOW>(anchors, keep, nFirst, nCount, lo, hi);
   const int numContextTiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
 
   // This warpgroup's block and this thread's two rows (k = row in block).
