@@ -63,7 +63,14 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   os << "  parameters " << humanCount(double(params), "") << " ("
      << humanBytes(2.0 * params) << " bf16; "
      << humanBytes(double(params) * (2 + 2 + 4 + 4 + 4))
-     << " with grads, fp32 masters and Adam moments)\n";
+     << " with grads, fp32 masters and Adam moments";
+  // ZeRO-1: each rank keeps 1/N of the 12 bytes of fp32 state.
+  if (s.shardOptimizerState) {
+    int64_t ranks = s.gpusPerNode * s.nodes;
+    os << "; " << humanBytes(double(params) * (2 + 2 + 12.0 / double(ranks)))
+       << " per GPU with the state sharded over " << ranks << " GPUs";
+  }
+  os << ")\n";
   auto step = module.lookupSymbol<mlir::func::FuncOp>("step");
   if (!step)
     return;
