@@ -1153,6 +1153,42 @@ void sm90_block_attention_fwd_bf16(const BlockAttentionFwdArgs &args,
   DFLASH_CUDA_CHECK_LAUNCH("sm90_block_attention_fwd_bf16");
 }
 
+namespace detail {
+
+/// Backward launch 1 (draft keys, D = rowsum(dO * O), the accumulator's
+/// initial dQ); shared by the mma.sync and wgmma backward passes.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void launchBlockAttentionBwdDraft(const BlockAttentionBwdArgs &args,
+                                  cudaStream_t stream) {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  auto kernel = sm90_block_attention_bwd_draft_bf16_kernel<D, BS, NH, NKV,
+                                                           WINDOW, CAUSAL>;
+  size_t smem =
+      (2 * T::kPadRows * D + 2 * T::kDraftKeys * D + 2 * T::kPadRows * 64) *
+          sizeof(bf16) +
+      T::kPadRows * sizeof(float);
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  dim3 grid(args.B * NKV, (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta);
+  kernel<<<grid, T::kThreads, smem, stream>>>(args);
+  DFLASH_CUDA_CHECK_LAUNCH("sm90_block_attention_bwd_draft_bf16");
+}
+
+/// Backward launch 3: dQ = bf16(scale * accumulator).
+template <int D, int BS, int NH>
+void launchBlockAttentionBwdDq(const BlockAttentionBwdArgs &args,
+                               cudaStream_t stream) {
+  int64_t count4 = static_cast<int64_t>(args.B) * args.N * BS * NH * D / 4;
+  int blocks = static_cast<int>((count4 + 255) / 256);
+  if (blocks > 4096)
+    blocks = 4096;
+  sm90_block_attention_bwd_dq_bf16_kernel<D>
+      <<<blocks, 256, 0, stream>>>(args.dqAccum, args.dq, count4);
+  DFLASH_CUDA_CHECK_LAUNCH("sm90_block_attention_bwd_dq_bf16");
+}
+
+} // namespace detail
+
 /// Bytes of fp32 workspace the backward needs (dqAccum, then dOutDotOut).
 template <int D, int BS, int NH, int NKV>
 size_t blockAttentionBwdWorkspaceBytes(int B, int N) {
@@ -1168,20 +1204,8 @@ void sm90_block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
                                    cudaStream_t stream) {
   using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
   using bf16 = __nv_bfloat16;
-  {
-    auto kernel =
-        detail::sm90_block_attention_bwd_draft_bf16_kernel<D, BS, NH, NKV,
-                                                           WINDOW, CAUSAL>;
-    size_t smem =
-        (2 * T::kPadRows * D + 2 * T::kDraftKeys * D + 2 * T::kPadRows * 64) *
-            sizeof(bf16) +
-        T::kPadRows * sizeof(float);
-    DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    dim3 grid(args.B * NKV, (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta);
-    kernel<<<grid, T::kThreads, smem, stream>>>(args);
-    DFLASH_CUDA_CHECK_LAUNCH("sm90_block_attention_bwd_draft_bf16");
-  }
+  detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
+                                                                      stream);
   {
     auto kernel = detail::sm90_block_attention_bwd_context_bf16_kernel<
         D, BS, NH, NKV, WINDOW, CAUSAL, DQ>;
@@ -1199,15 +1223,7 @@ void sm90_block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
     kernel<<<grid, T::kBwdThreads, smem, stream>>>(args);
     DFLASH_CUDA_CHECK_LAUNCH("sm90_block_attention_bwd_context_bf16");
   }
-  {
-    int64_t count4 = static_cast<int64_t>(args.B) * args.N * BS * NH * D / 4;
-    int blocks = static_cast<int>((count4 + 255) / 256);
-    if (blocks > 4096)
-      blocks = 4096;
-    detail::sm90_block_attention_bwd_dq_bf16_kernel<D>
-        <<<blocks, 256, 0, stream>>>(args.dqAccum, args.dq, count4);
-    DFLASH_CUDA_CHECK_LAUNCH("sm90_block_attention_bwd_dq_bf16");
-  }
+  detail::launchBlockAttentionBwdDq<D, BS, NH>(args, stream);
 }
 
 } // namespace dflash::kernels

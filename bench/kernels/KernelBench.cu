@@ -16,6 +16,7 @@
 
 #include "kernels/AdamW.cuh"
 #include "kernels/BlockAttention.cuh"
+#include "kernels/BlockAttentionBwdWgmma.cuh"
 #include "kernels/BlockAttentionWgmma.cuh"
 #include "kernels/DraftBlocks.cuh"
 #include "kernels/Gemm.cuh"
@@ -25,6 +26,7 @@
 #include "kernels/SwiGlu.cuh"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -128,7 +130,8 @@ double gemmCeiling(CublasLtGemm &gemm) {
   return tf;
 }
 
-template <int WINDOW, bool CAUSAL> void attention(int B) {
+/// bwdOnly: the backward variants alone (argument "attention-bwd").
+template <int WINDOW, bool CAUSAL> void attention(int B, bool bwdOnly) {
   constexpr int D = 128, BS = 16, NH = 32, NKV = 8;
   const int S = 3072, N = 512, Q = N * BS;
   std::mt19937_64 rng(42 + B);
@@ -212,6 +215,10 @@ template <int WINDOW, bool CAUSAL> void attention(int B) {
                   variant);
     report(name, ms, "TFLOP/s", fwdFlops / (ms * 1e9));
   };
+  // The backward reads the forward's out and lse.
+  sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  if (!bwdOnly) {
   fwd(
       [&] {
         sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1, 64>(fa,
@@ -267,6 +274,7 @@ template <int WINDOW, bool CAUSAL> void attention(int B) {
                                              2, true>(fa, 0);
       },
       "wgmma kt64 split2 groups-fast");
+  }
   auto bwd = [&](auto launch, const char *variant) {
     double ms = timeMs([&] { launch(); });
     std::snprintf(name, sizeof(name), "attention bwd %s B=%d [%s]", kind, B,
@@ -291,6 +299,90 @@ template <int WINDOW, bool CAUSAL> void attention(int B) {
                                       BlockAttentionDq::OmitForTiming>(ba, 0);
       },
       "no dq phase, timing only");
+  // Context kernel on wgmma (launches 1 and 3 as above). First its outputs
+  // at these shapes against the mma.sync backward's (relative L2 difference).
+  {
+    auto fetch = [](const bf16 *d, size_t n) {
+      std::vector<bf16> h(n);
+      DFLASH_CUDA_CHECK(
+          cudaMemcpy(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+      return h;
+    };
+    auto relDiff = [](const std::vector<bf16> &a, const std::vector<bf16> &b) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+        num += (x - y) * (x - y);
+        den += y * y;
+      }
+      return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+    };
+    sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    auto q0 = fetch(dq, qn), k0 = fetch(dck, cn), v0 = fetch(dcv, cn);
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    std::printf("attention bwd %s B=%d: wgmma (default) vs mma.sync relative "
+                "diff dq %.3g dck %.3g dcv %.3g\n",
+                kind, B, relDiff(fetch(dq, qn), q0), relDiff(fetch(dck, cn), k0),
+                relDiff(fetch(dcv, cn), v0));
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::AtomicVec4, 1>(ba, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    std::printf("attention bwd %s B=%d: wgmma wgs1 vs mma.sync relative diff "
+                "dq %.3g dck %.3g dcv %.3g\n",
+                kind, B, relDiff(fetch(dq, qn), q0), relDiff(fetch(dck, cn), k0),
+                relDiff(fetch(dcv, cn), v0));
+  }
+  // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down.
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
+  }, "wgmma dq atomic v4 wgs2 down (default)");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::BulkReduce, 2, true>(
+        ba, 0);
+  }, "wgmma dq bulk reduce wgs2 down");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::AtomicVec4, 2, false>(
+        ba, 0);
+  }, "wgmma dq atomic v4 wgs2 up");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::AtomicVec4, 2, true,
+                                         true>(ba, 0);
+  }, "wgmma dq atomic v4 wgs2 down keys-fast");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::AtomicVec4, 1, true>(
+        ba, 0);
+  }, "wgmma dq atomic v4 wgs1 down");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::AtomicVec4, 2, true,
+                                         false, 3>(ba, 0);
+  }, "wgmma dq atomic v4 wgs2 down 3 stages");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::BulkReduce, 2, true,
+                                         false, 3>(ba, 0);
+  }, "wgmma dq bulk reduce wgs2 down 3 stages");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::AtomicVec4, 1, false>(
+        ba, 0);
+  }, "wgmma dq atomic v4 wgs1 up");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::OmitForTiming, 2,
+                                         true>(ba, 0);
+  }, "wgmma wgs2 down no dq phase, timing only");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::OmitForTiming, 1,
+                                         true>(ba, 0);
+  }, "wgmma wgs1 down no dq phase, timing only");
   for (void *p :
        {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv, (void *)out,
         (void *)dOut, (void *)dq, (void *)dck, (void *)dcv, (void *)ddk,
@@ -503,9 +595,10 @@ int main(int argc, char **argv) {
   if (want("gemm"))
     gemmCeiling(gemm);
   if (want("attention")) {
-    attention<0, false>(4);
-    attention<2048, true>(4);
-    attention<0, false>(1);
+    bool bwdOnly = only.find("bwd") != std::string::npos;
+    attention<0, false>(4, bwdOnly);
+    attention<2048, true>(4, bwdOnly);
+    attention<0, false>(1, bwdOnly);
   }
   if (want("lmhead")) {
     lmHead(gemm, 2048);

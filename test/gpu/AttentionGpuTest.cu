@@ -1,7 +1,8 @@
 //===- AttentionGpuTest.cu - Block attention vs reference -----------------===//
 //
-// sm90_block_attention_{fwd,bwd}_bf16 and the wgmma forward
-// (sm90a_block_attention_fwd_wgmma_bf16) against ref::blockAttention(Grad) in
+// sm90_block_attention_{fwd,bwd}_bf16, the wgmma forward
+// (sm90a_block_attention_fwd_wgmma_bf16) and the wgmma backward
+// (sm90a_block_attention_bwd_wgmma_bf16) against ref::blockAttention(Grad) in
 // double on the same bf16-rounded inputs, over the template configurations
 // of the shipped drafters (and small ones that stress the tiling), with
 // anchors at 0, 1 and S-2, windows wider than the context, and keep = 0
@@ -10,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/BlockAttention.cuh"
+#include "kernels/BlockAttentionBwdWgmma.cuh"
 #include "kernels/BlockAttentionWgmma.cuh"
 #include "kernels/reference/Reference.h"
 #include "test/gpu/GpuTestUtil.h"
@@ -242,6 +244,106 @@ void checkBackward(const Problem &p, const DeviceBuffer<bf16> &out,
   EXPECT_CLOSE(downloadBf16(ddv), p.refDdv, tol, "dDraftValues");
 }
 
+/// The wgmma backward (context kernel on wgmma) on the forward's out and
+/// lse: every output poisoned first, each compared as checkBackward does;
+/// prints the relative errors.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          kernels::BlockAttentionDq DQ, int WGS, bool WALK_DOWN, bool KEYS_FAST,
+          int STAGES = 2>
+void checkBackwardWgmma(const Problem &p, const DeviceBuffer<bf16> &out,
+                        const DeviceBuffer<float> &lse) {
+  SCOPED_TRACE(testing::Message()
+               << "wgmma backward dq mode " << int(DQ) << " WGS=" << WGS
+               << " WALK_DOWN=" << WALK_DOWN << " KEYS_FAST=" << KEYS_FAST
+               << " STAGES=" << STAGES);
+  DeviceBuffer<bf16> dq(p.qElems), dck(p.ctxElems), dcv(p.ctxElems),
+      ddk(p.draftElems), ddv(p.draftElems);
+  DeviceBuffer<float> dqAccum(p.qElems), dot(p.refLse.size());
+  poisonAll(dq, dck, dcv, ddk, ddv, dqAccum, dot);
+  kernels::BlockAttentionBwdArgs ba{};
+  ba.dOut = p.dOut.ptr();
+  ba.q = p.q.ptr();
+  ba.contextKeys = p.ck.ptr();
+  ba.contextValues = p.cv.ptr();
+  ba.draftKeys = p.dk.ptr();
+  ba.draftValues = p.dv.ptr();
+  ba.anchors = p.dAnchors.get();
+  ba.keep = p.dKeep.get();
+  ba.out = out.get();
+  ba.lse = lse.get();
+  ba.dq = dq.get();
+  ba.dContextKeys = dck.get();
+  ba.dContextValues = dcv.get();
+  ba.dDraftKeys = ddk.get();
+  ba.dDraftValues = ddv.get();
+  ba.dqAccum = dqAccum.get();
+  ba.dOutDotOut = dot.get();
+  ba.B = p.B;
+  ba.S = p.S;
+  ba.N = p.N;
+  kernels::sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                                DQ, WGS, WALK_DOWN, KEYS_FAST,
+                                                STAGES>(ba, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  const double tol = 2e-2;
+  double e[5] = {gputest::relativeError(downloadBf16(dq), p.refDq),
+                 gputest::relativeError(downloadBf16(dck), p.refDck),
+                 gputest::relativeError(downloadBf16(dcv), p.refDcv),
+                 gputest::relativeError(downloadBf16(ddk), p.refDdk),
+                 gputest::relativeError(downloadBf16(ddv), p.refDdv)};
+  const char *names[5] = {"dq", "dContextKeys", "dContextValues", "dDraftKeys",
+                          "dDraftValues"};
+  for (int i = 0; i < 5; ++i)
+    EXPECT_LE(e[i], tol) << names[i] << ": relative error " << e[i];
+  std::printf("wgmma bwd D=%d BS=%d NH=%d NKV=%d W=%d DQ=%d WGS=%d down=%d "
+              "KF=%d ST=%d B=%d S=%d N=%d: relative dq %.3g dck %.3g dcv %.3g "
+              "ddk %.3g ddv %.3g\n",
+              D, BS, NH, NKV, WINDOW, int(DQ), WGS, int(WALK_DOWN),
+              int(KEYS_FAST), STAGES, p.B, p.S, p.N, e[0], e[1], e[2], e[3],
+              e[4]);
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
+               << " WINDOW=" << WINDOW << " CAUSAL=" << CAUSAL << " B=" << B
+               << " S=" << S << " N=" << N << " mode=" << int(mode));
+  std::mt19937_64 rng(seed);
+  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng);
+  DeviceBuffer<bf16> out(p.qElems);
+  DeviceBuffer<float> lse(p.refLse.size());
+  checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(p, out, lse);
+  using kernels::BlockAttentionDq;
+  // The default (atomics, two warpgroups, walking down), then the others.
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec4, 2, true, false>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::BulkReduce, 2, true, false>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec4, 2, false, false>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec4, 2, true, true>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec4, 1, true, false>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::BulkReduce, 1, true, false>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec4, 2, true, false, 3>(p, out,
+                                                                      lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::BulkReduce, 2, true, false, 3>(p, out,
+                                                                      lse);
+}
+
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void sweepBwdWgmma(int B, int S, int N, uint64_t seed) {
+  runBwdWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(
+      B, S, N, Anchors::SortedTrailingKeep0, seed);
+  runBwdWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(
+      B, S, N, Anchors::ScatteredKeep0, seed + 1);
+}
+
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void runCase(int B, int S, int N, Anchors mode, uint64_t seed) {
   SCOPED_TRACE(testing::Message()
@@ -335,4 +437,31 @@ TEST(BlockAttentionWgmma, GptOssD64) {
 
 TEST(BlockAttentionWgmma, NothingKept) {
   runWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 28);
+}
+
+// The wgmma backward: qwen3-8b full and sliding layers (odd N, keep = 0
+// blocks, anchors 0, 1, S-2), contexts of several 128-key tiles, a window
+// that cuts contexts mid-tile, one wider than the context; 128-row blocks
+// (query tiles of half a block).
+static_assert(kernels::kWgmmaBackwardSupports<128, 16, 32, 8> &&
+              kernels::kWgmmaBackwardSupports<128, 16, 8, 1> &&
+              !kernels::kWgmmaBackwardSupports<64, 8, 16, 2> &&
+              !kernels::kWgmmaBackwardSupports<128, 10, 8, 2>);
+
+TEST(BlockAttentionBwdWgmma, Qwen3Full) {
+  sweepBwdWgmma<128, 16, 32, 8, 0, false>(2, 300, 20, 41);
+  sweepBwdWgmma<128, 16, 32, 8, 0, false>(1, 1100, 37, 42);
+}
+
+TEST(BlockAttentionBwdWgmma, Qwen3Sliding) {
+  sweepBwdWgmma<128, 16, 32, 8, 2048, true>(2, 260, 16, 43);
+  sweepBwdWgmma<128, 16, 32, 8, 200, true>(2, 900, 30, 44);
+}
+
+TEST(BlockAttentionBwdWgmma, GroupOf8Bs16) {
+  sweepBwdWgmma<128, 16, 8, 1, 0, false>(2, 200, 10, 45);
+}
+
+TEST(BlockAttentionBwdWgmma, NothingKept) {
+  runBwdWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 46);
 }

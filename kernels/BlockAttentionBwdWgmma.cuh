@@ -1,0 +1,540 @@
+//===- BlockAttentionBwdWgmma.cuh - Block attention bwd on wgmma -*- CUDA -*-===//
+//
+// The backward of BlockAttention.cuh (same arguments, outputs and numerics:
+// dK = scale * dS^T Q, dV = P^T dO, the fp32 dQ accumulator unscaled and
+// converted with the scale by launch 3) with its context kernel (launch 2)
+// on Hopper's warpgroup MMA (sm_90a). Launches 1 (draft keys, D, and the
+// accumulator's initial value) and 3 (dQ = bf16(scale * accumulator)) are the
+// mma.sync backward's own kernels.
+//
+// Context kernel, FlashAttention-3's mapping with M = keys: one CTA per (row,
+// kv head, WGS * 64 context keys), WGS warpgroups of 64 keys each (WGS = 2:
+// one CTA per SM; WGS = 1: two CTAs per SM, whose phases interleave), walking
+// the 64-row query tiles whose blocks see the key tile (Q, dO by cp.async
+// into 128B-swizzled tiles, two stages), by default from the last tile down
+// (CTAs of one (row, kv head) then share Q / dO / dQ lines in L2). Per tile
+// and warpgroup:
+//   S^T = K Q^T, dP^T = V dO^T    (ss, both K-major; S^T's exponentials run
+//                                  under dP^T's product)
+//   P^T, dS^T = P^T (dP^T - D)    (masked per key and query row)
+//   dV += P^T dO, dK += dS^T Q    (rs: the accumulators packed to bf16 A
+//                                  fragments, dO / Q MN-major via the
+//                                  descriptor's transpose bit)
+//   dS^T -> shared memory; dQ = dS K over the CTA's keys (A = dS^T read
+//   MN-major, B = K MN-major), one 64-column d panel per warpgroup (WGS = 2)
+//   or both in turn (WGS = 1), added into the accumulator (vector atomics,
+//   or staged + cp.reduce.async.bulk).
+// Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, atomics, two
+// stages) are the fastest variant measured on the H200 (bench/kernels/
+// NOTES.md, v4: 7.13 ms full / 6.71 ms sliding at qwen3-8b-b16 shapes, v2
+// 11.45 / 10.55 ms). Shared memory grows with N (anchors and tile list):
+// N = 512 needs 151 KB; cudaFuncSetAttribute fails (checked) if N outgrows
+// the 227 KB limit.
+// Needs d 128 and 64-row query tiles of whole blocks or half blocks
+// (bs * nh / nkv dividing 64, or 128): kWgmmaBackwardSupports. Other shapes
+// stay on sm90_block_attention_bwd_bf16.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_BLOCKATTENTIONBWDWGMMA_CUH
+#define DFLASH_KERNELS_BLOCKATTENTIONBWDWGMMA_CUH
+
+#include "kernels/BlockAttention.cuh"
+#include "kernels/BlockAttentionWgmma.cuh"
+
+namespace dflash::kernels {
+
+/// Whether the wgmma backward handles a shape: head dim 128, query tiles of
+/// 64 rows made of whole blocks (bs * nh / nkv dividing 64) or of half blocks
+/// (128 rows per block).
+template <int D, int BS, int NH, int NKV>
+constexpr bool kWgmmaBackwardSupports =
+    D == 128 && NKV > 0 && NH % NKV == 0 && BS <= 64 &&
+    (64 % (BS * (NH / NKV)) == 0 || BS * (NH / NKV) == 128);
+
+namespace detail {
+
+namespace wgmma {
+/// d (m64 x n64 fp32) += A * B with both operands MN-major in shared memory
+/// (transpose bits set): dQ = dS K reads dS^T [keys][rows] and K [keys][d].
+__device__ __forceinline__ void ssM64N64Transposed(float (&d)[32], uint64_t a,
+                                                   uint64_t b, int scaleD) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+      "%30, %31"
+      "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]),
+        "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
+        "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+        "+f"(d[31])
+      : "l"(a), "l"(b), "r"(scaleD));
+}
+} // namespace wgmma
+
+/// Shared-memory plan of the wgmma context kernel (byte offsets from a
+/// 1024-byte aligned base; swizzled tiles on 1024-byte boundaries).
+template <int D, int BS, int NH, int NKV, int WGS, bool STAGE, int STAGES>
+struct WgmmaBwdConfig {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  static_assert(kWgmmaBackwardSupports<D, BS, NH, NKV>,
+                "wgmma backward: needs head dim 128 and bs * (nh / nkv) "
+                "dividing 64 or equal to 128; use sm90_block_attention_bwd_bf16 "
+                "for other shapes");
+  static_assert(T::kBwdRows == 64 && T::kBwdPadRows == 64, "64-row tiles");
+  static_assert(WGS == 1 || WGS == 2, "one or two warpgroups of 64 keys");
+  static_assert(STAGES == 2 || STAGES == 3, "two or three Q / dO stages");
+  static constexpr int kKeys = 64 * WGS, kRows = 64, kThreads = 128 * WGS,
+                       kWarps = 4 * WGS;
+  static constexpr int kStageStride = dqStageStride<D>(); // fp32, padded
+  static constexpr size_t kKBytes = size_t(kKeys) * D * 2;
+  static constexpr size_t kQBytes = size_t(kRows) * D * 2;
+  static constexpr size_t kOffK = 0, kOffV = kKBytes, kOffQ = 2 * kKBytes;
+  static constexpr size_t kOffdO = kOffQ + STAGES * kQBytes;
+  static constexpr size_t kOffdS = kOffdO + STAGES * kQBytes;
+  static constexpr size_t kOffdQ = kOffdS + size_t(kKeys) * kRows * 2;
+  // The fp32 dQ stage only for the bulk reductions (without it, WGS = 1 fits
+  // two CTAs per SM).
+  static constexpr size_t kOffRows =
+      kOffdQ + (STAGE ? size_t(kRows) * kStageStride * 4 : 0);
+  // lse, dot, lo, hi: [STAGES][64] each; then the warp counts, the anchors
+  // [N] and the tile list.
+  static constexpr size_t kOffCount = kOffRows + 4 * STAGES * kRows * 4;
+  static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
+  static size_t smemBytes(int N) {
+    int tiles = (N * T::kBlockRows + kRows - 1) / kRows;
+    return 1024 + kFixedBytes + size_t(N + tiles) * sizeof(int);
+  }
+};
+
+/// Backward, step 2 on wgmma: context keys, key-tile major (see the file
+/// comment). KEYS_FAST launches the key tiles of one (row, kv head) together
+/// instead of one key tile of every (row, kv head). WALK_DOWN walks the query
+/// tiles from the last one down: every key tile of a full layer then starts
+/// at the same query tile, so CTAs of one (row, kv head) running at once read
+/// the same Q / dO and add into the same dQ rows at about the same time (L2
+/// hits instead of DRAM).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          BlockAttentionDq DQ, int WGS, bool KEYS_FAST, bool WALK_DOWN,
+          int STAGES>
+static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
+    sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
+        BlockAttentionBwdArgs args) {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  using C = WgmmaBwdConfig<D, BS, NH, NKV, WGS,
+                           DQ == BlockAttentionDq::BulkReduce, STAGES>;
+  using wgmma::desc;
+  using wgmma::tileOffset;
+  using wgmma::Wgmma;
+  constexpr int G = T::G, KT = C::kKeys, MQ = C::kRows, NW = C::kWarps;
+  constexpr int kChunks = D / 8, kThreads = C::kThreads;
+  extern __shared__ unsigned char smemRaw[];
+  // SWIZZLE_128B atoms must start on 1024-byte boundaries.
+  unsigned char *smem =
+      smemRaw + ((1024 - (smemAddress(smemRaw) & 1023)) & 1023);
+  bf16 *sK = reinterpret_cast<bf16 *>(smem + C::kOffK);   // [KT x D]
+  bf16 *sV = reinterpret_cast<bf16 *>(smem + C::kOffV);   // [KT x D]
+  bf16 *sQ = reinterpret_cast<bf16 *>(smem + C::kOffQ); // [STAGES][MQ x D]
+  bf16 *sdO = reinterpret_cast<bf16 *>(smem + C::kOffdO); // same
+  bf16 *sdS = reinterpret_cast<bf16 *>(smem + C::kOffdS); // [KT][MQ]
+  float *sdQ = reinterpret_cast<float *>(smem + C::kOffdQ); // [MQ][D + 4]
+  float *sLse = reinterpret_cast<float *>(smem + C::kOffRows); // [STAGES][MQ]
+  float *sDot = sLse + STAGES * MQ;
+  int *sLo = reinterpret_cast<int *>(sDot + STAGES * MQ);
+  int *sHi = sLo + STAGES * MQ;
+  int *sCount = reinterpret_cast<int *>(smem + C::kOffCount); // [NW]
+  int *sAnchor = sCount + NW;    // [N], -1 where keep = 0
+  int *sList = sAnchor + args.N; // tile * 2 + whole
+
+  const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4,
+            lane = tid % 32;
+  const int bg = KEYS_FAST ? blockIdx.y : blockIdx.x;
+  const int b = bg / NKV, g = bg % NKV;
+  // Early keys, most queries: launched first.
+  const int j0 = (KEYS_FAST ? blockIdx.x : blockIdx.y) * KT;
+  const int S = args.S, N = args.N, Q = N * BS;
+  const int totalRows = N * T::kBlockRows;
+  const int numQueryTiles = (totalRows + MQ - 1) / MQ;
+
+  for (int idx = tid; idx < KT * kChunks; idx += kThreads) {
+    int t = idx / kChunks, c = idx % kChunks;
+    int j = j0 + t;
+    // Keys past the context are zero-filled; no query sees them.
+    bool valid = j < S;
+    int64_t off =
+        valid ? ((static_cast<int64_t>(b) * S + j) * NKV + g) * D + c * 8 : 0;
+    cpAsync16(smemAddress(sK + tileOffset<KT>(t, c)), args.contextKeys + off,
+              valid);
+    cpAsync16(smemAddress(sV + tileOffset<KT>(t, c)), args.contextValues + off,
+              valid);
+  }
+  cpAsyncCommit();
+  for (int n = tid; n < N; n += kThreads) {
+    int64_t i = static_cast<int64_t>(b) * N + n;
+    sAnchor[n] = args.keep[i] ? args.anchors[i] : -1;
+  }
+  __syncthreads();
+
+  // The query tiles whose blocks see any key of [j0, j0 + KT), in order;
+  // `whole` where every row of the tile sees every key.
+  int count = 0;
+  for (int base = 0; base < numQueryTiles; base += kThreads) {
+    int t = base + tid;
+    bool seen = false, whole = false;
+    if (t < numQueryTiles) {
+      int nA = t * MQ / T::kBlockRows;
+      int nB = min(N - 1, ((t + 1) * MQ - 1) / T::kBlockRows);
+      bool allKept = (t + 1) * MQ <= totalRows;
+      int aMin = INT_MAX, loMax = 0;
+      for (int n = nA; n <= nB; ++n) {
+        int a = sAnchor[n];
+        if (a < 0) {
+          allKept = false;
+          continue;
+        }
+        int loN = WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0;
+        seen |= a > j0 && loN < j0 + KT;
+        aMin = min(aMin, a);
+        loMax = max(loMax, WINDOW > 0 ? max(0, a + BS - 1 - (WINDOW - 1)) : 0);
+      }
+      whole = seen && allKept && j0 + KT <= aMin && j0 >= loMax;
+    }
+    unsigned ballot = __ballot_sync(0xffffffffu, seen);
+    if (lane == 0)
+      sCount[tid / 32] = __popc(ballot);
+    __syncthreads();
+    int pos = count;
+    for (int w = 0; w < tid / 32; ++w)
+      pos += sCount[w];
+    if (seen)
+      sList[pos + __popc(ballot & ((1u << lane) - 1u))] = t * 2 + whole;
+    for (int w = 0; w < NW; ++w)
+      count += sCount[w];
+    __syncthreads();
+  }
+
+  auto rowIndex = [&](int row) -> int64_t { // into [B, Q, nh]
+    int n = row / T::kBlockRows, k = (row % T::kBlockRows) / G, hh = row % G;
+    return (static_cast<int64_t>(b) * Q + n * BS + k) * NH + g * G + hh;
+  };
+  auto loadQueryTile = [&](int t, int buf) {
+    bf16 *tQ = sQ + buf * MQ * D, *tdO = sdO + buf * MQ * D;
+    for (int idx = tid; idx < MQ * kChunks; idx += kThreads) {
+      int r = idx / kChunks, c = idx % kChunks;
+      int row = t * MQ + r;
+      bool valid = row < totalRows;
+      int64_t off = valid ? rowIndex(row) * D + c * 8 : 0;
+      cpAsync16(smemAddress(tQ + tileOffset<MQ>(r, c)), args.q + off, valid);
+      cpAsync16(smemAddress(tdO + tileOffset<MQ>(r, c)), args.dOut + off,
+                valid);
+    }
+    if (tid < MQ) {
+      int r = tid, row = t * MQ + r;
+      bool valid = row < totalRows;
+      int lo = INT_MAX, hi = INT_MIN;
+      int64_t ri = 0;
+      if (valid) {
+        ri = rowIndex(row);
+        int k = (row % T::kBlockRows) / G;
+        int a = sAnchor[row / T::kBlockRows];
+        if (a >= 0) {
+          hi = a;
+          lo = WINDOW > 0 ? max(0, a + k - (WINDOW - 1)) : 0;
+        }
+      }
+      // Rows that see nothing are masked everywhere: their (possibly
+      // infinite) lse is never used.
+      cpAsync4(smemAddress(sLse + buf * MQ + r), args.lse + ri, valid);
+      cpAsync4(smemAddress(sDot + buf * MQ + r), args.dOutDotOut + ri, valid);
+      sLo[buf * MQ + r] = lo;
+      sHi[buf * MQ + r] = hi;
+    }
+  };
+
+  // dK^T / dV^T accumulators of the warpgroup's 64 keys: element 4j + 2i + e
+  // is key 16 warp + lane/4 + 8i, column 8j + 2(lane%4) + e.
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) {
+    dk[i] = 0.f;
+    dv[i] = 0.f;
+  }
+  const int keyOff = wg * 64 + warp * 16 + lane / 4; // key in tile, i = 0
+  const uint32_t kAddr = smemAddress(sK) + wg * 64 * 128;
+  const uint32_t vAddr = smemAddress(sV) + wg * 64 * 128;
+  const uint32_t dsAddr = smemAddress(sdS);
+
+  auto listAt = [&](int i) { return sList[WALK_DOWN ? count - 1 - i : i]; };
+  // One commit group per tile slot, empty past the list, so that waiting for
+  // all but the newest STAGES - 2 groups always means "tile it landed".
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < count)
+      loadQueryTile(listAt(s) >> 1, s);
+    cpAsyncCommit();
+  }
+  for (int it = 0; it < count; ++it) {
+    const int cur = it % STAGES;
+    cpAsyncWait<STAGES - 2>();
+    wgmma::fenceProxyAsync();
+    __syncthreads();
+    if (it + STAGES - 1 < count)
+      loadQueryTile(listAt(it + STAGES - 1) >> 1, (it + STAGES - 1) % STAGES);
+    cpAsyncCommit();
+    const int entry = listAt(it);
+    const int t = entry >> 1;
+    const bool whole = entry & 1;
+    const uint32_t qAddr = smemAddress(sQ + cur * MQ * D);
+    const uint32_t doAddr = smemAddress(sdO + cur * MQ * D);
+    const float *tLse = sLse + cur * MQ, *tDot = sDot + cur * MQ;
+    const int *tLo = sLo + cur * MQ, *tHi = sHi + cur * MQ;
+
+    // S^T = K Q^T and dP^T = V dO^T (64 keys x 64 rows), two groups.
+    float st[MQ / 2], dpt[MQ / 2];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      Wgmma<MQ>::ss(st,
+                    desc(kAddr + (kk >> 2) * KT * 128 + (kk & 3) * 32, 16,
+                         1024),
+                    desc(qAddr + (kk >> 2) * MQ * 128 + (kk & 3) * 32, 16,
+                         1024),
+                    kk > 0);
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      Wgmma<MQ>::ss(dpt,
+                    desc(vAddr + (kk >> 2) * KT * 128 + (kk & 3) * 32, 16,
+                         1024),
+                    desc(doAddr + (kk >> 2) * MQ * 128 + (kk & 3) * 32, 16,
+                         1024),
+                    kk > 0);
+    wgmma::commit();
+
+    // P^T while dP^T is in flight; then dV += P^T dO (B = dO [rows x d]
+    // MN-major, d panels MQ rows apart) runs under dS^T = P^T (dP^T - D), and
+    // dK += dS^T Q under the dS^T stores. The accumulators packed to bf16 A
+    // fragments: two adjacent n8 accumulator tiles are one k16 fragment.
+    wgmma::wait<1>();
+    wgmma::pin(st);
+    uint32_t pa[MQ / 16][4], dsa[MQ / 16][4];
+#pragma unroll
+    for (int j = 0; j < MQ / 8; ++j) {
+      // This thread's two query rows r, r + 1 of the n8 tile: 8-byte loads.
+      const int r = j * 8 + 2 * (lane & 3);
+      const float2 lse2 = *reinterpret_cast<const float2 *>(tLse + r);
+      const int2 lo2 = *reinterpret_cast<const int2 *>(tLo + r);
+      const int2 hi2 = *reinterpret_cast<const int2 *>(tHi + r);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int key = j0 + keyOff + 8 * i;
+        float &v0 = st[4 * j + 2 * i], &v1 = st[4 * j + 2 * i + 1];
+        bool vis0 = whole || (key >= lo2.x && key < hi2.x);
+        bool vis1 = whole || (key >= lo2.y && key < hi2.y);
+        v0 = vis0 ? exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e) : 0.f;
+        v1 = vis1 ? exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e) : 0.f;
+        pa[j / 2][(j & 1) * 2 + i] = packBf16(v0, v1);
+      }
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < MQ / 16; ++ks)
+      Wgmma<D>::rs(dv, pa[ks], desc(doAddr + ks * 16 * 128, MQ * 128, 1024));
+    wgmma::commit();
+    // In flight: dP^T, dV.
+    wgmma::wait<1>();
+    wgmma::pin(dpt);
+#pragma unroll
+    for (int j = 0; j < MQ / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float2 dot2 =
+            *reinterpret_cast<const float2 *>(tDot + j * 8 + 2 * (lane & 3));
+        float d0 = st[4 * j + 2 * i] * (dpt[4 * j + 2 * i] - dot2.x);
+        float d1 = st[4 * j + 2 * i + 1] * (dpt[4 * j + 2 * i + 1] - dot2.y);
+        dsa[j / 2][(j & 1) * 2 + i] = packBf16(d0, d1);
+      }
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < MQ / 16; ++ks)
+      Wgmma<D>::rs(dk, dsa[ks], desc(qAddr + ks * 16 * 128, MQ * 128, 1024));
+    wgmma::commit();
+
+    if constexpr (DQ != BlockAttentionDq::OmitForTiming) {
+      // dS^T [keys][rows] to shared memory (one 128B-swizzled panel of 64
+      // rows per key) while dV / dK run.
+#pragma unroll
+      for (int j = 0; j < MQ / 8; ++j)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          *reinterpret_cast<uint32_t *>(sdS + tileOffset<KT>(keyOff + 8 * i, j) +
+                                        2 * (lane & 3)) =
+              dsa[j / 2][(j & 1) * 2 + i];
+      if constexpr (DQ == BlockAttentionDq::BulkReduce) {
+        // The stage is rewritten below: the last tile's reductions must have
+        // read it (each issuing thread waits for its own group).
+        if (tid < MQ)
+          asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      }
+      wgmma::fenceProxyAsync();
+      __syncthreads();
+
+      // dQ = dS K, one 64-column d panel at a time (WGS = 2: warpgroup w
+      // takes panel w over the CTA's 128 keys; WGS = 1: both panels over its
+      // 64 keys): A = dS^T read MN-major (rows contiguous), B = K's d panel
+      // MN-major.
+      const int rowBase = warp * 16 + lane / 4;
+#pragma unroll
+      for (int h = 0; h < 2 / WGS; ++h) {
+        const int panel = WGS == 2 ? wg : h;
+        const uint32_t kPanelAddr = smemAddress(sK) + panel * KT * 128;
+        float dq[32];
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+          wgmma::ssM64N64Transposed(
+              dq, desc(dsAddr + ks * 16 * 128, KT * 128, 1024),
+              desc(kPanelAddr + ks * 16 * 128, KT * 128, 1024), ks > 0);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::pin(dq);
+        wgmma::pin(dk);
+        wgmma::pin(dv);
+        if constexpr (DQ == BlockAttentionDq::AtomicVec4) {
+          // Lane pairs swap halves: the even lane of a pair then holds 4
+          // consecutive columns of row lane/4, the odd lane 4 of row + 8.
+          const bool odd = lane & 1;
+          int row = t * MQ + rowBase + (odd ? 8 : 0);
+          bool valid = row < totalRows;
+          float *dst = args.dqAccum + (valid ? rowIndex(row) : 0) * D +
+                       panel * 64 + 4 * ((lane & 3) >> 1);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            float s0 = odd ? dq[4 * j] : dq[4 * j + 2];
+            float s1 = odd ? dq[4 * j + 1] : dq[4 * j + 3];
+            float r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
+            float r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            float4 v = odd ? make_float4(r0, r1, dq[4 * j + 2], dq[4 * j + 3])
+                           : make_float4(dq[4 * j], dq[4 * j + 1], r0, r1);
+            if (valid)
+              atomicAdd(reinterpret_cast<float4 *>(dst + j * 8), v);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            float *stage = sdQ + (rowBase + 8 * i) * C::kStageStride +
+                           panel * 64 + 2 * (lane & 3);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              *reinterpret_cast<float2 *>(stage + j * 8) =
+                  make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+          }
+        }
+      }
+      if constexpr (DQ == BlockAttentionDq::BulkReduce) {
+        // Generic-proxy stores, then the bulk copy engine reads: fence,
+        // sync, one row (D fp32, contiguous in global memory) per thread.
+        wgmma::fenceProxyAsync();
+        __syncthreads();
+        if (tid < MQ) {
+          int row = t * MQ + tid;
+          if (row < totalRows) {
+            float *dst = args.dqAccum + rowIndex(row) * D;
+            asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group."
+                         "add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                         "r"(smemAddress(sdQ + tid * C::kStageStride)),
+                         "n"(D * 4)
+                         : "memory");
+          }
+          asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+      }
+    } else {
+      wgmma::wait<0>();
+      wgmma::pin(dk);
+      wgmma::pin(dv);
+    }
+  }
+  cpAsyncWait<0>();
+  if constexpr (DQ == BlockAttentionDq::BulkReduce) {
+    if (tid < MQ)
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    int j = j0 + keyOff + 8 * i;
+    if (j >= S)
+      continue;
+    int64_t off = ((static_cast<int64_t>(b) * S + j) * NKV + g) * D;
+#pragma unroll
+    for (int jj = 0; jj < D / 8; ++jj) {
+      int col = jj * 8 + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t *>(args.dContextValues + off + col) =
+          packBf16(dv[4 * jj + 2 * i], dv[4 * jj + 2 * i + 1]);
+      *reinterpret_cast<uint32_t *>(args.dContextKeys + off + col) =
+          packBf16(dk[4 * jj + 2 * i] * T::kScale,
+                   dk[4 * jj + 2 * i + 1] * T::kScale);
+    }
+  }
+}
+
+} // namespace detail
+
+/// Backward with the context kernel on wgmma (sm_90a): same arguments and
+/// outputs as sm90_block_attention_bwd_bf16. DQ picks how the context kernel
+/// adds into the dQ accumulator (vector atomics measured faster than the
+/// bulk reductions here, bench/kernels/NOTES.md); WGS the warpgroups of 64
+/// keys per CTA; WALK_DOWN walks query tiles from the last one down;
+/// KEYS_FAST launches the key tiles of one (row, kv head) together; STAGES
+/// the Q / dO buffers.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          BlockAttentionDq DQ = BlockAttentionDq::AtomicVec4, int WGS = 2,
+          bool WALK_DOWN = true, bool KEYS_FAST = false, int STAGES = 2>
+void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
+                                          cudaStream_t stream) {
+  static_assert(kWgmmaBackwardSupports<D, BS, NH, NKV>,
+                "sm90a_block_attention_bwd_wgmma_bf16 needs head dim 128 and "
+                "bs * (nh / nkv) dividing 64 or equal to 128; use "
+                "sm90_block_attention_bwd_bf16 for other shapes");
+  using C = detail::WgmmaBwdConfig<D, BS, NH, NKV, WGS,
+                                   DQ == BlockAttentionDq::BulkReduce, STAGES>;
+  detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
+                                                                      stream);
+  {
+    auto kernel = detail::sm90a_block_attention_bwd_context_wgmma_bf16_kernel<
+        D, BS, NH, NKV, WINDOW, CAUSAL, DQ, WGS, KEYS_FAST, WALK_DOWN, STAGES>;
+    size_t smem = C::smemBytes(args.N);
+    DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    const int keyTiles = (args.S + C::kKeys - 1) / C::kKeys;
+    dim3 grid = KEYS_FAST ? dim3(keyTiles, args.B * NKV)
+                          : dim3(args.B * NKV, keyTiles);
+    kernel<<<grid, C::kThreads, smem, stream>>>(args);
+    DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_bwd_context_wgmma_bf16");
+  }
+  detail::launchBlockAttentionBwdDq<D, BS, NH>(args, stream);
+}
+
+/// The backward the generated step calls: the wgmma context kernel where the
+/// shape allows (kWgmmaBackwardSupports), else the mma.sync backward. Same
+/// outputs and workspace (blockAttentionBwdWorkspaceBytes).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
+                              cudaStream_t stream) {
+  if constexpr (kWgmmaBackwardSupports<D, BS, NH, NKV>)
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+        args, stream);
+  else
+    sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
+                                                                  stream);
+}
+
+} // namespace dflash::kernels
+
+#endif // DFLASH_KERNELS_BLOCKATTENTIONBWDWGMMA_CUH
