@@ -140,6 +140,35 @@ groupContextKeys(const int32_t *anchors, const uint8_t *keep, int nFirst,
   }
 }
 
+/// Backward, key-tile major: whether the query tile t (rows [t MQ, (t+1) MQ)
+/// of blocks of blockRows rows) sees any context key of [j0, j0 + KT), and
+/// whether all of its rows see all of them (no masking needed: every block
+/// kept, the tile unpadded and not past the last row). sAnchor[n] < 0 marks
+/// a dropped block.
+template <int BS, int WINDOW>
+__device__ __forceinline__ void
+queryTileSeesKeys(int t, int MQ, int blockRows, int N, int totalRows,
+                  bool unpadded, const int *sAnchor, int j0, int KT,
+                  bool &seen, bool &whole) {
+  int nA = t * MQ / blockRows;
+  int nB = min(N - 1, ((t + 1) * MQ - 1) / blockRows);
+  bool allKept = unpadded && (t + 1) * MQ <= totalRows;
+  int aMin = INT_MAX, loMax = 0;
+  seen = false;
+  for (int n = nA; n <= nB; ++n) {
+    int a = sAnchor[n];
+    if (a < 0) {
+      allKept = false;
+      continue;
+    }
+    int loN = WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0;
+    seen |= a > j0 && loN < j0 + KT;
+    aMin = min(aMin, a);
+    loMax = max(loMax, WINDOW > 0 ? max(0, a + BS - 1 - (WINDOW - 1)) : 0);
+  }
+  whole = seen && allKept && j0 + KT <= aMin && j0 >= loMax;
+}
+
 /// S = Q K^T for one warp's 16 rows against NK keys of a shared tile; qf is
 /// the warp's Q as A fragments.
 template <int D, int NK>
@@ -812,24 +841,9 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kBwdThreads), 1)
   for (int base = 0; base < numQueryTiles; base += T::kBwdThreads) {
     int t = base + threadIdx.x;
     bool seen = false, whole = false;
-    if (t < numQueryTiles) {
-      int nA = t * MQ / T::kBlockRows;
-      int nB = min(N - 1, ((t + 1) * MQ - 1) / T::kBlockRows);
-      bool allKept = MQ == MQP && (t + 1) * MQ <= totalRows;
-      int aMin = INT_MAX, loMax = 0;
-      for (int n = nA; n <= nB; ++n) {
-        int a = sAnchor[n];
-        if (a < 0) {
-          allKept = false;
-          continue;
-        }
-        int loN = WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0;
-        seen |= a > j0 && loN < j0 + KT;
-        aMin = min(aMin, a);
-        loMax = max(loMax, WINDOW > 0 ? max(0, a + BS - 1 - (WINDOW - 1)) : 0);
-      }
-      whole = seen && allKept && j0 + KT <= aMin && j0 >= loMax;
-    }
+    if (t < numQueryTiles)
+      queryTileSeesKeys<BS, WINDOW>(t, MQ, T::kBlockRows, N, totalRows,
+                                    MQ == MQP, sAnchor, j0, KT, seen, whole);
     unsigned ballot = __ballot_sync(0xffffffffu, seen);
     if (lane == 0)
       sCount[warp] = __popc(ballot);

@@ -186,24 +186,9 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   for (int base = 0; base < numQueryTiles; base += kThreads) {
     int t = base + tid;
     bool seen = false, whole = false;
-    if (t < numQueryTiles) {
-      int nA = t * MQ / T::kBlockRows;
-      int nB = min(N - 1, ((t + 1) * MQ - 1) / T::kBlockRows);
-      bool allKept = (t + 1) * MQ <= totalRows;
-      int aMin = INT_MAX, loMax = 0;
-      for (int n = nA; n <= nB; ++n) {
-        int a = sAnchor[n];
-        if (a < 0) {
-          allKept = false;
-          continue;
-        }
-        int loN = WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0;
-        seen |= a > j0 && loN < j0 + KT;
-        aMin = min(aMin, a);
-        loMax = max(loMax, WINDOW > 0 ? max(0, a + BS - 1 - (WINDOW - 1)) : 0);
-      }
-      whole = seen && allKept && j0 + KT <= aMin && j0 >= loMax;
-    }
+    if (t < numQueryTiles)
+      queryTileSeesKeys<BS, WINDOW>(t, MQ, T::kBlockRows, N, totalRows, true,
+                                    sAnchor, j0, KT, seen, whole);
     unsigned ballot = __ballot_sync(0xffffffffu, seen);
     if (lane == 0)
       sCount[tid / 32] = __popc(ballot);
