@@ -33,6 +33,7 @@
 #ifndef DFLASH_KERNELS_BLOCKATTENTION_CUH
 #define DFLASH_KERNELS_BLOCKATTENTION_CUH
 
+#include "kernels/AttentionLimits.h"
 #include "kernels/CudaCheck.cuh"
 #include "kernels/WarpMma.cuh"
 
@@ -1223,14 +1224,12 @@ void sm90_block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
   {
     auto kernel = detail::sm90_block_attention_bwd_context_bf16_kernel<
         D, BS, NH, NKV, WINDOW, CAUSAL, DQ>;
-    int numQueryTiles =
-        (args.N * T::kBlockRows + T::kBwdRows - 1) / T::kBwdRows;
-    size_t smem =
-        (2 * T::kBwdKeyTile * D + 4 * 64 * D + T::kBwdKeyTile * 64) *
-            sizeof(bf16) +
-        (8 * 64 + T::kBwdWarps + args.N + numQueryTiles) * sizeof(int);
-    if (DQ == BlockAttentionDq::BulkReduce)
-      smem += 16 + 64 * detail::dqStageStride<D>() * sizeof(float);
+    static_assert(T::kBwdRows == mmaSyncBwdQueryTileRows(T::kBlockRows) &&
+                      T::kBwdKeyTile == 128 && T::kBwdWarps == 8 &&
+                      detail::dqStageStride<D>() == D + 4,
+                  "AttentionLimits.h sizes this kernel's shared memory");
+    size_t smem = size_t(mmaSyncBwdContextSmemBytes(
+        D, T::kBlockRows, args.N, DQ == BlockAttentionDq::BulkReduce));
     DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     dim3 grid(args.B * NKV, (args.S + T::kBwdKeyTile - 1) / T::kBwdKeyTile);

@@ -48,9 +48,7 @@ namespace dflash::kernels {
 /// 64 rows made of whole blocks (bs * nh / nkv dividing 64) or of half blocks
 /// (128 rows per block).
 template <int D, int BS, int NH, int NKV>
-constexpr bool kWgmmaBackwardSupports =
-    D == 128 && NKV > 0 && NH % NKV == 0 && BS <= 64 &&
-    (64 % (BS * (NH / NKV)) == 0 || BS * (NH / NKV) == 128);
+constexpr bool kWgmmaBackwardSupports = wgmmaBackwardSupports(D, BS, NH, NKV);
 
 namespace detail {
 
@@ -106,9 +104,10 @@ struct WgmmaBwdConfig {
   // [N] and the tile list.
   static constexpr size_t kOffCount = kOffRows + 4 * STAGES * kRows * 4;
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
+  static_assert(kFixedBytes == wgmmaBwdContextFixedBytes(D, WGS, STAGE, STAGES),
+                "AttentionLimits.h sizes this kernel's shared memory");
   static size_t smemBytes(int N) {
-    int tiles = (N * T::kBlockRows + kRows - 1) / kRows;
-    return 1024 + kFixedBytes + size_t(N + tiles) * sizeof(int);
+    return size_t(wgmmaBwdContextSmemBytes(kFixedBytes, T::kBlockRows, N));
   }
 };
 

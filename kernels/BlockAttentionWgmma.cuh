@@ -568,8 +568,7 @@ void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
 /// Whether the wgmma forward handles a shape: one block of 64 query rows per
 /// warpgroup, head dim 64 or 128.
 template <int D, int BS, int NH, int NKV>
-constexpr bool kWgmmaForwardSupports =
-    (D == 64 || D == 128) && NH % NKV == 0 && BS * (NH / NKV) == 64;
+constexpr bool kWgmmaForwardSupports = wgmmaForwardSupports(D, BS, NH, NKV);
 
 /// The forward the generated step calls: wgmma (KT = 64, the fastest
 /// variant measured, bench/kernels/NOTES.md) where the shape allows, else the

@@ -144,6 +144,12 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   }
 
   mlir::MLIRContext context;
+  // Errors name a spec line; the op behind them is for compiler developers,
+  // who ask for it with --mlir-print-op-on-diagnostic.
+  auto &options = llvm::cl::getRegisteredOptions();
+  auto printOp = options.find("mlir-print-op-on-diagnostic");
+  if (printOp == options.end() || !printOp->second->getNumOccurrences())
+    context.printOpOnDiagnostic(false);
   // Diagnostics point into the spec file: "specs/x.toml:14:3: error: ...".
   llvm::SourceMgr sourceMgr;
   if (auto buffer = llvm::MemoryBuffer::getFile(inputFile))

@@ -15,6 +15,7 @@
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Target/Cuda/Manifest.h"
 #include "dialect/DFlashOps.h"
+#include "kernels/AttentionLimits.h"
 
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -246,6 +247,23 @@ LogicalResult StepEmitter::emitAttention(Operation *op, bool backward) {
           "      a.N = kBlocks.N;\n"
        << "      " << name << "(a, stream);\n";
   } else {
+    // The backward keeps every block's anchor in shared memory: reject what
+    // the GPU cannot launch here, naming the spec field, not at run time.
+    const int64_t N = qt.getDimSize(1) / BS;
+    const int64_t limit = ::dflash::kernels::kSharedMemoryPerBlockOptIn;
+    auto smemFor = [&](int64_t n) {
+      return ::dflash::kernels::blockAttentionBwdSmemBytes(D, BS, NH, NKV, n);
+    };
+    if (smemFor(N) > limit) {
+      int64_t fits = N;
+      while (fits > 1 && smemFor(fits) > limit)
+        --fits;
+      return op->emitOpError()
+             << "needs " << (smemFor(N) + 1023) / 1024
+             << " KiB of shared memory per CTA for " << N
+             << " anchors per row; sm_90 allows " << limit / 1024
+             << " KiB: 'training.anchors_per_row' must be at most " << fits;
+    }
     auto o = cast<BlockAttentionGradOp>(op);
     std::string name = "attention_bwd_" + suffix;
     wrapper(name,

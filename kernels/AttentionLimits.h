@@ -1,0 +1,90 @@
+//===- AttentionLimits.h - Which attention kernel, and its shared memory -===//
+//
+// Plain C++ (no CUDA), so that the compiler can include it: it picks the
+// attention kernels the way the generated step's dispatchers do
+// (block_attention_fwd_bf16, block_attention_bwd_bf16), and it rejects a
+// spec whose attention backward would need more shared memory per CTA than
+// the GPU has, before nvcc runs. The backward's context kernels keep every
+// block's anchor and the list of query tiles in shared memory, so their
+// need grows with the anchors per row; everything else is fixed. The CUDA
+// headers compute their launch sizes with these functions.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_ATTENTIONLIMITS_H
+#define DFLASH_KERNELS_ATTENTIONLIMITS_H
+
+#include <cstdint>
+
+namespace dflash::kernels {
+
+/// Dynamic shared memory one CTA may opt in to on sm_90 (H100, H200).
+constexpr int64_t kSharedMemoryPerBlockOptIn = 227 * 1024;
+
+/// The wgmma forward: one block of 64 query rows per warpgroup.
+constexpr bool wgmmaForwardSupports(int64_t d, int64_t bs, int64_t nh,
+                                    int64_t nkv) {
+  return (d == 64 || d == 128) && nkv > 0 && nh % nkv == 0 &&
+         bs * (nh / nkv) == 64;
+}
+
+/// The wgmma backward: head dim 128, 64-row query tiles of whole blocks
+/// (bs * nh / nkv dividing 64) or of half blocks (128 rows per block).
+constexpr bool wgmmaBackwardSupports(int64_t d, int64_t bs, int64_t nh,
+                                     int64_t nkv) {
+  return d == 128 && nkv > 0 && nh % nkv == 0 && bs <= 64 &&
+         (64 % (bs * (nh / nkv)) == 0 || bs * (nh / nkv) == 128);
+}
+
+/// Query rows per tile of the mma.sync context backward: whole blocks up to
+/// 64 rows, or half a block of 128.
+constexpr int64_t mmaSyncBwdQueryTileRows(int64_t blockRows) {
+  return blockRows <= 64 ? (64 / blockRows) * blockRows : 64;
+}
+
+/// Shared memory of the mma.sync context backward for N anchors per row:
+/// K/V tiles of 128 keys, Q/dO double buffers of 64 rows, the P^T stage,
+/// per-row terms, then anchors [N] and the tile list; with bulk dQ
+/// reductions, an fp32 [64 x (d + 4)] stage and its barrier.
+constexpr int64_t mmaSyncBwdContextSmemBytes(int64_t d, int64_t blockRows,
+                                             int64_t n, bool bulkReduce) {
+  const int64_t tileRows = mmaSyncBwdQueryTileRows(blockRows);
+  const int64_t tiles = (n * blockRows + tileRows - 1) / tileRows;
+  return (2 * 128 * d + 4 * 64 * d + 128 * 64) * 2 +
+         (8 * 64 + 8 + n + tiles) * 4 +
+         (bulkReduce ? 16 + 64 * (d + 4) * 4 : 0);
+}
+
+/// The fixed part of the wgmma context backward's shared memory: K/V of
+/// 64 * wgs keys, `stages` Q/dO buffers of 64 rows, dS^T, the optional fp32
+/// dQ stage, per-row terms and the warp counts.
+constexpr int64_t wgmmaBwdContextFixedBytes(int64_t d, int64_t wgs,
+                                            bool dqStage, int64_t stages) {
+  const int64_t keys = 64 * wgs;
+  return 2 * keys * d * 2 + 2 * stages * 64 * d * 2 + keys * 64 * 2 +
+         (dqStage ? 64 * (d + 4) * 4 : 0) + 4 * stages * 64 * 4 + 4 * wgs * 4;
+}
+
+/// All of it for N anchors per row: the fixed part after up to 1024 bytes of
+/// alignment, then anchors [N] and the list of 64-row query tiles.
+constexpr int64_t wgmmaBwdContextSmemBytes(int64_t fixedBytes,
+                                           int64_t blockRows, int64_t n) {
+  return 1024 + fixedBytes + (n + (n * blockRows + 63) / 64) * 4;
+}
+
+/// Shared memory of the context kernel that block_attention_bwd_bf16 runs
+/// (its defaults: wgmma with two warpgroups, atomics, two stages; else
+/// mma.sync with bulk reductions).
+constexpr int64_t blockAttentionBwdSmemBytes(int64_t d, int64_t bs,
+                                             int64_t nh, int64_t nkv,
+                                             int64_t n) {
+  const int64_t blockRows = bs * (nh / nkv);
+  if (wgmmaBackwardSupports(d, bs, nh, nkv))
+    return wgmmaBwdContextSmemBytes(
+        wgmmaBwdContextFixedBytes(d, 2, /*dqStage=*/false, 2), blockRows, n);
+  return mmaSyncBwdContextSmemBytes(d, blockRows, n, /*bulkReduce=*/true);
+}
+
+} // namespace dflash::kernels
+
+#endif // DFLASH_KERNELS_ATTENTIONLIMITS_H
