@@ -170,6 +170,38 @@ queryTileSeesKeys(int t, int MQ, int blockRows, int N, int totalRows,
   whole = seen && allKept && j0 + KT <= aMin && j0 >= loMax;
 }
 
+/// Lists, in order, the query tiles that see any key of [j0, j0 + KT) as
+/// sList[i] = tile * 2 + whole, and returns how many there are. Every
+/// thread of the CTA (WARPS warps) calls it; sCount holds a count per warp.
+template <int BS, int WINDOW, int WARPS>
+__device__ __forceinline__ int
+listQueryTilesSeeingKeys(int numQueryTiles, int MQ, int blockRows, int N,
+                         int totalRows, bool unpadded, const int *sAnchor,
+                         int j0, int KT, int *sCount, int *sList) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int count = 0;
+  for (int base = 0; base < numQueryTiles; base += WARPS * 32) {
+    int t = base + threadIdx.x;
+    bool seen = false, whole = false;
+    if (t < numQueryTiles)
+      queryTileSeesKeys<BS, WINDOW>(t, MQ, blockRows, N, totalRows, unpadded,
+                                    sAnchor, j0, KT, seen, whole);
+    unsigned ballot = __ballot_sync(0xffffffffu, seen);
+    if (lane == 0)
+      sCount[warp] = __popc(ballot);
+    __syncthreads();
+    int pos = count;
+    for (int w = 0; w < warp; ++w)
+      pos += sCount[w];
+    if (seen)
+      sList[pos + __popc(ballot & ((1u << lane) - 1u))] = t * 2 + whole;
+    for (int w = 0; w < WARPS; ++w)
+      count += sCount[w];
+    __syncthreads();
+  }
+  return count;
+}
+
 /// S = Q K^T for one warp's 16 rows against NK keys of a shared tile; qf is
 /// the warp's Q as A fragments.
 template <int D, int NK>
@@ -838,26 +870,9 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kBwdThreads), 1)
   __syncthreads();
 
   // The query tiles whose blocks see any key of [j0, j0 + KT), in order.
-  int count = 0;
-  for (int base = 0; base < numQueryTiles; base += T::kBwdThreads) {
-    int t = base + threadIdx.x;
-    bool seen = false, whole = false;
-    if (t < numQueryTiles)
-      queryTileSeesKeys<BS, WINDOW>(t, MQ, T::kBlockRows, N, totalRows,
-                                    MQ == MQP, sAnchor, j0, KT, seen, whole);
-    unsigned ballot = __ballot_sync(0xffffffffu, seen);
-    if (lane == 0)
-      sCount[warp] = __popc(ballot);
-    __syncthreads();
-    int pos = count;
-    for (int w = 0; w < warp; ++w)
-      pos += sCount[w];
-    if (seen)
-      sList[pos + __popc(ballot & ((1u << lane) - 1u))] = t * 2 + whole;
-    for (int w = 0; w < NW; ++w)
-      count += sCount[w];
-    __syncthreads();
-  }
+  const int count = listQueryTilesSeeingKeys<BS, WINDOW, NW>(
+      numQueryTiles, MQ, T::kBlockRows, N, totalRows, MQ == MQP, sAnchor, j0,
+      KT, sCount, sList);
 
   auto loadQueryTile = [&](int t, int buf) {
     bf16 *tQ = sQ + buf * 64 * D, *tdO = sdO + buf * 64 * D;

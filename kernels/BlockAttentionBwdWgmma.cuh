@@ -181,26 +181,9 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
 
   // The query tiles whose blocks see any key of [j0, j0 + KT), in order;
   // `whole` where every row of the tile sees every key.
-  int count = 0;
-  for (int base = 0; base < numQueryTiles; base += kThreads) {
-    int t = base + tid;
-    bool seen = false, whole = false;
-    if (t < numQueryTiles)
-      queryTileSeesKeys<BS, WINDOW>(t, MQ, T::kBlockRows, N, totalRows, true,
-                                    sAnchor, j0, KT, seen, whole);
-    unsigned ballot = __ballot_sync(0xffffffffu, seen);
-    if (lane == 0)
-      sCount[tid / 32] = __popc(ballot);
-    __syncthreads();
-    int pos = count;
-    for (int w = 0; w < tid / 32; ++w)
-      pos += sCount[w];
-    if (seen)
-      sList[pos + __popc(ballot & ((1u << lane) - 1u))] = t * 2 + whole;
-    for (int w = 0; w < NW; ++w)
-      count += sCount[w];
-    __syncthreads();
-  }
+  const int count = listQueryTilesSeeingKeys<BS, WINDOW, NW>(
+      numQueryTiles, MQ, T::kBlockRows, N, totalRows, true, sAnchor, j0, KT,
+      sCount, sList);
 
   auto rowIndex = [&](int row) -> int64_t { // into [B, Q, nh]
     int n = row / T::kBlockRows, k = (row % T::kBlockRows) / G, hh = row % G;
