@@ -3,6 +3,7 @@
 #include "compiler/Driver/Summary.h"
 
 #include "compiler/Analysis/FlopCount.h"
+#include "kernels/AttentionLimits.h"
 #include "llvm/Support/Format.h"
 
 using namespace ::dflash;
@@ -59,6 +60,16 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
                : std::string("full"));
   }
   os << "\n";
+  // The attention kernels the generated step's dispatchers pick: users see
+  // whether their shape is on the fast (wgmma) path.
+  auto kernelName = [](bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; };
+  int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads,
+          NKV = s.numKvHeads;
+  os << "  attention  forward "
+     << kernelName(::dflash::kernels::wgmmaForwardSupports(D, BS, NH, NKV))
+     << ", backward "
+     << kernelName(::dflash::kernels::wgmmaBackwardSupports(D, BS, NH, NKV))
+     << " (" << BS * (NH / NKV) << " query rows per block and kv head)\n";
   int64_t params = s.numParameters();
   os << "  parameters " << humanCount(double(params), "") << " ("
      << humanBytes(2.0 * params) << " bf16; "
