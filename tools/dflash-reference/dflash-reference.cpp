@@ -254,7 +254,8 @@ rt::Status writeStepDump(const std::string &path, const StepSignature &sig,
 
 int main(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
-  cl::HideUnrelatedOptions({&category, &cl::getGeneralCategory()});
+  // libLLVM registers hundreds of backend options; show only ours.
+  cl::HideUnrelatedOptions(category);
   cl::ParseCommandLineOptions(
       argc, argv,
       "dflash-reference: runs a drafter's compiled training step on the CPU\n\n"
