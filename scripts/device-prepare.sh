@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Prepares, on a machine without a GPU, what the device scripts
+# (scripts/device-*.sh) run on the GPU machine, under .device/ (git-ignored;
+# carry it with the device tool's `carry`):
+#   .device/bin/   GPU test binaries and trainers (no MPI: the GPU machine
+#                  has none), train-<name> for each spec below
+#   .device/specs/ the derived specs the multi-GPU checks compile
+#   .device/tiny/  a synthetic tiny problem as files (target, data, init)
+#   .device/ref/   dflash-reference losses and parameters on those files
+#                  (bf16 storage and fp64), and the trainers' manifests
+# Usage: scripts/device-prepare.sh [--no-qwen]   (qwen3-8b trainers take a
+# few minutes of nvcc each)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+D=.device
+nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
+qwen=1
+[[ ${1:-} == --no-qwen ]] && qwen=0
+mkdir -p "$D/bin" "$D/specs" "$D/ref" "$D/gen"
+
+step() { echo "device-prepare: $*"; }
+
+# The compiler and the GPU tests, built without MPI.
+if [[ ! -f build-dev/build.ninja ]]; then
+  step "configuring build-dev"
+  cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > /dev/null
+fi
+step "building build-dev"
+ninja -C build-dev > "$D/build-dev.log" || { tail -20 "$D/build-dev.log"; exit 1; }
+for t in AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest \
+         RuntimeTrainerTest GeneratedStepThreadsTest; do
+  cp "build-dev/test/gpu/$t" "$D/bin/"
+done
+dflashc=build-dev/bin/dflashc
+
+# Derived specs: tiny with small buckets (several per step), its ZeRO-1
+# forms for two GPUs and for one, qwen3-8b's ZeRO-1 form for two GPUs.
+sed 's/^name = .*/name = "tiny-b1"/' specs/tiny.toml > "$D/specs/tiny-b1.toml"
+printf '\n[parallel]\nbucket_mib = 1\n' >> "$D/specs/tiny-b1.toml"
+sed 's/^name = .*/name = "tiny-zero1"/' specs/tiny.toml > "$D/specs/tiny-zero1.toml"
+printf '\n[parallel]\ngpus_per_node = 2\nbucket_mib = 1\nshard_optimizer_state = true\n' \
+  >> "$D/specs/tiny-zero1.toml"
+sed 's/^name = .*/name = "tiny-zero1-one"/' specs/tiny.toml > "$D/specs/tiny-zero1-one.toml"
+printf '\n[parallel]\nbucket_mib = 1\nshard_optimizer_state = true\n' \
+  >> "$D/specs/tiny-zero1-one.toml"
+sed 's/^name = .*/name = "qwen3-8b-zero1"/' specs/qwen3-8b-b16.toml > "$D/specs/qwen3-8b-zero1.toml"
+printf '\n[parallel]\ngpus_per_node = 2\nshard_optimizer_state = true\n' \
+  >> "$D/specs/qwen3-8b-zero1.toml"
+
+# One trainer: emit its sources, build them without MPI, keep the binary
+# and the manifest (FLOPs per step).
+trainer() {
+  local name=$1 spec=$2 dir=$D/gen/$1
+  step "trainer $name ($spec)"
+  rm -rf "$dir"
+  "$dflashc" "$spec" --emit=cuda -o "$dir" > /dev/null
+  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDFLASH_TRAINER_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
+  ninja -C "$dir/build" > "$dir.build.log" || { tail -20 "$dir.build.log"; exit 1; }
+  cp "$dir/build/train" "$D/bin/train-$name"
+  cp "$dir/manifest.json" "$D/ref/$name-manifest.json"
+}
+trainer tiny specs/tiny.toml
+for n in tiny-b1 tiny-zero1 tiny-zero1-one; do trainer "$n" "$D/specs/$n.toml"; done
+if [[ $qwen == 1 ]]; then
+  trainer qwen3-8b specs/qwen3-8b-b16.toml
+  trainer qwen3-8b-zero1 "$D/specs/qwen3-8b-zero1.toml"
+fi
+
+# The tiny problem as files, and the CPU reference's 10 steps on them.
+step "synthetic tiny problem and the CPU reference"
+build-dev/bin/dflash-synth specs/tiny.toml "$D/tiny" > /dev/null
+for p in storage exact; do
+  suffix=$([[ $p == exact ]] && echo -exact || true)
+  build-dev/bin/dflash-reference specs/tiny.toml --target "$D/tiny/target" \
+    --data "$D/tiny/data" --init "$D/tiny/init" --steps 10 --precision "$p" \
+    --save "$D/ref/tiny-params$suffix" > "$D/ref/tiny-losses$suffix.jsonl"
+done
+rm -rf "$D/gen"
+du -sh "$D"
+step "done; carry [\".device\"] (the device tool takes 64 MiB at most)"
