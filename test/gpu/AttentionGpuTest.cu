@@ -17,6 +17,7 @@
 #include "test/gpu/GpuTestUtil.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 #include <set>
 
@@ -203,50 +204,72 @@ void sweepWgmma(int B, int S, int N, uint64_t seed) {
                                                seed + 1);
 }
 
+/// The backward's outputs and workspace, poisoned, and its arguments over a
+/// problem and the forward's out and lse.
+struct BackwardRun {
+  DeviceBuffer<bf16> dq, dck, dcv, ddk, ddv;
+  DeviceBuffer<float> dqAccum, dot;
+  kernels::BlockAttentionBwdArgs args{};
+
+  BackwardRun(const Problem &p, const DeviceBuffer<bf16> &out,
+              const DeviceBuffer<float> &lse)
+      : dq(p.qElems), dck(p.ctxElems), dcv(p.ctxElems), ddk(p.draftElems),
+        ddv(p.draftElems), dqAccum(p.qElems), dot(p.refLse.size()) {
+    poisonAll(dq, dck, dcv, ddk, ddv, dqAccum, dot);
+    args.dOut = p.dOut.ptr();
+    args.q = p.q.ptr();
+    args.contextKeys = p.ck.ptr();
+    args.contextValues = p.cv.ptr();
+    args.draftKeys = p.dk.ptr();
+    args.draftValues = p.dv.ptr();
+    args.anchors = p.dAnchors.get();
+    args.keep = p.dKeep.get();
+    args.out = out.get();
+    args.lse = lse.get();
+    args.dq = dq.get();
+    args.dContextKeys = dck.get();
+    args.dContextValues = dcv.get();
+    args.dDraftKeys = ddk.get();
+    args.dDraftValues = ddv.get();
+    args.dqAccum = dqAccum.get();
+    args.dOutDotOut = dot.get();
+    args.B = p.B;
+    args.S = p.S;
+    args.N = p.N;
+  }
+
+  /// Each gradient within 2e-2 relative of the reference (NaN fails);
+  /// returns the errors of dq, dK/dV of context keys, dK/dV of draft keys.
+  std::array<double, 5> expectClose(const Problem &p) const {
+    const double tol = 2e-2;
+    std::array<double, 5> e = {
+        gputest::relativeError(downloadBf16(dq), p.refDq),
+        gputest::relativeError(downloadBf16(dck), p.refDck),
+        gputest::relativeError(downloadBf16(dcv), p.refDcv),
+        gputest::relativeError(downloadBf16(ddk), p.refDdk),
+        gputest::relativeError(downloadBf16(ddv), p.refDdv)};
+    const char *names[5] = {"dq", "dContextKeys", "dContextValues",
+                            "dDraftKeys", "dDraftValues"};
+    for (int i = 0; i < 5; ++i)
+      EXPECT_LE(e[i], tol) << names[i] << ": relative error " << e[i];
+    return e;
+  }
+};
+
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           kernels::BlockAttentionDq DQ>
 void checkBackward(const Problem &p, const DeviceBuffer<bf16> &out,
                    const DeviceBuffer<float> &lse) {
   SCOPED_TRACE(testing::Message() << "backward dq mode " << int(DQ));
-  DeviceBuffer<bf16> dq(p.qElems), dck(p.ctxElems), dcv(p.ctxElems),
-      ddk(p.draftElems), ddv(p.draftElems);
-  DeviceBuffer<float> dqAccum(p.qElems), dot(p.refLse.size());
-  poisonAll(dq, dck, dcv, ddk, ddv, dqAccum, dot);
-  kernels::BlockAttentionBwdArgs ba{};
-  ba.dOut = p.dOut.ptr();
-  ba.q = p.q.ptr();
-  ba.contextKeys = p.ck.ptr();
-  ba.contextValues = p.cv.ptr();
-  ba.draftKeys = p.dk.ptr();
-  ba.draftValues = p.dv.ptr();
-  ba.anchors = p.dAnchors.get();
-  ba.keep = p.dKeep.get();
-  ba.out = out.get();
-  ba.lse = lse.get();
-  ba.dq = dq.get();
-  ba.dContextKeys = dck.get();
-  ba.dContextValues = dcv.get();
-  ba.dDraftKeys = ddk.get();
-  ba.dDraftValues = ddv.get();
-  ba.dqAccum = dqAccum.get();
-  ba.dOutDotOut = dot.get();
-  ba.B = p.B;
-  ba.S = p.S;
-  ba.N = p.N;
-  kernels::sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, DQ>(ba,
-                                                                             0);
+  BackwardRun run(p, out, lse);
+  kernels::sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, DQ>(
+      run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  const double tol = 2e-2;
-  EXPECT_CLOSE(downloadBf16(dq), p.refDq, tol, "dq");
-  EXPECT_CLOSE(downloadBf16(dck), p.refDck, tol, "dContextKeys");
-  EXPECT_CLOSE(downloadBf16(dcv), p.refDcv, tol, "dContextValues");
-  EXPECT_CLOSE(downloadBf16(ddk), p.refDdk, tol, "dDraftKeys");
-  EXPECT_CLOSE(downloadBf16(ddv), p.refDdv, tol, "dDraftValues");
+  run.expectClose(p);
 }
 
 /// The wgmma backward (context kernel on wgmma) on the forward's out and
-/// lse: every output poisoned first, each compared as checkBackward does;
-/// prints the relative errors.
+/// lse, checked as checkBackward does; prints the relative errors.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           kernels::BlockAttentionDq DQ, int WGS, bool WALK_DOWN, bool KEYS_FAST,
           int STAGES = 2>
@@ -256,45 +279,12 @@ void checkBackwardWgmma(const Problem &p, const DeviceBuffer<bf16> &out,
                << "wgmma backward dq mode " << int(DQ) << " WGS=" << WGS
                << " WALK_DOWN=" << WALK_DOWN << " KEYS_FAST=" << KEYS_FAST
                << " STAGES=" << STAGES);
-  DeviceBuffer<bf16> dq(p.qElems), dck(p.ctxElems), dcv(p.ctxElems),
-      ddk(p.draftElems), ddv(p.draftElems);
-  DeviceBuffer<float> dqAccum(p.qElems), dot(p.refLse.size());
-  poisonAll(dq, dck, dcv, ddk, ddv, dqAccum, dot);
-  kernels::BlockAttentionBwdArgs ba{};
-  ba.dOut = p.dOut.ptr();
-  ba.q = p.q.ptr();
-  ba.contextKeys = p.ck.ptr();
-  ba.contextValues = p.cv.ptr();
-  ba.draftKeys = p.dk.ptr();
-  ba.draftValues = p.dv.ptr();
-  ba.anchors = p.dAnchors.get();
-  ba.keep = p.dKeep.get();
-  ba.out = out.get();
-  ba.lse = lse.get();
-  ba.dq = dq.get();
-  ba.dContextKeys = dck.get();
-  ba.dContextValues = dcv.get();
-  ba.dDraftKeys = ddk.get();
-  ba.dDraftValues = ddv.get();
-  ba.dqAccum = dqAccum.get();
-  ba.dOutDotOut = dot.get();
-  ba.B = p.B;
-  ba.S = p.S;
-  ba.N = p.N;
+  BackwardRun run(p, out, lse);
   kernels::sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                                 DQ, WGS, WALK_DOWN, KEYS_FAST,
-                                                STAGES>(ba, 0);
+                                                STAGES>(run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  const double tol = 2e-2;
-  double e[5] = {gputest::relativeError(downloadBf16(dq), p.refDq),
-                 gputest::relativeError(downloadBf16(dck), p.refDck),
-                 gputest::relativeError(downloadBf16(dcv), p.refDcv),
-                 gputest::relativeError(downloadBf16(ddk), p.refDdk),
-                 gputest::relativeError(downloadBf16(ddv), p.refDdv)};
-  const char *names[5] = {"dq", "dContextKeys", "dContextValues", "dDraftKeys",
-                          "dDraftValues"};
-  for (int i = 0; i < 5; ++i)
-    EXPECT_LE(e[i], tol) << names[i] << ": relative error " << e[i];
+  std::array<double, 5> e = run.expectClose(p);
   std::printf("wgmma bwd D=%d BS=%d NH=%d NKV=%d W=%d DQ=%d WGS=%d down=%d "
               "KF=%d ST=%d B=%d S=%d N=%d: relative dq %.3g dck %.3g dcv %.3g "
               "ddk %.3g ddv %.3g\n",
