@@ -87,7 +87,7 @@ void BatchPrefetcher::freeSlot(Slot &slot) {
   slot.memory = nullptr;
 }
 
-Status BatchPrefetcher::start() {
+Status BatchPrefetcher::start(int64_t batchLimit) {
   if (worker.joinable())
     return Status::error("the batch prefetcher is started twice");
   for (Slot &slot : slots)
@@ -101,6 +101,7 @@ Status BatchPrefetcher::start() {
       freeSlots.push_back(i);
     stopping = failed = false;
     produced = 0;
+    limit = batchLimit;
   }
   worker = std::thread([this] { produce(); });
   return Status::success();
@@ -111,7 +112,16 @@ void BatchPrefetcher::produce() {
   const size_t B = size_t(config.rowsPerGpu), S = size_t(config.seqLen);
   const size_t N = size_t(config.anchorsPerRow);
   const size_t W = size_t(config.contextWidth());
-  for (;;) {
+  for (int64_t started = 0;; ++started) {
+    if (limit >= 0 && started == limit) {
+      std::lock_guard<std::mutex> lock(mutex);
+      failure = Status::error(
+          "the batch prefetcher was asked for more than its " +
+          std::to_string(limit) + " batches");
+      failed = true; // reported only to a consumer that asks for more
+      changed.notify_all();
+      return;
+    }
     size_t index;
     {
       std::unique_lock<std::mutex> lock(mutex);

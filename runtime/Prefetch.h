@@ -58,8 +58,11 @@ public:
   /// Stops the thread and frees the slots.
   ~BatchPrefetcher();
 
-  /// Allocates the slots and starts the thread.
-  Status start();
+  /// Allocates the slots and starts the thread, which reads at most `limit`
+  /// batches (the steps the run has left; negative: no limit), so that it
+  /// neither reads data nobody will use nor keeps the last step waiting on
+  /// exit for a batch being built.
+  Status start(int64_t limit = -1);
   /// Waits for the next batch in order. A read error of the loader is
   /// returned here, when the consumer reaches the batch that failed.
   Status acquire(PrefetchedBatch *&batch);
@@ -92,6 +95,7 @@ private:
   Status failure; ///< the loader's error, after the last good batch
   bool failed = false, stopping = false;
   int64_t produced = 0;
+  int64_t limit = -1;
   std::thread worker;
 };
 

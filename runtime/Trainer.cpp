@@ -805,7 +805,8 @@ Status Trainer::init(const TrainerInputs &inputs) {
   anchorRng = loader->anchorRngState();
   prefetcher = std::make_unique<BatchPrefetcher>(
       *loader, config, HostMemory::Pinned, options.prefetchSlots);
-  if (Status s = prefetcher->start(); !s.ok())
+  if (Status s = prefetcher->start(options.finalStep - completedSteps);
+      !s.ok())
     return s;
   if (Status s = cudaCallStatus(
           cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking),
@@ -1073,7 +1074,8 @@ Status Trainer::step(StepMetrics &metrics) {
   DataPosition positionAfter = batch->positionAfter;
   Rng::State rngAfter = batch->anchorRngAfter;
   lease.release();
-  stagingError = stageNextBatch();
+  if (completedSteps + 1 < options.finalStep) // the last step stages nothing
+    stagingError = stageNextBatch();
   if (Status s = waitForStep(metricsDone, where + ": running the step");
       !s.ok())
     return s;

@@ -1625,3 +1625,37 @@ TEST(TrainPrefetch, ReadErrorArrivesInOrder) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(), "shard-3.safetensors row 1: read failed");
 }
+
+// The thread reads only the batches the run has left: with a row that cannot
+// be read in the third batch, a limit of two never touches it, and a third
+// acquire names the limit instead of hanging.
+TEST(TrainPrefetch, ReadsNoMoreThanItsLimit) {
+  ModelConfig c = smallConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  SyntheticRowSource rows(problem, 8, false);
+  BatchLoader probe(rows, c, 7);
+  HostBatch batch;
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(probe.next(batch).ok());
+  FailingSource failing(rows, batch.rows[0]);
+  BatchLoader loader(failing, c, 7);
+  BatchPrefetcher prefetcher(loader, c, HostMemory::Pageable, 3);
+  ASSERT_TRUE(prefetcher.start(2).ok());
+  for (int i = 0; i < 2; ++i) {
+    PrefetchedBatch *b = nullptr;
+    Status s = prefetcher.acquire(b);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(b->sequence, i);
+    prefetcher.release(b);
+  }
+  PrefetchedBatch *b = nullptr;
+  Status s = prefetcher.acquire(b);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(),
+            "the batch prefetcher was asked for more than its 2 batches");
+  prefetcher.stop();
+  // The loader stopped after two batches: the next one it gives is the
+  // third, which reads the failing row.
+  EXPECT_FALSE(loader.next(batch).ok());
+}
