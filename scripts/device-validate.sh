@@ -17,7 +17,7 @@ record() { results+=("$(printf '%-34s %s' "$1" "$2")"); }
 
 nvidia-smi -L | tee "$O/gpu.txt"
 
-for t in ${GPU_TESTS:-AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest RuntimeTrainerTest}; do
+for t in ${GPU_TESTS:-AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest RuntimeTrainerTest GeneratedStepThreadsTest}; do
   timeout 240 "$D/bin/$t" > "$O/$t.log" 2>&1
   rc=$?
   record "$t" "$([ $rc -eq 0 ] && echo passed || echo "FAILED rc=$rc") $(grep -E '^\[  PASSED|^\[  FAILED' "$O/$t.log" | tr '\n' ' ')"
