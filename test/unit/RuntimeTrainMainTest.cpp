@@ -1601,19 +1601,30 @@ TEST(TrainPrefetch, SameBatchesAndPositionsAsTheLoader) {
   prefetcher.stop();
 }
 
-TEST(TrainPrefetch, ReadErrorArrivesInOrder) {
+/// A loader over the synthetic rows whose third batch starts with a row that
+/// cannot be read.
+class TrainPrefetchThirdBatchFails : public ::testing::Test {
+protected:
+  void SetUp() override {
+    ASSERT_TRUE(problem.init(c, 7).ok());
+    rows = std::make_unique<SyntheticRowSource>(problem, 8, false);
+    BatchLoader probe(*rows, c, 7);
+    HostBatch batch;
+    for (int i = 0; i < 3; ++i)
+      ASSERT_TRUE(probe.next(batch).ok());
+    failing = std::make_unique<FailingSource>(*rows, batch.rows[0]);
+    loader = std::make_unique<BatchLoader>(*failing, c, 7);
+  }
+
   ModelConfig c = smallConfig();
   SyntheticProblem problem;
-  ASSERT_TRUE(problem.init(c, 7).ok());
-  SyntheticRowSource rows(problem, 8, false);
-  // The row the third batch reads first.
-  BatchLoader probe(rows, c, 7);
-  HostBatch batch;
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(probe.next(batch).ok());
-  FailingSource failing(rows, batch.rows[0]);
-  BatchLoader loader(failing, c, 7);
-  BatchPrefetcher prefetcher(loader, c, HostMemory::Pageable, 3);
+  std::unique_ptr<SyntheticRowSource> rows;
+  std::unique_ptr<FailingSource> failing;
+  std::unique_ptr<BatchLoader> loader;
+};
+
+TEST_F(TrainPrefetchThirdBatchFails, ReadErrorArrivesInOrder) {
+  BatchPrefetcher prefetcher(*loader, c, HostMemory::Pageable, 3);
   ASSERT_TRUE(prefetcher.start().ok());
   for (int i = 0; i < 2; ++i) {
     PrefetchedBatch *b = nullptr;
@@ -1626,21 +1637,11 @@ TEST(TrainPrefetch, ReadErrorArrivesInOrder) {
   EXPECT_EQ(s.message(), "shard-3.safetensors row 1: read failed");
 }
 
-// The thread reads only the batches the run has left: with a row that cannot
-// be read in the third batch, a limit of two never touches it, and a third
-// acquire names the limit instead of hanging.
-TEST(TrainPrefetch, ReadsNoMoreThanItsLimit) {
-  ModelConfig c = smallConfig();
-  SyntheticProblem problem;
-  ASSERT_TRUE(problem.init(c, 7).ok());
-  SyntheticRowSource rows(problem, 8, false);
-  BatchLoader probe(rows, c, 7);
-  HostBatch batch;
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(probe.next(batch).ok());
-  FailingSource failing(rows, batch.rows[0]);
-  BatchLoader loader(failing, c, 7);
-  BatchPrefetcher prefetcher(loader, c, HostMemory::Pageable, 3);
+// The thread reads only the batches the run has left: a limit of two never
+// touches the failing row, and a third acquire names the limit instead of
+// hanging.
+TEST_F(TrainPrefetchThirdBatchFails, ReadsNoMoreThanItsLimit) {
+  BatchPrefetcher prefetcher(*loader, c, HostMemory::Pageable, 3);
   ASSERT_TRUE(prefetcher.start(2).ok());
   for (int i = 0; i < 2; ++i) {
     PrefetchedBatch *b = nullptr;
@@ -1657,5 +1658,6 @@ TEST(TrainPrefetch, ReadsNoMoreThanItsLimit) {
   prefetcher.stop();
   // The loader stopped after two batches: the next one it gives is the
   // third, which reads the failing row.
-  EXPECT_FALSE(loader.next(batch).ok());
+  HostBatch batch;
+  EXPECT_FALSE(loader->next(batch).ok());
 }
