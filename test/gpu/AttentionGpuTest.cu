@@ -363,6 +363,35 @@ void sweep(int B, int S, int N, uint64_t seed) {
                                           seed + 1);
 }
 
+/// The entry points the generated step calls (block_attention_fwd_bf16,
+/// block_attention_bwd_bf16), whichever kernels they pick for the shape.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void checkStepEntryPoints(int B, int S, int N, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "entry points D=" << D << " BS=" << BS << " NH=" << NH
+               << " NKV=" << NKV << " WINDOW=" << WINDOW << " wgmma fwd "
+               << kernels::wgmmaForwardSupports(D, BS, NH, NKV) << " bwd "
+               << kernels::wgmmaBackwardSupports(D, BS, NH, NKV));
+  std::mt19937_64 rng(seed);
+  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, Anchors::ScatteredKeep0,
+            rng);
+  DeviceBuffer<bf16> out(p.qElems);
+  DeviceBuffer<float> lse(p.refLse.size());
+  poisonAll(out, lse);
+  kernels::BlockAttentionFwdArgs fa{p.q.ptr(),     p.ck.ptr(), p.cv.ptr(),
+                                    p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
+                                    p.dKeep.get(), out.get(),  lse.get(),
+                                    p.B,           p.S,        p.N};
+  kernels::block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  expectForwardClose(p, out, lse);
+  BackwardRun run(p, out, lse);
+  kernels::block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(run.args,
+                                                                    0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  run.expectClose(p);
+}
+
 } // namespace
 
 // qwen3-8b b16: 32/8 heads, d 128, two blocks (128 rows) per forward CTA.
@@ -454,4 +483,15 @@ TEST(BlockAttentionBwdWgmma, GroupOf8Bs16) {
 
 TEST(BlockAttentionBwdWgmma, NothingKept) {
   runBwdWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 46);
+}
+
+// What the generated step runs: wgmma both ways (qwen3-8b full and sliding),
+// wgmma forward only (gpt-oss, d 64), wgmma backward only (128 rows per
+// block), and neither (Llama's 40 rows).
+TEST(BlockAttentionStepEntryPoints, EveryKernelChoice) {
+  checkStepEntryPoints<128, 16, 32, 8, 0, false>(2, 300, 21, 41);
+  checkStepEntryPoints<128, 16, 32, 8, 200, true>(1, 700, 25, 42);
+  checkStepEntryPoints<64, 8, 16, 2, 0, false>(2, 200, 24, 43);
+  checkStepEntryPoints<128, 16, 8, 1, 0, false>(2, 200, 10, 44);
+  checkStepEntryPoints<128, 10, 8, 2, 0, false>(2, 220, 20, 45);
 }
