@@ -5,7 +5,8 @@
 # two GPUs also the data-parallel trainer and its ZeRO-1 form (scaling and
 # memory per GPU). Medians of steps 5 onwards. Logs go to $OUT.
 #   STEPS (30), ROWS (16 synthetic rows: enough for 30 steps on 2 GPUs and
-#   quick to generate), TORCH (1: run the PyTorch baseline)
+#   quick to generate), TORCH (1: run the PyTorch baselines, torch.compile
+#   with bf16 parameters updated directly and with fp32 masters)
 set -u
 D=.device
 O=${OUT:-/tmp/dflash-step-bench}
@@ -31,6 +32,10 @@ if [[ ${TORCH:-1} == 1 ]]; then
   timeout 300 python3 bench/step/torch_step.py --flops "$flops" --steps 6 --warmup 3 \
     --modes compile > "$O/torch.log" 2>&1
   echo "torch rc=$?"
+  # Like for like: fp32 master weights in the optimizer, as dflashc keeps.
+  timeout 300 python3 bench/step/torch_step.py --flops "$flops" --steps 6 --warmup 3 \
+    --modes compile --masters >> "$O/torch.log" 2>&1
+  echo "torch --masters rc=$?"
 fi
 
 python3 - "$O" <<'PY'

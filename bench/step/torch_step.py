@@ -7,6 +7,8 @@ attention through flex_attention (compiled) with the DFlash block mask, the
 weighted cross-entropy, backward, and AdamW. Modes:
   eager    the drafter eagerly, flex_attention compiled (the usual recipe)
   compile  torch.compile of the whole drafter (flex_attention inside)
+--masters keeps fp32 master weights for the optimizer as dflashc does (by
+default AdamW updates the bf16 parameters: less optimizer traffic).
 Prints one JSON line per mode: median step ms over --steps timed steps after
 --warmup, draft and context tokens/s, TFLOP/s (with --flops from dflashc's
 manifest.json), peak memory. Anchors are fixed across steps so that the block
@@ -117,6 +119,9 @@ def main():
     ap.add_argument("--flops", type=float, default=0.0, help="FLOPs per step")
     ap.add_argument("--modes", default="eager,compile")
     ap.add_argument("--anchor-layout", choices=["synthetic", "uniform"], default="synthetic")
+    ap.add_argument("--masters", action="store_true",
+                    help="fp32 master weights and gradients for clipping and AdamW, "
+                         "copied back to the bf16 parameters (what dflashc's step does)")
     a = ap.parse_args()
     windows = [int(w) for w in a.windows.split(",")] if a.windows else [0] * a.layers
     dev = "cuda"
@@ -172,7 +177,11 @@ def main():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         model = Drafter(a).to(dev, torch.bfloat16)
-        opt = torch.optim.AdamW(model.parameters(), lr=6e-4, fused=True)
+        params = list(model.parameters())
+        # --masters: the optimizer owns fp32 copies; the bf16 parameters only
+        # compute. Otherwise AdamW updates the bf16 parameters directly.
+        masters = [p.detach().float().requires_grad_() for p in params] if a.masters else params
+        opt = torch.optim.AdamW(masters, lr=6e-4, fused=True)
         fwd = torch.compile(model) if mode == "compile" else model
         times = []
         t0 = time.time()
@@ -183,9 +192,16 @@ def main():
             loss = fwd(hidden, noise_emb, ctx_pos, draft_pos, masks, lm_head,
                        labels, weights, flex)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if a.masters:
+                for m, p in zip(masters, params):
+                    m.grad = p.grad.float()
+                    p.grad = None
+            torch.nn.utils.clip_grad_norm_(masters, 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if a.masters:
+                with torch.no_grad():
+                    torch._foreach_copy_(params, masters)
             end.record()
             torch.cuda.synchronize()
             if it >= a.warmup:
@@ -193,14 +209,15 @@ def main():
         times.sort()
         ms = times[len(times) // 2]
         print(json.dumps({
-            "mode": "torch-" + mode, "step_ms": round(ms, 3),
+            "mode": "torch-" + mode + ("-masters" if a.masters else ""),
+            "step_ms": round(ms, 3),
             "draft_tokens_per_s": round(B * Q / ms * 1e3),
             "context_tokens_per_s": round(B * S / ms * 1e3),
             "tflops": round(a.flops / ms / 1e9, 1) if a.flops else None,
             "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
             "loss": round(float(loss.detach()), 4),
             "wall_s_incl_compile": round(time.time() - t0, 1)}), flush=True)
-        del model, opt, fwd
+        del model, opt, fwd, params, masters
 
 
 if __name__ == "__main__":
