@@ -122,10 +122,10 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/// normAndClip[0] = global norm, normAndClip[1] = clip coefficient.
-static __global__ void __launch_bounds__(1024)
-    adamw_clip_coefficient_kernel(const double *partials, int numChunks,
-                                  double maxNorm, float *normAndClip) {
+/// The sum of numChunks partials in a fixed order (the same for any grid
+/// that produced them), valid in thread 0 of a 1024-thread block.
+__device__ __forceinline__ double sumPartialsInOrder(const double *partials,
+                                                     int numChunks) {
   __shared__ double part[32];
   double acc = 0;
   for (int i = threadIdx.x; i < numChunks; i += 1024)
@@ -136,49 +136,19 @@ static __global__ void __launch_bounds__(1024)
   if (threadIdx.x % 32 == 0)
     part[threadIdx.x / 32] = acc;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double t = 0;
+  double t = 0;
+  if (threadIdx.x == 0)
     for (int w = 0; w < 32; ++w)
       t += part[w];
-    double norm = sqrt(t);
-    double clip = 1.0;
-    if (maxNorm > 0) {
-      clip = maxNorm / (norm + 1e-6);
-      if (clip > 1.0)
-        clip = 1.0;
-    }
-    normAndClip[0] = static_cast<float>(norm);
-    normAndClip[1] = static_cast<float>(clip);
-  }
+  return t;
 }
 
-/// sumOfSquares[0] = the sum of the chunks' partials, in a fixed order
-/// (ZeRO-1: one rank's share of the squared global norm).
-static __global__ void __launch_bounds__(1024)
-    adamw_square_sum_kernel(const double *partials, int numChunks,
-                            float *sumOfSquares) {
-  __shared__ double part[32];
-  double acc = 0;
-  for (int i = threadIdx.x; i < numChunks; i += 1024)
-    acc += partials[i];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  if (threadIdx.x % 32 == 0)
-    part[threadIdx.x / 32] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double t = 0;
-    for (int w = 0; w < 32; ++w)
-      t += part[w];
-    sumOfSquares[0] = static_cast<float>(t);
-  }
-}
-
-/// normAndClip from the squared global norm (summed over the ranks).
-static __global__ void adamw_clip_from_square_sum_kernel(
-    const float *sumOfSquares, double maxNorm, float *normAndClip) {
-  double norm = sqrt(static_cast<double>(sumOfSquares[0]));
+/// normAndClip[0] = global norm, normAndClip[1] = clip coefficient, from
+/// the squared global norm.
+__device__ __forceinline__ void writeNormAndClip(double squareSum,
+                                                 double maxNorm,
+                                                 float *normAndClip) {
+  double norm = sqrt(squareSum);
   double clip = 1.0;
   if (maxNorm > 0) {
     clip = maxNorm / (norm + 1e-6);
@@ -187,6 +157,32 @@ static __global__ void adamw_clip_from_square_sum_kernel(
   }
   normAndClip[0] = static_cast<float>(norm);
   normAndClip[1] = static_cast<float>(clip);
+}
+
+/// normAndClip from the chunks' partial sums of squares.
+static __global__ void __launch_bounds__(1024)
+    adamw_clip_coefficient_kernel(const double *partials, int numChunks,
+                                  double maxNorm, float *normAndClip) {
+  double t = sumPartialsInOrder(partials, numChunks);
+  if (threadIdx.x == 0)
+    writeNormAndClip(t, maxNorm, normAndClip);
+}
+
+/// sumOfSquares[0] = the sum of the chunks' partials, in a fixed order
+/// (ZeRO-1: one rank's share of the squared global norm).
+static __global__ void __launch_bounds__(1024)
+    adamw_square_sum_kernel(const double *partials, int numChunks,
+                            float *sumOfSquares) {
+  double t = sumPartialsInOrder(partials, numChunks);
+  if (threadIdx.x == 0)
+    sumOfSquares[0] = static_cast<float>(t);
+}
+
+/// normAndClip from the squared global norm (summed over the ranks).
+static __global__ void adamw_clip_from_square_sum_kernel(
+    const float *sumOfSquares, double maxNorm, float *normAndClip) {
+  writeNormAndClip(static_cast<double>(sumOfSquares[0]), maxNorm,
+                   normAndClip);
 }
 
 /// One element of the update; the scalars are fp32 as torch uses them.
