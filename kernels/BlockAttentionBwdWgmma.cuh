@@ -28,11 +28,11 @@
 // stages) are the fastest variant measured on the H200 (bench/kernels/
 // NOTES.md, v4: 7.13 ms full / 6.71 ms sliding at qwen3-8b-b16 shapes, v2
 // 11.45 / 10.55 ms). Shared memory grows with N (anchors and tile list):
-// N = 512 needs 151 KB; cudaFuncSetAttribute fails (checked) if N outgrows
-// the 227 KB limit.
+// N = 512 needs 151 KB; dflashc rejects an N past the 227 KB limit
+// (kernels/AttentionLimits.h sizes it).
 // Needs d 128 and 64-row query tiles of whole blocks or half blocks
-// (bs * nh / nkv dividing 64, or 128): kWgmmaBackwardSupports. Other shapes
-// stay on sm90_block_attention_bwd_bf16.
+// (bs * nh / nkv dividing 64, or 128): wgmmaBackwardSupports in
+// AttentionLimits.h. Other shapes stay on sm90_block_attention_bwd_bf16.
 //
 //===----------------------------------------------------------------------===//
 
@@ -43,12 +43,6 @@
 #include "kernels/BlockAttentionWgmma.cuh"
 
 namespace dflash::kernels {
-
-/// Whether the wgmma backward handles a shape: head dim 128, query tiles of
-/// 64 rows made of whole blocks (bs * nh / nkv dividing 64) or of half blocks
-/// (128 rows per block).
-template <int D, int BS, int NH, int NKV>
-constexpr bool kWgmmaBackwardSupports = wgmmaBackwardSupports(D, BS, NH, NKV);
 
 namespace detail {
 
@@ -80,7 +74,7 @@ __device__ __forceinline__ void ssM64N64Transposed(float (&d)[32], uint64_t a,
 template <int D, int BS, int NH, int NKV, int WGS, bool STAGE, int STAGES>
 struct WgmmaBwdConfig {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
-  static_assert(kWgmmaBackwardSupports<D, BS, NH, NKV>,
+  static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
                 "wgmma backward: needs head dim 128 and bs * (nh / nkv) "
                 "dividing 64 or equal to 128; use sm90_block_attention_bwd_bf16 "
                 "for other shapes");
@@ -465,7 +459,7 @@ template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           bool WALK_DOWN = true, bool KEYS_FAST = false, int STAGES = 2>
 void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
                                           cudaStream_t stream) {
-  static_assert(kWgmmaBackwardSupports<D, BS, NH, NKV>,
+  static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
                 "sm90a_block_attention_bwd_wgmma_bf16 needs head dim 128 and "
                 "bs * (nh / nkv) dividing 64 or equal to 128; use "
                 "sm90_block_attention_bwd_bf16 for other shapes");
@@ -489,12 +483,12 @@ void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
 }
 
 /// The backward the generated step calls: the wgmma context kernel where the
-/// shape allows (kWgmmaBackwardSupports), else the mma.sync backward. Same
+/// shape allows (wgmmaBackwardSupports), else the mma.sync backward. Same
 /// outputs and workspace (blockAttentionBwdWorkspaceBytes).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
                               cudaStream_t stream) {
-  if constexpr (kWgmmaBackwardSupports<D, BS, NH, NKV>)
+  if constexpr (wgmmaBackwardSupports(D, BS, NH, NKV))
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
         args, stream);
   else

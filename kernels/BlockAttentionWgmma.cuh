@@ -565,18 +565,13 @@ void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_bf16");
 }
 
-/// Whether the wgmma forward handles a shape: one block of 64 query rows per
-/// warpgroup, head dim 64 or 128.
-template <int D, int BS, int NH, int NKV>
-constexpr bool kWgmmaForwardSupports = wgmmaForwardSupports(D, BS, NH, NKV);
-
 /// The forward the generated step calls: wgmma (KT = 64, the fastest
 /// variant measured, bench/kernels/NOTES.md) where the shape allows, else the
 /// mma.sync kernel. Both produce the same outputs.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void block_attention_fwd_bf16(const BlockAttentionFwdArgs &args,
                               cudaStream_t stream) {
-  if constexpr (kWgmmaForwardSupports<D, BS, NH, NKV>)
+  if constexpr (wgmmaForwardSupports(D, BS, NH, NKV))
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
         args, stream);
   else

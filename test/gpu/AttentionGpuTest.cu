@@ -462,10 +462,10 @@ TEST(BlockAttentionWgmma, NothingKept) {
 // blocks, anchors 0, 1, S-2), contexts of several 128-key tiles, a window
 // that cuts contexts mid-tile, one wider than the context; 128-row blocks
 // (query tiles of half a block).
-static_assert(kernels::kWgmmaBackwardSupports<128, 16, 32, 8> &&
-              kernels::kWgmmaBackwardSupports<128, 16, 8, 1> &&
-              !kernels::kWgmmaBackwardSupports<64, 8, 16, 2> &&
-              !kernels::kWgmmaBackwardSupports<128, 10, 8, 2>);
+static_assert(kernels::wgmmaBackwardSupports(128, 16, 32, 8) &&
+              kernels::wgmmaBackwardSupports(128, 16, 8, 1) &&
+              !kernels::wgmmaBackwardSupports(64, 8, 16, 2) &&
+              !kernels::wgmmaBackwardSupports(128, 10, 8, 2));
 
 TEST(BlockAttentionBwdWgmma, Qwen3Full) {
   sweepBwdWgmma<128, 16, 32, 8, 0, false>(2, 300, 20, 41);
