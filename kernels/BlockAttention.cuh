@@ -79,7 +79,8 @@ struct BlockAttentionBwdArgs {
 enum class BlockAttentionDq {
   AtomicVec4,   ///< red.global.add.v4.f32 from registers (lane pairs swap rows)
   BulkReduce,   ///< staged in shared memory, one cp.reduce.async.bulk per row
-  OmitForTiming ///< no dQ phase at all: wrong dQ, only to time its cost
+  OmitForTiming, ///< no dQ phase at all: wrong dQ, only to time its cost
+  NoAddForTiming ///< (wgmma only) the dQ product without the adds: timing
 };
 
 namespace detail {

@@ -385,7 +385,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
             if (valid)
               atomicAdd(reinterpret_cast<float4 *>(dst + j * 8), v);
           }
-        } else {
+        } else if constexpr (DQ == BlockAttentionDq::BulkReduce) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             float *stage = sdQ + (rowBase + 8 * i) * C::kStageStride +

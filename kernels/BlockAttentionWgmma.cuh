@@ -2,21 +2,25 @@
 //
 // The forward of BlockAttention.cuh (same arguments, same outputs: out bf16,
 // lse fp32 natural log, keep = 0 rows out 0 and lse -inf) on Hopper's
-// warpgroup MMA (sm_90a, FlashAttention-3 style):
+// warpgroup MMA (sm_90a), fed by TMA:
 // - one CTA per (row, kv head, pair of blocks), as the mma.sync forward; the
 //   two blocks' 128 query rows (GQA packing, r = (n * bs + k) * G + hh) go to
 //   two warpgroups, one block of 64 rows each;
-// - S = Q K^T by wgmma m64nKTk16 with Q and K from 128B-swizzled shared
+// - S = Q K^T by wgmma m64n64k16 with Q and K from 128B-swizzled shared
 //   tiles (both K-major); O += P V with P from registers (the accumulator
 //   packed to bf16 A fragments) and V [keys x d] as an MN-major B operand
 //   (the descriptor's transpose bit), so V needs no transpose;
-// - K/V tiles by cp.async into the swizzled layout, two stages; a warpgroup
-//   skips tiles that no row of its block sees. KT = 64 keys per tile fits
-//   two CTAs (four warpgroups) per SM, whose phases overlap; H = 2 also
-//   splits each tile in two halves so that one half's products run under
-//   the other half's softmax (FlashAttention-3's intra-warpgroup overlap).
-// Needs bs * (nh / nkv) == 64 (one block per warpgroup) and d 64 or 128;
-// other shapes stay on sm90_block_attention_fwd_bf16.
+// - Q, the draft keys and 64-key context tiles of K and V arrive by TMA
+//   (kernels/Tma.cuh) into two stages, each with a transaction barrier.
+//   Every warp waits on each stage and releases it; the last warp to
+//   release refills it, so the warpgroups never meet at a CTA barrier and
+//   no compute thread issues copies. A warpgroup skips the tiles no row of
+//   its block sees. Two CTAs (four warpgroups) per SM overlap one
+//   warpgroup's softmax with another's products.
+// Needs bs * (nh / nkv) == 64 (one block per warpgroup) and d 64 or 128
+// (wgmmaForwardSupports); other shapes stay on sm90_block_attention_fwd_bf16.
+// Measured variants (cp.async loads with CTA barriers, 128-key tiles, split
+// tiles, a folded-scale softmax) are in bench/kernels/NOTES.md.
 //
 //===----------------------------------------------------------------------===//
 
@@ -24,6 +28,7 @@
 #define DFLASH_KERNELS_BLOCKATTENTIONWGMMA_CUH
 
 #include "kernels/BlockAttention.cuh"
+#include "kernels/Tma.cuh"
 
 // wgmma exists only on the sm_90a target (not plain sm_90).
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -231,17 +236,17 @@ template <int Rows> __device__ __forceinline__ int tileOffset(int row, int c) {
 
 namespace detail {
 
-/// Tiling of the wgmma forward: 2 blocks of 64 rows per CTA, KT context keys
+/// Tiling of the wgmma forward: 2 blocks of 64 rows per CTA, 64 context keys
 /// per tile, 2 stages.
-template <int D, int BS, int NH, int NKV, int KT> struct WgmmaFwdConfig {
+template <int D, int BS, int NH, int NKV> struct WgmmaFwdConfig {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
   static_assert(D == 64 || D == 128, "wgmma forward: head dim 64 or 128");
   static_assert(T::kBlockRows == 64,
                 "wgmma forward: needs bs * (nh / nkv) == 64 query rows per "
                 "block (one block per warpgroup); use "
                 "sm90_block_attention_fwd_bf16 for other shapes");
-  static_assert(KT == 64 || KT == 128, "key tile 64 or 128");
   static_assert(T::kBlocksPerCta == 2, "two blocks per CTA");
+  static constexpr int KT = 64;
   static constexpr int kRows = 128;
   static constexpr int kThreads = 256;
   static constexpr int kDraftKeys = roundUp(2 * BS, 16);
@@ -253,21 +258,21 @@ template <int D, int BS, int NH, int NKV, int KT> struct WgmmaFwdConfig {
   static constexpr size_t kSmemBytes = kQBytes + 4 * kBufBytes + 1024;
 };
 
-/// Scales, masks and exponentiates one sub-tile of scores in place (online
-/// softmax: m, l updated; alpha is what O must be multiplied by before this
-/// sub-tile's P V). NK keys; col0 its first key within the tile.
+/// Scales, masks and exponentiates one tile of scores in place (online
+/// softmax: m, l updated, in log2 units of scaled scores; alpha is what O
+/// must be multiplied by before this tile's P V). NK keys.
 template <int NK, typename Visible>
 __device__ __forceinline__ void
 wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2], float (&l)[2],
              float (&alpha)[2], float scaleLog2, bool whole, Visible visible,
-             int col0, int lane) {
+             int lane) {
 #pragma unroll
   for (int j = 0; j < NK / 8; ++j)
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        int col = col0 + j * 8 + 2 * (lane & 3) + e;
+        int col = j * 8 + 2 * (lane & 3) + e;
         float &v = s[4 * j + 2 * i + e];
         v = (whole || visible(i, col)) ? v * scaleLog2 : -INFINITY;
       }
@@ -322,83 +327,75 @@ __device__ __forceinline__ void wgmmaPV(const float (&s)[NK / 2],
 }
 
 /// One tile of NK keys for one warpgroup: S = Q K^T, mask, online softmax,
-/// O += P V. H = 2 splits the tile in two halves of keys so that the second
-/// half's S product runs under the first half's softmax and the first
-/// half's P V under the second half's exponentials (FlashAttention-3's
-/// intra-warpgroup overlap, within one shared-memory stage).
-template <int D, int NK, int BR, int H, typename Visible>
+/// O += P V (Q panels 128 rows apart, K and V panels BR rows apart).
+template <int D, int NK, int BR, typename Visible>
 __device__ __forceinline__ void
 wgmmaAttendTile(uint32_t qAddr, uint32_t kAddr, uint32_t vAddr,
                 float (&o)[D / 2], float (&m)[2], float (&l)[2],
                 float scaleLog2, bool whole, Visible visible, int lane) {
   using namespace wgmma;
-  static_assert(H == 1 || H == 2, "one or two key halves");
-  constexpr int NS = NK / H;
-  static_assert(NS % 16 == 0, "sub-tile of 16-key steps");
-  float s[H][NS / 2];
+  static_assert(NK % 16 == 0, "tile of 16-key steps");
+  float s[NK / 2];
   fence();
 #pragma unroll
-  for (int h = 0; h < H; ++h) {
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      // Q panels are 128 rows (16 KB) apart, K panels BR rows.
-      uint32_t qa = qAddr + (kk >> 2) * 128 * 128 + (kk & 3) * 32;
-      uint32_t ka = kAddr + h * NS * 128 + (kk >> 2) * BR * 128 + (kk & 3) * 32;
-      Wgmma<NS>::ss(s[h], desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 0);
-    }
-    commit();
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t qa = qAddr + (kk >> 2) * 128 * 128 + (kk & 3) * 32;
+    uint32_t ka = kAddr + (kk >> 2) * BR * 128 + (kk & 3) * 32;
+    Wgmma<NK>::ss(s, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 0);
   }
+  commit();
   float alpha[2];
-  // Groups in flight, oldest first: S0 [S1].
-  wait<H - 1>();
-  pin(s[0]);
-  wgmmaSoftmax<NS>(s[0], m, l, alpha, scaleLog2, whole, visible, 0, lane);
+  wait<0>();
+  pin(s);
+  wgmmaSoftmax<NK>(s, m, l, alpha, scaleLog2, whole, visible, lane);
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
     o[i] *= alpha[i & 2 ? 1 : 0];
-  wgmmaPV<D, NS, BR>(s[0], vAddr, o);
-  if constexpr (H == 2) {
-    // In flight: S1, PV0. O belongs to PV0 until the wait below.
-    wait<1>();
-    pin(s[1]);
-    wgmmaSoftmax<NS>(s[1], m, l, alpha, scaleLog2, whole, visible, NS, lane);
-    wait<0>();
-    pin(o);
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i)
-      o[i] *= alpha[i & 2 ? 1 : 0];
-    wgmmaPV<D, NS, BR>(s[1], vAddr + NS * 128, o);
-  }
+  wgmmaPV<D, NK, BR>(s, vAddr, o);
   wait<0>();
   pin(o);
 }
 
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int KT,
-          int H, bool GROUPS_FAST>
-static __global__ void __launch_bounds__(256, KT == 64 ? 2 : 1)
-    sm90a_block_attention_fwd_wgmma_bf16_kernel(BlockAttentionFwdArgs args) {
+/// The shapes the TMA forward loads (GQA rows of a block: a box of G heads
+/// by BS positions is the block's 64 query rows in order r = k * G + hh).
+struct WgmmaFwdMaps {
+  CUtensorMap q, draftKeys, draftValues, contextKeys, contextValues;
+};
+
+/// The forward kernel: thread 0 loads Q, the draft keys and the first
+/// context tile; afterwards whichever warp releases a stage last refills it.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+static __global__ void __launch_bounds__(256, 2)
+    sm90a_block_attention_fwd_wgmma_bf16_kernel(
+        BlockAttentionFwdArgs args, const __grid_constant__ WgmmaFwdMaps maps) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
-  using C = WgmmaFwdConfig<D, BS, NH, NKV, KT>;
+  using C = WgmmaFwdConfig<D, BS, NH, NKV>;
+  constexpr int KT = C::KT;
   using wgmma::tileOffset;
   constexpr int G = T::G, BR = C::kBufRows, NKD = C::kDraftKeys;
-  constexpr int kChunks = D / 8, kRows = C::kRows;
+  constexpr int kChunks = D / 8, kRows = C::kRows, kPanels = D / 64;
+  constexpr int kWarps = C::kThreads / 32;
+  constexpr uint32_t kTileBytes = 2u * KT * D * 2;
+  constexpr uint32_t kFirstBytes = uint32_t(C::kQBytes) + 2u * NKD * D * 2;
   extern __shared__ unsigned char smemRaw[];
-  // SWIZZLE_128B atoms must start on 1024-byte boundaries.
+  __shared__ __align__(8) uint64_t full[2];
+  __shared__ int released[2];
   unsigned char *smem =
       smemRaw + ((1024 - (smemAddress(smemRaw) & 1023)) & 1023);
   bf16 *sQ = reinterpret_cast<bf16 *>(smem);
-  bf16 *sK = reinterpret_cast<bf16 *>(smem + C::kQBytes); // [2][BR x D]
-  bf16 *sV = sK + 2 * BR * D;
+  // Shared addresses (32-bit: the loop keeps them in registers): Q, then
+  // two stages of K [BR x D], then two of V.
+  const uint32_t qBase = smemAddress(smem);
+  const uint32_t kBase = qBase + uint32_t(C::kQBytes);
+  const uint32_t vBase = kBase + 2u * BR * D * 2;
+  constexpr uint32_t kStageBytes = uint32_t(BR) * D * 2;
+  constexpr uint32_t kPanelBytes = uint32_t(BR) * 128;
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4,
             lane = tid % 32;
-  // Groups of late blocks have the longest contexts: launch them first.
-  // GROUPS_FAST: consecutive CTAs share one (row, kv head) and its K/V.
-  const int bg = GROUPS_FAST ? blockIdx.y : blockIdx.x;
-  const int b = bg / NKV, g = bg % NKV;
-  const int group =
-      GROUPS_FAST ? gridDim.x - 1 - blockIdx.x : gridDim.y - 1 - blockIdx.y;
-  const int S = args.S, N = args.N, Q = N * BS;
+  const int b = blockIdx.x / NKV, g = blockIdx.x % NKV;
+  const int group = gridDim.y - 1 - blockIdx.y; // longest contexts first
+  const int N = args.N, Q = N * BS;
   const int nFirst = group * 2;
   const int nCount = min(2, N - nFirst);
   const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
@@ -406,7 +403,46 @@ static __global__ void __launch_bounds__(256, KT == 64 ? 2 : 1)
 
   int lo, hi;
   groupContextKeys<WINDOW>(anchors, keep, nFirst, nCount, lo, hi);
-  const int numContextTiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
+  const int numTiles = 1 + (hi > lo ? (hi - lo + KT - 1) / KT : 0);
+
+  const uint32_t bar0 = smemAddress(&full[0]); // stage s: bar0 + 8 s
+  // Context tile it (>= 1) into stage it & 1: K and V, one box per d panel.
+  auto issueContextTile = [&](int it) {
+    int s = it & 1, j0 = lo + (it - 1) * KT;
+    uint32_t bar = bar0 + 8 * s;
+    tma::arriveExpectTx(bar, kTileBytes);
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) {
+      uint32_t off = s * kStageBytes + p * kPanelBytes;
+      tma::load4d(kBase + off, &maps.contextKeys, bar, p * 64, g, j0, b);
+      tma::load4d(vBase + off, &maps.contextValues, bar, p * 64, g, j0, b);
+    }
+  };
+  if (tid == 0) {
+    tma::barrierInit(bar0, 1);
+    tma::barrierInit(bar0 + 8, 1);
+    released[0] = released[1] = 0;
+    tma::fenceBarrierInit();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // Stage 0: both blocks' Q rows (blocks past N load zeros) and the
+    // CTA's draft keys and values.
+    tma::arriveExpectTx(bar0, kFirstBytes);
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) {
+#pragma unroll
+      for (int n = 0; n < 2; ++n) // panels of 128 rows, blocks of 64
+        tma::load4d(qBase + (p * kRows + n * 64) * 128, &maps.q, bar0, p * 64,
+                    g * G, (nFirst + n) * BS, b);
+      tma::load4d(kBase + p * kPanelBytes, &maps.draftKeys, bar0, p * 64, g,
+                  nFirst * BS, b);
+      tma::load4d(vBase + p * kPanelBytes, &maps.draftValues, bar0, p * 64, g,
+                  nFirst * BS, b);
+    }
+    if (numTiles > 1)
+      issueContextTile(1);
+  }
 
   // This warpgroup's block and this thread's two rows (k = row in block).
   const bool mine = wg < nCount && keep[nFirst + wg];
@@ -417,92 +453,59 @@ static __global__ void __launch_bounds__(256, KT == 64 ? 2 : 1)
     kRow[i] = (warp * 16 + lane / 4 + 8 * i) / G;
     rowLo[i] = WINDOW > 0 ? max(0, anchor + kRow[i] - (WINDOW - 1)) : 0;
   }
-  // Context keys seen by every row of the block / by some row of it.
   const int blockLoMax =
       WINDOW > 0 ? max(0, anchor + BS - 1 - (WINDOW - 1)) : 0;
   const int blockLoMin = WINDOW > 0 ? max(0, anchor - (WINDOW - 1)) : 0;
-
-  auto rowIndex = [&](int p, int rr) -> int64_t { // into [B, Q, nh]
-    int k = rr / G, hh = rr % G;
-    return (static_cast<int64_t>(b) * Q + (nFirst + p) * BS + k) * NH + g * G +
-           hh;
-  };
-
-  // Q and the CTA's draft keys (stage 0).
-  for (int idx = tid; idx < kRows * kChunks; idx += C::kThreads) {
-    int r = idx / kChunks, c = idx % kChunks;
-    int p = r / 64;
-    bool valid = p < nCount;
-    const bf16 *src = valid ? args.q + rowIndex(p, r % 64) * D + c * 8 : args.q;
-    cpAsync16(smemAddress(sQ + tileOffset<kRows>(r, c)), src, valid);
-  }
-  for (int idx = tid; idx < NKD * kChunks; idx += C::kThreads) {
-    int t = idx / kChunks, c = idx % kChunks;
-    bool valid = t < nCount * BS;
-    int64_t off =
-        ((static_cast<int64_t>(b) * Q + nFirst * BS + t) * NKV + g) * D + c * 8;
-    cpAsync16(smemAddress(sK + tileOffset<BR>(t, c)),
-              valid ? args.draftKeys + off : args.draftKeys, valid);
-    cpAsync16(smemAddress(sV + tileOffset<BR>(t, c)),
-              valid ? args.draftValues + off : args.draftValues, valid);
-  }
-  cpAsyncCommit();
-
-  auto loadContextTile = [&](int j0, bf16 *tK, bf16 *tV) {
-    for (int idx = tid; idx < KT * kChunks; idx += C::kThreads) {
-      int t = idx / kChunks, c = idx % kChunks;
-      int j = j0 + t;
-      // Keys past the context are zero-filled: masked scores multiply them.
-      bool valid = j < S;
-      int64_t off = ((static_cast<int64_t>(b) * S + j) * NKV + g) * D + c * 8;
-      cpAsync16(smemAddress(tK + tileOffset<BR>(t, c)),
-                valid ? args.contextKeys + off : args.contextKeys, valid);
-      cpAsync16(smemAddress(tV + tileOffset<BR>(t, c)),
-                valid ? args.contextValues + off : args.contextValues, valid);
-    }
-  };
 
   float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
     o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  // The warpgroup's 64 Q rows start 64 rows into each panel.
-  const uint32_t qAddr = smemAddress(sQ) + wg * 64 * 128;
+  const uint32_t qAddr = qBase + wg * 64 * 128;
 
-  const int numTiles = 1 + numContextTiles;
-  for (int it = 0; it < numTiles; ++it) {
-    cpAsyncWait<0>();
-    wgmma::fenceProxyAsync();
-    __syncthreads();
-    if (it + 1 < numTiles) {
-      int nb = (it + 1) & 1;
-      loadContextTile(lo + it * KT, sK + nb * BR * D, sV + nb * BR * D);
-      cpAsyncCommit();
+  // This warp's products have completed (wgmmaAttendTile waits): release
+  // stage s of tile it; the last of the CTA's warps refills it with tile
+  // it + 2.
+  auto release = [&](int it, int s) {
+    __syncwarp();
+    if (lane == 0 && atomicAdd(&released[s], 1) == kWarps - 1) {
+      released[s] = 0;
+      if (it + 2 < numTiles)
+        issueContextTile(it + 2);
     }
-    if (!mine)
-      continue;
-    const uint32_t kAddr = smemAddress(sK + (it & 1) * BR * D);
-    const uint32_t vAddr = smemAddress(sV + (it & 1) * BR * D);
-    if (it == 0) {
-      auto visible = [&](int i, int t) {
-        return t / BS == wg && (!CAUSAL || t % BS <= kRow[i]);
-      };
-      wgmmaAttendTile<D, NKD, BR, 1>(qAddr, kAddr, vAddr, o, m, l,
-                                     T::kScaleLog2, false, visible, lane);
-    } else {
+  };
+  // Tile 0: Q and the draft keys (stage 0).
+  tma::waitParity(bar0, 0);
+  if (mine) {
+    auto visible = [&](int i, int t) {
+      return t / BS == wg && (!CAUSAL || t % BS <= kRow[i]);
+    };
+    wgmmaAttendTile<D, NKD, BR>(qAddr, kBase, vBase, o, m, l, T::kScaleLog2,
+                                false, visible, lane);
+  }
+  release(0, 0);
+  for (int it = 1; it < numTiles; ++it) {
+    const int s = it & 1;
+    // Every warp waits for every tile, seen or not: the last warp to
+    // release a stage must know its copy has landed before refilling it.
+    tma::waitParity(bar0 + 8 * s, (it >> 1) & 1);
+    const uint32_t kAddr = kBase + s * kStageBytes;
+    const uint32_t vAddr = vBase + s * kStageBytes;
+    if (mine) {
       int j0 = lo + (it - 1) * KT;
-      // No row of this block sees the tile: skip it (uniform per warpgroup).
-      if (j0 >= anchor || j0 + KT <= blockLoMin)
-        continue;
-      bool whole = j0 >= blockLoMax && j0 + KT <= anchor;
-      auto visible = [&](int i, int t) {
-        int j = j0 + t;
-        return j >= rowLo[i] && j < anchor;
-      };
-      wgmmaAttendTile<D, KT, BR, H>(qAddr, kAddr, vAddr, o, m, l, T::kScaleLog2,
-                                    whole, visible, lane);
+      // Tiles no row of this block sees are skipped (uniform per warpgroup).
+      if (j0 < anchor && j0 + KT > blockLoMin) {
+        bool whole = j0 >= blockLoMax && j0 + KT <= anchor;
+        auto visible = [&](int i, int t) {
+          int j = j0 + t;
+          return j >= rowLo[i] && j < anchor;
+        };
+        wgmmaAttendTile<D, KT, BR>(qAddr, kAddr, vAddr, o, m, l,
+                                   T::kScaleLog2, whole, visible, lane);
+      }
     }
+    release(it, s);
   }
 
   // Normalise; stage the warp's 16 rows in its own rows of sQ (only this
@@ -529,44 +532,61 @@ static __global__ void __launch_bounds__(256, KT == 64 ? 2 : 1)
     }
   }
   __syncwarp();
+  auto rowIndex = [&](int rr) -> int64_t { // into [B, Q, nh]
+    int k = rr / G, hh = rr % G;
+    return (static_cast<int64_t>(b) * Q + (nFirst + wg) * BS + k) * NH +
+           g * G + hh;
+  };
   for (int idx = lane; idx < 16 * kChunks; idx += 32) {
     int rr = warp * 16 + idx / kChunks, c = idx % kChunks;
-    *reinterpret_cast<uint4 *>(args.out + rowIndex(wg, rr) * D + c * 8) =
+    *reinterpret_cast<uint4 *>(args.out + rowIndex(rr) * D + c * 8) =
         *reinterpret_cast<const uint4 *>(sQ +
                                          tileOffset<kRows>(wg * 64 + rr, c));
   }
   if ((lane & 3) == 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
-      args.lse[rowIndex(wg, warp * 16 + lane / 4 + 8 * i)] = lseRow[i];
+      args.lse[rowIndex(warp * 16 + lane / 4 + 8 * i)] = lseRow[i];
   }
 }
 
 } // namespace detail
 
-/// Forward on wgmma (sm_90a): same arguments and outputs as
-/// sm90_block_attention_fwd_bf16. KT context keys per tile (64: two CTAs per
-/// SM); H = 2 splits each tile in two halves whose products overlap the
-/// other half's softmax; GROUPS_FAST launches the CTAs of one (row, kv head)
-/// together (K/V reuse in L2) instead of those of one block group.
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int KT = 64,
-          int H = 1, bool GROUPS_FAST = false>
+/// Forward on wgmma (sm_90a), fed by TMA: same arguments and outputs as
+/// sm90_block_attention_fwd_bf16. Encodes the tensor maps of this call's
+/// tensors on the host (a few microseconds; a captured graph keeps them).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
                                           cudaStream_t stream) {
-  using C = detail::WgmmaFwdConfig<D, BS, NH, NKV, KT>;
+  using C = detail::WgmmaFwdConfig<D, BS, NH, NKV>;
+  constexpr uint32_t G = NH / NKV, NKD = C::kDraftKeys, KT = C::KT;
+  const uint64_t B = args.B, S = args.S, Q = uint64_t(args.N) * BS;
+  detail::WgmmaFwdMaps maps;
+  maps.q = tma::bf16Map4d(args.q, {D, NH, Q, B}, {D, NH * D, Q * NH * D},
+                          {64, G, BS, 1}, "q [B, Q, nh, d]");
+  maps.draftKeys =
+      tma::bf16Map4d(args.draftKeys, {D, NKV, Q, B}, {D, NKV * D, Q * NKV * D},
+                     {64, 1, NKD, 1}, "draft keys [B, Q, nkv, d]");
+  maps.draftValues = tma::bf16Map4d(
+      args.draftValues, {D, NKV, Q, B}, {D, NKV * D, Q * NKV * D},
+      {64, 1, NKD, 1}, "draft values [B, Q, nkv, d]");
+  maps.contextKeys = tma::bf16Map4d(
+      args.contextKeys, {D, NKV, S, B}, {D, NKV * D, S * NKV * D},
+      {64, 1, KT, 1}, "context keys [B, S, nkv, d]");
+  maps.contextValues = tma::bf16Map4d(
+      args.contextValues, {D, NKV, S, B}, {D, NKV * D, S * NKV * D},
+      {64, 1, KT, 1}, "context values [B, S, nkv, d]");
   auto kernel = detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<
-      D, BS, NH, NKV, WINDOW, CAUSAL, KT, H, GROUPS_FAST>;
+      D, BS, NH, NKV, WINDOW, CAUSAL>;
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
-  const int groups = (args.N + 1) / 2;
-  dim3 grid =
-      GROUPS_FAST ? dim3(groups, args.B * NKV) : dim3(args.B * NKV, groups);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args);
+  dim3 grid(args.B * NKV, (args.N + 1) / 2);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args, maps);
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_bf16");
 }
 
-/// The forward the generated step calls: wgmma (KT = 64, the fastest
-/// variant measured, bench/kernels/NOTES.md) where the shape allows, else the
+/// The forward the generated step calls: wgmma (the fastest variant
+/// measured, bench/kernels/NOTES.md) where the shape allows, else the
 /// mma.sync kernel. Both produce the same outputs.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void block_attention_fwd_bf16(const BlockAttentionFwdArgs &args,

@@ -130,8 +130,10 @@ double gemmCeiling(CublasLtGemm &gemm) {
   return tf;
 }
 
-/// bwdOnly: the backward variants alone (argument "attention-bwd").
-template <int WINDOW, bool CAUSAL> void attention(int B, bool bwdOnly) {
+/// bwdOnly / fwdOnly: the backward or forward variants alone (arguments
+/// "attention-bwd", "attention-fwd").
+template <int WINDOW, bool CAUSAL>
+void attention(int B, bool bwdOnly, bool fwdOnly) {
   constexpr int D = 128, BS = 16, NH = 32, NKV = 8;
   const int S = 3072, N = 512, Q = N * BS;
   std::mt19937_64 rng(42 + B);
@@ -237,45 +239,17 @@ template <int WINDOW, bool CAUSAL> void attention(int B, bool bwdOnly) {
                                                                              0);
       },
       "mt2 kt32");
-  // wgmma (sm_90a) forward: keys per tile x sub-tiles per tile.
+  // wgmma (sm_90a) forward, fed by TMA (the default).
   fwd(
       [&] {
-        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
-                                             1>(fa, 0);
+        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
+                                                                             0);
       },
-      "wgmma kt64");
-  fwd(
-      [&] {
-        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                             128, 1>(fa, 0);
-      },
-      "wgmma kt128");
-  fwd(
-      [&] {
-        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
-                                             2>(fa, 0);
-      },
-      "wgmma kt64 split2");
-  fwd(
-      [&] {
-        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                             128, 2>(fa, 0);
-      },
-      "wgmma kt128 split2");
-  fwd(
-      [&] {
-        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
-                                             1, true>(fa, 0);
-      },
-      "wgmma kt64 groups-fast");
-  fwd(
-      [&] {
-        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 64,
-                                             2, true>(fa, 0);
-      },
-      "wgmma kt64 split2 groups-fast");
+      "wgmma tma (default)");
   }
   auto bwd = [&](auto launch, const char *variant) {
+    if (fwdOnly)
+      return;
     double ms = timeMs([&] { launch(); });
     std::snprintf(name, sizeof(name), "attention bwd %s B=%d [%s]", kind, B,
                   variant);
@@ -287,21 +261,9 @@ template <int WINDOW, bool CAUSAL> void attention(int B, bool bwdOnly) {
                                       BlockAttentionDq::AtomicVec4>(ba, 0);
       },
       "dq atomic v4");
-  bwd(
-      [&] {
-        sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                      BlockAttentionDq::BulkReduce>(ba, 0);
-      },
-      "dq bulk reduce");
-  bwd(
-      [&] {
-        sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                      BlockAttentionDq::OmitForTiming>(ba, 0);
-      },
-      "no dq phase, timing only");
   // Context kernel on wgmma (launches 1 and 3 as above). First its outputs
   // at these shapes against the mma.sync backward's (relative L2 difference).
-  {
+  if (!fwdOnly) {
     auto fetch = [](const bf16 *d, size_t n) {
       std::vector<bf16> h(n);
       DFLASH_CUDA_CHECK(
@@ -326,63 +288,24 @@ template <int WINDOW, bool CAUSAL> void attention(int B, bool bwdOnly) {
                 "diff dq %.3g dck %.3g dcv %.3g\n",
                 kind, B, relDiff(fetch(dq, qn), q0), relDiff(fetch(dck, cn), k0),
                 relDiff(fetch(dcv, cn), v0));
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec4, 1>(ba, 0);
-    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-    std::printf("attention bwd %s B=%d: wgmma wgs1 vs mma.sync relative diff "
-                "dq %.3g dck %.3g dcv %.3g\n",
-                kind, B, relDiff(fetch(dq, qn), q0), relDiff(fetch(dck, cn), k0),
-                relDiff(fetch(dcv, cn), v0));
   }
-  // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down.
+  // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down. The
+  // variants measured and dropped (bulk reductions, one warpgroup, walk up,
+  // three stages, spread walks, pairs of CTAs adding their dQ shares
+  // together) are in NOTES.md.
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
   }, "wgmma dq atomic v4 wgs2 down (default)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::BulkReduce, 2, true>(
-        ba, 0);
-  }, "wgmma dq bulk reduce wgs2 down");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec4, 2, false>(
-        ba, 0);
-  }, "wgmma dq atomic v4 wgs2 up");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec4, 2, true,
+                                         BlockAttentionDq::NoAddForTiming, 2,
                                          true>(ba, 0);
-  }, "wgmma dq atomic v4 wgs2 down keys-fast");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec4, 1, true>(
-        ba, 0);
-  }, "wgmma dq atomic v4 wgs1 down");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec4, 2, true,
-                                         false, 3>(ba, 0);
-  }, "wgmma dq atomic v4 wgs2 down 3 stages");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::BulkReduce, 2, true,
-                                         false, 3>(ba, 0);
-  }, "wgmma dq bulk reduce wgs2 down 3 stages");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec4, 1, false>(
-        ba, 0);
-  }, "wgmma dq atomic v4 wgs1 up");
+  }, "wgmma wgs2 down dq product without adds, timing only");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::OmitForTiming, 2,
                                          true>(ba, 0);
   }, "wgmma wgs2 down no dq phase, timing only");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::OmitForTiming, 1,
-                                         true>(ba, 0);
-  }, "wgmma wgs1 down no dq phase, timing only");
   for (void *p :
        {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv, (void *)out,
         (void *)dOut, (void *)dq, (void *)dck, (void *)dcv, (void *)ddk,
@@ -596,9 +519,10 @@ int main(int argc, char **argv) {
     gemmCeiling(gemm);
   if (want("attention")) {
     bool bwdOnly = only.find("bwd") != std::string::npos;
-    attention<0, false>(4, bwdOnly);
-    attention<2048, true>(4, bwdOnly);
-    attention<0, false>(1, bwdOnly);
+    bool fwdOnly = only.find("fwd") != std::string::npos;
+    attention<0, false>(4, bwdOnly, fwdOnly);
+    attention<2048, true>(4, bwdOnly, fwdOnly);
+    attention<0, false>(1, bwdOnly, fwdOnly);
   }
   if (want("lmhead")) {
     lmHead(gemm, 2048);

@@ -18,7 +18,7 @@ if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" -name '*.cu*' -newer 
     --expt-relaxed-constexpr -lineinfo "$here/KernelBench.cu" -o "$bin" -lcublasLt
 fi
 "$bin" "$out/kernels.jsonl" "$only" 2>&1 | tee "$out/kernels.log"
-if [[ -z $only || $only == attention || $only == lmhead ]]; then
+if [[ -z $only || $only == attention* || $only == lmhead ]]; then
   python3 "$here/torch_reference.py" --out "$out/torch.jsonl" \
     --anchors "$out/anchors_b4.bin" --only "$only" 2>&1 | tee "$out/torch.log"
 fi

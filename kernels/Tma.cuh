@@ -1,0 +1,124 @@
+//===- Tma.cuh - Tensor memory accelerator and mbarriers -------*- CUDA -*-===//
+//
+// Hopper's bulk tensor copies (TMA) global -> shared memory and the
+// transaction barriers (mbarrier) that say when a copy has landed. A tensor
+// map describes one global bf16 tensor of rank 4 and the box one copy moves;
+// it is encoded on the host (through the driver entry point, so nothing
+// links libcuda) and passed to the kernel as a __grid_constant__ parameter.
+// Boxes of 64 bf16 (128 bytes) wide land 128B-swizzled: the layout that
+// wgmma reads with SWIZZLE_128B descriptors (detail::wgmma::tileOffset).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_TMA_CUH
+#define DFLASH_KERNELS_TMA_CUH
+
+#include "kernels/CudaCheck.cuh"
+
+#include <cstdint>
+#include <cstdio>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+namespace dflash::kernels::tma {
+
+//===-- Device side -------------------------------------------------------===//
+
+__device__ __forceinline__ void barrierInit(uint32_t bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
+               "r"(arrivals)
+               : "memory");
+}
+
+/// Makes barrier initialisation visible to the async proxy (the copies that
+/// complete on it); a __syncthreads after it publishes it to the CTA.
+__device__ __forceinline__ void fenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n"
+               "fence.proxy.async.shared::cta;\n" ::
+                   : "memory");
+}
+
+/// One arrival that also announces `bytes` of copies completing on `bar`.
+__device__ __forceinline__ void arriveExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+      "r"(bytes)
+      : "memory");
+}
+
+/// Waits until the barrier's phase of this parity has completed.
+__device__ __forceinline__ void waitParity(uint32_t bar, uint32_t parity) {
+  asm volatile("{\n.reg .pred done;\n"
+               "WAIT:\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+               "@!done bra WAIT;\n}\n" ::"r"(bar),
+               "r"(parity)
+               : "memory");
+}
+
+/// Copies the box at coordinates (c0 innermost .. c3) of `map` to shared
+/// address dst (1024-byte aligned for 128B swizzling); completes `bytes`
+/// (the whole box, out-of-bounds parts zero-filled) on bar.
+__device__ __forceinline__ void load4d(uint32_t dst, const CUtensorMap *map,
+                                       uint32_t bar, int c0, int c1, int c2,
+                                       int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::"
+               "complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(
+                   dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0),
+               "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
+//===-- Host side ---------------------------------------------------------===//
+
+namespace detail {
+inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    DFLASH_CUDA_CHECK(cudaGetDriverEntryPointByVersion(
+        "cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
+    if (found != cudaDriverEntryPointSuccess || p == nullptr)
+      kernels::detail::reportCudaFailure(
+          __FILE__, __LINE__, "cudaGetDriverEntryPointByVersion",
+          "the driver has no cuTensorMapEncodeTiled (needs CUDA 12 or later)");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+} // namespace detail
+
+/// Tensor map of a bf16 tensor [dims[3]][dims[2]][dims[1]][dims[0]] (dims[0]
+/// contiguous; strides in elements of dims 1..3) and a box of box[0..3]
+/// elements, box[0] = 64 (128 bytes, 128B-swizzled). Names `what` in the
+/// error when the driver refuses the description.
+inline CUtensorMap bf16Map4d(const void *base, const uint64_t (&dims)[4],
+                             const uint64_t (&strides)[3],
+                             const uint32_t (&box)[4], const char *what) {
+  CUtensorMap map;
+  const cuuint64_t globalDim[4] = {dims[0], dims[1], dims[2], dims[3]};
+  const cuuint64_t globalStrides[3] = {strides[0] * 2, strides[1] * 2,
+                                       strides[2] * 2};
+  const cuuint32_t boxDim[4] = {box[0], box[1], box[2], box[3]};
+  const cuuint32_t elementStrides[4] = {1, 1, 1, 1};
+  CUresult r = detail::encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base),
+      globalDim, globalStrides, boxDim, elementStrides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) {
+    char message[160];
+    std::snprintf(message, sizeof message,
+                  "CUresult %d for tensor %s (the base must be 16-byte "
+                  "aligned, strides multiples of 16 bytes)",
+                  static_cast<int>(r), what);
+    kernels::detail::reportCudaFailure(__FILE__, __LINE__,
+                                       "cuTensorMapEncodeTiled", message);
+  }
+  return map;
+}
+
+} // namespace dflash::kernels::tma
+
+#endif // DFLASH_KERNELS_TMA_CUH
