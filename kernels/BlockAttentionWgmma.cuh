@@ -262,10 +262,10 @@ template <int D, int BS, int NH, int NKV> struct WgmmaFwdConfig {
 /// softmax: m, l updated, in log2 units of scaled scores; alpha is what O
 /// must be multiplied by before this tile's P V). NK keys.
 template <int NK, typename Visible>
-__device__ __forceinline__ void
-wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2], float (&l)[2],
-             float (&alpha)[2], float scaleLog2, bool whole, Visible visible,
-             int lane) {
+__device__ __forceinline__ void wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
+                                             float (&l)[2], float (&alpha)[2],
+                                             float scaleLog2, bool whole,
+                                             Visible visible, int lane) {
 #pragma unroll
   for (int j = 0; j < NK / 8; ++j)
 #pragma unroll
@@ -387,8 +387,8 @@ static __global__ void __launch_bounds__(256, 2)
   // two stages of K [BR x D], then two of V.
   const uint32_t qBase = smemAddress(smem);
   const uint32_t kBase = qBase + uint32_t(C::kQBytes);
-  const uint32_t vBase = kBase + 2u * BR * D * 2;
-  constexpr uint32_t kStageBytes = uint32_t(BR) * D * 2;
+  constexpr uint32_t kStageBytes = uint32_t(C::kBufBytes);
+  const uint32_t vBase = kBase + 2 * kStageBytes;
   constexpr uint32_t kPanelBytes = uint32_t(BR) * 128;
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4,
@@ -467,7 +467,8 @@ static __global__ void __launch_bounds__(256, 2)
   // This warp's products have completed (wgmmaAttendTile waits): release
   // stage s of tile it; the last of the CTA's warps refills it with tile
   // it + 2.
-  auto release = [&](int it, int s) {
+  auto release = [&](int it) {
+    const int s = it & 1;
     __syncwarp();
     if (lane == 0 && atomicAdd(&released[s], 1) == kWarps - 1) {
       released[s] = 0;
@@ -484,7 +485,7 @@ static __global__ void __launch_bounds__(256, 2)
     wgmmaAttendTile<D, NKD, BR>(qAddr, kBase, vBase, o, m, l, T::kScaleLog2,
                                 false, visible, lane);
   }
-  release(0, 0);
+  release(0);
   for (int it = 1; it < numTiles; ++it) {
     const int s = it & 1;
     // Every warp waits for every tile, seen or not: the last warp to
@@ -501,11 +502,11 @@ static __global__ void __launch_bounds__(256, 2)
           int j = j0 + t;
           return j >= rowLo[i] && j < anchor;
         };
-        wgmmaAttendTile<D, KT, BR>(qAddr, kAddr, vAddr, o, m, l,
-                                   T::kScaleLog2, whole, visible, lane);
+        wgmmaAttendTile<D, KT, BR>(qAddr, kAddr, vAddr, o, m, l, T::kScaleLog2,
+                                   whole, visible, lane);
       }
     }
-    release(it, s);
+    release(it);
   }
 
   // Normalise; stage the warp's 16 rows in its own rows of sQ (only this
@@ -534,8 +535,8 @@ static __global__ void __launch_bounds__(256, 2)
   __syncwarp();
   auto rowIndex = [&](int rr) -> int64_t { // into [B, Q, nh]
     int k = rr / G, hh = rr % G;
-    return (static_cast<int64_t>(b) * Q + (nFirst + wg) * BS + k) * NH +
-           g * G + hh;
+    return (static_cast<int64_t>(b) * Q + (nFirst + wg) * BS + k) * NH + g * G +
+           hh;
   };
   for (int idx = lane; idx < 16 * kChunks; idx += 32) {
     int rr = warp * 16 + idx / kChunks, c = idx % kChunks;
@@ -562,22 +563,19 @@ void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
   constexpr uint32_t G = NH / NKV, NKD = C::kDraftKeys, KT = C::KT;
   const uint64_t B = args.B, S = args.S, Q = uint64_t(args.N) * BS;
   detail::WgmmaFwdMaps maps;
-  maps.q = tma::bf16Map4d(args.q, {D, NH, Q, B}, {D, NH * D, Q * NH * D},
-                          {64, G, BS, 1}, "q [B, Q, nh, d]");
-  maps.draftKeys =
-      tma::bf16Map4d(args.draftKeys, {D, NKV, Q, B}, {D, NKV * D, Q * NKV * D},
-                     {64, 1, NKD, 1}, "draft keys [B, Q, nkv, d]");
-  maps.draftValues = tma::bf16Map4d(
-      args.draftValues, {D, NKV, Q, B}, {D, NKV * D, Q * NKV * D},
-      {64, 1, NKD, 1}, "draft values [B, Q, nkv, d]");
-  maps.contextKeys = tma::bf16Map4d(
-      args.contextKeys, {D, NKV, S, B}, {D, NKV * D, S * NKV * D},
-      {64, 1, KT, 1}, "context keys [B, S, nkv, d]");
-  maps.contextValues = tma::bf16Map4d(
-      args.contextValues, {D, NKV, S, B}, {D, NKV * D, S * NKV * D},
-      {64, 1, KT, 1}, "context values [B, S, nkv, d]");
-  auto kernel = detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<
-      D, BS, NH, NKV, WINDOW, CAUSAL>;
+  maps.q =
+      tma::bf16RowsOfHeadsMap(args.q, B, Q, NH, D, G, BS, "q [B, Q, nh, d]");
+  maps.draftKeys = tma::bf16RowsOfHeadsMap(args.draftKeys, B, Q, NKV, D, 1, NKD,
+                                           "draft keys [B, Q, nkv, d]");
+  maps.draftValues = tma::bf16RowsOfHeadsMap(
+      args.draftValues, B, Q, NKV, D, 1, NKD, "draft values [B, Q, nkv, d]");
+  maps.contextKeys = tma::bf16RowsOfHeadsMap(args.contextKeys, B, S, NKV, D, 1,
+                                             KT, "context keys [B, S, nkv, d]");
+  maps.contextValues = tma::bf16RowsOfHeadsMap(
+      args.contextValues, B, S, NKV, D, 1, KT, "context values [B, S, nkv, d]");
+  auto kernel =
+      detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<D, BS, NH, NKV,
+                                                          WINDOW, CAUSAL>;
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
   dim3 grid(args.B * NKV, (args.N + 1) / 2);
@@ -595,8 +593,7 @@ void block_attention_fwd_bf16(const BlockAttentionFwdArgs &args,
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
         args, stream);
   else
-    sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
-                                                                  stream);
+    sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args, stream);
 }
 
 } // namespace dflash::kernels

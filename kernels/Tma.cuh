@@ -62,12 +62,12 @@ __device__ __forceinline__ void waitParity(uint32_t bar, uint32_t parity) {
 __device__ __forceinline__ void load4d(uint32_t dst, const CUtensorMap *map,
                                        uint32_t bar, int c0, int c1, int c2,
                                        int c3) {
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::"
-               "complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(
-                   dst),
-               "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0),
-               "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::"
+      "complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3)
+      : "memory");
 }
 
 //===-- Host side ---------------------------------------------------------===//
@@ -89,18 +89,19 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 }
 } // namespace detail
 
-/// Tensor map of a bf16 tensor [dims[3]][dims[2]][dims[1]][dims[0]] (dims[0]
-/// contiguous; strides in elements of dims 1..3) and a box of box[0..3]
-/// elements, box[0] = 64 (128 bytes, 128B-swizzled). Names `what` in the
-/// error when the driver refuses the description.
-inline CUtensorMap bf16Map4d(const void *base, const uint64_t (&dims)[4],
-                             const uint64_t (&strides)[3],
-                             const uint32_t (&box)[4], const char *what) {
+/// Tensor map of a bf16 tensor [batch][rows][heads][d] (d contiguous) and a
+/// box of boxRows x boxHeads x 64 (128 bytes of d, 128B-swizzled) of one
+/// batch entry; coordinates (d, head, row, batch). Names `what` in the error
+/// when the driver refuses the description.
+inline CUtensorMap bf16RowsOfHeadsMap(const void *base, uint64_t batch,
+                                      uint64_t rows, uint64_t heads, uint64_t d,
+                                      uint32_t boxHeads, uint32_t boxRows,
+                                      const char *what) {
   CUtensorMap map;
-  const cuuint64_t globalDim[4] = {dims[0], dims[1], dims[2], dims[3]};
-  const cuuint64_t globalStrides[3] = {strides[0] * 2, strides[1] * 2,
-                                       strides[2] * 2};
-  const cuuint32_t boxDim[4] = {box[0], box[1], box[2], box[3]};
+  const cuuint64_t globalDim[4] = {d, heads, rows, batch};
+  const cuuint64_t globalStrides[3] = {d * 2, heads * d * 2,
+                                       rows * heads * d * 2};
+  const cuuint32_t boxDim[4] = {64, boxHeads, boxRows, 1};
   const cuuint32_t elementStrides[4] = {1, 1, 1, 1};
   CUresult r = detail::encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base),
