@@ -225,6 +225,18 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo,
          (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
 }
 
+/// The same descriptor split in two 32-bit words: the low word (start
+/// address and lbo) varies, the high word (sbo, swizzle) is a constant, so a
+/// tile adds k-step offsets (bytes / 16) to one register per operand (shared
+/// addresses stay below 2^18: the address field never carries).
+__device__ __forceinline__ uint32_t descLo(uint32_t addr, uint32_t lbo) {
+  return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16);
+}
+template <uint32_t SBO>
+__device__ __forceinline__ uint64_t descOf(uint32_t lo) {
+  return (static_cast<uint64_t>((SBO >> 4) | (1u << 30)) << 32) | lo;
+}
+
 /// Element offset of (row, 16-byte chunk c) in a tile of `Rows` rows stored
 /// as D/64 column panels of [Rows][64], each 128B-swizzled: the layout wgmma
 /// reads with SWIZZLE_128B (the chunk index XORs with row % 8).
@@ -266,16 +278,23 @@ __device__ __forceinline__ void wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
                                              float (&l)[2], float (&alpha)[2],
                                              float scaleLog2, bool whole,
                                              Visible visible, int lane) {
+  // One branch per tile (whole is uniform per warpgroup), not per element.
+  if (whole) {
 #pragma unroll
-  for (int j = 0; j < NK / 8; ++j)
+    for (int k = 0; k < NK / 2; ++k)
+      s[k] *= scaleLog2;
+  } else {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < NK / 8; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        int col = j * 8 + 2 * (lane & 3) + e;
-        float &v = s[4 * j + 2 * i + e];
-        v = (whole || visible(i, col)) ? v * scaleLog2 : -INFINITY;
-      }
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float &v = s[4 * j + 2 * i + e];
+          v = visible(i, j * 8 + 2 * (lane & 3) + e) ? v * scaleLog2
+                                                     : -INFINITY;
+        }
+  }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float mx = -INFINITY;
@@ -320,9 +339,10 @@ __device__ __forceinline__ void wgmmaPV(const float (&s)[NK / 2],
   }
   pin(o);
   fence();
+  const uint32_t vLo = descLo(vAddr, BR * 128);
 #pragma unroll
   for (int ks = 0; ks < NK / 16; ++ks)
-    Wgmma<D>::rs(o, pa[ks], desc(vAddr + ks * 16 * 128, BR * 128, 1024));
+    Wgmma<D>::rs(o, pa[ks], descOf<1024>(vLo + ks * 16 * 128 / 16));
   commit();
 }
 
@@ -337,12 +357,13 @@ wgmmaAttendTile(uint32_t qAddr, uint32_t kAddr, uint32_t vAddr,
   static_assert(NK % 16 == 0, "tile of 16-key steps");
   float s[NK / 2];
   fence();
+  const uint32_t qLo = descLo(qAddr, 16), kLo = descLo(kAddr, 16);
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    uint32_t qa = qAddr + (kk >> 2) * 128 * 128 + (kk & 3) * 32;
-    uint32_t ka = kAddr + (kk >> 2) * BR * 128 + (kk & 3) * 32;
-    Wgmma<NK>::ss(s, desc(qa, 16, 1024), desc(ka, 16, 1024), kk > 0);
-  }
+  for (int kk = 0; kk < D / 16; ++kk)
+    Wgmma<NK>::ss(
+        s, descOf<1024>(qLo + ((kk >> 2) * 128 * 128 + (kk & 3) * 32) / 16),
+        descOf<1024>(kLo + ((kk >> 2) * BR * 128 + (kk & 3) * 32) / 16),
+        kk > 0);
   commit();
   float alpha[2];
   wait<0>();
@@ -480,7 +501,7 @@ static __global__ void __launch_bounds__(256, 2)
   tma::waitParity(bar0, 0);
   if (mine) {
     auto visible = [&](int i, int t) {
-      return t / BS == wg && (!CAUSAL || t % BS <= kRow[i]);
+      return (t / BS == wg) & (!CAUSAL | (t % BS <= kRow[i]));
     };
     wgmmaAttendTile<D, NKD, BR>(qAddr, kBase, vBase, o, m, l, T::kScaleLog2,
                                 false, visible, lane);
@@ -500,7 +521,7 @@ static __global__ void __launch_bounds__(256, 2)
         bool whole = j0 >= blockLoMax && j0 + KT <= anchor;
         auto visible = [&](int i, int t) {
           int j = j0 + t;
-          return j >= rowLo[i] && j < anchor;
+          return (j >= rowLo[i]) & (j < anchor);
         };
         wgmmaAttendTile<D, KT, BR>(qAddr, kAddr, vAddr, o, m, l, T::kScaleLog2,
                                    whole, visible, lane);

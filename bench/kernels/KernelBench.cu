@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <set>
@@ -43,7 +44,10 @@ FILE *jsonOut = nullptr;
 std::string anchorFile; // where the B = 4 anchors go, for torch_reference.py
 
 /// Median milliseconds of `reps` runs of f after `warmup` runs.
+/// DFLASH_BENCH_ONCE=1 runs each variant once (no warm-up): for profilers.
 double timeMs(const std::function<void()> &f, int warmup = 3, int reps = 15) {
+  if (const char *once = std::getenv("DFLASH_BENCH_ONCE"); once && *once == '1')
+    warmup = 0, reps = 1;
   for (int i = 0; i < warmup; ++i)
     f();
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
