@@ -77,8 +77,8 @@ struct BlockAttentionBwdArgs {
 /// How the backward's context kernel adds its dQ share into the fp32
 /// accumulator.
 enum class BlockAttentionDq {
-  AtomicVec4,    ///< red.global.add.v4.f32 from registers (lane pairs swap rows)
-  BulkReduce,    ///< staged in shared memory, one cp.reduce.async.bulk per row
+  AtomicVec4, ///< red.global.add.v4.f32 from registers (lane pairs swap rows)
+  BulkReduce, ///< staged in shared memory, one cp.reduce.async.bulk per row
   OmitForTiming, ///< no dQ phase at all: wrong dQ, only to time its cost
   NoAddForTiming ///< (wgmma only) the dQ product without the adds: timing
 };
@@ -150,8 +150,8 @@ groupContextKeys(const int32_t *anchors, const uint8_t *keep, int nFirst,
 template <int BS, int WINDOW>
 __device__ __forceinline__ void
 queryTileSeesKeys(int t, int MQ, int blockRows, int N, int totalRows,
-                  bool unpadded, const int *sAnchor, int j0, int KT,
-                  bool &seen, bool &whole) {
+                  bool unpadded, const int *sAnchor, int j0, int KT, bool &seen,
+                  bool &whole) {
   int nA = t * MQ / blockRows;
   int nB = min(N - 1, ((t + 1) * MQ - 1) / blockRows);
   bool allKept = unpadded && (t + 1) * MQ <= totalRows;
@@ -597,6 +597,13 @@ __launch_bounds__((BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kThreads),
   }
 }
 
+/// Elements of the backward draft kernel's shared region that holds the
+/// draft keys and values, then P and dS ([rows][64] each) over them.
+constexpr int bwdDraftOverlayElems(int d, int draftKeys, int padRows) {
+  return 2 * draftKeys * d > 2 * padRows * 64 ? 2 * draftKeys * d
+                                              : 2 * padRows * 64;
+}
+
 /// Backward, step 1: the draft keys of each group of blocks (forward tiling).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 __global__ void
@@ -610,9 +617,12 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kThreads))
   bf16 *sdO = sQ + PR * D;
   bf16 *sK = sdO + PR * D;
   bf16 *sV = sK + NKD * D;
-  bf16 *sP = sV + NKD * D;  // [PR][64] probabilities
+  // P and dS overlay the draft keys and values once dQ has read them: two
+  // CTAs per SM instead of one (the kernel waits on memory, not math).
+  bf16 *sP = sK;            // [PR][64] probabilities
   bf16 *sdS = sP + PR * 64; // [PR][64] score gradients
-  float *sDot = reinterpret_cast<float *>(sdS + PR * 64); // [PR]
+  float *sDot =
+      reinterpret_cast<float *>(sK + bwdDraftOverlayElems(D, NKD, PR)); // [PR]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int b = blockIdx.x / NKV, g = blockIdx.x % NKV;
@@ -749,7 +759,9 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kThreads))
     }
   }
 
-  // P and dS to shared memory for the key-major products.
+  // P and dS to shared memory for the key-major products, over K and V:
+  // every warp must be done with them.
+  __syncthreads();
 #pragma unroll
   for (int nt = 0; nt < NKD / 8; ++nt)
 #pragma unroll
@@ -1194,10 +1206,10 @@ void launchBlockAttentionBwdDraft(const BlockAttentionBwdArgs &args,
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
   auto kernel = sm90_block_attention_bwd_draft_bf16_kernel<D, BS, NH, NKV,
                                                            WINDOW, CAUSAL>;
-  size_t smem =
-      (2 * T::kPadRows * D + 2 * T::kDraftKeys * D + 2 * T::kPadRows * 64) *
-          sizeof(bf16) +
-      T::kPadRows * sizeof(float);
+  size_t smem = (2 * T::kPadRows * D +
+                 bwdDraftOverlayElems(D, T::kDraftKeys, T::kPadRows)) *
+                    sizeof(bf16) +
+                T::kPadRows * sizeof(float);
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   dim3 grid(args.B * NKV, (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta);
@@ -1238,7 +1250,7 @@ void sm90_block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
   using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
   using bf16 = __nv_bfloat16;
   detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
-                                                                      stream);
+                                                                       stream);
   {
     auto kernel = detail::sm90_block_attention_bwd_context_bf16_kernel<
         D, BS, NH, NKV, WINDOW, CAUSAL, DQ>;

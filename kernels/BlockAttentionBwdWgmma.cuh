@@ -1,4 +1,5 @@
-//===- BlockAttentionBwdWgmma.cuh - Block attention bwd on wgmma -*- CUDA -*-===//
+//===- BlockAttentionBwdWgmma.cuh - Block attention bwd on wgmma -*- CUDA
+//-*-===//
 //
 // The backward of BlockAttention.cuh (same arguments, outputs and numerics:
 // dK = scale * dS^T Q, dV = P^T dO, the fp32 dQ accumulator unscaled and
@@ -74,10 +75,11 @@ __device__ __forceinline__ void ssM64N64Transposed(float (&d)[32], uint64_t a,
 template <int D, int BS, int NH, int NKV, int WGS, bool STAGE, int STAGES>
 struct WgmmaBwdConfig {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
-  static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
-                "wgmma backward: needs head dim 128 and bs * (nh / nkv) "
-                "dividing 64 or equal to 128; use sm90_block_attention_bwd_bf16 "
-                "for other shapes");
+  static_assert(
+      wgmmaBackwardSupports(D, BS, NH, NKV),
+      "wgmma backward: needs head dim 128 and bs * (nh / nkv) "
+      "dividing 64 or equal to 128; use sm90_block_attention_bwd_bf16 "
+      "for other shapes");
   static_assert(T::kBwdRows == 64 && T::kBwdPadRows == 64, "64-row tiles");
   static_assert(WGS == 1 || WGS == 2, "one or two warpgroups of 64 keys");
   static_assert(STAGES == 2 || STAGES == 3, "two or three Q / dO stages");
@@ -121,7 +123,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
   using C = WgmmaBwdConfig<D, BS, NH, NKV, WGS,
                            DQ == BlockAttentionDq::BulkReduce, STAGES>;
-  using wgmma::desc;
+  using wgmma::descLo;
+  using wgmma::descOf;
   using wgmma::tileOffset;
   using wgmma::Wgmma;
   constexpr int G = T::G, KT = C::kKeys, MQ = C::kRows, NW = C::kWarps;
@@ -130,11 +133,11 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   // SWIZZLE_128B atoms must start on 1024-byte boundaries.
   unsigned char *smem =
       smemRaw + ((1024 - (smemAddress(smemRaw) & 1023)) & 1023);
-  bf16 *sK = reinterpret_cast<bf16 *>(smem + C::kOffK);   // [KT x D]
-  bf16 *sV = reinterpret_cast<bf16 *>(smem + C::kOffV);   // [KT x D]
-  bf16 *sQ = reinterpret_cast<bf16 *>(smem + C::kOffQ); // [STAGES][MQ x D]
-  bf16 *sdO = reinterpret_cast<bf16 *>(smem + C::kOffdO); // same
-  bf16 *sdS = reinterpret_cast<bf16 *>(smem + C::kOffdS); // [KT][MQ]
+  bf16 *sK = reinterpret_cast<bf16 *>(smem + C::kOffK);     // [KT x D]
+  bf16 *sV = reinterpret_cast<bf16 *>(smem + C::kOffV);     // [KT x D]
+  bf16 *sQ = reinterpret_cast<bf16 *>(smem + C::kOffQ);     // [STAGES][MQ x D]
+  bf16 *sdO = reinterpret_cast<bf16 *>(smem + C::kOffdO);   // same
+  bf16 *sdS = reinterpret_cast<bf16 *>(smem + C::kOffdS);   // [KT][MQ]
   float *sdQ = reinterpret_cast<float *>(smem + C::kOffdQ); // [MQ][D + 4]
   float *sLse = reinterpret_cast<float *>(smem + C::kOffRows); // [STAGES][MQ]
   float *sDot = sLse + STAGES * MQ;
@@ -252,6 +255,11 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     const bool whole = entry & 1;
     const uint32_t qAddr = smemAddress(sQ + cur * MQ * D);
     const uint32_t doAddr = smemAddress(sdO + cur * MQ * D);
+    // Descriptors' low words (wgmma::descLo): each k step adds bytes / 16.
+    const uint32_t kLo = descLo(kAddr, 16), vLo = descLo(vAddr, 16),
+                   qLo = descLo(qAddr, 16), doLo = descLo(doAddr, 16),
+                   qMnLo = descLo(qAddr, MQ * 128),
+                   doMnLo = descLo(doAddr, MQ * 128);
     const float *tLse = sLse + cur * MQ, *tDot = sDot + cur * MQ;
     const int *tLo = sLo + cur * MQ, *tHi = sHi + cur * MQ;
 
@@ -260,21 +268,17 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      Wgmma<MQ>::ss(st,
-                    desc(kAddr + (kk >> 2) * KT * 128 + (kk & 3) * 32, 16,
-                         1024),
-                    desc(qAddr + (kk >> 2) * MQ * 128 + (kk & 3) * 32, 16,
-                         1024),
-                    kk > 0);
+      Wgmma<MQ>::ss(
+          st, descOf<1024>(kLo + ((kk >> 2) * KT * 128 + (kk & 3) * 32) / 16),
+          descOf<1024>(qLo + ((kk >> 2) * MQ * 128 + (kk & 3) * 32) / 16),
+          kk > 0);
     wgmma::commit();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      Wgmma<MQ>::ss(dpt,
-                    desc(vAddr + (kk >> 2) * KT * 128 + (kk & 3) * 32, 16,
-                         1024),
-                    desc(doAddr + (kk >> 2) * MQ * 128 + (kk & 3) * 32, 16,
-                         1024),
-                    kk > 0);
+      Wgmma<MQ>::ss(
+          dpt, descOf<1024>(vLo + ((kk >> 2) * KT * 128 + (kk & 3) * 32) / 16),
+          descOf<1024>(doLo + ((kk >> 2) * MQ * 128 + (kk & 3) * 32) / 16),
+          kk > 0);
     wgmma::commit();
 
     // P^T while dP^T is in flight; then dV += P^T dO (B = dO [rows x d]
@@ -284,28 +288,44 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     wgmma::wait<1>();
     wgmma::pin(st);
     uint32_t pa[MQ / 16][4], dsa[MQ / 16][4];
+    // One branch per tile (`whole` is uniform), not a select per element.
+    if (whole) {
 #pragma unroll
-    for (int j = 0; j < MQ / 8; ++j) {
-      // This thread's two query rows r, r + 1 of the n8 tile: 8-byte loads.
-      const int r = j * 8 + 2 * (lane & 3);
-      const float2 lse2 = *reinterpret_cast<const float2 *>(tLse + r);
-      const int2 lo2 = *reinterpret_cast<const int2 *>(tLo + r);
-      const int2 hi2 = *reinterpret_cast<const int2 *>(tHi + r);
+      for (int j = 0; j < MQ / 8; ++j) {
+        // This thread's two query rows r, r + 1 of the n8 tile: 8-byte loads.
+        const int r = j * 8 + 2 * (lane & 3);
+        const float2 lse2 = *reinterpret_cast<const float2 *>(tLse + r);
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int key = j0 + keyOff + 8 * i;
-        float &v0 = st[4 * j + 2 * i], &v1 = st[4 * j + 2 * i + 1];
-        bool vis0 = whole || (key >= lo2.x && key < hi2.x);
-        bool vis1 = whole || (key >= lo2.y && key < hi2.y);
-        v0 = vis0 ? exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e) : 0.f;
-        v1 = vis1 ? exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e) : 0.f;
-        pa[j / 2][(j & 1) * 2 + i] = packBf16(v0, v1);
+        for (int i = 0; i < 2; ++i) {
+          float &v0 = st[4 * j + 2 * i], &v1 = st[4 * j + 2 * i + 1];
+          v0 = exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e);
+          v1 = exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e);
+          pa[j / 2][(j & 1) * 2 + i] = packBf16(v0, v1);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < MQ / 8; ++j) {
+        const int r = j * 8 + 2 * (lane & 3);
+        const float2 lse2 = *reinterpret_cast<const float2 *>(tLse + r);
+        const int2 lo2 = *reinterpret_cast<const int2 *>(tLo + r);
+        const int2 hi2 = *reinterpret_cast<const int2 *>(tHi + r);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int key = j0 + keyOff + 8 * i;
+          float &v0 = st[4 * j + 2 * i], &v1 = st[4 * j + 2 * i + 1];
+          const bool vis0 = (key >= lo2.x) & (key < hi2.x);
+          const bool vis1 = (key >= lo2.y) & (key < hi2.y);
+          v0 = vis0 ? exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e) : 0.f;
+          v1 = vis1 ? exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e) : 0.f;
+          pa[j / 2][(j & 1) * 2 + i] = packBf16(v0, v1);
+        }
       }
     }
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < MQ / 16; ++ks)
-      Wgmma<D>::rs(dv, pa[ks], desc(doAddr + ks * 16 * 128, MQ * 128, 1024));
+      Wgmma<D>::rs(dv, pa[ks], descOf<1024>(doMnLo + ks * 16 * 128 / 16));
     wgmma::commit();
     // In flight: dP^T, dV.
     wgmma::wait<1>();
@@ -323,7 +343,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < MQ / 16; ++ks)
-      Wgmma<D>::rs(dk, dsa[ks], desc(qAddr + ks * 16 * 128, MQ * 128, 1024));
+      Wgmma<D>::rs(dk, dsa[ks], descOf<1024>(qMnLo + ks * 16 * 128 / 16));
     wgmma::commit();
 
     if constexpr (DQ != BlockAttentionDq::OmitForTiming) {
@@ -333,8 +353,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
       for (int j = 0; j < MQ / 8; ++j)
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-          *reinterpret_cast<uint32_t *>(sdS + tileOffset<KT>(keyOff + 8 * i, j) +
-                                        2 * (lane & 3)) =
+          *reinterpret_cast<uint32_t *>(
+              sdS + tileOffset<KT>(keyOff + 8 * i, j) + 2 * (lane & 3)) =
               dsa[j / 2][(j & 1) * 2 + i];
       if constexpr (DQ == BlockAttentionDq::BulkReduce) {
         // The stage is rewritten below: the last tile's reductions must have
@@ -353,14 +373,16 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
 #pragma unroll
       for (int h = 0; h < 2 / WGS; ++h) {
         const int panel = WGS == 2 ? wg : h;
-        const uint32_t kPanelAddr = smemAddress(sK) + panel * KT * 128;
+        const uint32_t kPanelLo =
+            descLo(smemAddress(sK) + panel * KT * 128, KT * 128);
+        const uint32_t dsLo = descLo(dsAddr, KT * 128);
         float dq[32];
         wgmma::fence();
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)
-          wgmma::ssM64N64Transposed(
-              dq, desc(dsAddr + ks * 16 * 128, KT * 128, 1024),
-              desc(kPanelAddr + ks * 16 * 128, KT * 128, 1024), ks > 0);
+          wgmma::ssM64N64Transposed(dq, descOf<1024>(dsLo + ks * 16 * 128 / 16),
+                                    descOf<1024>(kPanelLo + ks * 16 * 128 / 16),
+                                    ks > 0);
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::pin(dq);
@@ -438,9 +460,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
       int col = jj * 8 + 2 * (lane & 3);
       *reinterpret_cast<uint32_t *>(args.dContextValues + off + col) =
           packBf16(dv[4 * jj + 2 * i], dv[4 * jj + 2 * i + 1]);
-      *reinterpret_cast<uint32_t *>(args.dContextKeys + off + col) =
-          packBf16(dk[4 * jj + 2 * i] * T::kScale,
-                   dk[4 * jj + 2 * i + 1] * T::kScale);
+      *reinterpret_cast<uint32_t *>(args.dContextKeys + off + col) = packBf16(
+          dk[4 * jj + 2 * i] * T::kScale, dk[4 * jj + 2 * i + 1] * T::kScale);
     }
   }
 }
@@ -466,7 +487,7 @@ void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
   using C = detail::WgmmaBwdConfig<D, BS, NH, NKV, WGS,
                                    DQ == BlockAttentionDq::BulkReduce, STAGES>;
   detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
-                                                                      stream);
+                                                                       stream);
   {
     auto kernel = detail::sm90a_block_attention_bwd_context_wgmma_bf16_kernel<
         D, BS, NH, NKV, WINDOW, CAUSAL, DQ, WGS, KEYS_FAST, WALK_DOWN, STAGES>;
@@ -474,8 +495,8 @@ void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
     DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int keyTiles = (args.S + C::kKeys - 1) / C::kKeys;
-    dim3 grid = KEYS_FAST ? dim3(keyTiles, args.B * NKV)
-                          : dim3(args.B * NKV, keyTiles);
+    dim3 grid =
+        KEYS_FAST ? dim3(keyTiles, args.B * NKV) : dim3(args.B * NKV, keyTiles);
     kernel<<<grid, C::kThreads, smem, stream>>>(args);
     DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_bwd_context_wgmma_bf16");
   }
@@ -492,8 +513,7 @@ void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
         args, stream);
   else
-    sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
-                                                                  stream);
+    sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args, stream);
 }
 
 } // namespace dflash::kernels
