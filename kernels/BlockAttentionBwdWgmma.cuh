@@ -27,8 +27,11 @@
 //   or staged + cp.reduce.async.bulk).
 // Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, atomics, two
 // stages) are the fastest variant measured on the H200 (bench/kernels/
-// NOTES.md, v4: 7.13 ms full / 6.71 ms sliding at qwen3-8b-b16 shapes, v2
-// 11.45 / 10.55 ms). Shared memory grows with N (anchors and tile list):
+// NOTES.md, v6: 6.89 ms full / 6.54 ms sliding at qwen3-8b-b16 shapes with
+// launches 1 and 3; v2 11.45 / 10.55 ms). The mask is one branch per tile
+// (`whole`), descriptors are low words plus offsets (wgmma::descLo): both
+// cut instructions a warp waits on, with two warps per scheduler.
+// Shared memory grows with N (anchors and tile list):
 // N = 512 needs 151 KB; dflashc rejects an N past the 227 KB limit
 // (kernels/AttentionLimits.h sizes it).
 // Needs d 128 and 64-row query tiles of whole blocks or half blocks
