@@ -23,12 +23,13 @@
 //                                  descriptor's transpose bit)
 //   dS^T -> shared memory; dQ = dS K over the CTA's keys (A = dS^T read
 //   MN-major, B = K MN-major), one 64-column d panel per warpgroup (WGS = 2)
-//   or both in turn (WGS = 1), added into the accumulator (vector atomics,
-//   or staged + cp.reduce.async.bulk).
-// Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, atomics, two
-// stages) are the fastest variant measured on the H200 (bench/kernels/
-// NOTES.md, v6: 6.89 ms full / 6.54 ms sliding at qwen3-8b-b16 shapes with
-// launches 1 and 3; v2 11.45 / 10.55 ms). The mask is one branch per tile
+//   or both in turn (WGS = 1), added into the accumulator (8-byte atomics of
+//   each thread's own column pairs, 16-byte ones after a lane exchange, or
+//   staged + cp.reduce.async.bulk).
+// Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, 8-byte
+// atomics, two stages) are the fastest variant measured on the H200
+// (bench/kernels/NOTES.md, v7: 6.70 ms full / 6.27 ms sliding at
+// qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The mask is one branch per tile
 // (`whole`), descriptors are low words plus offsets (wgmma::descLo): both
 // cut instructions a warp waits on, with two warps per scheduler.
 // Shared memory grows with N (anchors and tile list):
@@ -410,6 +411,21 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
             if (valid)
               atomicAdd(reinterpret_cast<float4 *>(dst + j * 8), v);
           }
+        } else if constexpr (DQ == BlockAttentionDq::AtomicVec2) {
+          // Each thread adds its own column pairs: twice the instructions of
+          // AtomicVec4, but none waits on a shuffle.
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            int row = t * MQ + rowBase + 8 * i;
+            if (row >= totalRows)
+              continue;
+            float *dst = args.dqAccum + rowIndex(row) * D + panel * 64 +
+                         2 * (lane & 3);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              atomicAdd(reinterpret_cast<float2 *>(dst + j * 8),
+                        make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
+          }
         } else if constexpr (DQ == BlockAttentionDq::BulkReduce) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -473,13 +489,14 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
 
 /// Backward with the context kernel on wgmma (sm_90a): same arguments and
 /// outputs as sm90_block_attention_bwd_bf16. DQ picks how the context kernel
-/// adds into the dQ accumulator (vector atomics measured faster than the
-/// bulk reductions here, bench/kernels/NOTES.md); WGS the warpgroups of 64
+/// adds into the dQ accumulator (8-byte atomics measured faster than 16-byte
+/// ones after a lane exchange, and those faster than the bulk reductions,
+/// bench/kernels/NOTES.md); WGS the warpgroups of 64
 /// keys per CTA; WALK_DOWN walks query tiles from the last one down;
 /// KEYS_FAST launches the key tiles of one (row, kv head) together; STAGES
 /// the Q / dO buffers.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
-          BlockAttentionDq DQ = BlockAttentionDq::AtomicVec4, int WGS = 2,
+          BlockAttentionDq DQ = BlockAttentionDq::AtomicVec2, int WGS = 2,
           bool WALK_DOWN = true, bool KEYS_FAST = false, int STAGES = 2>
 void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
                                           cudaStream_t stream) {

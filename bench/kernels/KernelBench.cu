@@ -299,7 +299,11 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   // together) are in NOTES.md.
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
-  }, "wgmma dq atomic v4 wgs2 down (default)");
+  }, "wgmma dq atomic v2 wgs2 down (default)");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::AtomicVec4>(ba, 0);
+  }, "wgmma dq atomic v4 (lane exchange)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::NoAddForTiming, 2,

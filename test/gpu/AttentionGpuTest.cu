@@ -297,7 +297,10 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
   DeviceBuffer<float> lse(p.refLse.size());
   checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(p, out, lse);
   using kernels::BlockAttentionDq;
-  // The default (atomics, two warpgroups, walking down), then the others.
+  // The default (8-byte atomics, two warpgroups, walking down), then the
+  // others.
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec2, 2, true, false>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
                      BlockAttentionDq::AtomicVec4, 2, true, false>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
