@@ -3,6 +3,9 @@
 # PyTorch baselines (torch_reference.py) on this GPU in one go, and prints one
 # comparison table. Logs and JSON lines go to $OUT (or $1, or build-bench/).
 #   bench/kernels/run.sh [outdir] [only]   only: attention|lmhead|memory|gemm
+# For profilers, DFLASH_BENCH_ONCE=1 runs each KernelBench variant once, e.g.
+#   DFLASH_BENCH_ONCE=1 ncu --clock-control none --set full -k regex:fwd_wgmma \
+#     -c 1 -o OUT/fwd build-bench/KernelBench OUT/k.jsonl attention-fwd
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
