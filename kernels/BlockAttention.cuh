@@ -78,10 +78,10 @@ struct BlockAttentionBwdArgs {
 /// accumulator.
 enum class BlockAttentionDq {
   AtomicVec4, ///< red.global.add.v4.f32 from registers (lane pairs swap rows)
+  AtomicVec2, ///< (wgmma only) red.global.add.v2.f32, no lane exchange
   BulkReduce, ///< staged in shared memory, one cp.reduce.async.bulk per row
-  OmitForTiming, ///< no dQ phase at all: wrong dQ, only to time its cost
+  OmitForTiming,  ///< no dQ phase at all: wrong dQ, only to time its cost
   NoAddForTiming, ///< (wgmma only) the dQ product without the adds: timing
-  AtomicVec2     ///< (wgmma only) red.global.add.v2.f32, no lane exchange
 };
 
 namespace detail {

@@ -29,7 +29,8 @@
 // Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, 8-byte
 // atomics, two stages) are the fastest variant measured on the H200
 // (bench/kernels/NOTES.md, v7: 6.70 ms full / 6.27 ms sliding at
-// qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The mask is one branch per tile
+// qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The mask is
+// one branch per tile
 // (`whole`), descriptors are low words plus offsets (wgmma::descLo): both
 // cut instructions a warp waits on, with two warps per scheduler.
 // Shared memory grows with N (anchors and tile list):
@@ -292,40 +293,43 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     wgmma::wait<1>();
     wgmma::pin(st);
     uint32_t pa[MQ / 16][4], dsa[MQ / 16][4];
-    // One branch per tile (`whole` is uniform), not a select per element.
-    if (whole) {
+    // P^T, masked per key and row unless the tile is whole: one branch per
+    // tile (`whole` is uniform), not a select per element.
+    auto probabilities = [&](auto maskedTag) {
+      constexpr bool kMasked = decltype(maskedTag)::value;
 #pragma unroll
       for (int j = 0; j < MQ / 8; ++j) {
         // This thread's two query rows r, r + 1 of the n8 tile: 8-byte loads.
         const int r = j * 8 + 2 * (lane & 3);
         const float2 lse2 = *reinterpret_cast<const float2 *>(tLse + r);
+        int2 lo2{}, hi2{};
+        if constexpr (kMasked) {
+          lo2 = *reinterpret_cast<const int2 *>(tLo + r);
+          hi2 = *reinterpret_cast<const int2 *>(tHi + r);
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           float &v0 = st[4 * j + 2 * i], &v1 = st[4 * j + 2 * i + 1];
-          v0 = exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e);
-          v1 = exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e);
+          if constexpr (kMasked) {
+            const int key = j0 + keyOff + 8 * i;
+            const bool vis0 = (key >= lo2.x) & (key < hi2.x);
+            const bool vis1 = (key >= lo2.y) & (key < hi2.y);
+            v0 = vis0 ? exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e)
+                      : 0.f;
+            v1 = vis1 ? exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e)
+                      : 0.f;
+          } else {
+            v0 = exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e);
+            v1 = exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e);
+          }
           pa[j / 2][(j & 1) * 2 + i] = packBf16(v0, v1);
         }
       }
-    } else {
-#pragma unroll
-      for (int j = 0; j < MQ / 8; ++j) {
-        const int r = j * 8 + 2 * (lane & 3);
-        const float2 lse2 = *reinterpret_cast<const float2 *>(tLse + r);
-        const int2 lo2 = *reinterpret_cast<const int2 *>(tLo + r);
-        const int2 hi2 = *reinterpret_cast<const int2 *>(tHi + r);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          const int key = j0 + keyOff + 8 * i;
-          float &v0 = st[4 * j + 2 * i], &v1 = st[4 * j + 2 * i + 1];
-          const bool vis0 = (key >= lo2.x) & (key < hi2.x);
-          const bool vis1 = (key >= lo2.y) & (key < hi2.y);
-          v0 = vis0 ? exp2Approx(v0 * T::kScaleLog2 - lse2.x * T::kLog2e) : 0.f;
-          v1 = vis1 ? exp2Approx(v1 * T::kScaleLog2 - lse2.y * T::kLog2e) : 0.f;
-          pa[j / 2][(j & 1) * 2 + i] = packBf16(v0, v1);
-        }
-      }
-    }
+    };
+    if (whole)
+      probabilities(std::false_type());
+    else
+      probabilities(std::true_type());
     wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < MQ / 16; ++ks)
@@ -419,8 +423,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
             int row = t * MQ + rowBase + 8 * i;
             if (row >= totalRows)
               continue;
-            float *dst = args.dqAccum + rowIndex(row) * D + panel * 64 +
-                         2 * (lane & 3);
+            float *dst =
+                args.dqAccum + rowIndex(row) * D + panel * 64 + 2 * (lane & 3);
 #pragma unroll
             for (int j = 0; j < 8; ++j)
               atomicAdd(reinterpret_cast<float2 *>(dst + j * 8),

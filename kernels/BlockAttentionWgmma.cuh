@@ -30,6 +30,8 @@
 #include "kernels/BlockAttention.cuh"
 #include "kernels/Tma.cuh"
 
+#include <type_traits>
+
 // wgmma exists only on the sm_90a target (not plain sm_90).
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "BlockAttentionWgmma.cuh needs -gencode=arch=compute_90a,code=sm_90a"
@@ -216,19 +218,12 @@ __device__ __forceinline__ void fenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-/// Descriptor of a 128B-swizzled operand in shared memory: 8-row atoms of
-/// 128-byte rows, 1024-byte aligned. lbo/sbo in bytes.
-__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo,
-                                         uint32_t sbo) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) |
-         (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32) | (1ull << 62);
-}
-
-/// The same descriptor split in two 32-bit words: the low word (start
-/// address and lbo) varies, the high word (sbo, swizzle) is a constant, so a
-/// tile adds k-step offsets (bytes / 16) to one register per operand (shared
-/// addresses stay below 2^18: the address field never carries).
+/// Descriptor of a 128B-swizzled operand in shared memory (8-row atoms of
+/// 128-byte rows, 1024-byte aligned; lbo and sbo in bytes), as two 32-bit
+/// words: the low word (start address and lbo) varies, the high word (sbo,
+/// swizzle) is a constant, so a tile adds k-step offsets (bytes / 16) to one
+/// register per operand (shared addresses stay below 2^18: the address field
+/// never carries).
 __device__ __forceinline__ uint32_t descLo(uint32_t addr, uint32_t lbo) {
   return ((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16);
 }
