@@ -55,14 +55,30 @@ constexpr int64_t mmaSyncBwdContextSmemBytes(int64_t d, int64_t blockRows,
          (bulkReduce ? 16 + 64 * (d + 4) * 4 : 0);
 }
 
+/// The fp32 dQ stage of the wgmma context backward, by how dQ is added:
+/// none (atomics from the fragments), the whole 64-row tile [64 x (d + 4)]
+/// (bulk reductions), or each warp's 16 fragment rows of one 64-column panel
+/// [16 x 72] (row atomics: 8 fp32 of padding keep the fragment's 8-byte
+/// stores free of bank conflicts).
+enum class WgmmaDqStage { None, Tile, WarpRows };
+
+constexpr int64_t wgmmaBwdDqStageBytes(int64_t d, int64_t wgs,
+                                       WgmmaDqStage stage) {
+  return stage == WgmmaDqStage::Tile       ? 64 * (d + 4) * 4
+         : stage == WgmmaDqStage::WarpRows ? 4 * wgs * 16 * 72 * 4
+                                           : 0;
+}
+
 /// The fixed part of the wgmma context backward's shared memory: K/V of
-/// 64 * wgs keys, `stages` Q/dO buffers of 64 rows, dS^T, the optional fp32
-/// dQ stage, per-row terms and the warp counts.
+/// 64 * wgs keys, `stages` Q/dO buffers of 64 rows, dS^T, the dQ stage,
+/// per-row terms and the warp counts.
 constexpr int64_t wgmmaBwdContextFixedBytes(int64_t d, int64_t wgs,
-                                            bool dqStage, int64_t stages) {
+                                            WgmmaDqStage dqStage,
+                                            int64_t stages) {
   const int64_t keys = 64 * wgs;
   return 2 * keys * d * 2 + 2 * stages * 64 * d * 2 + keys * 64 * 2 +
-         (dqStage ? 64 * (d + 4) * 4 : 0) + 4 * stages * 64 * 4 + 4 * wgs * 4;
+         wgmmaBwdDqStageBytes(d, wgs, dqStage) + 4 * stages * 64 * 4 +
+         4 * wgs * 4;
 }
 
 /// All of it for N anchors per row: the fixed part after up to 1024 bytes of
@@ -73,15 +89,16 @@ constexpr int64_t wgmmaBwdContextSmemBytes(int64_t fixedBytes,
 }
 
 /// Shared memory of the context kernel that block_attention_bwd_bf16 runs
-/// (its defaults: wgmma with two warpgroups, atomics, two stages; else
-/// mma.sync with bulk reductions).
+/// at least (wgmma with two warpgroups, two stages and dQ atomics from the
+/// fragments, where N is too large for the faster row stage; else mma.sync
+/// with bulk reductions).
 constexpr int64_t blockAttentionBwdSmemBytes(int64_t d, int64_t bs,
                                              int64_t nh, int64_t nkv,
                                              int64_t n) {
   const int64_t blockRows = bs * (nh / nkv);
   if (wgmmaBackwardSupports(d, bs, nh, nkv))
     return wgmmaBwdContextSmemBytes(
-        wgmmaBwdContextFixedBytes(d, 2, /*dqStage=*/false, 2), blockRows, n);
+        wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::None, 2), blockRows, n);
   return mmaSyncBwdContextSmemBytes(d, blockRows, n, /*bulkReduce=*/true);
 }
 

@@ -79,6 +79,8 @@ struct BlockAttentionBwdArgs {
 enum class BlockAttentionDq {
   AtomicVec4, ///< red.global.add.v4.f32 from registers (lane pairs swap rows)
   AtomicVec2, ///< (wgmma only) red.global.add.v2.f32, no lane exchange
+  RowsVec4,   ///< (wgmma only) each warp's fragment rows restaged in shared
+              ///< memory, then red.global.add.v4.f32 of whole row segments
   BulkReduce, ///< staged in shared memory, one cp.reduce.async.bulk per row
   OmitForTiming,  ///< no dQ phase at all: wrong dQ, only to time its cost
   NoAddForTiming, ///< (wgmma only) the dQ product without the adds: timing
@@ -1247,9 +1249,10 @@ template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
 void sm90_block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
                                    cudaStream_t stream) {
   static_assert(DQ != BlockAttentionDq::NoAddForTiming &&
-                    DQ != BlockAttentionDq::AtomicVec2,
-                "NoAddForTiming and AtomicVec2 are modes of the wgmma "
-                "backward only");
+                    DQ != BlockAttentionDq::AtomicVec2 &&
+                    DQ != BlockAttentionDq::RowsVec4,
+                "NoAddForTiming, AtomicVec2 and RowsVec4 are modes of the "
+                "wgmma backward only");
   using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
   using bf16 = __nv_bfloat16;
   detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,

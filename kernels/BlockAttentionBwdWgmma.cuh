@@ -23,18 +23,21 @@
 //                                  descriptor's transpose bit)
 //   dS^T -> shared memory; dQ = dS K over the CTA's keys (A = dS^T read
 //   MN-major, B = K MN-major), one 64-column d panel per warpgroup (WGS = 2)
-//   or both in turn (WGS = 1), added into the accumulator (8-byte atomics of
-//   each thread's own column pairs, 16-byte ones after a lane exchange, or
-//   staged + cp.reduce.async.bulk).
-// Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, 8-byte
-// atomics, two stages) are the fastest variant measured on the H200
-// (bench/kernels/NOTES.md, v7: 6.70 ms full / 6.27 ms sliding at
-// qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The mask is
-// one branch per tile
-// (`whole`), descriptors are low words plus offsets (wgmma::descLo): both
-// cut instructions a warp waits on, with two warps per scheduler.
-// Shared memory grows with N (anchors and tile list):
-// N = 512 needs 151 KB; dflashc rejects an N past the 227 KB limit
+//   or both in turn (WGS = 1), added into the accumulator (DQ: each warp's
+//   rows restaged in shared memory, then 16-byte atomics of whole 256-byte
+//   row segments; or from the fragments, 8-byte atomics of each thread's
+//   column pairs, 16-byte ones after a lane exchange; or staged +
+//   cp.reduce.async.bulk).
+// Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, restaged
+// rows, two stages) are the fastest variant measured on the H200
+// (bench/kernels/NOTES.md, v8: about 6.1-6.3 ms full / 5.7-5.9 ms sliding at
+// qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The mask
+// is one branch per tile (`whole`), descriptors are low words plus offsets
+// (wgmma::descLo): both cut instructions a warp waits on, with two warps per
+// scheduler. Shared memory grows with N (anchors and tile list): N = 512
+// needs 188 KB with the row stage, 151 KB without; block_attention_bwd_bf16
+// drops the stage (8-byte atomics) where N is too large for it, and dflashc
+// rejects an N past the 227 KB limit even without it
 // (kernels/AttentionLimits.h sizes it).
 // Needs d 128 and 64-row query tiles of whole blocks or half blocks
 // (bs * nh / nkv dividing 64, or 128): wgmmaBackwardSupports in
@@ -77,7 +80,8 @@ __device__ __forceinline__ void ssM64N64Transposed(float (&d)[32], uint64_t a,
 
 /// Shared-memory plan of the wgmma context kernel (byte offsets from a
 /// 1024-byte aligned base; swizzled tiles on 1024-byte boundaries).
-template <int D, int BS, int NH, int NKV, int WGS, bool STAGE, int STAGES>
+template <int D, int BS, int NH, int NKV, int WGS, BlockAttentionDq DQ,
+          int STAGES>
 struct WgmmaBwdConfig {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
   static_assert(
@@ -91,21 +95,28 @@ struct WgmmaBwdConfig {
   static constexpr int kKeys = 64 * WGS, kRows = 64, kThreads = 128 * WGS,
                        kWarps = 4 * WGS;
   static constexpr int kStageStride = dqStageStride<D>(); // fp32, padded
+  // RowsVec4: each warp's [16][kRowStride] fp32 slice of the stage.
+  static constexpr int kRowStride = 72;
+  static constexpr WgmmaDqStage kDqStage =
+      DQ == BlockAttentionDq::BulkReduce ? WgmmaDqStage::Tile
+      : DQ == BlockAttentionDq::RowsVec4 ? WgmmaDqStage::WarpRows
+                                         : WgmmaDqStage::None;
   static constexpr size_t kKBytes = size_t(kKeys) * D * 2;
   static constexpr size_t kQBytes = size_t(kRows) * D * 2;
   static constexpr size_t kOffK = 0, kOffV = kKBytes, kOffQ = 2 * kKBytes;
   static constexpr size_t kOffdO = kOffQ + STAGES * kQBytes;
   static constexpr size_t kOffdS = kOffdO + STAGES * kQBytes;
   static constexpr size_t kOffdQ = kOffdS + size_t(kKeys) * kRows * 2;
-  // The fp32 dQ stage only for the bulk reductions (without it, WGS = 1 fits
-  // two CTAs per SM).
+  // The fp32 dQ stage only where DQ restages (without it, WGS = 1 fits two
+  // CTAs per SM).
   static constexpr size_t kOffRows =
-      kOffdQ + (STAGE ? size_t(kRows) * kStageStride * 4 : 0);
+      kOffdQ + size_t(wgmmaBwdDqStageBytes(D, WGS, kDqStage));
   // lse, dot, lo, hi: [STAGES][64] each; then the warp counts, the anchors
   // [N] and the tile list.
   static constexpr size_t kOffCount = kOffRows + 4 * STAGES * kRows * 4;
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
-  static_assert(kFixedBytes == wgmmaBwdContextFixedBytes(D, WGS, STAGE, STAGES),
+  static_assert(kFixedBytes ==
+                    wgmmaBwdContextFixedBytes(D, WGS, kDqStage, STAGES),
                 "AttentionLimits.h sizes this kernel's shared memory");
   static size_t smemBytes(int N) {
     return size_t(wgmmaBwdContextSmemBytes(kFixedBytes, T::kBlockRows, N));
@@ -113,21 +124,22 @@ struct WgmmaBwdConfig {
 };
 
 /// Backward, step 2 on wgmma: context keys, key-tile major (see the file
-/// comment). KEYS_FAST launches the key tiles of one (row, kv head) together
-/// instead of one key tile of every (row, kv head). WALK_DOWN walks the query
+/// comment). The grid is one dimension: groups of GROUP (row, kv head) pairs
+/// (0: all of them) in turn, and in a group the key tiles from the first
+/// (longest list) up, each for every pair of the group: a smaller group keeps
+/// fewer dQ accumulators live in L2 at once (1: the key tiles of one pair
+/// together), and longest first balances the waves. WALK_DOWN walks the query
 /// tiles from the last one down: every key tile of a full layer then starts
 /// at the same query tile, so CTAs of one (row, kv head) running at once read
 /// the same Q / dO and add into the same dQ rows at about the same time (L2
 /// hits instead of DRAM).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
-          BlockAttentionDq DQ, int WGS, bool KEYS_FAST, bool WALK_DOWN,
-          int STAGES>
+          BlockAttentionDq DQ, int WGS, int GROUP, bool WALK_DOWN, int STAGES>
 static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
         BlockAttentionBwdArgs args) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
-  using C = WgmmaBwdConfig<D, BS, NH, NKV, WGS,
-                           DQ == BlockAttentionDq::BulkReduce, STAGES>;
+  using C = WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>;
   using wgmma::descLo;
   using wgmma::descOf;
   using wgmma::tileOffset;
@@ -143,7 +155,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   bf16 *sQ = reinterpret_cast<bf16 *>(smem + C::kOffQ);     // [STAGES][MQ x D]
   bf16 *sdO = reinterpret_cast<bf16 *>(smem + C::kOffdO);   // same
   bf16 *sdS = reinterpret_cast<bf16 *>(smem + C::kOffdS);   // [KT][MQ]
-  float *sdQ = reinterpret_cast<float *>(smem + C::kOffdQ); // [MQ][D + 4]
+  float *sdQ = reinterpret_cast<float *>(smem + C::kOffdQ); // see kDqStage
   float *sLse = reinterpret_cast<float *>(smem + C::kOffRows); // [STAGES][MQ]
   float *sDot = sLse + STAGES * MQ;
   int *sLo = reinterpret_cast<int *>(sDot + STAGES * MQ);
@@ -154,11 +166,16 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
 
   const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4,
             lane = tid % 32;
-  const int bg = KEYS_FAST ? blockIdx.y : blockIdx.x;
-  const int b = bg / NKV, g = bg % NKV;
-  // Early keys, most queries: launched first.
-  const int j0 = (KEYS_FAST ? blockIdx.x : blockIdx.y) * KT;
   const int S = args.S, N = args.N, Q = N * BS;
+  // Early keys, most queries: launched first (see the kernel's comment).
+  const int pairs = args.B * NKV, group = GROUP > 0 ? GROUP : pairs;
+  const int span = group * ((S + KT - 1) / KT);
+  const int first = blockIdx.x / span * group,
+            inGroup = blockIdx.x % span,
+            groupSize = min(group, pairs - first);
+  const int bg = first + inGroup % groupSize;
+  const int b = bg / NKV, g = bg % NKV;
+  const int j0 = inGroup / groupSize * KT;
   const int totalRows = N * T::kBlockRows;
   const int numQueryTiles = (totalRows + MQ - 1) / MQ;
 
@@ -430,6 +447,37 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
               atomicAdd(reinterpret_cast<float2 *>(dst + j * 8),
                         make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
           }
+        } else if constexpr (DQ == BlockAttentionDq::RowsVec4) {
+          // A warp's fragment holds 16 rows x 64 columns, 32 bytes of each
+          // row per instruction: the L2 takes one 32-byte request per row.
+          // Through the warp's own slice of shared memory, each 16-byte
+          // atomic instruction covers two whole 256-byte row segments
+          // (bench/kernels/ReduceProbe.cu: 1.7x the adds per second where
+          // the accumulator stays in L2, 1.3x where it does not).
+          // (WGS = 1: both panels in turn through the same slice.)
+          float *slice = sdQ + ((wg * 4 + warp) * 16) * C::kRowStride;
+          __syncwarp(); // the last reads of the slice are done
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              *reinterpret_cast<float2 *>(
+                  slice + (lane / 4 + 8 * i) * C::kRowStride + 8 * j +
+                  2 * (lane & 3)) =
+                  make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+          __syncwarp();
+#pragma unroll
+          for (int k = 0; k < 8; ++k) {
+            const int r = 2 * k + lane / 16, col = 4 * (lane & 15);
+            const float4 v = *reinterpret_cast<const float4 *>(
+                slice + r * C::kRowStride + col);
+            const int row = t * MQ + warp * 16 + r;
+            if (row < totalRows)
+              atomicAdd(reinterpret_cast<float4 *>(args.dqAccum +
+                                                   rowIndex(row) * D +
+                                                   panel * 64 + col),
+                        v);
+          }
         } else if constexpr (DQ == BlockAttentionDq::BulkReduce) {
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
@@ -493,50 +541,58 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
 
 /// Backward with the context kernel on wgmma (sm_90a): same arguments and
 /// outputs as sm90_block_attention_bwd_bf16. DQ picks how the context kernel
-/// adds into the dQ accumulator (8-byte atomics measured faster than 16-byte
-/// ones after a lane exchange, and those faster than the bulk reductions,
-/// bench/kernels/NOTES.md); WGS the warpgroups of 64
-/// keys per CTA; WALK_DOWN walks query tiles from the last one down;
-/// KEYS_FAST launches the key tiles of one (row, kv head) together; STAGES
-/// the Q / dO buffers.
+/// adds into the dQ accumulator (restaged rows measured faster than 8-byte
+/// atomics from the fragments, those faster than 16-byte ones after a lane
+/// exchange, and all faster than bulk reductions, bench/kernels/NOTES.md);
+/// the caller checks that the shared memory fits (smemBytes); WGS the
+/// warpgroups of 64
+/// keys per CTA; GROUP the (row, kv head) pairs whose key tiles run
+/// together (0: all); WALK_DOWN walks query tiles from the last one down;
+/// STAGES the Q / dO buffers.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
-          BlockAttentionDq DQ = BlockAttentionDq::AtomicVec2, int WGS = 2,
-          bool WALK_DOWN = true, bool KEYS_FAST = false, int STAGES = 2>
+          BlockAttentionDq DQ = BlockAttentionDq::RowsVec4, int WGS = 2,
+          bool WALK_DOWN = true, int GROUP = 0, int STAGES = 2>
 void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
                                           cudaStream_t stream) {
   static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
                 "sm90a_block_attention_bwd_wgmma_bf16 needs head dim 128 and "
                 "bs * (nh / nkv) dividing 64 or equal to 128; use "
                 "sm90_block_attention_bwd_bf16 for other shapes");
-  using C = detail::WgmmaBwdConfig<D, BS, NH, NKV, WGS,
-                                   DQ == BlockAttentionDq::BulkReduce, STAGES>;
+  using C = detail::WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>;
   detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
                                                                        stream);
   {
     auto kernel = detail::sm90a_block_attention_bwd_context_wgmma_bf16_kernel<
-        D, BS, NH, NKV, WINDOW, CAUSAL, DQ, WGS, KEYS_FAST, WALK_DOWN, STAGES>;
+        D, BS, NH, NKV, WINDOW, CAUSAL, DQ, WGS, GROUP, WALK_DOWN, STAGES>;
     size_t smem = C::smemBytes(args.N);
     DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int keyTiles = (args.S + C::kKeys - 1) / C::kKeys;
-    dim3 grid =
-        KEYS_FAST ? dim3(keyTiles, args.B * NKV) : dim3(args.B * NKV, keyTiles);
-    kernel<<<grid, C::kThreads, smem, stream>>>(args);
+    kernel<<<keyTiles * args.B * NKV, C::kThreads, smem, stream>>>(args);
     DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_bwd_context_wgmma_bf16");
   }
   detail::launchBlockAttentionBwdDq<D, BS, NH>(args, stream);
 }
 
 /// The backward the generated step calls: the wgmma context kernel where the
-/// shape allows (wgmmaBackwardSupports), else the mma.sync backward. Same
+/// shape allows (wgmmaBackwardSupports), with its row stage where N leaves
+/// room for it (else 8-byte atomics from the fragments: the N dflashc
+/// accepts, blockAttentionBwdSmemBytes), else the mma.sync backward. Same
 /// outputs and workspace (blockAttentionBwdWorkspaceBytes).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
                               cudaStream_t stream) {
-  if constexpr (wgmmaBackwardSupports(D, BS, NH, NKV))
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
-        args, stream);
-  else
+  if constexpr (wgmmaBackwardSupports(D, BS, NH, NKV)) {
+    using Rows = detail::WgmmaBwdConfig<D, BS, NH, NKV, 2,
+                                        BlockAttentionDq::RowsVec4, 2>;
+    if (Rows::smemBytes(args.N) <= size_t(kSharedMemoryPerBlockOptIn))
+      sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+          args, stream);
+    else
+      sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                           BlockAttentionDq::AtomicVec2>(
+          args, stream);
+  } else
     sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args, stream);
 }
 

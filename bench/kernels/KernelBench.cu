@@ -293,26 +293,28 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
                 kind, B, relDiff(fetch(dq, qn), q0), relDiff(fetch(dck, cn), k0),
                 relDiff(fetch(dcv, cn), v0));
   }
-  // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down. The
-  // variants measured and dropped (bulk reductions, one warpgroup, walk up,
-  // three stages, spread walks, pairs of CTAs adding their dQ shares
+  // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down,
+  // (row, kv head) pairs per launch group. The variants measured and dropped
+  // (bulk reductions of rows, tiles or warp slices, one warpgroup, walk up,
+  // three stages, key tiles of a few pairs together, row atomics issued
+  // under the next tile's products, pairs of CTAs adding their dQ shares
   // together) are in NOTES.md.
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
-  }, "wgmma dq atomic v2 wgs2 down (default)");
+  }, "wgmma dq rows v4 wgs2 down (default)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec4>(ba, 0);
-  }, "wgmma dq atomic v4 (lane exchange)");
+                                         BlockAttentionDq::AtomicVec2>(ba, 0);
+  }, "wgmma dq atomic v2 (fragments)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::NoAddForTiming, 2,
-                                         true>(ba, 0);
+                                         BlockAttentionDq::NoAddForTiming>(ba,
+                                                                           0);
   }, "wgmma wgs2 down dq product without adds, timing only");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::OmitForTiming, 2,
-                                         true>(ba, 0);
+                                         BlockAttentionDq::OmitForTiming>(ba,
+                                                                          0);
   }, "wgmma wgs2 down no dq phase, timing only");
   for (void *p :
        {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv, (void *)out,

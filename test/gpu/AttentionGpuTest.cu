@@ -263,29 +263,30 @@ void checkBackward(const Problem &p, const DeviceBuffer<bf16> &out,
 /// The wgmma backward (context kernel on wgmma) on the forward's out and
 /// lse, checked as checkBackward does; prints the relative errors.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
-          kernels::BlockAttentionDq DQ, int WGS, bool WALK_DOWN, bool KEYS_FAST,
+          kernels::BlockAttentionDq DQ, int WGS, bool WALK_DOWN, int GROUP,
           int STAGES = 2>
 void checkBackwardWgmma(const Problem &p, const DeviceBuffer<bf16> &out,
                         const DeviceBuffer<float> &lse) {
   SCOPED_TRACE(testing::Message()
                << "wgmma backward dq mode " << int(DQ) << " WGS=" << WGS
-               << " WALK_DOWN=" << WALK_DOWN << " KEYS_FAST=" << KEYS_FAST
+               << " WALK_DOWN=" << WALK_DOWN << " GROUP=" << GROUP
                << " STAGES=" << STAGES);
   BackwardRun run(p, out, lse);
   kernels::sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                                DQ, WGS, WALK_DOWN, KEYS_FAST,
+                                                DQ, WGS, WALK_DOWN, GROUP,
                                                 STAGES>(run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::array<double, 5> e = run.expectClose(p);
   std::printf("wgmma bwd D=%d BS=%d NH=%d NKV=%d W=%d DQ=%d WGS=%d down=%d "
-              "KF=%d ST=%d B=%d S=%d N=%d: relative dq %.3g dck %.3g dcv %.3g "
+              "GR=%d ST=%d B=%d S=%d N=%d: relative dq %.3g dck %.3g dcv %.3g "
               "ddk %.3g ddv %.3g\n",
               D, BS, NH, NKV, WINDOW, int(DQ), WGS, int(WALK_DOWN),
-              int(KEYS_FAST), STAGES, p.B, p.S, p.N, e[0], e[1], e[2], e[3],
+              GROUP, STAGES, p.B, p.S, p.N, e[0], e[1], e[2], e[3],
               e[4]);
 }
 
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          bool ALL_VARIANTS = true>
 void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
   SCOPED_TRACE(testing::Message()
                << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
@@ -297,35 +298,44 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
   DeviceBuffer<float> lse(p.refLse.size());
   checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(p, out, lse);
   using kernels::BlockAttentionDq;
-  // The default (8-byte atomics, two warpgroups, walking down), then the
+  // The default (rows restaged, two warpgroups, walking down), then the
   // others.
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::AtomicVec2, 2, true, false>(p, out, lse);
+                     BlockAttentionDq::RowsVec4, 2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::AtomicVec4, 2, true, false>(p, out, lse);
+                     BlockAttentionDq::AtomicVec2, 2, true, 0>(p, out, lse);
+  if constexpr (!ALL_VARIANTS)
+    return;
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::BulkReduce, 2, true, false>(p, out, lse);
+                     BlockAttentionDq::RowsVec4, 1, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::AtomicVec4, 2, false, false>(p, out, lse);
+                     BlockAttentionDq::RowsVec4, 2, true, 3>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::AtomicVec4, 2, true, true>(p, out, lse);
+                     BlockAttentionDq::AtomicVec4, 2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::AtomicVec4, 1, true, false>(p, out, lse);
+                     BlockAttentionDq::BulkReduce, 2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::BulkReduce, 1, true, false>(p, out, lse);
+                     BlockAttentionDq::AtomicVec4, 2, false, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::AtomicVec4, 2, true, false, 3>(p, out,
+                     BlockAttentionDq::AtomicVec4, 2, true, 1>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec4, 1, true, 0>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::BulkReduce, 1, true, 0>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::AtomicVec4, 2, true, 0, 3>(p, out,
                                                                       lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::BulkReduce, 2, true, false, 3>(p, out,
+                     BlockAttentionDq::BulkReduce, 2, true, 0, 3>(p, out,
                                                                       lse);
 }
 
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          bool ALL_VARIANTS = true>
 void sweepBwdWgmma(int B, int S, int N, uint64_t seed) {
-  runBwdWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(
+  runBwdWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL, ALL_VARIANTS>(
       B, S, N, Anchors::SortedTrailingKeep0, seed);
-  runBwdWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(
+  runBwdWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL, ALL_VARIANTS>(
       B, S, N, Anchors::ScatteredKeep0, seed + 1);
 }
 
@@ -474,6 +484,15 @@ TEST(BlockAttentionBwdWgmma, Qwen3Sliding) {
 
 TEST(BlockAttentionBwdWgmma, GroupOf8Bs16) {
   sweepBwdWgmma<128, 16, 8, 1, 0, false>(2, 200, 10, 45);
+}
+
+// 32-row blocks, two per query tile: an odd N leaves the last tile half
+// empty (its rows past the last block add nothing). The default and the
+// fragment atomics only.
+TEST(BlockAttentionBwdWgmma, TwoBlocksPerTileOddN) {
+  static_assert(kernels::wgmmaBackwardSupports(128, 8, 32, 8));
+  sweepBwdWgmma<128, 8, 32, 8, 0, false, false>(2, 300, 21, 46);
+  sweepBwdWgmma<128, 8, 32, 8, 100, true, false>(1, 400, 33, 47);
 }
 
 TEST(BlockAttentionBwdWgmma, NothingKept) {
