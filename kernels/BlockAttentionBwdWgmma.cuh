@@ -545,10 +545,9 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
 /// atomics from the fragments, those faster than 16-byte ones after a lane
 /// exchange, and all faster than bulk reductions, bench/kernels/NOTES.md);
 /// the caller checks that the shared memory fits (smemBytes); WGS the
-/// warpgroups of 64
-/// keys per CTA; GROUP the (row, kv head) pairs whose key tiles run
-/// together (0: all); WALK_DOWN walks query tiles from the last one down;
-/// STAGES the Q / dO buffers.
+/// warpgroups of 64 keys per CTA; GROUP the (row, kv head) pairs whose key
+/// tiles run together (0: all); WALK_DOWN walks query tiles from the last
+/// one down; STAGES the Q / dO buffers.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ = BlockAttentionDq::RowsVec4, int WGS = 2,
           bool WALK_DOWN = true, int GROUP = 0, int STAGES = 2>
