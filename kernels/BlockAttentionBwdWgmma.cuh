@@ -582,9 +582,7 @@ template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
                               cudaStream_t stream) {
   if constexpr (wgmmaBackwardSupports(D, BS, NH, NKV)) {
-    using Rows = detail::WgmmaBwdConfig<D, BS, NH, NKV, 2,
-                                        BlockAttentionDq::RowsVec4, 2>;
-    if (Rows::smemBytes(args.N) <= size_t(kSharedMemoryPerBlockOptIn))
+    if (wgmmaBwdRowStageFits(D, BS, NH, NKV, args.N))
       sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
           args, stream);
     else
