@@ -11,8 +11,10 @@
 // Context kernel, FlashAttention-3's mapping with M = keys: one CTA per (row,
 // kv head, WGS * 64 context keys), WGS warpgroups of 64 keys each (WGS = 2:
 // one CTA per SM; WGS = 1: two CTAs per SM, whose phases interleave), walking
-// the 64-row query tiles whose blocks see the key tile (Q, dO by cp.async
-// into 128B-swizzled tiles, two stages), by default from the last tile down
+// the 64-row query tiles whose blocks see the key tile (Q, dO by TMA into
+// 128B-swizzled tiles, two stages with transaction barriers; each row's lse,
+// D and visible keys by cp.async and the threads), by default from the last
+// tile down
 // (CTAs of one (row, kv head) then share Q / dO / dQ lines in L2). Per tile
 // and warpgroup:
 //   S^T = K Q^T, dP^T = V dO^T    (ss, both K-major; S^T's exponentials run
@@ -30,7 +32,7 @@
 //   cp.reduce.async.bulk).
 // Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, restaged
 // rows, two stages) are the fastest variant measured on the H200
-// (bench/kernels/NOTES.md, v8: about 6.1-6.3 ms full / 5.7-5.9 ms sliding at
+// (bench/kernels/NOTES.md, v9: about 5.8 ms full / 5.6 ms sliding at
 // qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The mask
 // is one branch per tile (`whole`), descriptors are low words plus offsets
 // (wgmma::descLo): both cut instructions a warp waits on, with two warps per
@@ -50,6 +52,7 @@
 
 #include "kernels/BlockAttention.cuh"
 #include "kernels/BlockAttentionWgmma.cuh"
+#include "kernels/Tma.cuh"
 
 namespace dflash::kernels {
 
@@ -111,9 +114,11 @@ struct WgmmaBwdConfig {
   // CTAs per SM).
   static constexpr size_t kOffRows =
       kOffdQ + size_t(wgmmaBwdDqStageBytes(D, WGS, kDqStage));
-  // lse, dot, lo, hi: [STAGES][64] each; then the warp counts, the anchors
-  // [N] and the tile list.
-  static constexpr size_t kOffCount = kOffRows + 4 * STAGES * kRows * 4;
+  // lse, dot, lo, hi: [STAGES][64] each.
+  // Then the Q / dO stages' transaction barriers, the warp counts, the
+  // anchors [N] and the tile list.
+  static constexpr size_t kOffBar = kOffRows + 4 * STAGES * kRows * 4;
+  static constexpr size_t kOffCount = kOffBar + 8 * STAGES;
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
   static_assert(kFixedBytes ==
                     wgmmaBwdContextFixedBytes(D, WGS, kDqStage, STAGES),
@@ -133,11 +138,17 @@ struct WgmmaBwdConfig {
 /// at the same query tile, so CTAs of one (row, kv head) running at once read
 /// the same Q / dO and add into the same dQ rows at about the same time (L2
 /// hits instead of DRAM).
+/// The tensors the context kernel loads by TMA: 64-row query tiles of Q and
+/// dO (a box of G heads by 64 / G positions is a tile's rows in order).
+struct WgmmaBwdMaps {
+  CUtensorMap q, dOut;
+};
+
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ, int WGS, int GROUP, bool WALK_DOWN, int STAGES>
 static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
-        BlockAttentionBwdArgs args) {
+        BlockAttentionBwdArgs args, const __grid_constant__ WgmmaBwdMaps maps) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
   using C = WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>;
   using wgmma::descLo;
@@ -160,6 +171,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   float *sDot = sLse + STAGES * MQ;
   int *sLo = reinterpret_cast<int *>(sDot + STAGES * MQ);
   int *sHi = sLo + STAGES * MQ;
+  const uint32_t bar0 = smemAddress(smem + C::kOffBar); // stage s: + 8 s
   int *sCount = reinterpret_cast<int *>(smem + C::kOffCount); // [NW]
   int *sAnchor = sCount + NW;    // [N], -1 where keep = 0
   int *sList = sAnchor + args.N; // tile * 2 + whole
@@ -196,6 +208,11 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     int64_t i = static_cast<int64_t>(b) * N + n;
     sAnchor[n] = args.keep[i] ? args.anchors[i] : -1;
   }
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s)
+      tma::barrierInit(bar0 + 8 * s, 1);
+    tma::fenceBarrierInit();
+  }
   __syncthreads();
 
   // The query tiles whose blocks see any key of [j0, j0 + KT), in order;
@@ -210,14 +227,20 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   };
   auto loadQueryTile = [&](int t, int buf) {
     bf16 *tQ = sQ + buf * MQ * D, *tdO = sdO + buf * MQ * D;
-    for (int idx = tid; idx < MQ * kChunks; idx += kThreads) {
-      int r = idx / kChunks, c = idx % kChunks;
-      int row = t * MQ + r;
-      bool valid = row < totalRows;
-      int64_t off = valid ? rowIndex(row) * D + c * 8 : 0;
-      cpAsync16(smemAddress(tQ + tileOffset<MQ>(r, c)), args.q + off, valid);
-      cpAsync16(smemAddress(tdO + tileOffset<MQ>(r, c)), args.dOut + off,
-                valid);
+    // Q and dO by TMA from one thread: a box per tensor and 64-column panel
+    // (positions past Q read as zeros), completing on the stage's barrier.
+    // (Each thread's cp.async of 8 chunks with their address arithmetic
+    // took a sixth of the warps' issue time: NOTES.md, fifth session.)
+    if (tid == 0) {
+      const uint32_t bar = bar0 + 8 * buf;
+      tma::arriveExpectTx(bar, 2 * MQ * D * 2);
+#pragma unroll
+      for (int p = 0; p < D / 64; ++p) {
+        tma::load4d(smemAddress(tQ) + p * MQ * 128, &maps.q, bar, p * 64,
+                    g * G, t * (MQ / G), b);
+        tma::load4d(smemAddress(tdO) + p * MQ * 128, &maps.dOut, bar, p * 64,
+                    g * G, t * (MQ / G), b);
+      }
     }
     if (tid < MQ) {
       int r = tid, row = t * MQ + r;
@@ -267,6 +290,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   for (int it = 0; it < count; ++it) {
     const int cur = it % STAGES;
     cpAsyncWait<STAGES - 2>();
+    tma::waitParity(bar0 + 8 * cur, (it / STAGES) & 1);
     wgmma::fenceProxyAsync();
     __syncthreads();
     if (it + STAGES - 1 < count)
@@ -563,11 +587,20 @@ void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
   {
     auto kernel = detail::sm90a_block_attention_bwd_context_wgmma_bf16_kernel<
         D, BS, NH, NKV, WINDOW, CAUSAL, DQ, WGS, GROUP, WALK_DOWN, STAGES>;
+    // Encoded per call on the host (a few microseconds; a captured graph
+    // keeps them).
+    constexpr uint32_t G = NH / NKV;
+    const uint64_t Q = uint64_t(args.N) * BS;
+    detail::WgmmaBwdMaps maps;
+    maps.q = tma::bf16RowsOfHeadsMap(args.q, args.B, Q, NH, D, G, 64 / G,
+                                     "q [B, Q, nh, d]");
+    maps.dOut = tma::bf16RowsOfHeadsMap(args.dOut, args.B, Q, NH, D, G, 64 / G,
+                                        "dOut [B, Q, nh, d]");
     size_t smem = C::smemBytes(args.N);
     DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     const int keyTiles = (args.S + C::kKeys - 1) / C::kKeys;
-    kernel<<<keyTiles * args.B * NKV, C::kThreads, smem, stream>>>(args);
+    kernel<<<keyTiles * args.B * NKV, C::kThreads, smem, stream>>>(args, maps);
     DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_bwd_context_wgmma_bf16");
   }
   detail::launchBlockAttentionBwdDq<D, BS, NH>(args, stream);
