@@ -14,9 +14,8 @@
 // the 64-row query tiles whose blocks see the key tile (Q, dO by TMA into
 // 128B-swizzled tiles, two stages with transaction barriers; each row's lse,
 // D and visible keys by cp.async and the threads), by default from the last
-// tile down
-// (CTAs of one (row, kv head) then share Q / dO / dQ lines in L2). Per tile
-// and warpgroup:
+// tile down (CTAs of one (row, kv head) then share Q / dO / dQ lines in L2).
+// Per tile and warpgroup:
 //   S^T = K Q^T, dP^T = V dO^T    (ss, both K-major; S^T's exponentials run
 //                                  under dP^T's product)
 //   P^T, dS^T = P^T (dP^T - D)    (masked per key and query row)
