@@ -58,15 +58,17 @@ constexpr int64_t mmaSyncBwdContextSmemBytes(int64_t d, int64_t blockRows,
 /// The fp32 dQ stage of the wgmma context backward, by how dQ is added:
 /// none (atomics from the fragments), the whole 64-row tile [64 x (d + 4)]
 /// (bulk reductions), or each warp's 16 fragment rows of one 64-column panel
-/// [16 x 72] (row atomics: 8 fp32 of padding keep the fragment's 8-byte
-/// stores free of bank conflicts).
+/// [16 x kWgmmaDqRowStride] (row atomics: 8 fp32 of padding keep the
+/// fragment's 8-byte stores free of bank conflicts).
 enum class WgmmaDqStage { None, Tile, WarpRows };
+constexpr int64_t kWgmmaDqRowStride = 72;
 
 constexpr int64_t wgmmaBwdDqStageBytes(int64_t d, int64_t wgs,
                                        WgmmaDqStage stage) {
-  return stage == WgmmaDqStage::Tile       ? 64 * (d + 4) * 4
-         : stage == WgmmaDqStage::WarpRows ? 4 * wgs * 16 * 72 * 4
-                                           : 0;
+  return stage == WgmmaDqStage::Tile ? 64 * (d + 4) * 4
+         : stage == WgmmaDqStage::WarpRows
+             ? 4 * wgs * 16 * kWgmmaDqRowStride * 4
+             : 0;
 }
 
 /// The fixed part of the wgmma context backward's shared memory: K/V of
@@ -102,9 +104,8 @@ constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
 /// at least (wgmma with two warpgroups, two stages and dQ atomics from the
 /// fragments, where N is too large for the faster row stage; else mma.sync
 /// with bulk reductions).
-constexpr int64_t blockAttentionBwdSmemBytes(int64_t d, int64_t bs,
-                                             int64_t nh, int64_t nkv,
-                                             int64_t n) {
+constexpr int64_t blockAttentionBwdSmemBytes(int64_t d, int64_t bs, int64_t nh,
+                                             int64_t nkv, int64_t n) {
   const int64_t blockRows = bs * (nh / nkv);
   if (wgmmaBackwardSupports(d, bs, nh, nkv))
     return wgmmaBwdContextSmemBytes(

@@ -1,5 +1,4 @@
-//===- BlockAttentionBwdWgmma.cuh - Block attention bwd on wgmma -*- CUDA
-//-*-===//
+//===- BlockAttentionBwdWgmma.cuh - Attention backward, wgmma -*- CUDA -*-===//
 //
 // The backward of BlockAttention.cuh (same arguments, outputs and numerics:
 // dK = scale * dS^T Q, dV = P^T dO, the fp32 dQ accumulator unscaled and
@@ -98,7 +97,7 @@ struct WgmmaBwdConfig {
                        kWarps = 4 * WGS;
   static constexpr int kStageStride = dqStageStride<D>(); // fp32, padded
   // RowsVec4: each warp's [16][kRowStride] fp32 slice of the stage.
-  static constexpr int kRowStride = 72;
+  static constexpr int kRowStride = int(kWgmmaDqRowStride);
   static constexpr WgmmaDqStage kDqStage =
       DQ == BlockAttentionDq::BulkReduce ? WgmmaDqStage::Tile
       : DQ == BlockAttentionDq::RowsVec4 ? WgmmaDqStage::WarpRows
@@ -113,9 +112,8 @@ struct WgmmaBwdConfig {
   // CTAs per SM).
   static constexpr size_t kOffRows =
       kOffdQ + size_t(wgmmaBwdDqStageBytes(D, WGS, kDqStage));
-  // lse, dot, lo, hi: [STAGES][64] each.
-  // Then the Q / dO stages' transaction barriers, the warp counts, the
-  // anchors [N] and the tile list.
+  // lse, dot, lo, hi: [STAGES][64] each; then the Q / dO stages' transaction
+  // barriers, the warp counts, the anchors [N] and the tile list.
   static constexpr size_t kOffBar = kOffRows + 4 * STAGES * kRows * 4;
   static constexpr size_t kOffCount = kOffBar + 8 * STAGES;
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
@@ -125,6 +123,12 @@ struct WgmmaBwdConfig {
   static size_t smemBytes(int N) {
     return size_t(wgmmaBwdContextSmemBytes(kFixedBytes, T::kBlockRows, N));
   }
+};
+
+/// The tensors the context kernel loads by TMA: 64-row query tiles of Q and
+/// dO (a box of G heads by 64 / G positions is a tile's rows in order).
+struct WgmmaBwdMaps {
+  CUtensorMap q, dOut;
 };
 
 /// Backward, step 2 on wgmma: context keys, key-tile major (see the file
@@ -137,12 +141,6 @@ struct WgmmaBwdConfig {
 /// at the same query tile, so CTAs of one (row, kv head) running at once read
 /// the same Q / dO and add into the same dQ rows at about the same time (L2
 /// hits instead of DRAM).
-/// The tensors the context kernel loads by TMA: 64-row query tiles of Q and
-/// dO (a box of G heads by 64 / G positions is a tile's rows in order).
-struct WgmmaBwdMaps {
-  CUtensorMap q, dOut;
-};
-
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ, int WGS, int GROUP, bool WALK_DOWN, int STAGES>
 static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
