@@ -286,6 +286,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
     sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
     auto q0 = fetch(dq, qn), k0 = fetch(dck, cn), v0 = fetch(dcv, cn);
+    // Poisoned (NaN) first: a row the wgmma backward leaves unwritten shows.
+    for (bf16 *p : {dq, dck, dcv})
+      DFLASH_CUDA_CHECK(cudaMemset(p, 0xFF, (p == dq ? qn : cn) * sizeof(bf16)));
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("attention bwd %s B=%d: wgmma (default) vs mma.sync relative "
@@ -306,6 +309,28 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::AtomicVec2>(ba, 0);
   }, "wgmma dq atomic v2 (fragments)");
+  // Launches 1 and 3 alone (shared by every variant above), in GB/s of the
+  // bytes they must move. Launch 1 reads Q, dO, O, the draft K / V and
+  // writes the fp32 accumulator, D and the draft dK / dV; launch 3 reads the
+  // accumulator and writes bf16 dQ.
+  auto launchAlone = [&](auto launch, const char *variant, double bytes) {
+    if (fwdOnly)
+      return;
+    double ms = timeMs([&] { launch(); });
+    std::snprintf(name, sizeof(name), "attention bwd %s B=%d [%s]", kind, B,
+                  variant);
+    report(name, ms, "GB/s", bytes / (ms * 1e6));
+  };
+  const double rows = double(qn) / D;
+  launchAlone(
+      [&] {
+        detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(
+            ba, 0);
+      },
+      "launch 1 only (draft keys, D, dQ init)",
+      3.0 * qn * 2 + 4.0 * dn * 2 + qn * 4.0 + rows * 4);
+  launchAlone([&] { detail::launchBlockAttentionBwdDq<D, BS, NH>(ba, 0); },
+              "launch 3 only (dQ to bf16)", qn * 6.0);
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::NoAddForTiming>(ba,
