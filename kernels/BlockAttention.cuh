@@ -609,9 +609,10 @@ constexpr int bwdDraftOverlayElems(int d, int draftKeys, int padRows) {
 }
 
 /// The backward draft kernel's tiling: BLOCKS whole blocks per CTA (0: as
-/// many as make at most 64 rows, at least one). Half the forward's 128 rows:
-/// four CTAs per SM instead of two overlap one CTA's loads with another's
-/// products and stores (0.530 -> 0.472 ms at qwen3-8b-b16 shapes).
+/// many as make at most 64 rows, at least one). At qwen3-8b-b16 shapes that
+/// is half the forward's 128 rows, and four CTAs per SM instead of two
+/// overlap one CTA's loads with another's products and stores (0.530 ->
+/// 0.472 ms).
 template <int D, int BS, int NH, int NKV, int BLOCKS>
 struct BwdDraftTiling : BlockAttentionTiling<D, BS, NH, NKV> {
   using Base = BlockAttentionTiling<D, BS, NH, NKV>;
@@ -645,8 +646,8 @@ __launch_bounds__((BwdDraftTiling<D, BS, NH, NKV, BLOCKS>::kThreads))
   bf16 *sdO = sQ + PR * D;
   bf16 *sK = sdO + PR * D;
   bf16 *sV = sK + NKD * D;
-  // P and dS overlay the draft keys and values once dQ has read them: two
-  // CTAs per SM instead of one (the kernel waits on memory, not math).
+  // P and dS overlay the draft keys and values once dQ has read them: fewer
+  // bytes per CTA, more CTAs per SM (the kernel waits on memory, not math).
   bf16 *sP = sK;            // [PR][64] probabilities
   bf16 *sdS = sP + PR * 64; // [PR][64] score gradients
   float *sDot =
