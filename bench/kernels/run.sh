@@ -2,7 +2,11 @@
 # Builds KernelBench when missing or older than its sources, runs it and the
 # PyTorch baselines (torch_reference.py) on this GPU in one go, and prints one
 # comparison table. Logs and JSON lines go to $OUT (or $1, or build-bench/).
-#   bench/kernels/run.sh [outdir] [only]   only: attention|lmhead|memory|gemm
+#   [DFLASH_BENCH_ROUNDS=N] bench/kernels/run.sh [outdir] [only]
+#     only: attention|lmhead|memory|gemm
+# DFLASH_BENCH_ROUNDS=N runs KernelBench N times (the machine's speed drifts
+# by several percent within minutes) and reports each kernel's median, with
+# the rounds' range; the PyTorch baselines run once, after them.
 # For profilers, DFLASH_BENCH_ONCE=1 runs each KernelBench variant once, e.g.
 #   DFLASH_BENCH_ONCE=1 ncu --clock-control none --set full -k regex:fwd_wgmma \
 #     -c 1 -o OUT/fwd build-bench/KernelBench OUT/k.jsonl attention-fwd
@@ -15,12 +19,44 @@ build=${DFLASH_BENCH_BUILD:-$root/build-bench}
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
 mkdir -p "$out" "$build"
 bin=$build/KernelBench
+rounds=${DFLASH_BENCH_ROUNDS:-1}
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+  echo "run.sh: DFLASH_BENCH_ROUNDS must be a positive integer, got '$rounds'" >&2
+  exit 2
+fi
 if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" -name '*.cu*' -newer "$bin") ]]; then
   echo "building $bin"
   "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
     --expt-relaxed-constexpr -lineinfo "$here/KernelBench.cu" -o "$bin" -lcublasLt
 fi
-"$bin" "$out/kernels.jsonl" "$only" 2>&1 | tee "$out/kernels.log"
+if ((rounds == 1)); then
+  "$bin" "$out/kernels.jsonl" "$only" 2>&1 | tee "$out/kernels.log"
+else
+  for ((r = 1; r <= rounds; ++r)); do
+    echo "KernelBench round $r of $rounds"
+    "$bin" "$out/kernels-round$r.jsonl" "$only" 2>&1 | tee "$out/kernels-round$r.log"
+  done
+  # Each kernel's median over the rounds; its rate scaled to that time.
+  python3 - "$out" "$rounds" <<'PY'
+import json, os, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+runs = {}
+for r in range(1, rounds + 1):
+    for line in open(os.path.join(out, f"kernels-round{r}.jsonl")):
+        if line.strip():
+            row = json.loads(line)
+            runs.setdefault(row["name"], []).append(row)
+with open(os.path.join(out, "kernels.jsonl"), "w") as f:
+    for name, rows in runs.items():
+        times = [row["ms"] for row in rows]
+        median = statistics.median(times)
+        merged = dict(rows[0])
+        merged["ms"] = median
+        merged["value"] = rows[0]["value"] * rows[0]["ms"] / median
+        merged["rounds"] = times
+        f.write(json.dumps(merged) + "\n")
+PY
+fi
 if [[ -z $only || $only == attention* || $only == lmhead ]]; then
   python3 "$here/torch_reference.py" --out "$out/torch.jsonl" \
     --anchors "$out/anchors_b4.bin" --only "$only" 2>&1 | tee "$out/torch.log"
@@ -42,7 +78,11 @@ for name, r in ours.items():
     if name.startswith("attention"):
         # Variants carry a " [..]" suffix; flex runs once per shape.
         base = torch.get("flex_attention" + name[len("attention"):].split(" [")[0])
-    line = f"| {name} | {r['ms']:.3f} | {r['value']:.1f} {r['metric']} {r['note']} |"
+    spread = ""
+    if len(r.get("rounds", [])) > 1:
+        spread = f" ({min(r['rounds']):.3f}-{max(r['rounds']):.3f})"
+    line = (f"| {name} | {r['ms']:.3f}{spread} | {r['value']:.1f} {r['metric']} "
+            f"{r['note']} |")
     if base:
         line += (f" flex_attention | {base['ms']:.3f} | {base['value']:.1f} "
                  f"{base['metric']} | {base['ms'] / r['ms']:.2f}x |")
