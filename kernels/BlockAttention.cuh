@@ -712,9 +712,10 @@ __launch_bounds__((BwdDraftTiling<D, BS, NH, NKV, BLOCKS>::kThreads))
     __syncthreads();
     if (valid) {
 #pragma unroll
-      for (int c = half * (kChunks / 2); c < (half + 1) * (kChunks / 2); ++c) {
-        uint4 ov = oChunk[c - half * (kChunks / 2)];
-        uint4 dv = *reinterpret_cast<const uint4 *>(sdO + swizzle<D>(r, c * 8));
+      for (int c = 0; c < kChunks / 2; ++c) {
+        uint4 ov = oChunk[c];
+        uint4 dv = *reinterpret_cast<const uint4 *>(
+            sdO + swizzle<D>(r, (half * (kChunks / 2) + c) * 8));
         const __nv_bfloat162 *o2 =
             reinterpret_cast<const __nv_bfloat162 *>(&ov);
         const __nv_bfloat162 *d2 =

@@ -322,20 +322,20 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
     report(name, ms, "GB/s", bytes / (ms * 1e6));
   };
   const double rows = double(qn) / D;
+  const double launch1Bytes = 3.0 * qn * 2 + 4.0 * dn * 2 + qn * 4.0 + rows * 4;
   launchAlone(
       [&] {
         detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(
             ba, 0);
       },
-      "launch 1 only (draft keys, D, dQ init)",
-      3.0 * qn * 2 + 4.0 * dn * 2 + qn * 4.0 + rows * 4);
+      "launch 1 only (draft keys, D, dQ init)", launch1Bytes);
   launchAlone(
       [&] {
         detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL,
                                              2>(ba, 0);
       },
       "launch 1 only, two blocks per CTA (the forward's 128 rows)",
-      3.0 * qn * 2 + 4.0 * dn * 2 + qn * 4.0 + rows * 4);
+      launch1Bytes);
   launchAlone([&] { detail::launchBlockAttentionBwdDq<D, BS, NH>(ba, 0); },
               "launch 3 only (dQ to bf16)", qn * 6.0);
   bwd([&] {
