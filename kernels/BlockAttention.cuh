@@ -616,13 +616,11 @@ constexpr int bwdDraftOverlayElems(int d, int draftKeys, int padRows) {
 template <int D, int BS, int NH, int NKV, int BLOCKS>
 struct BwdDraftTiling : BlockAttentionTiling<D, BS, NH, NKV> {
   using Base = BlockAttentionTiling<D, BS, NH, NKV>;
-  static constexpr int kBlocksPerCta =
-      BLOCKS > 0 ? BLOCKS
-                 : constMin(constMin(Base::kBlockRows >= 64
-                                         ? 1
-                                         : 64 / Base::kBlockRows,
-                                     64 / BS),
-                            16);
+  static constexpr int kBlocksUpTo64Rows =
+      Base::kBlockRows >= 64
+          ? 1
+          : constMin(constMin(64 / Base::kBlockRows, 64 / BS), 16);
+  static constexpr int kBlocksPerCta = BLOCKS > 0 ? BLOCKS : kBlocksUpTo64Rows;
   static constexpr int kCtaRows = kBlocksPerCta * Base::kBlockRows;
   static_assert(kCtaRows <= 128 && kBlocksPerCta * BS <= 64,
                 "at most 128 rows and 64 draft keys per CTA");
@@ -1244,9 +1242,9 @@ template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
 void launchBlockAttentionBwdDraft(const BlockAttentionBwdArgs &args,
                                   cudaStream_t stream) {
   using T = BwdDraftTiling<D, BS, NH, NKV, BLOCKS>;
-  auto kernel = sm90_block_attention_bwd_draft_bf16_kernel<D, BS, NH, NKV,
-                                                           WINDOW, CAUSAL,
-                                                           BLOCKS>;
+  auto kernel =
+      sm90_block_attention_bwd_draft_bf16_kernel<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                                 BLOCKS>;
   size_t smem = (2 * T::kPadRows * D +
                  bwdDraftOverlayElems(D, T::kDraftKeys, T::kPadRows)) *
                     sizeof(bf16) +
