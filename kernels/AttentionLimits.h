@@ -73,14 +73,16 @@ constexpr int64_t wgmmaBwdDqStageBytes(int64_t d, int64_t wgs,
 
 /// The fixed part of the wgmma context backward's shared memory: K/V of
 /// 64 * wgs keys, `stages` Q/dO buffers of 64 rows, dS^T, the dQ stage,
-/// per-row terms, the stages' barriers and the warp counts.
+/// per-row terms, the stages' barriers and the warp counts (4 per
+/// warpgroup, extraWarps more for warps that do not hold keys).
 constexpr int64_t wgmmaBwdContextFixedBytes(int64_t d, int64_t wgs,
                                             WgmmaDqStage dqStage,
-                                            int64_t stages) {
+                                            int64_t stages,
+                                            int64_t extraWarps = 0) {
   const int64_t keys = 64 * wgs;
   return 2 * keys * d * 2 + 2 * stages * 64 * d * 2 + keys * 64 * 2 +
          wgmmaBwdDqStageBytes(d, wgs, dqStage) + 4 * stages * 64 * 4 +
-         8 * stages + 4 * wgs * 4;
+         8 * stages + (4 * wgs + extraWarps) * 4;
 }
 
 /// All of it for N anchors per row: the fixed part after up to 1024 bytes of

@@ -82,6 +82,8 @@ enum class BlockAttentionDq {
   AtomicVec2, ///< (wgmma only) red.global.add.v2.f32, no lane exchange
   RowsVec4,   ///< (wgmma only) each warp's fragment rows restaged in shared
               ///< memory, then red.global.add.v4.f32 of whole row segments
+  RowsByAdders, ///< (wgmma only) RowsVec4's rows added by a third warpgroup
+                ///< (bulk reductions) while the two that hold keys go on
   BulkReduce, ///< staged in shared memory, one cp.reduce.async.bulk per row
   OmitForTiming,  ///< no dQ phase at all: wrong dQ, only to time its cost
   NoAddForTiming, ///< (wgmma only) the dQ product without the adds: timing
@@ -1286,8 +1288,10 @@ void sm90_block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
                                    cudaStream_t stream) {
   static_assert(DQ != BlockAttentionDq::NoAddForTiming &&
                     DQ != BlockAttentionDq::AtomicVec2 &&
-                    DQ != BlockAttentionDq::RowsVec4,
-                "NoAddForTiming, AtomicVec2 and RowsVec4 are modes of the "
+                    DQ != BlockAttentionDq::RowsVec4 &&
+                    DQ != BlockAttentionDq::RowsByAdders,
+                "NoAddForTiming, AtomicVec2, RowsVec4 and RowsByAdders are "
+                "modes of the "
                 "wgmma backward only");
   using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
   using bf16 = __nv_bfloat16;

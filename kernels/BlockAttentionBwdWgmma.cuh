@@ -93,15 +93,21 @@ struct WgmmaBwdConfig {
   static_assert(T::kBwdRows == 64 && T::kBwdPadRows == 64, "64-row tiles");
   static_assert(WGS == 1 || WGS == 2, "one or two warpgroups of 64 keys");
   static_assert(STAGES == 2 || STAGES == 3, "two or three Q / dO stages");
-  static constexpr int kKeys = 64 * WGS, kRows = 64, kThreads = 128 * WGS,
-                       kWarps = 4 * WGS;
+  // RowsByAdders: a third warpgroup (no keys) issues the dQ adds.
+  static constexpr bool kAdders = DQ == BlockAttentionDq::RowsByAdders;
+  static_assert(!kAdders || WGS == 2, "adders beside two warpgroups");
+  static constexpr int kKeys = 64 * WGS, kRows = 64,
+                       kThreads = 128 * WGS + (kAdders ? 128 : 0),
+                       kWarps = kThreads / 32;
   static constexpr int kStageStride = dqStageStride<D>(); // fp32, padded
   // RowsVec4: each warp's [16][kRowStride] fp32 slice of the stage.
   static constexpr int kRowStride = int(kWgmmaDqRowStride);
   static constexpr WgmmaDqStage kDqStage =
       DQ == BlockAttentionDq::BulkReduce ? WgmmaDqStage::Tile
-      : DQ == BlockAttentionDq::RowsVec4 ? WgmmaDqStage::WarpRows
-                                         : WgmmaDqStage::None;
+      : DQ == BlockAttentionDq::RowsVec4 ||
+              DQ == BlockAttentionDq::RowsByAdders
+          ? WgmmaDqStage::WarpRows
+          : WgmmaDqStage::None;
   static constexpr size_t kKBytes = size_t(kKeys) * D * 2;
   static constexpr size_t kQBytes = size_t(kRows) * D * 2;
   static constexpr size_t kOffK = 0, kOffV = kKBytes, kOffQ = 2 * kKBytes;
@@ -117,8 +123,8 @@ struct WgmmaBwdConfig {
   static constexpr size_t kOffBar = kOffRows + 4 * STAGES * kRows * 4;
   static constexpr size_t kOffCount = kOffBar + 8 * STAGES;
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
-  static_assert(kFixedBytes ==
-                    wgmmaBwdContextFixedBytes(D, WGS, kDqStage, STAGES),
+  static_assert(kFixedBytes == wgmmaBwdContextFixedBytes(
+                                    D, WGS, kDqStage, STAGES, kAdders ? 4 : 0),
                 "AttentionLimits.h sizes this kernel's shared memory");
   static size_t smemBytes(int N) {
     return size_t(wgmmaBwdContextSmemBytes(kFixedBytes, T::kBlockRows, N));
@@ -143,7 +149,9 @@ struct WgmmaBwdMaps {
 /// hits instead of DRAM).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ, int WGS, int GROUP, bool WALK_DOWN, int STAGES>
-static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
+static __global__ void __launch_bounds__(
+    128 * WGS + (DQ == BlockAttentionDq::RowsByAdders ? 128 : 0),
+    WGS == 1 ? 2 : 1)
     sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
         BlockAttentionBwdArgs args, const __grid_constant__ WgmmaBwdMaps maps) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
@@ -205,9 +213,19 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     int64_t i = static_cast<int64_t>(b) * N + n;
     sAnchor[n] = args.keep[i] ? args.anchors[i] : -1;
   }
+  // RowsByAdders: each key-holding warp's slice of the row stage has a
+  // "full" and an "empty" barrier in its padding (row 0, columns 64-67).
+  auto sliceBar = [&](int x, int which) {
+    return smemAddress(sdQ + (x * 16) * C::kRowStride + 64 + 2 * which);
+  };
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s)
       tma::barrierInit(bar0 + 8 * s, 1);
+    if constexpr (C::kAdders)
+      for (int x = 0; x < 4 * WGS; ++x) {
+        tma::barrierInit(sliceBar(x, 0), 32); // the key warp's lanes
+        tma::barrierInit(sliceBar(x, 1), 16); // the adder lanes of its rows
+      }
     tma::fenceBarrierInit();
   }
   __syncthreads();
@@ -276,6 +294,50 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
   const uint32_t dsAddr = smemAddress(sdS);
 
   auto listAt = [&](int i) { return sList[WALK_DOWN ? count - 1 - i : i]; };
+  auto arrive = [](uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar)
+                 : "memory");
+  };
+  // RowsByAdders: the third warpgroup adds the restaged dQ rows of two key
+  // warps' slices per warp, freeing each slice once its reductions have
+  // read it, while the key warpgroups go on with the next tile. The key
+  // warpgroups then meet at a named barrier, not __syncthreads.
+  if constexpr (C::kAdders) {
+    if (wg == WGS) {
+      // Registers move to the key warpgroups: setmaxnreg only redistributes
+      // the CTA's own (384 x 168 = 256 x 240 + 128 x 24).
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+      // Lane l adds row l % 16 of slice 2 warp + l / 16 by a bulk reduction
+      // of its 64 floats (256 contiguous bytes in both places).
+      const int x = 2 * warp + lane / 16, r = lane % 16;
+      const int panel = x / 4, w = x % 4;
+      const uint32_t src = smemAddress(sdQ + (x * 16 + r) * C::kRowStride);
+      for (int it = 0; it < count; ++it) {
+        const int row = (listAt(it) >> 1) * MQ + w * 16 + r;
+        tma::waitParity(sliceBar(x, 0), it & 1);
+        if (row < totalRows)
+          asm volatile(
+              "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
+              "[%0], [%1], 256;\n" ::"l"(args.dqAccum + rowIndex(row) * D +
+                                          panel * 64),
+              "r"(src)
+              : "memory");
+        asm volatile("cp.async.bulk.commit_group;\n"
+                     "cp.async.bulk.wait_group.read 0;\n" ::
+                         : "memory");
+        arrive(sliceBar(x, 1));
+      }
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  }
+  auto keySync = [] {
+    if constexpr (C::kAdders)
+      asm volatile("bar.sync 1, %0;\n" ::"n"(128 * WGS) : "memory");
+    else
+      __syncthreads();
+  };
   // One commit group per tile slot, empty past the list, so that waiting for
   // all but the newest STAGES - 2 groups always means "tile it landed".
 #pragma unroll
@@ -289,7 +351,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
     cpAsyncWait<STAGES - 2>();
     tma::waitParity(bar0 + 8 * cur, (it / STAGES) & 1);
     wgmma::fenceProxyAsync();
-    __syncthreads();
+    keySync();
     if (it + STAGES - 1 < count)
       loadQueryTile(listAt(it + STAGES - 1) >> 1, (it + STAGES - 1) % STAGES);
     cpAsyncCommit();
@@ -409,7 +471,7 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
           asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
       }
       wgmma::fenceProxyAsync();
-      __syncthreads();
+      keySync();
 
       // dQ = dS K, one 64-column d panel at a time (WGS = 2: warpgroup w
       // takes panel w over the CTA's 128 keys; WGS = 1: both panels over its
@@ -468,7 +530,8 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
               atomicAdd(reinterpret_cast<float2 *>(dst + j * 8),
                         make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
           }
-        } else if constexpr (DQ == BlockAttentionDq::RowsVec4) {
+        } else if constexpr (DQ == BlockAttentionDq::RowsVec4 ||
+                             DQ == BlockAttentionDq::RowsByAdders) {
           // A warp's fragment holds 16 rows x 64 columns, 32 bytes of each
           // row per instruction: the L2 takes one 32-byte request per row.
           // Through the warp's own slice of shared memory, each 16-byte
@@ -477,7 +540,12 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
           // the accumulator stays in L2, 1.3x where it does not).
           // (WGS = 1: both panels in turn through the same slice.)
           float *slice = sdQ + ((wg * 4 + warp) * 16) * C::kRowStride;
-          __syncwarp(); // the last reads of the slice are done
+          if constexpr (C::kAdders) {
+            if (it > 0) // the adder has read the previous tile's rows
+              tma::waitParity(sliceBar(wg * 4 + warp, 1), (it - 1) & 1);
+          } else {
+            __syncwarp(); // the last reads of the slice are done
+          }
 #pragma unroll
           for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -486,6 +554,12 @@ static __global__ void __launch_bounds__(128 * WGS, WGS == 1 ? 2 : 1)
                   slice + (lane / 4 + 8 * i) * C::kRowStride + 8 * j +
                   2 * (lane & 3)) =
                   make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
+          if constexpr (C::kAdders) {
+            // The bulk reductions read the slice through the async proxy.
+            wgmma::fenceProxyAsync();
+            arrive(sliceBar(wg * 4 + warp, 0));
+            continue; // the adder warpgroup adds them
+          }
           __syncwarp();
 #pragma unroll
           for (int k = 0; k < 8; ++k) {

@@ -307,6 +307,13 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   }, "wgmma dq rows v4 wgs2 down (default)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::RowsByAdders>(ba, 0);
+  }, "wgmma dq rows added by a third warpgroup");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
+  }, "wgmma dq rows v4 wgs2 down (default, again)");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::AtomicVec2>(ba, 0);
   }, "wgmma dq atomic v2 (fragments)");
   // Launches 1 and 3 alone (shared by every variant above), in GB/s of the
