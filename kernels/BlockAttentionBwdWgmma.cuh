@@ -104,9 +104,7 @@ struct WgmmaBwdConfig {
   static constexpr int kRowStride = int(kWgmmaDqRowStride);
   static constexpr WgmmaDqStage kDqStage =
       DQ == BlockAttentionDq::BulkReduce ? WgmmaDqStage::Tile
-      : DQ == BlockAttentionDq::RowsVec4 ||
-              DQ == BlockAttentionDq::RowsByAdders
-          ? WgmmaDqStage::WarpRows
+      : DQ == BlockAttentionDq::RowsVec4 || kAdders ? WgmmaDqStage::WarpRows
           : WgmmaDqStage::None;
   static constexpr size_t kKBytes = size_t(kKeys) * D * 2;
   static constexpr size_t kQBytes = size_t(kRows) * D * 2;
@@ -150,7 +148,9 @@ struct WgmmaBwdMaps {
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ, int WGS, int GROUP, bool WALK_DOWN, int STAGES>
 static __global__ void __launch_bounds__(
-    128 * WGS + (DQ == BlockAttentionDq::RowsByAdders ? 128 : 0),
+    128 * WGS + (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>::kAdders
+                     ? 128
+                     : 0),
     WGS == 1 ? 2 : 1)
     sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
         BlockAttentionBwdArgs args, const __grid_constant__ WgmmaBwdMaps maps) {
@@ -307,20 +307,21 @@ static __global__ void __launch_bounds__(
       // Registers move to the key warpgroups: setmaxnreg only redistributes
       // the CTA's own (384 x 168 = 256 x 240 + 128 x 24).
       asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-      // Lane l adds row l % 16 of slice 2 warp + l / 16 by a bulk reduction
-      // of its 64 floats (256 contiguous bytes in both places).
       const int x = 2 * warp + lane / 16, r = lane % 16;
       const int panel = x / 4, w = x % 4;
-      const uint32_t src = smemAddress(sdQ + (x * 16 + r) * C::kRowStride);
+      const float *slice = sdQ + (x * 16) * C::kRowStride;
       for (int it = 0; it < count; ++it) {
-        const int row = (listAt(it) >> 1) * MQ + w * 16 + r;
+        const int row0 = (listAt(it) >> 1) * MQ + w * 16;
         tma::waitParity(sliceBar(x, 0), it & 1);
-        if (row < totalRows)
+        // Lane r: row r of the slice by one bulk reduction of its 64 floats
+        // (256 contiguous bytes in both places); v4 atomics from these
+        // lanes were 1.3x slower (NOTES.md, seventh session).
+        if (row0 + r < totalRows)
           asm volatile(
               "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
-              "[%0], [%1], 256;\n" ::"l"(args.dqAccum + rowIndex(row) * D +
-                                          panel * 64),
-              "r"(src)
+              "[%0], [%1], 256;\n" ::"l"(args.dqAccum +
+                                          rowIndex(row0 + r) * D + panel * 64),
+              "r"(smemAddress(slice + r * C::kRowStride))
               : "memory");
         asm volatile("cp.async.bulk.commit_group;\n"
                      "cp.async.bulk.wait_group.read 0;\n" ::
@@ -530,8 +531,7 @@ static __global__ void __launch_bounds__(
               atomicAdd(reinterpret_cast<float2 *>(dst + j * 8),
                         make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]));
           }
-        } else if constexpr (DQ == BlockAttentionDq::RowsVec4 ||
-                             DQ == BlockAttentionDq::RowsByAdders) {
+        } else if constexpr (DQ == BlockAttentionDq::RowsVec4 || C::kAdders) {
           // A warp's fragment holds 16 rows x 64 columns, 32 bytes of each
           // row per instruction: the L2 takes one 32-byte request per row.
           // Through the warp's own slice of shared memory, each 16-byte

@@ -310,6 +310,36 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
                                          BlockAttentionDq::RowsByAdders>(ba, 0);
   }, "wgmma dq rows added by a third warpgroup");
   bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::RowsByAdders, 2,
+                                         true, 1>(ba, 0);
+  }, "adders, groups of 1 pairs");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::RowsByAdders, 2,
+                                         true, 2>(ba, 0);
+  }, "adders, groups of 2 pairs");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::RowsByAdders, 2,
+                                         true, 4>(ba, 0);
+  }, "adders, groups of 4 pairs");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::RowsByAdders, 2,
+                                         true, 8>(ba, 0);
+  }, "adders, groups of 8 pairs");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::RowsByAdders, 2,
+                                         false, 4>(ba, 0);
+  }, "adders, groups of 4 pairs, walk up");
+  bwd([&] {
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         BlockAttentionDq::RowsVec4, 2,
+                                         true, 4>(ba, 0);
+  }, "default dq rows, groups of 4 pairs");
+  bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
   }, "wgmma dq rows v4 wgs2 down (default, again)");
   bwd([&] {

@@ -306,6 +306,8 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
                      BlockAttentionDq::AtomicVec2, 2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
                      BlockAttentionDq::RowsByAdders, 2, true, 0>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::RowsByAdders, 2, true, 3>(p, out, lse);
   if constexpr (!ALL_VARIANTS)
     return;
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
