@@ -92,13 +92,15 @@ constexpr int64_t wgmmaBwdContextSmemBytes(int64_t fixedBytes,
   return 1024 + fixedBytes + (n + (n * blockRows + 63) / 64) * 4;
 }
 
-/// Whether the wgmma context backward's row stage (BlockAttentionDq::
-/// RowsVec4, two warpgroups, two stages) fits beside N anchors per row;
-/// block_attention_bwd_bf16 adds from the fragments instead where not.
+/// Whether the wgmma context backward's row stage with its adder warpgroup
+/// (BlockAttentionDq::RowsByAdders: two warpgroups holding keys, four adder
+/// warps, two stages) fits beside N anchors per row; block_attention_bwd_bf16
+/// adds from the fragments instead where not.
 constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
                                     int64_t nkv, int64_t n) {
   return wgmmaBwdContextSmemBytes(
-             wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::WarpRows, 2),
+             wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::WarpRows, 2,
+                                       /*extraWarps=*/4),
              bs * (nh / nkv), n) <= kSharedMemoryPerBlockOptIn;
 }
 

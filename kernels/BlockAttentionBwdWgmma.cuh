@@ -24,14 +24,17 @@
 //   dS^T -> shared memory; dQ = dS K over the CTA's keys (A = dS^T read
 //   MN-major, B = K MN-major), one 64-column d panel per warpgroup (WGS = 2)
 //   or both in turn (WGS = 1), added into the accumulator (DQ: each warp's
-//   rows restaged in shared memory, then 16-byte atomics of whole 256-byte
-//   row segments; or from the fragments, 8-byte atomics of each thread's
-//   column pairs, 16-byte ones after a lane exchange; or staged +
-//   cp.reduce.async.bulk).
-// Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, restaged
-// rows, two stages) are the fastest variant measured on the H200
-// (bench/kernels/NOTES.md, v9: about 5.8 ms full / 5.6 ms sliding at
-// qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The mask
+//   rows restaged in shared memory, then either added by a third warpgroup
+//   (bulk reductions of 256-byte row segments) while the two that hold keys
+//   go on with the next tile, or by the key warps' own 16-byte atomics; or
+//   from the fragments, 8-byte atomics of each thread's column pairs,
+//   16-byte ones after a lane exchange; or staged + cp.reduce.async.bulk).
+// Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, rows added
+// by the third warpgroup, the key tiles of 8 (row, kv head) pairs launched
+// together, two stages) are the fastest variant measured on the H200
+// (bench/kernels/NOTES.md, seventh session: about 5.1 ms full / 4.8 ms
+// sliding at qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55
+// ms). The mask
 // is one branch per tile (`whole`), descriptors are low words plus offsets
 // (wgmma::descLo): both cut instructions a warp waits on, with two warps per
 // scheduler. Shared memory grows with N (anchors and tile list): N = 512
@@ -634,18 +637,27 @@ static __global__ void __launch_bounds__(
 
 } // namespace detail
 
+/// The (row, kv head) pairs whose key tiles the context kernel launches
+/// together by default: at qwen3-8b-b16 shapes 8 pairs (192 CTAs, about 1.5
+/// waves) beat 1, 2, 4 and all 32 with the adder warpgroup (NOTES.md,
+/// seventh session): fewer dQ accumulators live in L2 at once, yet enough
+/// key tiles apart that their adds rarely meet in the same lines.
+constexpr int kWgmmaBwdPairsPerGroup = 8;
+
 /// Backward with the context kernel on wgmma (sm_90a): same arguments and
 /// outputs as sm90_block_attention_bwd_bf16. DQ picks how the context kernel
-/// adds into the dQ accumulator (restaged rows measured faster than 8-byte
-/// atomics from the fragments, those faster than 16-byte ones after a lane
-/// exchange, and all faster than bulk reductions, bench/kernels/NOTES.md);
-/// the caller checks that the shared memory fits (smemBytes); WGS the
-/// warpgroups of 64 keys per CTA; GROUP the (row, kv head) pairs whose key
-/// tiles run together (0: all); WALK_DOWN walks query tiles from the last
-/// one down; STAGES the Q / dO buffers.
+/// adds into the dQ accumulator (rows restaged and added by a third
+/// warpgroup measured fastest; then the key warps' own row atomics, 8-byte
+/// atomics from the fragments, 16-byte ones after a lane exchange, bulk
+/// reductions of staged tiles: bench/kernels/NOTES.md); the caller checks
+/// that the shared memory fits (smemBytes); WGS the warpgroups of 64 keys
+/// per CTA; WALK_DOWN walks query tiles from the last one down; GROUP the
+/// (row, kv head) pairs whose key tiles run together (0: all); STAGES the Q
+/// / dO buffers.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
-          BlockAttentionDq DQ = BlockAttentionDq::RowsVec4, int WGS = 2,
-          bool WALK_DOWN = true, int GROUP = 0, int STAGES = 2>
+          BlockAttentionDq DQ = BlockAttentionDq::RowsByAdders, int WGS = 2,
+          bool WALK_DOWN = true, int GROUP = kWgmmaBwdPairsPerGroup,
+          int STAGES = 2>
 void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
                                           cudaStream_t stream) {
   static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
@@ -678,8 +690,9 @@ void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
 }
 
 /// The backward the generated step calls: the wgmma context kernel where the
-/// shape allows (wgmmaBackwardSupports), with its row stage where N leaves
-/// room for it (else 8-byte atomics from the fragments: the N dflashc
+/// shape allows (wgmmaBackwardSupports), with its row stage and adder
+/// warpgroup where N leaves room for them (else 8-byte atomics from the
+/// fragments, all pairs at once as measured: the N dflashc
 /// accepts, blockAttentionBwdSmemBytes), else the mma.sync backward. Same
 /// outputs and workspace (blockAttentionBwdWorkspaceBytes).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
@@ -691,8 +704,8 @@ void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
           args, stream);
     else
       sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                           BlockAttentionDq::AtomicVec2>(
-          args, stream);
+                                           BlockAttentionDq::AtomicVec2, 2,
+                                           true, 0>(args, stream);
   } else
     sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args, stream);
 }

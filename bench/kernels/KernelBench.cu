@@ -304,44 +304,40 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   // together) are in NOTES.md.
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
-  }, "wgmma dq rows v4 wgs2 down (default)");
+  }, "wgmma dq rows by adders, groups of 8 pairs (default)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsByAdders>(ba, 0);
-  }, "wgmma dq rows added by a third warpgroup");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsByAdders, 2,
-                                         true, 1>(ba, 0);
-  }, "adders, groups of 1 pairs");
+                                         BlockAttentionDq::RowsVec4, 2, true,
+                                         0>(ba, 0);
+  }, "wgmma dq rows v4 by the key warps, all pairs (sixth session)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::RowsByAdders, 2,
-                                         true, 2>(ba, 0);
-  }, "adders, groups of 2 pairs");
+                                         true, 0>(ba, 0);
+  }, "wgmma dq rows by adders, all pairs");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::RowsByAdders, 2,
                                          true, 4>(ba, 0);
-  }, "adders, groups of 4 pairs");
+  }, "wgmma dq rows by adders, groups of 4 pairs");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::RowsByAdders, 2,
-                                         true, 8>(ba, 0);
-  }, "adders, groups of 8 pairs");
+                                         true, 6>(ba, 0);
+  }, "wgmma dq rows by adders, groups of 6 pairs");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::RowsByAdders, 2,
-                                         false, 4>(ba, 0);
-  }, "adders, groups of 4 pairs, walk up");
+                                         true, 12>(ba, 0);
+  }, "wgmma dq rows by adders, groups of 12 pairs");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsVec4, 2,
-                                         true, 4>(ba, 0);
-  }, "default dq rows, groups of 4 pairs");
+                                         BlockAttentionDq::RowsByAdders, 2,
+                                         true, 16>(ba, 0);
+  }, "wgmma dq rows by adders, groups of 16 pairs");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
-  }, "wgmma dq rows v4 wgs2 down (default, again)");
+  }, "wgmma dq rows by adders, groups of 8 pairs (default, again)");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
                                          BlockAttentionDq::AtomicVec2>(ba, 0);

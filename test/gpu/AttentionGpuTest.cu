@@ -471,11 +471,12 @@ TEST(BlockAttentionWgmma, NothingKept) {
 // blocks, anchors 0, 1, S-2), contexts of several 128-key tiles, a window
 // that cuts contexts mid-tile, one wider than the context; 128-row blocks
 // (query tiles of half a block).
-// qwen3-8b's N (512) takes the row stage; 5626 is the most that fits
-// (1024 + 186416 + 8 N bytes), past it the backward adds from the fragments.
+// qwen3-8b's N (512) takes the row stage and the adder warpgroup; 5624 is the
+// most that fits (1024 + 186432 + 8 N bytes), past it the backward adds from
+// the fragments.
 static_assert(kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 512) &&
-              kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 5626) &&
-              !kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 5627));
+              kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 5624) &&
+              !kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 5625));
 static_assert(kernels::wgmmaBackwardSupports(128, 16, 32, 8) &&
               kernels::wgmmaBackwardSupports(128, 16, 8, 1) &&
               !kernels::wgmmaBackwardSupports(64, 8, 16, 2) &&
