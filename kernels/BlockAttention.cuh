@@ -78,13 +78,13 @@ struct BlockAttentionBwdArgs {
 /// How the backward's context kernel adds its dQ share into the fp32
 /// accumulator.
 enum class BlockAttentionDq {
-  AtomicVec4, ///< red.global.add.v4.f32 from registers (lane pairs swap rows)
-  AtomicVec2, ///< (wgmma only) red.global.add.v2.f32, no lane exchange
-  RowsVec4,   ///< (wgmma only) each warp's fragment rows restaged in shared
-              ///< memory, then red.global.add.v4.f32 of whole row segments
+  AtomicVec4,   ///< red.global.add.v4.f32 from registers (lane pairs swap rows)
+  AtomicVec2,   ///< (wgmma only) red.global.add.v2.f32, no lane exchange
+  RowsVec4,     ///< (wgmma only) each warp's fragment rows restaged in shared
+                ///< memory, then red.global.add.v4.f32 of whole row segments
   RowsByAdders, ///< (wgmma only) RowsVec4's rows added by a third warpgroup
                 ///< (bulk reductions) while the two that hold keys go on
-  BulkReduce, ///< staged in shared memory, one cp.reduce.async.bulk per row
+  BulkReduce,   ///< staged in shared memory, one cp.reduce.async.bulk per row
   OmitForTiming,  ///< no dQ phase at all: wrong dQ, only to time its cost
   NoAddForTiming, ///< (wgmma only) the dQ product without the adds: timing
 };

@@ -106,9 +106,9 @@ struct WgmmaBwdConfig {
   // RowsVec4: each warp's [16][kRowStride] fp32 slice of the stage.
   static constexpr int kRowStride = int(kWgmmaDqRowStride);
   static constexpr WgmmaDqStage kDqStage =
-      DQ == BlockAttentionDq::BulkReduce ? WgmmaDqStage::Tile
+      DQ == BlockAttentionDq::BulkReduce            ? WgmmaDqStage::Tile
       : DQ == BlockAttentionDq::RowsVec4 || kAdders ? WgmmaDqStage::WarpRows
-          : WgmmaDqStage::None;
+                                                    : WgmmaDqStage::None;
   static constexpr size_t kKBytes = size_t(kKeys) * D * 2;
   static constexpr size_t kQBytes = size_t(kRows) * D * 2;
   static constexpr size_t kOffK = 0, kOffV = kKBytes, kOffQ = 2 * kKBytes;
@@ -124,8 +124,9 @@ struct WgmmaBwdConfig {
   static constexpr size_t kOffBar = kOffRows + 4 * STAGES * kRows * 4;
   static constexpr size_t kOffCount = kOffBar + 8 * STAGES;
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
-  static_assert(kFixedBytes == wgmmaBwdContextFixedBytes(
-                                    D, WGS, kDqStage, STAGES, kAdders ? 4 : 0),
+  static_assert(kFixedBytes == wgmmaBwdContextFixedBytes(D, WGS, kDqStage,
+                                                         STAGES,
+                                                         kAdders ? 4 : 0),
                 "AttentionLimits.h sizes this kernel's shared memory");
   static size_t smemBytes(int N) {
     return size_t(wgmmaBwdContextSmemBytes(kFixedBytes, T::kBlockRows, N));
@@ -151,9 +152,8 @@ struct WgmmaBwdMaps {
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ, int WGS, int GROUP, bool WALK_DOWN, int STAGES>
 static __global__ void __launch_bounds__(
-    128 * WGS + (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>::kAdders
-                     ? 128
-                     : 0),
+    128 * WGS +
+        (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>::kAdders ? 128 : 0),
     WGS == 1 ? 2 : 1)
     sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
         BlockAttentionBwdArgs args, const __grid_constant__ WgmmaBwdMaps maps) {
@@ -322,8 +322,8 @@ static __global__ void __launch_bounds__(
         if (row0 + r < totalRows)
           asm volatile(
               "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
-              "[%0], [%1], 256;\n" ::"l"(args.dqAccum +
-                                          rowIndex(row0 + r) * D + panel * 64),
+              "[%0], [%1], 256;\n" ::"l"(args.dqAccum + rowIndex(row0 + r) * D +
+                                         panel * 64),
               "r"(smemAddress(slice + r * C::kRowStride))
               : "memory");
         asm volatile("cp.async.bulk.commit_group;\n"
