@@ -7,6 +7,10 @@
 # DFLASH_BENCH_ROUNDS=N runs KernelBench N times (the machine's speed drifts
 # by several percent within minutes) and reports each kernel's median, with
 # the rounds' range; the PyTorch baselines run once, after them.
+# Both sides let the GPU idle DFLASH_BENCH_COOLDOWN_MS (default 1000) before
+# each kernel, so every one is timed at the same (rested) clock, not at the
+# power-capped clock the ones before it left; DFLASH_BENCH_COOLDOWN_MS=0
+# DFLASH_BENCH_WARMUP_MS=1000 times each at its own sustained clock instead.
 # For profilers, DFLASH_BENCH_ONCE=1 runs each KernelBench variant once, e.g.
 #   DFLASH_BENCH_ONCE=1 ncu --clock-control none --set full -k regex:fwd_wgmma \
 #     -c 1 -o OUT/fwd build-bench/KernelBench OUT/k.jsonl attention-fwd

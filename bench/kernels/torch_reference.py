@@ -18,6 +18,7 @@ Each benchmark is guarded, so one failure does not lose the others.
 import argparse
 import json
 import os
+import time
 import traceback
 
 import torch
@@ -27,10 +28,34 @@ S, N, BS, NH, NKV, D = 3072, 512, 16, 32, 8, 128
 Q = N * BS
 
 
+def ms_from_env(name, default):
+    """A whole number of milliseconds from the environment, as KernelBench
+    reads it."""
+    v = os.environ.get(name, "")
+    if not v:
+        return default
+    if not v.isdigit() or int(v) > 600000:
+        raise SystemExit(f"torch_reference.py: {name} must be a whole number "
+                         f"of milliseconds from 0 to 600000, got '{v}'")
+    return int(v)
+
+
+# The GPU idles COOLDOWN_MS before each baseline, then runs it at least
+# `warmup` times and WARMUP_MS long: the same clock KernelBench times its
+# kernels at (see timeMs there).
+COOLDOWN_MS = ms_from_env("DFLASH_BENCH_COOLDOWN_MS", 1000)
+WARMUP_MS = ms_from_env("DFLASH_BENCH_WARMUP_MS", 0)
+
+
 def time_ms(fn, warmup=3, reps=15):
-    for _ in range(warmup):
-        fn()
     torch.cuda.synchronize()
+    time.sleep(COOLDOWN_MS / 1e3)
+    start = time.monotonic()
+    i = 0
+    while i < warmup or (time.monotonic() - start) * 1e3 < WARMUP_MS:
+        fn()
+        torch.cuda.synchronize()
+        i += 1
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
