@@ -1291,8 +1291,7 @@ void sm90_block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
                     DQ != BlockAttentionDq::RowsVec4 &&
                     DQ != BlockAttentionDq::RowsByAdders,
                 "NoAddForTiming, AtomicVec2, RowsVec4 and RowsByAdders are "
-                "modes of the "
-                "wgmma backward only");
+                "modes of the wgmma backward only");
   using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
   using bf16 = __nv_bfloat16;
   detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,

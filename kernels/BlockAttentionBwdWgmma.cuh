@@ -32,10 +32,9 @@
 // Q / dO stages: STAGES (2 or 3). Defaults (WGS = 2, walk down, rows added
 // by the third warpgroup, the key tiles of 8 (row, kv head) pairs launched
 // together, two stages) are the fastest variant measured on the H200
-// (bench/kernels/NOTES.md, seventh session: about 5.1 ms full / 4.8 ms
-// sliding at qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55
-// ms). The mask
-// is one branch per tile (`whole`), descriptors are low words plus offsets
+// (bench/kernels/NOTES.md, seventh session: about 4.7 ms full and sliding
+// at qwen3-8b-b16 shapes with launches 1 and 3; v2 11.45 / 10.55 ms). The
+// mask is one branch per tile (`whole`), descriptors are low words plus offsets
 // (wgmma::descLo): both cut instructions a warp waits on, with two warps per
 // scheduler. Shared memory grows with N (anchors and tile list): N = 512
 // needs 188 KB with the row stage, 151 KB without; block_attention_bwd_bf16
@@ -179,7 +178,7 @@ static __global__ void __launch_bounds__(
   float *sDot = sLse + STAGES * MQ;
   int *sLo = reinterpret_cast<int *>(sDot + STAGES * MQ);
   int *sHi = sLo + STAGES * MQ;
-  const uint32_t bar0 = smemAddress(smem + C::kOffBar); // stage s: + 8 s
+  const uint32_t bar0 = smemAddress(smem + C::kOffBar);       // stage s: + 8 s
   int *sCount = reinterpret_cast<int *>(smem + C::kOffCount); // [NW]
   int *sAnchor = sCount + NW;    // [N], -1 where keep = 0
   int *sList = sAnchor + args.N; // tile * 2 + whole
@@ -190,8 +189,7 @@ static __global__ void __launch_bounds__(
   // Early keys, most queries: launched first (see the kernel's comment).
   const int pairs = args.B * NKV, group = GROUP > 0 ? GROUP : pairs;
   const int span = group * ((S + KT - 1) / KT);
-  const int first = blockIdx.x / span * group,
-            inGroup = blockIdx.x % span,
+  const int first = blockIdx.x / span * group, inGroup = blockIdx.x % span,
             groupSize = min(group, pairs - first);
   const int bg = first + inGroup % groupSize;
   const int b = bg / NKV, g = bg % NKV;
@@ -254,8 +252,8 @@ static __global__ void __launch_bounds__(
       tma::arriveExpectTx(bar, 2 * MQ * D * 2);
 #pragma unroll
       for (int p = 0; p < D / 64; ++p) {
-        tma::load4d(smemAddress(tQ) + p * MQ * 128, &maps.q, bar, p * 64,
-                    g * G, t * (MQ / G), b);
+        tma::load4d(smemAddress(tQ) + p * MQ * 128, &maps.q, bar, p * 64, g * G,
+                    t * (MQ / G), b);
         tma::load4d(smemAddress(tdO) + p * MQ * 128, &maps.dOut, bar, p * 64,
                     g * G, t * (MQ / G), b);
       }
@@ -553,9 +551,9 @@ static __global__ void __launch_bounds__(
           for (int i = 0; i < 2; ++i)
 #pragma unroll
             for (int j = 0; j < 8; ++j)
-              *reinterpret_cast<float2 *>(
-                  slice + (lane / 4 + 8 * i) * C::kRowStride + 8 * j +
-                  2 * (lane & 3)) =
+              *reinterpret_cast<float2 *>(slice +
+                                          (lane / 4 + 8 * i) * C::kRowStride +
+                                          8 * j + 2 * (lane & 3)) =
                   make_float2(dq[4 * j + 2 * i], dq[4 * j + 2 * i + 1]);
           if constexpr (C::kAdders) {
             // The bulk reductions read the slice through the async proxy.
@@ -639,9 +637,9 @@ static __global__ void __launch_bounds__(
 
 /// The (row, kv head) pairs whose key tiles the context kernel launches
 /// together by default: at qwen3-8b-b16 shapes 8 pairs (192 CTAs, about 1.5
-/// waves) beat 1, 2, 4 and all 32 with the adder warpgroup (NOTES.md,
-/// seventh session): fewer dQ accumulators live in L2 at once, yet enough
-/// key tiles apart that their adds rarely meet in the same lines.
+/// waves) beat 1, 2, 4, 6, 12, 16 and all 32 with the adder warpgroup
+/// (NOTES.md, seventh session): fewer dQ accumulators live in L2 at once, yet
+/// enough key tiles apart that their adds rarely meet in the same lines.
 constexpr int kWgmmaBwdPairsPerGroup = 8;
 
 /// Backward with the context kernel on wgmma (sm_90a): same arguments and
