@@ -11,6 +11,8 @@
 # each kernel, so every one is timed at the same (rested) clock, not at the
 # power-capped clock the ones before it left; DFLASH_BENCH_COOLDOWN_MS=0
 # DFLASH_BENCH_WARMUP_MS=1000 times each at its own sustained clock instead.
+# The SM clock and power through the run are sampled into clocks.csv and
+# summarised under the table.
 # For profilers, DFLASH_BENCH_ONCE=1 runs each KernelBench variant once, e.g.
 #   DFLASH_BENCH_ONCE=1 ncu --clock-control none --set full -k regex:fwd_wgmma \
 #     -c 1 -o OUT/fwd build-bench/KernelBench OUT/k.jsonl attention-fwd
@@ -32,6 +34,15 @@ if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" -name '*.cu*' -newer 
   echo "building $bin"
   "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
     --expt-relaxed-constexpr -lineinfo "$here/KernelBench.cu" -o "$bin" -lcublasLt
+fi
+# The SM clock and power through the run (nvidia-smi every 0.2 s, where it
+# exists): the table's footer says at what clock the numbers were taken.
+rm -f "$out/clocks.csv"
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits \
+    -lms 200 > "$out/clocks.csv" 2> /dev/null &
+  smi=$!
+  trap 'kill $smi 2> /dev/null || true' EXIT
 fi
 if ((rounds == 1)); then
   "$bin" "$out/kernels.jsonl" "$only" 2>&1 | tee "$out/kernels.log"
@@ -65,6 +76,10 @@ if [[ -z $only || $only == attention* || $only == lmhead ]]; then
   python3 "$here/torch_reference.py" --out "$out/torch.jsonl" \
     --anchors "$out/anchors_b4.bin" --only "$only" 2>&1 | tee "$out/torch.log"
 fi
+if [[ -n ${smi:-} ]]; then
+  kill "$smi" 2> /dev/null || true
+  wait "$smi" 2> /dev/null || true
+fi
 python3 - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
@@ -97,4 +112,22 @@ for name, r in torch.items():
     if name.startswith("torch"):
         print(f"| {name} | | | | {r['ms']:.3f} | {r['value']:.1f} "
               f"{r['metric']} {r['note']} | |")
+samples = []
+clocks = os.path.join(out, "clocks.csv")
+if os.path.exists(clocks):
+    for line in open(clocks):
+        try:
+            mhz, watts = (float(x) for x in line.split(","))
+            samples.append((mhz, watts))
+        except ValueError:
+            pass  # a header or "[N/A]"
+if samples:
+    def pct(xs, p):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, len(xs) * p // 100)]
+    mhz = [m for m, _ in samples]
+    watts = [w for _, w in samples]
+    print(f"\nSM clock through the run ({len(samples)} samples): p10 / p50 / "
+          f"p90 {pct(mhz, 10):.0f} / {pct(mhz, 50):.0f} / {pct(mhz, 90):.0f} "
+          f"MHz; power p50 / p90 {pct(watts, 50):.0f} / {pct(watts, 90):.0f} W")
 PY
