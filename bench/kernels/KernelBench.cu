@@ -64,7 +64,7 @@ int msFromEnv(const char *name, int dflt) {
 }
 
 /// The H200 reaches its power cap within a second of heavy work and then
-/// lowers its clock (1980 -> 1500-1700 MHz), so a kernel timed right after
+/// lowers its clock (1980 -> 1440-1740 MHz), so a kernel timed right after
 /// others runs slower than the same kernel timed first (NOTES.md, seventh
 /// session). Each variant therefore starts from rest: the GPU idles
 /// DFLASH_BENCH_COOLDOWN_MS (default 1000) first, so every variant and the
