@@ -92,6 +92,11 @@ constexpr int64_t wgmmaBwdContextSmemBytes(int64_t fixedBytes,
   return 1024 + fixedBytes + (n + (n * blockRows + 63) / 64) * 4;
 }
 
+/// The warps of the wgmma context backward's adder warpgroup
+/// (BlockAttentionDq::RowsByAdders): one warpgroup, two key warps' slices
+/// of the row stage per warp.
+constexpr int64_t kWgmmaBwdAdderWarps = 4;
+
 /// Whether the wgmma context backward's row stage with its adder warpgroup
 /// (BlockAttentionDq::RowsByAdders: two warpgroups holding keys, four adder
 /// warps, two stages) fits beside N anchors per row; block_attention_bwd_bf16
@@ -100,7 +105,7 @@ constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
                                     int64_t nkv, int64_t n) {
   return wgmmaBwdContextSmemBytes(
              wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::WarpRows, 2,
-                                       /*extraWarps=*/4),
+                                       kWgmmaBwdAdderWarps),
              bs * (nh / nkv), n) <= kSharedMemoryPerBlockOptIn;
 }
 

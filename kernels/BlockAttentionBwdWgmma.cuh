@@ -97,9 +97,11 @@ struct WgmmaBwdConfig {
   static_assert(STAGES == 2 || STAGES == 3, "two or three Q / dO stages");
   // RowsByAdders: a third warpgroup (no keys) issues the dQ adds.
   static constexpr bool kAdders = DQ == BlockAttentionDq::RowsByAdders;
-  static_assert(!kAdders || WGS == 2, "adders beside two warpgroups");
+  static_assert(!kAdders || (WGS == 2 && 2 * kWgmmaBwdAdderWarps == 4 * WGS),
+                "adders beside two warpgroups, two key warps per adder warp");
+  static constexpr int kAdderWarps = kAdders ? int(kWgmmaBwdAdderWarps) : 0;
   static constexpr int kKeys = 64 * WGS, kRows = 64,
-                       kThreads = 128 * WGS + (kAdders ? 128 : 0),
+                       kThreads = 128 * WGS + 32 * kAdderWarps,
                        kWarps = kThreads / 32;
   static constexpr int kStageStride = dqStageStride<D>(); // fp32, padded
   // RowsVec4: each warp's [16][kRowStride] fp32 slice of the stage.
@@ -124,8 +126,7 @@ struct WgmmaBwdConfig {
   static constexpr size_t kOffCount = kOffBar + 8 * STAGES;
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
   static_assert(kFixedBytes == wgmmaBwdContextFixedBytes(D, WGS, kDqStage,
-                                                         STAGES,
-                                                         kAdders ? 4 : 0),
+                                                         STAGES, kAdderWarps),
                 "AttentionLimits.h sizes this kernel's shared memory");
   static size_t smemBytes(int N) {
     return size_t(wgmmaBwdContextSmemBytes(kFixedBytes, T::kBlockRows, N));
@@ -150,10 +151,9 @@ struct WgmmaBwdMaps {
 /// hits instead of DRAM).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           BlockAttentionDq DQ, int WGS, int GROUP, bool WALK_DOWN, int STAGES>
-static __global__ void __launch_bounds__(
-    128 * WGS +
-        (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>::kAdders ? 128 : 0),
-    WGS == 1 ? 2 : 1)
+static __global__ void
+__launch_bounds__((WgmmaBwdConfig<D, BS, NH, NKV, WGS, DQ, STAGES>::kThreads),
+                  WGS == 1 ? 2 : 1)
     sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
         BlockAttentionBwdArgs args, const __grid_constant__ WgmmaBwdMaps maps) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;

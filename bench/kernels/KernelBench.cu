@@ -35,6 +35,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 using namespace dflash::kernels;
@@ -361,26 +362,23 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
                                          BlockAttentionDq::RowsVec4, 2, true,
                                          0>(ba, 0);
   }, "wgmma dq rows v4 by the key warps, all pairs (sixth session)");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsByAdders, 2,
-                                         true, 0>(ba, 0);
-  }, "wgmma dq rows by adders, all pairs");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsByAdders, 2,
-                                         true, 4>(ba, 0);
-  }, "wgmma dq rows by adders, groups of 4 pairs");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsByAdders, 2,
-                                         true, 12>(ba, 0);
-  }, "wgmma dq rows by adders, groups of 12 pairs");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsByAdders, 2,
-                                         true, 8, 3>(ba, 0);
-  }, "wgmma dq rows by adders, groups of 8 pairs, three stages");
+  // The adder warpgroup with other launch groups (pairs; 0: all) or stages.
+  auto adders = [&](auto group, auto stages, const char *variant) {
+    bwd([&] {
+      sm90a_block_attention_bwd_wgmma_bf16<
+          D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::RowsByAdders, 2,
+          true, decltype(group)::value, decltype(stages)::value>(ba, 0);
+    }, variant);
+  };
+  using std::integral_constant;
+  adders(integral_constant<int, 0>(), integral_constant<int, 2>(),
+         "wgmma dq rows by adders, all pairs");
+  adders(integral_constant<int, 4>(), integral_constant<int, 2>(),
+         "wgmma dq rows by adders, groups of 4 pairs");
+  adders(integral_constant<int, 12>(), integral_constant<int, 2>(),
+         "wgmma dq rows by adders, groups of 12 pairs");
+  adders(integral_constant<int, 8>(), integral_constant<int, 3>(),
+         "wgmma dq rows by adders, groups of 8 pairs, three stages");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
   }, "wgmma dq rows by adders, groups of 8 pairs (default, again)");

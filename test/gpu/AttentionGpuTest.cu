@@ -272,17 +272,16 @@ void checkBackwardWgmma(const Problem &p, const DeviceBuffer<bf16> &out,
                << " WALK_DOWN=" << WALK_DOWN << " GROUP=" << GROUP
                << " STAGES=" << STAGES);
   BackwardRun run(p, out, lse);
-  kernels::sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                                DQ, WGS, WALK_DOWN, GROUP,
-                                                STAGES>(run.args, 0);
+  kernels::sm90a_block_attention_bwd_wgmma_bf16<
+      D, BS, NH, NKV, WINDOW, CAUSAL, DQ, WGS, WALK_DOWN, GROUP, STAGES>(
+      run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::array<double, 5> e = run.expectClose(p);
   std::printf("wgmma bwd D=%d BS=%d NH=%d NKV=%d W=%d DQ=%d WGS=%d down=%d "
               "GR=%d ST=%d B=%d S=%d N=%d: relative dq %.3g dck %.3g dcv %.3g "
               "ddk %.3g ddv %.3g\n",
-              D, BS, NH, NKV, WINDOW, int(DQ), WGS, int(WALK_DOWN),
-              GROUP, STAGES, p.B, p.S, p.N, e[0], e[1], e[2], e[3],
-              e[4]);
+              D, BS, NH, NKV, WINDOW, int(DQ), WGS, int(WALK_DOWN), GROUP,
+              STAGES, p.B, p.S, p.N, e[0], e[1], e[2], e[3], e[4]);
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
@@ -298,10 +297,13 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
   DeviceBuffer<float> lse(p.refLse.size());
   checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(p, out, lse);
   using kernels::BlockAttentionDq;
-  // The default (rows restaged, two warpgroups, walking down), then the
-  // others.
-  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::RowsVec4, 2, true, 0>(p, out, lse);
+  // Rows restaged and added by the key warps; the step's modes (fragment
+  // atomics where N leaves no room; the default, rows added by a third
+  // warpgroup, with key tiles of all pairs and of uneven groups of 3: the
+  // default's own group size runs in BlockAttentionStepEntryPoints); then
+  // the others.
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::RowsVec4,
+                     2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
                      BlockAttentionDq::AtomicVec2, 2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
@@ -310,10 +312,10 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
                      BlockAttentionDq::RowsByAdders, 2, true, 3>(p, out, lse);
   if constexpr (!ALL_VARIANTS)
     return;
-  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::RowsVec4, 1, true, 0>(p, out, lse);
-  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::RowsVec4, 2, true, 3>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::RowsVec4,
+                     1, true, 0>(p, out, lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::RowsVec4,
+                     2, true, 3>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
                      BlockAttentionDq::AtomicVec4, 2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
@@ -327,11 +329,9 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
                      BlockAttentionDq::BulkReduce, 1, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::AtomicVec4, 2, true, 0, 3>(p, out,
-                                                                      lse);
+                     BlockAttentionDq::AtomicVec4, 2, true, 0, 3>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
-                     BlockAttentionDq::BulkReduce, 2, true, 0, 3>(p, out,
-                                                                      lse);
+                     BlockAttentionDq::BulkReduce, 2, true, 0, 3>(p, out, lse);
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
