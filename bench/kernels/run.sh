@@ -30,6 +30,15 @@ if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
   echo "run.sh: DFLASH_BENCH_ROUNDS must be a positive integer, got '$rounds'" >&2
   exit 2
 fi
+# Refused here too (KernelBench and torch_reference.py check them as well),
+# before anything is built or run.
+for v in DFLASH_BENCH_COOLDOWN_MS DFLASH_BENCH_WARMUP_MS; do
+  val=${!v:-}
+  if [[ -n $val ]] && ! [[ $val =~ ^[0-9]{1,6}$ && $((10#$val)) -le 600000 ]]; then
+    echo "run.sh: $v must be a whole number of milliseconds from 0 to 600000, got '$val'" >&2
+    exit 2
+  fi
+done
 if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" -name '*.cu*' -newer "$bin") ]]; then
   echo "building $bin"
   "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
