@@ -37,6 +37,7 @@
 #include "kernels/AttentionLimits.h"
 #include "kernels/CudaCheck.cuh"
 #include "kernels/WarpMma.cuh"
+#include "kernels/Workspaces.h"
 
 #include <climits>
 #include <cstddef>
@@ -1276,8 +1277,7 @@ void launchBlockAttentionBwdDq(const BlockAttentionBwdArgs &args,
 /// Bytes of fp32 workspace the backward needs (dqAccum, then dOutDotOut).
 template <int D, int BS, int NH, int NKV>
 size_t blockAttentionBwdWorkspaceBytes(int B, int N) {
-  size_t rows = static_cast<size_t>(B) * N * BS * NH;
-  return rows * D * sizeof(float) + rows * sizeof(float);
+  return blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N);
 }
 
 /// Backward: dq, dK/dV of context and draft keys (all overwritten). DQ picks

@@ -19,20 +19,12 @@
 
 #include "kernels/CudaCheck.cuh"
 #include "kernels/Reduce.cuh"
+#include "kernels/Workspaces.h"
 
 #include <cstdint>
 #include <cuda_bf16.h>
 
 namespace dflash::kernels {
-
-/// CTAs (and weight-gradient partials) of qk_norm_rope_bwd_bf16: four per SM
-/// of an H100/H200, one full wave; fixed, so the dw sum order is too.
-constexpr int kQkNormRopeBwdPartials = 528;
-
-/// Workspace bytes of qk_norm_rope_bwd_bf16 for head dim D.
-inline size_t qkNormRopeBwdWorkspaceBytes(int D) {
-  return static_cast<size_t>(kQkNormRopeBwdPartials) * D * sizeof(float);
-}
 
 namespace detail {
 

@@ -14,22 +14,12 @@
 
 #include "kernels/CudaCheck.cuh"
 #include "kernels/Reduce.cuh"
+#include "kernels/Workspaces.h"
 
 #include <cstdint>
 #include <cuda_bf16.h>
 
 namespace dflash::kernels {
-
-/// Number of CTAs (and fp32 weight-gradient partials) of the backward: three
-/// per SM of an H100/H200 (132 SMs), all resident at once, so no partial
-/// last wave. A fixed number keeps the dw sum order, and so its rounding,
-/// the same from run to run.
-constexpr int kRmsNormBwdPartials = 396;
-
-/// Workspace bytes of rms_norm_bwd_bf16 for hidden size H.
-inline size_t rmsNormBwdWorkspaceBytes(int H) {
-  return static_cast<size_t>(kRmsNormBwdPartials) * H * sizeof(float);
-}
 
 namespace detail {
 

@@ -1,0 +1,86 @@
+//===- Workspaces.h - Scratch memory each kernel needs ----------*- C++ -*-===//
+//
+// Plain C++ (no CUDA), so that the compiler's planner and the kernels size
+// every workspace with the same functions: dflash-select-kernels records
+// these sizes on each kernel op, dflash-plan-memory gives each one an arena
+// slot, and the kernels' host code reads the same numbers. A size that the
+// kernels need and the planner does not know cannot exist.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_WORKSPACES_H
+#define DFLASH_KERNELS_WORKSPACES_H
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dflash::kernels {
+
+/// Number of CTAs (and fp32 weight-gradient partials) of rms_norm_bwd_bf16:
+/// three per SM of an H100/H200 (132 SMs), all resident at once, so no
+/// partial last wave. A fixed number keeps the dw sum order, and so its
+/// rounding, the same from run to run.
+constexpr int kRmsNormBwdPartials = 396;
+
+/// Workspace bytes of rms_norm_bwd_bf16 for hidden size H.
+constexpr size_t rmsNormBwdWorkspaceBytes(int64_t H) {
+  return static_cast<size_t>(kRmsNormBwdPartials) * size_t(H) * sizeof(float);
+}
+
+/// CTAs (and weight-gradient partials) of qk_norm_rope_bwd_bf16: four per SM
+/// of an H100/H200, one full wave; fixed, so the dw sum order is too.
+constexpr int kQkNormRopeBwdPartials = 528;
+
+/// Workspace bytes of qk_norm_rope_bwd_bf16 for head dim D.
+constexpr size_t qkNormRopeBwdWorkspaceBytes(int64_t D) {
+  return static_cast<size_t>(kQkNormRopeBwdPartials) * size_t(D) *
+         sizeof(float);
+}
+
+/// Bytes of the attention backward's fp32 workspace: the dQ accumulator
+/// [rows, D], then one dOut . out term per query row (rows = B * N * BS *
+/// NH). dOutDotOut starts at blockAttentionBwdDotOffset.
+constexpr size_t blockAttentionBwdWorkspaceBytes(int64_t D, int64_t BS,
+                                                 int64_t NH, int64_t B,
+                                                 int64_t N) {
+  const size_t rows = size_t(B) * size_t(N) * size_t(BS) * size_t(NH);
+  return rows * size_t(D) * sizeof(float) + rows * sizeof(float);
+}
+/// Float offset of dOutDotOut inside that workspace.
+constexpr size_t blockAttentionBwdDotOffset(int64_t D, int64_t BS, int64_t NH,
+                                            int64_t B, int64_t N) {
+  return size_t(B) * size_t(N) * size_t(BS) * size_t(NH) * size_t(D);
+}
+
+/// Bytes of the largest logits chunk lm_head_cross_entropy_bf16 keeps.
+constexpr int64_t kLmHeadMaxChunkBytes = int64_t(512) << 20;
+
+/// Rows per logits chunk of the fused lm_head + cross-entropy: as many as fit
+/// kLmHeadMaxChunkBytes of bf16 logits, a multiple of 64, all rows if fewer.
+constexpr int64_t lmHeadChunkRows(int64_t rows, int64_t vocab) {
+  int64_t chunk = kLmHeadMaxChunkBytes / (vocab * 2);
+  chunk = chunk / 64 * 64;
+  if (chunk < 64)
+    chunk = 64;
+  return rows < chunk ? rows : chunk;
+}
+
+/// The fused lm_head + cross-entropy workspace, in order: the four fp32 sums
+/// (a 256-byte block), the per-row terms [rows, 4] fp32 (rounded up to 256
+/// bytes), then one bf16 logits chunk [chunkRows, V].
+constexpr size_t kLmHeadSumsBytes = 256;
+constexpr size_t lmHeadRowTermBytes(int64_t rows) {
+  return (size_t(rows) * 4 * sizeof(float) + 255) / 256 * 256;
+}
+constexpr size_t lmHeadChunkBytes(int64_t rows, int64_t vocab) {
+  return size_t(lmHeadChunkRows(rows, vocab)) * size_t(vocab) * 2;
+}
+constexpr size_t lmHeadCrossEntropyWorkspaceBytes(int64_t rows,
+                                                  int64_t vocab) {
+  return kLmHeadSumsBytes + lmHeadRowTermBytes(rows) +
+         lmHeadChunkBytes(rows, vocab);
+}
+
+} // namespace dflash::kernels
+
+#endif // DFLASH_KERNELS_WORKSPACES_H
