@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 void dflash::rt::anchorCandidates(const uint8_t *lossMask, int64_t S,

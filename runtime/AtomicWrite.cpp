@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+using namespace dflash;
 using namespace dflash::rt;
 namespace fs = std::filesystem;
 

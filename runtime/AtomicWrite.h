@@ -11,7 +11,7 @@
 #ifndef DFLASH_RUNTIME_ATOMICWRITE_H
 #define DFLASH_RUNTIME_ATOMICWRITE_H
 
-#include "runtime/Status.h"
+#include "schema/Status.h"
 
 #include <cstddef>
 #include <string>

@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 void HostBatch::resize(const ModelConfig &c) {

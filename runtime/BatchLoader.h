@@ -20,7 +20,7 @@
 
 #include "runtime/AnchorSampler.h"
 #include "runtime/Checkpoint.h"
-#include "runtime/ModelConfig.h"
+#include "schema/ModelConfig.h"
 #include "runtime/Rng.h"
 #include "runtime/RowSource.h"
 

@@ -1,6 +1,7 @@
 //===- Checkpoint.cpp - Drafter checkpoints and resumable state -----------===//
 
 #include "runtime/Checkpoint.h"
+#include "schema/Parameters.h"
 
 #include "runtime/AtomicWrite.h"
 #include "kernels/Bf16.h"

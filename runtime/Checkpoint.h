@@ -17,9 +17,10 @@
 #ifndef DFLASH_RUNTIME_CHECKPOINT_H
 #define DFLASH_RUNTIME_CHECKPOINT_H
 
-#include "runtime/ModelConfig.h"
+#include "schema/ModelConfig.h"
+#include "schema/Parameters.h"
 #include "runtime/Rng.h"
-#include "runtime/Status.h"
+#include "schema/Status.h"
 
 #include <cstdint>
 #include <string>

@@ -17,6 +17,7 @@
 #include <mpi.h>
 #endif
 
+using namespace dflash;
 using namespace dflash::rt;
 
 [[maybe_unused]] static const char *kNoNccl =

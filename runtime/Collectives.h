@@ -23,7 +23,7 @@
 #ifndef DFLASH_RUNTIME_COLLECTIVES_H
 #define DFLASH_RUNTIME_COLLECTIVES_H
 
-#include "runtime/Status.h"
+#include "schema/Status.h"
 
 #include <array>
 #include <cstddef>

@@ -17,7 +17,7 @@
 #ifndef DFLASH_RUNTIME_DEVICECONTEXT_H
 #define DFLASH_RUNTIME_DEVICECONTEXT_H
 
-#include "runtime/Status.h"
+#include "schema/Status.h"
 #include "runtime/StepProgram.h"
 
 #include <cstddef>

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+using namespace dflash;
 using namespace dflash::rt;
 using json = nlohmann::json;
 namespace fs = std::filesystem;

@@ -14,7 +14,7 @@
 #ifndef DFLASH_RUNTIME_FEATURESHARD_H
 #define DFLASH_RUNTIME_FEATURESHARD_H
 
-#include "runtime/ModelConfig.h"
+#include "schema/ModelConfig.h"
 #include "runtime/RowSource.h"
 #include "runtime/Safetensors.h"
 

@@ -4,11 +4,8 @@
 
 #include <algorithm>
 
+using namespace dflash;
 using namespace dflash::rt;
-
-std::string dflash::rt::shardBufferName(size_t bucket) {
-  return "bucket." + std::to_string(bucket);
-}
 
 std::vector<ShardPiece> dflash::rt::shardPieces(const ShardedBucket &bucket,
                                                 int64_t rank) {

@@ -23,7 +23,7 @@
 #ifndef DFLASH_RUNTIME_OPTIMIZERSHARDS_H
 #define DFLASH_RUNTIME_OPTIMIZERSHARDS_H
 
-#include "runtime/Status.h"
+#include "schema/Status.h"
 
 #include <cstdint>
 #include <string>
@@ -36,6 +36,7 @@ struct ShardedTensor {
   std::string name; ///< as in parameterTable(): "layers.0.mlp.up_proj.weight"
   int64_t offset = 0; ///< first element in the bucket's flat range
   int64_t numel = 0;
+  int64_t param = -1; ///< its index in parameterTable()
 };
 
 /// One bucket: its tensors in ascending, non-overlapping order.
@@ -52,8 +53,6 @@ struct OptimizerShardLayout {
   std::vector<ShardedBucket> buckets;
 };
 
-/// The name of bucket k's state buffers ("bucket.3").
-std::string shardBufferName(size_t bucket);
 
 /// A contiguous part of one tensor that falls inside one rank's shard.
 struct ShardPiece {

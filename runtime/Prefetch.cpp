@@ -8,6 +8,7 @@
 #include <cstring>
 #include <new>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 namespace {

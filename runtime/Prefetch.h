@@ -16,7 +16,7 @@
 #define DFLASH_RUNTIME_PREFETCH_H
 
 #include "runtime/BatchLoader.h"
-#include "runtime/Status.h"
+#include "schema/Status.h"
 
 #include <condition_variable>
 #include <cstddef>

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <sstream>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 bool StepMetrics::finite() const {

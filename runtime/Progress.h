@@ -29,8 +29,8 @@
 #ifndef DFLASH_RUNTIME_PROGRESS_H
 #define DFLASH_RUNTIME_PROGRESS_H
 
-#include "runtime/ModelConfig.h"
-#include "runtime/Status.h"
+#include "schema/ModelConfig.h"
+#include "schema/Status.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 /// pi, spelled out: M_PI is POSIX, not standard C++.

@@ -11,7 +11,7 @@
 #ifndef DFLASH_RUNTIME_RNG_H
 #define DFLASH_RUNTIME_RNG_H
 
-#include "runtime/Status.h"
+#include "schema/Status.h"
 
 #include <array>
 #include <cstdint>

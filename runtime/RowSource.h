@@ -10,7 +10,7 @@
 #ifndef DFLASH_RUNTIME_ROWSOURCE_H
 #define DFLASH_RUNTIME_ROWSOURCE_H
 
-#include "runtime/Status.h"
+#include "schema/Status.h"
 
 #include <cstdint>
 #include <string>

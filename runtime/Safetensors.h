@@ -12,7 +12,8 @@
 #ifndef DFLASH_RUNTIME_SAFETENSORS_H
 #define DFLASH_RUNTIME_SAFETENSORS_H
 
-#include "runtime/Status.h"
+#include "schema/DType.h"
+#include "schema/Status.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -22,19 +23,6 @@
 #include <vector>
 
 namespace dflash::rt {
-
-enum class DType : uint8_t { BF16, F32, F64, I32, I64, U8, BOOL };
-
-/// The safetensors name ("BF16").
-const char *dtypeName(DType dtype);
-/// Bytes per element.
-size_t dtypeSize(DType dtype);
-/// Parses a safetensors dtype name; false for any other name.
-bool parseDType(const std::string &name, DType &dtype);
-/// "[4, 128, 512]".
-std::string shapeString(const std::vector<int64_t> &shape);
-/// Product of the extents (1 for a scalar).
-int64_t shapeNumel(const std::vector<int64_t> &shape);
 
 /// One tensor of a mapped file. `data` may be unaligned when another writer
 /// did not align the file; copy with memcpy rather than casting.

@@ -18,9 +18,9 @@
 #ifndef DFLASH_RUNTIME_STEPPROGRAM_H
 #define DFLASH_RUNTIME_STEPPROGRAM_H
 
-#include "runtime/ModelConfig.h"
 #include "runtime/OptimizerShards.h"
-#include "runtime/Safetensors.h"
+#include "schema/ModelConfig.h"
+#include "schema/StepBuffers.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -35,26 +35,6 @@ class CublasLtGemm;
 }
 
 namespace dflash::rt {
-
-/// What a persistent buffer holds; mirrors #dflash.arg's roles.
-enum class BufferRole {
-  Input,     ///< per-step data: input_ids, loss_mask, target_hidden, anchors, keep
-  Frozen,    ///< embed, lm_head (absent when tied)
-  Parameter, ///< bf16 trainable weight, updated in place by the step
-  Master,    ///< its fp32 master copy
-  Moment1,   ///< Adam first moment (fp32)
-  Moment2,   ///< Adam second moment (fp32)
-  Counter,   ///< int32 scalars: step (0-based), total_steps
-  Metric,    ///< f32 scalars written by the step: loss, acc, grad_norm, lr
-};
-
-struct BufferSpec {
-  std::string name; ///< "input_ids", "layers.0.mlp.up_proj.weight", "loss"
-  BufferRole role;
-  DType dtype;
-  std::vector<int64_t> shape;
-  size_t bytes() const { return size_t(shapeNumel(shape)) * dtypeSize(dtype); }
-};
 
 /// Hyperparameters the step reads at run time. Defaults are the spec's;
 /// `train --lr/--warmup-ratio` override them before the graph is captured.

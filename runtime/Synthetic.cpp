@@ -1,6 +1,7 @@
 //===- Synthetic.cpp - A learnable synthetic problem ----------------------===//
 
 #include "runtime/Synthetic.h"
+#include "runtime/InitialParameters.h"
 
 #include "runtime/AnchorSampler.h"
 #include "runtime/AtomicWrite.h"

@@ -27,9 +27,9 @@
 #ifndef DFLASH_RUNTIME_SYNTHETIC_H
 #define DFLASH_RUNTIME_SYNTHETIC_H
 
-#include "runtime/ModelConfig.h"
+#include "schema/ModelConfig.h"
 #include "runtime/RowSource.h"
-#include "runtime/Status.h"
+#include "schema/Status.h"
 #include "runtime/TargetWeights.h"
 
 #include <cstdint>

@@ -11,8 +11,8 @@
 #ifndef DFLASH_RUNTIME_TARGETWEIGHTS_H
 #define DFLASH_RUNTIME_TARGETWEIGHTS_H
 
-#include "runtime/ModelConfig.h"
-#include "runtime/Status.h"
+#include "schema/ModelConfig.h"
+#include "schema/Status.h"
 
 #include <cstdint>
 #include <string>

@@ -1,6 +1,8 @@
 //===- TrainMain.cpp - The command line of the `train` binary -------------===//
 
 #include "runtime/TrainMain.h"
+#include "schema/Parameters.h"
+#include "runtime/InitialParameters.h"
 
 #include "runtime/Collectives.h"
 #include "runtime/DeviceContext.h"
@@ -24,6 +26,7 @@
 #include <mutex>
 #include <unistd.h>
 
+using namespace dflash;
 using namespace dflash::rt;
 namespace fs = std::filesystem;
 

@@ -23,8 +23,8 @@
 #ifndef DFLASH_RUNTIME_TRAINMAIN_H
 #define DFLASH_RUNTIME_TRAINMAIN_H
 
-#include "runtime/ModelConfig.h"
-#include "runtime/Status.h"
+#include "schema/ModelConfig.h"
+#include "schema/Status.h"
 #include "runtime/StepProgram.h"
 #include "runtime/Synthetic.h"
 #include "runtime/TargetWeights.h"

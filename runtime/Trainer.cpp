@@ -1,6 +1,7 @@
 //===- Trainer.cpp - Runs the compiled step on one GPU --------------------===//
 
 #include "runtime/Trainer.h"
+#include "schema/Parameters.h"
 
 #include "kernels/Bf16.h"
 #include "runtime/AtomicWrite.h"
@@ -25,28 +26,6 @@ namespace fs = std::filesystem;
 // Buffers of a step program
 //===----------------------------------------------------------------------===//
 
-static const char *roleName(BufferRole role) {
-  switch (role) {
-  case BufferRole::Input:
-    return "input";
-  case BufferRole::Frozen:
-    return "frozen";
-  case BufferRole::Parameter:
-    return "parameter";
-  case BufferRole::Master:
-    return "master";
-  case BufferRole::Moment1:
-    return "moment1";
-  case BufferRole::Moment2:
-    return "moment2";
-  case BufferRole::Counter:
-    return "counter";
-  case BufferRole::Metric:
-    return "metric";
-  }
-  return "unknown";
-}
-
 namespace {
 /// Checks buffers one at a time against what the runtime fills or reads.
 class BufferChecker {
@@ -56,7 +35,7 @@ public:
 
   std::string describe(int index) const {
     const BufferSpec &b = buffers[size_t(index)];
-    return "step program: " + std::string(roleName(b.role)) + " buffer '" +
+    return "step program: " + std::string(nameOf(b.role)) + " buffer '" +
            b.name + "'";
   }
 
@@ -94,6 +73,15 @@ public:
     return claim(index, slot, {dtype}, b.shape);
   }
 
+  /// The buffer's index within its role, if it is below `count`.
+  Status member(int index, int64_t count, const char *what) const {
+    int64_t i = buffers[size_t(index)].index;
+    if (i < 0 || i >= count)
+      return Status::error(describe(index) + " has index " +
+                           std::to_string(i) + ", which is not " + what);
+    return Status::success();
+  }
+
 private:
   const std::vector<BufferSpec> &buffers;
 };
@@ -103,7 +91,6 @@ private:
 /// bucket, which tensor of `table` each of its entries is.
 static Status mapShardLayout(const OptimizerShardLayout &layout,
                              const std::vector<ParamInfo> &table,
-                             const std::map<std::string, size_t> &tensorIndex,
                              StepBufferMap &m) {
   if (Status s = checkShardLayout(layout); !s.ok())
     return Status::error("step program: " + s.message());
@@ -113,11 +100,11 @@ static Status mapShardLayout(const OptimizerShardLayout &layout,
     const std::string where =
         "step program: optimizer shard layout, bucket " + std::to_string(k);
     for (const ShardedTensor &tensor : layout.buckets[k].tensors) {
-      auto it = tensorIndex.find(tensor.name);
-      if (it == tensorIndex.end())
-        return Status::error(where + ": '" + tensor.name +
-                             "' is not a trainable tensor of the config");
-      size_t t = it->second;
+      if (tensor.param < 0 || tensor.param >= int64_t(table.size()))
+        return Status::error(where + ": '" + tensor.name + "' (index " +
+                             std::to_string(tensor.param) +
+                             ") is not a trainable tensor of the config");
+      size_t t = size_t(tensor.param);
       if (bucketOf[t] >= 0)
         return Status::error(where + ": tensor '" + tensor.name +
                              "' is already in bucket " +
@@ -148,68 +135,54 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
                                   StepBufferMap &map) {
   StepBufferMap m;
   BufferChecker check(buffers);
-  const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
   const int64_t V = c.vocabSize, H = c.hiddenSize;
   std::vector<ParamInfo> table = parameterTable(c);
-  std::map<std::string, size_t> tensorIndex;
-  for (size_t i = 0; i < table.size(); ++i)
-    tensorIndex[table[i].name] = i;
   for (std::vector<int> *v : {&m.param, &m.master, &m.moment1, &m.moment2})
     v->assign(table.size(), -1);
-  std::map<std::string, size_t> bucketIndex;
-  if (shards) {
-    if (Status s = mapShardLayout(*shards, table, tensorIndex, m); !s.ok())
+  m.inputs.fill(-1);
+  m.frozen.fill(-1);
+  m.counters.fill(-1);
+  m.namedMetrics.fill(-1);
+  if (shards)
+    if (Status s = mapShardLayout(*shards, table, m); !s.ok())
       return s;
-    for (size_t k = 0; k < shards->buckets.size(); ++k)
-      bucketIndex[shardBufferName(k)] = k;
-  }
 
   for (int i = 0; i < int(buffers.size()); ++i) {
     const BufferSpec &b = buffers[size_t(i)];
     Status status;
     switch (b.role) {
-    case BufferRole::Input:
-      if (b.name == "input_ids")
-        status = check.claim(i, m.inputIds, {DType::I32}, {B, S});
-      else if (b.name == "loss_mask")
-        status = check.claim(i, m.lossMask, {DType::U8, DType::BOOL}, {B, S});
-      else if (b.name == "target_hidden")
-        status = check.claim(i, m.targetHidden, {DType::BF16},
-                             {B, S, c.contextWidth()});
-      else if (b.name == "anchors")
-        status = check.claim(i, m.anchors, {DType::I32}, {B, N});
-      else if (b.name == "keep")
-        status = check.claim(i, m.keep, {DType::U8, DType::BOOL}, {B, N});
-      else
-        status = Status::error(check.describe(i) +
-                               " is not one the runtime fills (input_ids, "
-                               "loss_mask, target_hidden, anchors, keep)");
+    case BufferRole::Input: {
+      status = check.member(i, kNumStepInputs, "a step input");
+      if (!status.ok())
+        break;
+      StepInput input = StepInput(b.index);
+      std::initializer_list<DType> flag = {DType::U8, DType::BOOL};
+      std::initializer_list<DType> exact = {dtypeOf(input)};
+      status = check.claim(i, m.inputs[size_t(b.index)],
+                           dtypeOf(input) == DType::U8 ? flag : exact,
+                           shapeOf(input, c));
       break;
+    }
     case BufferRole::Frozen:
-      if (b.name == "embed")
-        status = check.claim(i, m.embed, {DType::BF16}, {V, H});
-      else if (b.name == "lm_head")
-        status = check.claim(i, m.lmHead, {DType::BF16}, {V, H});
-      else
-        status = Status::error(check.describe(i) +
-                               " is not one the runtime fills (embed, "
-                               "lm_head)");
+      status = check.member(i, kNumFrozenWeights, "a frozen weight");
+      if (status.ok())
+        status = check.claim(i, m.frozen[size_t(b.index)], {DType::BF16},
+                             {V, H});
       break;
     case BufferRole::Master:
     case BufferRole::Moment1:
     case BufferRole::Moment2:
       if (m.sharded) {
-        auto bucket = bucketIndex.find(b.name);
-        if (bucket == bucketIndex.end()) {
-          status = Status::error(
-              check.describe(i) +
-              " is not a bucket of the optimizer shard layout: the step "
-              "shards its optimizer state into " +
-              std::to_string(shards->buckets.size()) +
-              " buckets ('bucket.<k>'), with no per-tensor state");
+        status = check.member(
+            i, int64_t(shards->buckets.size()),
+            ("a bucket of the optimizer shard layout: the step shards its "
+             "optimizer state into " +
+             std::to_string(shards->buckets.size()) +
+             " buckets ('bucket.<k>'), with no per-tensor state")
+                .c_str());
+        if (!status.ok())
           break;
-        }
-        size_t k = bucket->second;
+        size_t k = size_t(b.index);
         std::vector<int> &slots = b.role == BufferRole::Master ? m.shardMaster
                                   : b.role == BufferRole::Moment1
                                       ? m.shardMoment1
@@ -218,39 +191,25 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
                              {shards->buckets[k].shardElements});
         break;
       }
-      // A shard buffer without a layout: name what is missing.
-      if (!tensorIndex.count(b.name) && b.name.rfind("bucket.", 0) == 0) {
-        status = Status::error(check.describe(i) +
-                               " is a shard of the optimizer state but the "
-                               "step program reports no shard layout");
-        break;
-      }
       [[fallthrough]];
     case BufferRole::Parameter: {
-      auto it = tensorIndex.find(b.name);
-      if (it == tensorIndex.end()) {
-        status = Status::error(check.describe(i) +
-                               " is not a trainable tensor of the config");
+      status = check.member(i, int64_t(table.size()),
+                            "a trainable tensor of the config");
+      if (!status.ok())
         break;
-      }
+      size_t t = size_t(b.index);
       std::vector<int> &slots = b.role == BufferRole::Parameter ? m.param
                                 : b.role == BufferRole::Master  ? m.master
                                 : b.role == BufferRole::Moment1 ? m.moment1
                                                                 : m.moment2;
       DType dtype = b.role == BufferRole::Parameter ? DType::BF16 : DType::F32;
-      status =
-          check.claim(i, slots[it->second], {dtype}, table[it->second].shape);
+      status = check.claim(i, slots[t], {dtype}, table[t].shape);
       break;
     }
     case BufferRole::Counter:
-      if (b.name == "step")
-        status = check.claimScalar(i, m.stepCounter, DType::I32);
-      else if (b.name == "total_steps")
-        status = check.claimScalar(i, m.totalStepsCounter, DType::I32);
-      else
-        status = Status::error(check.describe(i) +
-                               " is not one the runtime writes (step, "
-                               "total_steps)");
+      status = check.member(i, kNumStepCounters, "a step counter");
+      if (status.ok())
+        status = check.claimScalar(i, m.counters[size_t(b.index)], DType::I32);
       break;
     case BufferRole::Metric: {
       if (b.dtype != DType::F32 || shapeNumel(b.shape) < 1) {
@@ -262,14 +221,13 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
         break;
       }
       m.metrics.push_back(i);
-      int unused = -1;
-      int &slot = b.name == "loss"        ? m.loss
-                  : b.name == "acc"       ? m.acc
-                  : b.name == "grad_norm" ? m.gradNorm
-                  : b.name == "lr"        ? m.lr
-                                          : unused;
-      if (&slot != &unused)
-        status = check.claimScalar(i, slot, DType::F32);
+      // Metrics past the named ones are reported, not interpreted.
+      if (b.index >= 0) {
+        status = check.member(i, kNumStepMetrics, "a step metric");
+        if (status.ok())
+          status =
+              check.claimScalar(i, m.namedMetrics[size_t(b.index)], DType::F32);
+      }
       break;
     }
     }
@@ -277,30 +235,25 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
       return status;
   }
 
-  struct Required {
-    int index;
-    const char *what;
-  } required[] = {
-      {m.inputIds, "input buffer 'input_ids'"},
-      {m.lossMask, "input buffer 'loss_mask'"},
-      {m.targetHidden, "input buffer 'target_hidden'"},
-      {m.anchors, "input buffer 'anchors'"},
-      {m.keep, "input buffer 'keep'"},
-      {m.embed, "frozen buffer 'embed'"},
-      {m.stepCounter, "counter buffer 'step'"},
-      {m.totalStepsCounter, "counter buffer 'total_steps'"},
-      {m.loss, "metric buffer 'loss'"},
-      {m.acc, "metric buffer 'acc'"},
-      {m.gradNorm, "metric buffer 'grad_norm'"},
-      {m.lr, "metric buffer 'lr'"},
-  };
-  for (const Required &r : required)
-    if (r.index < 0)
-      return Status::error("step program: has no " + std::string(r.what));
-  if (!c.tieWordEmbeddings && m.lmHead < 0)
+  for (int k = 0; k < kNumStepInputs; ++k)
+    if (m.inputs[size_t(k)] < 0)
+      return Status::error("step program: has no input buffer '" +
+                           std::string(nameOf(StepInput(k))) + "'");
+  if (m.frozen[size_t(FrozenWeight::Embed)] < 0)
+    return Status::error("step program: has no frozen buffer 'embed'");
+  if (!c.tieWordEmbeddings && m.frozen[size_t(FrozenWeight::LmHead)] < 0)
     return Status::error("step program: has no frozen buffer 'lm_head' but "
                          "the target does not tie it to the embedding");
-  const char *roles[] = {"parameter", "master", "moment1", "moment2"};
+  for (int k = 0; k < kNumStepCounters; ++k)
+    if (m.counters[size_t(k)] < 0)
+      return Status::error("step program: has no counter buffer '" +
+                           std::string(nameOf(StepCounter(k))) + "'");
+  for (int k = 0; k < kNumStepMetrics; ++k)
+    if (m.namedMetrics[size_t(k)] < 0)
+      return Status::error("step program: has no metric buffer '" +
+                           std::string(nameOf(StepMetric(k))) + "'");
+  const BufferRole perTensor[] = {BufferRole::Parameter, BufferRole::Master,
+                                  BufferRole::Moment1, BufferRole::Moment2};
   // Sharded: the parameters per tensor, the state per bucket.
   const int perTensorRoles = m.sharded ? 1 : 4;
   const std::vector<int> *lists[] = {&m.param, &m.master, &m.moment1,
@@ -308,7 +261,8 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
   for (int r = 0; r < perTensorRoles; ++r)
     for (size_t t = 0; t < table.size(); ++t)
       if ((*lists[r])[t] < 0)
-        return Status::error("step program: has no " + std::string(roles[r]) +
+        return Status::error("step program: has no " +
+                             std::string(nameOf(perTensor[r])) +
                              " buffer for '" + table[t].name + "'");
   if (m.sharded) {
     const std::vector<int> *shardLists[] = {&m.shardMaster, &m.shardMoment1,
@@ -317,7 +271,7 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
       for (size_t k = 0; k < shardLists[r]->size(); ++k)
         if ((*shardLists[r])[k] < 0)
           return Status::error(
-              "step program: has no " + std::string(roles[1 + r]) +
+              "step program: has no " + std::string(nameOf(perTensor[1 + r])) +
               " buffer '" + shardBufferName(k) + "' for bucket " +
               std::to_string(k) + " of its optimizer shard layout");
     m.master.clear();
@@ -697,12 +651,12 @@ Status Trainer::init(const TrainerInputs &inputs) {
   // Frozen weights; a tied target fills an lm_head buffer with the
   // embedding should the step have one.
   if (Status s =
-          upload(map.embed, inputs.target->embed.data(), frozenElements * 2);
+          upload(map.frozenWeight(FrozenWeight::Embed), inputs.target->embed.data(), frozenElements * 2);
       !s.ok())
     return s;
-  if (map.lmHead >= 0)
+  if (map.frozenWeight(FrozenWeight::LmHead) >= 0)
     if (Status s =
-            upload(map.lmHead, inputs.target->lmHeadData(), frozenElements * 2);
+            upload(map.frozenWeight(FrozenWeight::LmHead), inputs.target->lmHeadData(), frozenElements * 2);
         !s.ok())
       return s;
 
@@ -769,9 +723,9 @@ Status Trainer::init(const TrainerInputs &inputs) {
   completedSteps = inputs.resume ? inputs.resume->step : 0;
   hostCounters[0] = int32_t(completedSteps);
   hostCounters[1] = int32_t(options.run.totalSteps);
-  if (Status s = upload(map.totalStepsCounter, &hostCounters[1], 4); !s.ok())
+  if (Status s = upload(map.counter(StepCounter::TotalSteps), &hostCounters[1], 4); !s.ok())
     return s;
-  if (Status s = upload(map.stepCounter, &hostCounters[0], 4); !s.ok())
+  if (Status s = upload(map.counter(StepCounter::Step), &hostCounters[0], 4); !s.ok())
     return s;
 
   // copiesDone times the step without its input copies, too.
@@ -818,8 +772,7 @@ Status Trainer::init(const TrainerInputs &inputs) {
           "cudaEventCreateWithFlags");
       !s.ok())
     return s;
-  for (int index : {map.inputIds, map.lossMask, map.targetHidden, map.anchors,
-                    map.keep}) {
+  for (int index : map.inputs) {
     void *buffer = nullptr;
     size_t bytes = program.buffers()[size_t(index)].bytes();
     if (Status s = cudaCallStatus(cudaMalloc(&buffer, bytes),
@@ -933,8 +886,7 @@ Status Trainer::stageNextBatch() {
     return s;
   const void *sources[] = {batch->inputIds, batch->lossMask,
                            batch->hiddenStates, batch->anchors, batch->keep};
-  int indices[] = {map.inputIds, map.lossMask, map.targetHidden, map.anchors,
-                   map.keep};
+  const auto &indices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i) {
     const BufferSpec &spec = program.buffers()[size_t(indices[i])];
     if (Status s = cudaCallStatus(
@@ -1004,8 +956,7 @@ Status Trainer::step(StepMetrics &metrics) {
                                 where + ": waiting for the staged batch");
       !s.ok())
     return s;
-  int inputIndices[] = {map.inputIds, map.lossMask, map.targetHidden,
-                        map.anchors, map.keep};
+  const auto &inputIndices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i)
     if (Status s = cudaCallStatus(
             cudaMemcpyAsync(buffers[size_t(inputIndices[i])], staging[i],
@@ -1019,7 +970,7 @@ Status Trainer::step(StepMetrics &metrics) {
   // step ends with a wait for its metrics.
   hostCounters[0] = int32_t(completedSteps);
   if (Status s = cudaCallStatus(
-          cudaMemcpyAsync(buffers[size_t(map.stepCounter)], &hostCounters[0],
+          cudaMemcpyAsync(buffers[size_t(map.counter(StepCounter::Step))], &hostCounters[0],
                           sizeof(int32_t), cudaMemcpyHostToDevice, stream),
           where + ": copying the step counter to the device");
       !s.ok())
@@ -1099,10 +1050,10 @@ Status Trainer::step(StepMetrics &metrics) {
   };
   metrics = StepMetrics();
   metrics.step = completedSteps;
-  metrics.loss = metricValue(map.loss);
-  metrics.acc = metricValue(map.acc);
-  metrics.gradNorm = metricValue(map.gradNorm);
-  metrics.lr = metricValue(map.lr);
+  metrics.loss = metricValue(map.metric(StepMetric::Loss));
+  metrics.acc = metricValue(map.metric(StepMetric::Acc));
+  metrics.gradNorm = metricValue(map.metric(StepMetric::GradNorm));
+  metrics.lr = metricValue(map.metric(StepMetric::Lr));
   metrics.stepMs = elapsedMs;
   metrics.computeMs = computeMs;
   setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());

@@ -37,6 +37,7 @@
 #define DFLASH_RUNTIME_TRAINER_H
 
 #include "runtime/BatchLoader.h"
+#include "schema/Parameters.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Collectives.h"
 #include "runtime/DeviceContext.h"
@@ -46,6 +47,7 @@
 #include "runtime/StepProgram.h"
 #include "runtime/TargetWeights.h"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -65,8 +67,16 @@ namespace dflash::rt {
 
 /// Which entry of StepProgram::buffers() holds what; -1 when absent.
 struct StepBufferMap {
-  int inputIds = -1, lossMask = -1, targetHidden = -1, anchors = -1, keep = -1;
-  int embed = -1, lmHead = -1; ///< lmHead is -1 when the target ties them
+  /// By StepInput, FrozenWeight (lm_head is -1 when the target ties them),
+  /// StepCounter and StepMetric.
+  std::array<int, kNumStepInputs> inputs{};
+  std::array<int, kNumFrozenWeights> frozen{};
+  std::array<int, kNumStepCounters> counters{};
+  std::array<int, kNumStepMetrics> namedMetrics{};
+  int input(StepInput k) const { return inputs[size_t(k)]; }
+  int frozenWeight(FrozenWeight k) const { return frozen[size_t(k)]; }
+  int counter(StepCounter k) const { return counters[size_t(k)]; }
+  int metric(StepMetric k) const { return namedMetrics[size_t(k)]; }
   /// One entry per parameterTable(config) tensor. master, moment1 and
   /// moment2 are empty when the optimizer state is sharded.
   std::vector<int> param, master, moment1, moment2;
@@ -79,8 +89,6 @@ struct StepBufferMap {
   /// With `sharded`, per bucket and per tensor of the bucket (in layout
   /// order): its index in parameterTable(config).
   std::vector<std::vector<size_t>> shardTensors;
-  int stepCounter = -1, totalStepsCounter = -1;
-  int loss = -1, acc = -1, gradNorm = -1, lr = -1;
   /// Every Metric buffer, in buffers() order.
   std::vector<int> metrics;
 };

@@ -184,7 +184,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
 
   if (directoryOutput) {
     mlir::FailureOr<CudaTrainerSources> sources =
-        translateToCuda(*module, *spec);
+        translateToCuda(*module);
     if (failed(sources))
       return fail("translating '" + inputFile + "' to CUDA failed");
     CudaTrainerOptions options;

@@ -3,6 +3,7 @@
 #include "compiler/Driver/Summary.h"
 
 #include "compiler/Analysis/FlopCount.h"
+#include "schema/Parameters.h"
 #include "kernels/AttentionLimits.h"
 #include "llvm/Support/Format.h"
 
@@ -53,11 +54,10 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
      << " draft slots/row, gamma " << llvm::format("%g", s.gamma) << "\n";
   os << "  layers     ";
   for (int64_t i = 0; i < s.numLayers; ++i) {
-    const LayerSpec &l = s.layers[i];
+    const int64_t window = s.layerWindows[size_t(i)];
     os << (i ? ", " : "") << i << ":"
-       << (l.kind == AttentionKind::Sliding
-               ? "sliding(" + std::to_string(l.window) + ")"
-               : std::string("full"));
+       << (window > 0 ? "sliding(" + std::to_string(window) + ")"
+                      : std::string("full"));
   }
   os << "\n";
   // The attention kernels the generated step's dispatchers pick: users see
@@ -70,7 +70,7 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
      << ", backward "
      << kernelName(::dflash::kernels::wgmmaBackwardSupports(D, BS, NH, NKV))
      << " (" << BS * (NH / NKV) << " query rows per block and kv head)\n";
-  int64_t params = s.numParameters();
+  int64_t params = numParameters(s);
   os << "  parameters " << humanCount(double(params), "") << " ("
      << humanBytes(2.0 * params) << " bf16; "
      << humanBytes(double(params) * (2 + 2 + 4 + 4 + 4))

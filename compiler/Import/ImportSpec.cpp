@@ -8,13 +8,22 @@
 
 #include "compiler/Import/ImportSpec.h"
 
+#include "compiler/Analysis/ModelConfigAttr.h"
 #include "dialect/DFlashOps.h"
+#include "schema/Parameters.h"
+#include "schema/StepBuffers.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Verifier.h"
 
 using namespace mlir;
 using namespace mlir::dflash;
+using ::dflash::FrozenWeight;
+using ::dflash::kFcParam;
+using ::dflash::kHiddenNormParam;
+using ::dflash::LayerParam;
+using ::dflash::ParamInfo;
+using ::dflash::StepInput;
 
 namespace {
 
@@ -82,65 +91,57 @@ private:
 };
 
 OwningOpRef<ModuleOp> GraphBuilder::build() {
-  const int64_t B = spec.rowsPerGpu, S = spec.seqLen, N = spec.anchorsPerRow;
+  const int64_t B = spec.rowsPerGpu, S = spec.seqLen;
   const int64_t bs = spec.blockSize, Q = spec.draftLength();
-  const int64_t H = spec.hiddenSize, L = spec.numTaps(), V = spec.vocabSize;
-  const int64_t I = spec.intermediateSize, nh = spec.numHeads,
-                nkv = spec.numKvHeads, d = spec.headDim;
+  const int64_t H = spec.hiddenSize, V = spec.vocabSize;
+  const int64_t nh = spec.numHeads, nkv = spec.numKvHeads, d = spec.headDim;
   Type i32 = b.getI32Type(), i8 = b.getI8Type(), f32 = b.getF32Type();
 
   Location specLoc = loc("name", spec.name);
   OwningOpRef<ModuleOp> module = ModuleOp::create(specLoc, spec.name);
 
-  // Arguments, in the order the runtime binds them.
+  // Arguments, in the order the runtime binds them; names and shapes from
+  // the schema (schema/StepBuffers.h, schema/Parameters.h).
   Location dataLoc = loc("training", "data");
-  unsigned aIds = addArg(t({B, S}, i32), ArgRole::Input, "input_ids", dataLoc);
-  unsigned aMask = addArg(t({B, S}, i8), ArgRole::Input, "loss_mask", dataLoc);
-  unsigned aHidden = addArg(t({B, S, L * H}, bf16()), ArgRole::Input,
-                            "target_hidden", loc("target.layer_ids", "taps"));
-  unsigned aAnchors = addArg(t({B, N}, i32), ArgRole::Input, "anchors",
-                             loc("training.anchors_per_row", "anchors"));
-  unsigned aKeep = addArg(t({B, N}, i8), ArgRole::Input, "keep",
-                          loc("training.anchors_per_row", "anchors"));
+  auto input = [&](StepInput which, Type elt, Location l) {
+    return addArg(t(shapeOf(which, spec), elt), ArgRole::Input, nameOf(which),
+                  l);
+  };
+  Location anchorsLoc = loc("training.anchors_per_row", "anchors");
+  unsigned aIds = input(StepInput::InputIds, i32, dataLoc);
+  unsigned aMask = input(StepInput::LossMask, i8, dataLoc);
+  unsigned aHidden = input(StepInput::TargetHidden, bf16(),
+                           loc("target.layer_ids", "taps"));
+  unsigned aAnchors = input(StepInput::Anchors, i32, anchorsLoc);
+  unsigned aKeep = input(StepInput::Keep, i8, anchorsLoc);
   Location targetLoc = loc("target", "target");
-  unsigned aEmbed =
-      addArg(t({V, H}, bf16()), ArgRole::Frozen, "embed", targetLoc);
+  unsigned aEmbed = addArg(t({V, H}, bf16()), ArgRole::Frozen,
+                           nameOf(FrozenWeight::Embed), targetLoc);
   // A tied target has one tensor for both.
-  unsigned aHead =
-      spec.tieWordEmbeddings
-          ? aEmbed
-          : addArg(t({V, H}, bf16()), ArgRole::Frozen, "lm_head", targetLoc);
+  unsigned aHead = spec.tieWordEmbeddings
+                       ? aEmbed
+                       : addArg(t({V, H}, bf16()), ArgRole::Frozen,
+                                nameOf(FrozenWeight::LmHead), targetLoc);
 
-  auto param = [&](ArrayRef<int64_t> shape, const std::string &name,
-                   Location l) {
-    return addArg(t(shape, bf16()), ArgRole::Parameter, name, l);
-  };
-  unsigned aFc = param({H, L * H}, "fc.weight", loc("target.layer_ids", "fc"));
-  unsigned aHiddenNorm =
-      param({H}, "hidden_norm.weight", loc("drafter", "hidden_norm"));
-  struct LayerArgs {
-    unsigned inNorm, q, k, v, o, qNorm, kNorm, postNorm, gate, up, down;
-  };
-  SmallVector<LayerArgs> layerArgs;
-  for (int64_t i = 0; i < spec.numLayers; ++i) {
-    std::string p = "layers." + std::to_string(i) + ".";
-    Location l = loc(layerKey(i), "layers." + std::to_string(i));
-    LayerArgs la;
-    la.inNorm = param({H}, p + "input_layernorm.weight", l);
-    la.q = param({nh * d, H}, p + "self_attn.q_proj.weight", l);
-    la.k = param({nkv * d, H}, p + "self_attn.k_proj.weight", l);
-    la.v = param({nkv * d, H}, p + "self_attn.v_proj.weight", l);
-    la.o = param({H, nh * d}, p + "self_attn.o_proj.weight", l);
-    la.qNorm = param({d}, p + "self_attn.q_norm.weight", l);
-    la.kNorm = param({d}, p + "self_attn.k_norm.weight", l);
-    la.postNorm = param({H}, p + "post_attention_layernorm.weight", l);
-    la.gate = param({I, H}, p + "mlp.gate_proj.weight", l);
-    la.up = param({I, H}, p + "mlp.up_proj.weight", l);
-    la.down = param({H, I}, p + "mlp.down_proj.weight", l);
-    layerArgs.push_back(la);
+  // Every trainable tensor, in the schema's order; paramArgs[i] is the
+  // argument of parameterTable(spec)[i].
+  SmallVector<unsigned> paramArgs;
+  for (const ParamInfo &p : parameterTable(spec)) {
+    int64_t index = int64_t(paramArgs.size());
+    Location l = p.layer >= 0 ? loc(layerKey(p.layer),
+                                    "layers." + std::to_string(p.layer))
+                 : index == kFcParam ? loc("target.layer_ids", "fc")
+                 : index == kHiddenNormParam ? loc("drafter", "hidden_norm")
+                                             : loc("drafter", "norm");
+    paramArgs.push_back(
+        addArg(t(p.shape, bf16()), ArgRole::Parameter, p.name, l));
   }
-  unsigned aNorm = param({H}, "norm.weight", loc("drafter", "norm"));
-
+  auto layerArg = [&](int64_t layer, LayerParam which) {
+    return paramArgs[size_t(layerParamIndex(layer, which))];
+  };
+  unsigned aFc = paramArgs[kFcParam];
+  unsigned aHiddenNorm = paramArgs[kHiddenNormParam];
+  unsigned aNorm = paramArgs[size_t(finalNormParamIndex(spec))];
   Type scalar = RankedTensorType::get({}, f32);
   SmallVector<Type> resultTypes(4, scalar);
   b.setInsertionPointToEnd(module->getBody());
@@ -152,6 +153,9 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   for (unsigned i = 0; i < 4; ++i)
     func.setResultAttr(i, kArgAttrName,
                        ArgAttr::get(&ctx, ArgRole::Metric, sums[i]));
+  // The drafter, for every later stage (the emitter prints it from here).
+  (*module)->setAttr(::dflash::kModelConfigAttrName,
+                     ::dflash::modelConfigToAttr(&ctx, spec));
   (*module)->setAttr(
       kOptimizerAttrName,
       OptimizerAttr::get(&ctx, b.getF64FloatAttr(spec.lr),
@@ -201,30 +205,30 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
 
   // 4. Layers.
   for (int64_t i = 0; i < spec.numLayers; ++i) {
-    const LayerArgs &la = layerArgs[i];
-    const ::dflash::LayerSpec &ls = spec.layers[i];
+    auto la = [&](LayerParam which) { return layerArg(i, which); };
     std::string p = "layers." + std::to_string(i) + ".";
     std::string key = layerKey(i);
     Location attnLoc = loc(key, p + "self_attn");
     Location mlpLoc = loc(key, p + "mlp");
 
-    Value h = rmsNorm(x, arg(la.inNorm), loc(key, p + "input_layernorm"));
-    Value q = reshape(linear(h, arg(la.q), attnLoc), {B, Q, nh, d}, attnLoc);
-    q = rope(rmsNorm(q, arg(la.qNorm), attnLoc), draftPos, attnLoc);
+    Value h = rmsNorm(x, arg(la(LayerParam::InputNorm)), loc(key, p + "input_layernorm"));
+    Value q = reshape(linear(h, arg(la(LayerParam::QProj)), attnLoc), {B, Q, nh, d}, attnLoc);
+    q = rope(rmsNorm(q, arg(la(LayerParam::QNorm)), attnLoc), draftPos, attnLoc);
     auto keys = [&](Value src, int64_t rows, Value pos) {
       Value k =
-          reshape(linear(src, arg(la.k), attnLoc), {B, rows, nkv, d}, attnLoc);
-      return rope(rmsNorm(k, arg(la.kNorm), attnLoc), pos, attnLoc);
+          reshape(linear(src, arg(la(LayerParam::KProj)), attnLoc), {B, rows, nkv, d}, attnLoc);
+      return rope(rmsNorm(k, arg(la(LayerParam::KNorm)), attnLoc), pos, attnLoc);
     };
     auto values = [&](Value src, int64_t rows) {
-      return reshape(linear(src, arg(la.v), attnLoc), {B, rows, nkv, d},
+      return reshape(linear(src, arg(la(LayerParam::VProj)), attnLoc), {B, rows, nkv, d},
                      attnLoc);
     };
     Value kc = keys(ctx, S, ctxPos), vc = values(ctx, S);
     Value kd = keys(h, Q, draftPos), vd = values(h, Q);
 
-    bool sliding = ls.kind == ::dflash::AttentionKind::Sliding;
-    IntegerAttr window = sliding ? b.getI64IntegerAttr(ls.window) : nullptr;
+    bool sliding = spec.layerSlides(i);
+    IntegerAttr window =
+        sliding ? b.getI64IntegerAttr(spec.layerWindows[size_t(i)]) : nullptr;
     UnitAttr causal = sliding ? b.getUnitAttr() : nullptr;
     auto attn = BlockAttentionOp::create(
         b, attnLoc, TypeRange{q.getType(), t({B, Q, nh}, f32)}, q, kc, vc, kd,
@@ -232,15 +236,15 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
         causal);
     Value o = reshape(attn.getResult(), {B, Q, nh * d}, attnLoc);
     x = AddOp::create(b, attnLoc, x.getType(), x,
-                      linear(o, arg(la.o), attnLoc));
+                      linear(o, arg(la(LayerParam::OProj)), attnLoc));
 
-    Value h2 = rmsNorm(x, arg(la.postNorm),
+    Value h2 = rmsNorm(x, arg(la(LayerParam::PostNorm)),
                        loc(key, p + "post_attention_layernorm"));
-    Value g = linear(h2, arg(la.gate), mlpLoc);
-    Value u = linear(h2, arg(la.up), mlpLoc);
+    Value g = linear(h2, arg(la(LayerParam::GateProj)), mlpLoc);
+    Value u = linear(h2, arg(la(LayerParam::UpProj)), mlpLoc);
     Value s = SwigluOp::create(b, mlpLoc, g.getType(), g, u);
     x = AddOp::create(b, mlpLoc, x.getType(), x,
-                      linear(s, arg(la.down), mlpLoc));
+                      linear(s, arg(la(LayerParam::DownProj)), mlpLoc));
   }
 
   // 5. Final norm, lm_head and the weighted cross-entropy.

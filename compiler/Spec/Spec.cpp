@@ -45,18 +45,6 @@ SourceLoc DrafterSpec::locationOf(const std::string &key) const {
   }
 }
 
-int64_t DrafterSpec::numParameters() const {
-  int64_t H = hiddenSize, I = intermediateSize, d = headDim;
-  int64_t perLayer = 2 * H                           // input/post norms
-                     + qDim() * H + 2 * kvDim() * H  // q, k, v
-                     + H * qDim()                    // o
-                     + 2 * d                         // q/k norms
-                     + 3 * H * I;                    // gate, up, down
-  return H * numTaps() * H // fc
-         + 2 * H           // hidden_norm, final norm
-         + numLayers * perLayer;
-}
-
 std::vector<int64_t> dflash::defaultTargetLayerIds(int64_t numTarget,
                                                    int64_t numDraft) {
   if (numDraft == 1)
@@ -441,7 +429,9 @@ bool SpecReader::readDrafter() {
 bool SpecReader::readAttention() {
   if (!enter("attention", false))
     return false;
-  spec.layers.assign(spec.numLayers, LayerSpec{});
+  // Whether each layer slides, then its window once the window is known.
+  std::vector<bool> sliding(size_t(spec.numLayers), false);
+  spec.layerWindows.assign(size_t(spec.numLayers), 0);
   if (!table)
     return true;
   std::string defaultKind = "full";
@@ -450,21 +440,20 @@ bool SpecReader::readAttention() {
                std::numeric_limits<int64_t>::min(), int64_t(1) << 31))
     return false;
   auto parseKind = [&](const std::string &s, const std::string &key,
-                       AttentionKind &kind) {
+                       bool &slides) {
     if (s == "full")
-      kind = AttentionKind::Full;
+      slides = false;
     else if (s == "sliding")
-      kind = AttentionKind::Sliding;
+      slides = true;
     else
       return failAt(key, "'" + key + "' is \"" + s +
                              "\"; it must be \"full\" or \"sliding\"");
     return true;
   };
-  AttentionKind def;
-  if (!parseKind(defaultKind, "attention.default", def))
+  bool slidesByDefault = false;
+  if (!parseKind(defaultKind, "attention.default", slidesByDefault))
     return false;
-  for (LayerSpec &l : spec.layers)
-    l.kind = def;
+  sliding.assign(sliding.size(), slidesByDefault);
 
   const toml::node *layers = get("layers", false);
   if (!leave())
@@ -487,15 +476,16 @@ bool SpecReader::readAttention() {
       if (!arr[i].is_string())
         return failAt(ek, "'" + ek + "' must be \"full\" or \"sliding\", not " +
                               typeName(arr[i].type()));
-      if (!parseKind(std::string(arr[i].as_string()->get()), ek,
-                     spec.layers[i].kind))
+      bool slides = false;
+      if (!parseKind(std::string(arr[i].as_string()->get()), ek, slides))
         return false;
+      sliding[i] = slides;
     }
   }
 
   bool anySliding = false;
-  for (const LayerSpec &l : spec.layers)
-    anySliding |= l.kind == AttentionKind::Sliding;
+  for (bool slides : sliding)
+    anySliding |= slides;
   bool windowGiven = spec.locations.count("attention.sliding_window");
   if (anySliding && !windowGiven)
     return failAt("attention", "a layer is \"sliding\" but "
@@ -509,8 +499,8 @@ bool SpecReader::readAttention() {
     return failAt("attention.sliding_window",
                   "'attention.sliding_window' is given but no layer is "
                   "\"sliding\"");
-  for (LayerSpec &l : spec.layers)
-    l.window = l.kind == AttentionKind::Sliding ? spec.slidingWindow : 0;
+  for (size_t i = 0; i < sliding.size(); ++i)
+    spec.layerWindows[i] = sliding[i] ? spec.slidingWindow : 0;
   return true;
 }
 
@@ -709,8 +699,8 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "[attention]\n";
   bool anySliding = false;
   os << "layers = [";
-  for (size_t i = 0; i < s.layers.size(); ++i) {
-    bool sl = s.layers[i].kind == AttentionKind::Sliding;
+  for (size_t i = 0; i < s.layerWindows.size(); ++i) {
+    bool sl = s.layerWindows[i] > 0;
     anySliding |= sl;
     os << (i ? ", " : "") << (sl ? "\"sliding\"" : "\"full\"");
   }

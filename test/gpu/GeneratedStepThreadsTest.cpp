@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/DeviceContext.h"
+#include "runtime/InitialParameters.h"
 #include "runtime/Synthetic.h"
 #include "runtime/Trainer.h"
 
@@ -16,6 +17,7 @@
 
 #include <thread>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 namespace {

@@ -34,6 +34,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/Bf16.h"
+#include "schema/Parameters.h"
+#include "runtime/InitialParameters.h"
 #include "kernels/CudaCheck.cuh"
 #include "runtime/DeviceContext.h"
 #include "runtime/Synthetic.h"
@@ -329,16 +331,16 @@ public:
       // scalars, and the state stays as it is.
       finalizeKernel<<<1, 1, 0, stream>>>(
           scalars, norms, 0, globalRows * float(N),
-          at<int32_t>(map.stepCounter), at<int32_t>(map.totalStepsCounter), lr0,
-          behaviour.nanStep, at<float>(map.loss), at<float>(map.acc),
-          at<float>(map.gradNorm), at<float>(map.lr));
+          at<int32_t>(map.counter(StepCounter::Step)), at<int32_t>(map.counter(StepCounter::TotalSteps)), lr0,
+          behaviour.nanStep, at<float>(map.metric(StepMetric::Loss)), at<float>(map.metric(StepMetric::Acc)),
+          at<float>(map.metric(StepMetric::GradNorm)), at<float>(map.metric(StepMetric::Lr)));
       DFLASH_CUDA_CHECK_LAUNCH("finalizeKernel");
       return;
     }
     rowTargetsKernel<<<1, kThreads, 0, stream>>>(
-        at<int32_t>(map.inputIds), at<uint8_t>(map.lossMask),
-        at<uint16_t>(map.targetHidden), at<int32_t>(map.anchors),
-        at<uint8_t>(map.keep), at<uint16_t>(map.embed), B, S,
+        at<int32_t>(map.input(StepInput::InputIds)), at<uint8_t>(map.input(StepInput::LossMask)),
+        at<uint16_t>(map.input(StepInput::TargetHidden)), at<int32_t>(map.input(StepInput::Anchors)),
+        at<uint8_t>(map.input(StepInput::Keep)), at<uint16_t>(map.frozenWeight(FrozenWeight::Embed)), B, S,
         cfg.contextWidth(), N, targets, scalars);
     DFLASH_CUDA_CHECK_LAUNCH("rowTargetsKernel");
     for (int t = 0; t < tensors; ++t) {
@@ -375,16 +377,16 @@ public:
     }
     finalizeKernel<<<1, 1, 0, stream>>>(
         scalars, norms, tensors, globalRows * float(N),
-        at<int32_t>(map.stepCounter), at<int32_t>(map.totalStepsCounter), lr0,
-        behaviour.nanStep, at<float>(map.loss), at<float>(map.acc),
-        at<float>(map.gradNorm), at<float>(map.lr));
+        at<int32_t>(map.counter(StepCounter::Step)), at<int32_t>(map.counter(StepCounter::TotalSteps)), lr0,
+        behaviour.nanStep, at<float>(map.metric(StepMetric::Loss)), at<float>(map.metric(StepMetric::Acc)),
+        at<float>(map.metric(StepMetric::GradNorm)), at<float>(map.metric(StepMetric::Lr)));
     DFLASH_CUDA_CHECK_LAUNCH("finalizeKernel");
     for (int t = 0; t < tensors; ++t) {
       int64_t n = table[size_t(t)].numel();
       updateKernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0,
                      stream>>>(at<uint16_t>(map.param[size_t(t)]), master(t),
                                moment(1, t), moment(2, t), grad(t), n,
-                               at<float>(map.lr), at<float>(map.loss));
+                               at<float>(map.metric(StepMetric::Lr)), at<float>(map.metric(StepMetric::Loss)));
       DFLASH_CUDA_CHECK_LAUNCH("updateKernel");
     }
     // Last, unchecked: the runtime's launch check must see it.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 namespace {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <set>
 
+using namespace dflash;
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
 

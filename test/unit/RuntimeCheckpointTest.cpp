@@ -1,15 +1,16 @@
 //===- RuntimeCheckpointTest.cpp - Parameters, checkpoints, target weights ===//
 
 #include "compiler/Spec/Spec.h"
+#include "schema/Parameters.h"
+#include "runtime/InitialParameters.h"
 #include "runtime/AtomicWrite.h"
 #include "kernels/Bf16.h"
 #include "runtime/Checkpoint.h"
-#include "runtime/ModelConfig.h"
+#include "schema/ModelConfig.h"
 #include "runtime/Safetensors.h"
 #include "runtime/Synthetic.h"
 #include "runtime/TargetWeights.h"
 #include "test/unit/RuntimeTestSupport.h"
-#include "tools/common/SpecToModelConfig.h"
 
 #include <nlohmann/json.hpp>
 
@@ -141,7 +142,7 @@ TEST(RuntimeModelConfig, ParameterTableOrderAndShapes) {
   EXPECT_EQ(table[13].name, "layers.1.input_layernorm.weight");
   EXPECT_EQ(table.back().name, "norm.weight");
   for (const ParamInfo &param : table)
-    EXPECT_EQ(param.isNorm, param.name.find("norm") != std::string::npos)
+    EXPECT_EQ(param.isNorm(), param.name.find("norm") != std::string::npos)
         << param.name;
 }
 
@@ -149,9 +150,8 @@ TEST(RuntimeModelConfig, MatchesTheSpecLibrary) {
   dflash::SpecError error;
   auto spec = dflash::loadSpec(DFLASH_SPECS_DIR "/tiny.toml", error);
   ASSERT_TRUE(spec) << error.str();
-  ModelConfig c = dflash::modelConfigFromSpec(*spec);
+  ModelConfig c = *spec;
   EXPECT_TRUE(validateModelConfig(c).ok());
-  EXPECT_EQ(numParameters(c), spec->numParameters());
   EXPECT_EQ(c.layerWindows, (std::vector<int64_t>{32, 0}));
   EXPECT_EQ(c.targetLayerIds, (std::vector<int64_t>{1, 5}));
   EXPECT_EQ(c.contextWidth(), 512);
@@ -196,7 +196,7 @@ TEST(RuntimeModelConfig, InitialParameters) {
   ASSERT_EQ(params.size(), table.size());
   for (size_t t = 0; t < table.size(); ++t) {
     ASSERT_EQ(int64_t(params[t].size()), table[t].numel());
-    if (table[t].isNorm) {
+    if (table[t].isNorm()) {
       for (uint16_t value : params[t])
         ASSERT_EQ(value, floatToBf16(1.0f));
       continue;

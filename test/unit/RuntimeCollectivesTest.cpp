@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 namespace {

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 
+using namespace dflash;
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
 namespace fs = std::filesystem;

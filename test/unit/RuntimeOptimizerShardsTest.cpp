@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/OptimizerShards.h"
+#include "schema/StepBuffers.h"
 
 #include <gtest/gtest.h>
 
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+using namespace dflash;
 using namespace dflash::rt;
 
 namespace {

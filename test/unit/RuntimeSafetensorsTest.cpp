@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+using namespace dflash;
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
 namespace fs = std::filesystem;

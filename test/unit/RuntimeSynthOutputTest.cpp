@@ -7,15 +7,16 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Spec/Spec.h"
+#include "runtime/InitialParameters.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/FeatureShard.h"
 #include "runtime/Synthetic.h"
 #include "runtime/TargetWeights.h"
 #include "test/unit/RuntimeTestSupport.h"
-#include "tools/common/SpecToModelConfig.h"
 
 #include <gtest/gtest.h>
 
+using namespace dflash;
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
 
@@ -27,7 +28,7 @@ TEST(RuntimeSynthOutput, ReadsBack) {
   dflash::SpecError error;
   auto spec = dflash::loadSpec(specPath, error);
   ASSERT_TRUE(spec) << error.str();
-  ModelConfig config = dflash::modelConfigFromSpec(*spec);
+  ModelConfig config = *spec;
   SyntheticProblem problem;
   ASSERT_TRUE(problem.init(config, uint64_t(config.seed)).ok());
 

@@ -1,6 +1,7 @@
 //===- RuntimeSyntheticTest.cpp - The synthetic problem -------------------===//
 
 #include "runtime/AnchorSampler.h"
+#include "runtime/InitialParameters.h"
 #include "kernels/Bf16.h"
 #include "runtime/Checkpoint.h"
 #include "runtime/Synthetic.h"

@@ -10,7 +10,7 @@
 #ifndef DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 #define DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 
-#include "runtime/ModelConfig.h"
+#include "schema/ModelConfig.h"
 #include "runtime/RowSource.h"
 
 #include <gtest/gtest.h>
@@ -31,8 +31,8 @@ namespace dflash::runtimetest {
 /// anchors of 4-token blocks, 2 rows per GPU. Named "unit"; seed, schedule
 /// and optimizer keep ModelConfig's defaults: each test sets those it relies
 /// on.
-inline rt::ModelConfig oneLayerDrafterConfig() {
-  rt::ModelConfig c;
+inline ModelConfig oneLayerDrafterConfig() {
+  ModelConfig c;
   c.name = "unit";
   c.targetModel = "test/target";
   c.targetNumLayers = 4;
@@ -58,8 +58,8 @@ inline rt::ModelConfig oneLayerDrafterConfig() {
 /// query heads, 2 KV heads of 8), over a 6-layer target tapped at layers 1
 /// and 3; rows of 32 tokens with 6 anchors of 4-token blocks, 2 rows per GPU.
 /// Named "unit"; everything else keeps ModelConfig's defaults.
-inline rt::ModelConfig twoLayerDrafterConfig() {
-  rt::ModelConfig c;
+inline ModelConfig twoLayerDrafterConfig() {
+  ModelConfig c;
   c.name = "unit";
   c.targetModel = "test/target";
   c.targetNumLayers = 6;
@@ -118,7 +118,7 @@ inline std::string readFile(const std::string &path) {
 /// failure.
 inline void expectSameRows(const rt::RowSource &actual,
                            const rt::RowSource &expected, int64_t rows,
-                           const rt::ModelConfig &config) {
+                           const ModelConfig &config) {
   const int64_t S = config.seqLen, N = config.anchorsPerRow,
                 LH = config.contextWidth();
   for (int64_t r = 0; r < rows; ++r) {

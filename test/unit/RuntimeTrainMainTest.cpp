@@ -10,6 +10,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Collectives.h"
+#include "schema/Parameters.h"
+#include "runtime/InitialParameters.h"
 #include "runtime/DeviceContext.h"
 #include "runtime/Prefetch.h"
 #include "runtime/Progress.h"
@@ -33,6 +35,7 @@
 #include <optional>
 #include <random>
 
+using namespace dflash;
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
 namespace fs = std::filesystem;
@@ -1135,8 +1138,8 @@ TEST(TrainBuffers, MapsEveryBuffer) {
   StepBufferMap map;
   Status s = mapStepBuffers(buffers, c, nullptr, map);
   ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(buffers[size_t(map.inputIds)].name, "input_ids");
-  EXPECT_EQ(buffers[size_t(map.lmHead)].name, "lm_head");
+  EXPECT_EQ(buffers[size_t(map.input(StepInput::InputIds))].name, "input_ids");
+  EXPECT_EQ(buffers[size_t(map.frozenWeight(FrozenWeight::LmHead))].name, "lm_head");
   std::vector<ParamInfo> table = parameterTable(c);
   ASSERT_EQ(map.master.size(), table.size());
   for (size_t t = 0; t < table.size(); ++t) {
@@ -1145,11 +1148,11 @@ TEST(TrainBuffers, MapsEveryBuffer) {
     EXPECT_EQ(buffers[size_t(map.moment2[t])].role, BufferRole::Moment2);
   }
   EXPECT_EQ(map.metrics.size(), 4u);
-  EXPECT_EQ(buffers[size_t(map.gradNorm)].name, "grad_norm");
+  EXPECT_EQ(buffers[size_t(map.metric(StepMetric::GradNorm))].name, "grad_norm");
 
   c.tieWordEmbeddings = true;
   ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, nullptr, map).ok());
-  EXPECT_EQ(map.lmHead, -1);
+  EXPECT_EQ(map.frozenWeight(FrozenWeight::LmHead), -1);
 }
 
 TEST(TrainBuffers, MismatchesNameTheBuffer) {
@@ -1186,13 +1189,15 @@ TEST(TrainBuffers, MismatchesNameTheBuffer) {
   expectError(badDtype, "parameter buffer 'norm.weight' has dtype F32 but "
                         "the runtime needs BF16");
   auto unknown = buffers;
-  unknown.push_back({"position_ids", BufferRole::Input, DType::I32, {2}});
-  expectError(unknown, "'position_ids' is not one the runtime fills");
+  unknown.push_back({"extra", BufferRole::Input, DType::I32, {2}, 9});
+  expectError(unknown,
+              "input buffer 'extra' has index 9, which is not a step input");
   auto noLmHead = buffers;
   noLmHead.erase(noLmHead.begin() + 6);
   expectError(noLmHead, "has no frozen buffer 'lm_head'");
   auto noLoss = buffers;
-  find(noLoss, "loss", BufferRole::Metric).name = "loss_sum";
+  // A metric the runtime only reports (index -1) is not the loss.
+  find(noLoss, "loss", BufferRole::Metric).index = -1;
   expectError(noLoss, "has no metric buffer 'loss'");
   auto twice = buffers;
   twice.push_back(twice.front());
@@ -1300,15 +1305,17 @@ TEST(TrainBuffers, ShardedMismatchesNameTheBucketOrTensor) {
 
   // Per-tensor state in a sharded step.
   auto perTensor = buffers;
-  perTensor.push_back(
-      {first, BufferRole::Master, DType::F32, parameterTable(c)[0].shape});
+  perTensor.push_back({first, BufferRole::Master, DType::F32,
+                       parameterTable(c)[0].shape, int64_t(3 + 5)});
   expectError(perTensor, &layout,
               "step program: master buffer '" + first +
-                  "' is not a bucket of the optimizer shard layout");
+                  "' has index 8, which is not a bucket of the optimizer "
+                  "shard layout");
   // A bucket the layout does not have.
   auto extra = buffers;
-  extra.push_back({"bucket.3", BufferRole::Moment1, DType::F32, {64}});
-  expectError(extra, &layout, "moment1 buffer 'bucket.3' is not a bucket");
+  extra.push_back({"bucket.3", BufferRole::Moment1, DType::F32, {64}, 3});
+  expectError(extra, &layout,
+              "moment1 buffer 'bucket.3' has index 3, which is not a bucket");
   // A missing shard.
   auto missing = buffers;
   missing.erase(
@@ -1329,20 +1336,25 @@ TEST(TrainBuffers, ShardedMismatchesNameTheBucketOrTensor) {
   expectError(wrongType, &layout,
               "moment1 buffer 'bucket.0' has dtype BF16 but the runtime "
               "needs F32");
-  // Shards without a layout.
+  // Shards without a layout: bucket 0's state is read as fc.weight's.
   expectError(buffers, nullptr,
-              "master buffer 'bucket.0' is a shard of the optimizer state but "
-              "the step program reports no shard layout");
+              "master buffer 'bucket.0' has shape [" +
+                  std::to_string(layout.buckets[0].shardElements) +
+                  "] but the config needs [" +
+                  std::to_string(parameterTable(c)[0].shape[0]) + ", " +
+                  std::to_string(parameterTable(c)[0].shape[1]) + "]");
 
   // Layouts that do not fit the config.
   OptimizerShardLayout unknown = layout;
   unknown.buckets[1].tensors[0].name = "layers.7.mlp.up_proj.weight";
+  unknown.buckets[1].tensors[0].param = 99;
   expectError(buffers, &unknown,
               "step program: optimizer shard layout, bucket 1: "
-              "'layers.7.mlp.up_proj.weight' is not a trainable tensor of the "
-              "config");
+              "'layers.7.mlp.up_proj.weight' (index 99) is not a trainable "
+              "tensor of the config");
   OptimizerShardLayout twice = layout;
   twice.buckets[2].tensors.back().name = first;
+  twice.buckets[2].tensors.back().param = 0;
   expectError(buffers, &twice,
               "optimizer shard layout, bucket 2: tensor '" + first +
                   "' is already in bucket 0");

@@ -12,8 +12,9 @@
 #ifndef DFLASH_TEST_UNIT_STEPPROGRAMTESTSUPPORT_H
 #define DFLASH_TEST_UNIT_STEPPROGRAMTESTSUPPORT_H
 
-#include "runtime/ModelConfig.h"
 #include "runtime/StepProgram.h"
+#include "schema/Parameters.h"
+#include "schema/StepBuffers.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -24,37 +25,35 @@ namespace dflash::runtimetest {
 /// Every buffer a compiled step of `c` has, in the compiler's order: inputs,
 /// frozen weights (no lm_head when tied), parameters, their fp32 masters and
 /// Adam moments, counters, metrics.
-inline std::vector<rt::BufferSpec> stepBuffers(const rt::ModelConfig &c) {
-  using rt::BufferRole;
-  using rt::DType;
-  const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
-  std::vector<rt::BufferSpec> buffers = {
-      {"input_ids", BufferRole::Input, DType::I32, {B, S}},
-      {"loss_mask", BufferRole::Input, DType::U8, {B, S}},
-      {"target_hidden",
-       BufferRole::Input,
-       DType::BF16,
-       {B, S, c.contextWidth()}},
-      {"anchors", BufferRole::Input, DType::I32, {B, N}},
-      {"keep", BufferRole::Input, DType::U8, {B, N}},
-      {"embed", BufferRole::Frozen, DType::BF16, {c.vocabSize, c.hiddenSize}},
-  };
-  if (!c.tieWordEmbeddings)
-    buffers.push_back({"lm_head",
-                       BufferRole::Frozen,
-                       DType::BF16,
-                       {c.vocabSize, c.hiddenSize}});
-  for (const rt::ParamInfo &p : rt::parameterTable(c))
-    buffers.push_back({p.name, BufferRole::Parameter, DType::BF16, p.shape});
-  for (const rt::ParamInfo &p : rt::parameterTable(c)) {
-    buffers.push_back({p.name, BufferRole::Master, DType::F32, p.shape});
-    buffers.push_back({p.name, BufferRole::Moment1, DType::F32, p.shape});
-    buffers.push_back({p.name, BufferRole::Moment2, DType::F32, p.shape});
+inline std::vector<BufferSpec> stepBuffers(const ModelConfig &c) {
+  std::vector<BufferSpec> buffers;
+  for (int k = 0; k < kNumStepInputs; ++k) {
+    StepInput input = StepInput(k);
+    buffers.push_back({nameOf(input), BufferRole::Input, dtypeOf(input),
+                       shapeOf(input, c), k});
   }
-  buffers.push_back({"step", BufferRole::Counter, DType::I32, {}});
-  buffers.push_back({"total_steps", BufferRole::Counter, DType::I32, {}});
-  for (const char *name : {"loss", "acc", "grad_norm", "lr"})
-    buffers.push_back({name, BufferRole::Metric, DType::F32, {}});
+  for (int k = 0; k < kNumFrozenWeights; ++k)
+    if (!(FrozenWeight(k) == FrozenWeight::LmHead && c.tieWordEmbeddings))
+      buffers.push_back({nameOf(FrozenWeight(k)),
+                         BufferRole::Frozen,
+                         DType::BF16,
+                         {c.vocabSize, c.hiddenSize},
+                         k});
+  std::vector<ParamInfo> table = parameterTable(c);
+  for (size_t t = 0; t < table.size(); ++t)
+    buffers.push_back({table[t].name, BufferRole::Parameter, DType::BF16,
+                       table[t].shape, int64_t(t)});
+  for (size_t t = 0; t < table.size(); ++t)
+    for (BufferRole role :
+         {BufferRole::Master, BufferRole::Moment1, BufferRole::Moment2})
+      buffers.push_back(
+          {table[t].name, role, DType::F32, table[t].shape, int64_t(t)});
+  for (int k = 0; k < kNumStepCounters; ++k)
+    buffers.push_back(
+        {nameOf(StepCounter(k)), BufferRole::Counter, DType::I32, {}, k});
+  for (int k = 0; k < kNumStepMetrics; ++k)
+    buffers.push_back(
+        {nameOf(StepMetric(k)), BufferRole::Metric, DType::F32, {}, k});
   return buffers;
 }
 
@@ -64,11 +63,11 @@ inline std::vector<rt::BufferSpec> stepBuffers(const rt::ModelConfig &c) {
 /// multiple of `alignElements` of its bucket (gaps between them), and every
 /// shard has ceil(flat / worldSize) elements rounded up to 64, plus
 /// `extraShard` (padding at the end).
-inline rt::OptimizerShardLayout shardLayout(const rt::ModelConfig &c,
+inline rt::OptimizerShardLayout shardLayout(const ModelConfig &c,
                                             int64_t worldSize, size_t buckets,
                                             int64_t alignElements = 64,
                                             int64_t extraShard = 0) {
-  std::vector<rt::ParamInfo> table = rt::parameterTable(c);
+  std::vector<ParamInfo> table = parameterTable(c);
   rt::OptimizerShardLayout layout;
   layout.worldSize = worldSize;
   buckets = std::max<size_t>(1, std::min(buckets, table.size()));
@@ -79,7 +78,8 @@ inline rt::OptimizerShardLayout shardLayout(const rt::ModelConfig &c,
                                          : bucket.tensors.back().offset +
                                                bucket.tensors.back().numel;
     int64_t offset = (end + alignElements - 1) / alignElements * alignElements;
-    bucket.tensors.push_back({table[t].name, offset, table[t].numel()});
+    bucket.tensors.push_back(
+        {table[t].name, offset, table[t].numel(), int64_t(t)});
   }
   for (rt::ShardedBucket &bucket : layout.buckets) {
     int64_t flat = bucket.tensors.back().offset + bucket.tensors.back().numel;
@@ -93,23 +93,23 @@ inline rt::OptimizerShardLayout shardLayout(const rt::ModelConfig &c,
 /// as `layout`: stepBuffers(c) with the per-tensor master and moments
 /// replaced by one F32 [S_k] master, moment1 and moment2 buffer per bucket,
 /// named "bucket.<k>".
-inline std::vector<rt::BufferSpec>
-shardedStepBuffers(const rt::ModelConfig &c,
+inline std::vector<BufferSpec>
+shardedStepBuffers(const ModelConfig &c,
                    const rt::OptimizerShardLayout &layout) {
-  using rt::BufferRole;
-  std::vector<rt::BufferSpec> buffers;
-  for (rt::BufferSpec &b : stepBuffers(c)) {
+  std::vector<BufferSpec> buffers;
+  for (BufferSpec &b : stepBuffers(c)) {
     if (b.role == BufferRole::Master || b.role == BufferRole::Moment1 ||
         b.role == BufferRole::Moment2)
       continue;
-    if (b.role == BufferRole::Counter && b.name == "step")
+    if (b.role == BufferRole::Counter && b.index == int64_t(StepCounter::Step))
       for (size_t k = 0; k < layout.buckets.size(); ++k)
         for (BufferRole role :
              {BufferRole::Master, BufferRole::Moment1, BufferRole::Moment2})
-          buffers.push_back({rt::shardBufferName(k),
+          buffers.push_back({shardBufferName(k),
                              role,
-                             rt::DType::F32,
-                             {layout.buckets[k].shardElements}});
+                             DType::F32,
+                             {layout.buckets[k].shardElements},
+                             int64_t(k)});
     buffers.push_back(std::move(b));
   }
   return buffers;

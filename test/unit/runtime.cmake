@@ -12,7 +12,7 @@ add_executable(RuntimeTest
   RuntimeSyntheticTest.cpp
   )
 target_link_libraries(RuntimeTest PRIVATE DFlashRuntimeHost
-  DFlashSpecToModelConfig GTest::gtest_main)
+  DFlashSpec GTest::gtest_main)
 target_compile_definitions(RuntimeTest PRIVATE
   DFLASH_SPECS_DIR="${PROJECT_SOURCE_DIR}/specs")
 gtest_discover_tests(RuntimeTest)
@@ -29,7 +29,7 @@ set_tests_properties(dflash-synth.tiny PROPERTIES
 
 add_executable(RuntimeSynthOutputTest RuntimeSynthOutputTest.cpp)
 target_link_libraries(RuntimeSynthOutputTest PRIVATE DFlashRuntimeHost
-  DFlashSpecToModelConfig GTest::gtest)
+  DFlashSpec GTest::gtest)
 add_test(NAME dflash-synth.tiny-reads-back
   COMMAND RuntimeSynthOutputTest ${PROJECT_SOURCE_DIR}/specs/tiny.toml
           ${DFLASH_SYNTH_SMOKE_DIR})

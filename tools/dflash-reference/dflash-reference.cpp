@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Analysis/StepSignature.h"
+#include "schema/Parameters.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Interpreter/Interpreter.h"
 #include "compiler/Pipelines/Pipelines.h"
@@ -18,7 +19,7 @@
 #include "runtime/Safetensors.h"
 #include "runtime/Synthetic.h"
 #include "runtime/TargetWeights.h"
-#include "tools/common/SpecToModelConfig.h"
+#include "runtime/InitialParameters.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -197,10 +198,10 @@ FailureOr<CompiledStep> compile(MLIRContext &ctx, const DrafterSpec &spec) {
 /// Writes the first step for the PyTorch oracle: inputs, frozen weights and
 /// parameters as the step saw them, the loss and the gradients of the mean
 /// loss, and the shapes the oracle needs as metadata.
-rt::Status writeStepDump(const std::string &path, const StepSignature &sig,
+Status writeStepDump(const std::string &path, const StepSignature &sig,
                          const std::vector<HostTensor> &args,
                          const std::vector<HostTensor> &results,
-                         const rt::ModelConfig &config) {
+                         const ModelConfig &config) {
   func::FuncOp f = sig.func();
   std::vector<rt::TensorData> tensors;
   std::vector<std::vector<double>> keepAlive;
@@ -208,7 +209,7 @@ rt::Status writeStepDump(const std::string &path, const StepSignature &sig,
     keepAlive.push_back(t.data);
     for (double &x : keepAlive.back())
       x *= scale;
-    tensors.push_back({std::move(name), rt::DType::F64, t.shape,
+    tensors.push_back({std::move(name), DType::F64, t.shape,
                        keepAlive.back().data()});
   };
   const char *prefix[] = {"input.", "frozen.", "param."};
@@ -271,7 +272,7 @@ int main(int argc, char **argv) {
     llvm::errs() << specError.str() << "\n";
     return 1;
   }
-  rt::ModelConfig config = modelConfigFromSpec(*spec);
+  const ModelConfig &config = *spec;
   uint64_t seed = seedOption >= 0 ? uint64_t(seedOption) : uint64_t(spec->seed);
   int64_t total = totalSteps > 0 ? int64_t(totalSteps) : int64_t(numSteps);
 
@@ -280,13 +281,13 @@ int main(int argc, char **argv) {
   rt::SyntheticProblem problem;
   std::unique_ptr<rt::RowSource> rows;
   if (synthetic) {
-    if (rt::Status s = problem.init(config, seed); !s.ok())
+    if (Status s = problem.init(config, seed); !s.ok())
       return fail(s.message());
     rows = std::make_unique<rt::SyntheticRowSource>(problem, syntheticRows,
                                                     /*pinAnchors=*/false);
   } else {
     auto reader = std::make_unique<rt::FeatureShardReader>();
-    if (rt::Status s = reader->open(dataSource, config); !s.ok())
+    if (Status s = reader->open(dataSource, config); !s.ok())
       return fail(s.message());
     rows = std::move(reader);
     if (targetDir.empty())
@@ -296,15 +297,15 @@ int main(int argc, char **argv) {
   rt::TargetWeights loadedTarget;
   const rt::TargetWeights *target = synthetic ? &problem.target() : nullptr;
   if (!targetDir.empty()) {
-    if (rt::Status s = rt::loadTargetWeights(targetDir, config, loadedTarget);
+    if (Status s = rt::loadTargetWeights(targetDir, config, loadedTarget);
         !s.ok())
       return fail(s.message());
     target = &loadedTarget;
   }
-  std::vector<rt::ParamInfo> table = rt::parameterTable(config);
+  std::vector<ParamInfo> table = parameterTable(config);
   std::vector<std::vector<uint16_t>> initial;
   if (!initDir.empty()) {
-    if (rt::Status s = rt::loadCheckpoint(initDir, config, initial); !s.ok())
+    if (Status s = rt::loadCheckpoint(initDir, config, initial); !s.ok())
       return fail(s.message());
   } else {
     initial = synthetic ? problem.initialParameters()
@@ -336,7 +337,7 @@ int main(int argc, char **argv) {
   rt::HostBatch batch;
   StepInterpreter interpreter(trainSig->func(), precision);
   for (int64_t step = 0; step < numSteps; ++step) {
-    if (rt::Status s = loader.next(batch); !s.ok())
+    if (Status s = loader.next(batch); !s.ok())
       return fail(s.message());
     state.input["input_ids"] = widen(batch.inputIds);
     state.input["loss_mask"] = widen(batch.lossMask);
@@ -353,7 +354,7 @@ int main(int argc, char **argv) {
       auto results = grads.run(*args);
       if (failed(results))
         return fail("the gradient step failed");
-      if (rt::Status s =
+      if (Status s =
               writeStepDump(dumpStep, *gradSig, *args, *results, config);
           !s.ok())
         return fail(s.message());
@@ -401,14 +402,14 @@ int main(int argc, char **argv) {
   if (!saveDir.empty()) {
     std::vector<std::vector<uint16_t>> bits;
     std::vector<const uint16_t *> pointers;
-    for (const rt::ParamInfo &p : table) {
+    for (const ParamInfo &p : table) {
       const std::vector<double> &values = state.param[p.name];
       bits.emplace_back(values.size());
       for (size_t i = 0; i < values.size(); ++i)
         bits.back()[i] = floatToBf16(float(values[i]));
       pointers.push_back(bits.back().data());
     }
-    if (rt::Status s = rt::exportCheckpoint(saveDir, config, pointers); !s.ok())
+    if (Status s = rt::exportCheckpoint(saveDir, config, pointers); !s.ok())
       return fail(s.message());
   }
   return 0;

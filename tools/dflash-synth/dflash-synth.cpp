@@ -8,9 +8,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Spec/Spec.h"
-#include "runtime/ModelConfig.h"
+#include "schema/Parameters.h"
+#include "schema/ModelConfig.h"
 #include "runtime/Synthetic.h"
-#include "tools/common/SpecToModelConfig.h"
 
 #include <CLI/CLI.hpp>
 
@@ -85,11 +85,11 @@ int main(int argc, char **argv) {
     std::cerr << specError.str() << "\n";
     return 1;
   }
-  rt::ModelConfig config = modelConfigFromSpec(*spec);
+  const ModelConfig &config = *spec;
   uint64_t problemSeed = seed ? *seed : uint64_t(config.seed);
 
   rt::SyntheticProblem problem;
-  rt::Status status = problem.init(config, problemSeed);
+  Status status = problem.init(config, problemSeed);
   if (!status.ok())
     return fail(status.message());
 
@@ -122,8 +122,8 @@ int main(int argc, char **argv) {
   if (!status.ok())
     return fail(status.message());
   std::cout << "wrote " << initDir << ": initial checkpoint of '" << config.name
-            << "', " << rt::parameterTable(config).size() << " tensors, "
-            << rt::numParameters(config) << " parameters, seed " << problemSeed
+            << "', " << parameterTable(config).size() << " tensors, "
+            << numParameters(config) << " parameters, seed " << problemSeed
             << "\n";
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include "compiler/Analysis/FlopCount.h"
 #include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/ModelConfigAttr.h"
 #include "dialect/DFlashOps.h"
 
 #include "llvm/Support/JSON.h"
@@ -25,8 +26,8 @@ static json::Array shapeOf(Type type) {
 }
 
 namespace dflash {
-std::string writeManifest(ModuleOp module, const DrafterSpec &spec,
-                                  const StepSignature &sig) {
+std::string writeManifest(ModuleOp module, const ModelConfig &spec,
+                          const StepSignature &sig) {
   func::FuncOp step = sig.func();
   json::Array buffers, parameters, kernels;
   int64_t argBytes = 0;
@@ -62,10 +63,10 @@ std::string writeManifest(ModuleOp module, const DrafterSpec &spec,
   int64_t arenaBytes = arena ? arena.getInt() : 0;
   int64_t workspace = estimateWorkspaceBytes(step);
   json::Array windows;
-  for (const LayerSpec &l : spec.layers)
-    windows.push_back(l.kind == AttentionKind::Sliding ? l.window : 0);
+  for (int64_t window : spec.layerWindows)
+    windows.push_back(window);
   json::Object manifest{
-      {"spec", spec.file},
+      {"spec", specFileOf(module)},
       {"name", spec.name},
       {"shapes",
        json::Object{{"rows_per_gpu", spec.rowsPerGpu},

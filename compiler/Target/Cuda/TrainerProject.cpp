@@ -1,7 +1,7 @@
 //===- TrainerProject.cpp - Write and build the trainer directory ---------===//
 //
 // The output directory builds on its own: the generated sources, a copy of
-// runtime/ and kernels/ under dflash/, and a CMakeLists.txt that needs only
+// schema/, runtime/ and kernels/ under dflash/, and a CMakeLists.txt that needs only
 // CMake, the CUDA toolkit (nvcc, cuBLASLt) and the nlohmann-json and CLI11
 // headers. So a drafter can be compiled on a CPU machine and built where the
 // GPUs are.
@@ -38,7 +38,8 @@ find_package(CUDAToolkit REQUIRED)
 
 set(DFLASH_SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/dflash)
 file(GLOB RUNTIME_SOURCES ${DFLASH_SOURCES}/runtime/*.cpp
-                          ${DFLASH_SOURCES}/runtime/*.cu)
+                          ${DFLASH_SOURCES}/runtime/*.cu
+                          ${DFLASH_SOURCES}/schema/*.cpp)
 add_executable(train main.cpp step.cu kernels.cu ${RUNTIME_SOURCES})
 target_include_directories(train PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}
                                          ${DFLASH_SOURCES})
@@ -135,7 +136,9 @@ LogicalResult writeCudaTrainer(const CudaTrainerSources &sources,
       return failure();
   if (!writeFile(dir + "/CMakeLists.txt", kCMakeLists, error))
     return failure();
-  if (!copySources(options.sourceDir + "/runtime", dir + "/dflash/runtime",
+  if (!copySources(options.sourceDir + "/schema", dir + "/dflash/schema",
+                   {".h", ".cpp"}, error) ||
+      !copySources(options.sourceDir + "/runtime", dir + "/dflash/runtime",
                    {".h", ".cpp", ".cu"}, error) ||
       !copySources(options.sourceDir + "/kernels", dir + "/dflash/kernels",
                    {".h", ".cuh"}, error))

@@ -12,10 +12,13 @@
 
 #include "compiler/Analysis/FlopCount.h"
 #include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/ModelConfigAttr.h"
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Target/Cuda/Manifest.h"
 #include "dialect/DFlashOps.h"
 #include "kernels/AttentionLimits.h"
+#include "schema/Parameters.h"
+#include "schema/StepBuffers.h"
 
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -84,15 +87,15 @@ std::string describeLoc(Location loc) {
 
 class StepEmitter {
 public:
-  StepEmitter(ModuleOp module, const DrafterSpec &spec,
+  StepEmitter(ModuleOp module, const ModelConfig &config,
               const StepSignature &sig)
-      : module(module), spec(spec), sig(sig) {}
+      : module(module), config(config), sig(sig) {}
 
   LogicalResult emit(CudaTrainerSources &out);
 
 private:
   ModuleOp module;
-  const DrafterSpec &spec;
+  const ModelConfig &config;
   const StepSignature &sig;
   std::string body, wrapperDecls, wrapperDefs;
   llvm::raw_string_ostream os{body};
@@ -136,6 +139,8 @@ private:
                    ";\n}\n\n";
   }
 
+  /// The schema's index of argument `i` within its role (BufferSpec::index).
+  FailureOr<int64_t> bufferIndex(unsigned i);
   LogicalResult emitOp(Operation *op);
   LogicalResult emitKernel(Operation *op);
   /// rms_norm_fwd_bf16 with an optional residual `delta` (written to `sum`).
@@ -660,34 +665,36 @@ std::string quoted(StringRef s) {
   return out + "\"";
 }
 
-std::string dtypeOf(Type elementType) {
+/// The schema's dtype of an element type.
+DType dtypeOf(Type elementType) {
   if (elementType.isBF16())
-    return "BF16";
+    return DType::BF16;
   if (elementType.isF32())
-    return "F32";
+    return DType::F32;
   if (elementType.isInteger(32))
-    return "I32";
-  return "U8";
+    return DType::I32;
+  return DType::U8;
 }
 
-const char *bufferRole(ArgRole role) {
+/// The schema's role of a #dflash.arg role.
+BufferRole bufferRole(ArgRole role) {
   switch (role) {
   case ArgRole::Input:
-    return "Input";
+    return BufferRole::Input;
   case ArgRole::Frozen:
-    return "Frozen";
+    return BufferRole::Frozen;
   case ArgRole::Parameter:
-    return "Parameter";
+    return BufferRole::Parameter;
   case ArgRole::Master:
-    return "Master";
+    return BufferRole::Master;
   case ArgRole::Moment1:
-    return "Moment1";
+    return BufferRole::Moment1;
   case ArgRole::Moment2:
-    return "Moment2";
+    return BufferRole::Moment2;
   case ArgRole::Counter:
-    return "Counter";
+    return BufferRole::Counter;
   default:
-    return "Metric";
+    return BufferRole::Metric;
   }
 }
 
@@ -699,54 +706,24 @@ std::string shapeList(ArrayRef<int64_t> shape) {
 }
 
 
-/// The ModelConfig constructor body for `spec` (the fields of
-/// runtime/ModelConfig.h, as tools/common/SpecToModelConfig.cpp maps them).
-std::string modelConfigInit(const DrafterSpec &s) {
+std::string cppValue(const std::string &v) { return quoted(v); }
+std::string cppValue(int64_t v) { return std::to_string(v); }
+std::string cppValue(double v) { return doubleText(v); }
+std::string cppValue(bool v) { return v ? "true" : "false"; }
+std::string cppValue(const std::vector<int64_t> &v) {
+  std::string r = "{";
+  for (size_t i = 0; i < v.size(); ++i)
+    r += (i ? ", " : "") + std::to_string(v[i]);
+  return r + "}";
+}
+
+/// The ModelConfig constructor body: one assignment per schema field.
+std::string modelConfigInit(const ModelConfig &config) {
   std::string o;
-  llvm::raw_string_ostream os(o);
-  auto ids = [](const std::vector<int64_t> &v) {
-    std::string r = "{";
-    for (size_t i = 0; i < v.size(); ++i)
-      r += (i ? ", " : "") + std::to_string(v[i]);
-    return r + "}";
-  };
-  std::vector<int64_t> windows;
-  for (const LayerSpec &l : s.layers)
-    windows.push_back(l.kind == AttentionKind::Sliding ? l.window : 0);
-  os << "    cfg.name = " << quoted(s.name) << ";\n"
-     << "    cfg.targetModel = " << quoted(s.targetModel) << ";\n"
-     << "    cfg.targetNumLayers = " << s.targetNumLayers << ";\n"
-     << "    cfg.targetHiddenSize = " << s.targetHiddenSize << ";\n"
-     << "    cfg.vocabSize = " << s.vocabSize << ";\n"
-     << "    cfg.targetLayerIds = " << ids(s.targetLayerIds) << ";\n"
-     << "    cfg.tieWordEmbeddings = "
-     << (s.tieWordEmbeddings ? "true" : "false") << ";\n"
-     << "    cfg.numLayers = " << s.numLayers << ";\n"
-     << "    cfg.hiddenSize = " << s.hiddenSize << ";\n"
-     << "    cfg.intermediateSize = " << s.intermediateSize << ";\n"
-     << "    cfg.numHeads = " << s.numHeads << ";\n"
-     << "    cfg.numKvHeads = " << s.numKvHeads << ";\n"
-     << "    cfg.headDim = " << s.headDim << ";\n"
-     << "    cfg.rmsNormEps = " << doubleText(s.rmsNormEps) << ";\n"
-     << "    cfg.ropeTheta = " << doubleText(s.ropeTheta) << ";\n"
-     << "    cfg.blockSize = " << s.blockSize << ";\n"
-     << "    cfg.maskTokenId = " << s.maskTokenId << ";\n"
-     << "    cfg.maxPositionEmbeddings = " << s.maxPositionEmbeddings << ";\n"
-     << "    cfg.layerWindows = " << ids(windows) << ";\n"
-     << "    cfg.seqLen = " << s.seqLen << ";\n"
-     << "    cfg.anchorsPerRow = " << s.anchorsPerRow << ";\n"
-     << "    cfg.rowsPerGpu = " << s.rowsPerGpu << ";\n"
-     << "    cfg.gamma = " << doubleText(s.gamma) << ";\n"
-     << "    cfg.seed = " << s.seed << ";\n"
-     << "    cfg.initStd = " << doubleText(s.initStd) << ";\n"
-     << "    cfg.lr = " << doubleText(s.lr) << ";\n"
-     << "    cfg.warmupRatio = " << doubleText(s.warmupRatio) << ";\n"
-     << "    cfg.maxGradNorm = " << doubleText(s.maxGradNorm) << ";\n"
-     << "    cfg.weightDecay = " << doubleText(s.weightDecay) << ";\n"
-     << "    cfg.beta1 = " << doubleText(s.beta1) << ";\n"
-     << "    cfg.beta2 = " << doubleText(s.beta2) << ";\n"
-     << "    cfg.adamEps = " << doubleText(s.adamEps) << ";\n"
-     << "    cfg.totalSteps = " << s.totalSteps << ";\n";
+  forEachModelConfigField(config, [&](const char *, const char *member,
+                                      const auto &value) {
+    o += std::string("    cfg.") + member + " = " + cppValue(value) + ";\n";
+  });
   return o;
 }
 
@@ -784,9 +761,10 @@ std::string StepEmitter::shardLayoutInit() {
     is << "        {{\n";
     for (auto [i, offset] : llvm::zip(tensors[k], offsets)) {
       auto param = cast<BlockArgument>(o.getParams()[i]);
-      is << "             {" << quoted(sig.argInfo(param.getArgNumber()).getName())
-         << ", " << offset / 4 << ", " << tensorOf(param).getNumElements()
-         << "},\n";
+      std::string name = sig.argInfo(param.getArgNumber()).getName().str();
+      is << "             {" << quoted(name) << ", " << offset / 4 << ", "
+         << tensorOf(param).getNumElements() << ", "
+         << findParameter(config, name).value_or(-1) << "},\n";
     }
     is << "         },\n         " << bucket.getShardElementsAttr().getInt()
        << "},\n";
@@ -891,6 +869,52 @@ std::string StepEmitter::shardedMembers() {
 )";
 }
 
+FailureOr<int64_t> StepEmitter::bufferIndex(unsigned i) {
+  ArgAttr info = sig.argInfo(i);
+  std::string name = info.getName().str();
+  std::optional<int64_t> index;
+  switch (bufferRole(info.getRole())) {
+  case BufferRole::Input:
+    if (auto input = parseStepInput(name))
+      index = int64_t(*input);
+    break;
+  case BufferRole::Frozen:
+    if (auto frozen = parseFrozenWeight(name))
+      index = int64_t(*frozen);
+    break;
+  case BufferRole::Counter:
+    if (auto counter = parseStepCounter(name))
+      index = int64_t(*counter);
+    break;
+  case BufferRole::Metric:
+    if (auto metric = parseStepMetric(name))
+      index = int64_t(*metric);
+    break;
+  case BufferRole::Master:
+  case BufferRole::Moment1:
+  case BufferRole::Moment2:
+    if (shardedOptimizer) {
+      // ZeRO-1: the state is one buffer per bucket, in bucket order.
+      AdamWShardedOp o = *shardedOptimizer;
+      for (auto values : {o.getMasters(), o.getMoment1(), o.getMoment2()})
+        for (auto [k, v] : llvm::enumerate(values))
+          if (auto a = dyn_cast<BlockArgument>(v); a && a.getArgNumber() == i)
+            index = int64_t(k);
+      break;
+    }
+    [[fallthrough]];
+  case BufferRole::Parameter:
+    index = findParameter(config, name);
+    break;
+  }
+  if (!index)
+    return sig.func().emitError()
+           << "@step argument " << i << " ('" << name << "', role "
+           << nameOf(bufferRole(info.getRole()))
+           << ") is not a buffer the schema knows";
+  return *index;
+}
+
 LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
   func::FuncOp step = sig.func();
   auto arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
@@ -910,8 +934,10 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
     ArgAttr info = sig.resultInfo(i);
     Value v = ret.getOperand(i);
     if (info.getRole() == ArgRole::Metric) {
+      std::optional<StepMetric> named = parseStepMetric(info.getName().str());
       metricSpecs += "        {" + quoted(info.getName()) +
-                     ", BufferRole::Metric, DType::F32, {}},\n";
+                     ", BufferRole::Metric, DType::F32, {}, " +
+                     std::to_string(named ? int64_t(*named) : -1) + "},\n";
       metricCopies += llvm::formatv(
           "    check(cudaMemcpyAsync(buf[{0}], {1}, 4, "
           "cudaMemcpyDeviceToDevice, stream), \"copy metric {2}\");\n",
@@ -930,9 +956,13 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
   for (unsigned i = 0; i < step.getNumArguments(); ++i) {
     ArgAttr info = sig.argInfo(i);
     auto t = tensorOf(step.getArgument(i));
+    FailureOr<int64_t> index = bufferIndex(i);
+    if (failed(index))
+      return failure();
     specs += "        {" + quoted(info.getName()) + ", BufferRole::" +
-             bufferRole(info.getRole()) + ", DType::" +
-             dtypeOf(t.getElementType()) + ", " + shapeList(t.getShape()) +
+             enumeratorOf(bufferRole(info.getRole())) + ", DType::" +
+             dtypeName(dtypeOf(t.getElementType())) + ", " +
+             shapeList(t.getShape()) + ", " + std::to_string(*index) +
              "},\n";
   }
   specs += metricSpecs;
@@ -946,19 +976,19 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
   auto anchorsType = tensorOf(step.getArgument(*anchors));
   int64_t B = idsType.getDimSize(0), S = idsType.getDimSize(1),
           N = anchorsType.getDimSize(1);
-  int64_t rows = B * N * spec.blockSize;
+  int64_t rows = B * N * config.blockSize;
 
   // Kernel workspaces (kernels run one at a time and share them).
   workspaceTerms.push_back("size_t(256) + kLmHeadRowTermBytes + "
                            "dflash::kernels::lmHeadCrossEntropyChunkBytes(" +
                            std::to_string(lmHeadChunkRows(rows,
-                                                          spec.vocabSize)) +
-                           ", " + std::to_string(spec.vocabSize) + ")");
+                                                          config.vocabSize)) +
+                           ", " + std::to_string(config.vocabSize) + ")");
   workspaceTerms.push_back(
       "dflash::kernels::rmsNormBwdWorkspaceBytes(" +
-      std::to_string(spec.hiddenSize) + ")");
+      std::to_string(config.hiddenSize) + ")");
   workspaceTerms.push_back("dflash::kernels::qkNormRopeBwdWorkspaceBytes(" +
-                           std::to_string(spec.headDim) + ")");
+                           std::to_string(config.headDim) + ")");
 
   // Optimizer tables: one entry per parameter, built at bind time.
   // Two tables: the bf16 gradients (one GPU) and their all-reduced fp32
@@ -1001,9 +1031,10 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
     profileNames += std::string(i ? ", " : "") + quoted(opNames[i]);
   std::string s;
   llvm::raw_string_ostream cu(s);
-  cu << "// Generated by dflashc from " << spec.file << ": the training step "
-     << "of \"" << spec.name << "\".\n"
-     << "// Do not edit; regenerate with `dflashc " << spec.file
+  const std::string specFile = specFileOf(module);
+  cu << "// Generated by dflashc from " << specFile << ": the training step "
+     << "of \"" << config.name << "\".\n"
+     << "// Do not edit; regenerate with `dflashc " << specFile
      << " --emit=cuda`.\n"
      << "// Every shape is a constant; enqueue() is the static schedule of "
         "one step.\n\n"
@@ -1020,10 +1051,10 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "#include \"runtime/StepProgram.h\"\n\n"
      << "#include <algorithm>\n#include <cstdio>\n#include <cstdlib>\n\n"
      << "namespace {\n\n"
-     << "using dflash::rt::BufferRole;\nusing dflash::rt::DType;\n\n"
+     << "using dflash::BufferRole;\nusing dflash::DType;\n\n"
      << llvm::formatv("constexpr dflash::kernels::DraftBlocksShape kBlocks{{"
                       "{0}, {1}, {2}, {3}};\n",
-                      B, S, N, spec.blockSize)
+                      B, S, N, config.blockSize)
      << "constexpr size_t kPlannedBytes = " << arena.getInt() << ";\n"
      << "constexpr size_t kLmHeadRowTermBytes = " << alignUp(rows * 16)
      << ";\n\n"
@@ -1036,7 +1067,7 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "class GeneratedStep final : public dflash::rt::StepProgram {\n"
      << "public:\n"
      << "  GeneratedStep() {\n"
-     << modelConfigInit(spec)
+     << modelConfigInit(config)
      << "    specs = {\n" << specs << "    };\n"
      << "    workspaceBytes = alignArena(" << workspaceMax << ");\n"
      << "    size_t numTensors = " << numTensors << ";\n"
@@ -1058,9 +1089,9 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "                     alignArena(maxChunks * sizeof(double)) + "
         "2 * 256;\n"
      << "  }\n\n"
-     << "  const dflash::rt::ModelConfig &config() const override { return "
+     << "  const dflash::ModelConfig &config() const override { return "
         "cfg; }\n"
-     << "  const std::vector<dflash::rt::BufferSpec> &buffers() const "
+     << "  const std::vector<dflash::BufferSpec> &buffers() const "
         "override {\n    return specs;\n  }\n"
      << "  size_t arenaBytes() const override {\n"
      << "    return kPlannedBytes + workspaceBytes + optimizerBytes;\n  }\n"
@@ -1140,8 +1171,8 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "  }\n\n"
      << (shardedOptimizer ? shardedMembers() : std::string())
      << "  size_t maxChunks = 0;\n"
-     << "  dflash::rt::ModelConfig cfg;\n"
-     << "  std::vector<dflash::rt::BufferSpec> specs;\n"
+     << "  dflash::ModelConfig cfg;\n"
+     << "  std::vector<dflash::BufferSpec> specs;\n"
      << "  std::vector<dflash::kernels::AdamWChunk> chunks;\n"
      << "  size_t workspaceBytes = 0, optimizerBytes = 0;\n"
      << "  void *buf[" << step.getNumArguments() + 4 << "] = {};\n"
@@ -1176,22 +1207,25 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
                   "#include \"kernels/QkNormRope.cuh\"\n"
                   "#include \"kernels/RmsNorm.cuh\"\n\n" +
                   wrapperDefs;
-  out.manifestJson = writeManifest(module, spec, sig);
+  out.manifestJson = writeManifest(module, config, sig);
   return success();
 }
 
 namespace dflash {
 FailureOr<CudaTrainerSources>
-translateToCuda(ModuleOp module, const DrafterSpec &spec) {
+translateToCuda(ModuleOp module) {
   FailureOr<StepSignature> sig = StepSignature::get(module);
   if (failed(sig))
     return failure();
+  FailureOr<ModelConfig> config = modelConfigOf(module);
+  if (failed(config))
+    return failure();
   CudaTrainerSources out;
-  StepEmitter emitter(module, spec, *sig);
+  StepEmitter emitter(module, *config, *sig);
   if (failed(emitter.emit(out)))
     return failure();
   out.mainCpp =
-      "// Generated by dflashc: the train command of \"" + spec.name +
+      "// Generated by dflashc: the train command of \"" + config->name +
       "\".\n\n#include \"runtime/StepProgram.h\"\n"
       "#include \"runtime/TrainMain.h\"\n\n"
       "int main(int argc, char **argv) {\n"

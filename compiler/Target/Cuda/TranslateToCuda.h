@@ -16,7 +16,6 @@
 #ifndef DFLASH_COMPILER_TARGET_CUDA_TRANSLATETOCUDA_H
 #define DFLASH_COMPILER_TARGET_CUDA_TRANSLATETOCUDA_H
 
-#include "compiler/Spec/Spec.h"
 #include "mlir/IR/BuiltinOps.h"
 
 #include <string>
@@ -35,10 +34,10 @@ struct CudaTrainerSources {
   std::string stepCu, kernelsCu, kernelsH, mainCpp, manifestJson, cmakeLists;
 };
 
-/// Translates the planned step of `module` (compiled from `spec`). Emits an
-/// error on the op that cannot be translated and fails.
-mlir::FailureOr<CudaTrainerSources>
-translateToCuda(mlir::ModuleOp module, const DrafterSpec &spec);
+/// Translates the planned step of `module`, from the IR alone (the drafter's
+/// config is its `dflash.model_config`). Emits an error on the op that
+/// cannot be translated and fails.
+mlir::FailureOr<CudaTrainerSources> translateToCuda(mlir::ModuleOp module);
 
 /// Writes the sources and the copies of runtime/ and kernels/ into
 /// options.outputDir. Errors name the file.

@@ -1,28 +1,15 @@
-//===- ModelConfig.cpp - Parameter table and initialisation ---------------===//
+//===- ModelConfig.cpp - Validation of a drafter's config ----------------===//
 
-#include "runtime/ModelConfig.h"
-
-#include "kernels/Bf16.h"
-#include "runtime/Rng.h"
-
-#include <algorithm>
+#include "schema/ModelConfig.h"
 
 using namespace dflash;
-using namespace dflash::rt;
-
-int64_t ParamInfo::numel() const {
-  int64_t count = 1;
-  for (int64_t extent : shape)
-    count *= extent;
-  return count;
-}
 
 static Status fieldError(const ModelConfig &config, const std::string &what) {
   std::string name = config.name.empty() ? "model config" : config.name;
   return Status::error(name + ": " + what);
 }
 
-Status dflash::rt::validateModelConfig(const ModelConfig &c) {
+Status dflash::validateModelConfig(const ModelConfig &c) {
   struct Positive {
     const char *field;
     int64_t value;
@@ -86,55 +73,4 @@ Status dflash::rt::validateModelConfig(const ModelConfig &c) {
     return fieldError(c, "'seq_len' (" + std::to_string(c.seqLen) +
                              ") leaves no room for an anchor");
   return Status::success();
-}
-
-std::vector<ParamInfo> dflash::rt::parameterTable(const ModelConfig &c) {
-  int64_t H = c.hiddenSize, I = c.intermediateSize, d = c.headDim;
-  std::vector<ParamInfo> table;
-  table.push_back({"fc.weight", {H, c.contextWidth()}, false});
-  table.push_back({"hidden_norm.weight", {H}, true});
-  for (int64_t i = 0; i < c.numLayers; ++i) {
-    std::string layer = "layers." + std::to_string(i) + ".";
-    table.push_back({layer + "input_layernorm.weight", {H}, true});
-    table.push_back({layer + "self_attn.q_proj.weight", {c.qDim(), H}, false});
-    table.push_back({layer + "self_attn.k_proj.weight", {c.kvDim(), H}, false});
-    table.push_back({layer + "self_attn.v_proj.weight", {c.kvDim(), H}, false});
-    table.push_back({layer + "self_attn.o_proj.weight", {H, c.qDim()}, false});
-    table.push_back({layer + "self_attn.q_norm.weight", {d}, true});
-    table.push_back({layer + "self_attn.k_norm.weight", {d}, true});
-    table.push_back({layer + "post_attention_layernorm.weight", {H}, true});
-    table.push_back({layer + "mlp.gate_proj.weight", {I, H}, false});
-    table.push_back({layer + "mlp.up_proj.weight", {I, H}, false});
-    table.push_back({layer + "mlp.down_proj.weight", {H, I}, false});
-  }
-  table.push_back({"norm.weight", {H}, true});
-  return table;
-}
-
-int64_t dflash::rt::numParameters(const ModelConfig &config) {
-  int64_t total = 0;
-  for (const ParamInfo &param : parameterTable(config))
-    total += param.numel();
-  return total;
-}
-
-std::vector<std::vector<uint16_t>>
-dflash::rt::initialParameters(const ModelConfig &config, uint64_t seed) {
-  std::vector<ParamInfo> table = parameterTable(config);
-  std::vector<std::vector<uint16_t>> params(table.size());
-  const uint16_t one = floatToBf16(1.0f);
-  for (size_t t = 0; t < table.size(); ++t) {
-    std::vector<uint16_t> &values = params[t];
-    values.resize(size_t(table[t].numel()));
-    if (table[t].isNorm) {
-      std::fill(values.begin(), values.end(), one);
-      continue;
-    }
-    // One stream per tensor: a tensor's values do not depend on the sizes
-    // of the tensors before it.
-    Rng rng = Rng::forStream(seed, 0x1000 + t);
-    for (uint16_t &value : values)
-      value = floatToBf16(float(rng.normal() * config.initStd));
-  }
-  return params;
 }

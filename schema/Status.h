@@ -1,19 +1,20 @@
-//===- Status.h - Success or an error message for the runtime ---*- C++ -*-===//
+//===- Status.h - Success or an error message -------------------*- C++ -*-===//
 //
-// The runtime reports every problem with user input (files, shapes, metadata)
-// as a Status carrying a message, never by asserting, aborting or throwing.
+// The schema and the runtime report every problem with user input (files,
+// shapes, metadata) as a Status carrying a message, never by asserting,
+// aborting or throwing.
 // Messages name the file and the tensor or field, are lower-case and have no
 // final period, so that a tool can print "tool: error: <message>".
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef DFLASH_RUNTIME_STATUS_H
-#define DFLASH_RUNTIME_STATUS_H
+#ifndef DFLASH_SCHEMA_STATUS_H
+#define DFLASH_SCHEMA_STATUS_H
 
 #include <string>
 #include <utility>
 
-namespace dflash::rt {
+namespace dflash {
 
 class [[nodiscard]] Status {
 public:
@@ -37,6 +38,6 @@ private:
   std::string text;
 };
 
-} // namespace dflash::rt
+} // namespace dflash
 
-#endif // DFLASH_RUNTIME_STATUS_H
+#endif // DFLASH_SCHEMA_STATUS_H

@@ -1,0 +1,129 @@
+//===- ModelConfig.h - Shapes and hyperparameters of a drafter --*- C++ -*-===//
+//
+// The one description of a drafter that the compiler and the runtime share:
+// the spec parser fills it (compiler/Spec's DrafterSpec is a ModelConfig
+// plus where each key was written), the importer records it on the module,
+// the emitter prints it into the generated step, and the runtime reads it
+// from there. Field meanings follow SEMANTICS.md; defaults are the recipe's
+// (section 7). Plain C++17: no MLIR, no CUDA.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_SCHEMA_MODELCONFIG_H
+#define DFLASH_SCHEMA_MODELCONFIG_H
+
+#include "schema/Status.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+struct ModelConfig {
+  std::string name;
+
+  // The target model ([target]).
+  std::string targetModel;
+  int64_t targetNumLayers = 0;
+  int64_t targetHiddenSize = 0;
+  int64_t vocabSize = 0;
+  std::vector<int64_t> targetLayerIds; ///< tapped layers, ascending
+  bool tieWordEmbeddings = false;
+
+  // The drafter ([drafter], [attention]).
+  int64_t numLayers = 0;
+  int64_t hiddenSize = 0;
+  int64_t intermediateSize = 0;
+  int64_t numHeads = 0;
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;
+  double rmsNormEps = 1e-6;
+  double ropeTheta = 1e6;
+  int64_t blockSize = 0;
+  int64_t maskTokenId = 0;
+  int64_t maxPositionEmbeddings = 40960;
+  /// Sliding window of each layer; 0 for a full-attention layer.
+  std::vector<int64_t> layerWindows;
+
+  // Training ([training]).
+  int64_t seqLen = 3072;
+  int64_t anchorsPerRow = 512;
+  int64_t rowsPerGpu = 4;
+  double gamma = 0; ///< loss decay; 0 disables
+  int64_t seed = 0;
+  double initStd = 0.02;
+
+  // Optimizer ([optimizer]).
+  double lr = 6e-4;
+  double warmupRatio = 0.04;
+  double maxGradNorm = 1.0;
+  double weightDecay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double adamEps = 1e-8;
+  int64_t totalSteps = 10000;
+
+  int64_t numTaps() const { return int64_t(targetLayerIds.size()); }
+  /// L*H: the width of one row of target_hidden and of fc's input.
+  int64_t contextWidth() const { return numTaps() * hiddenSize; }
+  int64_t qDim() const { return numHeads * headDim; }
+  int64_t kvDim() const { return numKvHeads * headDim; }
+  int64_t draftLength() const { return anchorsPerRow * blockSize; } ///< Q
+  bool layerSlides(int64_t layer) const {
+    return layerWindows[size_t(layer)] > 0;
+  }
+};
+
+/// Calls `visit(key, member, field)` for every field of ModelConfig, in
+/// declaration order: `key` is the field's snake_case name (the module
+/// attribute's and the manifest's key), `member` the C++ member's name (what
+/// generated code assigns). The one list of the fields: conversions to and
+/// from other forms go through it.
+template <class Config, class Visitor>
+void forEachModelConfigField(Config &c, Visitor &&visit) {
+#define DFLASH_FIELD(key, member) visit(key, #member, c.member)
+  DFLASH_FIELD("name", name);
+  DFLASH_FIELD("target_model", targetModel);
+  DFLASH_FIELD("target_num_layers", targetNumLayers);
+  DFLASH_FIELD("target_hidden_size", targetHiddenSize);
+  DFLASH_FIELD("vocab_size", vocabSize);
+  DFLASH_FIELD("target_layer_ids", targetLayerIds);
+  DFLASH_FIELD("tie_word_embeddings", tieWordEmbeddings);
+  DFLASH_FIELD("num_layers", numLayers);
+  DFLASH_FIELD("hidden_size", hiddenSize);
+  DFLASH_FIELD("intermediate_size", intermediateSize);
+  DFLASH_FIELD("num_heads", numHeads);
+  DFLASH_FIELD("num_kv_heads", numKvHeads);
+  DFLASH_FIELD("head_dim", headDim);
+  DFLASH_FIELD("rms_norm_eps", rmsNormEps);
+  DFLASH_FIELD("rope_theta", ropeTheta);
+  DFLASH_FIELD("block_size", blockSize);
+  DFLASH_FIELD("mask_token_id", maskTokenId);
+  DFLASH_FIELD("max_position_embeddings", maxPositionEmbeddings);
+  DFLASH_FIELD("layer_windows", layerWindows);
+  DFLASH_FIELD("seq_len", seqLen);
+  DFLASH_FIELD("anchors_per_row", anchorsPerRow);
+  DFLASH_FIELD("rows_per_gpu", rowsPerGpu);
+  DFLASH_FIELD("gamma", gamma);
+  DFLASH_FIELD("seed", seed);
+  DFLASH_FIELD("init_std", initStd);
+  DFLASH_FIELD("lr", lr);
+  DFLASH_FIELD("warmup_ratio", warmupRatio);
+  DFLASH_FIELD("max_grad_norm", maxGradNorm);
+  DFLASH_FIELD("weight_decay", weightDecay);
+  DFLASH_FIELD("beta1", beta1);
+  DFLASH_FIELD("beta2", beta2);
+  DFLASH_FIELD("adam_eps", adamEps);
+  DFLASH_FIELD("total_steps", totalSteps);
+#undef DFLASH_FIELD
+}
+
+/// Checks that the config describes a drafter the runtime can handle
+/// (positive sizes, heads divisible, one window per layer, mask token inside
+/// the vocabulary, taps inside the target). Messages name the field.
+Status validateModelConfig(const ModelConfig &config);
+
+} // namespace dflash
+
+#endif // DFLASH_SCHEMA_MODELCONFIG_H

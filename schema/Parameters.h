@@ -1,0 +1,83 @@
+//===- Parameters.h - The drafter's trainable tensors -----------*- C++ -*-===//
+//
+// Names, shapes and order of every trainable tensor. The importer declares
+// the step's parameter arguments from this table, the runtime allocates,
+// initialises, checkpoints and exports them in its order, so both sides
+// agree by construction. Names are the checkpoint's (SEMANTICS.md
+// section 6).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_SCHEMA_PARAMETERS_H
+#define DFLASH_SCHEMA_PARAMETERS_H
+
+#include "schema/ModelConfig.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+/// What a trainable tensor is, which decides its initialisation.
+enum class ParamKind : uint8_t {
+  Linear, ///< [out, in] weight: N(0, init_std)
+  Norm,   ///< RMSNorm weight: 1
+};
+
+/// One trainable tensor.
+struct ParamInfo {
+  std::string name;           ///< checkpoint name ("layers.0.mlp.up_proj.weight")
+  std::vector<int64_t> shape; ///< torch layout ([out, in] for linears)
+  ParamKind kind = ParamKind::Linear;
+  /// The draft layer it belongs to; -1 for fc, hidden_norm and norm.
+  int64_t layer = -1;
+  bool isNorm() const { return kind == ParamKind::Norm; }
+  int64_t numel() const;
+};
+
+/// The tensors of one draft layer, in table order.
+enum class LayerParam : uint8_t {
+  InputNorm,
+  QProj,
+  KProj,
+  VProj,
+  OProj,
+  QNorm,
+  KNorm,
+  PostNorm,
+  GateProj,
+  UpProj,
+  DownProj,
+};
+constexpr int64_t kParamsPerLayer = 11;
+/// Tensors before the first layer's: fc, hidden_norm.
+constexpr int64_t kParamsBeforeLayers = 2;
+
+/// Every trainable tensor in the canonical order: fc, hidden_norm, per layer
+/// i (input_layernorm, q/k/v/o_proj, q_norm, k_norm,
+/// post_attention_layernorm, gate/up/down_proj), norm. Parameter buffers,
+/// checkpoints and optimizer state all use this order.
+std::vector<ParamInfo> parameterTable(const ModelConfig &config);
+
+/// Table indices of the tensors outside the layers, and of a layer's.
+constexpr int64_t kFcParam = 0;
+constexpr int64_t kHiddenNormParam = 1;
+constexpr int64_t layerParamIndex(int64_t layer, LayerParam p) {
+  return kParamsBeforeLayers + layer * kParamsPerLayer + int64_t(p);
+}
+inline int64_t finalNormParamIndex(const ModelConfig &config) {
+  return kParamsBeforeLayers + config.numLayers * kParamsPerLayer;
+}
+
+/// The index of `name` in parameterTable(config), if it is one.
+std::optional<int64_t> findParameter(const ModelConfig &config,
+                                     const std::string &name);
+
+/// Total number of trainable elements.
+int64_t numParameters(const ModelConfig &config);
+
+} // namespace dflash
+
+#endif // DFLASH_SCHEMA_PARAMETERS_H

@@ -1,0 +1,97 @@
+//===- StepBuffers.h - The persistent buffers of a compiled step -*- C++ -*-===//
+//
+// What lives across steps, by role, and the fixed members of each role: the
+// five per-step inputs, the frozen weights, the counters and the metrics.
+// The importer declares the step's arguments from these tables (with
+// #dflash.arg roles of the same names), the emitter prints each buffer with
+// its role and index, and the runtime binds buffers by (role, index), so a
+// name is only ever shown to a user, never matched.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_SCHEMA_STEPBUFFERS_H
+#define DFLASH_SCHEMA_STEPBUFFERS_H
+
+#include "schema/DType.h"
+#include "schema/ModelConfig.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dflash {
+
+/// What a persistent buffer holds. Names ("input") are #dflash.arg's role
+/// keywords.
+enum class BufferRole : uint8_t {
+  Input,     ///< per-step data: StepInput
+  Frozen,    ///< FrozenWeight (lm_head absent when tied)
+  Parameter, ///< bf16 trainable weight, updated in place by the step
+  Master,    ///< its fp32 master copy (or, with ZeRO-1, a bucket's shard)
+  Moment1,   ///< Adam first moment (fp32)
+  Moment2,   ///< Adam second moment (fp32)
+  Counter,   ///< StepCounter: int32 scalars
+  Metric,    ///< StepMetric (or another f32 the step reports)
+};
+
+/// The per-step inputs (SEMANTICS.md section 1), in argument order.
+enum class StepInput : uint8_t { InputIds, LossMask, TargetHidden, Anchors, Keep };
+/// The target's frozen tensors.
+enum class FrozenWeight : uint8_t { Embed, LmHead };
+/// Scalars the runtime writes before each step.
+enum class StepCounter : uint8_t { Step, TotalSteps };
+/// Scalars every step reports.
+enum class StepMetric : uint8_t { Loss, Acc, GradNorm, Lr };
+
+constexpr int kNumBufferRoles = 8;
+constexpr int kNumStepInputs = 5;
+constexpr int kNumFrozenWeights = 2;
+constexpr int kNumStepCounters = 2;
+constexpr int kNumStepMetrics = 4;
+
+/// "input", "frozen", "parameter", ...
+const char *nameOf(BufferRole role);
+/// The C++ enumerator ("Input"), for generated code.
+const char *enumeratorOf(BufferRole role);
+/// "input_ids", "loss_mask", "target_hidden", "anchors", "keep".
+const char *nameOf(StepInput input);
+/// "embed", "lm_head".
+const char *nameOf(FrozenWeight weight);
+/// "step", "total_steps".
+const char *nameOf(StepCounter counter);
+/// "loss", "acc", "grad_norm", "lr".
+const char *nameOf(StepMetric metric);
+
+std::optional<BufferRole> parseBufferRole(std::string_view name);
+std::optional<StepInput> parseStepInput(std::string_view name);
+std::optional<FrozenWeight> parseFrozenWeight(std::string_view name);
+std::optional<StepCounter> parseStepCounter(std::string_view name);
+std::optional<StepMetric> parseStepMetric(std::string_view name);
+
+/// The dtype and shape of an input for `config` (flags are U8).
+DType dtypeOf(StepInput input);
+std::vector<int64_t> shapeOf(StepInput input, const ModelConfig &config);
+
+/// The name of bucket k's optimizer-state buffers with ZeRO-1 ("bucket.3").
+std::string shardBufferName(size_t bucket);
+
+/// One persistent buffer of a step program.
+struct BufferSpec {
+  std::string name; ///< for messages: "input_ids", "layers.0.mlp.up_proj.weight"
+  BufferRole role = BufferRole::Input;
+  DType dtype = DType::U8;
+  std::vector<int64_t> shape;
+  /// Which member of its role: the StepInput, FrozenWeight, StepCounter or
+  /// StepMetric value; for Parameter, Master and Moment buffers the index in
+  /// parameterTable(), or with ZeRO-1 the bucket of Master and Moment
+  /// buffers; -1 for a metric that the runtime only reports.
+  int64_t index = -1;
+  size_t bytes() const { return size_t(shapeNumel(shape)) * dtypeSize(dtype); }
+};
+
+} // namespace dflash
+
+#endif // DFLASH_SCHEMA_STEPBUFFERS_H
