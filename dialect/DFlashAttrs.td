@@ -71,4 +71,32 @@ def DFlash_OptimizerAttr : AttrDef<DFlash_Dialect, "Optimizer"> {
   let assemblyFormat = "`<` struct(params) `>`";
 }
 
+def DFlash_KernelAttr : AttrDef<DFlash_Dialect, "Kernel"> {
+  let mnemonic = "kernel";
+  let summary = "The kernel that runs an op, its constants and its scratch";
+  let description = [{
+    Attached to every kernel-level op under `dflash.kernel` by
+    `dflash-select-kernels`: `name` is the entry point in kernels/ (or
+    `cublaslt_gemm`), `constants` its template arguments in order (bools as
+    0 and 1), `workspace` the bytes of scratch it needs while it runs and
+    `tables` the bytes it keeps across steps (the optimizer's device
+    tables). Both sizes come from kernels/Workspaces.h and
+    kernels/AdamWTables.h, the headers the kernels use too;
+    `dflash-plan-memory` gives each its arena slot. The emitter prints the
+    call from this attribute and decides nothing.
+
+    ```mlir
+    %dx, %dw = dflash.rms_norm_grad %dy, %x, %w {eps = 1.0e-06 : f64,
+        dflash.kernel = #dflash.kernel<name = "rms_norm_bwd_bf16",
+                                       constants = [256],
+                                       workspace = 405504, tables = 0>} : ...
+    ```
+  }];
+  let parameters = (ins StringRefParameter<"the kernel's entry point">:$name,
+                        "DenseI64ArrayAttr":$constants,
+                        "int64_t":$workspace,
+                        "int64_t":$tables);
+  let assemblyFormat = "`<` struct(params) `>`";
+}
+
 #endif // DFLASH_ATTRS_TD

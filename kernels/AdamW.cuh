@@ -20,6 +20,7 @@
 #ifndef DFLASH_KERNELS_ADAMW_CUH
 #define DFLASH_KERNELS_ADAMW_CUH
 
+#include "kernels/AdamWTables.h"
 #include "kernels/CudaCheck.cuh"
 
 #include <cstdint>
@@ -44,6 +45,9 @@ struct AdamWChunk {
   int32_t length;
   int64_t start;
 };
+static_assert(sizeof(AdamWTensor) == kAdamWTensorBytes &&
+                  sizeof(AdamWChunk) == kAdamWChunkBytes,
+              "kernels/AdamWTables.h sizes the tables with these");
 
 /// Hyper-parameters as torch holds them (Python floats).
 struct AdamWHyper {
@@ -56,9 +60,6 @@ struct AdamWStepState {
   float lr;
   int32_t step; ///< 1-based
 };
-
-/// Elements per chunk: one CTA's share.
-constexpr int kAdamWChunkElems = 16384;
 
 /// Splits tensors into chunks (host side, once).
 inline std::vector<AdamWChunk>

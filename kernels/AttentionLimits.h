@@ -85,11 +85,17 @@ constexpr int64_t wgmmaBwdContextFixedBytes(int64_t d, int64_t wgs,
          8 * stages + (4 * wgs + extraWarps) * 4;
 }
 
-/// All of it for N anchors per row: the fixed part after up to 1024 bytes of
-/// alignment, then anchors [N] and the list of 64-row query tiles.
+/// The alignment of the wgmma kernels' 128B-swizzled tiles (one swizzle
+/// atom: 8 rows of 128 bytes); their dynamic shared memory starts with up to
+/// this much slack.
+constexpr int64_t kWgmmaTileAlignBytes = 1024;
+
+/// All of it for N anchors per row: the fixed part after the alignment
+/// slack, then anchors [N] and the list of 64-row query tiles.
 constexpr int64_t wgmmaBwdContextSmemBytes(int64_t fixedBytes,
                                            int64_t blockRows, int64_t n) {
-  return 1024 + fixedBytes + (n + (n * blockRows + 63) / 64) * 4;
+  return kWgmmaTileAlignBytes + fixedBytes +
+         (n + (n * blockRows + 63) / 64) * 4;
 }
 
 /// The warps of the wgmma context backward's adder warpgroup

@@ -18,6 +18,7 @@
 #define DFLASH_KERNELS_LMHEADCROSSENTROPY_CUH
 
 #include "kernels/CudaCheck.cuh"
+#include "kernels/Workspaces.h"
 #include "kernels/Gemm.cuh"
 #include "kernels/Reduce.cuh"
 
@@ -223,6 +224,16 @@ inline size_t lmHeadCrossEntropyChunkBytes(int64_t chunkRows, int64_t V) {
 }
 inline size_t lmHeadCrossEntropyRowTermBytes(int64_t rows) {
   return static_cast<size_t>(rows) * 4 * sizeof(float);
+}
+
+/// Points sums, rowTerms and logitsChunk into one workspace of
+/// lmHeadCrossEntropyWorkspaceBytes(rows, V) bytes (kernels/Workspaces.h).
+inline void useLmHeadWorkspace(LmHeadCrossEntropyArgs &args, void *workspace) {
+  char *base = static_cast<char *>(workspace);
+  args.sums = reinterpret_cast<float *>(base);
+  args.rowTerms = reinterpret_cast<float *>(base + kLmHeadSumsBytes);
+  args.logitsChunk = reinterpret_cast<__nv_bfloat16 *>(
+      base + kLmHeadSumsBytes + lmHeadRowTermBytes(args.rows));
 }
 
 /// Forward and backward of lm_head + weighted CE, chunk by chunk.

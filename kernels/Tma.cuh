@@ -6,7 +6,8 @@
 // it is encoded on the host (through the driver entry point, so nothing
 // links libcuda) and passed to the kernel as a __grid_constant__ parameter.
 // Boxes of 64 bf16 (128 bytes) wide land 128B-swizzled: the layout that
-// wgmma reads with SWIZZLE_128B descriptors (detail::wgmma::tileOffset).
+// wgmma reads with SWIZZLE_128B descriptors (kernels/Wgmma.cuh). The bulk
+// reductions (shared -> global fp32 adds) share the same async machinery.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,6 +24,9 @@
 namespace dflash::kernels::tma {
 
 //===-- Device side -------------------------------------------------------===//
+
+/// Bytes of one mbarrier (an 8-byte aligned uint64_t in shared memory).
+constexpr int kBarrierBytes = 8;
 
 __device__ __forceinline__ void barrierInit(uint32_t bar, int arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar),
@@ -56,6 +60,19 @@ __device__ __forceinline__ void waitParity(uint32_t bar, uint32_t parity) {
                : "memory");
 }
 
+/// Generic-proxy writes of this thread (st.shared, cp.async) become visible
+/// to async-proxy reads of shared memory (bulk copies and reductions,
+/// wgmma's operands) only after this fence.
+__device__ __forceinline__ void fenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+/// One arrival on `bar`, announcing no transaction bytes.
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar)
+               : "memory");
+}
+
 /// Copies the box at coordinates (c0 innermost .. c3) of `map` to shared
 /// address dst (1024-byte aligned for 128B swizzling); completes `bytes`
 /// (the whole box, out-of-bounds parts zero-filled) on bar.
@@ -68,6 +85,31 @@ __device__ __forceinline__ void load4d(uint32_t dst, const CUtensorMap *map,
       "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2),
       "r"(c3)
       : "memory");
+}
+
+/// Adds Bytes of fp32 at shared address src into global memory at dst, one
+/// bulk reduction performed asynchronously (cp.reduce.async.bulk) in this
+/// thread's current bulk group.
+template <int Bytes>
+__device__ __forceinline__ void bulkReduceAddF32(float *dst, uint32_t src) {
+  static_assert(Bytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 "
+               "[%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "n"(Bytes)
+               : "memory");
+}
+/// Closes this thread's current bulk group.
+__device__ __forceinline__ void bulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/// Waits until at most Pending of this thread's bulk groups have still to
+/// read their shared sources (the sources may then be rewritten).
+template <int Pending> __device__ __forceinline__ void bulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(Pending) : "memory");
+}
+/// Waits until at most Pending of this thread's bulk groups are incomplete.
+template <int Pending> __device__ __forceinline__ void bulkWait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
 //===-- Host side ---------------------------------------------------------===//
@@ -89,6 +131,9 @@ inline PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 }
 } // namespace detail
 
+/// bf16 columns of every box: 128 bytes, one SWIZZLE_128B row.
+constexpr uint32_t kSwizzle128BBoxCols = 64;
+
 /// Tensor map of a bf16 tensor [batch][rows][heads][d] (d contiguous) and a
 /// box of boxRows x boxHeads x 64 (128 bytes of d, 128B-swizzled) of one
 /// batch entry; coordinates (d, head, row, batch). Names `what` in the error
@@ -101,7 +146,7 @@ inline CUtensorMap bf16RowsOfHeadsMap(const void *base, uint64_t batch,
   const cuuint64_t globalDim[4] = {d, heads, rows, batch};
   const cuuint64_t globalStrides[3] = {d * 2, heads * d * 2,
                                        rows * heads * d * 2};
-  const cuuint32_t boxDim[4] = {64, boxHeads, boxRows, 1};
+  const cuuint32_t boxDim[4] = {kSwizzle128BBoxCols, boxHeads, boxRows, 1};
   const cuuint32_t elementStrides[4] = {1, 1, 1, 1};
   CUresult r = detail::encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base),

@@ -2,7 +2,8 @@
 //
 // Thin inline-PTX wrappers for the sm_80+ instructions the hand-written
 // kernels use: mma.sync m16n8k16 (bf16 in, fp32 accumulate), ldmatrix and
-// cp.async, plus the XOR swizzle that keeps ldmatrix free of bank conflicts.
+// cp.async, plus the XOR swizzle that keeps ldmatrix free of bank conflicts,
+// and the tile products of one warp that the attention kernels share.
 //
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -106,6 +107,70 @@ template <int RowElems>
 __device__ __forceinline__ int swizzle(int row, int col) {
   static_assert(RowElems % 64 == 0, "rows must hold a multiple of 8 chunks");
   return row * RowElems + ((((col >> 3) ^ (row & 7))) << 3) + (col & 7);
+}
+
+//===-- Tile products of one warp -----------------------------------------===//
+// On swizzled bf16 tiles of rows of D (or NK) elements in shared memory.
+
+/// Loads 16 rows x D of a swizzled tile starting at `row0` as A fragments.
+template <int D>
+__device__ __forceinline__ void loadAFragments(const bf16 *tile, int row0,
+                                               uint32_t (&frag)[D / 16][4],
+                                               int lane) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    ldmatrixX4(smemAddress(tile + swizzle<D>(row0 + (lane & 15),
+                                             kk * 16 + (lane >> 4) * 8)),
+               frag[kk][0], frag[kk][1], frag[kk][2], frag[kk][3]);
+}
+
+/// S = Q K^T for one warp's 16 rows against NK keys of a shared tile; qf is
+/// the warp's Q as A fragments.
+template <int D, int NK>
+__device__ __forceinline__ void warpQKt(const uint32_t (&qf)[D / 16][4],
+                                        const bf16 *tileK,
+                                        float (&s)[NK / 8][4], int lane) {
+#pragma unroll
+  for (int nt = 0; nt < NK / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      s[nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+    for (int np = 0; np < NK / 16; ++np) {
+      uint32_t b0, b1, b2, b3;
+      int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+      int col = kk * 16 + ((lane >> 3) & 1) * 8;
+      ldmatrixX4(smemAddress(tileK + swizzle<D>(key, col)), b0, b1, b2, b3);
+      mmaBf16(s[2 * np], qf[kk], b0, b1);
+      mmaBf16(s[2 * np + 1], qf[kk], b2, b3);
+    }
+  }
+}
+
+/// acc (16 x D) += P (16 x NK, C fragments in p) * V (NK x D shared tile).
+template <int D, int NK>
+__device__ __forceinline__ void warpPV(const float (&p)[NK / 8][4],
+                                       const bf16 *tileV,
+                                       float (&acc)[D / 8][4], int lane) {
+#pragma unroll
+  for (int ks = 0; ks < NK / 16; ++ks) {
+    uint32_t a[4] = {packBf16(p[2 * ks][0], p[2 * ks][1]),
+                     packBf16(p[2 * ks][2], p[2 * ks][3]),
+                     packBf16(p[2 * ks + 1][0], p[2 * ks + 1][1]),
+                     packBf16(p[2 * ks + 1][2], p[2 * ks + 1][3])};
+#pragma unroll
+    for (int dp = 0; dp < D / 16; ++dp) {
+      uint32_t b0, b1, b2, b3;
+      int key = ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      int col = dp * 16 + (lane >> 4) * 8;
+      ldmatrixX4Trans(smemAddress(tileV + swizzle<D>(key, col)), b0, b1, b2,
+                      b3);
+      mmaBf16(acc[2 * dp], a, b0, b1);
+      mmaBf16(acc[2 * dp + 1], a, b2, b3);
+    }
+  }
 }
 
 } // namespace dflash::kernels::detail

@@ -16,6 +16,10 @@
 
 namespace dflash::kernels {
 
+/// cuBLASLt's workspace, allocated once per GPU beside the arena (the
+/// GEMMs' algorithm search and split-K partials use it).
+constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;
+
 /// Number of CTAs (and fp32 weight-gradient partials) of rms_norm_bwd_bf16:
 /// three per SM of an H100/H200 (132 SMs), all resident at once, so no
 /// partial last wave. A fixed number keeps the dw sum order, and so its

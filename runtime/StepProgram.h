@@ -93,14 +93,17 @@ public:
 
   /// Binds device pointers once: one per buffers() entry, and the arena
   /// (256-byte aligned). Pointers must stay valid and fixed while the step
-  /// is used, since a captured graph holds them.
-  virtual void bind(const std::vector<void *> &buffers, void *arena,
-                    const DeviceResources &resources,
-                    const StepHyper &hyper) = 0;
+  /// is used, since a captured graph holds them. Fails, with a message,
+  /// when the step cannot run with what it was given.
+  virtual Status bind(const std::vector<void *> &buffers, void *arena,
+                      const DeviceResources &resources,
+                      const StepHyper &hyper) = 0;
   /// Issues one whole step on `stream`. It reads the inputs and the step
   /// counter, updates parameters and optimizer state in place and writes
   /// the metrics. No host synchronisation, no allocation: capturable.
-  virtual void enqueue(cudaStream_t stream) = 0;
+  /// Fails when a call it makes fails (launch errors are the caller's to
+  /// check with cudaGetLastError).
+  virtual Status enqueue(cudaStream_t stream) = 0;
 };
 
 /// Defined by the generated step.cu.

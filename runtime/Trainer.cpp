@@ -740,8 +740,11 @@ Status Trainer::init(const TrainerInputs &inputs) {
         !s.ok())
       return s;
 
-  program.bind(device.buffers(), device.arena(), device.resources(),
-               stepHyperFor(config, options.run.lr, options.run.warmupRatio));
+  if (Status s = program.bind(
+          device.buffers(), device.arena(), device.resources(),
+          stepHyperFor(config, options.run.lr, options.run.warmupRatio));
+      !s.ok())
+    return s;
 
   // Data: this rank's batches in BatchLoader order, from the resumed
   // position when there is one.
@@ -796,8 +799,10 @@ Status Trainer::captureGraph() {
           "cudaStreamBeginCapture");
       !s.ok())
     return s;
-  program.enqueue(stream);
+  Status enqueued = program.enqueue(stream);
   cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!enqueued.ok())
+    return enqueued;
   if (Status s = cudaCallStatus(
           ended, "capturing the step as a CUDA graph (try --no-graph to run "
                  "it eagerly)");
@@ -986,7 +991,8 @@ Status Trainer::step(StepMetrics &metrics) {
         !s.ok())
       return s;
   } else {
-    program.enqueue(stream);
+    if (Status s = program.enqueue(stream); !s.ok())
+      return Status::error(where + ": " + s.message());
     if (Status s =
             cudaCallStatus(cudaGetLastError(), where + ": launching the step");
         !s.ok())

@@ -31,6 +31,7 @@ find_package(Threads REQUIRED)
 
 add_library(DFlashRuntime STATIC
   Collectives.cpp
+  CompiledStep.cu
   DeviceContext.cu
   Prefetch.cpp
   Progress.cpp

@@ -14,10 +14,10 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "bench/kernels/WgmmaBwdDqTiming.cuh"
 #include "kernels/AdamW.cuh"
-#include "kernels/BlockAttention.cuh"
-#include "kernels/BlockAttentionBwdWgmma.cuh"
-#include "kernels/BlockAttentionWgmma.cuh"
+#include "kernels/BlockAttentionBwd.cuh"
+#include "kernels/BlockAttentionFwd.cuh"
 #include "kernels/DraftBlocks.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/LmHeadCrossEntropy.cuh"
@@ -226,7 +226,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
        *ddk = deviceAlloc<bf16>(dn), *ddv = deviceAlloc<bf16>(dn);
   float *lse = deviceAlloc<float>(size_t(B) * Q * NH);
   float *ws = reinterpret_cast<float *>(
-      deviceAlloc<char>(blockAttentionBwdWorkspaceBytes<D, BS, NH, NKV>(B, N)));
+      deviceAlloc<char>(blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N)));
   randomBf16(q, qn, 3, 1.5f);
   randomBf16(ck, cn, 4);
   randomBf16(cv, cn, 5);
@@ -278,20 +278,20 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   if (!bwdOnly) {
   fwd(
       [&] {
-        sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1, 64>(fa,
-                                                                             0);
+        mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1,
+                                          64>(fa, 0);
       },
       "mt1 kt64");
   fwd(
       [&] {
-        sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(fa,
-                                                                             0);
+        mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2,
+                                          64>(fa, 0);
       },
       "mt2 kt64");
   fwd(
       [&] {
-        sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 32>(fa,
-                                                                             0);
+        mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2,
+                                          32>(fa, 0);
       },
       "mt2 kt32");
   // wgmma (sm_90a) forward, fed by TMA (the default).
@@ -312,8 +312,8 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   };
   bwd(
       [&] {
-        sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                      BlockAttentionDq::AtomicVec4>(ba, 0);
+        mma_sync_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                          BlockAttentionDq::AtomicVec4>(ba, 0);
       },
       "dq atomic v4");
   // Context kernel on wgmma (launches 1 and 3 as above). First its outputs
@@ -334,7 +334,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
       }
       return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
     };
-    sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
+    mma_sync_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
     auto q0 = fetch(dq, qn), k0 = fetch(dck, cn), v0 = fetch(dcv, cn);
     // Poisoned (NaN) first: a row the wgmma backward leaves unwritten shows.
@@ -358,16 +358,17 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
   }, "wgmma dq rows by adders, groups of 8 pairs (default)");
   bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::RowsVec4, 2, true,
-                                         0>(ba, 0);
+    sm90a_block_attention_bwd_wgmma_bf16<
+        D, BS, NH, NKV, WINDOW, CAUSAL,
+        WgmmaBwdDqAdd<BlockAttentionDq::RowsVec4>, 2, true, 0>(ba, 0);
   }, "wgmma dq rows v4 by the key warps, all pairs (sixth session)");
   // The adder warpgroup with other launch groups (pairs; 0: all) or stages.
   auto adders = [&](auto group, auto stages, const char *variant) {
     bwd([&] {
       sm90a_block_attention_bwd_wgmma_bf16<
-          D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::RowsByAdders, 2,
-          true, decltype(group)::value, decltype(stages)::value>(ba, 0);
+          D, BS, NH, NKV, WINDOW, CAUSAL,
+          WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
+          decltype(group)::value, decltype(stages)::value>(ba, 0);
     }, variant);
   };
   using std::integral_constant;
@@ -383,8 +384,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
   }, "wgmma dq rows by adders, groups of 8 pairs (default, again)");
   bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::AtomicVec2>(ba, 0);
+    sm90a_block_attention_bwd_wgmma_bf16<
+        D, BS, NH, NKV, WINDOW, CAUSAL,
+        WgmmaBwdDqAdd<BlockAttentionDq::AtomicVec2>>(ba, 0);
   }, "wgmma dq atomic v2 (fragments)");
   // Launches 1 and 3 alone (shared by every variant above), in GB/s of the
   // bytes they must move. Launch 1 reads Q, dO, O, the draft K / V and
@@ -415,15 +417,16 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
       launch1Bytes);
   launchAlone([&] { detail::launchBlockAttentionBwdDq<D, BS, NH>(ba, 0); },
               "launch 3 only (dQ to bf16)", qn * 6.0);
+  // Timing only (a wrong dQ): bench/kernels/WgmmaBwdDqTiming.cuh.
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::NoAddForTiming>(ba,
-                                                                           0);
+                                         bench::WgmmaBwdDqProductOnlyForTiming>(
+        ba, 0);
   }, "wgmma wgs2 down dq product without adds, timing only");
   bwd([&] {
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         BlockAttentionDq::OmitForTiming>(ba,
-                                                                          0);
+                                         bench::WgmmaBwdDqOmittedForTiming>(
+        ba, 0);
   }, "wgmma wgs2 down no dq phase, timing only");
   for (void *p :
        {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv, (void *)out,

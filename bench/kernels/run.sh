@@ -39,7 +39,7 @@ for v in DFLASH_BENCH_COOLDOWN_MS DFLASH_BENCH_WARMUP_MS; do
     exit 2
   fi
 done
-if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" -name '*.cu*' -newer "$bin") ]]; then
+if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" \( -name '*.cu*' -o -name '*.h' \) -newer "$bin") ]]; then
   echo "building $bin"
   "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
     --expt-relaxed-constexpr -lineinfo "$here/KernelBench.cu" -o "$bin" -lcublasLt

@@ -84,49 +84,8 @@ int64_t bucketSlotBytes(GradientBucketOp bucket) {
   return bytes;
 }
 
-int64_t lmHeadChunkRows(int64_t rows, int64_t vocab) {
-  const int64_t maxBytes = int64_t(512) << 20;
-  int64_t chunk = maxBytes / (vocab * 2);
-  chunk = std::max<int64_t>(64, chunk / 64 * 64);
-  return std::min(rows, chunk);
-}
-
-int64_t estimateWorkspaceBytes(func::FuncOp step) {
-  int64_t most = 0;
-  step.walk([&](Operation *op) {
-    int64_t bytes = 0;
-    if (auto grad = dyn_cast<BlockAttentionGradOp>(op)) {
-      // fp32 dQ accumulator and one fp32 per query row.
-      auto q = cast<RankedTensorType>(grad.getQuery().getType());
-      int64_t rows = q.getNumElements() / q.getShape().back();
-      bytes = q.getNumElements() * 4 + rows * 4;
-    } else if (auto ce = dyn_cast<LmHeadCeFusedOp>(op)) {
-      auto y = cast<RankedTensorType>(ce.getInput().getType());
-      auto w = cast<RankedTensorType>(ce.getWeight().getType());
-      int64_t rows = y.getNumElements() / y.getShape().back();
-      bytes = lmHeadChunkRows(rows, w.getDimSize(0)) * w.getDimSize(0) * 2 +
-              rows * 16;
-    } else if (isa<RmsNormGradOp, RmsNormGradResidualOp, QkNormRopeGradOp>(
-                   op)) {
-      bytes = int64_t(4) << 20; // per-block partial sums of the weight grad
-    } else if (auto adamw = dyn_cast<AdamWMultiOp>(op)) {
-      int64_t elems = 0;
-      for (Value p : adamw.getParams())
-        elems += cast<RankedTensorType>(p.getType()).getNumElements();
-      bytes = (elems / 16384 + adamw.getNumParams() + 1) * 64;
-    } else if (auto sharded = dyn_cast<AdamWShardedOp>(op)) {
-      // Pieces: at most one per parameter plus one per bucket boundary.
-      int64_t elems = 0;
-      for (Value m : sharded.getMasters())
-        elems += cast<RankedTensorType>(m.getType()).getNumElements();
-      bytes = (elems / 16384 + sharded.getNumParams() +
-               sharded.getNumBuckets() + 1) *
-              64;
-    }
-    most = std::max(most, bytes);
-  });
-  // cuBLASLt's workspace comes on top.
-  return most + (int64_t(32) << 20);
+KernelAttr kernelOf(Operation *op) {
+  return op->getAttrOfType<KernelAttr>(kKernelAttrName);
 }
 
 } // namespace dflash

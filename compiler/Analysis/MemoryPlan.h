@@ -2,7 +2,7 @@
 //
 // Shared by dflash-plan-memory (which decides offsets), its print pass and
 // the CUDA emitter (which reads them): how many bytes a value needs, which
-// values share another's bytes, and the workspace each kernel will ask for.
+// values share another's bytes, and where the plan is stored.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +19,13 @@ inline constexpr llvm::StringLiteral kOffsetsAttrName = "dflash.offsets";
 inline constexpr llvm::StringLiteral kArenaBytesAttrName = "dflash.arena_bytes";
 inline constexpr llvm::StringLiteral kBudgetAttrName =
     "dflash.memory_budget_gib";
+/// dflash-select-kernels: the #dflash.kernel of each kernel op.
+inline constexpr llvm::StringLiteral kKernelAttrName = "dflash.kernel";
+/// dflash-plan-memory: the arena offsets of an op's workspace and tables.
+inline constexpr llvm::StringLiteral kWorkspaceOffsetAttrName =
+    "dflash.workspace_offset";
+inline constexpr llvm::StringLiteral kTablesOffsetAttrName =
+    "dflash.tables_offset";
 
 /// Alignment of every arena slot (cuBLASLt and 16-byte vector access).
 constexpr int64_t kArenaAlignment = 256;
@@ -44,13 +51,8 @@ int64_t bucketFlatElements(mlir::dflash::GradientBucketOp bucket);
 /// shard_elements fp32 when it is sharded (the reduce-scatter's buffer).
 int64_t bucketSlotBytes(mlir::dflash::GradientBucketOp bucket);
 
-/// Rows of the lm_head chunk the fused cross-entropy uses: logits for at most
-/// this many rows exist at once (at most 512 MiB of them).
-int64_t lmHeadChunkRows(int64_t rows, int64_t vocab);
-
-/// An upper bound of the largest workspace any kernel of `step` asks for
-/// (kernels run one at a time on one stream, so they share it).
-int64_t estimateWorkspaceBytes(mlir::func::FuncOp step);
+/// The #dflash.kernel of `op`, or null before dflash-select-kernels.
+mlir::dflash::KernelAttr kernelOf(mlir::Operation *op);
 
 } // namespace dflash
 

@@ -15,6 +15,7 @@ void dflash::buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
   pm.addPass(createFuseKernels());
   pm.addPass(createBucketGradients());
   pm.addPass(createShardOptimizerState());
+  pm.addPass(createSelectKernels());
   PlanMemoryOptions options;
   options.budgetGiB = budgetGiB;
   pm.addPass(createPlanMemory(options));

@@ -176,6 +176,44 @@ def ShardOptimizerState
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];
 }
 
+def SelectKernels : Pass<"dflash-select-kernels", "mlir::ModuleOp"> {
+  let summary = "Pick each kernel op's kernel, constants and scratch sizes";
+  let description = [{
+    Runs after the kernel grouping passes (fuse-kernels, bucket-gradients,
+    shard-optimizer-state) and before dflash-plan-memory. Every kernel op
+    gets `dflash.kernel = #dflash.kernel<...>`: the entry point of kernels/
+    that runs it, its template constants, the scratch bytes it needs while
+    it runs (`workspace`) and the bytes it keeps across steps (`tables`),
+    all from the plain headers the kernels use (kernels/AttentionLimits.h,
+    kernels/Workspaces.h, kernels/AdamWTables.h). A shape no kernel supports
+    is an error that names the spec field: a head dim the attention kernels
+    lack, too many query rows per block, an attention backward whose shared
+    memory exceeds a CTA's for the anchors per row, a hidden size or head
+    dim the vector loads cannot split.
+
+    Before:
+    ```mlir
+    %dx, %dw = dflash.rms_norm_grad %dy, %x, %w {eps = 1.0e-06 : f64} : ...
+    ```
+    After:
+    ```mlir
+    %dx, %dw = dflash.rms_norm_grad %dy, %x, %w {eps = 1.0e-06 : f64,
+        dflash.kernel = #dflash.kernel<name = "rms_norm_bwd_bf16",
+            constants = [256], workspace = 405504, tables = 0>} : ...
+    ```
+  }];
+}
+
+def PrintKernels : Pass<"dflash-print-kernels", "mlir::ModuleOp"> {
+  let summary = "Print each op's kernel, constants and scratch";
+  let description = [{
+    One line per kernel op, in program order:
+    `kernel <op> <name>[<constants>] workspace=<bytes> tables=<bytes>`
+    followed by ` at <spec location name>` when the op has one; for review
+    as a lit diff.
+  }];
+}
+
 def PlanMemory : Pass<"dflash-plan-memory", "mlir::ModuleOp"> {
   let summary = "Static arena offsets from liveness; checks the memory budget";
   let description = [{
@@ -186,7 +224,10 @@ def PlanMemory : Pass<"dflash-plan-memory", "mlir::ModuleOp"> {
     there, and the optimizer's new state, written over its argument. Each op
     gets `dflash.offsets` (one per result: the arena offset, or -(i+1) when
     the result is written into argument i); the module gets
-    `dflash.arena_bytes`.
+    `dflash.arena_bytes`. After dflash-select-kernels, an op's `workspace`
+    is a slot live during that op only (`dflash.workspace_offset`) and its
+    `tables` a slot live through the whole step (`dflash.tables_offset`):
+    every byte the step uses is in the plan, with its exact size.
 
     With a budget (`budget-gib`, or the module's `dflash.memory_budget_gib`
     from the spec), the arguments, the arena and the kernels' workspaces

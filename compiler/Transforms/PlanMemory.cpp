@@ -12,6 +12,7 @@
 #include "compiler/Analysis/MemoryPlan.h"
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Transforms/Passes.h"
+#include "kernels/Workspaces.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/DenseMap.h"
@@ -37,6 +38,9 @@ struct PlanMemoryPass : public ::dflash::impl::PlanMemoryBase<PlanMemoryPass> {
 
 struct Slot {
   Value root;
+  /// Set for an op's workspace or tables instead of a value.
+  Operation *scratchOf = nullptr;
+  bool tables = false;
   int64_t bytes = 0;
   int64_t def = 0, last = 0;
   int64_t offset = -1;
@@ -105,6 +109,30 @@ void PlanMemoryPass::runOnOperation() {
             std::max(slots[it->second].last, index[&op]);
     }
 
+  // Kernel scratch (dflash-select-kernels): a workspace lives while its op
+  // runs, tables for the whole step (they are written once, at bind).
+  for (Operation &op : body.without_terminator()) {
+    KernelAttr kernel = kernelOf(&op);
+    if (!kernel)
+      continue;
+    if (kernel.getWorkspace() > 0) {
+      Slot s;
+      s.scratchOf = &op;
+      s.bytes = alignUp(kernel.getWorkspace());
+      s.def = s.last = index[&op];
+      slots.push_back(s);
+    }
+    if (kernel.getTables() > 0) {
+      Slot s;
+      s.scratchOf = &op;
+      s.tables = true;
+      s.bytes = alignUp(kernel.getTables());
+      s.def = 0;
+      s.last = n;
+      slots.push_back(s);
+    }
+  }
+
   // On one GPU the optimizer reads a bucket's bf16 gradients, not its fp32
   // copies (the generated step skips the conversion): they live until the
   // bucket's results are last read. Sharded buckets are always converted.
@@ -164,10 +192,15 @@ void PlanMemoryPass::runOnOperation() {
     }
     op.setAttr(kOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
   }
+  for (const Slot &s : slots)
+    if (s.scratchOf)
+      s.scratchOf->setAttr(s.tables ? kTablesOffsetAttrName
+                                    : kWorkspaceOffsetAttrName,
+                           b.getI64IntegerAttr(s.offset));
   module->setAttr(kArenaBytesAttrName, b.getI64IntegerAttr(arena));
 
   // The budget: arguments (parameters, optimizer state, inputs, frozen
-  // weights), the arena and the largest kernel workspace.
+  // weights), the arena (kernel scratch included) and cuBLASLt's workspace.
   double budget = budgetGiB;
   if (budget <= 0)
     if (auto attr = module->getAttrOfType<FloatAttr>(kBudgetAttrName))
@@ -181,7 +214,7 @@ void PlanMemoryPass::runOnOperation() {
     if (sig->argInfo(i).getRole() == ArgRole::Input)
       inputBytes += bytes;
   }
-  int64_t workspace = estimateWorkspaceBytes(step);
+  const int64_t workspace = int64_t(::dflash::kernels::kGemmWorkspaceBytes);
   int64_t total = argBytes + arena + workspace;
   int64_t limit = int64_t(budget * double(int64_t(1) << 30));
   if (total <= limit)
@@ -193,8 +226,8 @@ void PlanMemoryPass::runOnOperation() {
       ids ? cast<RankedTensorType>(step.getArgument(*ids).getType())
                 .getDimSize(0)
           : 1;
-  int64_t perRow = (inputBytes + arena + workspace) / std::max<int64_t>(1, rows);
-  int64_t fixed = argBytes - inputBytes;
+  int64_t perRow = (inputBytes + arena) / std::max<int64_t>(1, rows);
+  int64_t fixed = argBytes - inputBytes + workspace;
   int64_t fit = perRow > 0 ? (limit - fixed) / perRow : 0;
   InFlightDiagnostic diag = step.emitError()
                             << "the step needs " << gib(total)
@@ -202,7 +235,7 @@ void PlanMemoryPass::runOnOperation() {
                                "frozen weights "
                             << gib(fixed) << ", inputs " << gib(inputBytes)
                             << ", activations " << gib(arena)
-                            << ", kernel workspace " << gib(workspace)
+                            << ", GEMM workspace " << gib(workspace)
                             << ") but the memory budget is " << gib(limit);
   if (fit >= 1)
     diag.attachNote() << "rows_per_gpu = " << fit << " would fit (now "

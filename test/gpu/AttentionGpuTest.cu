@@ -1,8 +1,9 @@
 //===- AttentionGpuTest.cu - Block attention vs reference -----------------===//
 //
-// sm90_block_attention_{fwd,bwd}_bf16, the wgmma forward
+// mma_sync_block_attention_{fwd,bwd}_bf16, the wgmma forward
 // (sm90a_block_attention_fwd_wgmma_bf16) and the wgmma backward
-// (sm90a_block_attention_bwd_wgmma_bf16) against ref::blockAttention(Grad) in
+// (sm90a_block_attention_bwd_wgmma_bf16, every dQ policy of
+// kernels/BlockAttentionWgmmaBwdDq.cuh) against ref::blockAttention(Grad) in
 // double on the same bf16-rounded inputs, over the template configurations
 // of the shipped drafters (and small ones that stress the tiling), with
 // anchors at 0, 1 and S-2, windows wider than the context, and keep = 0
@@ -10,9 +11,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "kernels/BlockAttention.cuh"
-#include "kernels/BlockAttentionBwdWgmma.cuh"
-#include "kernels/BlockAttentionWgmma.cuh"
+#include "kernels/BlockAttentionBwd.cuh"
+#include "kernels/BlockAttentionFwd.cuh"
 #include "kernels/reference/Reference.h"
 #include "test/gpu/GpuTestUtil.h"
 
@@ -150,8 +150,8 @@ void checkForward(const Problem &p, DeviceBuffer<bf16> &out,
                                     p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
                                     p.dKeep.get(), out.get(),  lse.get(),
                                     p.B,           p.S,        p.N};
-  kernels::sm90_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, MT,
-                                         KT>(fa, 0);
+  kernels::mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, MT,
+                                             KT>(fa, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   expectForwardClose(p, out, lse);
 }
@@ -254,8 +254,8 @@ void checkBackward(const Problem &p, const DeviceBuffer<bf16> &out,
                    const DeviceBuffer<float> &lse) {
   SCOPED_TRACE(testing::Message() << "backward dq mode " << int(DQ));
   BackwardRun run(p, out, lse);
-  kernels::sm90_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, DQ>(
-      run.args, 0);
+  kernels::mma_sync_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                             DQ>(run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   run.expectClose(p);
 }
@@ -272,8 +272,9 @@ void checkBackwardWgmma(const Problem &p, const DeviceBuffer<bf16> &out,
                << " WALK_DOWN=" << WALK_DOWN << " GROUP=" << GROUP
                << " STAGES=" << STAGES);
   BackwardRun run(p, out, lse);
-  kernels::sm90a_block_attention_bwd_wgmma_bf16<
-      D, BS, NH, NKV, WINDOW, CAUSAL, DQ, WGS, WALK_DOWN, GROUP, STAGES>(
+  kernels::sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                                kernels::WgmmaBwdDqAdd<DQ>, WGS,
+                                                WALK_DOWN, GROUP, STAGES>(
       run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::array<double, 5> e = run.expectClose(p);

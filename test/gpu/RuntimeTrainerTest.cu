@@ -284,13 +284,11 @@ public:
   size_t gemmWorkspaceBytes() const override { return 1 << 20; }
   double flopsPerStep() const override { return 1e6; }
 
-  void bind(const std::vector<void *> &pointers, void *arena,
-            const DeviceResources &resources, const StepHyper &hyper) override {
-    Status s = mapStepBuffers(specs, cfg, optimizerShards(), map);
-    if (!s.ok()) {
-      std::fprintf(stderr, "fake step: %s\n", s.message().c_str());
-      std::abort();
-    }
+  Status bind(const std::vector<void *> &pointers, void *arena,
+              const DeviceResources &resources,
+              const StepHyper &hyper) override {
+    if (Status s = mapStepBuffers(specs, cfg, optimizerShards(), map); !s.ok())
+      return s;
     ptrs = pointers;
     scratch = static_cast<float *>(arena);
     lr0 = hyper.lr;
@@ -311,9 +309,10 @@ public:
     }
     if (behaviour.onBind)
       behaviour.onBind(resources);
+    return Status::success();
   }
 
-  void enqueue(cudaStream_t stream) override {
+  Status enqueue(cudaStream_t stream) override {
     int call = enqueueCalls++;
     if (call == behaviour.signalAtEnqueue)
       std::raise(SIGINT);
@@ -335,7 +334,7 @@ public:
           behaviour.nanStep, at<float>(map.metric(StepMetric::Loss)), at<float>(map.metric(StepMetric::Acc)),
           at<float>(map.metric(StepMetric::GradNorm)), at<float>(map.metric(StepMetric::Lr)));
       DFLASH_CUDA_CHECK_LAUNCH("finalizeKernel");
-      return;
+      return Status::success();
     }
     rowTargetsKernel<<<1, kThreads, 0, stream>>>(
         at<int32_t>(map.input(StepInput::InputIds)), at<uint8_t>(map.input(StepInput::LossMask)),
@@ -392,6 +391,7 @@ public:
     // Last, unchecked: the runtime's launch check must see it.
     if (broken)
       emptyKernel<<<0, 1, 0, stream>>>(); // invalid: zero blocks
+    return Status::success();
   }
 
   bool boundWithGemm = false;

@@ -69,9 +69,11 @@ public:
   size_t arenaBytes() const override { return 1024; }
   size_t gemmWorkspaceBytes() const override { return 0; }
   double flopsPerStep() const override { return 1e9; }
-  void bind(const std::vector<void *> &, void *, const DeviceResources &,
-            const StepHyper &) override {}
-  void enqueue(cudaStream_t) override {}
+  Status bind(const std::vector<void *> &, void *, const DeviceResources &,
+              const StepHyper &) override {
+    return Status::success();
+  }
+  Status enqueue(cudaStream_t) override { return Status::success(); }
 
 private:
   ModelConfig cfg;

@@ -6,6 +6,7 @@
 #include "compiler/Analysis/MemoryPlan.h"
 #include "compiler/Analysis/ModelConfigAttr.h"
 #include "dialect/DFlashOps.h"
+#include "kernels/Workspaces.h"
 
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/raw_ostream.h"
@@ -54,6 +55,8 @@ std::string writeManifest(ModuleOp module, const ModelConfig &spec,
     auto counted = dyn_cast<FlopCountOpInterface>(op);
     json::Object k{{"op", op.getName().getStringRef()},
                    {"flops", counted ? counted.getFlopCount() : 0}};
+    if (mlir::dflash::KernelAttr kernel = kernelOf(&op))
+      k["kernel"] = kernel.getName();
     if (auto name = dyn_cast<NameLoc>(op.getLoc()))
       k["at"] = name.getName().getValue();
     kernels.push_back(std::move(k));
@@ -61,7 +64,7 @@ std::string writeManifest(ModuleOp module, const ModelConfig &spec,
   FlopCount flops = FlopCount::of(step);
   auto arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
   int64_t arenaBytes = arena ? arena.getInt() : 0;
-  int64_t workspace = estimateWorkspaceBytes(step);
+  const int64_t workspace = int64_t(kernels::kGemmWorkspaceBytes);
   json::Array windows;
   for (int64_t window : spec.layerWindows)
     windows.push_back(window);
@@ -85,8 +88,8 @@ std::string writeManifest(ModuleOp module, const ModelConfig &spec,
       {"memory",
        json::Object{{"arguments_bytes", argBytes},
                     {"arena_bytes", arenaBytes},
-                    {"workspace_estimate_bytes", workspace},
-                    {"peak_estimate_bytes", argBytes + arenaBytes + workspace}}},
+                    {"gemm_workspace_bytes", workspace},
+                    {"total_bytes", argBytes + arenaBytes + workspace}}},
       {"buffers", std::move(buffers)},
       {"parameters", std::move(parameters)},
       {"kernels", std::move(kernels)}};

@@ -1,0 +1,255 @@
+//===- SelectKernels.cpp - Each kernel op's kernel, constants, scratch ----===//
+//
+// The decisions between grouping ops into kernels and planning memory: which
+// entry point of kernels/ runs each op, with which template constants, and
+// how much scratch it needs, from the same plain headers the kernels use
+// (kernels/AttentionLimits.h, kernels/Workspaces.h, kernels/AdamWTables.h).
+// A shape no kernel supports is rejected here, naming the spec field, long
+// before nvcc runs.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Transforms/Passes.h"
+#include "kernels/AdamWTables.h"
+#include "kernels/AttentionLimits.h"
+#include "kernels/Workspaces.h"
+
+#include "mlir/IR/Builders.h"
+#include "llvm/ADT/TypeSwitch.h"
+
+namespace dflash {
+#define GEN_PASS_DEF_SELECTKERNELS
+#include "compiler/Transforms/Passes.h.inc"
+} // namespace dflash
+
+using namespace mlir;
+using namespace mlir::dflash;
+namespace kernels = ::dflash::kernels;
+
+namespace {
+
+RankedTensorType tensorOf(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+int64_t rowsOf(Value v) {
+  auto t = tensorOf(v);
+  return t.getNumElements() / t.getShape().back();
+}
+
+/// What one op runs: the attribute's fields before it is built.
+struct Choice {
+  std::string name;
+  SmallVector<int64_t> constants;
+  int64_t workspace = 0;
+  int64_t tables = 0;
+};
+
+struct SelectKernelsPass
+    : public ::dflash::impl::SelectKernelsBase<SelectKernelsPass> {
+  void runOnOperation() override;
+};
+
+/// The RMSNorm kernels read rows of H bf16 as 16-byte vectors.
+LogicalResult checkNormWidth(Operation *op, int64_t H) {
+  if (H % 8 == 0)
+    return success();
+  return op->emitOpError() << "has no RMSNorm kernel for rows of " << H
+                           << ": 'drafter.hidden_size' must be a multiple "
+                              "of 8";
+}
+
+/// q/k norm + RoPE: D/16 lanes per head, each 8 dims of each half.
+LogicalResult checkHeadDimForRope(Operation *op, int64_t D) {
+  if (D % 16 == 0 && D <= 512)
+    return success();
+  return op->emitOpError() << "has no q/k-norm + RoPE kernel for head dim "
+                           << D << ": 'drafter.head_dim' must be a multiple "
+                              "of 16, at most 512";
+}
+
+/// The attention kernels' shapes (block_attention_fwd_bf16/_bwd_bf16).
+LogicalResult checkAttention(Operation *op, int64_t D, int64_t BS, int64_t NH,
+                             int64_t NKV) {
+  if (D != 64 && D != 128)
+    return op->emitOpError() << "has no attention kernel for head dim " << D
+                             << ": 'drafter.head_dim' must be 64 or 128";
+  const int64_t blockRows = BS * (NH / NKV);
+  if (blockRows > 128 || (blockRows > 64 && blockRows % 64 != 0))
+    return op->emitOpError()
+           << "has no attention kernel for " << blockRows
+           << " query rows per block and kv head: 'drafter.block_size' x "
+              "'drafter.num_heads' / 'drafter.num_kv_heads' must be at most "
+              "64, or 128";
+  return success();
+}
+
+/// The backward keeps every block's anchor in shared memory: a spec that
+/// needs more than a CTA can have is rejected here, not at launch.
+LogicalResult checkAttentionBwdSharedMemory(Operation *op, int64_t D,
+                                            int64_t BS, int64_t NH,
+                                            int64_t NKV, int64_t N) {
+  const int64_t limit = kernels::kSharedMemoryPerBlockOptIn;
+  auto smemFor = [&](int64_t n) {
+    return kernels::blockAttentionBwdSmemBytes(D, BS, NH, NKV, n);
+  };
+  if (smemFor(N) <= limit)
+    return success();
+  int64_t fits = N;
+  while (fits > 1 && smemFor(fits) > limit)
+    --fits;
+  return op->emitOpError() << "needs " << (smemFor(N) + 1023) / 1024
+                           << " KiB of shared memory per CTA for " << N
+                           << " anchors per row; sm_90 allows " << limit / 1024
+                           << " KiB: 'training.anchors_per_row' must be at "
+                              "most "
+                           << fits;
+}
+
+/// The attention op's constants: D, BS, NH, NKV, window, causal.
+FailureOr<Choice> attention(Operation *op, bool backward) {
+  const unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
+  auto q = tensorOf(op->getOperand(base)), k = tensorOf(op->getOperand(base + 1));
+  const int64_t D = q.getDimSize(3), NH = q.getDimSize(2), NKV = k.getDimSize(2);
+  const int64_t BS = op->getAttrOfType<IntegerAttr>("block_size").getInt();
+  auto windowAttr = op->getAttrOfType<IntegerAttr>("window");
+  const int64_t window = windowAttr ? windowAttr.getInt() : 0;
+  const int64_t causal = op->hasAttr("causal") ? 1 : 0;
+  if (failed(checkAttention(op, D, BS, NH, NKV)))
+    return failure();
+  Choice c;
+  c.constants = {D, BS, NH, NKV, window, causal};
+  if (!backward) {
+    c.name = "block_attention_fwd_bf16";
+    return c;
+  }
+  const int64_t B = q.getDimSize(0), N = q.getDimSize(1) / BS;
+  if (failed(checkAttentionBwdSharedMemory(op, D, BS, NH, NKV, N)))
+    return failure();
+  c.name = "block_attention_bwd_bf16";
+  c.workspace = int64_t(kernels::blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N));
+  return c;
+}
+
+Choice named(StringRef name, ArrayRef<int64_t> constants = {}) {
+  Choice c;
+  c.name = name.str();
+  c.constants.assign(constants.begin(), constants.end());
+  return c;
+}
+
+FailureOr<Choice> select(Operation *op) {
+  using Result = FailureOr<Choice>;
+  return llvm::TypeSwitch<Operation *, Result>(op)
+      .Case<LinearOp, LinearGradInputOp, LinearGradWeightOp,
+            AccumulateLinearGradOp>(
+          [](Operation *) -> Result { return named("cublaslt_gemm"); })
+      .Case<RmsNormOp, ResidualRmsNormOp>([](Operation *o) -> Result {
+        int64_t H = tensorOf(o->getOperand(0)).getShape().back();
+        if (failed(checkNormWidth(o, H)))
+          return failure();
+        return named("rms_norm_fwd_bf16", {H});
+      })
+      .Case<RmsNormGradOp, RmsNormGradResidualOp>([](Operation *o) -> Result {
+        int64_t H = tensorOf(o->getOperand(1)).getShape().back();
+        if (failed(checkNormWidth(o, H)))
+          return failure();
+        Choice c = named("rms_norm_bwd_bf16", {H});
+        c.workspace = int64_t(kernels::rmsNormBwdWorkspaceBytes(H));
+        return c;
+      })
+      .Case<QkNormRopeOp, QkNormRopeGradOp>([](Operation *o) -> Result {
+        bool backward = isa<QkNormRopeGradOp>(o);
+        auto x = tensorOf(o->getOperand(backward ? 1 : 0));
+        int64_t heads = x.getDimSize(2), D = x.getDimSize(3);
+        if (failed(checkHeadDimForRope(o, D)))
+          return failure();
+        Choice c = named(backward ? "qk_norm_rope_bwd_bf16"
+                                  : "qk_norm_rope_fwd_bf16",
+                         {D, heads});
+        if (backward)
+          c.workspace = int64_t(kernels::qkNormRopeBwdWorkspaceBytes(D));
+        return c;
+      })
+      .Case([](BlockAttentionOp o) { return attention(o, false); })
+      .Case([](BlockAttentionGradOp o) { return attention(o, true); })
+      .Case([](SwigluOp) -> Result { return named("swiglu_fwd_bf16"); })
+      .Case([](SwigluGradOp) -> Result { return named("swiglu_bwd_bf16"); })
+      .Case([](AddOp) -> Result { return named("add_bf16"); })
+      .Case([](DraftEmbedOp o) -> Result {
+        int64_t H = tensorOf(o.getTable()).getDimSize(1);
+        if (H % 8 != 0)
+          return o.emitOpError()
+                 << "has no draft-embedding kernel for rows of " << H
+                 << ": 'drafter.hidden_size' must be a multiple of 8";
+        return named("draft_embed_bf16", {H});
+      })
+      .Case([](DraftPositionsOp) -> Result {
+        return named("draft_positions");
+      })
+      .Case([](SequencePositionsOp) -> Result {
+        return named("sequence_positions");
+      })
+      .Case([](DraftTargetsOp) -> Result { return named("draft_targets"); })
+      .Case([](LossSeedOp) -> Result { return named("loss_seed_f32"); })
+      .Case([](LossStatsOp) -> Result { return named("loss_stats_f32"); })
+      .Case([](LmHeadCeFusedOp o) -> Result {
+        int64_t rows = rowsOf(o.getInput());
+        int64_t V = tensorOf(o.getWeight()).getDimSize(0);
+        Choice c = named("lm_head_cross_entropy_bf16",
+                         {kernels::lmHeadChunkRows(rows, V)});
+        c.workspace = int64_t(kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V));
+        return c;
+      })
+      .Case([](GradientBucketOp) -> Result {
+        return named("convert_bf16_f32");
+      })
+      .Case([](AdamWMultiOp o) -> Result {
+        int64_t chunks = 0;
+        for (Value p : o.getParams())
+          chunks += kernels::adamwChunkCount(tensorOf(p).getNumElements());
+        Choice c = named("adamw_multi_tensor_step", {o.getNumParams(), chunks});
+        c.tables = kernels::adamwTableLayout(o.getNumParams(), chunks).bytes;
+        return c;
+      })
+      .Case([](AdamWShardedOp o) -> Result {
+        // A rank's pieces: at most one per tensor, and their chunks.
+        int64_t chunks = o.getNumParams();
+        for (GradientBucketOp bucket : shardedBuckets(o))
+          chunks += kernels::adamwChunkCount(
+              bucket.getShardElementsAttr().getInt());
+        Choice c = named("adamw_sharded", {o.getNumParams(), chunks});
+        c.tables = kernels::adamwTableLayout(o.getNumParams(), chunks).bytes;
+        return c;
+      })
+      .Default([](Operation *) -> Result { return Choice(); });
+}
+
+void SelectKernelsPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  FailureOr<::dflash::StepSignature> sig = ::dflash::StepSignature::get(module);
+  if (failed(sig))
+    return signalPassFailure();
+  Builder b(module.getContext());
+  bool ok = true;
+  for (Operation &op : sig->func().front().without_terminator()) {
+    FailureOr<Choice> choice = select(&op);
+    if (failed(choice)) {
+      ok = false;
+      continue;
+    }
+    // Views, collectives and ops no kernel runs get nothing;
+    // dflash-verify-lowering rejects the last.
+    if (choice->name.empty())
+      continue;
+    op.setAttr(::dflash::kKernelAttrName,
+               KernelAttr::get(module.getContext(), choice->name,
+                               b.getDenseI64ArrayAttr(choice->constants),
+                               choice->workspace, choice->tables));
+  }
+  if (!ok)
+    signalPassFailure();
+}
+
+} // namespace

@@ -1,0 +1,406 @@
+//===- BlockAttentionWgmmaFwd.cuh - Forward on wgmma -----------*- CUDA -*-===//
+//
+// The attention forward (same arguments and outputs as the mma.sync one:
+// out bf16, lse fp32 natural log, keep = 0 rows out 0 and lse -inf) on
+// Hopper's warpgroup MMA (sm_90a), fed by TMA:
+// - one CTA per (row, kv head, pair of blocks); the two blocks' 128 query
+//   rows (GQA packing, r = (n * bs + k) * G + hh) go to two warpgroups, one
+//   block of 64 rows each;
+// - S = Q K^T by wgmma m64n64k16 with Q and K from 128B-swizzled shared
+//   tiles (both K-major); O += P V with P from registers (the accumulator
+//   packed to bf16 A fragments) and V [keys x d] as an MN-major B operand,
+//   so V needs no transpose;
+// - Q, the draft keys and 64-key context tiles of K and V arrive by TMA
+//   into two stages, each with a transaction barrier. Every warp waits on
+//   each stage and releases it; the last warp to release refills it, so the
+//   warpgroups never meet at a CTA barrier and no compute thread issues
+//   copies. A warpgroup skips the tiles no row of its block sees. Two CTAs
+//   (four warpgroups) per SM overlap one warpgroup's softmax with another's
+//   products.
+// Needs bs * (nh / nkv) == 64 and d 64 or 128 (wgmmaForwardSupports);
+// docs/kernels.md has its shared memory, registers and numbers.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_KERNELS_BLOCKATTENTIONWGMMAFWD_CUH
+#define DFLASH_KERNELS_BLOCKATTENTIONWGMMAFWD_CUH
+
+#include "kernels/BlockAttentionTiling.cuh"
+#include "kernels/Tma.cuh"
+#include "kernels/Wgmma.cuh"
+
+namespace dflash::kernels {
+
+namespace detail {
+
+static_assert(int(tma::kSwizzle128BBoxCols) == wgmma::kPanelCols,
+              "a TMA box is one 64-column panel of the wgmma tiles");
+
+/// Tiling of the wgmma forward: 2 blocks of 64 rows per CTA (a warpgroup
+/// each), 64 context keys per tile, 2 stages, two CTAs per SM.
+template <int D, int BS, int NH, int NKV> struct WgmmaFwdConfig {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  static constexpr int kWarpgroups = 2;
+  static_assert(D == 64 || D == 128, "wgmma forward: head dim 64 or 128");
+  static_assert(T::kBlockRows == 64,
+                "wgmma forward: needs bs * (nh / nkv) == 64 query rows per "
+                "block (one block per warpgroup); use "
+                "mma_sync_block_attention_fwd_bf16 for other shapes");
+  static_assert(T::kBlockRows == wgmma::kM, "one block per warpgroup");
+  static_assert(T::kBlocksPerCta == kWarpgroups, "two blocks per CTA");
+  static constexpr int KT = 64;
+  static constexpr int kRows = kWarpgroups * wgmma::kM;
+  static constexpr int kThreads = kWarpgroups * wgmma::kWarpgroupThreads;
+  static constexpr int kMinBlocksPerSm = 2;
+  // K / V stages: tile it uses stage it & 1, of parity (it >> 1) & 1.
+  static constexpr int kStages = 2;
+  static constexpr int kDraftKeys = roundUp(kWarpgroups * BS, 16);
+  static_assert(kDraftKeys <= 128, "draft keys of a CTA above 128");
+  static constexpr int kBufRows = KT > kDraftKeys ? KT : kDraftKeys;
+  static constexpr size_t kQBytes = size_t(kRows) * D * 2;
+  static constexpr size_t kBufBytes = size_t(kBufRows) * D * 2;
+  // Q, two stages of K and V, and slack to align the base to a swizzle atom.
+  static constexpr size_t kSmemBytes =
+      kQBytes + 4 * kBufBytes + wgmma::kSwizzleAtomBytes;
+};
+
+/// Scales, masks and exponentiates one tile of scores in place (online
+/// softmax: m, l updated, in log2 units of scaled scores; alpha is what O
+/// must be multiplied by before this tile's P V). NK keys.
+template <int NK, typename Visible>
+__device__ __forceinline__ void wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
+                                             float (&l)[2], float (&alpha)[2],
+                                             float scaleLog2, bool whole,
+                                             Visible visible, int lane) {
+  // One branch per tile (whole is uniform per warpgroup), not per element.
+  if (whole) {
+#pragma unroll
+    for (int k = 0; k < NK / 2; ++k)
+      s[k] *= scaleLog2;
+  } else {
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float &v = s[4 * j + 2 * i + e];
+          v = visible(i, j * 8 + 2 * (lane & 3) + e) ? v * scaleLog2
+                                                     : -INFINITY;
+        }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j)
+      mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    float mNew = fmaxf(m[i], mx);
+    // A row that has seen nothing keeps m = -inf: exponentiate against 0 so
+    // masked entries give 0, not NaN.
+    float mUse = mNew == -INFINITY ? 0.f : mNew;
+    alpha[i] = exp2Approx(m[i] - mUse);
+    m[i] = mNew;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < NK / 8; ++j) {
+      float p0 = exp2Approx(s[4 * j + 2 * i] - mUse);
+      float p1 = exp2Approx(s[4 * j + 2 * i + 1] - mUse);
+      s[4 * j + 2 * i] = p0;
+      s[4 * j + 2 * i + 1] = p1;
+      sum += p0 + p1;
+    }
+    l[i] = l[i] * alpha[i] + sum;
+  }
+}
+
+/// O += P V for one sub-tile (P packed from the scores: two adjacent n8
+/// accumulator tiles are one k16 A fragment); V [keys x d] MN-major, 8-key
+/// groups 1024 bytes apart, d panels BR * 128 bytes apart.
+template <int D, int NK, int BR>
+__device__ __forceinline__ void wgmmaPV(const float (&s)[NK / 2],
+                                        uint32_t vAddr, float (&o)[D / 2]) {
+  using namespace wgmma;
+  uint32_t pa[NK / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < NK / 16; ++ks) {
+    pa[ks][0] = packBf16(s[8 * ks + 0], s[8 * ks + 1]);
+    pa[ks][1] = packBf16(s[8 * ks + 2], s[8 * ks + 3]);
+    pa[ks][2] = packBf16(s[8 * ks + 4], s[8 * ks + 5]);
+    pa[ks][3] = packBf16(s[8 * ks + 6], s[8 * ks + 7]);
+  }
+  pin(o);
+  fence();
+  const uint32_t vLo = descLo(vAddr, BR * kSwizzleRowBytes);
+#pragma unroll
+  for (int ks = 0; ks < NK / 16; ++ks)
+    Wgmma<D, Major::K, Major::MN>::rs(o, pa[ks], descOf(vLo + mnMajorStep(ks)));
+  commit();
+}
+
+/// One tile of NK keys for one warpgroup: S = Q K^T, mask, online softmax,
+/// O += P V (Q panels QR rows apart, K and V panels BR rows apart).
+template <int D, int NK, int QR, int BR, typename Visible>
+__device__ __forceinline__ void
+wgmmaAttendTile(uint32_t qAddr, uint32_t kAddr, uint32_t vAddr,
+                float (&o)[D / 2], float (&m)[2], float (&l)[2],
+                float scaleLog2, bool whole, Visible visible, int lane) {
+  using namespace wgmma;
+  static_assert(NK % 16 == 0, "tile of 16-key steps");
+  float s[NK / 2];
+  fence();
+  const uint32_t qLo = descLo(qAddr, kKMajorLbo),
+                 kLo = descLo(kAddr, kKMajorLbo);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    Wgmma<NK, Major::K, Major::K>::ss(s, descOf(qLo + kMajorStep(kk, QR)),
+                                      descOf(kLo + kMajorStep(kk, BR)), kk > 0);
+  commit();
+  float alpha[2];
+  wait<0>();
+  pin(s);
+  wgmmaSoftmax<NK>(s, m, l, alpha, scaleLog2, whole, visible, lane);
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    o[i] *= alpha[i & 2 ? 1 : 0];
+  wgmmaPV<D, NK, BR>(s, vAddr, o);
+  wait<0>();
+  pin(o);
+}
+
+/// The shapes the TMA forward loads (GQA rows of a block: a box of G heads
+/// by BS positions is the block's 64 query rows in order r = k * G + hh).
+struct WgmmaFwdMaps {
+  CUtensorMap q, draftKeys, draftValues, contextKeys, contextValues;
+};
+
+/// The forward kernel: thread 0 loads Q, the draft keys and the first
+/// context tile; afterwards whichever warp releases a stage last refills it.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+static __global__ void
+__launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
+                  (WgmmaFwdConfig<D, BS, NH, NKV>::kMinBlocksPerSm))
+    sm90a_block_attention_fwd_wgmma_bf16_kernel(
+        BlockAttentionFwdArgs args, const __grid_constant__ WgmmaFwdMaps maps) {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  using C = WgmmaFwdConfig<D, BS, NH, NKV>;
+  constexpr int KT = C::KT;
+  using namespace wgmma;
+  constexpr int G = T::G, BR = C::kBufRows, NKD = C::kDraftKeys;
+  constexpr int kChunks = D / 8, kRows = C::kRows, kPanels = D / kPanelCols;
+  constexpr int kWarps = C::kThreads / kWarpThreads;
+  constexpr uint32_t kTileBytes = 2u * KT * D * 2;
+  constexpr uint32_t kFirstBytes = uint32_t(C::kQBytes) + 2u * NKD * D * 2;
+  extern __shared__ unsigned char smemRaw[];
+  __shared__ __align__(8) uint64_t full[C::kStages];
+  __shared__ int released[C::kStages];
+  unsigned char *smem = smemRaw + swizzleAtomPadding(smemRaw);
+  bf16 *sQ = reinterpret_cast<bf16 *>(smem);
+  // Shared addresses (32-bit: the loop keeps them in registers): Q, then
+  // two stages of K [BR x D], then two of V.
+  const uint32_t qBase = smemAddress(smem);
+  const uint32_t kBase = qBase + uint32_t(C::kQBytes);
+  constexpr uint32_t kStageBytes = uint32_t(C::kBufBytes);
+  const uint32_t vBase = kBase + C::kStages * kStageBytes;
+  constexpr uint32_t kPanelBytes = uint32_t(BR) * kSwizzleRowBytes;
+
+  const int tid = threadIdx.x, wg = tid / kWarpgroupThreads,
+            warp = (tid / kWarpThreads) % kWarpgroupWarps,
+            lane = tid % kWarpThreads;
+  const int b = blockIdx.x / NKV, g = blockIdx.x % NKV;
+  const int group = gridDim.y - 1 - blockIdx.y; // longest contexts first
+  const int N = args.N, Q = N * BS;
+  const int nFirst = group * T::kBlocksPerCta;
+  const int nCount = min(T::kBlocksPerCta, N - nFirst);
+  const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
+  const uint8_t *keep = args.keep + static_cast<int64_t>(b) * N;
+
+  int lo, hi;
+  groupContextKeys<WINDOW>(anchors, keep, nFirst, nCount, lo, hi);
+  const int numTiles = 1 + (hi > lo ? (hi - lo + KT - 1) / KT : 0);
+
+  const uint32_t bar0 = smemAddress(&full[0]); // stage s: + kBarrierBytes s
+  // Context tile it (>= 1) into stage it & 1: K and V, one box per d panel.
+  auto issueContextTile = [&](int it) {
+    int s = it & 1, j0 = lo + (it - 1) * KT;
+    uint32_t bar = bar0 + tma::kBarrierBytes * s;
+    tma::arriveExpectTx(bar, kTileBytes);
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) {
+      uint32_t off = s * kStageBytes + p * kPanelBytes;
+      tma::load4d(kBase + off, &maps.contextKeys, bar, p * kPanelCols, g, j0,
+                  b);
+      tma::load4d(vBase + off, &maps.contextValues, bar, p * kPanelCols, g, j0,
+                  b);
+    }
+  };
+  if (tid == 0) {
+    tma::barrierInit(bar0, 1);
+    tma::barrierInit(bar0 + tma::kBarrierBytes, 1);
+    released[0] = released[1] = 0;
+    tma::fenceBarrierInit();
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // Stage 0: both blocks' Q rows (blocks past N load zeros) and the
+    // CTA's draft keys and values.
+    tma::arriveExpectTx(bar0, kFirstBytes);
+#pragma unroll
+    for (int p = 0; p < kPanels; ++p) {
+#pragma unroll
+      for (int n = 0; n < C::kWarpgroups; ++n) // panels of kRows, blocks of kM
+        tma::load4d(qBase + (p * kRows + n * kM) * kSwizzleRowBytes, &maps.q,
+                    bar0, p * kPanelCols, g * G, (nFirst + n) * BS, b);
+      tma::load4d(kBase + p * kPanelBytes, &maps.draftKeys, bar0,
+                  p * kPanelCols, g, nFirst * BS, b);
+      tma::load4d(vBase + p * kPanelBytes, &maps.draftValues, bar0,
+                  p * kPanelCols, g, nFirst * BS, b);
+    }
+    if (numTiles > 1)
+      issueContextTile(1);
+  }
+
+  // This warpgroup's block and this thread's two rows (k = row in block).
+  const bool mine = wg < nCount && keep[nFirst + wg];
+  const int anchor = mine ? anchors[nFirst + wg] : 0;
+  int kRow[2], rowLo[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    kRow[i] = (warp * 16 + lane / 4 + 8 * i) / G;
+    rowLo[i] = WINDOW > 0 ? max(0, anchor + kRow[i] - (WINDOW - 1)) : 0;
+  }
+  const int blockLoMax =
+      WINDOW > 0 ? max(0, anchor + BS - 1 - (WINDOW - 1)) : 0;
+  const int blockLoMin = WINDOW > 0 ? max(0, anchor - (WINDOW - 1)) : 0;
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  const uint32_t qAddr = qBase + wg * kM * kSwizzleRowBytes;
+
+  // This warp's products have completed (wgmmaAttendTile waits): release
+  // stage s of tile it; the last of the CTA's warps refills it with tile
+  // it + 2.
+  auto release = [&](int it) {
+    const int s = it & 1;
+    __syncwarp();
+    if (lane == 0 && atomicAdd(&released[s], 1) == kWarps - 1) {
+      released[s] = 0;
+      if (it + C::kStages < numTiles)
+        issueContextTile(it + C::kStages);
+    }
+  };
+  // Tile 0: Q and the draft keys (stage 0).
+  tma::waitParity(bar0, 0);
+  if (mine) {
+    auto visible = [&](int i, int t) {
+      return (t / BS == wg) & (!CAUSAL | (t % BS <= kRow[i]));
+    };
+    wgmmaAttendTile<D, NKD, kRows, BR>(qAddr, kBase, vBase, o, m, l,
+                                       T::kScaleLog2, false, visible, lane);
+  }
+  release(0);
+  for (int it = 1; it < numTiles; ++it) {
+    const int s = it & 1;
+    // Every warp waits for every tile, seen or not: the last warp to
+    // release a stage must know its copy has landed before refilling it.
+    tma::waitParity(bar0 + tma::kBarrierBytes * s, (it >> 1) & 1);
+    const uint32_t kAddr = kBase + s * kStageBytes;
+    const uint32_t vAddr = vBase + s * kStageBytes;
+    if (mine) {
+      int j0 = lo + (it - 1) * KT;
+      // Tiles no row of this block sees are skipped (uniform per warpgroup).
+      if (j0 < anchor && j0 + KT > blockLoMin) {
+        bool whole = j0 >= blockLoMax && j0 + KT <= anchor;
+        auto visible = [&](int i, int t) {
+          int j = j0 + t;
+          return (j >= rowLo[i]) & (j < anchor);
+        };
+        wgmmaAttendTile<D, KT, kRows, BR>(qAddr, kAddr, vAddr, o, m, l,
+                                          T::kScaleLog2, whole, visible, lane);
+      }
+    }
+    release(it);
+  }
+
+  // Normalise; stage the warp's 16 rows in its own rows of sQ (only this
+  // warp's part of the warpgroup's finished wgmma read them), then store 16
+  // bytes at a time. keep = 0 rows: l = 0 gives out 0 and lse -inf.
+  if (wg >= nCount)
+    return;
+  float lseRow[2];
+  const int rowBase = wg * kM + warp * 16;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    float sum = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    float inv = sum > 0.f ? 1.f / sum : 0.f;
+    lseRow[i] = sum > 0.f ? (m[i] + __log2f(sum)) * T::kLn2 : -INFINITY;
+    int r = rowBase + lane / 4 + 8 * i;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      int col = j * 8 + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t *>(sQ + tileOffset<kRows>(r, col >> 3) +
+                                    (col & 7)) =
+          packBf16(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+    }
+  }
+  __syncwarp();
+  auto rowIndex = [&](int rr) -> int64_t { // into [B, Q, nh]
+    int k = rr / G, hh = rr % G;
+    return (static_cast<int64_t>(b) * Q + (nFirst + wg) * BS + k) * NH + g * G +
+           hh;
+  };
+  for (int idx = lane; idx < 16 * kChunks; idx += 32) {
+    int rr = warp * 16 + idx / kChunks, c = idx % kChunks;
+    *reinterpret_cast<uint4 *>(args.out + rowIndex(rr) * D + c * 8) =
+        *reinterpret_cast<const uint4 *>(sQ +
+                                         tileOffset<kRows>(wg * kM + rr, c));
+  }
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      args.lse[rowIndex(warp * 16 + lane / 4 + 8 * i)] = lseRow[i];
+  }
+}
+
+} // namespace detail
+
+/// Forward on wgmma (sm_90a), fed by TMA: same arguments and outputs as
+/// mma_sync_block_attention_fwd_bf16. Encodes the tensor maps of this call's
+/// tensors on the host (a few microseconds; a captured graph keeps them).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
+                                          cudaStream_t stream) {
+  using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
+  using C = detail::WgmmaFwdConfig<D, BS, NH, NKV>;
+  constexpr uint32_t G = NH / NKV, NKD = C::kDraftKeys, KT = C::KT;
+  const uint64_t B = args.B, S = args.S, Q = uint64_t(args.N) * BS;
+  detail::WgmmaFwdMaps maps;
+  maps.q =
+      tma::bf16RowsOfHeadsMap(args.q, B, Q, NH, D, G, BS, "q [B, Q, nh, d]");
+  maps.draftKeys = tma::bf16RowsOfHeadsMap(args.draftKeys, B, Q, NKV, D, 1, NKD,
+                                           "draft keys [B, Q, nkv, d]");
+  maps.draftValues = tma::bf16RowsOfHeadsMap(
+      args.draftValues, B, Q, NKV, D, 1, NKD, "draft values [B, Q, nkv, d]");
+  maps.contextKeys = tma::bf16RowsOfHeadsMap(args.contextKeys, B, S, NKV, D, 1,
+                                             KT, "context keys [B, S, nkv, d]");
+  maps.contextValues = tma::bf16RowsOfHeadsMap(
+      args.contextValues, B, S, NKV, D, 1, KT, "context values [B, S, nkv, d]");
+  auto kernel =
+      detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<D, BS, NH, NKV,
+                                                          WINDOW, CAUSAL>;
+  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
+  dim3 grid(args.B * NKV, (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta);
+  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args, maps);
+  DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_bf16");
+}
+
+} // namespace dflash::kernels
+
+#endif // DFLASH_KERNELS_BLOCKATTENTIONWGMMAFWD_CUH

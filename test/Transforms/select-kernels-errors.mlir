@@ -1,0 +1,71 @@
+// RUN: dflash-opt %s --dflash-select-kernels --split-input-file --verify-diagnostics
+
+// The RMSNorm kernels read rows as 16-byte vectors.
+func.func @step(%x: tensor<4x100xbf16> {dflash.arg = #dflash.arg<input, "input_ids">},
+                %w: tensor<100xbf16> {dflash.arg = #dflash.arg<parameter, "w">})
+    -> (tensor<4x100xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+1 {{has no RMSNorm kernel for rows of 100: 'drafter.hidden_size' must be a multiple of 8}}
+  %y = dflash.rms_norm %x, %w {eps = 1.0e-6 : f64} : (tensor<4x100xbf16>, tensor<100xbf16>) -> tensor<4x100xbf16>
+  return %y : tensor<4x100xbf16>
+}
+
+// -----
+
+// q/k norm + RoPE: 16 head dims per lane group.
+func.func @step(%x: tensor<1x4x2x40xbf16> {dflash.arg = #dflash.arg<input, "input_ids">},
+                %w: tensor<40xbf16> {dflash.arg = #dflash.arg<parameter, "w">},
+                %p: tensor<1x4xi32> {dflash.arg = #dflash.arg<input, "anchors">})
+    -> (tensor<1x4x2x40xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+1 {{has no q/k-norm + RoPE kernel for head dim 40: 'drafter.head_dim' must be a multiple of 16, at most 512}}
+  %y = dflash.qk_norm_rope %x, %w, %p {eps = 1.0e-6 : f64, theta = 1.0e4 : f64} : (tensor<1x4x2x40xbf16>, tensor<40xbf16>, tensor<1x4xi32>) -> tensor<1x4x2x40xbf16>
+  return %y : tensor<1x4x2x40xbf16>
+}
+
+// -----
+
+// The attention kernels exist for head dims 64 and 128.
+func.func @step(%q: tensor<2x12x4x16xbf16> {dflash.arg = #dflash.arg<input, "q">},
+                %kc: tensor<2x32x2x16xbf16> {dflash.arg = #dflash.arg<input, "kc">},
+                %kd: tensor<2x12x2x16xbf16> {dflash.arg = #dflash.arg<input, "kd">},
+                %a: tensor<2x3xi32> {dflash.arg = #dflash.arg<input, "anchors">},
+                %keep: tensor<2x3xi8> {dflash.arg = #dflash.arg<input, "keep">})
+    -> (tensor<2x12x4x16xbf16> {dflash.arg = #dflash.arg<metric, "o">}) {
+  // expected-error @+1 {{has no attention kernel for head dim 16: 'drafter.head_dim' must be 64 or 128}}
+  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep {block_size = 4 : i64}
+      : (tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>,
+         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>)
+      -> (tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
+  return %o : tensor<2x12x4x16xbf16>
+}
+
+// -----
+
+// 12 x 8 / 1 = 96 query rows per block and kv head: neither at most 64 nor
+// whole 64-row tiles.
+func.func @step(%q: tensor<1x12x8x64xbf16> {dflash.arg = #dflash.arg<input, "q">},
+                %kc: tensor<1x32x1x64xbf16> {dflash.arg = #dflash.arg<input, "kc">},
+                %kd: tensor<1x12x1x64xbf16> {dflash.arg = #dflash.arg<input, "kd">},
+                %a: tensor<1x1xi32> {dflash.arg = #dflash.arg<input, "anchors">},
+                %keep: tensor<1x1xi8> {dflash.arg = #dflash.arg<input, "keep">})
+    -> (tensor<1x12x8x64xbf16> {dflash.arg = #dflash.arg<metric, "o">}) {
+  // expected-error @+1 {{has no attention kernel for 96 query rows per block and kv head: 'drafter.block_size' x 'drafter.num_heads' / 'drafter.num_kv_heads' must be at most 64, or 128}}
+  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep {block_size = 12 : i64}
+      : (tensor<1x12x8x64xbf16>, tensor<1x32x1x64xbf16>, tensor<1x32x1x64xbf16>,
+         tensor<1x12x1x64xbf16>, tensor<1x12x1x64xbf16>, tensor<1x1xi32>, tensor<1x1xi8>)
+      -> (tensor<1x12x8x64xbf16>, tensor<1x12x8xf32>)
+  return %o : tensor<1x12x8x64xbf16>
+}
+
+// -----
+
+// The draft-embedding gather reads rows as 16-byte vectors.
+func.func @step(%t: tensor<64x100xbf16> {dflash.arg = #dflash.arg<frozen, "embed">},
+                %ids: tensor<2x32xi32> {dflash.arg = #dflash.arg<input, "input_ids">},
+                %a: tensor<2x3xi32> {dflash.arg = #dflash.arg<input, "anchors">},
+                %keep: tensor<2x3xi8> {dflash.arg = #dflash.arg<input, "keep">})
+    -> (tensor<2x12x100xbf16> {dflash.arg = #dflash.arg<metric, "x">}) {
+  // expected-error @+1 {{has no draft-embedding kernel for rows of 100: 'drafter.hidden_size' must be a multiple of 8}}
+  %x = dflash.draft_embed %t, %ids, %a, %keep {block_size = 4 : i64, mask_token_id = 63 : i64}
+      : (tensor<64x100xbf16>, tensor<2x32xi32>, tensor<2x3xi32>, tensor<2x3xi8>) -> tensor<2x12x100xbf16>
+  return %x : tensor<2x12x100xbf16>
+}
