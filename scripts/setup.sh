@@ -9,6 +9,7 @@ packages=(
   cmake ninja-build g++ libgtest-dev         # build and unit tests
   nlohmann-json3-dev libcli11-dev            # runtime JSON and the trainer's command line
   python3-torch python3-numpy                # independent PyTorch oracle of the step (CPU)
+  python3-matplotlib                         # tools/dflash-plot (PNG of the metrics)
 )
 
 missing=()

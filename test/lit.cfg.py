@@ -60,3 +60,52 @@ torch_python = python_with_torch()
 if torch_python:
     config.available_features.add("torch")
     config.substitutions.append(("%torch_python", torch_python))
+
+# The data tools (tools/dflash-prepare, tools/dflash-plot; test/Prepare).
+# %python is a python3 with numpy (feature python-numpy), the one with
+# transformers where there is one; python-transformers: it also imports
+# transformers, tokenizers and torch >= 2; python-matplotlib: matplotlib.
+# This replaces lit's default %python (the interpreter running lit).
+_DATA_PROBE = r"""
+import importlib
+found = []
+for name in ("numpy", "matplotlib"):
+    try:
+        importlib.import_module(name)
+        found.append(name)
+    except Exception:
+        pass
+try:
+    import transformers, tokenizers, torch
+    if int(torch.__version__.split(".")[0]) >= 2:
+        found.append("transformers")
+except Exception:
+    pass
+print(" ".join(found))
+"""
+
+def _probe_data_python(candidate):
+    try:
+        out = subprocess.run([candidate, "-c", _DATA_PROBE], capture_output=True,
+                             text=True, timeout=300)
+        return set(out.stdout.split()) if out.returncode == 0 else set()
+    except Exception:
+        return set()
+
+_data_pythons = []
+for _candidate in [shutil.which("python3"), "/usr/bin/python3"]:
+    if _candidate and os.path.exists(_candidate) and _candidate not in [p for p, _ in _data_pythons]:
+        _data_pythons.append((_candidate, _probe_data_python(_candidate)))
+_data_pythons = [(p, f) for p, f in _data_pythons if "numpy" in f]
+_data_pythons.sort(key=lambda entry: ("transformers" not in entry[1], "matplotlib" not in entry[1]))
+if _data_pythons:
+    _data_python, _data_features = _data_pythons[0]
+    config.available_features.add("python-numpy")
+    if "transformers" in _data_features:
+        config.available_features.add("python-transformers")
+    if "matplotlib" in _data_features:
+        config.available_features.add("python-matplotlib")
+    config.substitutions = [(k, v) for k, v in config.substitutions if k != "%python"]
+    config.substitutions.insert(0, ("%python", _data_python))
+config.substitutions.append(("%prepare", os.path.join(config.dflash_src_root, "tools", "dflash-prepare", "dflash-prepare")))
+config.substitutions.append(("%plot", os.path.join(config.dflash_src_root, "tools", "dflash-plot", "dflash-plot")))

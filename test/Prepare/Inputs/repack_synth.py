@@ -1,0 +1,25 @@
+"""Rewrites dflash-synth feature shards with the tool's own writer, adding
+the tensors a packed shard has (position_ids = arange(S): one conversation
+a row, the same rows; num_tokens = S):
+  repack_synth.py IN_DIR OUT_DIR"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tools", "dflash-prepare"))
+
+import numpy as np  # noqa: E402
+
+from dflash_prepare import shards  # noqa: E402
+
+source, out = sys.argv[1], sys.argv[2]
+os.makedirs(out, exist_ok=True)
+for path in shards.list_shards(source):
+    shard = shards.SafetensorsFile(path)
+    tensors = {name: shards.Tensor(info.dtype, shard.load(name))
+               for name, info in shard.tensors.items()}
+    R, S = shard.tensors["input_ids"].shape
+    tensors["position_ids"] = shards.Tensor("I32", np.tile(np.arange(S, dtype=np.int32), (R, 1)))
+    tensors["num_tokens"] = shards.Tensor("I32", np.full(R, S, dtype=np.int32))
+    shards.write_shard(os.path.join(out, os.path.basename(path)), tensors, shard.metadata)
+print(f"repacked {len(shards.list_shards(out))} shard(s)")

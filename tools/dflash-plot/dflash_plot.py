@@ -1,0 +1,170 @@
+"""dflash-plot: loss, accuracy and acceptance length (tau) against the step,
+train and eval, from one or more metrics.jsonl files into a PNG.
+
+A metrics line is a JSON object with an integer "step" and any of "loss",
+"acc", "tau" (training) and "eval_loss", "eval_acc", "eval_tau" (held-out
+evaluation; on the same lines or on lines of their own). Missing keys and
+nulls (the trainer writes a non-finite value as null) are left out of the
+curves; a panel with no data says so.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+PROG = "dflash-plot"
+
+# (panel title, y label, [(metrics key, series label)])
+PANELS = [
+    ("loss", "loss", [("loss", "train"), ("eval_loss", "eval")]),
+    ("accuracy", "acc", [("acc", "train"), ("eval_acc", "eval")]),
+    ("acceptance length", "tau", [("tau", "train"), ("eval_tau", "eval")]),
+]
+KEYS = [key for _, _, series in PANELS for key, _ in series]
+
+
+class PlotError(Exception):
+    pass
+
+
+def read_metrics(path):
+    """{key: [(step, value)]} of one metrics file; a line that is not a JSON
+    object with an integer step is an error naming the line."""
+    series = {key: [] for key in KEYS}
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as error:
+        raise PlotError(f"{path}: cannot open: {error.strerror}") from None
+    with f:
+        lines = f.readlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    for index, line in enumerate(lines):
+        number = index + 1
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if index == last and not line.endswith("\n"):
+                # A run still writing leaves a half line at the end.
+                print(f"{PROG}: warning: {path}:{number}: incomplete last line "
+                      "skipped", file=sys.stderr)
+                continue
+            raise PlotError(f"{path}:{number}: malformed json: "
+                            f"{error.msg[:1].lower() + error.msg[1:]}") from None
+        if not isinstance(record, dict):
+            raise PlotError(f"{path}:{number}: not a json object")
+        step = record.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise PlotError(f"{path}:{number}: has no integer 'step'")
+        for key in KEYS:
+            value = record.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                series[key].append((step, float(value)))
+    for key in KEYS:
+        series[key].sort()
+    return series
+
+
+def smooth(values, window):
+    """Trailing mean over `window` points (1: unchanged)."""
+    if window <= 1:
+        return list(values)
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot(runs, output, title=None, window=1):
+    """Draws `runs` ([(label, series)]) into the PNG `output`."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotError("the python package 'matplotlib' is missing; install "
+                        "matplotlib (Debian: python3-matplotlib)") from None
+    figure, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), dpi=100)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for axis, (panel, ylabel, keys) in zip(axes, PANELS):
+        drawn = 0
+        for r, (label, series) in enumerate(runs):
+            color = colors[r % len(colors)]
+            for key, kind in keys:
+                points = series[key]
+                if not points:
+                    continue
+                steps = [s for s, _ in points]
+                values = [v for _, v in points]
+                name = kind if len(runs) == 1 else f"{label} {kind}"
+                if kind == "train":
+                    axis.plot(steps, smooth(values, window), color=color,
+                              linewidth=1.2, label=name)
+                else:
+                    axis.plot(steps, values, color=color, linestyle="--",
+                              marker="o", markersize=3, linewidth=1.2, label=name)
+                drawn += 1
+        axis.set_title(panel)
+        axis.set_xlabel("step")
+        axis.set_ylabel(ylabel)
+        axis.grid(True, alpha=0.3)
+        if drawn:
+            axis.legend(fontsize=8)
+        else:
+            axis.text(0.5, 0.5, f"no {ylabel} in the metrics", ha="center",
+                      va="center", transform=axis.transAxes, color="gray")
+    if title:
+        figure.suptitle(title)
+    figure.tight_layout()
+    directory = os.path.dirname(os.path.abspath(output))
+    temp = os.path.join(directory, f".{os.path.basename(output)}.tmp-{os.getpid()}.png")
+    try:
+        figure.savefig(temp, format="png")
+        os.replace(temp, output)
+    except OSError as error:
+        raise PlotError(f"{output}: cannot write: {error.strerror}") from None
+    finally:
+        plt.close(figure)
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Draws loss, accuracy and acceptance length (tau), "
+        "train and eval, against the step from metrics.jsonl files (a run's "
+        "directory stands for its metrics.jsonl) into a PNG.")
+    parser.add_argument("metrics", nargs="+", metavar="METRICS",
+                        help="metrics.jsonl files or run directories")
+    parser.add_argument("-o", "--out", default="metrics.png", metavar="PNG",
+                        help="output image (default: metrics.png)")
+    parser.add_argument("--title", help="figure title")
+    parser.add_argument("--smooth", type=int, default=1, metavar="K",
+                        help="trailing mean over K steps for the train curves (default: 1)")
+    parser.add_argument("--labels", help="comma-separated run names (default: the paths)")
+    args = parser.parse_args(argv)
+    try:
+        paths = [os.path.join(p, "metrics.jsonl") if os.path.isdir(p) else p
+                 for p in args.metrics]
+        labels = args.labels.split(",") if args.labels else paths
+        if len(labels) != len(paths):
+            raise PlotError(f"--labels names {len(labels)} runs but {len(paths)} are given")
+        if args.smooth < 1:
+            raise PlotError("--smooth must be at least 1")
+        runs = [(label, read_metrics(path)) for label, path in zip(labels, paths)]
+        if not any(series[k] for _, series in runs for k in KEYS):
+            raise PlotError("no loss, acc or tau values in " + ", ".join(paths))
+        plot(runs, args.out, args.title, args.smooth)
+    except PlotError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    counts = ", ".join(f"{label}: {len(series['loss'])} train, {len(series['eval_loss'])} eval"
+                       for label, series in runs)
+    print(f"{PROG}: wrote {args.out} ({counts})")
+    return 0

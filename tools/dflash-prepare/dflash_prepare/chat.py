@@ -1,0 +1,207 @@
+"""Chat JSONL: one conversation per line, in either common form.
+
+- OpenAI: {"messages": [{"role": "user", "content": "..."}, ...]}; an
+  assistant message may carry "reasoning_content" and "tool_calls", a tool
+  message "tool_call_id"/"name". Content may be a list of {"type": "text",
+  "text": ...} parts.
+- ShareGPT: {"conversations": [{"from": "human", "value": "..."}, ...]},
+  optionally with a top-level "system" string.
+A top-level "tools" list (tool definitions) is handed to the chat template.
+
+Roles are normalised to system, user, assistant and tool. A line that cannot
+be used is not an error of the whole run: it is dropped and counted under a
+reason, with its file and line number (`Drops`).
+"""
+import collections
+import json
+import re
+
+from .errors import UserError
+
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "observation": "tool",
+    "ipython": "tool",
+}
+
+# Why a conversation was dropped, in report order, with a description.
+REASONS = {
+    "malformed-json": "malformed json line",
+    "malformed-conversation": "not a conversation",
+    "unknown-role": "unknown role",
+    "no-assistant-turn": "no assistant turn",
+    "template-error": "chat template failed",
+    "over-long": "over-long (--max-length)",
+    "too-few-supervised": "fewer than 2 consecutive supervised tokens",
+}
+
+_THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+
+
+class Drops:
+    """Dropped conversations counted per reason, with where and why."""
+
+    def __init__(self):
+        self.counts = collections.Counter()
+        self.examples = collections.defaultdict(list)  # reason -> [text]
+
+    def add(self, reason, where, why):
+        assert reason in REASONS, reason
+        self.counts[reason] += 1
+        self.examples[reason].append(f"{where}: {why}")
+
+    def total(self):
+        return sum(self.counts.values())
+
+    def as_dict(self):
+        return {reason: self.counts[reason] for reason in REASONS if self.counts[reason]}
+
+
+class Conversation:
+    """Normalised messages and where they came from (`file:line`)."""
+
+    def __init__(self, messages, where, tools=None):
+        self.messages = messages
+        self.where = where
+        self.tools = tools  # OpenAI-style tool definitions, for the template
+
+    def __repr__(self):
+        return f"Conversation({self.where}, {len(self.messages)} messages)"
+
+
+class BadConversation(Exception):
+    def __init__(self, reason, why):
+        super().__init__(why)
+        self.reason = reason
+        self.why = why
+
+
+def _content_text(content, index):
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, dict) and part.get("type") == "text" and \
+                    isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadConversation("malformed-conversation",
+                                      f"turn {index}: content part of type "
+                                      f"'{kind}' is not text")
+        return "".join(parts)
+    raise BadConversation("malformed-conversation",
+                          f"turn {index}: content is a {type(content).__name__}, "
+                          "not a string")
+
+
+def normalise(record, reasoning="keep"):
+    """The messages of one JSON record, or BadConversation."""
+    if not isinstance(record, dict):
+        raise BadConversation("malformed-conversation",
+                              f"the line is a json {type(record).__name__}, not an object")
+    if "messages" in record:
+        turns, role_key, text_key = record["messages"], "role", "content"
+    elif "conversations" in record:
+        turns, role_key, text_key = record["conversations"], "from", "value"
+    else:
+        raise BadConversation("malformed-conversation",
+                              "the object has neither 'messages' nor 'conversations'")
+    if not isinstance(turns, list):
+        raise BadConversation("malformed-conversation",
+                              f"'{'messages' if role_key == 'role' else 'conversations'}' "
+                              "is not a list")
+    messages = []
+    system = record.get("system")
+    if role_key == "from" and isinstance(system, str) and system:
+        messages.append({"role": "system", "content": system})
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise BadConversation("malformed-conversation",
+                                  f"turn {index} is not an object")
+        raw_role = turn.get(role_key, turn.get("role"))
+        if not isinstance(raw_role, str):
+            raise BadConversation("malformed-conversation",
+                                  f"turn {index} has no '{role_key}' string")
+        role = ROLES.get(raw_role.strip().lower())
+        if role is None:
+            raise BadConversation("unknown-role",
+                                  f"turn {index} has unknown role '{raw_role}'")
+        content = _content_text(turn.get(text_key, turn.get("content")), index)
+        message = {"role": role, "content": content}
+        if role == "assistant":
+            thought = turn.get("reasoning_content", turn.get("reasoning"))
+            if thought is not None and not isinstance(thought, str):
+                raise BadConversation("malformed-conversation",
+                                      f"turn {index}: reasoning_content is not a string")
+            if reasoning == "drop":
+                message["content"] = _THINK.sub("", content).lstrip() \
+                    if "<think>" in content else content
+            elif thought:
+                message["reasoning_content"] = thought
+            calls = turn.get("tool_calls")
+            if calls:
+                if not isinstance(calls, list):
+                    raise BadConversation("malformed-conversation",
+                                          f"turn {index}: tool_calls is not a list")
+                message["tool_calls"] = calls
+        if role == "tool":
+            for key in ("tool_call_id", "name"):
+                if isinstance(turn.get(key), str):
+                    message[key] = turn[key]
+        messages.append(message)
+    if not any(m["role"] == "assistant" for m in messages):
+        raise BadConversation("no-assistant-turn",
+                              f"{len(messages)} turns, none of them the assistant's")
+    return messages
+
+
+def read_conversations(paths, drops, reasoning="keep"):
+    """Yields Conversations from JSONL files; every unusable line goes into
+    `drops`. Blank lines are skipped silently."""
+    for path in paths:
+        try:
+            f = open(path, "rb")
+        except OSError as error:
+            raise UserError(f"{path}: cannot open: {error.strerror}") from None
+        with f:
+            for number, raw in enumerate(f, 1):
+                where = f"{path}:{number}"
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    drops.add("malformed-json", where,
+                              f"not utf-8 text (byte {error.start + 1} of the line)")
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    drops.add("malformed-json", where,
+                              f"malformed json: {error.msg[:1].lower() + error.msg[1:]} "
+                              f"at column {error.colno}")
+                    continue
+                try:
+                    messages = normalise(record, reasoning)
+                except BadConversation as bad:
+                    drops.add(bad.reason, where, bad.why)
+                    continue
+                tools = record.get("tools")
+                yield Conversation(messages, where,
+                                   tools if isinstance(tools, list) and tools else None)

@@ -1,0 +1,213 @@
+"""`dflash-prepare tokens`: chat JSONL -> token shards."""
+import os
+import sys
+
+from . import chat, packing, progress, shards, template
+from .errors import UserError, note, warn
+from .spec import load_spec
+
+FORMAT = "dflash-token-shard"
+
+
+def _tokenizer_identity(directory):
+    """Hashes of the tokenizer's files: a changed tokenizer is another run."""
+    files = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path) and (name.startswith("tokenizer") or
+                                     name.endswith((".jinja", ".json", ".model",
+                                                    ".txt", ".tiktoken"))):
+            files[name] = progress.file_sha256(path)
+    return files
+
+
+def _report_drops(drops, limit=5):
+    for reason, description in chat.REASONS.items():
+        count = drops.counts[reason]
+        if not count:
+            continue
+        for example in drops.examples[reason][:limit]:
+            note(f"dropped {example}")
+        if count > limit:
+            note(f"dropped {count - limit} more: {description}")
+
+
+def token_shard_metadata(spec, settings):
+    meta = spec.shard_metadata()
+    meta.update({
+        "format": FORMAT,
+        "format_version": "1",
+        "spec": spec.name,
+        "vocab_size": str(spec.vocab_size),
+        "mask_token_id": str(spec.mask_token_id),
+    })
+    meta.update({k: str(v) for k, v in settings.items()})
+    return meta
+
+
+def run(args):
+    spec = load_spec(args.spec)
+    seq_len = args.seq_len or spec.seq_len
+    if seq_len < 2:
+        raise UserError(f"--seq-len {seq_len}: rows need at least 2 tokens")
+    if seq_len != spec.seq_len:
+        warn(f"--seq-len {seq_len} differs from {spec.path} [training] seq_len "
+             f"{spec.seq_len}: the trainer of this spec refuses these shards")
+    max_length = args.max_length or seq_len
+    if not 2 <= max_length <= seq_len:
+        raise UserError(f"--max-length {max_length} must be in [2, {seq_len}] "
+                        "(the row length)")
+    if args.rows_per_shard < 1:
+        raise UserError("--rows-per-shard must be at least 1")
+    for path in args.inputs:
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: no such file")
+    tokenizer_dir = os.path.abspath(args.tokenizer)
+    if not os.path.isdir(tokenizer_dir):
+        raise UserError(f"{args.tokenizer}: tokenizer directory does not exist")
+
+    options = {
+        "seq_len": seq_len, "max_length": max_length, "over_long": args.over_long,
+        "last_turn_only": args.last_turn_only, "reasoning": args.reasoning,
+        "pack": args.pack, "seed": args.seed, "rows_per_shard": args.rows_per_shard,
+    }
+    identity = {
+        "inputs": [progress.file_identity(p) for p in args.inputs],
+        "options": options,
+        "tokenizer": _tokenizer_identity(tokenizer_dir),
+        "spec": spec.shard_metadata() | {"vocab_size": spec.vocab_size,
+                                         "mask_token_id": spec.mask_token_id},
+    }
+    manifest = progress.Manifest(args.out, "tokens", progress.fingerprint(identity),
+                                 args.overwrite)
+    if manifest.complete:
+        note(f"{args.out}: already complete ({len(manifest.shards)} shards); "
+             "nothing to do")
+        print(f"tokens: {args.out}: complete, {len(manifest.shards)} shards")
+        return 0
+
+    # The data first: its problems are reported before the slow loads.
+    drops = chat.Drops()
+    conversations = list(chat.read_conversations(args.inputs, drops, args.reasoning))
+    lines_read = len(conversations) + drops.total()
+    note(f"read {len(args.inputs)} file(s): {lines_read} conversation line(s), "
+         f"{len(conversations)} usable so far")
+
+    tokenizer = template.load_tokenizer(tokenizer_dir)
+    chat_template = template.chat_template_of(tokenizer, tokenizer_dir)
+    encoder = template.ChatEncoder(tokenizer, chat_template, tokenizer_dir,
+                                   args.last_turn_only)
+    for line in template.check_mask_token(tokenizer, spec, tokenizer_dir):
+        note(line)
+    note(f"loss masks from the template's "
+         f"{'generation markers' if encoder.method == 'generation-markers' else 'prefix renders (no generation markers)'}")
+
+    sequences, truncated = [], 0
+    mask_hits, first_hit = 0, None
+    for conversation in conversations:
+        try:
+            encoded = encoder.encode(conversation)
+        except template.TemplateFailure as failure:
+            drops.add("template-error", conversation.where, f"chat template: {failure}")
+            continue
+        ids, mask = encoded.ids, encoded.mask
+        if len(ids) > max_length:
+            if args.over_long == "drop":
+                drops.add("over-long", conversation.where,
+                          f"{len(ids)} tokens, more than --max-length {max_length}")
+                continue
+            ids, mask = ids[:max_length], mask[:max_length]
+            truncated += 1
+        if not packing.has_anchor_candidate(mask):
+            drops.add("too-few-supervised", conversation.where,
+                      f"{int(mask.sum())} supervised token(s), no two consecutive"
+                      + (" after truncation" if len(encoded.ids) > len(ids) else ""))
+            continue
+        outside = ids >= spec.vocab_size
+        if outside.any():
+            raise UserError(f"{conversation.where}: encodes to token "
+                            f"{int(ids[outside][0])}, outside {spec.path} "
+                            f"[target] vocab_size {spec.vocab_size}")
+        hits = int((ids == spec.mask_token_id).sum())
+        if hits:
+            mask_hits += hits
+            first_hit = first_hit or conversation.where
+        sequences.append((ids, mask))
+    _report_drops(drops)
+    if mask_hits:
+        raise UserError(f"{spec.path}: [drafter] mask_token_id {spec.mask_token_id} "
+                        f"is produced by the tokenizer on the data ({mask_hits} times, "
+                        f"first in {first_hit}); the drafter could not tell it from "
+                        "a masked slot: pick a token the tokenizer never produces")
+    if not sequences:
+        raise UserError(f"no conversation left to write ({drops.total()} dropped)")
+
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    rows = packing.build_rows(sequences, seq_len, int(pad_id), args.pack, args.seed)
+
+    settings = {
+        "packed": "true" if args.pack else "false",
+        "pad_token_id": int(pad_id),
+        "tokenizer": tokenizer_dir,
+        "tokenizer_name": getattr(tokenizer, "name_or_path", "") or tokenizer_dir,
+        "tokenizer_vocab_size": len(tokenizer),
+        "chat_template": chat_template,
+        "chat_template_sha256": template.template_sha256(chat_template),
+        "loss_mask_from": encoder.method,
+        "last_turn_only": "true" if args.last_turn_only else "false",
+        "reasoning": args.reasoning,
+        "max_length": max_length,
+        "over_long": args.over_long,
+    }
+    meta = token_shard_metadata(spec, settings)
+    written = 0
+    count = (len(rows) + args.rows_per_shard - 1) // args.rows_per_shard
+    for index in range(count):
+        name = shards.shard_name(index)
+        begin = index * args.rows_per_shard
+        end = min(len(rows), begin + args.rows_per_shard)
+        if manifest.done(name):
+            continue
+        tensors = {
+            "input_ids": shards.Tensor("I32", rows.input_ids[begin:end]),
+            "loss_mask": shards.Tensor("U8", rows.loss_mask[begin:end]),
+            "num_tokens": shards.Tensor("I32", rows.num_tokens[begin:end]),
+        }
+        if args.pack:
+            tensors["position_ids"] = shards.Tensor("I32", rows.position_ids[begin:end])
+        size = shards.write_shard(os.path.join(args.out, name), tensors,
+                                  dict(meta, first_row=str(begin)))
+        manifest.record(name, {"rows": end - begin, "first_row": begin, "bytes": size})
+        written += 1
+    kept = count - written
+
+    tokens = int(rows.num_tokens.sum())
+    supervised = int(rows.loss_mask.sum())
+    report = {
+        "files": len(args.inputs),
+        "lines": lines_read,
+        "conversations": len(sequences),
+        "dropped": drops.as_dict(),
+        "truncated": truncated,
+        "rows": len(rows),
+        "shards": count,
+        "tokens": tokens,
+        "supervised_tokens": supervised,
+        "fill": tokens / float(len(rows) * seq_len),
+    }
+    manifest.save(complete=True, report=report)
+    dropped = drops.total()
+    note(f"dropped {dropped} of {lines_read}" + (": " if dropped else "") +
+         ", ".join(f"{chat.REASONS[r]} {n}" for r, n in drops.as_dict().items()) +
+         (f"; truncated {truncated} over-long (--over-long truncate)" if truncated else ""))
+    note(f"wrote {written} shard(s)" + (f", kept {kept} complete from an earlier run" if kept else "")
+         + f": {len(rows)} rows of {seq_len} tokens, {len(sequences)} conversations"
+         + (" packed" if args.pack else ", one per row")
+         + f", {tokens} tokens ({100.0 * report['fill']:.1f}% of the row slots), "
+           f"{supervised} supervised")
+    print(f"tokens: {args.out}: {len(rows)} rows in {count} shards, "
+          f"{len(sequences)} conversations, {dropped} dropped")
+    sys.stdout.flush()
+    return 0

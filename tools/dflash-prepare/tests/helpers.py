@@ -1,0 +1,140 @@
+"""Shared pieces of the dflash-prepare tests: import paths, small specs,
+shard builders, and what the optional packages allow."""
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOL_DIR = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(TOOL_DIR))
+PLOT_DIR = os.path.join(ROOT, "tools", "dflash-plot")
+SPECS = os.path.join(ROOT, "specs")
+PREPARE = os.path.join(TOOL_DIR, "dflash-prepare")
+PLOT = os.path.join(PLOT_DIR, "dflash-plot")
+for path in (TOOL_DIR, PLOT_DIR):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+import numpy as np  # noqa: E402
+
+from dflash_prepare import shards  # noqa: E402
+from dflash_prepare.spec import load_spec  # noqa: E402
+
+
+def _importable(*names):
+    try:
+        for name in names:
+            importlib.import_module(name)
+        return True
+    except Exception:
+        return False
+
+
+def has_hf():
+    """transformers, tokenizers and torch >= 2: the tests with a real
+    tokenizer or model run only then."""
+    if not _importable("transformers", "tokenizers", "torch"):
+        return False
+    import torch
+    return int(torch.__version__.split(".")[0]) >= 2
+
+
+HAS_HF = has_hf()
+HAS_MATPLOTLIB = _importable("matplotlib")
+
+SMALL_SPEC = """\
+name = "small"
+[target]
+model = "test/small-target"
+num_layers = 4
+hidden_size = 8
+vocab_size = 64
+layer_ids = [0, 2]
+[drafter]
+num_layers = 2
+intermediate_size = 16
+num_heads = 2
+num_kv_heads = 1
+head_dim = 4
+block_size = 4
+mask_token_id = 63
+[training]
+seq_len = {seq_len}
+anchors_per_row = 3
+"""
+
+
+class TempDir(unittest.TestCase):
+    """A test case with a fresh directory `self.dir` and the small spec."""
+
+    seq_len = 16
+
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory(prefix="dflash-prepare-test-")
+        self.dir = self._tmp.name
+        self.spec_path = self.write_spec(SMALL_SPEC.format(seq_len=self.seq_len))
+        self.spec = load_spec(self.spec_path)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def path(self, *names):
+        return os.path.join(self.dir, *names)
+
+    def write_spec(self, text, name="small.toml"):
+        path = self.path(name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def write_file(self, name, text):
+        path = self.path(name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+
+def conversation(length, supervised_from, token=5, supervised_to=None):
+    """(ids, mask) of a fake conversation: `length` tokens, supervised from
+    `supervised_from` to `supervised_to` (default: the end)."""
+    ids = (np.arange(length, dtype=np.int32) % 50 + token).astype(np.int32)
+    mask = np.zeros(length, dtype=np.uint8)
+    mask[supervised_from:supervised_to] = 1
+    return ids, mask
+
+
+def token_tensors(rows, packed):
+    tensors = {
+        "input_ids": shards.Tensor("I32", rows.input_ids),
+        "loss_mask": shards.Tensor("U8", rows.loss_mask),
+        "num_tokens": shards.Tensor("I32", rows.num_tokens),
+    }
+    if packed:
+        tensors["position_ids"] = shards.Tensor("I32", rows.position_ids)
+    return tensors
+
+
+def feature_tensors(rows, spec, packed, seed=0):
+    """Token tensors plus bf16 features: random on real tokens, zero on padding."""
+    tensors = token_tensors(rows, packed)
+    rng = np.random.default_rng(seed)
+    R, S = rows.input_ids.shape
+    values = rng.standard_normal((R, S, spec.context_width)).astype(np.float32)
+    for r in range(R):
+        values[r, rows.num_tokens[r]:] = 0
+    tensors["hidden_states"] = shards.Tensor("BF16", shards.float32_to_bf16_bits(values))
+    return tensors
+
+
+def run_tool(script, *args, env=None, python=None):
+    """Runs a tool script; returns (returncode, stdout, stderr)."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    result = subprocess.run([python or sys.executable, script, *args],
+                            capture_output=True, text=True, env=full_env, timeout=600)
+    return result.returncode, result.stdout, result.stderr

@@ -1,0 +1,107 @@
+import json
+import struct
+import unittest
+import zlib
+
+from helpers import HAS_MATPLOTLIB, PLOT, TempDir, run_tool
+
+import dflash_plot
+
+
+def png_chunks(path):
+    """The chunk types of a PNG file, each CRC checked; raises on a bad file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("no PNG signature")
+    at, kinds = 8, []
+    while at < len(data):
+        (length,) = struct.unpack(">I", data[at:at + 4])
+        kind = data[at + 4:at + 8]
+        body = data[at + 8:at + 8 + length]
+        (crc,) = struct.unpack(">I", data[at + 8 + length:at + 12 + length])
+        if zlib.crc32(kind + body) != crc:
+            raise ValueError(f"bad CRC in chunk {kind}")
+        kinds.append((kind.decode(), body))
+        at += 12 + length
+    return kinds
+
+
+def write_metrics(path, steps, eval_every=None, tau=True, extra=""):
+    with open(path, "w") as f:
+        for s in range(steps):
+            line = {"step": s, "loss": 5.0 / (1 + s), "acc": s / steps, "grad_norm": 1.0,
+                    "lr": 1e-3, "step_ms": 3.0}
+            if tau:
+                line["tau"] = 1 + s / steps
+            if s == 3:
+                line["grad_norm"] = None
+                line["loss"] = None  # a non-finite value, written as null
+            f.write(json.dumps(line) + "\n")
+            if eval_every and s % eval_every == eval_every - 1:
+                f.write(json.dumps({"step": s, "eval_loss": 6.0 / (1 + s), "eval_acc": 0.5,
+                                    "eval_tau": 1.5}) + "\n")
+        f.write(extra)
+
+
+class ReadMetricsTest(TempDir):
+    def test_keys_absent_or_null(self):
+        path = self.path("metrics.jsonl")
+        write_metrics(path, 10, eval_every=5, tau=False)
+        series = dflash_plot.read_metrics(path)
+        self.assertEqual(len(series["loss"]), 9)  # the null is left out
+        self.assertEqual(series["tau"], [])
+        self.assertEqual(series["eval_loss"], [(4, 6.0 / 5), (9, 0.6)])
+        self.assertEqual(len(series["eval_tau"]), 2)
+
+    def test_malformed_lines(self):
+        path = self.path("metrics.jsonl")
+        write_metrics(path, 4, extra='{"step": 9, "loss": 1')  # a run still writing
+        self.assertEqual(len(dflash_plot.read_metrics(path)["acc"]), 4)
+        write_metrics(path, 4, extra='{"step": 9, "loss": 1\n{"step": 10}\n')
+        with self.assertRaises(dflash_plot.PlotError) as caught:
+            dflash_plot.read_metrics(path)
+        self.assertIn(f"{path}:5: malformed json", str(caught.exception))
+        write_metrics(path, 2, extra='{"loss": 1}\n')
+        with self.assertRaises(dflash_plot.PlotError) as caught:
+            dflash_plot.read_metrics(path)
+        self.assertEqual(str(caught.exception), f"{path}:3: has no integer 'step'")
+
+    def test_smooth(self):
+        self.assertEqual(dflash_plot.smooth([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
+        self.assertEqual(dflash_plot.smooth([1, 2], 1), [1, 2])
+
+
+@unittest.skipUnless(HAS_MATPLOTLIB, "needs matplotlib")
+class PlotTest(TempDir):
+    def test_png_of_two_runs(self):
+        a, b = self.path("a.jsonl"), self.path("run")
+        write_metrics(a, 50, eval_every=10)
+        import os
+        os.makedirs(b)
+        write_metrics(os.path.join(b, "metrics.jsonl"), 30, tau=False)
+        out = self.path("plot.png")
+        status, stdout, stderr = run_tool(PLOT, a, b, "-o", out, "--title", "t", "--smooth", "3")
+        self.assertEqual(status, 0, stderr)
+        self.assertIn("wrote", stdout)
+        chunks = png_chunks(out)
+        self.assertEqual(chunks[0][0], "IHDR")
+        self.assertEqual(chunks[-1][0], "IEND")
+        width, height = struct.unpack(">II", chunks[0][1][:8])
+        self.assertEqual((width, height), (1500, 400))
+        self.assertGreater(sum(len(body) for kind, body in chunks if kind == "IDAT"), 1000)
+
+    def test_errors(self):
+        out = self.path("plot.png")
+        status, _, stderr = run_tool(PLOT, self.path("none.jsonl"), "-o", out)
+        self.assertEqual(status, 2)
+        self.assertIn("dflash-plot: error: ", stderr)
+        self.assertIn("none.jsonl: cannot open", stderr)
+        empty = self.write_file("empty.jsonl", '{"step": 0, "lr": 1}\n')
+        status, _, stderr = run_tool(PLOT, empty, "-o", out)
+        self.assertEqual(status, 2)
+        self.assertIn("no loss, acc or tau values", stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

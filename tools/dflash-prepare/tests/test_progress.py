@@ -1,0 +1,73 @@
+import json
+import os
+import unittest
+
+from helpers import TempDir
+
+from dflash_prepare import progress, shards
+from dflash_prepare.errors import UserError
+
+
+class ManifestTest(TempDir):
+    def out(self):
+        return self.path("out")
+
+    def shard(self, name, data=b"x" * 10):
+        with open(os.path.join(self.out(), name), "wb") as f:
+            f.write(data)
+        return {"rows": 1, "bytes": len(data)}
+
+    def test_resume_keeps_complete_shards(self):
+        m = progress.Manifest(self.out(), "tokens", "fp1", overwrite=False)
+        m.record("shard-00000.safetensors", self.shard("shard-00000.safetensors"))
+        # Interrupted: shard 1 was written but never recorded, and a temp file
+        # of shard 2 was left behind.
+        self.shard("shard-00001.safetensors")
+        with open(shards.temp_path_for(os.path.join(self.out(), "shard-00002.safetensors")), "wb"):
+            pass
+        again = progress.Manifest(self.out(), "tokens", "fp1", overwrite=False)
+        self.assertTrue(again.done("shard-00000.safetensors"))
+        self.assertFalse(again.done("shard-00001.safetensors"))
+        self.assertFalse(again.complete)
+        self.assertEqual(sorted(os.listdir(self.out())), ["manifest.json", "shard-00000.safetensors"])
+        again.save(complete=True, report={"rows": 1})
+        with open(os.path.join(self.out(), "manifest.json")) as f:
+            saved = json.load(f)
+        self.assertEqual(saved["fingerprint"], "fp1")
+        self.assertTrue(progress.Manifest(self.out(), "tokens", "fp1", False).complete)
+
+    def test_a_changed_shard_is_redone(self):
+        m = progress.Manifest(self.out(), "tokens", "fp1", overwrite=False)
+        m.record("shard-00000.safetensors", self.shard("shard-00000.safetensors"))
+        self.shard("shard-00000.safetensors", b"short")
+        self.assertFalse(progress.Manifest(self.out(), "tokens", "fp1", False)
+                         .done("shard-00000.safetensors"))
+
+    def test_another_run_is_refused_unless_overwritten(self):
+        m = progress.Manifest(self.out(), "tokens", "fp1", overwrite=False)
+        m.record("shard-00000.safetensors", self.shard("shard-00000.safetensors"))
+        with self.assertRaises(UserError) as caught:
+            progress.Manifest(self.out(), "tokens", "fp2", overwrite=False)
+        self.assertIn("holds the shards of a different run", str(caught.exception))
+        with self.assertRaises(UserError):
+            progress.Manifest(self.out(), "features", "fp1", overwrite=False)
+        fresh = progress.Manifest(self.out(), "tokens", "fp2", overwrite=True)
+        self.assertEqual(fresh.shards, {})
+        self.assertEqual(os.listdir(self.out()), [])
+
+    def test_foreign_shards_are_refused(self):
+        os.makedirs(self.out())
+        self.shard("mine.safetensors")
+        with self.assertRaises(UserError) as caught:
+            progress.Manifest(self.out(), "tokens", "fp1", overwrite=False)
+        self.assertIn("already holds *.safetensors files but no manifest.json",
+                      str(caught.exception))
+
+    def test_fingerprint_is_order_free(self):
+        self.assertEqual(progress.fingerprint({"a": 1, "b": [1, 2]}),
+                         progress.fingerprint({"b": [1, 2], "a": 1}))
+        self.assertNotEqual(progress.fingerprint({"a": 1}), progress.fingerprint({"a": 2}))
+
+
+if __name__ == "__main__":
+    unittest.main()
