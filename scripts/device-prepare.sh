@@ -57,7 +57,7 @@ trainer() {
   rm -rf "$dir"
   "$dflashc" "$spec" --emit=cuda -o "$dir" > /dev/null
   cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DDFLASH_TRAINER_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
+    -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
   ninja -C "$dir/build" > "$dir.build.log" || { tail -20 "$dir.build.log"; exit 1; }
   cp "$dir/build/train" "$D/bin/train-$name"
   cp "$dir/manifest.json" "$D/ref/$name-manifest.json"

@@ -89,7 +89,7 @@ PY
 cat <<EOF
 device-real-data: done. To train on it (once the trainer reads packed rows):
   build-dev/bin/dflashc $spec --emit=cuda -o $work/trainer
-  cmake -S $work/trainer -B $work/trainer/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLASH_TRAINER_MPI=OFF
+  cmake -S $work/trainer -B $work/trainer/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLASH_ENABLE_MPI=OFF
   ninja -C $work/trainer/build
   $work/trainer/build/train --target $work/target --data $work/features-train --steps 300 --out $work/run
       # with held-out evaluation, once it exists: --eval-data $work/features-eval --eval-every 50

@@ -69,7 +69,9 @@ void BucketGradientsPass::runOnOperation() {
   std::vector<Grad> grads;
   for (auto [i, g] : llvm::enumerate(adamw.getGrads())) {
     if (!cast<RankedTensorType>(g.getType()).getElementType().isBF16()) {
-      adamw.emitOpError("expects bf16 gradients (they are bucketed once)");
+      adamw.emitOpError() << "expects bf16 gradients, but gradient " << i
+                          << " is " << g.getType()
+                          << ": each gradient is bucketed once";
       return signalPassFailure();
     }
     Operation *def = g.getDefiningOp();

@@ -182,7 +182,9 @@ LogicalResult fuseLmHead(func::FuncOp step) {
     // The seed right after the loss weights exist.
     Operation *weightsDef = loss.getWeights().getDefiningOp();
     if (!weightsDef)
-      return loss.emitOpError("needs loss weights computed inside @step");
+      return loss.emitOpError("needs its loss weights computed by an op, not "
+                              "passed as an argument: the loss seed is placed "
+                              "right after them");
     OpBuilder b(weightsDef->getContext());
     b.setInsertionPointAfter(weightsDef);
     Type scalar = RankedTensorType::get({}, b.getF32Type());
@@ -214,12 +216,14 @@ LogicalResult fuseOptimizer(func::FuncOp step) {
   GlobalNormOp norm = clip ? clip.getNorm().getDefiningOp<GlobalNormOp>()
                            : GlobalNormOp();
   if (!lr || !clip || !norm)
-    return step.emitError("the optimizer's learning rate and clip must come "
-                          "from dflash.lr_schedule and dflash.clip_coefficient");
+    return step.emitError("the first dflash.adamw's learning rate and clip "
+                          "must come from dflash.lr_schedule and from "
+                          "dflash.clip_coefficient of a dflash.global_norm");
   SmallVector<Value> params, masters, m, v, grads;
   for (AdamWOp u : updates) {
     if (u.getLr() != lr.getResult() || u.getClip() != clip.getResult())
-      return u.emitOpError("must share the step's learning rate and clip");
+      return u.emitOpError("must use the learning rate and clip of the first "
+                           "dflash.adamw");
     // grad = all_reduce(convert(bf16 gradient)).
     Value g = u.getGrad();
     auto reduce = g.getDefiningOp<AllReduceOp>();
@@ -250,7 +254,7 @@ LogicalResult fuseOptimizer(func::FuncOp step) {
     std::optional<unsigned> p = sig->findArg(ArgRole::Parameter, name);
     if (!p)
       return u.emitOpError() << "has no parameter argument named '" << name
-                             << "'";
+                             << "' like its master";
     params[i] = step.getArgument(*p);
   }
 

@@ -192,15 +192,16 @@ void ShardOptimizerStatePass::runOnOperation() {
     resultAttrs.push_back(step.getResultAttrDict(i));
   }
   if (!placed) {
-    step.emitError("@step does not return the optimizer state");
+    step.emitError("@step returns none of the masters and moments that "
+                   "dflash.adamw_multi updates");
     return signalPassFailure();
   }
   b.setInsertionPoint(ret);
   func::ReturnOp::create(b, ret.getLoc(), results);
   ret.erase();
   if (!multi->use_empty()) {
-    multi.emitOpError("has a result that is neither the optimizer state nor "
-                      "a metric");
+    multi.emitOpError("has a master or moment result that an op other than "
+                      "func.return reads");
     return signalPassFailure();
   }
   multi.erase();

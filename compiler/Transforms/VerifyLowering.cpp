@@ -23,21 +23,30 @@ struct VerifyLoweringPass
       return signalPassFailure();
     bool ok = true;
     for (Operation &op : sig->func().front().without_terminator()) {
+      bool isDFlash = op.getDialect() ==
+                      sig->func()->getContext()->getLoadedDialect("dflash");
       // Graph-level ops that dflash-fuse-kernels groups into a kernel.
       if (isa<EmbedOp, DraftTokensOp, RopeOp, RopeGradOp, LmHeadCeOp,
               LmHeadCeGradOp, ConvertOp, GlobalNormOp, ClipCoefficientOp,
               LrScheduleOp, AdamWOp>(op) ||
-          op.getDialect() != sig->func()->getContext()->getLoadedDialect(
-                                 "dflash")) {
-        op.emitOpError("has no kernel: it must be grouped by "
-                       "dflash-fuse-kernels before translation to CUDA");
+          !isDFlash) {
+        if (isDFlash)
+          op.emitOpError("has no kernel: it must be grouped by "
+                         "dflash-fuse-kernels before translation to CUDA");
+        else
+          op.emitOpError("has no kernel: only dflash ops translate to CUDA");
         ok = false;
         continue;
       }
       auto offsets = op.getAttrOfType<DenseI64ArrayAttr>(kOffsetsAttrName);
-      if (!offsets || offsets.size() != int64_t(op.getNumResults())) {
+      if (!offsets) {
         op.emitOpError("has no memory plan: run dflash-plan-memory before "
                        "translation to CUDA");
+        ok = false;
+      } else if (offsets.size() != int64_t(op.getNumResults())) {
+        op.emitOpError() << "has a memory plan of " << offsets.size()
+                         << " offsets, not one per result ("
+                         << op.getNumResults() << ")";
         ok = false;
       }
     }

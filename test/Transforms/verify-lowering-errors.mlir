@@ -1,5 +1,7 @@
 // RUN: dflash-opt %s --dflash-verify-lowering --split-input-file --verify-diagnostics
 
+// A graph-level op that dflash-fuse-kernels groups into a kernel (rope left
+// over, as if the pass had not run), even with a memory plan.
 func.func @step(%x: tensor<1x4x2x8xbf16> {dflash.arg = #dflash.arg<input, "x">},
                 %p: tensor<1x4xi32> {dflash.arg = #dflash.arg<input, "p">})
     -> (tensor<1x4x2x8xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
@@ -10,9 +12,32 @@ func.func @step(%x: tensor<1x4x2x8xbf16> {dflash.arg = #dflash.arg<input, "x">},
 
 // -----
 
+// A kernel op without dflash.offsets (dflash-plan-memory has not run).
 func.func @step(%x: tensor<4x8xbf16> {dflash.arg = #dflash.arg<input, "x">})
     -> (tensor<4x8xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
   // expected-error @+1 {{'dflash.add' op has no memory plan: run dflash-plan-memory before translation to CUDA}}
   %y = dflash.add %x, %x : (tensor<4x8xbf16>, tensor<4x8xbf16>) -> tensor<4x8xbf16>
+  return %y : tensor<4x8xbf16>
+}
+
+// -----
+
+// An op of another dialect (here a call): only dflash ops have a kernel.
+func.func private @helper(tensor<4x8xbf16>) -> tensor<4x8xbf16>
+
+func.func @step(%x: tensor<4x8xbf16> {dflash.arg = #dflash.arg<input, "x">})
+    -> (tensor<4x8xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+1 {{'func.call' op has no kernel: only dflash ops translate to CUDA}}
+  %y = func.call @helper(%x) : (tensor<4x8xbf16>) -> tensor<4x8xbf16>
+  return %y : tensor<4x8xbf16>
+}
+
+// -----
+
+// A memory plan of two offsets for an op with one result.
+func.func @step(%x: tensor<4x8xbf16> {dflash.arg = #dflash.arg<input, "x">})
+    -> (tensor<4x8xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+1 {{'dflash.add' op has a memory plan of 2 offsets, not one per result (1)}}
+  %y = dflash.add %x, %x {dflash.offsets = array<i64: 0, 64>} : (tensor<4x8xbf16>, tensor<4x8xbf16>) -> tensor<4x8xbf16>
   return %y : tensor<4x8xbf16>
 }

@@ -8,10 +8,11 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/DeviceContext.h"
-#include "runtime/InitialParameters.h"
-#include "runtime/Synthetic.h"
-#include "runtime/Trainer.h"
+#include "runtime/device/DeviceContext.h"
+#include "runtime/train/InitialParameters.h"
+#include "runtime/data/Synthetic.h"
+#include "runtime/train/Trainer.h"
+#include "runtime/train/TrainerGroup.h"
 
 #include <gtest/gtest.h>
 

@@ -35,12 +35,13 @@
 
 #include "kernels/Bf16.h"
 #include "schema/Parameters.h"
-#include "runtime/InitialParameters.h"
+#include "runtime/train/InitialParameters.h"
 #include "kernels/CudaCheck.cuh"
-#include "runtime/DeviceContext.h"
-#include "runtime/Synthetic.h"
-#include "runtime/TrainMain.h"
-#include "runtime/Trainer.h"
+#include "runtime/device/DeviceContext.h"
+#include "runtime/data/Synthetic.h"
+#include "runtime/cli/TrainMain.h"
+#include "runtime/train/Trainer.h"
+#include "runtime/train/TrainerGroup.h"
 #include "test/unit/RuntimeTestSupport.h"
 #include "test/unit/StepProgramTestSupport.h"
 

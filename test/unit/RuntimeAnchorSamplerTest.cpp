@@ -1,6 +1,6 @@
 //===- RuntimeAnchorSamplerTest.cpp - Anchor sampling (SEMANTICS.md 2) ----===//
 
-#include "runtime/AnchorSampler.h"
+#include "runtime/data/AnchorSampler.h"
 
 #include <gtest/gtest.h>
 

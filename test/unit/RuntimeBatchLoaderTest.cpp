@@ -1,6 +1,6 @@
 //===- RuntimeBatchLoaderTest.cpp - Data order, rank sharding, resume -----===//
 
-#include "runtime/BatchLoader.h"
+#include "runtime/data/BatchLoader.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>

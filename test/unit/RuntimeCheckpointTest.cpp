@@ -2,14 +2,14 @@
 
 #include "compiler/Spec/Spec.h"
 #include "schema/Parameters.h"
-#include "runtime/InitialParameters.h"
-#include "runtime/AtomicWrite.h"
+#include "runtime/train/InitialParameters.h"
+#include "runtime/io/AtomicWrite.h"
 #include "kernels/Bf16.h"
-#include "runtime/Checkpoint.h"
+#include "runtime/io/Checkpoint.h"
 #include "schema/ModelConfig.h"
-#include "runtime/Safetensors.h"
-#include "runtime/Synthetic.h"
-#include "runtime/TargetWeights.h"
+#include "runtime/io/Safetensors.h"
+#include "runtime/data/Synthetic.h"
+#include "runtime/io/TargetWeights.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <nlohmann/json.hpp>

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/Collectives.h"
+#include "runtime/device/Collectives.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 //===- RuntimeFeatureShardTest.cpp - Feature shard validation and rows ----===//
 
-#include "runtime/FeatureShard.h"
-#include "runtime/Synthetic.h"
+#include "runtime/data/FeatureShard.h"
+#include "runtime/data/Synthetic.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 //===- RuntimeNumericsTest.cpp - bf16, random numbers, LR schedule --------===//
 
 #include "kernels/Bf16.h"
-#include "runtime/Rng.h"
+#include "runtime/data/Rng.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/OptimizerShards.h"
+#include "runtime/train/OptimizerShards.h"
 #include "schema/StepBuffers.h"
 
 #include <gtest/gtest.h>
@@ -170,6 +170,53 @@ TEST(RuntimeOptimizerShards, PiecesPartitionRandomLayouts) {
       expectPiecesPartitionTheBucket(layout.buckets[k], world);
       if (HasFatalFailure())
         return;
+    }
+  }
+}
+
+// What a rank's sharded update reads and writes, as the runtime binds it:
+// over the ranks, every element of every tensor is updated once, at its own
+// position in the bucket's flat gradients, from the rank's own shard of the
+// state, and staged for the gather at that rank's part of the bucket, where
+// no other rank writes.
+TEST(RuntimeOptimizerShards, RankPiecesCoverTheUpdateAndTheGather) {
+  const uint64_t seed = testSeed();
+  SCOPED_TRACE("DFLASH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int64_t world = uniform(rng, 1, 8);
+    OptimizerShardLayout layout = randomLayout(rng, world, trial % 2 == 1);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", world " +
+                 std::to_string(world));
+    ASSERT_TRUE(checkShardLayout(layout).ok());
+    for (size_t k = 0; k < layout.buckets.size(); ++k) {
+      const ShardedBucket &bucket = layout.buckets[k];
+      std::vector<int> updated(size_t(world * bucket.shardElements), 0);
+      std::vector<int> staged(updated.size(), 0);
+      for (int64_t rank = 0; rank < world; ++rank)
+        for (const RankPiece &p : rankPieces(layout, rank)) {
+          if (p.bucket != k)
+            continue;
+          const ShardedTensor &t = bucket.tensors[p.tensor];
+          ASSERT_GE(p.tensorOffset, 0);
+          ASSERT_LE(p.tensorOffset + p.length, t.numel);
+          EXPECT_EQ(p.gradOffset, t.offset + p.tensorOffset);
+          ASSERT_GE(p.shardOffset, 0);
+          ASSERT_LE(p.shardOffset + p.length, bucket.shardElements);
+          // The rank's shard holds exactly the flat range it updates.
+          EXPECT_EQ(rank * bucket.shardElements + p.shardOffset, p.gradOffset);
+          EXPECT_EQ(p.stagingOffset, rank * bucket.shardElements + p.shardOffset);
+          for (int64_t i = 0; i < p.length; ++i) {
+            ++updated[size_t(p.gradOffset + i)];
+            ++staged[size_t(p.stagingOffset + i)];
+          }
+        }
+      for (const ShardedTensor &t : bucket.tensors)
+        for (int64_t i = 0; i < t.numel; ++i)
+          ASSERT_EQ(updated[size_t(t.offset + i)], 1)
+              << "bucket " << k << " tensor " << t.name << " element " << i;
+      for (int count : staged)
+        ASSERT_LE(count, 1) << "bucket " << k;
     }
   }
 }

@@ -1,6 +1,6 @@
 //===- RuntimeSafetensorsTest.cpp - safetensors reading and writing -------===//
 
-#include "runtime/Safetensors.h"
+#include "runtime/io/Safetensors.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>

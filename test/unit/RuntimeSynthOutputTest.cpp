@@ -7,11 +7,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Spec/Spec.h"
-#include "runtime/InitialParameters.h"
-#include "runtime/Checkpoint.h"
-#include "runtime/FeatureShard.h"
-#include "runtime/Synthetic.h"
-#include "runtime/TargetWeights.h"
+#include "runtime/train/InitialParameters.h"
+#include "runtime/io/Checkpoint.h"
+#include "runtime/data/FeatureShard.h"
+#include "runtime/data/Synthetic.h"
+#include "runtime/io/TargetWeights.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>

@@ -11,7 +11,7 @@
 #define DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 
 #include "schema/ModelConfig.h"
-#include "runtime/RowSource.h"
+#include "runtime/data/RowSource.h"
 
 #include <gtest/gtest.h>
 

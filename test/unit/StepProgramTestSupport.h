@@ -12,7 +12,7 @@
 #ifndef DFLASH_TEST_UNIT_STEPPROGRAMTESTSUPPORT_H
 #define DFLASH_TEST_UNIT_STEPPROGRAMTESTSUPPORT_H
 
-#include "runtime/StepProgram.h"
+#include "runtime/device/StepProgram.h"
 #include "schema/Parameters.h"
 #include "schema/StepBuffers.h"
 

@@ -10,7 +10,7 @@
 #include "compiler/Spec/Spec.h"
 #include "schema/Parameters.h"
 #include "schema/ModelConfig.h"
-#include "runtime/Synthetic.h"
+#include "runtime/data/Synthetic.h"
 
 #include <CLI/CLI.hpp>
 

@@ -3,13 +3,14 @@
 // The last stage of dflashc: a module after dflash-verify-lowering becomes a
 // directory that nvcc builds into `train` without MLIR:
 //   step.cu        the StepProgram: buffers, arena offsets, the static
-//                  schedule of kernel launches (runtime/StepProgram.h)
+//                  schedule of kernel launches (runtime/device/StepProgram.h)
 //   kernels.cu/.h  one wrapper per kernel template instantiation, so the
 //                  heavy templates compile once, beside the schedule
-//   main.cpp       the train command (runtime/TrainMain.h)
+//   main.cpp       the train command (runtime/cli/TrainMain.h)
 //   manifest.json  buffers, parameters, kernels with FLOPs, memory
-//   CMakeLists.txt builds `train` from these and a copy of runtime/ and
-//                  kernels/ under dflash/
+//   CMakeLists.txt builds `train` from these and a copy of schema/,
+//                  runtime/ and kernels/ under dflash/
+//                  (runtime/TrainerProject.cmake)
 //
 //===----------------------------------------------------------------------===//
 
@@ -31,7 +32,7 @@ struct CudaTrainerOptions {
 
 /// The generated sources of one step, in memory.
 struct CudaTrainerSources {
-  std::string stepCu, kernelsCu, kernelsH, mainCpp, manifestJson, cmakeLists;
+  std::string stepCu, kernelsCu, kernelsH, mainCpp, manifestJson;
 };
 
 /// Translates the planned step of `module`, from the IR alone (the drafter's

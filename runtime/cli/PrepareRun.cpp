@@ -1,0 +1,208 @@
+//===- PrepareRun.cpp - Everything a run needs from the host --------------===//
+
+#include "runtime/cli/PrepareRun.h"
+
+#include "runtime/data/BatchLoader.h"
+#include "runtime/data/FeatureShard.h"
+#include "runtime/train/InitialParameters.h"
+#include "schema/Parameters.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <mutex>
+#include <unistd.h>
+
+using namespace dflash;
+using namespace dflash::rt;
+namespace fs = std::filesystem;
+
+//===----------------------------------------------------------------------===//
+// Host-side loading
+//===----------------------------------------------------------------------===//
+
+/// Settles the run settings of a resumed run against its checkpoint.
+static Status settleResumedRun(const TrainOptions &o, const std::string &ckpt,
+                               RunSettings &run) {
+  RunSettings stored;
+  bool found = false;
+  if (Status s = readRunSettings(ckpt, stored, found); !s.ok())
+    return s;
+  std::string file = ckpt + "/" + kRunSettingsFile;
+  if (!found) {
+    if (!o.givenTotalSteps)
+      return Status::error(ckpt + ": has no " + kRunSettingsFile +
+                           "; give the schedule length with --total-steps");
+    run.totalSteps = o.totalSteps;
+    return Status::success();
+  }
+  if (o.givenTotalSteps && o.totalSteps != stored.totalSteps)
+    return Status::error("--total-steps " + std::to_string(o.totalSteps) +
+                         " does not match the schedule of " +
+                         std::to_string(stored.totalSteps) + " steps in " +
+                         file);
+  if (o.givenSeed && o.seed != stored.seed)
+    return Status::error("--seed " + std::to_string(o.seed) +
+                         " does not match the seed " +
+                         std::to_string(stored.seed) + " in " + file);
+  bool synthetic = o.data == "synthetic";
+  if (synthetic != (stored.data == "synthetic"))
+    return Status::error("--data " + o.data + " differs from the data '" +
+                         stored.data + "' in " + file);
+  if (synthetic && o.givenRows && o.rows != stored.syntheticRows)
+    return Status::error(
+        "--rows " + std::to_string(o.rows) + " does not match the " +
+        std::to_string(stored.syntheticRows) + " rows in " + file);
+  // Each rank has its own rows and anchor stream: another world size
+  // would read other batches than the run being continued.
+  if (stored.worldSize != run.worldSize)
+    return Status::error(
+        "--gpus: " + file + " is a run on " + std::to_string(stored.worldSize) +
+        " GPUs but this one has " + std::to_string(run.worldSize) +
+        "; resume on the same number of GPUs");
+  run.totalSteps = stored.totalSteps;
+  run.seed = stored.seed;
+  if (synthetic)
+    run.syntheticRows = stored.syntheticRows;
+  if (!o.givenLr)
+    run.lr = stored.lr;
+  if (!o.givenWarmupRatio)
+    run.warmupRatio = stored.warmupRatio;
+  return Status::success();
+}
+
+Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
+                              PreparedRun &run, int64_t node, int64_t nodes) {
+  if (o.gpus.empty())
+    return Status::error("--gpus: no device to train on");
+  bool synthetic = o.data == "synthetic";
+  RunSettings settings;
+  settings.totalSteps = o.givenTotalSteps ? o.totalSteps : o.steps;
+  settings.seed = o.seed;
+  settings.lr = o.lr;
+  settings.warmupRatio = o.warmupRatio;
+  settings.data = o.data;
+  settings.syntheticRows = synthetic ? o.rows : 0;
+  settings.worldSize = nodes * int64_t(o.gpus.size());
+
+  // Resumed state first: it settles the seed the data depends on.
+  std::vector<std::vector<uint16_t>> params;
+  if (!o.resume.empty()) {
+    std::string ckpt;
+    if (Status s = resolveCheckpoint(o.resume, ckpt); !s.ok())
+      return s;
+    if (Status s = settleResumedRun(o, ckpt, settings); !s.ok())
+      return s;
+    TrainingState state;
+    if (Status s = loadTrainingState(ckpt, config, state); !s.ok())
+      return s;
+    if (state.worldSize() != settings.worldSize)
+      return Status::error(
+          "--gpus: " + ckpt + "/" + kTrainingStateFile +
+          " holds the state of " + std::to_string(state.worldSize()) +
+          " GPUs but this run has " + std::to_string(settings.worldSize) +
+          "; resume on the same number of GPUs");
+    if (Status s = loadCheckpoint(ckpt, config, params); !s.ok())
+      return s;
+    if (state.step >= o.steps)
+      return Status::error(ckpt + " is at step " + std::to_string(state.step) +
+                           "; --steps " + std::to_string(o.steps) +
+                           " leaves nothing to train");
+    if (state.step > settings.totalSteps)
+      return Status::error(ckpt + " is at step " + std::to_string(state.step) +
+                           ", past its schedule of " +
+                           std::to_string(settings.totalSteps) + " steps");
+    run.resumedFrom = ckpt;
+    run.inputs.resume = std::move(state);
+  }
+  if (o.steps > settings.totalSteps)
+    return Status::error("--steps " + std::to_string(o.steps) +
+                         " exceeds the schedule length of " +
+                         std::to_string(settings.totalSteps) + " steps");
+
+  // Data.
+  if (synthetic) {
+    run.synthetic = std::make_unique<SyntheticProblem>();
+    if (Status s = run.synthetic->init(config, settings.seed); !s.ok())
+      return s;
+    auto rows = std::make_unique<SyntheticRowSource>(
+        *run.synthetic, settings.syntheticRows, /*pinAnchors=*/false);
+    // Rows made on the fly cannot keep up with a GPU step at full size;
+    // keep them in memory when that costs at most 16 GiB.
+    if (rows->materializedBytes() <= (size_t(16) << 30))
+      rows->materialize();
+    run.rows = std::move(rows);
+  } else {
+    auto reader = std::make_unique<FeatureShardReader>();
+    if (Status s = reader->open(o.data, config); !s.ok())
+      return s;
+    if (reader->numRows() == 0)
+      return Status::error(
+          o.data + ": no usable rows (" +
+          std::to_string(reader->numDroppedRows()) +
+          " dropped for having fewer than 2 consecutive supervised tokens)");
+    run.rows = std::move(reader);
+  }
+  {
+    // The loader's own checks, before the GPU is touched.
+    BatchLoader probe(*run.rows, config, settings.seed, 0, settings.worldSize);
+    if (Status s = probe.validate(); !s.ok())
+      return Status::error("--data " + o.data + ": " + s.message());
+    if (run.inputs.resume)
+      if (Status s =
+              probe.seek(run.inputs.resume->data, run.inputs.resume->rngState);
+          !s.ok())
+        return Status::error(run.resumedFrom + ": " + s.message());
+  }
+
+  // Frozen weights.
+  if (!o.target.empty()) {
+    if (Status s = loadTargetWeights(o.target, config, run.loadedTarget);
+        !s.ok())
+      return s;
+    run.inputs.target = &run.loadedTarget;
+  } else if (synthetic) {
+    run.inputs.target = &run.synthetic->target();
+  } else {
+    return Status::error("--data " + o.data +
+                         " needs --target DIR for the frozen embedding and "
+                         "lm_head");
+  }
+
+  // Initial parameters of a fresh run.
+  if (o.resume.empty()) {
+    if (!o.init.empty()) {
+      if (Status s = loadCheckpoint(o.init, config, params); !s.ok())
+        return s;
+    } else if (synthetic) {
+      params = run.synthetic->initialParameters();
+    } else {
+      params = initialParameters(config, settings.seed);
+    }
+  }
+  run.inputs.params = std::move(params);
+  run.inputs.rows = run.rows.get();
+
+  run.trainer.run = settings;
+  run.trainer.finalStep = o.steps;
+  run.trainer.useGraph = !o.noGraph;
+  run.trainer.outDir = o.out;
+  run.trainer.saveEvery = o.saveEvery;
+  run.trainer.exportFinal = true;
+  run.logPath = o.log.empty() ? o.out + "/metrics.jsonl" : o.log;
+  run.layout.gpus = o.gpus;
+  run.layout.node = node;
+  run.layout.nodes = nodes;
+  run.layout.forceCollectives = o.nccl;
+  return Status::success();
+}

@@ -1,0 +1,325 @@
+//===- TrainOptions.cpp - The command line of train, checked --------------===//
+
+#include "runtime/cli/TrainOptions.h"
+
+#include "runtime/train/TrainerSetup.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fcntl.h>
+#include <filesystem>
+#include <mutex>
+#include <unistd.h>
+
+using namespace dflash;
+using namespace dflash::rt;
+namespace fs = std::filesystem;
+
+//===----------------------------------------------------------------------===//
+// Command line
+//===----------------------------------------------------------------------===//
+
+/// CLI11's messages start with a capital letter; ours do not.
+static std::string lowerFirst(std::string text) {
+  if (!text.empty())
+    text[0] = char(std::tolower((unsigned char)text[0]));
+  return text;
+}
+
+/// "0,1" -> {0, 1}.
+static bool parseGpuList(const std::string &text, std::vector<int> &gpus,
+                         std::string &error) {
+  gpus.clear();
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    std::string item = text.substr(
+        start, comma == std::string::npos ? std::string::npos : comma - start);
+    char *end = nullptr;
+    errno = 0;
+    long value = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || value < 0 ||
+        value > 4096) {
+      error = "--gpus '" + text + "': '" + item + "' is not a device index";
+      return false;
+    }
+    gpus.push_back(int(value));
+    if (comma == std::string::npos)
+      break;
+    start = comma + 1;
+  }
+  return true;
+}
+
+CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
+                                                    const char *const *argv,
+                                                    const ModelConfig &config,
+                                                    TrainOptions &options,
+                                                    std::string &text) {
+  options = TrainOptions();
+  options.lr = config.lr;
+  options.warmupRatio = config.warmupRatio;
+  options.seed = uint64_t(config.seed);
+  if (config.totalSteps > 0)
+    options.steps = config.totalSteps;
+
+  CLI::App app("Trains the '" + config.name +
+                   "' DFlash drafter, compiled by dflashc: " +
+                   std::to_string(config.rowsPerGpu) + " rows of " +
+                   std::to_string(config.seqLen) + " tokens per GPU, " +
+                   std::to_string(config.anchorsPerRow) + " blocks of " +
+                   std::to_string(config.blockSize) + " draft tokens per row.",
+               "train");
+  app.get_formatter()->column_width(34);
+  app.add_option("--target", options.target,
+                 "Hugging Face directory of the target model, for its frozen "
+                 "embedding and lm_head (default with --data synthetic: the "
+                 "synthetic target)")
+      ->type_name("DIR");
+  app.add_option("--data", options.data,
+                 "'synthetic' (a learnable synthetic problem, for smoke runs "
+                 "and benchmarks), or a directory or file of feature shards")
+      ->type_name("synthetic|DIR")
+      ->required();
+  CLI::Option *steps = app.add_option(
+      "--steps", options.steps,
+      "Stop once this many optimizer steps are done in total (a resumed run "
+      "counts the steps of its checkpoint)");
+  steps->type_name("N");
+  if (config.totalSteps > 0)
+    steps->capture_default_str();
+  else
+    steps->required();
+  CLI::Option *totalSteps = app.add_option(
+      "--total-steps", options.totalSteps,
+      "Length of the learning-rate schedule (default: --steps; on resume: the "
+      "checkpoint's)");
+  totalSteps->type_name("N");
+  CLI::Option *lr = app.add_option(
+      "--lr", options.lr,
+      "Peak learning rate (default: the spec's; on resume: the checkpoint's)");
+  lr->type_name("X")->capture_default_str();
+  CLI::Option *warmup = app.add_option(
+      "--warmup-ratio", options.warmupRatio,
+      "Fraction of the schedule spent warming up linearly (default: the "
+      "spec's; on resume: the checkpoint's)");
+  warmup->type_name("X")->capture_default_str();
+  app.add_option("--save-every", options.saveEvery,
+                 "Save a resumable checkpoint every K steps (0: only after "
+                 "the last step)")
+      ->type_name("K")
+      ->capture_default_str();
+  app.add_option("--out", options.out,
+                 "Output directory: checkpoint-<step>/, latest, final/, "
+                 "metrics.jsonl")
+      ->type_name("DIR")
+      ->capture_default_str();
+  app.add_option("--resume", options.resume,
+                 "Continue a run from a training checkpoint, or from the "
+                 "newest one of an output directory (its 'latest' file)")
+      ->type_name("DIR");
+  app.add_option("--init", options.init,
+                 "Initial drafter weights: an exported checkpoint (default: "
+                 "the synthetic problem's, else N(0, 0.02) from --seed)")
+      ->type_name("DIR");
+  CLI::Option *seed = app.add_option(
+      "--seed", options.seed,
+      "Seed of the data order, anchors, synthetic data and initial weights "
+      "(default: the spec's; on resume: the checkpoint's)");
+  seed->type_name("S")->capture_default_str();
+  app.add_option("--log", options.log,
+                 "Metrics file, one JSON line per step (default: "
+                 "<out>/metrics.jsonl)")
+      ->type_name("FILE");
+  CLI::Option *rows = app.add_option(
+      "--rows", options.rows,
+      "Rows of the synthetic data set (only with --data synthetic)");
+  rows->type_name("R")->capture_default_str();
+  std::string gpuText;
+  CLI::Option *gpus = app.add_option(
+      "--gpus", gpuText,
+      "CUDA devices to train on, comma-separated, one data-parallel rank "
+      "each (default: every visible device); under mpirun, the devices of "
+      "each node");
+  gpus->type_name("LIST");
+  app.add_flag("--nccl", options.nccl,
+               "Sum over the GPUs with NCCL even when there is one (checks "
+               "the data-parallel path; with several GPUs it is always on)");
+  app.add_option("--progress-every", options.progressEvery,
+                 "When stderr is not a terminal, print progress every N "
+                 "steps")
+      ->type_name("N")
+      ->capture_default_str();
+  app.add_flag("--no-graph", options.noGraph,
+               "Run the step eagerly every time instead of replaying a "
+               "captured CUDA graph (debugging)");
+  app.footer(
+      "The first SIGINT or SIGTERM finishes the current step, saves a "
+      "checkpoint and exits with 128 + the signal; a second one quits at "
+      "once. A step whose loss or gradient norm is not finite stops the run "
+      "without saving.");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp &) {
+    text = app.help();
+    return CommandLineAction::ShowHelp;
+  } catch (const CLI::CallForAllHelp &) {
+    text = app.help("", CLI::AppFormatMode::All);
+    return CommandLineAction::ShowHelp;
+  } catch (const CLI::ParseError &error) {
+    text = lowerFirst(error.what());
+    return CommandLineAction::Fail;
+  }
+  if (gpus->count() > 0 && !parseGpuList(gpuText, options.gpus, text))
+    return CommandLineAction::Fail;
+  options.givenTotalSteps = totalSteps->count() > 0;
+  options.givenLr = lr->count() > 0;
+  options.givenWarmupRatio = warmup->count() > 0;
+  options.givenSeed = seed->count() > 0;
+  options.givenRows = rows->count() > 0;
+  return CommandLineAction::Train;
+}
+
+//===----------------------------------------------------------------------===//
+// Validation
+//===----------------------------------------------------------------------===//
+
+/// Creates `dir` when missing and checks that a file can be created in it.
+static Status checkWritableDirectory(const std::string &option,
+                                     const std::string &dir) {
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    return Status::error(option + " " + dir +
+                         ": exists and is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec)
+    return Status::error(option + " " + dir +
+                         ": cannot create the directory: " + ec.message());
+  std::string probe = dir + "/.dflash-write-test-" + std::to_string(::getpid());
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0)
+    return Status::error(option + " " + dir +
+                         ": cannot write there: " + std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return Status::success();
+}
+
+static Status checkDirectory(const std::string &option,
+                             const std::string &dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec))
+    return Status::error(option + " " + dir + ": no such directory");
+  if (!fs::is_directory(dir, ec))
+    return Status::error(option + " " + dir + ": not a directory");
+  return Status::success();
+}
+
+Status dflash::rt::validateTrainOptions(const TrainOptions &o,
+                                        const ModelConfig &config) {
+  if (o.steps < 1)
+    return Status::error("--steps must be at least 1 (got " +
+                         std::to_string(o.steps) + ")");
+  if (o.givenTotalSteps && o.totalSteps < 1)
+    return Status::error("--total-steps must be at least 1 (got " +
+                         std::to_string(o.totalSteps) + ")");
+  if (o.givenTotalSteps && o.resume.empty() && o.totalSteps < o.steps)
+    return Status::error("--total-steps (" + std::to_string(o.totalSteps) +
+                         ") is smaller than --steps (" +
+                         std::to_string(o.steps) + ")");
+  if (o.saveEvery < 0)
+    return Status::error("--save-every must not be negative (got " +
+                         std::to_string(o.saveEvery) + ")");
+  if (o.rows < 1)
+    return Status::error("--rows must be at least 1 (got " +
+                         std::to_string(o.rows) + ")");
+  if (o.progressEvery < 1)
+    return Status::error("--progress-every must be at least 1");
+  if (!std::isfinite(o.lr) || o.lr <= 0)
+    return Status::error("--lr must be a positive number");
+  if (!std::isfinite(o.warmupRatio) || o.warmupRatio < 0 || o.warmupRatio >= 1)
+    return Status::error("--warmup-ratio must be in [0, 1)");
+  for (size_t i = 0; i < o.gpus.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (o.gpus[i] == o.gpus[j])
+        return Status::error("--gpus: device " + std::to_string(o.gpus[i]) +
+                             " is listed twice (each GPU is one rank)");
+  if (o.nccl && !collectivesAvailable())
+    return Status::error("--nccl: this trainer was built without NCCL");
+  if (o.gpus.size() > 1 && !collectivesAvailable())
+    return Status::error("--gpus: training on " +
+                         std::to_string(o.gpus.size()) +
+                         " GPUs needs NCCL, and this trainer was built "
+                         "without it; give one device index");
+
+  bool synthetic = o.data == "synthetic";
+  if (o.data.empty())
+    return Status::error("--data is empty");
+  if (!synthetic) {
+    std::error_code ec;
+    if (!fs::exists(o.data, ec))
+      return Status::error("--data " + o.data + ": no such file or directory");
+    if (o.target.empty())
+      return Status::error("--data " + o.data +
+                           " needs --target DIR for the frozen embedding and "
+                           "lm_head");
+    if (o.givenRows)
+      return Status::error("--rows applies only to --data synthetic");
+  }
+  if (!o.target.empty())
+    if (Status s = checkDirectory("--target", o.target); !s.ok())
+      return s;
+  if (!o.init.empty() && !o.resume.empty())
+    return Status::error("--init and --resume exclude each other: a resumed "
+                         "run continues from its checkpoint's weights");
+  if (!o.init.empty())
+    if (Status s = checkDirectory("--init", o.init); !s.ok())
+      return s;
+  if (!o.resume.empty())
+    if (Status s = checkDirectory("--resume", o.resume); !s.ok())
+      return s;
+
+  if (o.out.empty())
+    return Status::error("--out is empty");
+  if (Status s = checkWritableDirectory("--out", o.out); !s.ok())
+    return s;
+  std::error_code ec;
+  if (o.resume.empty() && fs::exists(o.out + "/" + kLatestFile, ec))
+    return Status::error("--out " + o.out + " already holds a run (" + o.out +
+                         "/" + kLatestFile + "); continue it with --resume " +
+                         o.out + " or choose another --out");
+  if (!o.log.empty()) {
+    fs::path parent = fs::path(o.log).parent_path();
+    if (!parent.empty() && !fs::is_directory(parent, ec))
+      return Status::error("--log " + o.log + ": directory " + parent.string() +
+                           " does not exist");
+    if (fs::is_directory(o.log, ec))
+      return Status::error("--log " + o.log + ": is a directory");
+  }
+  return Status::success();
+}
+
+Status dflash::rt::resolveGpus(TrainOptions &o, int visibleDevices) {
+  if (!o.gpus.empty())
+    return Status::success();
+  for (int d = 0; d < visibleDevices; ++d)
+    o.gpus.push_back(d);
+  if (o.gpus.empty())
+    o.gpus.push_back(0);
+  if (o.gpus.size() > 1 && !collectivesAvailable())
+    return Status::error(std::to_string(o.gpus.size()) +
+                         " GPUs are visible but this trainer was built "
+                         "without NCCL; train on one with --gpus 0");
+  return Status::success();
+}

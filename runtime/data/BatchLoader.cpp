@@ -1,0 +1,105 @@
+//===- BatchLoader.cpp - Rows and anchors of each training step -----------===//
+
+#include "runtime/data/BatchLoader.h"
+
+#include <numeric>
+
+using namespace dflash;
+using namespace dflash::rt;
+
+void HostBatch::resize(const ModelConfig &c) {
+  const size_t B = size_t(c.rowsPerGpu), S = size_t(c.seqLen);
+  const size_t N = size_t(c.anchorsPerRow);
+  inputIds.assign(B * S, 0);
+  lossMask.assign(B * S, 0);
+  hiddenStates.assign(B * S * size_t(c.contextWidth()), 0);
+  anchors.assign(B * N, 0);
+  keep.assign(B * N, 0);
+  rows.assign(B, 0);
+}
+
+BatchLoader::BatchLoader(const RowSource &source, const ModelConfig &config,
+                         uint64_t seed, int64_t rank, int64_t worldSize)
+    : source(source), config(config), seed(seed), rank(rank),
+      worldSize(worldSize),
+      anchorRng(Rng::forStream(seed, kAnchorStream + uint64_t(rank))),
+      sampler(config.rowsPerGpu, config.seqLen, config.anchorsPerRow) {}
+
+Status BatchLoader::validate() const {
+  int64_t need = worldSize * config.rowsPerGpu;
+  if (source.numRows() < need)
+    return Status::error("the data has " + std::to_string(source.numRows()) +
+                         " rows but one step needs " + std::to_string(need) +
+                         " (" + std::to_string(config.rowsPerGpu) +
+                         " rows per GPU x " + std::to_string(worldSize) +
+                         " GPUs)");
+  if (rank < 0 || rank >= worldSize)
+    return Status::error("rank " + std::to_string(rank) +
+                         " is outside a world of " + std::to_string(worldSize));
+  return Status::success();
+}
+
+void BatchLoader::shuffleFor(int64_t epoch) {
+  order.resize(size_t(source.numRows()));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  Rng rng = Rng::forStream(seed, kEpochStream + uint64_t(epoch));
+  for (size_t i = order.size(); i > 1; --i)
+    std::swap(order[i - 1], order[size_t(rng.uniform(i))]);
+  orderEpoch = epoch;
+}
+
+Status BatchLoader::seek(const DataPosition &position,
+                         const Rng::State &anchorState) {
+  if (position.epoch < 0 || position.row < 0 ||
+      position.row > source.numRows())
+    return Status::error("data position (epoch " +
+                         std::to_string(position.epoch) + ", row " +
+                         std::to_string(position.row) +
+                         ") does not fit data of " +
+                         std::to_string(source.numRows()) + " rows");
+  pos = position;
+  return anchorRng.restore(anchorState);
+}
+
+Status BatchLoader::next(HostBatch &batch) {
+  if (Status s = validate(); !s.ok())
+    return s;
+  const int64_t B = config.rowsPerGpu, S = config.seqLen;
+  const int64_t N = config.anchorsPerRow, W = config.contextWidth();
+  const int64_t global = worldSize * B;
+  if (pos.row + global > source.numRows()) {
+    ++pos.epoch;
+    pos.row = 0;
+  }
+  if (orderEpoch != pos.epoch)
+    shuffleFor(pos.epoch);
+  batch.resize(config);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t row = order[size_t(pos.row + rank * B + b)];
+    batch.rows[size_t(b)] = row;
+    RowBuffers out;
+    out.inputIds = batch.inputIds.data() + b * S;
+    out.lossMask = batch.lossMask.data() + b * S;
+    out.hiddenStates = batch.hiddenStates.data() + b * S * W;
+    if (source.hasPinnedAnchors()) {
+      out.anchors = batch.anchors.data() + b * N;
+      out.keep = batch.keep.data() + b * N;
+    }
+    if (Status s = source.readRow(row, out); !s.ok())
+      return s;
+    // A NaN or inf feature would poison every gradient of the step.
+    const uint16_t *h = out.hiddenStates;
+    for (int64_t i = 0; i < S * W; ++i)
+      if ((h[i] & 0x7f80u) == 0x7f80u)
+        return Status::error(source.describeRow(row) +
+                             ": hidden_states has a non-finite value at "
+                             "position " +
+                             std::to_string(i / W) + ", feature " +
+                             std::to_string(i % W));
+  }
+  if (!source.hasPinnedAnchors())
+    sampler.sample(batch.lossMask.data(), anchorRng, batch.anchors.data(),
+                   batch.keep.data());
+  pos.row += global;
+  return Status::success();
+}

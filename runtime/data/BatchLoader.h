@@ -1,0 +1,79 @@
+//===- BatchLoader.h - Rows and anchors of each training step ---*- C++ -*-===//
+//
+// One definition of the data order, shared by the reference executor and the
+// generated trainer so that both see the same batches:
+// - epoch e visits the rows in a permutation drawn from
+//   Rng::forStream(seed, kEpochStream + e);
+// - a step consumes worldSize * B consecutive rows of that order (a global
+//   batch); rank r takes rows [r*B, (r+1)*B) of it, so ranks read distinct
+//   rows; an epoch's remainder smaller than a global batch is skipped;
+// - anchors are the rows' pinned ones when the source has them, otherwise
+//   sampled per batch (SEMANTICS.md section 2) with the rank's own
+//   Rng::forStream(seed, kAnchorStream + rank).
+// The position (epoch, next row) and the anchor Rng state are what a
+// resumable checkpoint stores.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_BATCHLOADER_H
+#define DFLASH_RUNTIME_BATCHLOADER_H
+
+#include "runtime/data/AnchorSampler.h"
+#include "runtime/io/Checkpoint.h"
+#include "schema/ModelConfig.h"
+#include "runtime/data/Rng.h"
+#include "runtime/data/RowSource.h"
+
+#include <vector>
+
+namespace dflash::rt {
+
+/// The inputs of one step on one rank, row-major.
+struct HostBatch {
+  std::vector<int32_t> inputIds;      ///< [B, S]
+  std::vector<uint8_t> lossMask;      ///< [B, S]
+  std::vector<uint16_t> hiddenStates; ///< bf16 [B, S, L*H]
+  std::vector<int32_t> anchors;       ///< [B, N]
+  std::vector<uint8_t> keep;          ///< [B, N]
+  std::vector<int64_t> rows;          ///< source row of each batch row
+
+  void resize(const ModelConfig &config);
+};
+
+class BatchLoader {
+public:
+  static constexpr uint64_t kEpochStream = 0x45504f4300000000ull;
+  static constexpr uint64_t kAnchorStream = 0x414e434800000000ull;
+
+  BatchLoader(const RowSource &source, const ModelConfig &config,
+              uint64_t seed, int64_t rank = 0, int64_t worldSize = 1);
+
+  /// Checks that one global batch fits the data.
+  Status validate() const;
+
+  /// Fills `batch` with this rank's part of the next global batch. Fails,
+  /// naming the row, on a read error or a non-finite target feature.
+  Status next(HostBatch &batch);
+
+  DataPosition position() const { return pos; }
+  Rng::State anchorRngState() const { return anchorRng.state(); }
+  /// Continues from a saved position and anchor Rng state.
+  Status seek(const DataPosition &position, const Rng::State &anchorState);
+
+private:
+  const RowSource &source;
+  const ModelConfig &config;
+  uint64_t seed;
+  int64_t rank, worldSize;
+  DataPosition pos;
+  std::vector<int64_t> order; ///< the current epoch's permutation
+  int64_t orderEpoch = -1;
+  Rng anchorRng;
+  AnchorSampler sampler;
+
+  void shuffleFor(int64_t epoch);
+};
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_BATCHLOADER_H

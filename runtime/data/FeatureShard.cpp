@@ -1,0 +1,299 @@
+//===- FeatureShard.cpp - Reading feature shards --------------------------===//
+
+#include "runtime/data/FeatureShard.h"
+
+#include "runtime/data/AnchorSampler.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <filesystem>
+
+using namespace dflash;
+using namespace dflash::rt;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::map<std::string, std::string>
+dflash::rt::featureShardMetadata(const ModelConfig &config) {
+  return {
+      {"target", config.targetModel},
+      {"target_layer_ids", shapeString(config.targetLayerIds)},
+      {"hidden_size", std::to_string(config.targetHiddenSize)},
+      {"seq_len", std::to_string(config.seqLen)},
+  };
+}
+
+static Status metadataError(const SafetensorsFile &shard,
+                            const std::string &what) {
+  return Status::error(shard.path() + ": " + what);
+}
+
+static bool parseInteger(const std::string &text, int64_t &value) {
+  const char *end = text.data() + text.size();
+  auto result = std::from_chars(text.data(), end, value);
+  return result.ec == std::errc() && result.ptr == end && !text.empty();
+}
+
+static Status checkMetadata(const SafetensorsFile &shard,
+                            const ModelConfig &config) {
+  const std::map<std::string, std::string> &meta = shard.metadata();
+  auto field = [&](const char *key, const std::string *&value) {
+    auto it = meta.find(key);
+    value = it == meta.end() ? nullptr : &it->second;
+    if (!value)
+      return metadataError(shard, std::string("metadata has no '") + key + "'");
+    return Status::success();
+  };
+  const std::string *value = nullptr;
+  Status status = field("target", value);
+  if (!status.ok())
+    return status;
+  if (*value != config.targetModel)
+    return metadataError(shard, "metadata 'target' is '" + *value +
+                                    "' but the spec needs '" +
+                                    config.targetModel + "'");
+
+  status = field("target_layer_ids", value);
+  if (!status.ok())
+    return status;
+  json ids = json::parse(*value, nullptr, /*allow_exceptions=*/false);
+  std::vector<int64_t> parsed;
+  bool valid = !ids.is_discarded() && ids.is_array();
+  if (valid)
+    for (const json &id : ids) {
+      if (!id.is_number_integer()) {
+        valid = false;
+        break;
+      }
+      parsed.push_back(id.get<int64_t>());
+    }
+  if (!valid)
+    return metadataError(shard, "metadata 'target_layer_ids' ('" + *value +
+                                    "') is not a json list of integers");
+  if (parsed != config.targetLayerIds)
+    return metadataError(
+        shard, "metadata 'target_layer_ids' is " + shapeString(parsed) +
+                   " but the spec needs " + shapeString(config.targetLayerIds));
+
+  struct IntegerField {
+    const char *key;
+    int64_t expected;
+  } integers[] = {{"hidden_size", config.targetHiddenSize},
+                  {"seq_len", config.seqLen}};
+  for (const IntegerField &integer : integers) {
+    status = field(integer.key, value);
+    if (!status.ok())
+      return status;
+    int64_t number = 0;
+    if (!parseInteger(*value, number))
+      return metadataError(shard, std::string("metadata '") + integer.key +
+                                      "' ('" + *value + "') is not an integer");
+    if (number != integer.expected)
+      return metadataError(
+          shard, std::string("metadata '") + integer.key + "' is " + *value +
+                     " but the spec needs " + std::to_string(integer.expected));
+  }
+  return Status::success();
+}
+
+/// Checks that every byte of a flag tensor is 0 or 1.
+static Status checkFlags(const SafetensorsFile &shard, const TensorView &view,
+                         int64_t rowLength) {
+  for (size_t i = 0; i < view.byteSize; ++i)
+    if (view.data[i] > 1)
+      return Status::error(
+          shard.path() + ": tensor '" + view.name + "' has value " +
+          std::to_string(view.data[i]) + " at row " +
+          std::to_string(int64_t(i) / rowLength) + ", column " +
+          std::to_string(int64_t(i) % rowLength) + " (flags are 0 or 1)");
+  return Status::success();
+}
+
+Status dflash::rt::validateFeatureShard(const SafetensorsFile &shard,
+                                        const ModelConfig &config,
+                                        int64_t &rows) {
+  Status status = checkMetadata(shard, config);
+  if (!status.ok())
+    return status;
+
+  int64_t S = config.seqLen, N = config.anchorsPerRow;
+  const TensorView *ids = shard.find("input_ids");
+  if (!ids)
+    return Status::error(shard.path() + ": has no tensor 'input_ids'");
+  if (ids->shape.size() != 2)
+    return Status::error(shard.path() + ": tensor 'input_ids' has shape " +
+                         shapeString(ids->shape) +
+                         " but the spec needs [rows, " + std::to_string(S) +
+                         "]");
+  int64_t R = ids->shape[0];
+  const TensorView *mask = nullptr, *hidden = nullptr;
+  status = shard.require("input_ids", DType::I32, {R, S}, ids);
+  if (status.ok())
+    status = shard.require("loss_mask", DType::U8, {R, S}, mask);
+  if (status.ok())
+    status = shard.require("hidden_states", DType::BF16,
+                           {R, S, config.contextWidth()}, hidden);
+  if (!status.ok())
+    return status;
+
+  const TensorView *anchors = shard.find("anchors");
+  const TensorView *keep = shard.find("keep");
+  if (bool(anchors) != bool(keep))
+    return Status::error(shard.path() + ": has tensor '" +
+                         std::string(anchors ? "anchors" : "keep") +
+                         "' without '" + (anchors ? "keep" : "anchors") + "'");
+  if (anchors) {
+    status = shard.require("anchors", DType::I32, {R, N}, anchors);
+    if (status.ok())
+      status = shard.require("keep", DType::U8, {R, N}, keep);
+    if (!status.ok())
+      return status;
+  }
+
+  for (int64_t i = 0; i < R * S; ++i) {
+    int32_t id;
+    std::memcpy(&id, ids->data + i * 4, sizeof(id));
+    if (id < 0 || id >= config.vocabSize)
+      return Status::error(shard.path() + ": tensor 'input_ids' has token " +
+                           std::to_string(id) + " at row " +
+                           std::to_string(i / S) + ", column " +
+                           std::to_string(i % S) +
+                           ", outside the vocabulary "
+                           "of " +
+                           std::to_string(config.vocabSize) + " tokens");
+  }
+  status = checkFlags(shard, *mask, S);
+  if (status.ok() && keep)
+    status = checkFlags(shard, *keep, N);
+  if (!status.ok())
+    return status;
+  if (anchors) {
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t previous = -1;
+      for (int64_t n = 0; n < N; ++n) {
+        if (!keep->data[r * N + n])
+          continue;
+        int32_t anchor;
+        std::memcpy(&anchor, anchors->data + (r * N + n) * 4, sizeof(anchor));
+        if (anchor < 0 || anchor > S - 2)
+          return Status::error(shard.path() + ": tensor 'anchors' has " +
+                               std::to_string(anchor) + " at row " +
+                               std::to_string(r) + ", slot " +
+                               std::to_string(n) + ", outside [0, " +
+                               std::to_string(S - 2) + "]");
+        if (anchor <= previous)
+          return Status::error(shard.path() +
+                               ": tensor 'anchors' is not "
+                               "strictly ascending in row " +
+                               std::to_string(r));
+        previous = anchor;
+      }
+    }
+  }
+  rows = R;
+  return Status::success();
+}
+
+Status FeatureShardReader::open(const std::string &path,
+                                const ModelConfig &modelConfig) {
+  config = modelConfig;
+  shards.clear();
+  rowIndex.clear();
+  dropped = 0;
+  pinned = false;
+  Status status = validateModelConfig(config);
+  if (!status.ok())
+    return status;
+
+  std::vector<std::string> paths;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (fs::directory_iterator it(path, ec), end; !ec && it != end;
+         it.increment(ec))
+      if (it->path().extension() == ".safetensors" && it->is_regular_file(ec))
+        paths.push_back(it->path().string());
+    if (ec)
+      return Status::error(path + ": cannot list directory: " + ec.message());
+    std::sort(paths.begin(), paths.end());
+    if (paths.empty())
+      return Status::error(path + ": has no *.safetensors shards");
+  } else {
+    paths.push_back(path);
+  }
+
+  int64_t S = config.seqLen;
+  for (const std::string &shardPath : paths) {
+    SafetensorsFile shard;
+    status = shard.open(shardPath);
+    int64_t rows = 0;
+    if (status.ok())
+      status = validateFeatureShard(shard, config, rows);
+    if (!status.ok())
+      return status;
+    bool hasAnchors = shard.find("anchors") != nullptr;
+    if (shards.empty())
+      pinned = hasAnchors;
+    else if (hasAnchors != pinned)
+      return Status::error(shardPath + ": " +
+                           (hasAnchors
+                                ? "has pinned anchors but '" +
+                                      shards.front().path() + "' has none"
+                                : "has no pinned anchors but '" +
+                                      shards.front().path() + "' has"));
+    const uint8_t *mask = shard.find("loss_mask")->data;
+    uint32_t shardIndex = uint32_t(shards.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      if (countAnchorCandidates(mask + r * S, S) > 0)
+        rowIndex.push_back({shardIndex, r});
+      else
+        ++dropped;
+    }
+    shards.push_back(std::move(shard));
+  }
+  if (rowIndex.empty())
+    return Status::error(path + ": no usable row (every row has fewer than 2 "
+                                "consecutive supervised tokens)");
+  return Status::success();
+}
+
+Status FeatureShardReader::readRow(int64_t index, const RowBuffers &out) const {
+  if (index < 0 || index >= numRows())
+    return Status::error("feature shards: row " + std::to_string(index) +
+                         " is outside [0, " + std::to_string(numRows()) + ")");
+  const RowLocation &location = rowIndex[size_t(index)];
+  const SafetensorsFile &shard = shards[location.shard];
+  int64_t S = config.seqLen, N = config.anchorsPerRow,
+          LH = config.contextWidth(), r = location.row;
+  if (out.inputIds)
+    std::memcpy(out.inputIds, shard.find("input_ids")->data + r * S * 4,
+                size_t(S) * 4);
+  if (out.lossMask)
+    std::memcpy(out.lossMask, shard.find("loss_mask")->data + r * S, size_t(S));
+  if (out.hiddenStates)
+    std::memcpy(out.hiddenStates,
+                shard.find("hidden_states")->data + r * S * LH * 2,
+                size_t(S * LH) * 2);
+  if (pinned && out.anchors)
+    std::memcpy(out.anchors, shard.find("anchors")->data + r * N * 4,
+                size_t(N) * 4);
+  if (pinned && out.keep)
+    std::memcpy(out.keep, shard.find("keep")->data + r * N, size_t(N));
+  return Status::success();
+}
+
+std::vector<std::string> FeatureShardReader::files() const {
+  std::vector<std::string> paths;
+  for (const SafetensorsFile &shard : shards)
+    paths.push_back(shard.path());
+  return paths;
+}
+
+std::string FeatureShardReader::describeRow(int64_t index) const {
+  if (index < 0 || index >= numRows())
+    return "row " + std::to_string(index) + " (out of range)";
+  const RowLocation &location = rowIndex[size_t(index)];
+  return shards[location.shard].path() + " row " + std::to_string(location.row);
+}

@@ -1,0 +1,69 @@
+//===- FeatureShard.h - Reading feature shards ------------------*- C++ -*-===//
+//
+// A feature shard is a safetensors file with `input_ids` [R, S] int32,
+// `loss_mask` [R, S] uint8, `hidden_states` [R, S, L*H] bf16, optionally
+// `anchors` [R, N] int32 and `keep` [R, N] uint8 (pinned anchors), and
+// `__metadata__` naming `target`, `target_layer_ids` (a JSON list),
+// `hidden_size` and `seq_len`. The reader validates every shard of a
+// directory against the compiled ModelConfig before training starts and
+// drops rows without an anchor candidate (fewer than 2 consecutive
+// supervised tokens, SEMANTICS.md section 2).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_FEATURESHARD_H
+#define DFLASH_RUNTIME_FEATURESHARD_H
+
+#include "schema/ModelConfig.h"
+#include "runtime/data/RowSource.h"
+#include "runtime/io/Safetensors.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dflash::rt {
+
+/// The `__metadata__` of a shard written for `config`.
+std::map<std::string, std::string>
+featureShardMetadata(const ModelConfig &config);
+
+/// Checks one opened shard against `config`: metadata fields, tensor dtypes
+/// and shapes, token ids inside the vocabulary, flags 0 or 1, pinned anchors
+/// inside [0, S-2]. Sets `rows` to R.
+Status validateFeatureShard(const SafetensorsFile &shard,
+                            const ModelConfig &config, int64_t &rows);
+
+class FeatureShardReader : public RowSource {
+public:
+  /// Opens `path`: a directory (every `*.safetensors` in it, sorted by name)
+  /// or a single shard file. Every shard must validate, and either all or
+  /// none have pinned anchors.
+  Status open(const std::string &path, const ModelConfig &config);
+
+  int64_t numRows() const override { return int64_t(rowIndex.size()); }
+  bool hasPinnedAnchors() const override { return pinned; }
+  Status readRow(int64_t index, const RowBuffers &out) const override;
+
+  /// Rows dropped for having no anchor candidate.
+  int64_t numDroppedRows() const { return dropped; }
+  /// The shard files, in reading order.
+  std::vector<std::string> files() const;
+  /// "<file> row <r>" of kept row `index`, for messages.
+  std::string describeRow(int64_t index) const override;
+
+private:
+  struct RowLocation {
+    uint32_t shard;
+    int64_t row;
+  };
+  ModelConfig config;
+  std::vector<SafetensorsFile> shards;
+  std::vector<RowLocation> rowIndex;
+  int64_t dropped = 0;
+  bool pinned = false;
+};
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_FEATURESHARD_H

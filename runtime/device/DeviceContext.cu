@@ -1,0 +1,184 @@
+//===- DeviceContext.cu - One GPU's stream, cuBLASLt and memory -----------===//
+
+#include "runtime/device/DeviceContext.h"
+
+#include "runtime/device/Collectives.h"
+
+#include "kernels/CudaCheck.cuh"
+#include "kernels/Gemm.cuh"
+
+#include <cstdio>
+
+using namespace dflash;
+using namespace dflash::rt;
+
+Status dflash::rt::cudaCallStatus(cudaError_t status, const std::string &what) {
+  if (status == cudaSuccess)
+    return Status::success();
+  // Clear the sticky last error so that later checks report their own call.
+  (void)cudaGetLastError();
+  return Status::error(what + ": " + cudaGetErrorString(status));
+}
+
+Status dflash::rt::cublasCallStatus(cublasStatus_t status,
+                                    const std::string &what) {
+  if (status == CUBLAS_STATUS_SUCCESS)
+    return Status::success();
+  return Status::error(what + ": " + kernels::detail::cublasStatusName(status));
+}
+
+int dflash::rt::visibleCudaDevices(std::string &reason) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status == cudaSuccess && count > 0)
+    return count;
+  (void)cudaGetLastError();
+  reason = status == cudaSuccess ? "" : cudaGetErrorString(status);
+  return 0;
+}
+
+std::string dflash::rt::formatBytes(size_t bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = double(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  if (unit == 0)
+    std::snprintf(text, sizeof(text), "%zu B", bytes);
+  else
+    std::snprintf(text, sizeof(text), "%.1f %s", value, units[unit]);
+  return text;
+}
+
+Status DeviceContext::create(int device, size_t gemmWorkspaceBytes,
+                             std::unique_ptr<DeviceContext> &context) {
+  std::unique_ptr<DeviceContext> made(new DeviceContext());
+  made->deviceIndex = device;
+  const std::string where = " on device " + std::to_string(device);
+  if (Status s = made->makeCurrent(); !s.ok())
+    return s;
+  cudaDeviceProp props;
+  if (Status s = cudaCallStatus(cudaGetDeviceProperties(&props, device),
+                                "cudaGetDeviceProperties" + where);
+      !s.ok())
+    return s;
+  made->deviceName = props.name;
+  if (Status s = cudaCallStatus(
+          cudaStreamCreateWithFlags(&made->mainStream, cudaStreamNonBlocking),
+          "cudaStreamCreateWithFlags" + where);
+      !s.ok())
+    return s;
+  if (Status s = cublasCallStatus(cublasLtCreate(&made->cublasLt),
+                                  "cublasLtCreate" + where);
+      !s.ok())
+    return s;
+  if (gemmWorkspaceBytes > 0) {
+    if (Status s = cudaCallStatus(
+            cudaMalloc(&made->workspace, gemmWorkspaceBytes),
+            "cudaMalloc of the " + formatBytes(gemmWorkspaceBytes) +
+                " cuBLASLt workspace" + where);
+        !s.ok())
+      return s;
+    made->workspaceSize = gemmWorkspaceBytes;
+  }
+  made->gemmPlanner = std::make_unique<kernels::CublasLtGemm>(
+      made->cublasLt, made->workspace, made->workspaceSize);
+  context = std::move(made);
+  return Status::success();
+}
+
+DeviceContext::~DeviceContext() {
+  // Nothing can be reported from here: free what exists, ignore failures (a
+  // device in an error state has already been reported by the caller).
+  if (deviceIndex >= 0)
+    (void)cudaSetDevice(deviceIndex);
+  if (mainStream)
+    (void)cudaStreamSynchronize(mainStream);
+  gemmPlanner.reset();
+  for (void *pointer : bufferPointers)
+    if (pointer)
+      (void)cudaFree(pointer);
+  if (arenaPointer)
+    (void)cudaFree(arenaPointer);
+  if (workspace)
+    (void)cudaFree(workspace);
+  if (cublasLt)
+    (void)cublasLtDestroy(cublasLt);
+  if (mainStream)
+    (void)cudaStreamDestroy(mainStream);
+  (void)cudaGetLastError();
+}
+
+Status DeviceContext::makeCurrent() const {
+  return cudaCallStatus(cudaSetDevice(deviceIndex),
+                        "cudaSetDevice(" + std::to_string(deviceIndex) + ")");
+}
+
+Status DeviceContext::allocate(const std::vector<BufferSpec> &specs,
+                               size_t arenaBytes) {
+  if (allocated)
+    return Status::error("device " + std::to_string(deviceIndex) +
+                         ": step buffers allocated twice");
+  allocated = true;
+  const std::string where = " on device " + std::to_string(deviceIndex);
+  bufferPointers.assign(specs.size(), nullptr);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    // A zero-sized buffer still gets a distinct, valid pointer.
+    size_t bytes = specs[i].bytes() ? specs[i].bytes() : 256;
+    if (Status s = cudaCallStatus(cudaMalloc(&bufferPointers[i], bytes),
+                                  "cudaMalloc of buffer '" + specs[i].name +
+                                      "' (" + formatBytes(bytes) + ")" + where);
+        !s.ok())
+      return s;
+    bufferSize += bytes;
+    // Moments start at zero and metrics must not show garbage: zero them all.
+    if (Status s = cudaCallStatus(
+            cudaMemsetAsync(bufferPointers[i], 0, bytes, mainStream),
+            "cudaMemsetAsync of buffer '" + specs[i].name + "'" + where);
+        !s.ok())
+      return s;
+  }
+  arenaSize = arenaBytes;
+  if (Status s = cudaCallStatus(
+          cudaMalloc(&arenaPointer, arenaBytes ? arenaBytes : 256),
+          "cudaMalloc of the " + formatBytes(arenaBytes) + " activation arena" +
+              where);
+      !s.ok())
+    return s;
+  return synchronize("zeroing the step buffers" + where);
+}
+
+DeviceResources DeviceContext::resources() {
+  DeviceResources resources;
+  resources.gemm = gemmPlanner.get();
+  resources.allReduceSum = nullptr;
+  resources.reduceScatterSum = nullptr;
+  resources.allGather = nullptr;
+  resources.collectives = nullptr;
+  resources.rank = 0;
+  resources.worldSize = 1;
+  if (communicator) {
+    resources.allReduceSum = &Collectives::allReduceSumHook;
+    resources.reduceScatterSum = &Collectives::reduceScatterSumHook;
+    resources.allGather = &Collectives::allGatherHook;
+    resources.collectives = communicator;
+    resources.rank = communicator->rank();
+    resources.worldSize = communicator->worldSize();
+  }
+  return resources;
+}
+
+Status DeviceContext::memory(DeviceMemory &info) const {
+  if (Status s = makeCurrent(); !s.ok())
+    return s;
+  return cudaCallStatus(cudaMemGetInfo(&info.freeBytes, &info.totalBytes),
+                        "cudaMemGetInfo on device " +
+                            std::to_string(deviceIndex));
+}
+
+Status DeviceContext::synchronize(const std::string &what) const {
+  return cudaCallStatus(cudaStreamSynchronize(mainStream), what);
+}

@@ -1,0 +1,99 @@
+//===- Checkpoint.h - Drafter checkpoints and resumable state ---*- C++ -*-===//
+//
+// SEMANTICS.md section 6. An exported checkpoint is a directory with
+// config.json and model.safetensors (bf16, parameterTable names, no `model.`
+// prefix, no embedding or lm_head) that serving engines load as a
+// DFlashDraftModel. A training checkpoint is the same directory plus
+// training_state.safetensors: fp32 masters, both Adam moments (tensors
+// "master.<name>", "adam_m.<name>", "adam_v.<name>"), the step, the anchor
+// RNG state of every rank ("rng_state": I64 [4] for one rank, [ranks, 4] for
+// a data-parallel run; each rank samples its anchors from its own stream)
+// and the data position, which every rank shares. Directories are written under
+// a temporary name and swapped in whole (StagedDirectory), so a crash leaves
+// either the previous checkpoint or the new one.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_CHECKPOINT_H
+#define DFLASH_RUNTIME_CHECKPOINT_H
+
+#include "schema/ModelConfig.h"
+#include "schema/Parameters.h"
+#include "runtime/data/Rng.h"
+#include "schema/Status.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dflash::rt {
+
+/// The config.json of an exported checkpoint. Fails when sliding layers have
+/// different windows (the Qwen3 config holds one sliding_window).
+Status checkpointConfigJson(const ModelConfig &config, std::string &text);
+
+/// Writes config.json and model.safetensors to `dir`. `params` holds one bf16
+/// buffer per parameterTable(config) entry, in that order.
+Status exportCheckpoint(const std::string &dir, const ModelConfig &config,
+                        const std::vector<const uint16_t *> &params);
+
+/// Reads an exported checkpoint back into bf16 buffers in parameterTable
+/// order, checking config.json (sizes, block size, mask token, taps) and
+/// every tensor's name, dtype and shape against `config`. F32 tensors are
+/// accepted and rounded to bf16.
+Status loadCheckpoint(const std::string &dir, const ModelConfig &config,
+                      std::vector<std::vector<uint16_t>> &params);
+
+/// Where the data loader stands, so a resumed run reads the rows it would
+/// have read.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t row = 0; ///< next row within the epoch's order
+};
+
+/// The optimizer and loader state to save; fp32 buffers in parameterTable
+/// order, read in place.
+struct TrainingStateRef {
+  int64_t step = 0; ///< optimizer steps completed
+  Rng::State rngState{}; ///< rank 0's anchor Rng (the only one on one GPU)
+  /// The anchor Rngs of ranks 1, 2, ... of a data-parallel run; empty for
+  /// one GPU.
+  std::vector<Rng::State> otherRankRngStates;
+  DataPosition data; ///< the same on every rank
+  std::vector<const float *> master, adamM, adamV;
+};
+
+/// The same state, owning its buffers, as loaded.
+struct TrainingState {
+  int64_t step = 0;
+  Rng::State rngState{};
+  std::vector<Rng::State> otherRankRngStates;
+  DataPosition data;
+  std::vector<std::vector<float>> master, adamM, adamV;
+  TrainingStateRef ref() const;
+
+  /// The number of ranks whose anchor Rng the state holds.
+  int64_t worldSize() const { return 1 + int64_t(otherRankRngStates.size()); }
+  /// Rank `rank`'s anchor Rng state (0 <= rank < worldSize()).
+  const Rng::State &anchorRngState(int64_t rank) const {
+    return rank == 0 ? rngState : otherRankRngStates[size_t(rank - 1)];
+  }
+};
+
+/// The name of the state file inside a training checkpoint.
+constexpr const char *kTrainingStateFile = "training_state.safetensors";
+
+/// Writes a training checkpoint: the exported files and the training state,
+/// all swapped in as one directory.
+Status saveTrainingCheckpoint(const std::string &dir, const ModelConfig &config,
+                              const std::vector<const uint16_t *> &params,
+                              const TrainingStateRef &state);
+
+/// Reads the training state of a training checkpoint, checking every tensor
+/// against `config`.
+Status loadTrainingState(const std::string &dir, const ModelConfig &config,
+                         TrainingState &state);
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_CHECKPOINT_H

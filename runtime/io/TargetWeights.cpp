@@ -1,0 +1,150 @@
+//===- TargetWeights.cpp - Frozen embedding and lm_head of the target -----===//
+
+#include "runtime/io/TargetWeights.h"
+
+#include "runtime/io/AtomicWrite.h"
+#include "kernels/Bf16.h"
+#include "runtime/io/Safetensors.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+
+using namespace dflash;
+using namespace dflash::rt;
+using json = nlohmann::json;
+
+/// The config entry `key`, at the top level or under text_config (where
+/// multimodal targets keep their language model's fields); null if neither.
+static const json *configEntry(const json &config, const std::string &key) {
+  auto it = config.find(key);
+  if (it != config.end())
+    return &*it;
+  auto text = config.find("text_config");
+  if (text != config.end() && text->is_object()) {
+    auto nested = text->find(key);
+    if (nested != text->end())
+      return &*nested;
+  }
+  return nullptr;
+}
+
+static Status checkConfigInteger(const json &config, const std::string &path,
+                                 const std::string &key, int64_t expected) {
+  const json *entry = configEntry(config, key);
+  if (!entry)
+    return Status::error(path + ": has no '" + key + "'");
+  if (!entry->is_number_integer())
+    return Status::error(path + ": '" + key + "' is not an integer");
+  int64_t value = entry->get<int64_t>();
+  if (value != expected)
+    return Status::error(path + ": '" + key + "' is " + std::to_string(value) +
+                         " but the spec needs " + std::to_string(expected));
+  return Status::success();
+}
+
+/// The first of `names` that the model has; null (with success) if none.
+static Status findFirst(ShardedSafetensors &tensors,
+                        const std::vector<std::string> &names,
+                        const TensorView *&view) {
+  view = nullptr;
+  for (const std::string &name : names) {
+    Status status = tensors.find(name, view);
+    if (!status.ok() || view)
+      return status;
+  }
+  return Status::success();
+}
+
+static Status copyAsBf16(ShardedSafetensors &tensors, const TensorView &view,
+                         int64_t V, int64_t H, std::vector<uint16_t> &out) {
+  std::string where = tensors.directory() + "/" + tensors.fileOf(view.name) +
+                      ": tensor '" + view.name + "'";
+  std::vector<int64_t> expected{V, H};
+  if (view.shape != expected)
+    return Status::error(where + " has shape " + shapeString(view.shape) +
+                         " but the spec needs " + shapeString(expected));
+  size_t count = size_t(V) * size_t(H);
+  out.resize(count);
+  if (view.dtype == DType::BF16) {
+    std::memcpy(out.data(), view.data, count * sizeof(uint16_t));
+    return Status::success();
+  }
+  if (view.dtype == DType::F32) {
+    for (size_t i = 0; i < count; ++i) {
+      float value;
+      std::memcpy(&value, view.data + i * sizeof(float), sizeof(float));
+      out[i] = floatToBf16(value);
+    }
+    return Status::success();
+  }
+  return Status::error(where + " has dtype " + dtypeName(view.dtype) +
+                       " but BF16 or F32 is needed");
+}
+
+Status dflash::rt::loadTargetWeights(const std::string &dir,
+                                     const ModelConfig &config,
+                                     TargetWeights &weights) {
+  std::string configPath = dir + "/config.json";
+  std::string text;
+  Status status = readTextFile(configPath, text);
+  if (!status.ok())
+    return status;
+  json targetConfig = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (targetConfig.is_discarded() || !targetConfig.is_object())
+    return Status::error(configPath + ": not a json object");
+  status = checkConfigInteger(targetConfig, configPath, "hidden_size",
+                              config.targetHiddenSize);
+  if (status.ok())
+    status = checkConfigInteger(targetConfig, configPath, "vocab_size",
+                                config.vocabSize);
+  if (status.ok())
+    status = checkConfigInteger(targetConfig, configPath, "num_hidden_layers",
+                                config.targetNumLayers);
+  if (!status.ok())
+    return status;
+  const json *tie = configEntry(targetConfig, "tie_word_embeddings");
+  if (tie && !tie->is_boolean())
+    return Status::error(configPath + ": 'tie_word_embeddings' is not a "
+                                      "boolean");
+
+  ShardedSafetensors tensors;
+  status = tensors.open(dir);
+  if (!status.ok())
+    return status;
+  const TensorView *embed = nullptr, *lmHead = nullptr;
+  status = findFirst(tensors,
+                     {"model.embed_tokens.weight",
+                      "model.language_model.embed_tokens.weight",
+                      "language_model.model.embed_tokens.weight"},
+                     embed);
+  if (!status.ok())
+    return status;
+  if (!embed)
+    return Status::error(dir + ": has no tensor 'model.embed_tokens.weight'");
+  status = findFirst(
+      tensors, {"lm_head.weight", "language_model.lm_head.weight"}, lmHead);
+  if (!status.ok())
+    return status;
+
+  // The compiled trainer fixes tying; the target must agree where it says.
+  bool tied = config.tieWordEmbeddings;
+  if (tie && tie->get<bool>() != tied)
+    return Status::error(configPath + ": 'tie_word_embeddings' is " +
+                         (tie->get<bool>() ? "true" : "false") +
+                         " but the spec needs " + (tied ? "true" : "false"));
+  if (!tied && !lmHead)
+    return Status::error(dir + ": has no tensor 'lm_head.weight' but the "
+                               "spec sets tie_word_embeddings false");
+
+  weights = TargetWeights();
+  weights.vocabSize = config.vocabSize;
+  weights.hiddenSize = config.targetHiddenSize;
+  weights.tied = tied;
+  status = copyAsBf16(tensors, *embed, config.vocabSize,
+                      config.targetHiddenSize, weights.embed);
+  if (status.ok() && !tied)
+    status = copyAsBf16(tensors, *lmHead, config.vocabSize,
+                        config.targetHiddenSize, weights.lmHead);
+  return status;
+}

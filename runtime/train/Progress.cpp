@@ -1,0 +1,249 @@
+//===- Progress.cpp - Step metrics: JSONL log and live progress -----------===//
+
+#include "runtime/train/Progress.h"
+
+#include "runtime/io/AtomicWrite.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+using namespace dflash;
+using namespace dflash::rt;
+
+bool StepMetrics::finite() const {
+  return std::isfinite(loss) && std::isfinite(gradNorm);
+}
+
+void dflash::rt::setThroughput(StepMetrics &m, const ModelConfig &config,
+                               int64_t worldSize, double flopsPerStep) {
+  double seconds = m.stepMs / 1e3;
+  if (!(seconds > 0)) {
+    m.contextTokensPerS = m.draftTokensPerS = m.tflops = 0;
+    return;
+  }
+  double rows = double(config.rowsPerGpu) * double(worldSize);
+  m.contextTokensPerS = rows * double(config.seqLen) / seconds;
+  m.draftTokensPerS = rows * double(config.draftLength()) / seconds;
+  m.tflops = flopsPerStep / seconds / 1e12;
+}
+
+/// `value` in printf format `format`, or null when it is not finite (JSON
+/// has no NaN or infinity).
+static std::string jsonNumber(const char *format, double value) {
+  if (!std::isfinite(value))
+    return "null";
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value);
+  return text;
+}
+
+/// `, "rank_step_ms": [..]`, or nothing for no ranks.
+static std::string rankTimes(const std::vector<double> &times) {
+  if (times.empty())
+    return "";
+  std::string text = ", \"rank_step_ms\": [";
+  for (size_t r = 0; r < times.size(); ++r)
+    text += (r ? ", " : "") + jsonNumber("%.4f", times[r]);
+  return text + "]";
+}
+
+std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
+  // Losses, norms and rates keep 9 significant digits so that runs can be
+  // compared bit for bit in float; timings need far fewer.
+  return "{\"step\": " + std::to_string(m.step) +
+         ", \"loss\": " + jsonNumber("%.9g", m.loss) +
+         ", \"acc\": " + jsonNumber("%.9g", m.acc) +
+         ", \"grad_norm\": " + jsonNumber("%.9g", m.gradNorm) +
+         ", \"lr\": " + jsonNumber("%.9g", m.lr) +
+         ", \"step_ms\": " + jsonNumber("%.4f", m.stepMs) +
+         ", \"compute_ms\": " + jsonNumber("%.4f", m.computeMs) +
+         ", \"tokens_per_s\": " + jsonNumber("%.1f", m.contextTokensPerS) +
+         ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
+         ", \"tflops\": " + jsonNumber("%.3f", m.tflops) +
+         rankTimes(m.rankStepMs) + "}";
+}
+
+//===----------------------------------------------------------------------===//
+// MetricsLog
+//===----------------------------------------------------------------------===//
+
+MetricsLog::~MetricsLog() {
+  if (file)
+    std::fclose(file);
+}
+
+/// The lines of `text` that are complete JSON objects with a "step" below
+/// `firstStep`.
+static std::string linesBefore(const std::string &text, int64_t firstStep) {
+  std::istringstream in(text);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    nlohmann::json value = nlohmann::json::parse(line, nullptr, false);
+    if (value.is_discarded() || !value.is_object())
+      continue;
+    auto step = value.find("step");
+    if (step == value.end() || !step->is_number_integer() ||
+        step->get<int64_t>() >= firstStep)
+      continue;
+    kept += line + "\n";
+  }
+  return kept;
+}
+
+Status MetricsLog::open(const std::string &path, int64_t firstStep) {
+  if (file)
+    return Status::error(path + ": metrics log opened twice");
+  filePath = path;
+  if (firstStep > 0) {
+    std::string text;
+    // A missing log is fine: the earlier run may have logged elsewhere.
+    if (readTextFile(path, text).ok()) {
+      if (Status s = writeFileAtomically(path, linesBefore(text, firstStep));
+          !s.ok())
+        return s;
+    }
+  }
+  file = std::fopen(path.c_str(), firstStep > 0 ? "a" : "w");
+  if (!file)
+    return Status::error(
+        path + ": cannot open the metrics log: " + std::strerror(errno));
+  return Status::success();
+}
+
+Status MetricsLog::append(const StepMetrics &metrics) {
+  if (!file)
+    return Status::error("the metrics log is not open");
+  std::string line = metricsJsonLine(metrics) + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file) != line.size() ||
+      std::fflush(file) != 0)
+    return Status::error(
+        filePath + ": cannot write the metrics log: " + std::strerror(errno));
+  return Status::success();
+}
+
+//===----------------------------------------------------------------------===//
+// Progress line
+//===----------------------------------------------------------------------===//
+
+std::string dflash::rt::formatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0)
+    return "?";
+  long long s = (long long)std::llround(seconds);
+  char text[32];
+  if (s < 60)
+    std::snprintf(text, sizeof(text), "%llds", s);
+  else if (s < 3600)
+    std::snprintf(text, sizeof(text), "%lldm%02llds", s / 60, s % 60);
+  else if (s < 86400)
+    std::snprintf(text, sizeof(text), "%lldh%02lldm", s / 3600,
+                  (s % 3600) / 60);
+  else
+    std::snprintf(text, sizeof(text), "%lldd%02lldh", s / 86400,
+                  (s % 86400) / 3600);
+  return text;
+}
+
+std::string dflash::rt::formatRate(double perSecond) {
+  if (!std::isfinite(perSecond) || perSecond < 0)
+    return "?";
+  const char *suffixes[] = {"", "k", "M", "G", "T"};
+  int unit = 0;
+  while (perSecond >= 999.95 && unit < 4) {
+    perSecond /= 1000.0;
+    ++unit;
+  }
+  char text[32];
+  if (unit == 0)
+    std::snprintf(text, sizeof(text), "%.0f", perSecond);
+  else
+    std::snprintf(text, sizeof(text), perSecond < 9.995 ? "%.2f%s" : "%.1f%s",
+                  perSecond, suffixes[unit]);
+  return text;
+}
+
+std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
+                                     int64_t finalStep, double etaSeconds) {
+  char ranks[64] = "";
+  if (m.rankStepMs.size() > 1) {
+    // Unknown times (NaN) are left out.
+    double fastest = m.stepMs;
+    for (double t : m.rankStepMs)
+      if (std::isfinite(t))
+        fastest = std::min(fastest, t);
+    std::snprintf(ranks, sizeof(ranks), " (%zu GPUs, fastest %.1f)",
+                  m.rankStepMs.size(), fastest);
+  }
+  char text[320];
+  std::snprintf(text, sizeof(text),
+                "step %lld/%lld  loss %.4f  acc %.4f  %s tok/s  draft %s "
+                "tok/s  %.1f ms/step%s  ETA %s",
+                (long long)stepsDone, (long long)finalStep, m.loss, m.acc,
+                formatRate(m.contextTokensPerS).c_str(),
+                formatRate(m.draftTokensPerS).c_str(), m.stepMs, ranks,
+                formatDuration(etaSeconds).c_str());
+  return text;
+}
+
+ProgressDisplay::ProgressDisplay(std::FILE *out, bool rewrite,
+                                 int64_t plainEvery)
+    : out(out), rewrite(rewrite), plainEvery(plainEvery > 0 ? plainEvery : 1) {}
+
+void ProgressDisplay::update(const StepMetrics &metrics, int64_t finalStep) {
+  double now = std::chrono::duration<double>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+                   .count();
+  update(metrics, finalStep, now);
+}
+
+void ProgressDisplay::update(const StepMetrics &metrics, int64_t finalStep,
+                             double nowSeconds) {
+  int64_t stepsDone = metrics.step + 1;
+  int64_t remaining = finalStep > stepsDone ? finalStep - stepsDone : 0;
+  double eta;
+  if (updates == 0) {
+    // The first step of a run also captures the graph; later estimates
+    // start after it.
+    firstSeconds = nowSeconds;
+    firstStepsDone = stepsDone;
+    eta = metrics.stepMs / 1e3 * double(remaining);
+  } else {
+    double perStep = (nowSeconds - firstSeconds) /
+                     double(std::max<int64_t>(stepsDone - firstStepsDone, 1));
+    eta = perStep * double(remaining);
+  }
+  ++updates;
+  std::string line = progressLine(metrics, stepsDone, finalStep, eta);
+  bool last = stepsDone >= finalStep;
+  if (rewrite) {
+    if (!last && updates > 1 && lastDrawSeconds >= 0 &&
+        nowSeconds - lastDrawSeconds < 0.1)
+      return;
+    lastDrawSeconds = nowSeconds;
+    // Clear to the end of the line: the previous text may have been longer.
+    std::fprintf(out, "\r%s\033[K", line.c_str());
+    lineOpen = true;
+  } else if (updates == 1 || last || stepsDone % plainEvery == 0) {
+    std::fprintf(out, "%s\n", line.c_str());
+  }
+  std::fflush(out);
+}
+
+void ProgressDisplay::note(const std::string &message) {
+  finish();
+  std::fprintf(out, "%s\n", message.c_str());
+  std::fflush(out);
+}
+
+void ProgressDisplay::finish() {
+  if (!lineOpen)
+    return;
+  std::fputc('\n', out);
+  std::fflush(out);
+  lineOpen = false;
+}

@@ -1,0 +1,295 @@
+//===- StepBuffers.cpp - A step program's buffers, bound by role ----------===//
+
+#include "runtime/train/StepBuffers.h"
+
+#include "schema/Parameters.h"
+
+#include <map>
+#include <string>
+
+using namespace dflash;
+using namespace dflash::rt;
+
+namespace {
+/// Checks buffers one at a time against what the runtime fills or reads.
+class BufferChecker {
+public:
+  explicit BufferChecker(const std::vector<BufferSpec> &buffers)
+      : buffers(buffers) {}
+
+  std::string describe(int index) const {
+    const BufferSpec &b = buffers[size_t(index)];
+    return "step program: " + std::string(nameOf(b.role)) + " buffer '" +
+           b.name + "'";
+  }
+
+  /// Puts `index` into `slot` after checking its dtype (one of `dtypes`)
+  /// and shape.
+  Status claim(int index, int &slot, std::initializer_list<DType> dtypes,
+               const std::vector<int64_t> &shape) const {
+    const BufferSpec &b = buffers[size_t(index)];
+    if (slot != -1)
+      return Status::error(describe(index) + " appears twice");
+    bool dtypeOk = false;
+    std::string expected;
+    for (DType d : dtypes) {
+      dtypeOk |= b.dtype == d;
+      expected += std::string(expected.empty() ? "" : " or ") + dtypeName(d);
+    }
+    if (!dtypeOk)
+      return Status::error(describe(index) + " has dtype " +
+                           dtypeName(b.dtype) + " but the runtime needs " +
+                           expected);
+    if (b.shape != shape)
+      return Status::error(describe(index) + " has shape " +
+                           shapeString(b.shape) + " but the config needs " +
+                           shapeString(shape));
+    slot = index;
+    return Status::success();
+  }
+
+  /// A scalar: any shape of one element.
+  Status claimScalar(int index, int &slot, DType dtype) const {
+    const BufferSpec &b = buffers[size_t(index)];
+    if (shapeNumel(b.shape) != 1)
+      return Status::error(describe(index) + " has shape " +
+                           shapeString(b.shape) + " but must be a scalar");
+    return claim(index, slot, {dtype}, b.shape);
+  }
+
+  /// The buffer's index within its role, if it is below `count`.
+  Status member(int index, int64_t count, const char *what) const {
+    int64_t i = buffers[size_t(index)].index;
+    if (i < 0 || i >= count)
+      return Status::error(describe(index) + " has index " +
+                           std::to_string(i) + ", which is not " + what);
+    return Status::success();
+  }
+
+private:
+  const std::vector<BufferSpec> &buffers;
+};
+} // namespace
+
+/// Checks a shard layout against the trainable tensors and records, per
+/// bucket, which tensor of `table` each of its entries is.
+static Status mapShardLayout(const OptimizerShardLayout &layout,
+                             const std::vector<ParamInfo> &table,
+                             StepBufferMap &m) {
+  if (Status s = checkShardLayout(layout); !s.ok())
+    return Status::error("step program: " + s.message());
+  std::vector<int64_t> bucketOf(table.size(), -1);
+  m.shardTensors.assign(layout.buckets.size(), {});
+  for (size_t k = 0; k < layout.buckets.size(); ++k) {
+    const std::string where =
+        "step program: optimizer shard layout, bucket " + std::to_string(k);
+    for (const ShardedTensor &tensor : layout.buckets[k].tensors) {
+      if (tensor.param < 0 || tensor.param >= int64_t(table.size()))
+        return Status::error(where + ": '" + tensor.name + "' (index " +
+                             std::to_string(tensor.param) +
+                             ") is not a trainable tensor of the config");
+      size_t t = size_t(tensor.param);
+      if (bucketOf[t] >= 0)
+        return Status::error(where + ": tensor '" + tensor.name +
+                             "' is already in bucket " +
+                             std::to_string(bucketOf[t]));
+      if (tensor.numel != table[t].numel())
+        return Status::error(where + ": tensor '" + tensor.name + "' has " +
+                             std::to_string(tensor.numel) +
+                             " elements but the config gives it " +
+                             std::to_string(table[t].numel()));
+      bucketOf[t] = int64_t(k);
+      m.shardTensors[k].push_back(t);
+    }
+  }
+  for (size_t t = 0; t < table.size(); ++t)
+    if (bucketOf[t] < 0)
+      return Status::error("step program: the optimizer shard layout has no "
+                           "bucket for '" +
+                           table[t].name + "'");
+  m.sharded = true;
+  for (std::vector<int> *v : {&m.shardMaster, &m.shardMoment1, &m.shardMoment2})
+    v->assign(layout.buckets.size(), -1);
+  return Status::success();
+}
+
+Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
+                                  const ModelConfig &c,
+                                  const OptimizerShardLayout *shards,
+                                  StepBufferMap &map) {
+  StepBufferMap m;
+  BufferChecker check(buffers);
+  const int64_t V = c.vocabSize, H = c.hiddenSize;
+  std::vector<ParamInfo> table = parameterTable(c);
+  for (std::vector<int> *v : {&m.param, &m.master, &m.moment1, &m.moment2})
+    v->assign(table.size(), -1);
+  m.inputs.fill(-1);
+  m.frozen.fill(-1);
+  m.counters.fill(-1);
+  m.namedMetrics.fill(-1);
+  if (shards)
+    if (Status s = mapShardLayout(*shards, table, m); !s.ok())
+      return s;
+
+  for (int i = 0; i < int(buffers.size()); ++i) {
+    const BufferSpec &b = buffers[size_t(i)];
+    Status status;
+    switch (b.role) {
+    case BufferRole::Input: {
+      status = check.member(i, kNumStepInputs, "a step input");
+      if (!status.ok())
+        break;
+      StepInput input = StepInput(b.index);
+      std::initializer_list<DType> flag = {DType::U8, DType::BOOL};
+      std::initializer_list<DType> exact = {dtypeOf(input)};
+      status = check.claim(i, m.inputs[size_t(b.index)],
+                           dtypeOf(input) == DType::U8 ? flag : exact,
+                           shapeOf(input, c));
+      break;
+    }
+    case BufferRole::Frozen:
+      status = check.member(i, kNumFrozenWeights, "a frozen weight");
+      if (status.ok())
+        status = check.claim(i, m.frozen[size_t(b.index)], {DType::BF16},
+                             {V, H});
+      break;
+    case BufferRole::Master:
+    case BufferRole::Moment1:
+    case BufferRole::Moment2:
+      if (m.sharded) {
+        status = check.member(
+            i, int64_t(shards->buckets.size()),
+            ("a bucket of the optimizer shard layout: the step shards its "
+             "optimizer state into " +
+             std::to_string(shards->buckets.size()) +
+             " buckets ('bucket.<k>'), with no per-tensor state")
+                .c_str());
+        if (!status.ok())
+          break;
+        size_t k = size_t(b.index);
+        std::vector<int> &slots = b.role == BufferRole::Master ? m.shardMaster
+                                  : b.role == BufferRole::Moment1
+                                      ? m.shardMoment1
+                                      : m.shardMoment2;
+        status = check.claim(i, slots[k], {DType::F32},
+                             {shards->buckets[k].shardElements});
+        break;
+      }
+      [[fallthrough]];
+    case BufferRole::Parameter: {
+      status = check.member(i, int64_t(table.size()),
+                            "a trainable tensor of the config");
+      if (!status.ok())
+        break;
+      size_t t = size_t(b.index);
+      std::vector<int> &slots = b.role == BufferRole::Parameter ? m.param
+                                : b.role == BufferRole::Master  ? m.master
+                                : b.role == BufferRole::Moment1 ? m.moment1
+                                                                : m.moment2;
+      DType dtype = b.role == BufferRole::Parameter ? DType::BF16 : DType::F32;
+      status = check.claim(i, slots[t], {dtype}, table[t].shape);
+      break;
+    }
+    case BufferRole::Counter:
+      status = check.member(i, kNumStepCounters, "a step counter");
+      if (status.ok())
+        status = check.claimScalar(i, m.counters[size_t(b.index)], DType::I32);
+      break;
+    case BufferRole::Metric: {
+      if (b.dtype != DType::F32 || shapeNumel(b.shape) < 1) {
+        status = Status::error(check.describe(i) + " has dtype " +
+                               dtypeName(b.dtype) + " and shape " +
+                               shapeString(b.shape) +
+                               " but metrics are F32 with at least one "
+                               "element");
+        break;
+      }
+      m.metrics.push_back(i);
+      // Metrics past the named ones are reported, not interpreted.
+      if (b.index >= 0) {
+        status = check.member(i, kNumStepMetrics, "a step metric");
+        if (status.ok())
+          status =
+              check.claimScalar(i, m.namedMetrics[size_t(b.index)], DType::F32);
+      }
+      break;
+    }
+    }
+    if (!status.ok())
+      return status;
+  }
+
+  for (int k = 0; k < kNumStepInputs; ++k)
+    if (m.inputs[size_t(k)] < 0)
+      return Status::error("step program: has no input buffer '" +
+                           std::string(nameOf(StepInput(k))) + "'");
+  if (m.frozen[size_t(FrozenWeight::Embed)] < 0)
+    return Status::error("step program: has no frozen buffer 'embed'");
+  if (!c.tieWordEmbeddings && m.frozen[size_t(FrozenWeight::LmHead)] < 0)
+    return Status::error("step program: has no frozen buffer 'lm_head' but "
+                         "the target does not tie it to the embedding");
+  for (int k = 0; k < kNumStepCounters; ++k)
+    if (m.counters[size_t(k)] < 0)
+      return Status::error("step program: has no counter buffer '" +
+                           std::string(nameOf(StepCounter(k))) + "'");
+  for (int k = 0; k < kNumStepMetrics; ++k)
+    if (m.namedMetrics[size_t(k)] < 0)
+      return Status::error("step program: has no metric buffer '" +
+                           std::string(nameOf(StepMetric(k))) + "'");
+  const BufferRole perTensor[] = {BufferRole::Parameter, BufferRole::Master,
+                                  BufferRole::Moment1, BufferRole::Moment2};
+  // Sharded: the parameters per tensor, the state per bucket.
+  const int perTensorRoles = m.sharded ? 1 : 4;
+  const std::vector<int> *lists[] = {&m.param, &m.master, &m.moment1,
+                                     &m.moment2};
+  for (int r = 0; r < perTensorRoles; ++r)
+    for (size_t t = 0; t < table.size(); ++t)
+      if ((*lists[r])[t] < 0)
+        return Status::error("step program: has no " +
+                             std::string(nameOf(perTensor[r])) +
+                             " buffer for '" + table[t].name + "'");
+  if (m.sharded) {
+    const std::vector<int> *shardLists[] = {&m.shardMaster, &m.shardMoment1,
+                                            &m.shardMoment2};
+    for (int r = 0; r < 3; ++r)
+      for (size_t k = 0; k < shardLists[r]->size(); ++k)
+        if ((*shardLists[r])[k] < 0)
+          return Status::error(
+              "step program: has no " + std::string(nameOf(perTensor[1 + r])) +
+              " buffer '" + shardBufferName(k) + "' for bucket " +
+              std::to_string(k) + " of its optimizer shard layout");
+    m.master.clear();
+    m.moment1.clear();
+    m.moment2.clear();
+  }
+  map = std::move(m);
+  return Status::success();
+}
+
+StepHyper dflash::rt::stepHyperFor(const ModelConfig &c, double lr,
+                                   double warmupRatio) {
+  StepHyper hyper;
+  hyper.lr = float(lr);
+  hyper.warmupRatio = float(warmupRatio);
+  hyper.maxGradNorm = float(c.maxGradNorm);
+  hyper.beta1 = float(c.beta1);
+  hyper.beta2 = float(c.beta2);
+  hyper.eps = float(c.adamEps);
+  hyper.weightDecay = float(c.weightDecay);
+  return hyper;
+}
+
+Status dflash::rt::checkShardWorld(const OptimizerShardLayout &shards,
+                                   int64_t world) {
+  if (shards.worldSize == world)
+    return Status::success();
+  auto gpus = [](int64_t n) {
+    return std::to_string(n) + (n == 1 ? " GPU" : " GPUs");
+  };
+  return Status::error(
+      "this trainer was compiled to shard the optimizer state over " +
+      gpus(shards.worldSize) +
+      " ([parallel] gpus_per_node x nodes in its spec) but runs on " +
+      std::to_string(world) + "; recompile the spec for " + gpus(world) +
+      " or drop shard_optimizer_state");
+}

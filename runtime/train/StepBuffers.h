@@ -1,0 +1,85 @@
+//===- StepBuffers.h - A step program's buffers, bound by role ---*- C++ -*-===//
+//
+// Host code (no CUDA): which buffer of a compiled step is which, checked
+// against the model config by (role, index) before anything is allocated;
+// and the hyperparameters the step reads at run time.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_TRAIN_STEPBUFFERS_H
+#define DFLASH_RUNTIME_TRAIN_STEPBUFFERS_H
+
+#include "runtime/train/OptimizerShards.h"
+#include "schema/ModelConfig.h"
+#include "schema/Status.h"
+#include "schema/StepBuffers.h"
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace dflash::rt {
+
+/// Hyperparameters the step reads at run time. Defaults are the spec's;
+/// `train --lr/--warmup-ratio` override them before the graph is captured.
+struct StepHyper {
+  float lr = 0;
+  float warmupRatio = 0;
+  float maxGradNorm = 1;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weightDecay = 0;
+};
+
+/// Which entry of StepProgram::buffers() holds what; -1 when absent.
+struct StepBufferMap {
+  /// By StepInput, FrozenWeight (lm_head is -1 when the target ties them),
+  /// StepCounter and StepMetric.
+  std::array<int, kNumStepInputs> inputs{};
+  std::array<int, kNumFrozenWeights> frozen{};
+  std::array<int, kNumStepCounters> counters{};
+  std::array<int, kNumStepMetrics> namedMetrics{};
+  int input(StepInput k) const { return inputs[size_t(k)]; }
+  int frozenWeight(FrozenWeight k) const { return frozen[size_t(k)]; }
+  int counter(StepCounter k) const { return counters[size_t(k)]; }
+  int metric(StepMetric k) const { return namedMetrics[size_t(k)]; }
+  /// One entry per parameterTable(config) tensor. master, moment1 and
+  /// moment2 are empty when the optimizer state is sharded.
+  std::vector<int> param, master, moment1, moment2;
+  /// ZeRO-1 (StepProgram::optimizerShards): whether the optimizer state is
+  /// held as one shard per bucket instead of per tensor.
+  bool sharded = false;
+  /// With `sharded`, one entry per bucket of the layout: its "bucket.<k>"
+  /// buffers.
+  std::vector<int> shardMaster, shardMoment1, shardMoment2;
+  /// With `sharded`, per bucket and per tensor of the bucket (in layout
+  /// order): its index in parameterTable(config).
+  std::vector<std::vector<size_t>> shardTensors;
+  /// Every Metric buffer, in buffers() order.
+  std::vector<int> metrics;
+};
+
+/// Maps every buffer of a step program and checks it against `config`:
+/// the five inputs, embed (and lm_head unless tied), four buffers per
+/// trainable tensor, the step and total_steps counters and the loss, acc,
+/// grad_norm and lr metrics, each with the dtype and shape SEMANTICS.md
+/// gives. With `shards` (StepProgram::optimizerShards; null: unsharded),
+/// the layout must be valid and hold every trainable tensor exactly once,
+/// and the optimizer state is instead one F32 [S_k] master, moment1 and
+/// moment2 buffer per bucket k, named shardBufferName(k). Messages name the
+/// buffer, bucket or tensor.
+Status mapStepBuffers(const std::vector<BufferSpec> &buffers,
+                      const ModelConfig &config,
+                      const OptimizerShardLayout *shards, StepBufferMap &map);
+
+/// The shard size is compiled in: a sharded step runs on its world only
+/// (`world` GPUs); the error says how to recompile.
+Status checkShardWorld(const OptimizerShardLayout &shards, int64_t world);
+
+/// The step's hyperparameters: the config's, with lr and warmup ratio as
+/// given.
+StepHyper stepHyperFor(const ModelConfig &config, double lr,
+                       double warmupRatio);
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_TRAIN_STEPBUFFERS_H

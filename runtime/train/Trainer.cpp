@@ -1,0 +1,860 @@
+//===- Trainer.cpp - Runs the compiled step on one GPU --------------------===//
+
+#include "runtime/train/Trainer.h"
+
+#include "runtime/device/Collectives.h"
+#include "kernels/Bf16.h"
+#include "runtime/io/AtomicWrite.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+using namespace dflash;
+using namespace dflash::rt;
+namespace fs = std::filesystem;
+
+Trainer::Trainer(StepProgram &program, DeviceContext &device,
+                 TrainerOptions options)
+    : program(program), device(device), options(std::move(options)),
+      config(program.config()) {}
+
+Trainer::~Trainer() { releaseDeviceObjects(); }
+
+void Trainer::releaseDeviceObjects() {
+  (void)device.makeCurrent();
+  // The last step (or one whose collectives were aborted) may still run
+  // in the graph about to be destroyed.
+  (void)cudaStreamSynchronize(device.stream());
+  // A staged batch may still be copying from its pinned slot.
+  if (copyStream)
+    (void)cudaStreamSynchronize(copyStream);
+  if (staged && prefetcher)
+    prefetcher->release(staged);
+  staged = nullptr;
+  // The prefetch thread reads into pinned slots: stop it before anything is
+  // freed.
+  prefetcher.reset();
+  for (void *buffer : staging)
+    (void)cudaFree(buffer);
+  staging.clear();
+  if (copyStream)
+    (void)cudaStreamDestroy(copyStream);
+  if (stagedReady)
+    (void)cudaEventDestroy(stagedReady);
+  copyStream = nullptr;
+  stagedReady = nullptr;
+  if (graphExec)
+    (void)cudaGraphExecDestroy(graphExec);
+  if (graph)
+    (void)cudaGraphDestroy(graph);
+  for (cudaEvent_t event : {stepStart, stepEnd, copiesDone, metricsDone})
+    if (event)
+      (void)cudaEventDestroy(event);
+  if (hostCounters)
+    (void)cudaFreeHost(hostCounters);
+  if (hostMetrics)
+    (void)cudaFreeHost(hostMetrics);
+  graphExec = nullptr;
+  graph = nullptr;
+  stepStart = stepEnd = copiesDone = metricsDone = nullptr;
+  hostCounters = nullptr;
+  hostMetrics = nullptr;
+}
+
+Status Trainer::upload(int index, const void *data, size_t bytes) {
+  const BufferSpec &spec = program.buffers()[size_t(index)];
+  if (bytes != spec.bytes())
+    return Status::error("buffer '" + spec.name + "' needs " +
+                         std::to_string(spec.bytes()) + " bytes but " +
+                         std::to_string(bytes) + " were given");
+  if (Status s = cudaCallStatus(
+          cudaMemcpyAsync(device.buffers()[size_t(index)], data, bytes,
+                          cudaMemcpyHostToDevice, device.stream()),
+          "copying '" + spec.name + "' to the device");
+      !s.ok())
+    return s;
+  // The sources are often temporaries of the caller: wait until they are
+  // read.
+  return device.synchronize("copying '" + spec.name + "' to the device");
+}
+
+Status Trainer::download(int index, void *data, size_t bytes) {
+  const BufferSpec &spec = program.buffers()[size_t(index)];
+  if (bytes != spec.bytes())
+    return Status::error("buffer '" + spec.name + "' holds " +
+                         std::to_string(spec.bytes()) + " bytes but " +
+                         std::to_string(bytes) + " were asked for");
+  return cudaCallStatus(cudaMemcpyAsync(data, device.buffers()[size_t(index)],
+                                        bytes, cudaMemcpyDeviceToHost,
+                                        device.stream()),
+                        "copying '" + spec.name + "' from the device");
+}
+
+Status Trainer::readParams(std::vector<std::vector<uint16_t>> &params) {
+  std::vector<ParamInfo> table = parameterTable(config);
+  params.assign(table.size(), {});
+  for (size_t t = 0; t < table.size(); ++t) {
+    params[t].resize(size_t(table[t].numel()));
+    if (Status s =
+            download(map.param[t], params[t].data(), params[t].size() * 2);
+        !s.ok())
+      return s;
+  }
+  return device.synchronize("copying the parameters to the host");
+}
+
+Status Trainer::uploadShards(const std::vector<std::vector<uint16_t>> &params,
+                             const TrainingState *resume) {
+  std::vector<float> master, moment1, moment2;
+  for (size_t k = 0; k < shards->buckets.size(); ++k) {
+    const ShardedBucket &bucket = shards->buckets[k];
+    const size_t count = size_t(bucket.shardElements);
+    // The gaps between tensors and the padding stay 0.
+    master.assign(count, 0.0f);
+    if (resume) {
+      moment1.assign(count, 0.0f);
+      moment2.assign(count, 0.0f);
+    }
+    for (const ShardPiece &piece : shardPieces(bucket, options.rank)) {
+      const size_t t = map.shardTensors[k][piece.tensor];
+      const size_t from = size_t(piece.tensorOffset);
+      const size_t to = size_t(piece.shardOffset);
+      const size_t length = size_t(piece.length);
+      if (resume) {
+        std::copy_n(resume->master[t].data() + from, length,
+                    master.data() + to);
+        std::copy_n(resume->adamM[t].data() + from, length,
+                    moment1.data() + to);
+        std::copy_n(resume->adamV[t].data() + from, length,
+                    moment2.data() + to);
+      } else {
+        bf16ToFloats(params[t].data() + from, master.data() + to, length);
+      }
+    }
+    if (Status s = upload(map.shardMaster[k], master.data(), count * 4);
+        !s.ok())
+      return s;
+    // Fresh moments are the zeros of allocate().
+    if (resume) {
+      if (Status s = upload(map.shardMoment1[k], moment1.data(), count * 4);
+          !s.ok())
+        return s;
+      if (Status s = upload(map.shardMoment2[k], moment2.data(), count * 4);
+          !s.ok())
+        return s;
+    }
+  }
+  return Status::success();
+}
+
+Status Trainer::init(const TrainerInputs &inputs) {
+  if (initialised)
+    return Status::error("the trainer is initialised twice");
+  if (!inputs.target || !inputs.rows)
+    return Status::error("the trainer needs target weights and a row source");
+  const int64_t world = options.run.worldSize;
+  if (world < 1 || options.rank < 0 || options.rank >= world)
+    return Status::error("rank " + std::to_string(options.rank) +
+                         " does not fit a world of " + std::to_string(world) +
+                         " GPUs");
+  // Without a communicator each rank would train on its own.
+  if (Collectives *c = device.collectives()) {
+    if (c->worldSize() != world || c->rank() != options.rank)
+      return Status::error(
+          "device " + std::to_string(device.device()) +
+          ": its communicator is rank " + std::to_string(c->rank()) + " of " +
+          std::to_string(c->worldSize()) + " but the trainer is rank " +
+          std::to_string(options.rank) + " of " + std::to_string(world));
+  } else if (world > 1) {
+    return Status::error("training over " + std::to_string(world) +
+                         " GPUs needs a communicator on device " +
+                         std::to_string(device.device()));
+  }
+  if (inputs.resume && inputs.resume->worldSize() != world)
+    return Status::error("the resumed state holds the anchor Rng states of " +
+                         std::to_string(inputs.resume->worldSize()) +
+                         " ranks but the run has " + std::to_string(world));
+  if (options.finalStep < 1 || options.run.totalSteps < options.finalStep)
+    return Status::error(
+        "the run needs 1 <= steps (" + std::to_string(options.finalStep) +
+        ") <= total steps (" + std::to_string(options.run.totalSteps) + ")");
+  if (Status s = device.makeCurrent(); !s.ok())
+    return s;
+  shards = program.optimizerShards();
+  if (Status s = mapStepBuffers(program.buffers(), config, shards, map);
+      !s.ok())
+    return s;
+  if (shards)
+    if (Status s = checkShardWorld(*shards, world); !s.ok())
+      return s;
+
+  // Host data against the config (the loaders check it too; this guards
+  // callers that build inputs themselves).
+  std::vector<ParamInfo> table = parameterTable(config);
+  if (inputs.params.size() != table.size())
+    return Status::error("got " + std::to_string(inputs.params.size()) +
+                         " parameter tensors but the model has " +
+                         std::to_string(table.size()));
+  for (size_t t = 0; t < table.size(); ++t)
+    if (int64_t(inputs.params[t].size()) != table[t].numel())
+      return Status::error("parameter '" + table[t].name + "' has " +
+                           std::to_string(inputs.params[t].size()) +
+                           " elements but needs " +
+                           std::to_string(table[t].numel()));
+  if (inputs.resume) {
+    const TrainingState &r = *inputs.resume;
+    for (const auto *group : {&r.master, &r.adamM, &r.adamV}) {
+      if (group->size() != table.size())
+        return Status::error(
+            "the resumed optimizer state has " + std::to_string(group->size()) +
+            " tensors but the model has " + std::to_string(table.size()));
+      for (size_t t = 0; t < table.size(); ++t)
+        if (int64_t((*group)[t].size()) != table[t].numel())
+          return Status::error("the resumed optimizer state of '" +
+                               table[t].name + "' has the wrong size");
+    }
+  }
+  const size_t frozenElements =
+      size_t(config.vocabSize) * size_t(config.hiddenSize);
+  if (inputs.target->embed.size() != frozenElements ||
+      (!inputs.target->tied && inputs.target->lmHead.size() != frozenElements))
+    return Status::error("the target's embedding or lm_head does not have " +
+                         std::to_string(config.vocabSize) + " x " +
+                         std::to_string(config.hiddenSize) + " elements");
+
+  if (Status s = device.allocate(program.buffers(), program.arenaBytes());
+      !s.ok())
+    return s;
+  if (Status s = device.memory(afterAllocation); !s.ok())
+    return s;
+
+  // Frozen weights; a tied target fills an lm_head buffer with the
+  // embedding should the step have one.
+  if (Status s =
+          upload(map.frozenWeight(FrozenWeight::Embed), inputs.target->embed.data(), frozenElements * 2);
+      !s.ok())
+    return s;
+  if (map.frozenWeight(FrozenWeight::LmHead) >= 0)
+    if (Status s =
+            upload(map.frozenWeight(FrozenWeight::LmHead), inputs.target->lmHeadData(), frozenElements * 2);
+        !s.ok())
+      return s;
+
+  // Parameters, fp32 masters (the bf16 values widened, or the resumed
+  // ones), Adam moments (zero from allocate(), or the resumed ones).
+  std::vector<float> widened;
+  for (size_t t = 0; t < table.size(); ++t) {
+    const std::vector<uint16_t> &param = inputs.params[t];
+    if (Status s = upload(map.param[t], param.data(), param.size() * 2);
+        !s.ok())
+      return s;
+    if (map.sharded)
+      continue; // the state goes into this rank's shards below
+    const float *master;
+    if (inputs.resume) {
+      master = inputs.resume->master[t].data();
+    } else {
+      widened.resize(param.size());
+      bf16ToFloats(param.data(), widened.data(), param.size());
+      master = widened.data();
+    }
+    if (Status s = upload(map.master[t], master, param.size() * 4); !s.ok())
+      return s;
+    if (inputs.resume) {
+      if (Status s = upload(map.moment1[t], inputs.resume->adamM[t].data(),
+                            param.size() * 4);
+          !s.ok())
+        return s;
+      if (Status s = upload(map.moment2[t], inputs.resume->adamV[t].data(),
+                            param.size() * 4);
+          !s.ok())
+        return s;
+    }
+  }
+
+  if (map.sharded)
+    if (Status s = uploadShards(inputs.params,
+                                inputs.resume ? &*inputs.resume : nullptr);
+        !s.ok())
+      return s;
+
+  // Pinned host scalars: counters in, metrics out.
+  if (Status s = cudaCallStatus(
+          cudaHostAlloc(reinterpret_cast<void **>(&hostCounters),
+                        2 * sizeof(int32_t), cudaHostAllocDefault),
+          "cudaHostAlloc of the step counters");
+      !s.ok())
+    return s;
+  size_t metricFloats = 0;
+  for (int index : map.metrics) {
+    metricOffsets.push_back(metricFloats);
+    metricFloats += size_t(shapeNumel(program.buffers()[size_t(index)].shape));
+  }
+  if (Status s = cudaCallStatus(
+          cudaHostAlloc(reinterpret_cast<void **>(&hostMetrics),
+                        metricFloats * sizeof(float), cudaHostAllocDefault),
+          "cudaHostAlloc of the step metrics");
+      !s.ok())
+    return s;
+  if (options.run.totalSteps > INT32_MAX)
+    return Status::error("total steps " +
+                         std::to_string(options.run.totalSteps) +
+                         " do not fit the step's int32 counter");
+  completedSteps = inputs.resume ? inputs.resume->step : 0;
+  hostCounters[0] = int32_t(completedSteps);
+  hostCounters[1] = int32_t(options.run.totalSteps);
+  if (Status s = upload(map.counter(StepCounter::TotalSteps), &hostCounters[1], 4); !s.ok())
+    return s;
+  if (Status s = upload(map.counter(StepCounter::Step), &hostCounters[0], 4); !s.ok())
+    return s;
+
+  // copiesDone times the step without its input copies, too.
+  for (cudaEvent_t *event : {&stepStart, &stepEnd, &copiesDone})
+    if (Status s = cudaCallStatus(cudaEventCreate(event), "cudaEventCreate");
+        !s.ok())
+      return s;
+  for (cudaEvent_t *event : {&metricsDone})
+    if (Status s = cudaCallStatus(
+            cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+            "cudaEventCreateWithFlags");
+        !s.ok())
+      return s;
+
+  if (Status s = program.bind(
+          device.buffers(), device.arena(), device.resources(),
+          stepHyperFor(config, options.run.lr, options.run.warmupRatio));
+      !s.ok())
+    return s;
+
+  // Data: this rank's batches in BatchLoader order, from the resumed
+  // position when there is one.
+  rows = inputs.rows;
+  loader = std::make_unique<BatchLoader>(*rows, config, options.run.seed,
+                                         options.rank, world);
+  if (Status s = loader->validate(); !s.ok())
+    return s;
+  if (inputs.resume)
+    if (Status s = loader->seek(inputs.resume->data,
+                                inputs.resume->anchorRngState(options.rank));
+        !s.ok())
+      return s;
+  dataPosition = loader->position();
+  anchorRng = loader->anchorRngState();
+  prefetcher = std::make_unique<BatchPrefetcher>(
+      *loader, config, HostMemory::Pinned, options.prefetchSlots);
+  if (Status s = prefetcher->start(options.finalStep - completedSteps);
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(
+          cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking),
+          "creating the input copy stream");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(
+          cudaEventCreateWithFlags(&stagedReady, cudaEventDisableTiming),
+          "cudaEventCreateWithFlags");
+      !s.ok())
+    return s;
+  for (int index : map.inputs) {
+    void *buffer = nullptr;
+    size_t bytes = program.buffers()[size_t(index)].bytes();
+    if (Status s = cudaCallStatus(cudaMalloc(&buffer, bytes),
+                                  "allocating " + std::to_string(bytes) +
+                                      " bytes of input staging");
+        !s.ok())
+      return s;
+    staging.push_back(buffer);
+  }
+
+  initialised = true;
+  return Status::success();
+}
+
+Status Trainer::captureGraph() {
+  cudaStream_t stream = device.stream();
+  // Thread-local: other trainers of this process may make unsafe calls
+  // (cudaMalloc, synchronisation) on their own threads meanwhile.
+  if (Status s = cudaCallStatus(
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+      !s.ok())
+    return s;
+  Status enqueued = program.enqueue(stream);
+  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!enqueued.ok())
+    return enqueued;
+  if (Status s = cudaCallStatus(
+          ended, "capturing the step as a CUDA graph (try --no-graph to run "
+                 "it eagerly)");
+      !s.ok())
+    return s;
+  // An all-reduce the step asked for while capturing and NCCL refused.
+  if (Status s = collectivesStatus(); !s.ok())
+    return s;
+  return cudaCallStatus(cudaGraphInstantiate(&graphExec, graph, 0),
+                        "cudaGraphInstantiate of the step");
+}
+
+Status Trainer::collectivesStatus() {
+  Collectives *c = device.collectives();
+  return c ? c->check() : Status::success();
+}
+
+Status Trainer::waitForStep(cudaEvent_t event, const std::string &what) {
+  Collectives *c = device.collectives();
+  if (!c)
+    return cudaCallStatus(cudaEventSynchronize(event), what);
+  // A blocking wait would never return if a peer failed before its part of
+  // an all-reduce: poll, and watch the communicator and the other ranks.
+  while (true) {
+    cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess)
+      return Status::success();
+    if (status != cudaErrorNotReady)
+      return cudaCallStatus(status, what);
+    // "Not ready" is no error: keep it from the next cudaGetLastError check.
+    (void)cudaGetLastError();
+    if (Status s = c->check(); !s.ok()) {
+      aborted = true;
+      c->abort();
+      return Status::error(what + ": " + s.message());
+    }
+    if (abortFlag && abortFlag->load()) {
+      aborted = abortedByPeer = true;
+      c->abort();
+      return Status::error(what + ": stopped because another GPU of the run "
+                                  "failed");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+namespace {
+/// Hands a prefetched batch back on every path out of a step.
+class BatchLease {
+public:
+  BatchLease(BatchPrefetcher &prefetcher, PrefetchedBatch *batch)
+      : prefetcher(prefetcher), batch(batch) {}
+  BatchLease(const BatchLease &) = delete;
+  BatchLease &operator=(const BatchLease &) = delete;
+  ~BatchLease() { release(); }
+  void release() {
+    if (batch)
+      prefetcher.release(batch);
+    batch = nullptr;
+  }
+  /// The batch outlives this lease (its owner releases it later).
+  void keep() { batch = nullptr; }
+
+private:
+  BatchPrefetcher &prefetcher;
+  PrefetchedBatch *batch;
+};
+
+std::string numberText(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+} // namespace
+
+Status Trainer::stageNextBatch() {
+  PrefetchedBatch *batch = nullptr;
+  if (Status s = prefetcher->acquire(batch); !s.ok())
+    return s;
+  BatchLease lease(*prefetcher, batch);
+  // The staging buffers are free once the last step copied them out (before
+  // the first step the event has not been recorded and the wait is a no-op).
+  if (Status s = cudaCallStatus(cudaStreamWaitEvent(copyStream, copiesDone, 0),
+                                "ordering the input copies");
+      !s.ok())
+    return s;
+  const void *sources[] = {batch->inputIds, batch->lossMask,
+                           batch->hiddenStates, batch->anchors, batch->keep};
+  const auto &indices = map.inputs; // StepInput order
+  for (size_t i = 0; i < staging.size(); ++i) {
+    const BufferSpec &spec = program.buffers()[size_t(indices[i])];
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
+                            cudaMemcpyHostToDevice, copyStream),
+            "copying '" + spec.name + "' to the device");
+        !s.ok())
+      return s;
+  }
+  if (Status s = cudaCallStatus(cudaEventRecord(stagedReady, copyStream),
+                                "cudaEventRecord");
+      !s.ok())
+    return s;
+  staged = batch;
+  lease.keep();
+  return Status::success();
+}
+
+Status Trainer::prepareStep() {
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  if (poisoned)
+    return Status::error("step " + std::to_string(completedSteps) +
+                         ": an earlier step left non-finite values on the "
+                         "device");
+  if (aborted)
+    return Status::error("step " + std::to_string(completedSteps) +
+                         ": an earlier step was aborted");
+  const std::string where = "step " + std::to_string(completedSteps);
+  if (!stagingError.ok())
+    return Status::error(where + ": " + stagingError.message());
+  if (!staged)
+    if (Status s = stageNextBatch(); !s.ok()) {
+      stagingError = s;
+      return Status::error(where + ": " + s.message());
+    }
+  return Status::success();
+}
+
+Status Trainer::step(StepMetrics &metrics) {
+  if (Status s = prepareStep(); !s.ok())
+    return s;
+  const std::string where = "step " + std::to_string(completedSteps);
+  PrefetchedBatch *batch = staged;
+  staged = nullptr;
+  BatchLease lease(*prefetcher, batch);
+
+  // NCCL connects its ranks lazily, in a communicator's first collectives,
+  // with calls that a capture forbids: the first step with collectives
+  // runs eagerly (it computes what the graph computes), the graph is
+  // captured at the next one.
+  const bool useGraph =
+      options.useGraph && (!device.collectives() || collectivesWarm);
+  if (useGraph && !graphExec)
+    if (Status s = captureGraph(); !s.ok())
+      return Status::error(where + ": " + s.message());
+
+  cudaStream_t stream = device.stream();
+  const std::vector<void *> &buffers = device.buffers();
+  const std::vector<BufferSpec> &specs = program.buffers();
+  if (Status s = cudaCallStatus(cudaEventRecord(stepStart, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+  // The batch was staged on the device while the previous step ran.
+  if (Status s = cudaCallStatus(cudaStreamWaitEvent(stream, stagedReady, 0),
+                                where + ": waiting for the staged batch");
+      !s.ok())
+    return s;
+  const auto &inputIndices = map.inputs; // StepInput order
+  for (size_t i = 0; i < staging.size(); ++i)
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(buffers[size_t(inputIndices[i])], staging[i],
+                            specs[size_t(inputIndices[i])].bytes(),
+                            cudaMemcpyDeviceToDevice, stream),
+            where + ": copying '" + specs[size_t(inputIndices[i])].name +
+                "' into place");
+        !s.ok())
+      return s;
+  // The previous step's copy of this pinned scalar has completed: every
+  // step ends with a wait for its metrics.
+  hostCounters[0] = int32_t(completedSteps);
+  if (Status s = cudaCallStatus(
+          cudaMemcpyAsync(buffers[size_t(map.counter(StepCounter::Step))], &hostCounters[0],
+                          sizeof(int32_t), cudaMemcpyHostToDevice, stream),
+          where + ": copying the step counter to the device");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(cudaEventRecord(copiesDone, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+
+  if (useGraph) {
+    if (Status s = cudaCallStatus(cudaGraphLaunch(graphExec, stream),
+                                  where + ": cudaGraphLaunch");
+        !s.ok())
+      return s;
+  } else {
+    if (Status s = program.enqueue(stream); !s.ok())
+      return Status::error(where + ": " + s.message());
+    if (Status s =
+            cudaCallStatus(cudaGetLastError(), where + ": launching the step");
+        !s.ok())
+      return s;
+    if (Status s = collectivesStatus(); !s.ok())
+      return Status::error(where + ": " + s.message());
+    collectivesWarm = true;
+  }
+  if (Status s = cudaCallStatus(cudaEventRecord(stepEnd, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+  for (size_t m = 0; m < map.metrics.size(); ++m) {
+    int index = map.metrics[m];
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(
+                hostMetrics + metricOffsets[m], buffers[size_t(index)],
+                specs[size_t(index)].bytes(), cudaMemcpyDeviceToHost, stream),
+            where + ": copying metric '" + specs[size_t(index)].name +
+                "' from the device");
+        !s.ok())
+      return s;
+  }
+  if (Status s = cudaCallStatus(cudaEventRecord(metricsDone, stream),
+                                where + ": cudaEventRecord");
+      !s.ok())
+    return s;
+
+  // This batch's pinned slot was copied out before the previous step ended;
+  // free it for the prefetch thread, then stage the next batch so that its
+  // transfer overlaps this step.
+  if (Status s = cudaCallStatus(cudaEventSynchronize(stagedReady),
+                                where + ": copying the batch to the device");
+      !s.ok())
+    return s;
+  DataPosition positionAfter = batch->positionAfter;
+  Rng::State rngAfter = batch->anchorRngAfter;
+  lease.release();
+  if (completedSteps + 1 < options.finalStep) // the last step stages nothing
+    stagingError = stageNextBatch();
+  if (Status s = waitForStep(metricsDone, where + ": running the step");
+      !s.ok())
+    return s;
+  float elapsedMs = 0, computeMs = 0;
+  if (Status s =
+          cudaCallStatus(cudaEventElapsedTime(&elapsedMs, stepStart, stepEnd),
+                         where + ": cudaEventElapsedTime");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(
+          cudaEventElapsedTime(&computeMs, copiesDone, stepEnd),
+          where + ": cudaEventElapsedTime");
+      !s.ok())
+    return s;
+
+  auto metricValue = [&](int index) {
+    for (size_t m = 0; m < map.metrics.size(); ++m)
+      if (map.metrics[m] == index)
+        return double(hostMetrics[metricOffsets[m]]);
+    return 0.0;
+  };
+  metrics = StepMetrics();
+  metrics.step = completedSteps;
+  metrics.loss = metricValue(map.metric(StepMetric::Loss));
+  metrics.acc = metricValue(map.metric(StepMetric::Acc));
+  metrics.gradNorm = metricValue(map.metric(StepMetric::GradNorm));
+  metrics.lr = metricValue(map.metric(StepMetric::Lr));
+  metrics.stepMs = elapsedMs;
+  metrics.computeMs = computeMs;
+  setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());
+  if (afterFirstStep.totalBytes == 0)
+    if (Status s = device.memory(afterFirstStep); !s.ok())
+      return s;
+
+  if (!metrics.finite()) {
+    // The optimizer has applied the bad update in place: nothing on the
+    // device may be saved any more.
+    poisoned = true;
+    return Status::error(where + ": the loss is " + numberText(metrics.loss) +
+                         " and grad_norm is " + numberText(metrics.gradNorm) +
+                         "; stopped without saving this state (" +
+                         (lastCheckpoint.empty()
+                              ? std::string("no checkpoint was saved")
+                              : "the last checkpoint is " + lastCheckpoint) +
+                         ")");
+  }
+  ++completedSteps;
+  dataPosition = positionAfter;
+  anchorRng = rngAfter;
+  return Status::success();
+}
+
+/// Empty when `state` holds every trainable tensor of `table` in full, else
+/// what is wrong with it.
+static std::string fullStateProblem(const TrainingState &state,
+                                    const std::vector<ParamInfo> &table) {
+  const char *names[] = {"master", "adam_m", "adam_v"};
+  const std::vector<std::vector<float>> *groups[] = {
+      &state.master, &state.adamM, &state.adamV};
+  for (int g = 0; g < 3; ++g) {
+    if (groups[g]->size() != table.size())
+      return std::string(names[g]) + " has " +
+             std::to_string(groups[g]->size()) + " tensors but the model has " +
+             std::to_string(table.size());
+    for (size_t t = 0; t < table.size(); ++t)
+      if (int64_t((*groups[g])[t].size()) != table[t].numel())
+        return std::string(names[g]) + " of '" + table[t].name + "' has " +
+               std::to_string((*groups[g])[t].size()) + " elements but needs " +
+               std::to_string(table[t].numel());
+  }
+  return "";
+}
+
+Status Trainer::readOptimizerState(TrainingState &state) {
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  std::vector<ParamInfo> table = parameterTable(config);
+  if (std::string problem = fullStateProblem(state, table); !problem.empty())
+    return Status::error("reading the optimizer state of rank " +
+                         std::to_string(options.rank) + ": " + problem);
+  if (!map.sharded) {
+    for (size_t t = 0; t < table.size(); ++t) {
+      size_t n = size_t(table[t].numel());
+      Status status = download(map.master[t], state.master[t].data(), n * 4);
+      if (status.ok())
+        status = download(map.moment1[t], state.adamM[t].data(), n * 4);
+      if (status.ok())
+        status = download(map.moment2[t], state.adamV[t].data(), n * 4);
+      if (!status.ok())
+        return status;
+    }
+    return device.synchronize("copying the optimizer state to the host");
+  }
+  // This rank's shards, scattered into the tensors they cut: only its own
+  // pieces are written, so the other ranks may fill the same state at once.
+  std::vector<float> values[3];
+  const int *slots[] = {map.shardMaster.data(), map.shardMoment1.data(),
+                        map.shardMoment2.data()};
+  std::vector<std::vector<float>> *targets[] = {&state.master, &state.adamM,
+                                                &state.adamV};
+  for (size_t k = 0; k < shards->buckets.size(); ++k) {
+    const ShardedBucket &bucket = shards->buckets[k];
+    const size_t count = size_t(bucket.shardElements);
+    for (int r = 0; r < 3; ++r) {
+      values[r].resize(count);
+      if (Status s = download(slots[r][k], values[r].data(), count * 4);
+          !s.ok())
+        return s;
+    }
+    if (Status s = device.synchronize("copying optimizer shard '" +
+                                      shardBufferName(k) + "' to the host");
+        !s.ok())
+      return s;
+    for (const ShardPiece &piece : shardPieces(bucket, options.rank)) {
+      const size_t t = map.shardTensors[k][piece.tensor];
+      for (int r = 0; r < 3; ++r)
+        std::copy_n(values[r].data() + piece.shardOffset, size_t(piece.length),
+                    (*targets[r])[t].data() + piece.tensorOffset);
+    }
+  }
+  return Status::success();
+}
+
+Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
+                          TrainingState &state) {
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  std::vector<ParamInfo> table = parameterTable(config);
+  if (Status s = readParams(params); !s.ok())
+    return s;
+  state = TrainingState();
+  for (auto *group : {&state.master, &state.adamM, &state.adamV}) {
+    group->assign(table.size(), {});
+    for (size_t t = 0; t < table.size(); ++t)
+      (*group)[t].assign(size_t(table[t].numel()), 0.0f);
+  }
+  if (Status s = readOptimizerState(state); !s.ok())
+    return s;
+  state.step = completedSteps;
+  state.data = dataPosition;
+  state.rngState = anchorRng;
+  return Status::success();
+}
+
+Status Trainer::saveCheckpoint(std::string &dir,
+                               const std::vector<Rng::State> &rankRngStates,
+                               const TrainingState *assembled) {
+  if (poisoned)
+    return Status::error("the device state is not finite and is not saved");
+  if (aborted)
+    return Status::error("a step was aborted; the device state is not saved");
+  if (options.outDir.empty())
+    return Status::error("no output directory to save a checkpoint in");
+  const int64_t world = options.run.worldSize;
+  if (world > 1 && (int64_t(rankRngStates.size()) != world ||
+                    rankRngStates[size_t(options.rank)] != anchorRng))
+    return Status::error("a checkpoint of " + std::to_string(world) +
+                         " ranks needs each rank's anchor Rng state");
+  if (!assembled && holdsPartialState())
+    return Status::error(
+        "rank " + std::to_string(options.rank) +
+        " holds only its shards of the optimizer state; a checkpoint needs "
+        "the state of every rank, assembled");
+  std::vector<std::vector<uint16_t>> params;
+  TrainingState own;
+  if (assembled) {
+    if (std::string problem =
+            fullStateProblem(*assembled, parameterTable(config));
+        !problem.empty())
+      return Status::error("the assembled optimizer state to save: " + problem);
+    if (Status s = readParams(params); !s.ok())
+      return s;
+  } else if (Status s = readState(params, own); !s.ok()) {
+    return s;
+  }
+  // Masters and moments from `assembled` when given; step, data position
+  // and Rng states are this trainer's.
+  TrainingStateRef state = (assembled ? *assembled : own).ref();
+  state.step = completedSteps;
+  state.data = dataPosition;
+  state.rngState = anchorRng;
+  state.otherRankRngStates.clear();
+  if (world > 1) {
+    state.rngState = rankRngStates.front();
+    state.otherRankRngStates.assign(rankRngStates.begin() + 1,
+                                    rankRngStates.end());
+  }
+  std::vector<const uint16_t *> paramPointers;
+  for (const std::vector<uint16_t> &p : params)
+    paramPointers.push_back(p.data());
+
+  // The checkpoint and its run settings appear together: both are written
+  // into one staged directory (saveTrainingCheckpoint swaps its own files
+  // into the staged one).
+  std::string target = checkpointDirectory(options.outDir, completedSteps);
+  StagedDirectory staged;
+  Status status = staged.begin(target);
+  if (status.ok())
+    status =
+        saveTrainingCheckpoint(staged.path(), config, paramPointers, state);
+  if (status.ok())
+    status =
+        writeRunSettings(staged.path() + "/" + kRunSettingsFile, options.run);
+  if (status.ok())
+    status = staged.commit();
+  if (status.ok())
+    status = writeFileAtomically(options.outDir + "/" + kLatestFile,
+                                 "checkpoint-" +
+                                     std::to_string(completedSteps) + "\n");
+  if (!status.ok())
+    return status;
+  lastCheckpoint = target;
+  dir = target;
+  return Status::success();
+}
+
+Status Trainer::exportFinal(std::string &dir) {
+  if (poisoned)
+    return Status::error("the device state is not finite and is not exported");
+  if (aborted)
+    return Status::error("a step was aborted; the drafter is not exported");
+  if (options.outDir.empty())
+    return Status::error("no output directory to export the drafter to");
+  // Only the parameters: every rank holds all of them, sharded or not.
+  std::vector<std::vector<uint16_t>> params;
+  if (Status s = readParams(params); !s.ok())
+    return s;
+  std::vector<const uint16_t *> paramPointers;
+  for (const std::vector<uint16_t> &p : params)
+    paramPointers.push_back(p.data());
+  std::string target = options.outDir + "/" + kFinalDir;
+  if (Status s = exportCheckpoint(target, config, paramPointers); !s.ok())
+    return s;
+  dir = target;
+  return Status::success();
+}

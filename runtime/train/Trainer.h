@@ -1,0 +1,175 @@
+//===- Trainer.h - Runs the compiled step on one GPU -------------*- C++ -*-===//
+//
+// Trainer: everything around a StepProgram on one GPU: its buffers filled
+// from the target's frozen weights, the initial (or resumed) parameters and
+// optimizer state; batches from a prefetch thread copied in before every
+// step; the step captured once as a CUDA graph (thread-local capture mode,
+// so that the trainers of one process can capture at once, one per thread)
+// and replayed; metrics read back after every step; checkpoints saved,
+// resumed and exported.
+//
+// A Trainer belongs to one thread: init(), step() and the checkpoint calls
+// are made from the thread that owns its DeviceContext.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_RUNTIME_TRAIN_TRAINER_H
+#define DFLASH_RUNTIME_TRAIN_TRAINER_H
+
+#include "runtime/data/BatchLoader.h"
+#include "runtime/data/Prefetch.h"
+#include "runtime/device/DeviceContext.h"
+#include "runtime/device/StepProgram.h"
+#include "runtime/train/StepBuffers.h"
+#include "runtime/train/TrainerSetup.h"
+#include "schema/Parameters.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dflash::rt {
+
+class Trainer {
+public:
+  Trainer(StepProgram &program, DeviceContext &device, TrainerOptions options);
+  Trainer(const Trainer &) = delete;
+  Trainer &operator=(const Trainer &) = delete;
+  ~Trainer();
+
+  /// Maps and allocates the step's buffers, uploads weights and state, binds
+  /// the step and starts the prefetch thread; reads `inputs` only here.
+  /// A run over several GPUs needs the device's communicator
+  /// (DeviceContext::attachCollectives) of rank options.rank.
+  Status init(const TrainerInputs &inputs);
+
+  /// Once `flag` is set (another rank of the run failed), a step waiting
+  /// for its collectives aborts them and fails instead of waiting forever.
+  void watchForAbort(const std::atomic<bool> *flag) { abortFlag = flag; }
+
+  /// Makes sure the next step's batch is on its way to the device: the part
+  /// of a step that can fail on one rank alone (its rows cannot be read).
+  /// TrainerGroup runs it on every rank before any of them starts the step,
+  /// so that no rank waits in a collective for one that will not come.
+  Status prepareStep();
+
+  /// Runs one step (the first one captures the graph) and reads its
+  /// metrics. A non-finite loss or grad_norm fills `metrics`, then fails;
+  /// the device state is then unusable and nothing can be saved.
+  Status step(StepMetrics &metrics);
+
+  /// Saves `<outDir>/checkpoint-<steps>` and updates `<outDir>/latest`.
+  /// With several ranks, `rankRngStates` holds every rank's anchor Rng
+  /// state in rank order (a rank knows only its own). `assembled`, when
+  /// given, supplies the masters and moments to save instead of this rank's
+  /// (full tensors, e.g. TrainerGroup's assembly of every rank's shards);
+  /// a rank that holds only its shards of the state needs it.
+  Status saveCheckpoint(std::string &dir,
+                        const std::vector<Rng::State> &rankRngStates = {},
+                        const TrainingState *assembled = nullptr);
+  /// Exports `<outDir>/final`.
+  Status exportFinal(std::string &dir);
+
+  /// Copies parameters and optimizer state back to the host; `state.step`,
+  /// data position and Rng (this rank's, as `rngState`) are those of the
+  /// last completed step. The masters and moments are full tensors; with a
+  /// sharded optimizer state only the elements this rank owns are filled,
+  /// the others are 0 (readOptimizerState of every other rank completes
+  /// them).
+  Status readState(std::vector<std::vector<uint16_t>> &params,
+                   TrainingState &state);
+  /// Copies the optimizer state this rank holds into `state`, whose master,
+  /// adamM and adamV must already hold every trainable tensor in full: all
+  /// of it without sharding, else only the elements of this rank's shards
+  /// (the other elements are left as they are, so that the ranks of a
+  /// process can fill one state at once).
+  Status readOptimizerState(TrainingState &state);
+  /// Whether this rank holds only its shards of the optimizer state (a
+  /// sharded step on more than one rank).
+  bool holdsPartialState() const {
+    return map.sharded && options.run.worldSize > 1;
+  }
+
+  int64_t stepsDone() const { return completedSteps; }
+  /// The loader's position and this rank's anchor Rng state after the last
+  /// completed step: what a checkpoint taken now stores.
+  const DataPosition &position() const { return dataPosition; }
+  const Rng::State &anchorRngState() const { return anchorRng; }
+  /// Whether the last step's loss or grad_norm was not finite.
+  bool nonFinite() const { return poisoned; }
+  /// Whether the last step failed only because another rank failed.
+  bool stoppedByPeer() const { return abortedByPeer; }
+  /// Device memory right after allocation and after the first step (graph
+  /// instantiated, GEMMs planned): what a user needs to size a run.
+  const DeviceMemory &memoryAfterAllocation() const { return afterAllocation; }
+  const DeviceMemory &memoryAfterFirstStep() const { return afterFirstStep; }
+
+private:
+  Status upload(int index, const void *data, size_t bytes);
+  Status download(int index, void *data, size_t bytes);
+  /// Every parameter tensor, downloaded (every rank holds all of them).
+  Status readParams(std::vector<std::vector<uint16_t>> &params);
+  /// Fills this rank's shards of the optimizer state from full tensors:
+  /// masters from `resume` or the widened `params`, moments from `resume`
+  /// or zero; padding zero.
+  Status uploadShards(const std::vector<std::vector<uint16_t>> &params,
+                      const TrainingState *resume);
+  Status captureGraph();
+  /// Waits for `event` of the step. With collectives, polls instead of
+  /// blocking, so that a lost peer or a failed rank ends the wait.
+  Status waitForStep(cudaEvent_t event, const std::string &what);
+  /// The communicator's first error, if this rank has one.
+  Status collectivesStatus();
+  /// Takes the next batch from the prefetcher and copies it to the device
+  /// staging buffers on the copy stream, once the previous step has moved
+  /// the last staged batch into its inputs: the host-to-device copy of step
+  /// k+1 overlaps step k.
+  Status stageNextBatch();
+  void releaseDeviceObjects();
+
+  StepProgram &program;
+  DeviceContext &device;
+  TrainerOptions options;
+  const ModelConfig &config;
+  /// The program's shard layout (null: unsharded), set by init().
+  const OptimizerShardLayout *shards = nullptr;
+  StepBufferMap map;
+  const RowSource *rows = nullptr;
+  const std::atomic<bool> *abortFlag = nullptr;
+
+  std::unique_ptr<BatchLoader> loader;
+  std::unique_ptr<BatchPrefetcher> prefetcher;
+
+  int64_t completedSteps = 0;
+  DataPosition dataPosition;
+  Rng::State anchorRng{};
+  bool initialised = false;
+  bool poisoned = false; ///< a step produced a non-finite loss or norm
+  /// A step with collectives has run eagerly (see Trainer::step).
+  bool collectivesWarm = false;
+  /// A step gave up: another rank failed, or the collectives did; the
+  /// device state is unusable.
+  bool aborted = false, abortedByPeer = false;
+  std::string lastCheckpoint;
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graphExec = nullptr;
+  cudaEvent_t stepStart = nullptr, stepEnd = nullptr, copiesDone = nullptr,
+              metricsDone = nullptr;
+  /// Inputs staged on the device ahead of their step, and the copy stream
+  /// and event of that transfer.
+  std::vector<void *> staging;
+  cudaStream_t copyStream = nullptr;
+  cudaEvent_t stagedReady = nullptr;
+  PrefetchedBatch *staged = nullptr;
+  Status stagingError; ///< a failed read of the next batch, for its step
+  int32_t *hostCounters = nullptr;   ///< pinned: step, total_steps
+  float *hostMetrics = nullptr;      ///< pinned: every Metric buffer
+  std::vector<size_t> metricOffsets; ///< in floats, per map.metrics entry
+  DeviceMemory afterAllocation, afterFirstStep;
+};
+
+} // namespace dflash::rt
+
+#endif // DFLASH_RUNTIME_TRAIN_TRAINER_H

@@ -1,0 +1,466 @@
+//===- TrainerGroup.cpp - Data-parallel training on a node's GPUs ---------===//
+
+#include "runtime/train/TrainerGroup.h"
+
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+using namespace dflash;
+using namespace dflash::rt;
+namespace fs = std::filesystem;
+
+struct TrainerGroup::Worker {
+  int local = 0;
+  int gpu = 0;
+  std::unique_ptr<Collectives> collectives;
+  std::unique_ptr<StepProgram> program;
+  std::unique_ptr<DeviceContext> device;
+  std::unique_ptr<Trainer> trainer;
+  StepMetrics metrics; ///< the last step's, written by its job
+  std::thread thread;
+  // Guarded by TrainerGroup::mutex.
+  Job job;
+  bool posted = false, done = false, quit = false;
+  Status result;
+};
+
+TrainerGroup::TrainerGroup(StepProgramFactory factory, TrainerOptions options,
+                           GroupLayout layout)
+    : factory(std::move(factory)), options(std::move(options)),
+      layout(std::move(layout)) {}
+
+TrainerGroup::~TrainerGroup() {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (std::unique_ptr<Worker> &w : workers)
+      w->quit = true;
+  }
+  changed.notify_all();
+  for (std::unique_ptr<Worker> &w : workers)
+    if (w->thread.joinable())
+      w->thread.join();
+}
+
+void TrainerGroup::serve(Worker &w) {
+  while (true) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      changed.wait(lock, [&] { return w.posted || w.quit; });
+      if (!w.posted)
+        break;
+      job = std::move(w.job);
+      w.posted = false;
+    }
+    Status result;
+    try {
+      result = job(w);
+    } catch (const std::exception &error) {
+      // Host allocations of a huge step, mostly; the thread must report,
+      // not end the process.
+      result = Status::error("device " + std::to_string(w.gpu) + ": " +
+                             error.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      w.result = std::move(result);
+      w.done = true;
+    }
+    changed.notify_all();
+  }
+  // Freed on the thread that used them, with its device current: the
+  // trainer first (graph, prefetch thread), the step program, the context,
+  // and last the communicator, which every rank destroys at the same time.
+  w.trainer.reset();
+  w.program.reset();
+  w.device.reset();
+  if (w.collectives && abortRequested.load())
+    w.collectives->abort(); // peers may be gone: do not wait for them
+  w.collectives.reset();
+}
+
+Status TrainerGroup::runOnWorkers(const Job &job, int only) {
+  std::unique_lock<std::mutex> lock(mutex);
+  auto selected = [&](const Worker &w) { return only < 0 || w.local == only; };
+  for (std::unique_ptr<Worker> &w : workers)
+    if (selected(*w)) {
+      w->job = job;
+      w->posted = true;
+      w->done = false;
+      w->result = Status::success();
+    }
+  changed.notify_all();
+  while (true) {
+    bool allDone = true, anyFailed = false;
+    for (std::unique_ptr<Worker> &w : workers)
+      if (selected(*w)) {
+        allDone &= w->done;
+        anyFailed |= w->done && !w->result.ok();
+      }
+    // The ranks still waiting in a collective for the failed one give up.
+    if (anyFailed)
+      abortRequested.store(true);
+    if (allDone)
+      break;
+    changed.wait(lock);
+  }
+  const Status *first = nullptr, *firstOwn = nullptr;
+  for (std::unique_ptr<Worker> &w : workers) {
+    if (!selected(*w) || w->result.ok())
+      continue;
+    if (!first)
+      first = &w->result;
+    if (!firstOwn && !(w->trainer && w->trainer->stoppedByPeer()))
+      firstOwn = &w->result;
+  }
+  return firstOwn ? *firstOwn : first ? *first : Status::success();
+}
+
+const DeviceContext &TrainerGroup::device(int local) const {
+  return *workers[size_t(local)]->device;
+}
+
+const Trainer &TrainerGroup::trainer(int local) const {
+  return *workers[size_t(local)]->trainer;
+}
+
+Status TrainerGroup::init(const TrainerInputs &inputs) {
+  if (initialised || !workers.empty())
+    return Status::error("the trainer group is initialised twice");
+  if (layout.gpus.empty())
+    return Status::error("no GPU to train on");
+  if (layout.nodes < 1 || layout.node < 0 || layout.node >= layout.nodes ||
+      (layout.nodes > 1 && !layout.processes))
+    return Status::error("node " + std::to_string(layout.node) + " of " +
+                         std::to_string(layout.nodes) +
+                         " has no process group");
+  if (options.run.worldSize != layout.worldSize())
+    return Status::error(
+        "the run settings say " + std::to_string(options.run.worldSize) +
+        " GPUs but the group has " + std::to_string(layout.worldSize()));
+
+  for (size_t i = 0; i < layout.gpus.size(); ++i) {
+    auto w = std::make_unique<Worker>();
+    w->local = int(i);
+    w->gpu = layout.gpus[i];
+    workers.push_back(std::move(w));
+  }
+  for (std::unique_ptr<Worker> &w : workers)
+    w->thread = std::thread([this, worker = w.get()] { serve(*worker); });
+
+  // The step programs first (no GPU yet): what a program cannot run on is
+  // refused before the communicators wait for every rank.
+  Status status = runOnWorkers([&](Worker &w) -> Status {
+    w.program = factory ? factory() : nullptr;
+    if (!w.program)
+      return Status::error("device " + std::to_string(w.gpu) +
+                           ": no step program");
+    const OptimizerShardLayout *shards = w.program->optimizerShards();
+    if (!shards)
+      return Status::success();
+    // Each process would hold only its own ranks' shards, and checkpoints
+    // are assembled within one process.
+    if (layout.nodes > 1)
+      return Status::error(
+          "this trainer shards the optimizer state (shard_optimizer_state), "
+          "which runs on one node only: its checkpoints would need the "
+          "shards of the other nodes' processes; train on one node, or "
+          "recompile the spec without shard_optimizer_state");
+    if (Status s = checkShardLayout(*shards); !s.ok())
+      return Status::error("step program: " + s.message());
+    return checkShardWorld(*shards, layout.worldSize());
+  });
+  if (!status.ok())
+    return status;
+
+  // Communicators next, from this thread: their creation waits for every
+  // rank of the run, of every process.
+  if (layout.usesCollectives()) {
+    disableNvlinkMulticastByDefault();
+    CollectiveId id;
+    if (layout.node == 0)
+      if (Status s = createCollectiveId(id); !s.ok())
+        return s;
+    if (layout.processes)
+      if (Status s =
+              layout.processes->broadcast(id.bytes.data(), id.bytes.size(), 0);
+          !s.ok())
+        return Status::error("sending the NCCL id to every node: " +
+                             s.message());
+    std::vector<std::unique_ptr<Collectives>> comms;
+    if (Status s = Collectives::create(layout.gpus, layout.firstRank(),
+                                       layout.worldSize(), id, comms);
+        !s.ok())
+      return s;
+    // The workers are idle: the next job's hand-over orders these writes
+    // before their reads.
+    for (size_t i = 0; i < workers.size(); ++i)
+      workers[i]->collectives = std::move(comms[i]);
+  }
+
+  status = runOnWorkers([&](Worker &w) -> Status {
+    if (Status s = DeviceContext::create(w.gpu, w.program->gemmWorkspaceBytes(),
+                                         w.device);
+        !s.ok())
+      return s;
+    w.device->attachCollectives(w.collectives.get());
+    TrainerOptions mine = options;
+    mine.rank = layout.firstRank() + w.local;
+    w.trainer = std::make_unique<Trainer>(*w.program, *w.device, mine);
+    w.trainer->watchForAbort(&abortRequested);
+    return w.trainer->init(inputs);
+  });
+  if (!status.ok())
+    return status;
+  completedSteps = workers.front()->trainer->stepsDone();
+  flopsPerStep = workers.front()->program->flopsPerStep();
+  partialState = workers.front()->trainer->holdsPartialState();
+  rankRngStates.assign(size_t(layout.worldSize()), Rng::State{});
+  initialised = true;
+  return Status::success();
+}
+
+Status TrainerGroup::readState(int local,
+                               std::vector<std::vector<uint16_t>> &params,
+                               TrainingState &state) {
+  if (!initialised || local < 0 || local >= localRanks())
+    return Status::error("no trainer of local rank " + std::to_string(local));
+  return runOnWorkers(
+      [&](Worker &w) { return w.trainer->readState(params, state); }, local);
+}
+
+Status TrainerGroup::readFullState(std::vector<std::vector<uint16_t>> &params,
+                                   TrainingState &state) {
+  if (Status s = readState(0, params, state); !s.ok())
+    return s;
+  if (!partialState)
+    return Status::success();
+  TrainingState assembled;
+  if (Status s = assembleOptimizerState(assembled); !s.ok())
+    return s;
+  state.master = std::move(assembled.master);
+  state.adamM = std::move(assembled.adamM);
+  state.adamV = std::move(assembled.adamV);
+  return Status::success();
+}
+
+Status TrainerGroup::assembleOptimizerState(TrainingState &state) {
+  if (!initialised)
+    return Status::error("the trainer group is not initialised");
+  std::vector<ParamInfo> table =
+      parameterTable(workers.front()->program->config());
+  for (auto *group : {&state.master, &state.adamM, &state.adamV}) {
+    group->assign(table.size(), {});
+    for (size_t t = 0; t < table.size(); ++t)
+      (*group)[t].assign(size_t(table[t].numel()), 0.0f);
+  }
+  // Each local rank writes the elements of its own shards, which no other
+  // rank touches: all at once, into the same vectors.
+  return runOnWorkers(
+      [&](Worker &w) { return w.trainer->readOptimizerState(state); });
+}
+
+namespace {
+/// The words one process contributes to the per-step exchange: its stop
+/// signal, then per local rank its step and compute times and anchor Rng.
+constexpr size_t kWordsPerRank = 6;
+
+uint64_t doubleBits(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+double bitsDouble(uint64_t bits) {
+  double value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+} // namespace
+
+Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
+                                StepMetrics &metrics, int &agreedStop) {
+  const size_t world = size_t(layout.worldSize());
+  const size_t first = size_t(layout.firstRank());
+  // Unknown times (another process's, after a failed step) stay NaN and
+  // show as null.
+  std::vector<double> stepMs(world, std::nan("")),
+      computeMs(world, std::nan(""));
+  rankRngStates.resize(world);
+  for (std::unique_ptr<Worker> &w : workers) {
+    size_t rank = first + size_t(w->local);
+    stepMs[rank] = w->metrics.stepMs;
+    computeMs[rank] = w->metrics.computeMs;
+    rankRngStates[rank] = w->trainer->anchorRngState();
+  }
+  // Over several processes, only after a step that went well everywhere:
+  // a process whose step failed ends the whole run instead.
+  if (layout.processes && layout.nodes > 1 && stepOk) {
+    const size_t local = workers.size();
+    const size_t perProcess = 1 + kWordsPerRank * local;
+    std::vector<uint64_t> mine(perProcess),
+        all(perProcess * size_t(layout.nodes));
+    mine[0] = uint64_t(hooks.stopSignal ? hooks.stopSignal->load() : 0);
+    for (size_t i = 0; i < local; ++i) {
+      uint64_t *words = &mine[1 + kWordsPerRank * i];
+      words[0] = doubleBits(stepMs[first + i]);
+      words[1] = doubleBits(computeMs[first + i]);
+      for (size_t k = 0; k < 4; ++k)
+        words[2 + k] = rankRngStates[first + i][k];
+    }
+    if (Status s = layout.processes->allGather(
+            mine.data(), mine.size() * sizeof(uint64_t), all.data());
+        !s.ok())
+      return Status::error("exchanging step " +
+                           std::to_string(workers.front()->metrics.step) +
+                           " with the other nodes: " + s.message());
+    for (size_t node = 0; node < size_t(layout.nodes); ++node) {
+      const uint64_t *words = &all[node * perProcess];
+      if (words[0] != 0 && agreedStop == 0)
+        agreedStop = int(words[0]);
+      for (size_t i = 0; i < local; ++i) {
+        const uint64_t *rankWords = words + 1 + kWordsPerRank * i;
+        size_t rank = node * local + i;
+        stepMs[rank] = bitsDouble(rankWords[0]);
+        computeMs[rank] = bitsDouble(rankWords[1]);
+        for (size_t k = 0; k < 4; ++k)
+          rankRngStates[rank][k] = rankWords[2 + k];
+      }
+    }
+  }
+  // Loss, acc, grad_norm and lr are sums over every rank inside the step:
+  // rank 0's (here the first local rank's) are the run's.
+  metrics = workers.front()->metrics;
+  auto slowest = [](const std::vector<double> &times) {
+    double most = 0;
+    for (double t : times)
+      if (std::isfinite(t))
+        most = std::max(most, t);
+    return most;
+  };
+  metrics.stepMs = slowest(stepMs);
+  metrics.computeMs = slowest(computeMs);
+  metrics.rankStepMs = stepMs;
+  setThroughput(metrics, workers.front()->program->config(), layout.worldSize(),
+                flopsPerStep);
+  return Status::success();
+}
+
+Status TrainerGroup::saveCheckpoint(std::string &dir) {
+  std::vector<Rng::State> states = rankRngStates;
+  std::string saved;
+  // Sharded: the state of every rank, assembled, so that the checkpoint is
+  // the one an unsharded run would write.
+  TrainingState assembled;
+  if (partialState)
+    if (Status s = assembleOptimizerState(assembled); !s.ok())
+      return s;
+  if (Status s = runOnWorkers(
+          [&](Worker &w) {
+            return w.trainer->saveCheckpoint(
+                saved, states, partialState ? &assembled : nullptr);
+          },
+          /*only=*/0);
+      !s.ok())
+    return s;
+  lastCheckpoint = dir = saved;
+  return Status::success();
+}
+
+Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
+  outcome = TrainerOutcome();
+  if (!initialised)
+    return Status::error("the trainer group is not initialised");
+  // Rank 0 (the first GPU of node 0) writes every file of the run.
+  const bool writesFiles = layout.node == 0 && !options.outDir.empty();
+  const bool severalProcesses = layout.processes && layout.nodes > 1;
+  const int64_t firstStep = completedSteps;
+  int64_t lastSaved = -1;
+  int agreedStop = 0;
+  auto finish = [&](Status status) {
+    outcome.stepsDone = completedSteps;
+    outcome.stepsThisRun = completedSteps - firstStep;
+    outcome.lastCheckpoint = lastCheckpoint;
+    return status;
+  };
+  auto save = [&]() -> Status {
+    lastSaved = completedSteps;
+    if (!writesFiles)
+      return Status::success();
+    std::string dir;
+    if (Status s = saveCheckpoint(dir); !s.ok())
+      return s;
+    if (hooks.onNote)
+      hooks.onNote("saved checkpoint " + dir);
+    return Status::success();
+  };
+
+  while (completedSteps < options.finalStep) {
+    // Every process must run the same steps: over several, only a stop that
+    // all of them agreed on after the last step counts.
+    int signal = severalProcesses   ? agreedStop
+                 : hooks.stopSignal ? hooks.stopSignal->load()
+                                    : 0;
+    if (signal) {
+      outcome.stoppedBySignal = signal;
+      break;
+    }
+    // Every rank has its batch before any starts the step: a rank that
+    // cannot read its rows must fail before the others wait for it in a
+    // collective (the first one also connects NCCL, on the host).
+    Status status =
+        runOnWorkers([](Worker &w) { return w.trainer->prepareStep(); });
+    if (status.ok())
+      status =
+          runOnWorkers([](Worker &w) { return w.trainer->step(w.metrics); });
+    // A non-finite step still reports its metrics, so that the log shows
+    // it; other failures have none.
+    bool reported = true;
+    for (std::unique_ptr<Worker> &w : workers)
+      reported &= w->result.ok() || w->trainer->nonFinite();
+    if (reported) {
+      StepMetrics metrics;
+      Status gathered = gatherStep(hooks, status.ok(), metrics, agreedStop);
+      if (gathered.ok() && hooks.onStep) {
+        Status logged = hooks.onStep(metrics);
+        if (status.ok())
+          status = logged;
+      }
+      if (status.ok())
+        status = gathered;
+    }
+    if (!status.ok())
+      return finish(status);
+    completedSteps = workers.front()->trainer->stepsDone();
+    if (!options.outDir.empty() &&
+        checkpointDue(completedSteps, options.finalStep, options.saveEvery))
+      if (Status s = save(); !s.ok())
+        return finish(s);
+  }
+  if (outcome.stoppedBySignal) {
+    if (!options.outDir.empty() && completedSteps > firstStep &&
+        lastSaved != completedSteps)
+      if (Status s = save(); !s.ok())
+        return finish(s);
+    return finish(Status::success());
+  }
+  if (writesFiles && options.exportFinal) {
+    std::string dir;
+    if (Status s = runOnWorkers(
+            [&](Worker &w) { return w.trainer->exportFinal(dir); }, 0);
+        !s.ok())
+      return finish(s);
+    outcome.finalExport = dir;
+    if (hooks.onNote)
+      hooks.onNote("exported the drafter to " + dir);
+  }
+  return finish(Status::success());
+}

@@ -1,0 +1,422 @@
+//===- ReferenceRun.cpp - Trains a drafter on the CPU, exactly ------------===//
+//
+// The stages of a reference run, each reporting a Status: load the data,
+// frozen weights and initial parameters; compile the step; run it step after
+// step (dumping the first one for the oracle when asked); save the
+// parameters. runReference prints what a stage reports.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/dflash-reference/ReferenceRun.h"
+
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Import/ImportSpec.h"
+#include "compiler/Pipelines/Pipelines.h"
+#include "compiler/Transforms/Passes.h"
+#include "kernels/Bf16.h"
+#include "runtime/data/BatchLoader.h"
+#include "runtime/data/FeatureShard.h"
+#include "runtime/data/Synthetic.h"
+#include "runtime/io/Checkpoint.h"
+#include "runtime/io/Safetensors.h"
+#include "runtime/io/TargetWeights.h"
+#include "runtime/train/InitialParameters.h"
+#include "schema/Parameters.h"
+
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/raw_ostream.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace {
+
+int fail(const std::string &msg) {
+  llvm::errs() << "dflash-reference: error: " << msg << "\n";
+  return 1;
+}
+
+std::vector<double> widen(const uint16_t *bf16, size_t n) {
+  std::vector<double> out(n);
+  for (size_t i = 0; i < n; ++i)
+    out[i] = bf16ToFloat(bf16[i]);
+  return out;
+}
+
+template <typename T> std::vector<double> widen(const std::vector<T> &v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+std::vector<int64_t> shapeOf(Type t) {
+  auto r = cast<RankedTensorType>(t);
+  return std::vector<int64_t>(r.getShape().begin(), r.getShape().end());
+}
+
+/// The data, the frozen weights and the initial parameters of a run.
+struct Problem {
+  rt::SyntheticProblem synthetic;
+  std::unique_ptr<rt::RowSource> rows;
+  rt::TargetWeights loadedTarget;
+  const rt::TargetWeights *target = nullptr;
+  /// bf16 bits, in parameterTable order.
+  std::vector<std::vector<uint16_t>> initial;
+
+  Problem() = default;
+  // `rows` and `target` may point into `synthetic` and `loadedTarget`.
+  Problem(const Problem &) = delete;
+  Problem &operator=(const Problem &) = delete;
+};
+
+Status loadProblem(const ReferenceOptions &options, const ModelConfig &config,
+                   uint64_t seed, Problem &problem) {
+  bool synthetic = options.data == "synthetic";
+  if (synthetic) {
+    if (Status s = problem.synthetic.init(config, seed); !s.ok())
+      return s;
+    problem.rows = std::make_unique<rt::SyntheticRowSource>(
+        problem.synthetic, options.syntheticRows, /*pinAnchors=*/false);
+  } else {
+    auto reader = std::make_unique<rt::FeatureShardReader>();
+    if (Status s = reader->open(options.data, config); !s.ok())
+      return s;
+    problem.rows = std::move(reader);
+    if (options.targetDir.empty())
+      return Status::error(
+          "--data " + options.data +
+          " needs --target DIR for the frozen embedding and lm_head");
+  }
+  problem.target = synthetic ? &problem.synthetic.target() : nullptr;
+  if (!options.targetDir.empty()) {
+    if (Status s = rt::loadTargetWeights(options.targetDir, config,
+                                         problem.loadedTarget);
+        !s.ok())
+      return s;
+    problem.target = &problem.loadedTarget;
+  }
+  if (!options.initDir.empty())
+    return rt::loadCheckpoint(options.initDir, config, problem.initial);
+  problem.initial = synthetic ? problem.synthetic.initialParameters()
+                              : rt::initialParameters(config, seed);
+  return Status::success();
+}
+
+/// Everything the step reads, by the #dflash.arg name of its argument.
+struct StepState {
+  std::map<std::string, std::vector<double>> input, frozen, param, master,
+      moment1, moment2;
+};
+
+/// The state before the first step: the frozen weights, the initial
+/// parameters, masters equal to them and zero moments.
+StepState initialState(const ModelConfig &config, const Problem &problem,
+                       const std::vector<ParamInfo> &table) {
+  StepState state;
+  size_t vh = size_t(config.vocabSize * config.hiddenSize);
+  state.frozen["embed"] = widen(problem.target->embed.data(), vh);
+  state.frozen["lm_head"] = widen(problem.target->lmHeadData(), vh);
+  for (size_t i = 0; i < table.size(); ++i) {
+    const std::string &name = table[i].name;
+    const std::vector<uint16_t> &initial = problem.initial[i];
+    state.param[name] = widen(initial.data(), initial.size());
+    state.master[name] = state.param[name];
+    state.moment1[name].assign(initial.size(), 0.0);
+    state.moment2[name].assign(initial.size(), 0.0);
+  }
+  return state;
+}
+
+void setInputs(StepState &state, const rt::HostBatch &batch) {
+  state.input["input_ids"] = widen(batch.inputIds);
+  state.input["loss_mask"] = widen(batch.lossMask);
+  state.input["target_hidden"] =
+      widen(batch.hiddenStates.data(), batch.hiddenStates.size());
+  state.input["anchors"] = widen(batch.anchors);
+  state.input["keep"] = widen(batch.keep);
+}
+
+/// Binds the arguments of `step` from `state` and the counters.
+FailureOr<std::vector<HostTensor>> bindArguments(const StepSignature &sig,
+                                                 const StepState &state,
+                                                 int64_t step, int64_t total,
+                                                 double seed) {
+  func::FuncOp f = sig.func();
+  std::vector<HostTensor> args;
+  for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+    ArgAttr info = sig.argInfo(i);
+    std::string name = info.getName().str();
+    HostTensor t(shapeOf(f.getArgument(i).getType()));
+    const std::map<std::string, std::vector<double>> *from = nullptr;
+    switch (info.getRole()) {
+    case ArgRole::Input:
+      if (name == "loss_sum_grad") {
+        t.data[0] = seed;
+        break;
+      }
+      from = &state.input;
+      break;
+    case ArgRole::Frozen:
+      from = &state.frozen;
+      break;
+    case ArgRole::Parameter:
+      from = &state.param;
+      break;
+    case ArgRole::Master:
+      from = &state.master;
+      break;
+    case ArgRole::Moment1:
+      from = &state.moment1;
+      break;
+    case ArgRole::Moment2:
+      from = &state.moment2;
+      break;
+    case ArgRole::Counter:
+      t.data[0] = double(name == "step" ? step : total);
+      break;
+    default:
+      f.emitError() << "argument '" << name << "' has a role the reference "
+                    << "run cannot bind";
+      return failure();
+    }
+    if (from) {
+      auto it = from->find(name);
+      if (it == from->end() || int64_t(it->second.size()) != t.numel()) {
+        f.emitError() << "no value of the right size for argument '" << name
+                      << "'";
+        return failure();
+      }
+      t.data = it->second;
+    }
+    args.push_back(std::move(t));
+  }
+  return args;
+}
+
+/// The compiled step: `train` (--emit=train) and, for the dump, the
+/// differentiated forward graph.
+struct CompiledStep {
+  OwningOpRef<ModuleOp> train, gradients;
+};
+
+FailureOr<CompiledStep> compile(MLIRContext &ctx, const DrafterSpec &spec) {
+  CompiledStep out;
+  OwningOpRef<ModuleOp> forward = importSpec(ctx, spec);
+  if (!forward)
+    return failure();
+  out.gradients = forward->clone();
+  PassManager grads(&ctx);
+  grads.addPass(createGenerateBackward());
+  if (failed(grads.run(*out.gradients)))
+    return failure();
+  out.train = std::move(forward);
+  PassManager train(&ctx);
+  buildTrainStepPipeline(train);
+  if (failed(train.run(*out.train)))
+    return failure();
+  return out;
+}
+
+/// Writes the first step for the PyTorch oracle: inputs, frozen weights and
+/// parameters as the step saw them, the loss and the gradients of the mean
+/// loss, and the shapes the oracle needs as metadata.
+Status writeStepDump(const std::string &path, const StepSignature &sig,
+                     const std::vector<HostTensor> &args,
+                     const std::vector<HostTensor> &results,
+                     const ModelConfig &config) {
+  func::FuncOp f = sig.func();
+  std::vector<rt::TensorData> tensors;
+  std::vector<std::vector<double>> keepAlive;
+  auto add = [&](std::string name, const HostTensor &t, double scale) {
+    keepAlive.push_back(t.data);
+    for (double &x : keepAlive.back())
+      x *= scale;
+    tensors.push_back(
+        {std::move(name), DType::F64, t.shape, keepAlive.back().data()});
+  };
+  const char *prefix[] = {"input.", "frozen.", "param."};
+  for (unsigned i = 0; i < f.getNumArguments(); ++i) {
+    ArgAttr info = sig.argInfo(i);
+    int role = int(info.getRole());
+    if (role <= int(ArgRole::Parameter) && info.getName() != "loss_sum_grad")
+      add(prefix[role] + info.getName().str(), args[i], 1.0);
+  }
+  double lossSum =
+      results[*sig.findResult(ArgRole::Metric, "loss_sum")].data[0];
+  double weightSum =
+      results[*sig.findResult(ArgRole::Metric, "weight_sum")].data[0];
+  HostTensor loss(std::vector<int64_t>{});
+  loss.data[0] = lossSum / weightSum;
+  add("result.loss", loss, 1.0);
+  int64_t numGradients = 0;
+  for (unsigned r : sig.resultsWithRole(ArgRole::Gradient)) {
+    add("gradient." + sig.resultInfo(r).getName().str(), results[r],
+        1.0 / weightSum);
+    ++numGradients;
+  }
+  std::string layers;
+  for (size_t i = 0; i < config.layerWindows.size(); ++i)
+    layers += std::string(i ? ", " : "") +
+              "{\"window\": " + std::to_string(config.layerWindows[i]) + "}";
+  char floats[256];
+  std::snprintf(floats, sizeof(floats),
+                "\"rms_norm_eps\": %.17g, \"rope_theta\": %.17g, "
+                "\"gamma\": %.17g",
+                config.rmsNormEps, config.ropeTheta, config.gamma);
+  std::string json =
+      "{\"block_size\": " + std::to_string(config.blockSize) +
+      ", \"num_heads\": " + std::to_string(config.numHeads) +
+      ", \"num_kv_heads\": " + std::to_string(config.numKvHeads) +
+      ", \"head_dim\": " + std::to_string(config.headDim) + ", " + floats +
+      ", \"mask_token_id\": " + std::to_string(config.maskTokenId) +
+      ", \"num_parameters\": " + std::to_string(numGradients) +
+      ", \"layers\": [" + layers + "]}";
+  return rt::writeSafetensors(path, tensors, {{"config", json}});
+}
+
+/// Runs the differentiated forward graph on the first step's state (seed 1:
+/// the gradients of the loss sum) and writes it for the oracle.
+Status dumpFirstStep(const std::string &path, const StepSignature &gradSig,
+                     const StepState &state, int64_t total, Precision precision,
+                     const ModelConfig &config) {
+  auto args = bindArguments(gradSig, state, /*step=*/0, total, 1.0);
+  if (failed(args))
+    return Status::error("cannot bind the gradient step's arguments");
+  StepInterpreter grads(gradSig.func(), precision);
+  auto results = grads.run(*args);
+  if (failed(results))
+    return Status::error("the gradient step failed");
+  return writeStepDump(path, gradSig, *args, *results, config);
+}
+
+/// Runs training step `step`: the new parameters and optimizer state go
+/// back into `state`, the metrics into `metrics`.
+Status trainStep(StepInterpreter &interpreter, const StepSignature &sig,
+                 StepState &state, int64_t step, int64_t total,
+                 std::map<std::string, double> &metrics) {
+  auto args = bindArguments(sig, state, step, total, 0.0);
+  if (failed(args))
+    return Status::error("cannot bind the training step's arguments");
+  auto results = interpreter.run(*args);
+  if (failed(results))
+    return Status::error("the training step failed at step " +
+                         std::to_string(step));
+  for (unsigned r = 0; r < results->size(); ++r) {
+    ArgAttr info = sig.resultInfo(r);
+    std::string name = info.getName().str();
+    std::vector<double> &value = (*results)[r].data;
+    switch (info.getRole()) {
+    case ArgRole::Parameter:
+      state.param[name] = std::move(value);
+      break;
+    case ArgRole::Master:
+      state.master[name] = std::move(value);
+      break;
+    case ArgRole::Moment1:
+      state.moment1[name] = std::move(value);
+      break;
+    case ArgRole::Moment2:
+      state.moment2[name] = std::move(value);
+      break;
+    case ArgRole::Metric:
+      metrics[name] = value[0];
+      break;
+    default:
+      break;
+    }
+  }
+  return Status::success();
+}
+
+/// Exports the parameters of `state`, rounded to bf16, as a checkpoint.
+Status saveParameters(const std::string &dir, const ModelConfig &config,
+                      const std::vector<ParamInfo> &table,
+                      const StepState &state) {
+  std::vector<std::vector<uint16_t>> bits;
+  std::vector<const uint16_t *> pointers;
+  const std::vector<double> none;
+  for (const ParamInfo &p : table) {
+    auto it = state.param.find(p.name);
+    const std::vector<double> &values =
+        it != state.param.end() ? it->second : none;
+    bits.emplace_back(values.size());
+    for (size_t i = 0; i < values.size(); ++i)
+      bits.back()[i] = floatToBf16(float(values[i]));
+    pointers.push_back(bits.back().data());
+  }
+  return rt::exportCheckpoint(dir, config, pointers);
+}
+
+} // namespace
+
+int ::dflash::runReference(const ReferenceOptions &options,
+                           llvm::raw_ostream &out) {
+  if (options.steps < 1)
+    return fail("--steps must be at least 1");
+  if (options.syntheticRows < 1)
+    return fail("--rows must be at least 1");
+
+  SpecError specError;
+  std::optional<DrafterSpec> spec = loadSpec(options.specFile, specError);
+  if (!spec) {
+    llvm::errs() << specError.str() << "\n";
+    return 1;
+  }
+  const ModelConfig &config = *spec;
+  uint64_t seed =
+      options.seed >= 0 ? uint64_t(options.seed) : uint64_t(spec->seed);
+  int64_t total = options.totalSteps > 0 ? options.totalSteps : options.steps;
+
+  Problem problem;
+  if (Status s = loadProblem(options, config, seed, problem); !s.ok())
+    return fail(s.message());
+  std::vector<ParamInfo> table = parameterTable(config);
+  StepState state = initialState(config, problem, table);
+
+  MLIRContext ctx;
+  FailureOr<CompiledStep> compiled = compile(ctx, *spec);
+  if (failed(compiled))
+    return fail("compiling the training step of '" + options.specFile +
+                "' failed");
+  FailureOr<StepSignature> trainSig = StepSignature::get(*compiled->train);
+  FailureOr<StepSignature> gradSig = StepSignature::get(*compiled->gradients);
+  if (failed(trainSig) || failed(gradSig))
+    return fail("the compiled step has no usable signature");
+
+  rt::BatchLoader loader(*problem.rows, config, seed);
+  rt::HostBatch batch;
+  StepInterpreter interpreter(trainSig->func(), options.precision);
+  for (int64_t step = 0; step < options.steps; ++step) {
+    if (Status s = loader.next(batch); !s.ok())
+      return fail(s.message());
+    setInputs(state, batch);
+    if (step == 0 && !options.dumpStep.empty())
+      if (Status s = dumpFirstStep(options.dumpStep, *gradSig, state, total,
+                                   options.precision, config);
+          !s.ok())
+        return fail(s.message());
+    std::map<std::string, double> metrics;
+    if (Status s =
+            trainStep(interpreter, *trainSig, state, step, total, metrics);
+        !s.ok())
+      return fail(s.message());
+    out << llvm::format("{\"step\": %lld, \"loss\": %.9g, \"acc\": %.6g, "
+                        "\"grad_norm\": %.9g, \"lr\": %.9g}\n",
+                        (long long)step, metrics["loss"], metrics["acc"],
+                        metrics["grad_norm"], metrics["lr"]);
+    out.flush();
+    if (!std::isfinite(metrics["loss"]))
+      return fail("the loss is not finite at step " + std::to_string(step));
+  }
+  if (!options.saveDir.empty())
+    if (Status s = saveParameters(options.saveDir, config, table, state);
+        !s.ok())
+      return fail(s.message());
+  return 0;
+}

@@ -1,0 +1,67 @@
+//===- ReferenceRun.h - Trains a drafter on the CPU, exactly ----*- C++ -*-===//
+//
+// The CPU reference run behind `dflash-reference`: compiles a spec to its
+// training step, then runs that IR step after step in the reference
+// interpreter on the same data, anchors and initial weights the generated
+// trainer would use (runtime/data/BatchLoader.h). It is the oracle of the GPU
+// trainer, not a fast trainer.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_TOOLS_DFLASHREFERENCE_REFERENCERUN_H
+#define DFLASH_TOOLS_DFLASHREFERENCE_REFERENCERUN_H
+
+#include "compiler/Interpreter/Interpreter.h"
+
+#include <cstdint>
+#include <string>
+
+namespace llvm {
+class raw_ostream;
+} // namespace llvm
+
+namespace dflash {
+
+/// What to run. The defaults are those of the dflash-reference command line.
+struct ReferenceOptions {
+  /// The drafter spec (TOML) to compile and train.
+  std::string specFile;
+  /// Optimizer steps to run; at least 1.
+  int64_t steps = 1;
+  /// Length of the learning-rate schedule; 0 or less: `steps`.
+  int64_t totalSteps = 0;
+  /// Hugging Face target directory with the frozen embedding and lm_head.
+  /// Empty: the synthetic target (needs `data == "synthetic"`).
+  std::string targetDir;
+  /// "synthetic", or a directory or file of feature shards.
+  std::string data = "synthetic";
+  /// Rows of the synthetic data set; at least 1.
+  int64_t syntheticRows = 64;
+  /// Seed of data order, anchors and initial weights; negative: the spec's
+  /// training.seed.
+  int64_t seed = -1;
+  /// Initial drafter checkpoint (SEMANTICS.md section 6); empty: initialize
+  /// from the seed.
+  std::string initDir;
+  /// Arithmetic of the interpreter.
+  Precision precision = Precision::Storage;
+  /// When set, the first step's inputs, weights, loss and gradients (of the
+  /// global mean loss, before clipping) are written to this safetensors file
+  /// for the PyTorch oracle.
+  std::string dumpStep;
+  /// When set, the parameters after the last step are exported as a
+  /// checkpoint (SEMANTICS.md section 6) into this directory.
+  std::string saveDir;
+};
+
+/// Runs `options`: prints one JSON line per step (step, loss, acc,
+/// grad_norm, lr) to `out`, flushed after each line, and writes the dump and
+/// the checkpoint asked for. Errors go to llvm::errs(), where the MLIR
+/// context prints its diagnostics too: a spec error as the spec loader
+/// words it, every other one as "dflash-reference: error: <message>".
+/// Returns the process exit code: 0, or 1 after an error.
+int runReference(const ReferenceOptions &options, llvm::raw_ostream &out);
+
+} // namespace dflash
+
+#endif // DFLASH_TOOLS_DFLASHREFERENCE_REFERENCERUN_H
