@@ -285,8 +285,7 @@ LogicalResult AdamWShardedOp::verify() {
   // adamw_sharded C4
   const int64_t world = getWorldSizeAttr().getInt();
   if (world < 1)
-    return emitOpError() << "(C4) world_size must be positive, not "
-                         << world;
+    return emitOpError() << "(C4) world_size must be positive, not " << world;
   for (auto [i, g] : llvm::enumerate(getGrads())) {
     auto bucket = g.getDefiningOp<GradientBucketOp>();
     if (!bucket || !bucket.getWorldSizeAttr() ||
@@ -305,20 +304,20 @@ LogicalResult AdamWShardedOp::verify() {
   for (GradientBucketOp bucket : buckets)
     for (Value r : bucket.getResults())
       if (llvm::count(getGrads(), r) != 1)
-        return emitOpError() << "(C5) every result of a bucket must be "
-                                "exactly one grad; result "
-                             << cast<OpResult>(r).getResultNumber()
-                             << " of a bucket is not";
+        return emitOpError()
+               << "(C5) every result of a bucket must be "
+                  "exactly one grad; result "
+               << cast<OpResult>(r).getResultNumber() << " of a bucket is not";
   // adamw_sharded C6
   for (unsigned b = 0; b < k; ++b) {
-    auto shard = RankedTensorType::get({buckets[b].getShardElementsAttr().getInt()},
-                                       Float32Type::get(getContext()));
+    auto shard =
+        RankedTensorType::get({buckets[b].getShardElementsAttr().getInt()},
+                              Float32Type::get(getContext()));
     for (Value v : {getMasters()[b], getMoment1()[b], getMoment2()[b],
                     getNewMaster(b), getNewMoment1(b), getNewMoment2(b)})
       if (v.getType() != shard)
-        return emitOpError() << "(C6) the state of bucket " << b
-                             << " must be " << shard << ", not "
-                             << v.getType();
+        return emitOpError() << "(C6) the state of bucket " << b << " must be "
+                             << shard << ", not " << v.getType();
   }
   return success();
 }

@@ -269,18 +269,19 @@ LogicalResult RopeOp::verify() {
 
 /// The constraints block_attention and block_attention_grad share, checked
 /// on the forward operands.
-static LogicalResult
-verifyAttentionOperands(Operation *op, Value query, Value contextKeys,
-                        Value contextValues, Value draftKeys, Value draftValues,
-                        Value anchors, Value keep, int64_t bs,
-                        IntegerAttr window) {
+static LogicalResult verifyAttentionOperands(Operation *op, Value query,
+                                             Value contextKeys,
+                                             Value contextValues,
+                                             Value draftKeys, Value draftValues,
+                                             Value anchors, Value keep,
+                                             int64_t bs, IntegerAttr window) {
   // block_attention C1
   if (failed(expectAtLeast(op, "C1", "block_size", bs, 1)))
     return failure();
   // block_attention C2
   if (window && window.getInt() <= 0)
-    return op->emitOpError() << "(C2) window is " << window.getInt()
-                             << " but must be positive";
+    return op->emitOpError()
+           << "(C2) window is " << window.getInt() << " but must be positive";
   // block_attention C3
   if (failed(expectRank(op, "C3", "query", query, 4)) ||
       failed(expectRank(op, "C3", "context_keys", contextKeys, 4)) ||
@@ -292,20 +293,20 @@ verifyAttentionOperands(Operation *op, Value query, Value contextKeys,
   int64_t B = q[0], Q = q[1], nh = q[2], d = q[3];
   int64_t S = kc[1], nkv = kc[2];
   // block_attention C4
-  if (failed(expectShape(op, "C4", "context_keys", contextKeys,
-                         {B, S, nkv, d})) ||
+  if (failed(
+          expectShape(op, "C4", "context_keys", contextKeys, {B, S, nkv, d})) ||
       failed(expectSameType(op, "C4", "context_values", contextValues,
                             "context_keys", contextKeys)))
     return failure();
   // block_attention C5
   if (nkv <= 0 || nh % nkv != 0)
-    return op->emitOpError() << "(C5) num_heads (" << nh
-                             << ") must be a multiple of num_kv_heads (" << nkv
-                             << ")";
+    return op->emitOpError()
+           << "(C5) num_heads (" << nh
+           << ") must be a multiple of num_kv_heads (" << nkv << ")";
   // block_attention C6
   if (failed(expectShape(op, "C6", "draft_keys", draftKeys, {B, Q, nkv, d})) ||
-      failed(expectSameType(op, "C6", "draft_values", draftValues,
-                            "draft_keys", draftKeys)))
+      failed(expectSameType(op, "C6", "draft_values", draftValues, "draft_keys",
+                            draftKeys)))
     return failure();
   // block_attention C7
   if (failed(expectShape(op, "C7", "anchors", anchors, {B, a[1]})) ||
@@ -326,10 +327,10 @@ verifyAttentionOperands(Operation *op, Value query, Value contextKeys,
 
 LogicalResult BlockAttentionOp::verify() {
   Operation *op = *this;
-  if (failed(verifyAttentionOperands(
-          op, getQuery(), getContextKeys(), getContextValues(), getDraftKeys(),
-          getDraftValues(), getAnchors(), getKeep(), getBlockSize(),
-          getWindowAttr())))
+  if (failed(verifyAttentionOperands(op, getQuery(), getContextKeys(),
+                                     getContextValues(), getDraftKeys(),
+                                     getDraftValues(), getAnchors(), getKeep(),
+                                     getBlockSize(), getWindowAttr())))
     return failure();
   auto q = tensorType(getQuery()).getShape();
   // block_attention C9
@@ -451,16 +452,16 @@ LogicalResult RmsNormGradOp::verify() {
                          << " but must be positive";
   // rms_norm_grad C2
   auto x = tensorType(getInput()).getShape();
-  if (failed(expectSameType(op, "C2", "grad", getGrad(), "input",
-                            getInput())) ||
+  if (failed(
+          expectSameType(op, "C2", "grad", getGrad(), "input", getInput())) ||
       failed(expectShape(op, "C2", "weight", getWeight(),
                          {x.empty() ? -1 : x.back()})))
     return failure();
   // rms_norm_grad C3
   if (failed(expectSameType(op, "C3", "input_grad", getInputGrad(), "input",
                             getInput())) ||
-      failed(expectSameType(op, "C3", "weight_grad", getWeightGrad(),
-                            "weight", getWeight())))
+      failed(expectSameType(op, "C3", "weight_grad", getWeightGrad(), "weight",
+                            getWeight())))
     return failure();
   return success();
 }
@@ -478,8 +479,7 @@ LogicalResult RopeGradOp::verify() {
   auto x = tensorType(getGrad()).getShape();
   // rope_grad C3
   if (x[3] % 2 != 0)
-    return emitOpError() << "(C3) head dimension (" << x[3]
-                         << ") must be even";
+    return emitOpError() << "(C3) head dimension (" << x[3] << ") must be even";
   // rope_grad C4
   if (failed(expectShape(op, "C4", "positions", getPositions(), {x[0], x[1]})))
     return failure();
@@ -490,15 +490,15 @@ LogicalResult RopeGradOp::verify() {
 LogicalResult BlockAttentionGradOp::verify() {
   Operation *op = *this;
   // block_attention_grad C1-C8: those of block_attention.
-  if (failed(verifyAttentionOperands(
-          op, getQuery(), getContextKeys(), getContextValues(), getDraftKeys(),
-          getDraftValues(), getAnchors(), getKeep(), getBlockSize(),
-          getWindowAttr())))
+  if (failed(verifyAttentionOperands(op, getQuery(), getContextKeys(),
+                                     getContextValues(), getDraftKeys(),
+                                     getDraftValues(), getAnchors(), getKeep(),
+                                     getBlockSize(), getWindowAttr())))
     return failure();
   auto q = tensorType(getQuery()).getShape();
   // block_attention_grad C9
-  if (failed(expectSameType(op, "C9", "grad", getGrad(), "query",
-                            getQuery())) ||
+  if (failed(
+          expectSameType(op, "C9", "grad", getGrad(), "query", getQuery())) ||
       failed(expectSameType(op, "C9", "output", getOutput(), "query",
                             getQuery())) ||
       failed(expectShape(op, "C9", "lse", getLse(), {q[0], q[1], q[2]})))
@@ -524,9 +524,10 @@ LogicalResult BlockAttentionGradOp::verify() {
 LogicalResult SwigluGradOp::verify() {
   Operation *op = *this;
   // swiglu_grad C1
-  for (auto [name, v] :
-       {std::pair<StringRef, Value>{"gate", getGate()}, {"up", getUp()},
-        {"gate_grad", getGateGrad()}, {"up_grad", getUpGrad()}})
+  for (auto [name, v] : {std::pair<StringRef, Value>{"gate", getGate()},
+                         {"up", getUp()},
+                         {"gate_grad", getGateGrad()},
+                         {"up_grad", getUpGrad()}})
     if (failed(expectSameType(op, "C1", name, v, "grad", getGrad())))
       return failure();
   return success();

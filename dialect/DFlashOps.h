@@ -1,4 +1,5 @@
-//===- DFlashOps.h - dflash ops, attributes and interfaces -------*- C++ -*-===//
+//===- DFlashOps.h - dflash ops, attributes and interfaces -------*- C++
+//-*-===//
 
 #ifndef DFLASH_DIALECT_DFLASHOPS_H
 #define DFLASH_DIALECT_DFLASHOPS_H

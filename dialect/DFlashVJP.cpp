@@ -49,16 +49,19 @@ SmallVector<Value> BlockAttentionOp::buildVJP(OpBuilder &b,
       grads[0], getQuery(), getContextKeys(), getContextValues(),
       getDraftKeys(), getDraftValues(), getAnchors(), getKeep(), getResult(),
       getLse(), getBlockSizeAttr(), getWindowAttr(), getCausalAttr());
-  return {g.getQueryGrad(),       g.getContextKeysGrad(),
-          g.getContextValuesGrad(), g.getDraftKeysGrad(),
-          g.getDraftValuesGrad(), Value(),
+  return {g.getQueryGrad(),
+          g.getContextKeysGrad(),
+          g.getContextValuesGrad(),
+          g.getDraftKeysGrad(),
+          g.getDraftValuesGrad(),
+          Value(),
           Value()};
 }
 
 SmallVector<Value> SwigluOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
-  auto g = SwigluGradOp::create(b, getLoc(), getGate().getType(),
-                                getUp().getType(), grads[0], getGate(),
-                                getUp());
+  auto g =
+      SwigluGradOp::create(b, getLoc(), getGate().getType(), getUp().getType(),
+                           grads[0], getGate(), getUp());
   return {g.getGateGrad(), g.getUpGrad()};
 }
 
@@ -70,8 +73,8 @@ SmallVector<Value> LmHeadCeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
   // Only loss_sum is differentiable; the weight is frozen.
   if (!grads[0])
     return {Value(), Value(), Value(), Value()};
-  Value dy = LmHeadCeGradOp::create(b, getLoc(), getInput().getType(),
-                                    getInput(), getWeight(), getLabels(),
-                                    getWeights(), grads[0]);
+  Value dy =
+      LmHeadCeGradOp::create(b, getLoc(), getInput().getType(), getInput(),
+                             getWeight(), getLabels(), getWeights(), grads[0]);
   return {dy, Value(), Value(), Value()};
 }

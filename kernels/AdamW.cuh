@@ -146,9 +146,8 @@ __device__ __forceinline__ double sumPartialsInOrder(const double *partials,
 
 /// normAndClip[0] = global norm, normAndClip[1] = clip coefficient, from
 /// the squared global norm.
-__device__ __forceinline__ void writeNormAndClip(double squareSum,
-                                                 double maxNorm,
-                                                 float *normAndClip) {
+__device__ __forceinline__ void
+writeNormAndClip(double squareSum, double maxNorm, float *normAndClip) {
   double norm = sqrt(squareSum);
   double clip = 1.0;
   if (maxNorm > 0) {
@@ -180,10 +179,10 @@ static __global__ void __launch_bounds__(1024)
 }
 
 /// normAndClip from the squared global norm (summed over the ranks).
-static __global__ void adamw_clip_from_square_sum_kernel(
-    const float *sumOfSquares, double maxNorm, float *normAndClip) {
-  writeNormAndClip(static_cast<double>(sumOfSquares[0]), maxNorm,
-                   normAndClip);
+static __global__ void
+adamw_clip_from_square_sum_kernel(const float *sumOfSquares, double maxNorm,
+                                  float *normAndClip) {
+  writeNormAndClip(static_cast<double>(sumOfSquares[0]), maxNorm, normAndClip);
 }
 
 /// One element of the update; the scalars are fp32 as torch uses them.

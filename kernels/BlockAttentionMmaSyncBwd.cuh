@@ -202,7 +202,7 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kBwdThreads), 1)
         st[nt][e] = p;
         dpt[nt][e] = p * (dpt[nt][e] - tDot[r]);
       }
-      // dV += P^T dO, dK += dS^T Q (the 16 x MQP C fragments are A fragments).
+    // dV += P^T dO, dK += dS^T Q (the 16 x MQP C fragments are A fragments).
 #pragma unroll
     for (int ks = 0; ks < MQP / 16; ++ks) {
       uint32_t ap[4] = {packBf16(st[2 * ks][0], st[2 * ks][1]),

@@ -61,8 +61,9 @@ __global__ void __launch_bounds__(128)
     dst[c] = src[c];
 }
 
-static __global__ void draft_positions_kernel(const int32_t *anchors, int32_t *out,
-                                       DraftBlocksShape shape) {
+static __global__ void draft_positions_kernel(const int32_t *anchors,
+                                              int32_t *out,
+                                              DraftBlocksShape shape) {
   int64_t total = shape.B * shape.Q();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -72,18 +73,18 @@ static __global__ void draft_positions_kernel(const int32_t *anchors, int32_t *o
   }
 }
 
-static __global__ void sequence_positions_kernel(int32_t *out, int64_t B, int64_t T) {
+static __global__ void sequence_positions_kernel(int32_t *out, int64_t B,
+                                                 int64_t T) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < B * T; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     out[i] = static_cast<int32_t>(i % T);
 }
 
-static __global__ void draft_targets_kernel(const int32_t *inputIds,
-                                     const uint8_t *lossMask,
-                                     const int32_t *anchors,
-                                     const uint8_t *keep, int32_t *labels,
-                                     float *weights, DraftBlocksShape shape,
-                                     double gamma) {
+static __global__ void
+draft_targets_kernel(const int32_t *inputIds, const uint8_t *lossMask,
+                     const int32_t *anchors, const uint8_t *keep,
+                     int32_t *labels, float *weights, DraftBlocksShape shape,
+                     double gamma) {
   int64_t total = shape.B * shape.Q();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -18,9 +18,9 @@
 #define DFLASH_KERNELS_LMHEADCROSSENTROPY_CUH
 
 #include "kernels/CudaCheck.cuh"
-#include "kernels/Workspaces.h"
 #include "kernels/Gemm.cuh"
 #include "kernels/Reduce.cuh"
+#include "kernels/Workspaces.h"
 
 #include <climits>
 #include <cstdint>

@@ -48,9 +48,11 @@ static __global__ void reciprocal_kernel(const float *x, float *out) {
   *out = 1.0f / *x;
 }
 
-static __global__ void loss_stats_kernel(const float *lossSum, const float *weightSum,
-                                  const float *correct, const float *count,
-                                  float *loss, float *acc, float *seed) {
+static __global__ void loss_stats_kernel(const float *lossSum,
+                                         const float *weightSum,
+                                         const float *correct,
+                                         const float *count, float *loss,
+                                         float *acc, float *seed) {
   *loss = *lossSum / *weightSum;
   *acc = *count > 0 ? *correct / *count : 0.f;
   *seed = 1.0f / *weightSum;
@@ -58,9 +60,10 @@ static __global__ void loss_stats_kernel(const float *lossSum, const float *weig
 
 /// SEMANTICS.md section 5: warm = int(ratio * total); linear warmup, then
 /// cosine to 0. Writes AdamW's (lr, 1-based step) and the reported lr.
-static __global__ void lr_schedule_kernel(const int32_t *step, const int32_t *total,
-                                   float peak, float warmupRatio,
-                                   AdamWStepState *state, float *lrOut) {
+static __global__ void lr_schedule_kernel(const int32_t *step,
+                                          const int32_t *total, float peak,
+                                          float warmupRatio,
+                                          AdamWStepState *state, float *lrOut) {
   int64_t t = *step, n = *total;
   int64_t warm = int64_t(double(warmupRatio) * double(n));
   double lr;
@@ -76,8 +79,9 @@ static __global__ void lr_schedule_kernel(const int32_t *step, const int32_t *to
   *lrOut = float(lr);
 }
 
-static __global__ void add_bf16_kernel(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
-                                __nv_bfloat16 *out, int64_t n) {
+static __global__ void add_bf16_kernel(const __nv_bfloat16 *a,
+                                       const __nv_bfloat16 *b,
+                                       __nv_bfloat16 *out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
@@ -124,8 +128,8 @@ inline void loss_stats_f32(const float *lossSum, const float *weightSum,
 }
 
 inline void lr_schedule(const int32_t *step, const int32_t *total, float lr,
-                        float warmupRatio, AdamWStepState *state,
-                        float *lrOut, cudaStream_t stream) {
+                        float warmupRatio, AdamWStepState *state, float *lrOut,
+                        cudaStream_t stream) {
   detail::lr_schedule_kernel<<<1, 1, 0, stream>>>(step, total, lr, warmupRatio,
                                                   state, lrOut);
   DFLASH_CUDA_CHECK_LAUNCH("lr_schedule");

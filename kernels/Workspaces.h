@@ -79,8 +79,7 @@ constexpr size_t lmHeadRowTermBytes(int64_t rows) {
 constexpr size_t lmHeadChunkBytes(int64_t rows, int64_t vocab) {
   return size_t(lmHeadChunkRows(rows, vocab)) * size_t(vocab) * 2;
 }
-constexpr size_t lmHeadCrossEntropyWorkspaceBytes(int64_t rows,
-                                                  int64_t vocab) {
+constexpr size_t lmHeadCrossEntropyWorkspaceBytes(int64_t rows, int64_t vocab) {
   return kLmHeadSumsBytes + lmHeadRowTermBytes(rows) +
          lmHeadChunkBytes(rows, vocab);
 }

@@ -1,4 +1,5 @@
-//===- DType.cpp - Element types and shapes --------------------------------===//
+//===- DType.cpp - Element types and shapes
+//--------------------------------===//
 
 #include "schema/DType.h"
 

@@ -28,7 +28,7 @@ enum class ParamKind : uint8_t {
 
 /// One trainable tensor.
 struct ParamInfo {
-  std::string name;           ///< checkpoint name ("layers.0.mlp.up_proj.weight")
+  std::string name; ///< checkpoint name ("layers.0.mlp.up_proj.weight")
   std::vector<int64_t> shape; ///< torch layout ([out, in] for linears)
   ParamKind kind = ParamKind::Linear;
   /// The draft layer it belongs to; -1 for fc, hidden_norm and norm.

@@ -13,12 +13,10 @@ constexpr const char *kRoleEnumerators[kNumBufferRoles] = {
     "Moment1", "Moment2", "Counter",   "Metric"};
 constexpr const char *kInputNames[kNumStepInputs] = {
     "input_ids", "loss_mask", "target_hidden", "anchors", "keep"};
-constexpr DType kInputDTypes[kNumStepInputs] = {DType::I32, DType::U8,
-                                                DType::BF16, DType::I32,
-                                                DType::U8};
+constexpr DType kInputDTypes[kNumStepInputs] = {
+    DType::I32, DType::U8, DType::BF16, DType::I32, DType::U8};
 constexpr const char *kFrozenNames[kNumFrozenWeights] = {"embed", "lm_head"};
-constexpr const char *kCounterNames[kNumStepCounters] = {"step",
-                                                         "total_steps"};
+constexpr const char *kCounterNames[kNumStepCounters] = {"step", "total_steps"};
 constexpr const char *kMetricNames[kNumStepMetrics] = {"loss", "acc",
                                                        "grad_norm", "lr"};
 

@@ -1,4 +1,5 @@
-//===- StepBuffers.h - The persistent buffers of a compiled step -*- C++ -*-===//
+//===- StepBuffers.h - The persistent buffers of a compiled step -*- C++
+//-*-===//
 //
 // What lives across steps, by role, and the fixed members of each role: the
 // five per-step inputs, the frozen weights, the counters and the metrics.
@@ -38,7 +39,13 @@ enum class BufferRole : uint8_t {
 };
 
 /// The per-step inputs (SEMANTICS.md section 1), in argument order.
-enum class StepInput : uint8_t { InputIds, LossMask, TargetHidden, Anchors, Keep };
+enum class StepInput : uint8_t {
+  InputIds,
+  LossMask,
+  TargetHidden,
+  Anchors,
+  Keep
+};
 /// The target's frozen tensors.
 enum class FrozenWeight : uint8_t { Embed, LmHead };
 /// Scalars the runtime writes before each step.
@@ -80,7 +87,8 @@ std::string shardBufferName(size_t bucket);
 
 /// One persistent buffer of a step program.
 struct BufferSpec {
-  std::string name; ///< for messages: "input_ids", "layers.0.mlp.up_proj.weight"
+  std::string
+      name; ///< for messages: "input_ids", "layers.0.mlp.up_proj.weight"
   BufferRole role = BufferRole::Input;
   DType dtype = DType::U8;
   std::vector<int64_t> shape;

@@ -10,7 +10,8 @@ if [ ! -f "$build/build.ninja" ]; then
     -DCMAKE_BUILD_TYPE=Release \
     -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir \
     -DLLVM_EXTERNAL_LIT=/usr/lib/llvm-22/bin/lit \
-    -DMLIR_LINK_MLIR_DYLIB=ON
+    -DMLIR_LINK_MLIR_DYLIB=ON \
+    -DDFLASH_WERROR=ON
 fi
 # About 1.5 GB per compile job: two jobs fit a 2-core, 24 GB machine.
 jobs=${DFLASH_JOBS:-$(( $(nproc) < 4 ? 2 : $(nproc) ))}

@@ -276,31 +276,31 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   if (!bwdOnly) {
-  fwd(
-      [&] {
-        mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1,
-                                          64>(fa, 0);
-      },
-      "mt1 kt64");
-  fwd(
-      [&] {
-        mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2,
-                                          64>(fa, 0);
-      },
-      "mt2 kt64");
-  fwd(
-      [&] {
-        mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2,
-                                          32>(fa, 0);
-      },
-      "mt2 kt32");
-  // wgmma (sm_90a) forward, fed by TMA (the default).
-  fwd(
-      [&] {
-        sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
-                                                                             0);
-      },
-      "wgmma tma (default)");
+    fwd(
+        [&] {
+          mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1,
+                                            64>(fa, 0);
+        },
+        "mt1 kt64");
+    fwd(
+        [&] {
+          mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2,
+                                            64>(fa, 0);
+        },
+        "mt2 kt64");
+    fwd(
+        [&] {
+          mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 2,
+                                            32>(fa, 0);
+        },
+        "mt2 kt32");
+    // wgmma (sm_90a) forward, fed by TMA (the default).
+    fwd(
+        [&] {
+          sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+              fa, 0);
+        },
+        "wgmma tma (default)");
   }
   auto bwd = [&](auto launch, const char *variant) {
     if (fwdOnly)
@@ -339,13 +339,14 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
     auto q0 = fetch(dq, qn), k0 = fetch(dck, cn), v0 = fetch(dcv, cn);
     // Poisoned (NaN) first: a row the wgmma backward leaves unwritten shows.
     for (bf16 *p : {dq, dck, dcv})
-      DFLASH_CUDA_CHECK(cudaMemset(p, 0xFF, (p == dq ? qn : cn) * sizeof(bf16)));
+      DFLASH_CUDA_CHECK(
+          cudaMemset(p, 0xFF, (p == dq ? qn : cn) * sizeof(bf16)));
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("attention bwd %s B=%d: wgmma (default) vs mma.sync relative "
                 "diff dq %.3g dck %.3g dcv %.3g\n",
-                kind, B, relDiff(fetch(dq, qn), q0), relDiff(fetch(dck, cn), k0),
-                relDiff(fetch(dcv, cn), v0));
+                kind, B, relDiff(fetch(dq, qn), q0),
+                relDiff(fetch(dck, cn), k0), relDiff(fetch(dcv, cn), v0));
   }
   // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down,
   // (row, kv head) pairs per launch group. The default runs first and last:
@@ -354,22 +355,29 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   // slices, one warpgroup, walk up, three stages, row atomics issued under
   // the next tile's products, pairs of CTAs adding their dQ shares together,
   // adders issuing atomics, groups of 1, 2, 6 and 16 pairs) are in NOTES.md.
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
-  }, "wgmma dq rows by adders, groups of 8 pairs (default)");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<
-        D, BS, NH, NKV, WINDOW, CAUSAL,
-        WgmmaBwdDqAdd<BlockAttentionDq::RowsVec4>, 2, true, 0>(ba, 0);
-  }, "wgmma dq rows v4 by the key warps, all pairs (sixth session)");
+  bwd(
+      [&] {
+        sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba,
+                                                                             0);
+      },
+      "wgmma dq rows by adders, groups of 8 pairs (default)");
+  bwd(
+      [&] {
+        sm90a_block_attention_bwd_wgmma_bf16<
+            D, BS, NH, NKV, WINDOW, CAUSAL,
+            WgmmaBwdDqAdd<BlockAttentionDq::RowsVec4>, 2, true, 0>(ba, 0);
+      },
+      "wgmma dq rows v4 by the key warps, all pairs (sixth session)");
   // The adder warpgroup with other launch groups (pairs; 0: all) or stages.
   auto adders = [&](auto group, auto stages, const char *variant) {
-    bwd([&] {
-      sm90a_block_attention_bwd_wgmma_bf16<
-          D, BS, NH, NKV, WINDOW, CAUSAL,
-          WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
-          decltype(group)::value, decltype(stages)::value>(ba, 0);
-    }, variant);
+    bwd(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<
+              D, BS, NH, NKV, WINDOW, CAUSAL,
+              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
+              decltype(group)::value, decltype(stages)::value>(ba, 0);
+        },
+        variant);
   };
   using std::integral_constant;
   adders(integral_constant<int, 0>(), integral_constant<int, 2>(),
@@ -380,14 +388,19 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
          "wgmma dq rows by adders, groups of 12 pairs");
   adders(integral_constant<int, 8>(), integral_constant<int, 3>(),
          "wgmma dq rows by adders, groups of 8 pairs, three stages");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
-  }, "wgmma dq rows by adders, groups of 8 pairs (default, again)");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<
-        D, BS, NH, NKV, WINDOW, CAUSAL,
-        WgmmaBwdDqAdd<BlockAttentionDq::AtomicVec2>>(ba, 0);
-  }, "wgmma dq atomic v2 (fragments)");
+  bwd(
+      [&] {
+        sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba,
+                                                                             0);
+      },
+      "wgmma dq rows by adders, groups of 8 pairs (default, again)");
+  bwd(
+      [&] {
+        sm90a_block_attention_bwd_wgmma_bf16<
+            D, BS, NH, NKV, WINDOW, CAUSAL,
+            WgmmaBwdDqAdd<BlockAttentionDq::AtomicVec2>>(ba, 0);
+      },
+      "wgmma dq atomic v2 (fragments)");
   // Launches 1 and 3 alone (shared by every variant above), in GB/s of the
   // bytes they must move. Launch 1 reads Q, dO, O, the draft K / V and
   // writes the fp32 accumulator, D and the draft dK / dV; launch 3 reads the
@@ -404,30 +417,34 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   const double launch1Bytes = 3.0 * qn * 2 + 4.0 * dn * 2 + qn * 4.0 + rows * 4;
   launchAlone(
       [&] {
-        detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(
-            ba, 0);
+        detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(ba,
+                                                                             0);
       },
       "launch 1 only (draft keys, D, dQ init)", launch1Bytes);
   launchAlone(
       [&] {
-        detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                             2>(ba, 0);
+        detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL, 2>(
+            ba, 0);
       },
       "launch 1 only, two blocks per CTA (the forward's 128 rows)",
       launch1Bytes);
   launchAlone([&] { detail::launchBlockAttentionBwdDq<D, BS, NH>(ba, 0); },
               "launch 3 only (dQ to bf16)", qn * 6.0);
   // Timing only (a wrong dQ): bench/kernels/WgmmaBwdDqTiming.cuh.
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         bench::WgmmaBwdDqProductOnlyForTiming>(
-        ba, 0);
-  }, "wgmma wgs2 down dq product without adds, timing only");
-  bwd([&] {
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                         bench::WgmmaBwdDqOmittedForTiming>(
-        ba, 0);
-  }, "wgmma wgs2 down no dq phase, timing only");
+  bwd(
+      [&] {
+        sm90a_block_attention_bwd_wgmma_bf16<
+            D, BS, NH, NKV, WINDOW, CAUSAL,
+            bench::WgmmaBwdDqProductOnlyForTiming>(ba, 0);
+      },
+      "wgmma wgs2 down dq product without adds, timing only");
+  bwd(
+      [&] {
+        sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                             bench::WgmmaBwdDqOmittedForTiming>(
+            ba, 0);
+      },
+      "wgmma wgs2 down no dq phase, timing only");
   for (void *p :
        {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv, (void *)out,
         (void *)dOut, (void *)dq, (void *)dck, (void *)dcv, (void *)ddk,

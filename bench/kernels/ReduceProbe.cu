@@ -72,16 +72,16 @@ __global__ void __launch_bounds__(kThreads)
       // 8 warps x 8 rows: each instruction one whole row.
 #pragma unroll
       for (int r = 0; r < 8; ++r)
-        atomicAdd(reinterpret_cast<float4 *>(t + (warp * 8 + r) * kCols +
-                                             4 * lane),
-                  make_float4(v, v, v, v));
+        atomicAdd(
+            reinterpret_cast<float4 *>(t + (warp * 8 + r) * kCols + 4 * lane),
+            make_float4(v, v, v, v));
     } else {
       // 64 threads issue one row each (the stage holds 32 distinct rows).
       if (tid < kTileRows)
         asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group."
                      "add.f32 [%0], [%1], %2;\n" ::"l"(t + tid * kCols),
-                     "r"(static_cast<uint32_t>(__cvta_generic_to_shared(
-                         stage + (tid % 32) * kCols))),
+                     "r"(static_cast<uint32_t>(
+                         __cvta_generic_to_shared(stage + (tid % 32) * kCols))),
                      "n"(kCols * 4)
                      : "memory");
       if (tid < kTileRows)
@@ -125,7 +125,8 @@ void run(const char *name, float *buf, int numTiles, int ctas, int tiles) {
 
 int main() {
   int sms = 0;
-  DFLASH_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  DFLASH_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int tileFloats = kTileRows * kCols;
   for (int mb : {16, 512}) {
     int numTiles = int(size_t(mb) * 1000000 / (tileFloats * 4));

@@ -14,8 +14,7 @@ FlopCount FlopCount::of(func::FuncOp step) {
   llvm::DenseSet<Value> fromSeed;
   for (unsigned i = 0; i < step.getNumArguments(); ++i)
     if (auto info = step.getArgAttrOfType<ArgAttr>(i, kArgAttrName))
-      if (info.getRole() == ArgRole::Input &&
-          info.getName() == "loss_sum_grad")
+      if (info.getRole() == ArgRole::Input && info.getName() == "loss_sum_grad")
         fromSeed.insert(step.getArgument(i));
   for (Operation &op : step.front().without_terminator()) {
     Phase phase = Forward;

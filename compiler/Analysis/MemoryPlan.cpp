@@ -72,8 +72,7 @@ SmallVector<int64_t> bucketResultOffsets(GradientBucketOp bucket) {
 
 int64_t bucketFlatElements(GradientBucketOp bucket) {
   Value last = bucket.getResults().back();
-  return (bucketResultOffsets(bucket).back() + tensorBytes(last.getType())) /
-         4;
+  return (bucketResultOffsets(bucket).back() + tensorBytes(last.getType())) / 4;
 }
 
 int64_t bucketSlotBytes(GradientBucketOp bucket) {

@@ -9,7 +9,9 @@ using namespace mlir;
 
 namespace {
 
-Attribute toAttr(Builder &b, const std::string &v) { return b.getStringAttr(v); }
+Attribute toAttr(Builder &b, const std::string &v) {
+  return b.getStringAttr(v);
+}
 Attribute toAttr(Builder &b, int64_t v) { return b.getI64IntegerAttr(v); }
 Attribute toAttr(Builder &b, double v) { return b.getF64FloatAttr(v); }
 Attribute toAttr(Builder &b, bool v) { return b.getBoolAttr(v); }
@@ -54,10 +56,10 @@ DictionaryAttr dflash::modelConfigToAttr(MLIRContext *context,
                                          const ModelConfig &config) {
   Builder b(context);
   SmallVector<NamedAttribute> fields;
-  forEachModelConfigField(config, [&](const char *key, const char *,
-                                      const auto &value) {
-    fields.push_back(b.getNamedAttr(key, toAttr(b, value)));
-  });
+  forEachModelConfigField(
+      config, [&](const char *key, const char *, const auto &value) {
+        fields.push_back(b.getNamedAttr(key, toAttr(b, value)));
+      });
   return b.getDictionaryAttr(fields);
 }
 
@@ -68,15 +70,15 @@ FailureOr<dflash::ModelConfig> dflash::modelConfigOf(ModuleOp module) {
                               << "' attribute: it was not imported from a spec";
   ModelConfig config;
   std::string bad;
-  forEachModelConfigField(config, [&](const char *key, const char *,
-                                      auto &value) {
-    if (bad.empty() && !fromAttr(dict.get(key), value))
-      bad = key;
-  });
+  forEachModelConfigField(config,
+                          [&](const char *key, const char *, auto &value) {
+                            if (bad.empty() && !fromAttr(dict.get(key), value))
+                              bad = key;
+                          });
   if (!bad.empty())
-    return module.emitError() << "'" << kModelConfigAttrName
-                              << "' has no field '" << bad
-                              << "' of the schema's type";
+    return module.emitError()
+           << "'" << kModelConfigAttrName << "' has no field '" << bad
+           << "' of the schema's type";
   return config;
 }
 

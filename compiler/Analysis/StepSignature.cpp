@@ -8,9 +8,9 @@ using namespace ::dflash;
 
 namespace dflash {
 DictionaryAttr argAttrDict(MLIRContext *ctx, ArgRole role, StringRef name) {
-  return DictionaryAttr::get(
-      ctx, {NamedAttribute(StringAttr::get(ctx, kArgAttrName),
-                           ArgAttr::get(ctx, role, name))});
+  return DictionaryAttr::get(ctx,
+                             {NamedAttribute(StringAttr::get(ctx, kArgAttrName),
+                                             ArgAttr::get(ctx, role, name))});
 }
 } // namespace dflash
 

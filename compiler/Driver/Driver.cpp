@@ -15,9 +15,9 @@
 #include "compiler/Driver/Summary.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Pipelines/Pipelines.h"
+#include "compiler/Spec/Spec.h"
 #include "compiler/Target/Cuda/TranslateToCuda.h"
 #include "compiler/Transforms/Passes.h"
-#include "compiler/Spec/Spec.h"
 #include "dialect/DFlashOps.h"
 
 #include "mlir/IR/AsmState.h"
@@ -46,22 +46,21 @@ cl::opt<std::string> inputFile(cl::Positional, cl::desc("<spec.toml>"),
 cl::opt<EmitStage> emitStage(
     "emit", cl::desc("Stage to stop at (default: build the trainer)"),
     cl::init(EmitStage::Trainer),
-    cl::values(
-        clEnumValN(EmitStage::Spec, "spec",
-                   "the spec with every default resolved, as TOML"),
-        clEnumValN(EmitStage::Graph, "graph",
-                   "the forward graph in the dflash dialect"),
-        clEnumValN(EmitStage::Train, "train",
-                   "the whole step: forward, backward and optimizer"),
-        clEnumValN(EmitStage::Fused, "fused",
-                   "the step grouped into kernels"),
-        clEnumValN(EmitStage::Planned, "planned",
-                   "the kernels with their static memory plan"),
-        clEnumValN(EmitStage::Cuda, "cuda",
-                   "write the trainer's sources to the -o directory"),
-        clEnumValN(EmitStage::Trainer, "trainer",
-                   "write the sources and build DIR/train with nvcc "
-                   "(default)")),
+    cl::values(clEnumValN(EmitStage::Spec, "spec",
+                          "the spec with every default resolved, as TOML"),
+               clEnumValN(EmitStage::Graph, "graph",
+                          "the forward graph in the dflash dialect"),
+               clEnumValN(EmitStage::Train, "train",
+                          "the whole step: forward, backward and optimizer"),
+               clEnumValN(EmitStage::Fused, "fused",
+                          "the step grouped into kernels"),
+               clEnumValN(EmitStage::Planned, "planned",
+                          "the kernels with their static memory plan"),
+               clEnumValN(EmitStage::Cuda, "cuda",
+                          "write the trainer's sources to the -o directory"),
+               clEnumValN(EmitStage::Trainer, "trainer",
+                          "write the sources and build DIR/train with nvcc "
+                          "(default)")),
     cl::cat(category));
 
 cl::opt<std::string> outputFile(
@@ -111,7 +110,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
       "  dflashc specs/tiny.toml --emit=graph    forward graph\n"
       "  dflashc specs/tiny.toml --emit=train    forward, backward, optimizer\n"
       "  dflashc specs/tiny.toml --emit=planned  kernels and memory plan\n"
-      "  dflashc specs/tiny.toml -o out/tiny     build out/tiny/train (default)\n\n"
+      "  dflashc specs/tiny.toml -o out/tiny     build out/tiny/train "
+      "(default)\n\n"
       "MLIR's printing options (--mlir-print-debuginfo, ...) also apply; "
       "--help-hidden lists them.\n");
 
@@ -183,8 +183,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   }
 
   if (directoryOutput) {
-    mlir::FailureOr<CudaTrainerSources> sources =
-        translateToCuda(*module);
+    mlir::FailureOr<CudaTrainerSources> sources = translateToCuda(*module);
     if (failed(sources))
       return fail("translating '" + inputFile + "' to CUDA failed");
     CudaTrainerOptions options;

@@ -3,8 +3,8 @@
 #include "compiler/Driver/Summary.h"
 
 #include "compiler/Analysis/FlopCount.h"
-#include "schema/Parameters.h"
 #include "kernels/AttentionLimits.h"
+#include "schema/Parameters.h"
 #include "llvm/Support/Format.h"
 
 using namespace ::dflash;
@@ -63,8 +63,7 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   // The attention kernels the generated step's dispatchers pick: users see
   // whether their shape is on the fast (wgmma) path.
   auto kernelName = [](bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; };
-  int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads,
-          NKV = s.numKvHeads;
+  int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads, NKV = s.numKvHeads;
   os << "  attention  forward "
      << kernelName(::dflash::kernels::wgmmaForwardSupports(D, BS, NH, NKV))
      << ", backward "

@@ -10,11 +10,11 @@
 
 #include "compiler/Analysis/ModelConfigAttr.h"
 #include "dialect/DFlashOps.h"
-#include "schema/Parameters.h"
-#include "schema/StepBuffers.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/Verifier.h"
+#include "schema/Parameters.h"
+#include "schema/StepBuffers.h"
 
 using namespace mlir;
 using namespace mlir::dflash;
@@ -110,8 +110,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   Location anchorsLoc = loc("training.anchors_per_row", "anchors");
   unsigned aIds = input(StepInput::InputIds, i32, dataLoc);
   unsigned aMask = input(StepInput::LossMask, i8, dataLoc);
-  unsigned aHidden = input(StepInput::TargetHidden, bf16(),
-                           loc("target.layer_ids", "taps"));
+  unsigned aHidden =
+      input(StepInput::TargetHidden, bf16(), loc("target.layer_ids", "taps"));
   unsigned aAnchors = input(StepInput::Anchors, i32, anchorsLoc);
   unsigned aKeep = input(StepInput::Keep, i8, anchorsLoc);
   Location targetLoc = loc("target", "target");
@@ -128,8 +128,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   SmallVector<unsigned> paramArgs;
   for (const ParamInfo &p : parameterTable(spec)) {
     int64_t index = int64_t(paramArgs.size());
-    Location l = p.layer >= 0 ? loc(layerKey(p.layer),
-                                    "layers." + std::to_string(p.layer))
+    Location l = p.layer >= 0        ? loc(layerKey(p.layer),
+                                           "layers." + std::to_string(p.layer))
                  : index == kFcParam ? loc("target.layer_ids", "fc")
                  : index == kHiddenNormParam ? loc("drafter", "hidden_norm")
                                              : loc("drafter", "norm");
@@ -158,15 +158,12 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                      ::dflash::modelConfigToAttr(&ctx, spec));
   (*module)->setAttr(
       kOptimizerAttrName,
-      OptimizerAttr::get(&ctx, b.getF64FloatAttr(spec.lr),
-                         b.getF64FloatAttr(spec.warmupRatio),
-                         b.getF64FloatAttr(spec.maxGradNorm),
-                         b.getF64FloatAttr(spec.beta1),
-                         b.getF64FloatAttr(spec.beta2),
-                         b.getF64FloatAttr(spec.adamEps),
-                         b.getF64FloatAttr(spec.weightDecay)));
-  (*module)->setAttr("dflash.bucket_mib",
-                     b.getI64IntegerAttr(spec.bucketMiB));
+      OptimizerAttr::get(
+          &ctx, b.getF64FloatAttr(spec.lr), b.getF64FloatAttr(spec.warmupRatio),
+          b.getF64FloatAttr(spec.maxGradNorm), b.getF64FloatAttr(spec.beta1),
+          b.getF64FloatAttr(spec.beta2), b.getF64FloatAttr(spec.adamEps),
+          b.getF64FloatAttr(spec.weightDecay)));
+  (*module)->setAttr("dflash.bucket_mib", b.getI64IntegerAttr(spec.bucketMiB));
   if (spec.shardOptimizerState)
     (*module)->setAttr(
         kShardOptimizerStateAttrName,
@@ -193,15 +190,14 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
       b.getI64IntegerAttr(spec.maskTokenId));
   Value x = EmbedOp::create(b, loc("target", "embed"), t({B, Q, H}, bf16()),
                             arg(aEmbed), noiseIds);
-  Value draftPos = DraftPositionsOp::create(b, blockLoc, t({B, Q}, i32),
-                                            arg(aAnchors),
-                                            b.getI64IntegerAttr(bs));
+  Value draftPos = DraftPositionsOp::create(
+      b, blockLoc, t({B, Q}, i32), arg(aAnchors), b.getI64IntegerAttr(bs));
   Value ctxPos = SequencePositionsOp::create(b, loc("training.seq_len", "ctx"),
                                              t({B, S}, i32));
   auto targets = DraftTargetsOp::create(
-      b, loc("training.gamma", "draft_targets"), t({B, Q}, i32),
-      t({B, Q}, f32), arg(aIds), arg(aMask), arg(aAnchors), arg(aKeep),
-      b.getI64IntegerAttr(bs), b.getF64FloatAttr(spec.gamma));
+      b, loc("training.gamma", "draft_targets"), t({B, Q}, i32), t({B, Q}, f32),
+      arg(aIds), arg(aMask), arg(aAnchors), arg(aKeep), b.getI64IntegerAttr(bs),
+      b.getF64FloatAttr(spec.gamma));
 
   // 4. Layers.
   for (int64_t i = 0; i < spec.numLayers; ++i) {
@@ -211,17 +207,21 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     Location attnLoc = loc(key, p + "self_attn");
     Location mlpLoc = loc(key, p + "mlp");
 
-    Value h = rmsNorm(x, arg(la(LayerParam::InputNorm)), loc(key, p + "input_layernorm"));
-    Value q = reshape(linear(h, arg(la(LayerParam::QProj)), attnLoc), {B, Q, nh, d}, attnLoc);
-    q = rope(rmsNorm(q, arg(la(LayerParam::QNorm)), attnLoc), draftPos, attnLoc);
+    Value h = rmsNorm(x, arg(la(LayerParam::InputNorm)),
+                      loc(key, p + "input_layernorm"));
+    Value q = reshape(linear(h, arg(la(LayerParam::QProj)), attnLoc),
+                      {B, Q, nh, d}, attnLoc);
+    q = rope(rmsNorm(q, arg(la(LayerParam::QNorm)), attnLoc), draftPos,
+             attnLoc);
     auto keys = [&](Value src, int64_t rows, Value pos) {
-      Value k =
-          reshape(linear(src, arg(la(LayerParam::KProj)), attnLoc), {B, rows, nkv, d}, attnLoc);
-      return rope(rmsNorm(k, arg(la(LayerParam::KNorm)), attnLoc), pos, attnLoc);
+      Value k = reshape(linear(src, arg(la(LayerParam::KProj)), attnLoc),
+                        {B, rows, nkv, d}, attnLoc);
+      return rope(rmsNorm(k, arg(la(LayerParam::KNorm)), attnLoc), pos,
+                  attnLoc);
     };
     auto values = [&](Value src, int64_t rows) {
-      return reshape(linear(src, arg(la(LayerParam::VProj)), attnLoc), {B, rows, nkv, d},
-                     attnLoc);
+      return reshape(linear(src, arg(la(LayerParam::VProj)), attnLoc),
+                     {B, rows, nkv, d}, attnLoc);
     };
     Value kc = keys(ctx, S, ctxPos), vc = values(ctx, S);
     Value kd = keys(h, Q, draftPos), vd = values(h, Q);
@@ -232,8 +232,7 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     UnitAttr causal = sliding ? b.getUnitAttr() : nullptr;
     auto attn = BlockAttentionOp::create(
         b, attnLoc, TypeRange{q.getType(), t({B, Q, nh}, f32)}, q, kc, vc, kd,
-        vd, arg(aAnchors), arg(aKeep), b.getI64IntegerAttr(bs), window,
-        causal);
+        vd, arg(aAnchors), arg(aKeep), b.getI64IntegerAttr(bs), window, causal);
     Value o = reshape(attn.getResult(), {B, Q, nh * d}, attnLoc);
     x = AddOp::create(b, attnLoc, x.getType(), x,
                       linear(o, arg(la(LayerParam::OProj)), attnLoc));
@@ -249,9 +248,9 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
 
   // 5. Final norm, lm_head and the weighted cross-entropy.
   Value y = rmsNorm(x, arg(aNorm), loc("drafter", "norm"));
-  auto ce = LmHeadCeOp::create(
-      b, loc("target.vocab_size", "lm_head_ce"), scalar, scalar, scalar,
-      scalar, y, arg(aHead), targets.getLabels(), targets.getWeights());
+  auto ce = LmHeadCeOp::create(b, loc("target.vocab_size", "lm_head_ce"),
+                               scalar, scalar, scalar, scalar, y, arg(aHead),
+                               targets.getLabels(), targets.getWeights());
   func::ReturnOp::create(b, specLoc, ce.getResults());
   return module;
 }

@@ -168,17 +168,16 @@ LogicalResult Evaluator::eval(Operation *op) {
   for (Value r : op->getResults())
     env.try_emplace(r, HostTensor(shapeOf(r)));
   LogicalResult result = success();
-  if (isa<AllReduceOp, LossStatsOp, ConvertOp, GlobalNormOp,
-          ClipCoefficientOp, LrScheduleOp, AdamWOp>(op))
+  if (isa<AllReduceOp, LossStatsOp, ConvertOp, GlobalNormOp, ClipCoefficientOp,
+          LrScheduleOp, AdamWOp>(op))
     result = evalOptimizer(op);
-  else if (isa<LinearGradInputOp, LinearGradWeightOp, RmsNormGradOp,
-               RopeGradOp, BlockAttentionGradOp, SwigluGradOp,
-               LmHeadCeGradOp>(op))
+  else if (isa<LinearGradInputOp, LinearGradWeightOp, RmsNormGradOp, RopeGradOp,
+               BlockAttentionGradOp, SwigluGradOp, LmHeadCeGradOp>(op))
     result = evalGradient(op);
-  else if (isa<DraftEmbedOp, ResidualRmsNormOp, QkNormRopeOp,
-               QkNormRopeGradOp, RmsNormGradResidualOp,
-               AccumulateLinearGradOp, LossSeedOp, LmHeadCeFusedOp,
-               AdamWMultiOp, AdamWShardedOp, GradientBucketOp>(op))
+  else if (isa<DraftEmbedOp, ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
+               RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
+               LmHeadCeFusedOp, AdamWMultiOp, AdamWShardedOp, GradientBucketOp>(
+               op))
     result = evalFused(op);
   else
     result = evalForward(op);
@@ -221,13 +220,13 @@ LogicalResult Evaluator::evalForward(Operation *op) {
       .Case([&](DraftTargetsOp o) {
         auto ids = shapeOf(o.getInputIds()), a = shapeOf(o.getAnchors());
         std::vector<int32_t> labels(a[0] * a[1] * o.getBlockSize());
-        ref::draftTargets<double>(
-            asIndices(in(o.getInputIds())).data(),
-            asFlags(in(o.getLossMask())).data(),
-            asIndices(in(o.getAnchors())).data(),
-            asFlags(in(o.getKeep())).data(), labels.data(),
-            outPtr(o.getWeights()), ids[0], ids[1], a[1], o.getBlockSize(),
-            o.getGamma().convertToDouble());
+        ref::draftTargets<double>(asIndices(in(o.getInputIds())).data(),
+                                  asFlags(in(o.getLossMask())).data(),
+                                  asIndices(in(o.getAnchors())).data(),
+                                  asFlags(in(o.getKeep())).data(),
+                                  labels.data(), outPtr(o.getWeights()), ids[0],
+                                  ids[1], a[1], o.getBlockSize(),
+                                  o.getGamma().convertToDouble());
         env[o.getLabels()] = fromIndices(labels, shapeOf(o.getLabels()));
         return success();
       })
@@ -236,9 +235,9 @@ LogicalResult Evaluator::evalForward(Operation *op) {
         std::vector<int32_t> ids = asIndices(in(o.getIds()));
         for (int32_t id : ids)
           if (id < 0 || id >= table[0])
-            return o.emitOpError() << "token id " << id
-                                   << " is outside the table of " << table[0]
-                                   << " rows";
+            return o.emitOpError()
+                   << "token id " << id << " is outside the table of "
+                   << table[0] << " rows";
         ref::embed<double>(ptr(o.getTable()), ids.data(), outPtr(o.getResult()),
                            int64_t(ids.size()), table[1]);
         return success();
@@ -298,8 +297,8 @@ LogicalResult Evaluator::evalForward(Operation *op) {
         std::vector<int32_t> labels = asIndices(in(o.getLabels()));
         for (int32_t l : labels)
           if (l < 0 || l >= w[0])
-            return o.emitOpError() << "label " << l
-                                   << " is outside the vocabulary of " << w[0];
+            return o.emitOpError()
+                   << "label " << l << " is outside the vocabulary of " << w[0];
         ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
             ptr(o.getWeights()), int64_t(labels.size()), w[0], w[1]);
@@ -332,11 +331,11 @@ LogicalResult Evaluator::evalGradient(Operation *op) {
         return success();
       })
       .Case([&](RmsNormGradOp o) {
-        ref::rmsNormGrad<double>(
-            ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getWeight()),
-            outPtr(o.getInputGrad()), outPtr(o.getWeightGrad()),
-            rows(o.getInput()), lastDim(o.getInput()),
-            o.getEps().convertToDouble());
+        ref::rmsNormGrad<double>(ptr(o.getGrad()), ptr(o.getInput()),
+                                 ptr(o.getWeight()), outPtr(o.getInputGrad()),
+                                 outPtr(o.getWeightGrad()), rows(o.getInput()),
+                                 lastDim(o.getInput()),
+                                 o.getEps().convertToDouble());
         return success();
       })
       .Case([&](RopeGradOp o) {
@@ -364,8 +363,7 @@ LogicalResult Evaluator::evalGradient(Operation *op) {
       .Case([&](SwigluGradOp o) {
         ref::swigluGrad<double>(ptr(o.getGrad()), ptr(o.getGate()),
                                 ptr(o.getUp()), outPtr(o.getGateGrad()),
-                                outPtr(o.getUpGrad()),
-                                in(o.getGate()).numel());
+                                outPtr(o.getUpGrad()), in(o.getGate()).numel());
         return success();
       })
       .Case([&](LmHeadCeGradOp o) {
@@ -452,14 +450,13 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         std::vector<int32_t> tokens(a[0] * a[1] * o.getBlockSize());
         ref::draftTokens(asIndices(in(o.getInputIds())).data(),
                          asIndices(in(o.getAnchors())).data(),
-                         asFlags(in(o.getKeep())).data(), tokens.data(),
-                         ids[0], ids[1], a[1], o.getBlockSize(),
-                         o.getMaskTokenId());
+                         asFlags(in(o.getKeep())).data(), tokens.data(), ids[0],
+                         ids[1], a[1], o.getBlockSize(), o.getMaskTokenId());
         for (int32_t id : tokens)
           if (id < 0 || id >= table[0])
-            return o.emitOpError() << "token id " << id
-                                   << " is outside the table of " << table[0]
-                                   << " rows";
+            return o.emitOpError()
+                   << "token id " << id << " is outside the table of "
+                   << table[0] << " rows";
         ref::embed<double>(ptr(o.getTable()), tokens.data(),
                            outPtr(o.getResult()), int64_t(tokens.size()),
                            table[1]);
@@ -504,11 +501,11 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         return success();
       })
       .Case([&](RmsNormGradResidualOp o) {
-        ref::rmsNormGrad<double>(
-            ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getWeight()),
-            outPtr(o.getInputGrad()), outPtr(o.getWeightGrad()),
-            rows(o.getInput()), lastDim(o.getInput()),
-            o.getEps().convertToDouble());
+        ref::rmsNormGrad<double>(ptr(o.getGrad()), ptr(o.getInput()),
+                                 ptr(o.getWeight()), outPtr(o.getInputGrad()),
+                                 outPtr(o.getWeightGrad()), rows(o.getInput()),
+                                 lastDim(o.getInput()),
+                                 o.getEps().convertToDouble());
         HostTensor &dx = out(o.getInputGrad());
         const HostTensor &res = in(o.getResidualGrad());
         for (size_t i = 0; i < dx.data.size(); ++i)
@@ -520,8 +517,8 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         if (o.getWeightGrad()) {
           auto dw = shapeOf(o.getResult());
           ref::linearGradWeight<double>(ptr(o.getGrad()), ptr(o.getOperand()),
-                                        g.data.data(), rows(o.getGrad()),
-                                        dw[0], dw[1]);
+                                        g.data.data(), rows(o.getGrad()), dw[0],
+                                        dw[1]);
         } else {
           auto w = shapeOf(o.getOperand());
           ref::linearGradInput<double>(ptr(o.getGrad()), ptr(o.getOperand()),
@@ -553,8 +550,8 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         std::vector<int32_t> labels = asIndices(in(o.getLabels()));
         for (int32_t l : labels)
           if (l < 0 || l >= w[0])
-            return o.emitOpError() << "label " << l
-                                   << " is outside the vocabulary of " << w[0];
+            return o.emitOpError()
+                   << "label " << l << " is outside the vocabulary of " << w[0];
         int64_t n = int64_t(labels.size());
         ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
@@ -612,10 +609,9 @@ LogicalResult Evaluator::evalFused(Operation *op) {
           m.data = in(o.getMoment1()[b]).data;
           v.data = in(o.getMoment2()[b]).data;
           SmallVector<int64_t> offsets = bucketResultOffsets(buckets[b]);
-          for (auto [r, offset] :
-               llvm::zip(buckets[b].getResults(), offsets)) {
-            unsigned i = unsigned(llvm::find(o.getGrads(), r) -
-                                  o.getGrads().begin());
+          for (auto [r, offset] : llvm::zip(buckets[b].getResults(), offsets)) {
+            unsigned i =
+                unsigned(llvm::find(o.getGrads(), r) - o.getGrads().begin());
             int64_t at = offset / 4, count = grads[i].numel();
             ref::adamw<double>(master.data.data() + at, grads[i].data.data(),
                                m.data.data() + at, v.data.data() + at, count,
@@ -637,9 +633,9 @@ LogicalResult Evaluator::evalFused(Operation *op) {
 FailureOr<std::vector<HostTensor>>
 StepInterpreter::run(const std::vector<HostTensor> &args) {
   if (args.size() != step.getNumArguments())
-    return step.emitError() << "the interpreter got " << args.size()
-                            << " arguments for @step's "
-                            << step.getNumArguments();
+    return step.emitError()
+           << "the interpreter got " << args.size() << " arguments for @step's "
+           << step.getNumArguments();
   Evaluator eval(precision);
   unsigned numValues = args.size();
   for (Operation &op : step.front())
@@ -649,9 +645,9 @@ StepInterpreter::run(const std::vector<HostTensor> &args) {
     BlockArgument arg = step.getArgument(i);
     if (args[i].shape != shapeOf(arg) ||
         int64_t(args[i].data.size()) != args[i].numel())
-      return step.emitError() << "argument " << i
-                              << " has the wrong shape for type "
-                              << arg.getType();
+      return step.emitError()
+             << "argument " << i << " has the wrong shape for type "
+             << arg.getType();
     eval.env[arg] = args[i];
   }
   for (Operation &op : step.front().without_terminator())

@@ -18,9 +18,9 @@ void buildTrainStepPipeline(mlir::OpPassManager &pm);
 
 /// The whole step -> kernels with a static memory plan, ready for
 /// translation to CUDA (--emit=planned): fuse-kernels, bucket-gradients,
-/// plan-memory, verify-lowering. `budgetGiB` > 0 overrides the spec's memory budget.
-void buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
-                                 double budgetGiB = 0);
+/// plan-memory, verify-lowering. `budgetGiB` > 0 overrides the spec's memory
+/// budget.
+void buildLowerToKernelsPipeline(mlir::OpPassManager &pm, double budgetGiB = 0);
 
 /// Registers every dflash pass and pipeline with the global registry (for
 /// dflash-opt).

@@ -14,8 +14,8 @@
 #define TOML_EXCEPTIONS 0
 #include <toml++/toml.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -109,8 +109,8 @@ size_t editDistance(const std::string &a, const std::string &b) {
     row[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
       size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      row[j] = std::min(
+          {row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
       diag = up;
     }
   }
@@ -258,15 +258,13 @@ bool SpecReader::readInt(const std::string &key, int64_t &out, bool required,
                                            typeName(node->type()));
   int64_t v = node->as_integer()->get();
   if (v < minValue)
-    return fail(toLoc(node->source()), "'" + prefix + key + "' is " +
-                                           std::to_string(v) +
-                                           "; it must be at least " +
-                                           std::to_string(minValue));
+    return fail(toLoc(node->source()),
+                "'" + prefix + key + "' is " + std::to_string(v) +
+                    "; it must be at least " + std::to_string(minValue));
   if (v > maxValue)
-    return fail(toLoc(node->source()), "'" + prefix + key + "' is " +
-                                           std::to_string(v) +
-                                           "; it must be at most " +
-                                           std::to_string(maxValue));
+    return fail(toLoc(node->source()),
+                "'" + prefix + key + "' is " + std::to_string(v) +
+                    "; it must be at most " + std::to_string(maxValue));
   out = v;
   return true;
 }
@@ -321,23 +319,24 @@ bool SpecReader::readString(const std::string &key, std::string &out,
   return true;
 }
 
-bool SpecReader::readIntArray(const std::string &key,
-                              std::vector<int64_t> &out, bool &present) {
+bool SpecReader::readIntArray(const std::string &key, std::vector<int64_t> &out,
+                              bool &present) {
   const toml::node *node = get(key, false);
   present = node != nullptr;
   if (!node)
     return true;
   if (!node->is_array())
-    return fail(toLoc(node->source()), "'" + prefix + key +
-                                           "' must be an array of integers, not " +
-                                           typeName(node->type()));
+    return fail(toLoc(node->source()),
+                "'" + prefix + key + "' must be an array of integers, not " +
+                    typeName(node->type()));
   out.clear();
   size_t i = 0;
   for (const toml::node &elem : *node->as_array()) {
     std::string ek = prefix + key + "." + std::to_string(i++);
     spec.locations[ek] = toLoc(elem.source());
     if (!elem.is_integer())
-      return fail(toLoc(elem.source()), "'" + ek + "' must be an integer, not " +
+      return fail(toLoc(elem.source()), "'" + ek +
+                                            "' must be an integer, not " +
                                             typeName(elem.type()));
     out.push_back(elem.as_integer()->get());
   }
@@ -392,8 +391,8 @@ bool SpecReader::readDrafter() {
       !readFloat("rope_theta", spec.ropeTheta, false, true) ||
       !readInt("block_size", spec.blockSize, true, 2, 1024) ||
       !readInt("mask_token_id", spec.maskTokenId, true, 0, 1 << 24) ||
-      !readInt("max_position_embeddings", spec.maxPositionEmbeddings, false,
-               1, int64_t(1) << 31) ||
+      !readInt("max_position_embeddings", spec.maxPositionEmbeddings, false, 1,
+               int64_t(1) << 31) ||
       !leave())
     return false;
   if (spec.hiddenSize != spec.targetHiddenSize)
@@ -511,7 +510,8 @@ bool SpecReader::readTraining() {
       !readInt("anchors_per_row", spec.anchorsPerRow, false, 1, 1 << 20) ||
       !readInt("rows_per_gpu", spec.rowsPerGpu, false, 1, 1 << 16) ||
       !readFloat("gamma", spec.gamma, false, true, /*allowZero=*/true) ||
-      !readInt("seed", spec.seed, false, 0, std::numeric_limits<int64_t>::max()) ||
+      !readInt("seed", spec.seed, false, 0,
+               std::numeric_limits<int64_t>::max()) ||
       !readFloat("init_std", spec.initStd, false, true) || !leave())
     return false;
   spec.gammaDefaulted = !spec.locations.count("training.gamma");
@@ -519,12 +519,11 @@ bool SpecReader::readTraining() {
     spec.gamma = defaultGamma(spec.blockSize);
   // Anchors are distinct positions in [0, S-2].
   if (spec.anchorsPerRow > spec.seqLen - 1)
-    return failAt("training.anchors_per_row",
-                  "'training.anchors_per_row' (" +
-                      std::to_string(spec.anchorsPerRow) +
-                      ") does not fit the sequence: at most seq_len - 1 = " +
-                      std::to_string(spec.seqLen - 1) +
-                      " distinct anchors exist");
+    return failAt(
+        "training.anchors_per_row",
+        "'training.anchors_per_row' (" + std::to_string(spec.anchorsPerRow) +
+            ") does not fit the sequence: at most seq_len - 1 = " +
+            std::to_string(spec.seqLen - 1) + " distinct anchors exist");
   if (spec.maxPositionEmbeddings < spec.seqLen + spec.blockSize)
     return failAt("drafter.max_position_embeddings",
                   "'drafter.max_position_embeddings' (" +
@@ -728,8 +727,8 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "gpus_per_node = " << s.gpusPerNode << "\n";
   os << "nodes = " << s.nodes << "\n";
   os << "bucket_mib = " << s.bucketMiB << "\n";
-  os << "shard_optimizer_state = "
-     << (s.shardOptimizerState ? "true" : "false") << "\n";
+  os << "shard_optimizer_state = " << (s.shardOptimizerState ? "true" : "false")
+     << "\n";
   if (s.gpuMemoryGiB > 0)
     os << "\n[memory]\ngpu_memory_gib = " << fmtFloat(s.gpuMemoryGiB) << "\n";
   return os.str();

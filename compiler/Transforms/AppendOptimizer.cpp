@@ -94,8 +94,8 @@ void AppendOptimizerPass::runOnOperation() {
       step.emitError() << "gradient '" << name << "' has no parameter";
       return signalPassFailure();
     }
-    states.push_back({step.getArgument(*pi), {}, {}, {}, ret.getOperand(gi),
-                      name});
+    states.push_back(
+        {step.getArgument(*pi), {}, {}, {}, ret.getOperand(gi), name});
   }
   if (states.size() != params.size()) {
     step.emitError("every parameter needs exactly one gradient");
@@ -147,11 +147,11 @@ void AppendOptimizerPass::runOnOperation() {
 
   SmallVector<Value> newParams, newMasters, newM, newV;
   for (auto [s, g] : llvm::zip(states, summed.getResults())) {
-    auto update = AdamWOp::create(
-        b, s.param.getLoc(), s.master.getType(), s.m.getType(),
-        s.v.getType(), s.param.getType(), s.master, g, s.m, s.v, stepArg, lr,
-        clip, hyper.getBeta1(), hyper.getBeta2(), hyper.getEps(),
-        hyper.getWeightDecay());
+    auto update =
+        AdamWOp::create(b, s.param.getLoc(), s.master.getType(), s.m.getType(),
+                        s.v.getType(), s.param.getType(), s.master, g, s.m, s.v,
+                        stepArg, lr, clip, hyper.getBeta1(), hyper.getBeta2(),
+                        hyper.getEps(), hyper.getWeightDecay());
     newMasters.push_back(update.getNewMaster());
     newM.push_back(update.getNewMoment1());
     newV.push_back(update.getNewMoment2());

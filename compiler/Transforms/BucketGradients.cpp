@@ -77,8 +77,9 @@ void BucketGradientsPass::runOnOperation() {
     Operation *def = g.getDefiningOp();
     grads.push_back({unsigned(i), g, def ? index[def] : -1});
   }
-  std::stable_sort(grads.begin(), grads.end(),
-                   [](const Grad &a, const Grad &b) { return a.ready < b.ready; });
+  std::stable_sort(
+      grads.begin(), grads.end(),
+      [](const Grad &a, const Grad &b) { return a.ready < b.ready; });
 
   SmallVector<Value> newGrads(adamw.getGrads().begin(), adamw.getGrads().end());
   OpBuilder b(module.getContext());

@@ -34,7 +34,8 @@ using namespace ::dflash;
 
 namespace {
 
-struct FuseKernelsPass : public ::dflash::impl::FuseKernelsBase<FuseKernelsPass> {
+struct FuseKernelsPass
+    : public ::dflash::impl::FuseKernelsBase<FuseKernelsPass> {
   void runOnOperation() override;
 };
 
@@ -87,10 +88,9 @@ void fuseQkNormRope(func::FuncOp step) {
     if (!norm || !norm.getResult().hasOneUse())
       return;
     OpBuilder b(rope);
-    Value y = QkNormRopeOp::create(b, rope.getLoc(), rope.getType(),
-                                   norm.getInput(), norm.getWeight(),
-                                   rope.getPositions(), norm.getEpsAttr(),
-                                   rope.getThetaAttr());
+    Value y = QkNormRopeOp::create(
+        b, rope.getLoc(), rope.getType(), norm.getInput(), norm.getWeight(),
+        rope.getPositions(), norm.getEpsAttr(), rope.getThetaAttr());
     rope.getResult().replaceAllUsesWith(y);
     rope.erase();
     norm.erase();
@@ -188,8 +188,8 @@ LogicalResult fuseLmHead(func::FuncOp step) {
     OpBuilder b(weightsDef->getContext());
     b.setInsertionPointAfter(weightsDef);
     Type scalar = RankedTensorType::get({}, b.getF32Type());
-    auto seed = LossSeedOp::create(b, loss.getLoc(), scalar, scalar,
-                                   loss.getWeights());
+    auto seed =
+        LossSeedOp::create(b, loss.getLoc(), scalar, scalar, loss.getWeights());
     b.setInsertionPoint(loss);
     auto fused = LmHeadCeFusedOp::create(
         b, loss.getLoc(), scalar, scalar, scalar, scalar,
@@ -213,8 +213,8 @@ LogicalResult fuseOptimizer(func::FuncOp step) {
     return success();
   auto lr = updates.front().getLr().getDefiningOp<LrScheduleOp>();
   auto clip = updates.front().getClip().getDefiningOp<ClipCoefficientOp>();
-  GlobalNormOp norm = clip ? clip.getNorm().getDefiningOp<GlobalNormOp>()
-                           : GlobalNormOp();
+  GlobalNormOp norm =
+      clip ? clip.getNorm().getDefiningOp<GlobalNormOp>() : GlobalNormOp();
   if (!lr || !clip || !norm)
     return step.emitError("the first dflash.adamw's learning rate and clip "
                           "must come from dflash.lr_schedule and from "

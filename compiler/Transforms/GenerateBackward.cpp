@@ -31,8 +31,8 @@ struct GenerateBackwardPass
 };
 
 /// Values that depend on a parameter and that the loss depends on.
-llvm::DenseSet<Value> activeValues(func::FuncOp step,
-                                   ArrayRef<unsigned> params, Value loss) {
+llvm::DenseSet<Value> activeValues(func::FuncOp step, ArrayRef<unsigned> params,
+                                   Value loss) {
   llvm::DenseSet<Value> varied;
   for (unsigned i : params)
     varied.insert(step.getArgument(i));
@@ -44,8 +44,7 @@ llvm::DenseSet<Value> activeValues(func::FuncOp step,
 
   llvm::DenseSet<Value> useful;
   useful.insert(loss);
-  for (Operation &op :
-       llvm::reverse(body.without_terminator()))
+  for (Operation &op : llvm::reverse(body.without_terminator()))
     if (llvm::any_of(op.getResults(),
                      [&](Value v) { return useful.contains(v); }))
       useful.insert(op.getOperands().begin(), op.getOperands().end());

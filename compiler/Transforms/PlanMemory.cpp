@@ -52,8 +52,8 @@ int64_t alignUp(int64_t x) {
 
 std::string gib(int64_t bytes) {
   std::string s;
-  llvm::raw_string_ostream(s) << llvm::format("%.2f GiB",
-                                              double(bytes) / double(1 << 30));
+  llvm::raw_string_ostream(s)
+      << llvm::format("%.2f GiB", double(bytes) / double(1 << 30));
   return s;
 }
 
@@ -105,8 +105,7 @@ void PlanMemoryPass::runOnOperation() {
     for (Value operand : op.getOperands()) {
       auto it = slotOf.find(storageRoot(operand));
       if (it != slotOf.end())
-        slots[it->second].last =
-            std::max(slots[it->second].last, index[&op]);
+        slots[it->second].last = std::max(slots[it->second].last, index[&op]);
     }
 
   // Kernel scratch (dflash-select-kernels): a workspace lives while its op
@@ -222,10 +221,9 @@ void PlanMemoryPass::runOnOperation() {
   // Inputs, activations and workspaces grow with the rows per GPU; the
   // parameters, optimizer state and frozen weights do not.
   std::optional<unsigned> ids = sig->findArg(ArgRole::Input, "input_ids");
-  int64_t rows =
-      ids ? cast<RankedTensorType>(step.getArgument(*ids).getType())
-                .getDimSize(0)
-          : 1;
+  int64_t rows = ids ? cast<RankedTensorType>(step.getArgument(*ids).getType())
+                           .getDimSize(0)
+                     : 1;
   int64_t perRow = (inputBytes + arena) / std::max<int64_t>(1, rows);
   int64_t fixed = argBytes - inputBytes + workspace;
   int64_t fit = perRow > 0 ? (limit - fixed) / perRow : 0;
@@ -238,8 +236,8 @@ void PlanMemoryPass::runOnOperation() {
                             << ", GEMM workspace " << gib(workspace)
                             << ") but the memory budget is " << gib(limit);
   if (fit >= 1)
-    diag.attachNote() << "rows_per_gpu = " << fit << " would fit (now "
-                      << rows << ")";
+    diag.attachNote() << "rows_per_gpu = " << fit << " would fit (now " << rows
+                      << ")";
   else
     diag.attachNote() << "not even one row fits: the parameters and optimizer "
                          "state alone need "

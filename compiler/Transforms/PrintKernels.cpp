@@ -27,8 +27,8 @@ struct PrintKernelsPass
       mlir::dflash::KernelAttr kernel = kernelOf(&op);
       if (!kernel)
         continue;
-      os << "kernel " << op.getName().getStringRef() << " "
-         << kernel.getName() << "[";
+      os << "kernel " << op.getName().getStringRef() << " " << kernel.getName()
+         << "[";
       llvm::interleaveComma(kernel.getConstants().asArrayRef(), os);
       os << "] workspace=" << kernel.getWorkspace()
          << " tables=" << kernel.getTables();

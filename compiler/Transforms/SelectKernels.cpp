@@ -64,8 +64,8 @@ LogicalResult checkNormWidth(Operation *op, int64_t H) {
 LogicalResult checkHeadDimForRope(Operation *op, int64_t D) {
   if (D % 16 == 0 && D <= 512)
     return success();
-  return op->emitOpError() << "has no q/k-norm + RoPE kernel for head dim "
-                           << D << ": 'drafter.head_dim' must be a multiple "
+  return op->emitOpError() << "has no q/k-norm + RoPE kernel for head dim " << D
+                           << ": 'drafter.head_dim' must be a multiple "
                               "of 16, at most 512";
 }
 
@@ -88,8 +88,8 @@ LogicalResult checkAttention(Operation *op, int64_t D, int64_t BS, int64_t NH,
 /// The backward keeps every block's anchor in shared memory: a spec that
 /// needs more than a CTA can have is rejected here, not at launch.
 LogicalResult checkAttentionBwdSharedMemory(Operation *op, int64_t D,
-                                            int64_t BS, int64_t NH,
-                                            int64_t NKV, int64_t N) {
+                                            int64_t BS, int64_t NH, int64_t NKV,
+                                            int64_t N) {
   const int64_t limit = kernels::kSharedMemoryPerBlockOptIn;
   auto smemFor = [&](int64_t n) {
     return kernels::blockAttentionBwdSmemBytes(D, BS, NH, NKV, n);
@@ -110,8 +110,10 @@ LogicalResult checkAttentionBwdSharedMemory(Operation *op, int64_t D,
 /// The attention op's constants: D, BS, NH, NKV, window, causal.
 FailureOr<Choice> attention(Operation *op, bool backward) {
   const unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
-  auto q = tensorOf(op->getOperand(base)), k = tensorOf(op->getOperand(base + 1));
-  const int64_t D = q.getDimSize(3), NH = q.getDimSize(2), NKV = k.getDimSize(2);
+  auto q = tensorOf(op->getOperand(base)),
+       k = tensorOf(op->getOperand(base + 1));
+  const int64_t D = q.getDimSize(3), NH = q.getDimSize(2),
+                NKV = k.getDimSize(2);
   const int64_t BS = op->getAttrOfType<IntegerAttr>("block_size").getInt();
   auto windowAttr = op->getAttrOfType<IntegerAttr>("window");
   const int64_t window = windowAttr ? windowAttr.getInt() : 0;
@@ -128,7 +130,8 @@ FailureOr<Choice> attention(Operation *op, bool backward) {
   if (failed(checkAttentionBwdSharedMemory(op, D, BS, NH, NKV, N)))
     return failure();
   c.name = "block_attention_bwd_bf16";
-  c.workspace = int64_t(kernels::blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N));
+  c.workspace =
+      int64_t(kernels::blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N));
   return c;
 }
 
@@ -165,9 +168,9 @@ FailureOr<Choice> select(Operation *op) {
         int64_t heads = x.getDimSize(2), D = x.getDimSize(3);
         if (failed(checkHeadDimForRope(o, D)))
           return failure();
-        Choice c = named(backward ? "qk_norm_rope_bwd_bf16"
-                                  : "qk_norm_rope_fwd_bf16",
-                         {D, heads});
+        Choice c =
+            named(backward ? "qk_norm_rope_bwd_bf16" : "qk_norm_rope_fwd_bf16",
+                  {D, heads});
         if (backward)
           c.workspace = int64_t(kernels::qkNormRopeBwdWorkspaceBytes(D));
         return c;
@@ -185,9 +188,7 @@ FailureOr<Choice> select(Operation *op) {
                  << ": 'drafter.hidden_size' must be a multiple of 8";
         return named("draft_embed_bf16", {H});
       })
-      .Case([](DraftPositionsOp) -> Result {
-        return named("draft_positions");
-      })
+      .Case([](DraftPositionsOp) -> Result { return named("draft_positions"); })
       .Case([](SequencePositionsOp) -> Result {
         return named("sequence_positions");
       })
@@ -199,12 +200,12 @@ FailureOr<Choice> select(Operation *op) {
         int64_t V = tensorOf(o.getWeight()).getDimSize(0);
         Choice c = named("lm_head_cross_entropy_bf16",
                          {kernels::lmHeadChunkRows(rows, V)});
-        c.workspace = int64_t(kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V));
+        c.workspace =
+            int64_t(kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V));
         return c;
       })
-      .Case([](GradientBucketOp) -> Result {
-        return named("convert_bf16_f32");
-      })
+      .Case(
+          [](GradientBucketOp) -> Result { return named("convert_bf16_f32"); })
       .Case([](AdamWMultiOp o) -> Result {
         int64_t chunks = 0;
         for (Value p : o.getParams())
@@ -217,8 +218,8 @@ FailureOr<Choice> select(Operation *op) {
         // A rank's pieces: at most one per tensor, and their chunks.
         int64_t chunks = o.getNumParams();
         for (GradientBucketOp bucket : shardedBuckets(o))
-          chunks += kernels::adamwChunkCount(
-              bucket.getShardElementsAttr().getInt());
+          chunks +=
+              kernels::adamwChunkCount(bucket.getShardElementsAttr().getInt());
         Choice c = named("adamw_sharded", {o.getNumParams(), chunks});
         c.tables = kernels::adamwTableLayout(o.getNumParams(), chunks).bytes;
         return c;

@@ -81,8 +81,7 @@ void ShardOptimizerStatePass::runOnOperation() {
   for (GradientBucketOp bucket : buckets)
     for (Value r : bucket.getResults())
       if (!r.hasOneUse() || *r.getUsers().begin() != multi.getOperation()) {
-        bucket.emitOpError() << "result "
-                             << cast<OpResult>(r).getResultNumber()
+        bucket.emitOpError() << "result " << cast<OpResult>(r).getResultNumber()
                              << " must be read by the optimizer only, once";
         return signalPassFailure();
       }
@@ -123,8 +122,7 @@ void ShardOptimizerStatePass::runOnOperation() {
   SmallVector<Type> types;
   SmallVector<DictionaryAttr> attrs;
   SmallVector<Location> locs;
-  const ArgRole roles[] = {ArgRole::Master, ArgRole::Moment1,
-                           ArgRole::Moment2};
+  const ArgRole roles[] = {ArgRole::Master, ArgRole::Moment1, ArgRole::Moment2};
   for (ArgRole role : roles)
     for (unsigned bucket = 0; bucket < k; ++bucket) {
       positions.push_back(firstStateArg);
@@ -159,10 +157,9 @@ void ShardOptimizerStatePass::runOnOperation() {
   auto sharded = AdamWShardedOp::create(
       b, multi.getLoc(), stateTypes, scalar, scalar, multi.getParams(),
       multi.getGrads(), masters, m1, m2, multi.getStep(), multi.getTotal(),
-      b.getI64IntegerAttr(world), multi.getLrAttr(),
-      multi.getWarmupRatioAttr(), multi.getMaxGradNormAttr(),
-      multi.getBeta1Attr(), multi.getBeta2Attr(), multi.getEpsAttr(),
-      multi.getWeightDecayAttr());
+      b.getI64IntegerAttr(world), multi.getLrAttr(), multi.getWarmupRatioAttr(),
+      multi.getMaxGradNormAttr(), multi.getBeta1Attr(), multi.getBeta2Attr(),
+      multi.getEpsAttr(), multi.getWeightDecayAttr());
   for (unsigned i = 0; i < n; ++i)
     multi.getNewParam(i).replaceAllUsesWith(sharded.getNewParam(i));
   multi.getGradNorm().replaceAllUsesWith(sharded.getGradNorm());

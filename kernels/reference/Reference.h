@@ -55,8 +55,7 @@ void draftTargets(const int32_t *inputIds, const uint8_t *lossMask,
 
 /// out[r, :] = table[ids[r], :]; table [V, H], ids [rows], out [rows, H].
 template <typename T>
-void embed(const T *table, const int32_t *ids, T *out, int64_t rows,
-           int64_t H);
+void embed(const T *table, const int32_t *ids, T *out, int64_t rows, int64_t H);
 
 /// y[M, N] = x[M, K] * w[N, K]^T.
 template <typename T>
@@ -73,8 +72,7 @@ void linearGradWeight(const T *dy, const T *x, T *dw, int64_t M, int64_t N,
 /// y = x * rsqrt(mean(x^2) + eps) * w over the last dimension D; x, y
 /// [rows, D], w [D].
 template <typename T>
-void rmsNorm(const T *x, const T *w, T *y, int64_t rows, int64_t D,
-             double eps);
+void rmsNorm(const T *x, const T *w, T *y, int64_t rows, int64_t D, double eps);
 /// dx [rows, D] and dw [D] (summed over rows) of rmsNorm.
 template <typename T>
 void rmsNormGrad(const T *dy, const T *x, const T *w, T *dx, T *dw,
@@ -103,7 +101,7 @@ void swigluGrad(const T *dy, const T *g, const T *u, T *dg, T *du, int64_t n);
 
 struct AttentionShape {
   int64_t B, S, N, bs, nh, nkv, d;
-  int64_t window = 0; ///< 0: no window (full layer)
+  int64_t window = 0;  ///< 0: no window (full layer)
   bool causal = false; ///< in-block causality (sliding layers)
   int64_t Q() const { return N * bs; }
 };
@@ -118,8 +116,8 @@ struct AttentionShape {
 template <typename T>
 void blockAttention(const T *q, const T *contextKeys, const T *contextValues,
                     const T *draftKeys, const T *draftValues,
-                    const int32_t *anchors, const uint8_t *keep, T *out,
-                    T *lse, const AttentionShape &shape);
+                    const int32_t *anchors, const uint8_t *keep, T *out, T *lse,
+                    const AttentionShape &shape);
 
 /// Gradients of blockAttention given dOut and the forward's out and lse.
 /// dContextKeys/Values sum the contributions of every block that sees them.
@@ -127,10 +125,9 @@ template <typename T>
 void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
                         const T *contextValues, const T *draftKeys,
                         const T *draftValues, const int32_t *anchors,
-                        const uint8_t *keep, const T *out, const T *lse,
-                        T *dq, T *dContextKeys, T *dContextValues,
-                        T *dDraftKeys, T *dDraftValues,
-                        const AttentionShape &shape);
+                        const uint8_t *keep, const T *out, const T *lse, T *dq,
+                        T *dContextKeys, T *dContextValues, T *dDraftKeys,
+                        T *dDraftValues, const AttentionShape &shape);
 
 //===----------------------------------------------------------------------===//
 // lm_head + weighted cross-entropy (SEMANTICS.md section 4)
@@ -170,8 +167,7 @@ double clipCoefficient(double norm, double maxNorm);
 /// The learning rate at 0-based optimizer step `step` of `total`: with
 /// warm = int(warmupRatio * total), lr * (step+1) / warm while step < warm,
 /// then lr * 0.5 * (1 + cos(pi * (step - warm) / (total - warm))).
-double learningRate(int64_t step, int64_t total, double lr,
-                    double warmupRatio);
+double learningRate(int64_t step, int64_t total, double lr, double warmupRatio);
 
 struct AdamWConfig {
   double lr = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weightDecay = 0.0;

@@ -23,20 +23,20 @@ struct TrainOptions {
   std::string target; ///< --target: the target's HF directory
   std::string data;   ///< --data: "synthetic" or shards
   std::string out = "./dflash-out";
-  std::string resume;          ///< --resume: checkpoint or output directory
-  std::string init;            ///< --init: exported drafter checkpoint
-  std::string log;             ///< --log; empty: <out>/metrics.jsonl
-  int64_t steps = 0;           ///< --steps: stop after this many in total
-  int64_t totalSteps = 0;      ///< --total-steps; 0: not given
-  int64_t saveEvery = 0;       ///< --save-every; 0: only at the end
-  int64_t rows = 256;          ///< --rows of synthetic data
-  int64_t progressEvery = 10;  ///< --progress-every (plain output)
-  double lr = 0;               ///< --lr; default the config's
-  double warmupRatio = 0;      ///< --warmup-ratio; default the config's
-  uint64_t seed = 0;           ///< --seed; default the config's
-  std::vector<int> gpus;       ///< --gpus; empty: every visible device
-  bool noGraph = false;        ///< --no-graph
-  bool nccl = false;           ///< --nccl: collectives even on one GPU
+  std::string resume;         ///< --resume: checkpoint or output directory
+  std::string init;           ///< --init: exported drafter checkpoint
+  std::string log;            ///< --log; empty: <out>/metrics.jsonl
+  int64_t steps = 0;          ///< --steps: stop after this many in total
+  int64_t totalSteps = 0;     ///< --total-steps; 0: not given
+  int64_t saveEvery = 0;      ///< --save-every; 0: only at the end
+  int64_t rows = 256;         ///< --rows of synthetic data
+  int64_t progressEvery = 10; ///< --progress-every (plain output)
+  double lr = 0;              ///< --lr; default the config's
+  double warmupRatio = 0;     ///< --warmup-ratio; default the config's
+  uint64_t seed = 0;          ///< --seed; default the config's
+  std::vector<int> gpus;      ///< --gpus; empty: every visible device
+  bool noGraph = false;       ///< --no-graph
+  bool nccl = false;          ///< --nccl: collectives even on one GPU
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,

@@ -50,13 +50,11 @@ void BatchLoader::shuffleFor(int64_t epoch) {
 
 Status BatchLoader::seek(const DataPosition &position,
                          const Rng::State &anchorState) {
-  if (position.epoch < 0 || position.row < 0 ||
-      position.row > source.numRows())
-    return Status::error("data position (epoch " +
-                         std::to_string(position.epoch) + ", row " +
-                         std::to_string(position.row) +
-                         ") does not fit data of " +
-                         std::to_string(source.numRows()) + " rows");
+  if (position.epoch < 0 || position.row < 0 || position.row > source.numRows())
+    return Status::error(
+        "data position (epoch " + std::to_string(position.epoch) + ", row " +
+        std::to_string(position.row) + ") does not fit data of " +
+        std::to_string(source.numRows()) + " rows");
   pos = position;
   return anchorRng.restore(anchorState);
 }

@@ -19,10 +19,10 @@
 #define DFLASH_RUNTIME_BATCHLOADER_H
 
 #include "runtime/data/AnchorSampler.h"
-#include "runtime/io/Checkpoint.h"
-#include "schema/ModelConfig.h"
 #include "runtime/data/Rng.h"
 #include "runtime/data/RowSource.h"
+#include "runtime/io/Checkpoint.h"
+#include "schema/ModelConfig.h"
 
 #include <vector>
 
@@ -45,8 +45,8 @@ public:
   static constexpr uint64_t kEpochStream = 0x45504f4300000000ull;
   static constexpr uint64_t kAnchorStream = 0x414e434800000000ull;
 
-  BatchLoader(const RowSource &source, const ModelConfig &config,
-              uint64_t seed, int64_t rank = 0, int64_t worldSize = 1);
+  BatchLoader(const RowSource &source, const ModelConfig &config, uint64_t seed,
+              int64_t rank = 0, int64_t worldSize = 1);
 
   /// Checks that one global batch fits the data.
   Status validate() const;

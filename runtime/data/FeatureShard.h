@@ -14,9 +14,9 @@
 #ifndef DFLASH_RUNTIME_FEATURESHARD_H
 #define DFLASH_RUNTIME_FEATURESHARD_H
 
-#include "schema/ModelConfig.h"
 #include "runtime/data/RowSource.h"
 #include "runtime/io/Safetensors.h"
+#include "schema/ModelConfig.h"
 
 #include <map>
 #include <string>

@@ -116,9 +116,9 @@ void BatchPrefetcher::produce() {
   for (int64_t started = 0;; ++started) {
     if (limit >= 0 && started == limit) {
       std::lock_guard<std::mutex> lock(mutex);
-      failure = Status::error(
-          "the batch prefetcher was asked for more than its " +
-          std::to_string(limit) + " batches");
+      failure =
+          Status::error("the batch prefetcher was asked for more than its " +
+                        std::to_string(limit) + " batches");
       failed = true; // reported only to a consumer that asks for more
       changed.notify_all();
       return;

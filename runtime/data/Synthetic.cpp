@@ -3,22 +3,22 @@
 #include "runtime/data/Synthetic.h"
 #include "runtime/train/InitialParameters.h"
 
-#include "runtime/data/AnchorSampler.h"
-#include "runtime/io/AtomicWrite.h"
 #include "kernels/Bf16.h"
-#include "runtime/io/Checkpoint.h"
+#include "runtime/data/AnchorSampler.h"
 #include "runtime/data/FeatureShard.h"
 #include "runtime/data/Rng.h"
+#include "runtime/io/AtomicWrite.h"
+#include "runtime/io/Checkpoint.h"
 #include "runtime/io/Safetensors.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
-#include <functional>
-#include <thread>
 #include <cstdio>
+#include <functional>
 #include <numeric>
+#include <thread>
 
 using namespace dflash;
 using namespace dflash::rt;

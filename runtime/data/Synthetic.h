@@ -27,10 +27,10 @@
 #ifndef DFLASH_RUNTIME_SYNTHETIC_H
 #define DFLASH_RUNTIME_SYNTHETIC_H
 
-#include "schema/ModelConfig.h"
 #include "runtime/data/RowSource.h"
-#include "schema/Status.h"
 #include "runtime/io/TargetWeights.h"
+#include "schema/ModelConfig.h"
+#include "schema/Status.h"
 
 #include <cstdint>
 #include <string>

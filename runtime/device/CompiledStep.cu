@@ -35,10 +35,9 @@ Status CompiledStep::bind(const std::vector<void *> &buffers, void *arenaBase,
                           const DeviceResources &resources,
                           const StepHyper &stepHyper) {
   if (buffers.size() != t.buffers.size())
-    return Status::error("step program: bound " +
-                         std::to_string(buffers.size()) +
-                         " buffers but the step has " +
-                         std::to_string(t.buffers.size()));
+    return Status::error(
+        "step program: bound " + std::to_string(buffers.size()) +
+        " buffers but the step has " + std::to_string(t.buffers.size()));
   bound = buffers;
   arena = static_cast<char *>(arenaBase);
   res = resources;
@@ -62,9 +61,9 @@ Status CompiledStep::bind(const std::vector<void *> &buffers, void *arenaBase,
     for (std::vector<cudaEvent_t> *events : {&bucketReady, &bucketDone}) {
       events->assign(buckets, nullptr);
       for (cudaEvent_t &e : *events)
-        if (Status s = cudaStatus(
-                cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-                "creating the bucket events");
+        if (Status s =
+                cudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                           "creating the bucket events");
             !s.ok())
           return s;
     }
@@ -77,18 +76,18 @@ Status CompiledStep::uploadTables(
     const std::vector<kernels::AdamWTensor> &tensorsF32) {
   const int64_t numTensors = int64_t(tensors.size());
   if (int64_t(chunks.size()) > t.maxChunks)
-    return Status::error("step program: the optimizer has " +
-                         std::to_string(chunks.size()) +
-                         " chunks but its tables hold " +
-                         std::to_string(t.maxChunks));
+    return Status::error(
+        "step program: the optimizer has " + std::to_string(chunks.size()) +
+        " chunks but its tables hold " + std::to_string(t.maxChunks));
   const kernels::AdamWTableLayout l =
       kernels::adamwTableLayout(numTensors, t.maxChunks);
   if (l.bytes > t.optimizerTables.bytes)
-    return Status::error("step program: the optimizer's tables need " +
-                         std::to_string(l.bytes) + " bytes but their slot has " +
-                         std::to_string(t.optimizerTables.bytes));
+    return Status::error(
+        "step program: the optimizer's tables need " + std::to_string(l.bytes) +
+        " bytes but their slot has " + std::to_string(t.optimizerTables.bytes));
   char *base = arena + t.optimizerTables.offset;
-  auto *tensorTable = reinterpret_cast<kernels::AdamWTensor *>(base + l.tensors);
+  auto *tensorTable =
+      reinterpret_cast<kernels::AdamWTensor *>(base + l.tensors);
   auto *chunkTable = reinterpret_cast<kernels::AdamWChunk *>(base + l.chunks);
   adamwTables.tensors = tensorTable;
   adamwTables.chunks = chunkTable;
@@ -98,19 +97,18 @@ Status CompiledStep::uploadTables(
   adamwState = reinterpret_cast<kernels::AdamWStepState *>(base + l.state);
   adamwTablesF32 = adamwTables;
   adamwTablesF32.tensors = tensorTable + numTensors;
-  if (Status s = cudaStatus(
-          cudaMemcpy(tensorTable, tensors.data(),
-                     tensors.size() * sizeof(tensors[0]),
-                     cudaMemcpyHostToDevice),
-          "writing the optimizer's tensor table");
+  if (Status s = cudaStatus(cudaMemcpy(tensorTable, tensors.data(),
+                                       tensors.size() * sizeof(tensors[0]),
+                                       cudaMemcpyHostToDevice),
+                            "writing the optimizer's tensor table");
       !s.ok())
     return s;
   if (!tensorsF32.empty())
-    if (Status s = cudaStatus(
-            cudaMemcpy(tensorTable + numTensors, tensorsF32.data(),
-                       tensorsF32.size() * sizeof(tensorsF32[0]),
-                       cudaMemcpyHostToDevice),
-            "writing the optimizer's tensor table");
+    if (Status s =
+            cudaStatus(cudaMemcpy(tensorTable + numTensors, tensorsF32.data(),
+                                  tensorsF32.size() * sizeof(tensorsF32[0]),
+                                  cudaMemcpyHostToDevice),
+                       "writing the optimizer's tensor table");
         !s.ok())
       return s;
   return cudaStatus(cudaMemcpy(chunkTable, chunks.data(),
@@ -126,8 +124,8 @@ Status CompiledStep::bindWholeState() {
   std::vector<int64_t> sizes;
   for (const AdamWRow &r : t.adamwRows) {
     kernels::AdamWTensor row{at<__nv_bfloat16>(r.param), at<float>(r.master),
-                             arena + r.bf16Grad,     at<float>(r.moment1),
-                             at<float>(r.moment2),   r.numel};
+                             arena + r.bf16Grad,         at<float>(r.moment1),
+                             at<float>(r.moment2),       r.numel};
     tensors.push_back(row);
     row.grad = arena + r.f32Grad;
     tensorsF32.push_back(row);
@@ -155,14 +153,14 @@ Status CompiledStep::bindShards() {
   // has read them) as bf16.
   for (size_t k = 0; k < layout.buckets.size(); ++k)
     if (t.shardRefs[k].params.size() != layout.buckets[k].tensors.size())
-      return Status::error("step program: bucket " + std::to_string(k) +
-                           " has " +
-                           std::to_string(layout.buckets[k].tensors.size()) +
-                           " tensors but " +
-                           std::to_string(t.shardRefs[k].params.size()) +
-                           " parameter buffers");
+      return Status::error(
+          "step program: bucket " + std::to_string(k) + " has " +
+          std::to_string(layout.buckets[k].tensors.size()) + " tensors but " +
+          std::to_string(t.shardRefs[k].params.size()) + " parameter buffers");
   // The bucket's fp32 slot, read as bf16, stages the gathered parameters.
-  auto grads = [&](size_t k) { return at<float>(ArenaSlot{t.shardRefs[k].grads, 0}); };
+  auto grads = [&](size_t k) {
+    return at<float>(ArenaSlot{t.shardRefs[k].grads, 0});
+  };
   auto staging = [&](size_t k) {
     return reinterpret_cast<__nv_bfloat16 *>(grads(k));
   };
@@ -173,7 +171,8 @@ Status CompiledStep::bindShards() {
   gathers.clear();
   for (const RankPiece &p : rankPieces(layout, res.rank)) {
     const ShardedBucketRefs &r = t.shardRefs[p.bucket];
-    __nv_bfloat16 *param = at<__nv_bfloat16>(r.params[p.tensor]) + p.tensorOffset;
+    __nv_bfloat16 *param =
+        at<__nv_bfloat16>(r.params[p.tensor]) + p.tensorOffset;
     tensors.push_back({param, at<float>(r.master) + p.shardOffset,
                        grads(p.bucket) + p.gradOffset,
                        at<float>(r.moment1) + p.shardOffset,
@@ -198,17 +197,17 @@ Status CompiledStep::bindShards() {
 }
 
 Status CompiledStep::enqueue(cudaStream_t stream) {
-  scheduleStatus = Status::success();
+  scheduleError.clear();
   profiler.beginStep(stream);
   schedule(stream);
-  Status s = scheduleStatus;
-  scheduleStatus = Status::success();
-  return s;
+  if (scheduleError.empty())
+    return Status::success();
+  return Status::error(scheduleError);
 }
 
 void CompiledStep::note(cudaError_t status, const char *what) {
-  if (status != cudaSuccess && scheduleStatus.ok())
-    scheduleStatus = cudaStatus(status, what);
+  if (status != cudaSuccess && scheduleError.empty())
+    scheduleError = cudaStatus(status, what).message();
 }
 
 void CompiledStep::copy(void *to, const void *from, size_t bytes,
@@ -242,10 +241,10 @@ void CompiledStep::reduceBucket(int64_t k, float *data, size_t count,
 void CompiledStep::optimizerStep(const int32_t *step, const int32_t *total,
                                  float *lr, float *gradNorm,
                                  cudaStream_t stream) {
-  kernels::lr_schedule(step, total, hyper.lr, hyper.warmupRatio, adamwState,
-                       lr, stream);
-  const bool collective = t.sharded ? bool(res.reduceScatterSum)
-                                    : bool(res.allReduceSum);
+  kernels::lr_schedule(step, total, hyper.lr, hyper.warmupRatio, adamwState, lr,
+                       stream);
+  const bool collective =
+      t.sharded ? bool(res.reduceScatterSum) : bool(res.allReduceSum);
   if (collective)
     for (cudaEvent_t done : bucketDone)
       note(cudaStreamWaitEvent(stream, done, 0), "bucket join");

@@ -18,9 +18,9 @@
 #define DFLASH_RUNTIME_COMPILEDSTEP_H
 
 #include "kernels/AdamW.cuh"
-#include "runtime/train/OptimizerShards.h"
 #include "runtime/device/StepProfiler.h"
 #include "runtime/device/StepProgram.h"
+#include "runtime/train/OptimizerShards.h"
 
 #include <cstdint>
 #include <string>
@@ -82,9 +82,7 @@ public:
   CompiledStep &operator=(const CompiledStep &) = delete;
 
   const ModelConfig &config() const override { return t.config; }
-  const std::vector<BufferSpec> &buffers() const override {
-    return t.buffers;
-  }
+  const std::vector<BufferSpec> &buffers() const override { return t.buffers; }
   size_t arenaBytes() const override { return size_t(t.arenaBytes); }
   size_t gemmWorkspaceBytes() const override {
     return size_t(t.gemmWorkspaceBytes);
@@ -130,8 +128,8 @@ protected:
   /// The optimizer step: the learning rate of this step into `lr`, then the
   /// clip and AdamW over every tensor (after the buckets' collectives), and
   /// the gradients' global norm into `gradNorm`.
-  void optimizerStep(const int32_t *step, const int32_t *totalSteps,
-                     float *lr, float *gradNorm, cudaStream_t stream);
+  void optimizerStep(const int32_t *step, const int32_t *totalSteps, float *lr,
+                     float *gradNorm, cudaStream_t stream);
 
 private:
   Status bindWholeState();
@@ -167,7 +165,8 @@ private:
   cudaStream_t commStream = nullptr;
   std::vector<cudaEvent_t> bucketReady, bucketDone;
   StepProfiler profiler;
-  Status scheduleStatus;
+  /// The first failure of a call schedule() made, empty when none.
+  std::string scheduleError;
 };
 
 } // namespace dflash::rt

@@ -17,8 +17,8 @@
 #ifndef DFLASH_RUNTIME_DEVICECONTEXT_H
 #define DFLASH_RUNTIME_DEVICECONTEXT_H
 
-#include "schema/Status.h"
 #include "runtime/device/StepProgram.h"
+#include "schema/Status.h"
 
 #include <cstddef>
 #include <memory>

@@ -3,8 +3,8 @@
 #include "runtime/io/Checkpoint.h"
 #include "schema/Parameters.h"
 
-#include "runtime/io/AtomicWrite.h"
 #include "kernels/Bf16.h"
+#include "runtime/io/AtomicWrite.h"
 #include "runtime/io/Safetensors.h"
 
 #include <nlohmann/json.hpp>

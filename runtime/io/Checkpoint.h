@@ -17,9 +17,9 @@
 #ifndef DFLASH_RUNTIME_CHECKPOINT_H
 #define DFLASH_RUNTIME_CHECKPOINT_H
 
+#include "runtime/data/Rng.h"
 #include "schema/ModelConfig.h"
 #include "schema/Parameters.h"
-#include "runtime/data/Rng.h"
 #include "schema/Status.h"
 
 #include <cstdint>
@@ -54,7 +54,7 @@ struct DataPosition {
 /// The optimizer and loader state to save; fp32 buffers in parameterTable
 /// order, read in place.
 struct TrainingStateRef {
-  int64_t step = 0; ///< optimizer steps completed
+  int64_t step = 0;      ///< optimizer steps completed
   Rng::State rngState{}; ///< rank 0's anchor Rng (the only one on one GPU)
   /// The anchor Rngs of ranks 1, 2, ... of a data-parallel run; empty for
   /// one GPU.

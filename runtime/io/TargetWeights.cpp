@@ -2,8 +2,8 @@
 
 #include "runtime/io/TargetWeights.h"
 
-#include "runtime/io/AtomicWrite.h"
 #include "kernels/Bf16.h"
+#include "runtime/io/AtomicWrite.h"
 #include "runtime/io/Safetensors.h"
 
 #include <nlohmann/json.hpp>

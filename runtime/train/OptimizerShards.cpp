@@ -34,12 +34,11 @@ Status dflash::rt::checkShardLayout(const OptimizerShardLayout &layout) {
                          std::to_string(layout.worldSize));
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     const ShardedBucket &bucket = layout.buckets[k];
-    const std::string where = "optimizer shard layout, bucket " +
-                              std::to_string(k);
+    const std::string where =
+        "optimizer shard layout, bucket " + std::to_string(k);
     if (bucket.shardElements < 1)
       return Status::error(where + ": shards of " +
-                           std::to_string(bucket.shardElements) +
-                           " elements");
+                           std::to_string(bucket.shardElements) + " elements");
     const int64_t flat = layout.worldSize * bucket.shardElements;
     int64_t end = 0;
     for (const ShardedTensor &tensor : bucket.tensors) {
@@ -57,8 +56,8 @@ Status dflash::rt::checkShardLayout(const OptimizerShardLayout &layout) {
   return Status::success();
 }
 
-std::vector<RankPiece> dflash::rt::rankPieces(const OptimizerShardLayout &layout,
-                                              int64_t rank) {
+std::vector<RankPiece>
+dflash::rt::rankPieces(const OptimizerShardLayout &layout, int64_t rank) {
   std::vector<RankPiece> pieces;
   for (size_t k = 0; k < layout.buckets.size(); ++k) {
     const ShardedBucket &bucket = layout.buckets[k];

@@ -1,4 +1,5 @@
-//===- OptimizerShards.h - Each GPU's share of the optimizer state -*- C++ -*-===//
+//===- OptimizerShards.h - Each GPU's share of the optimizer state -*- C++
+//-*-===//
 //
 // ZeRO-1 (spec `[parallel] shard_optimizer_state`): the fp32 masters and
 // Adam moments are split over the data-parallel ranks instead of being held
@@ -33,7 +34,7 @@ namespace dflash::rt {
 
 /// One trainable tensor inside a bucket's flat range.
 struct ShardedTensor {
-  std::string name; ///< as in parameterTable(): "layers.0.mlp.up_proj.weight"
+  std::string name;   ///< as in parameterTable(): "layers.0.mlp.up_proj.weight"
   int64_t offset = 0; ///< first element in the bucket's flat range
   int64_t numel = 0;
   int64_t param = -1; ///< its index in parameterTable()

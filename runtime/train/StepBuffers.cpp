@@ -61,8 +61,8 @@ public:
   Status member(int index, int64_t count, const char *what) const {
     int64_t i = buffers[size_t(index)].index;
     if (i < 0 || i >= count)
-      return Status::error(describe(index) + " has index " +
-                           std::to_string(i) + ", which is not " + what);
+      return Status::error(describe(index) + " has index " + std::to_string(i) +
+                           ", which is not " + what);
     return Status::success();
   }
 
@@ -150,8 +150,8 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
     case BufferRole::Frozen:
       status = check.member(i, kNumFrozenWeights, "a frozen weight");
       if (status.ok())
-        status = check.claim(i, m.frozen[size_t(b.index)], {DType::BF16},
-                             {V, H});
+        status =
+            check.claim(i, m.frozen[size_t(b.index)], {DType::BF16}, {V, H});
       break;
     case BufferRole::Master:
     case BufferRole::Moment1:

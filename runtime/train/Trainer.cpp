@@ -2,8 +2,8 @@
 
 #include "runtime/train/Trainer.h"
 
-#include "runtime/device/Collectives.h"
 #include "kernels/Bf16.h"
+#include "runtime/device/Collectives.h"
 #include "runtime/io/AtomicWrite.h"
 
 #include <nlohmann/json.hpp>
@@ -239,13 +239,13 @@ Status Trainer::init(const TrainerInputs &inputs) {
 
   // Frozen weights; a tied target fills an lm_head buffer with the
   // embedding should the step have one.
-  if (Status s =
-          upload(map.frozenWeight(FrozenWeight::Embed), inputs.target->embed.data(), frozenElements * 2);
+  if (Status s = upload(map.frozenWeight(FrozenWeight::Embed),
+                        inputs.target->embed.data(), frozenElements * 2);
       !s.ok())
     return s;
   if (map.frozenWeight(FrozenWeight::LmHead) >= 0)
-    if (Status s =
-            upload(map.frozenWeight(FrozenWeight::LmHead), inputs.target->lmHeadData(), frozenElements * 2);
+    if (Status s = upload(map.frozenWeight(FrozenWeight::LmHead),
+                          inputs.target->lmHeadData(), frozenElements * 2);
         !s.ok())
       return s;
 
@@ -312,9 +312,12 @@ Status Trainer::init(const TrainerInputs &inputs) {
   completedSteps = inputs.resume ? inputs.resume->step : 0;
   hostCounters[0] = int32_t(completedSteps);
   hostCounters[1] = int32_t(options.run.totalSteps);
-  if (Status s = upload(map.counter(StepCounter::TotalSteps), &hostCounters[1], 4); !s.ok())
+  if (Status s =
+          upload(map.counter(StepCounter::TotalSteps), &hostCounters[1], 4);
+      !s.ok())
     return s;
-  if (Status s = upload(map.counter(StepCounter::Step), &hostCounters[0], 4); !s.ok())
+  if (Status s = upload(map.counter(StepCounter::Step), &hostCounters[0], 4);
+      !s.ok())
     return s;
 
   // copiesDone times the step without its input copies, too.
@@ -351,8 +354,7 @@ Status Trainer::init(const TrainerInputs &inputs) {
   anchorRng = loader->anchorRngState();
   prefetcher = std::make_unique<BatchPrefetcher>(
       *loader, config, HostMemory::Pinned, options.prefetchSlots);
-  if (Status s = prefetcher->start(options.finalStep - completedSteps);
-      !s.ok())
+  if (Status s = prefetcher->start(options.finalStep - completedSteps); !s.ok())
     return s;
   if (Status s = cudaCallStatus(
           cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking),
@@ -483,10 +485,10 @@ Status Trainer::stageNextBatch() {
   const auto &indices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i) {
     const BufferSpec &spec = program.buffers()[size_t(indices[i])];
-    if (Status s = cudaCallStatus(
-            cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
-                            cudaMemcpyHostToDevice, copyStream),
-            "copying '" + spec.name + "' to the device");
+    if (Status s =
+            cudaCallStatus(cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
+                                           cudaMemcpyHostToDevice, copyStream),
+                           "copying '" + spec.name + "' to the device");
         !s.ok())
       return s;
   }
@@ -564,8 +566,9 @@ Status Trainer::step(StepMetrics &metrics) {
   // step ends with a wait for its metrics.
   hostCounters[0] = int32_t(completedSteps);
   if (Status s = cudaCallStatus(
-          cudaMemcpyAsync(buffers[size_t(map.counter(StepCounter::Step))], &hostCounters[0],
-                          sizeof(int32_t), cudaMemcpyHostToDevice, stream),
+          cudaMemcpyAsync(buffers[size_t(map.counter(StepCounter::Step))],
+                          &hostCounters[0], sizeof(int32_t),
+                          cudaMemcpyHostToDevice, stream),
           where + ": copying the step counter to the device");
       !s.ok())
     return s;
@@ -631,9 +634,9 @@ Status Trainer::step(StepMetrics &metrics) {
                          where + ": cudaEventElapsedTime");
       !s.ok())
     return s;
-  if (Status s = cudaCallStatus(
-          cudaEventElapsedTime(&computeMs, copiesDone, stepEnd),
-          where + ": cudaEventElapsedTime");
+  if (Status s =
+          cudaCallStatus(cudaEventElapsedTime(&computeMs, copiesDone, stepEnd),
+                         where + ": cudaEventElapsedTime");
       !s.ok())
     return s;
 

@@ -2,7 +2,6 @@
 
 #include "runtime/train/TrainerGroup.h"
 
-#include <nlohmann/json.hpp>
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -12,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 
 using namespace dflash;
 using namespace dflash::rt;

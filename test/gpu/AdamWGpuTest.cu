@@ -27,9 +27,8 @@ namespace {
 /// summed on the host between the stages, as the all-reduce sums them.
 template <typename GradT>
 void adamwCase(double weightDecay, uint64_t seed, bool sharded = false) {
-  SCOPED_TRACE(testing::Message() << "grad bytes=" << sizeof(GradT)
-                                  << " wd=" << weightDecay
-                                  << " sharded=" << sharded);
+  SCOPED_TRACE(testing::Message() << "grad bytes=" << sizeof(GradT) << " wd="
+                                  << weightDecay << " sharded=" << sharded);
   std::mt19937_64 rng(seed);
   const std::vector<int64_t> sizes = {1000, 40000, 17, 16384};
   const size_t T = sizes.size();
@@ -95,7 +94,8 @@ void adamwCase(double weightDecay, uint64_t seed, bool sharded = false) {
     std::vector<kernels::AdamWChunk> c = kernels::buildAdamWChunks(lengths[r]);
     rankTensors[r] =
         std::make_unique<DeviceBuffer<kernels::AdamWTensor>>(pieces[r].size());
-    rankChunks[r] = std::make_unique<DeviceBuffer<kernels::AdamWChunk>>(c.size());
+    rankChunks[r] =
+        std::make_unique<DeviceBuffer<kernels::AdamWChunk>>(c.size());
     rankPartials[r] = std::make_unique<DeviceBuffer<double>>(c.size());
     rankNormAndClip[r] = std::make_unique<DeviceBuffer<float>>(2);
     rankTensors[r]->upload(pieces[r]);
@@ -154,8 +154,8 @@ void adamwCase(double weightDecay, uint64_t seed, bool sharded = false) {
       squares.poison();
       for (int r = 0; r < 2; ++r) {
         rankNormAndClip[r]->poison();
-        kernels::adamw_grad_square_sum<GradT>(rankTables[r],
-                                              squares.get() + r, 0);
+        kernels::adamw_grad_square_sum<GradT>(rankTables[r], squares.get() + r,
+                                              0);
       }
       std::vector<float> sq = squares.download();
       ASSERT_TRUE(std::isfinite(sq[0]) && std::isfinite(sq[1]));

@@ -34,14 +34,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/Bf16.h"
-#include "schema/Parameters.h"
-#include "runtime/train/InitialParameters.h"
 #include "kernels/CudaCheck.cuh"
-#include "runtime/device/DeviceContext.h"
-#include "runtime/data/Synthetic.h"
 #include "runtime/cli/TrainMain.h"
+#include "runtime/data/Synthetic.h"
+#include "runtime/device/DeviceContext.h"
+#include "runtime/train/InitialParameters.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
+#include "schema/Parameters.h"
 #include "test/unit/RuntimeTestSupport.h"
 #include "test/unit/StepProgramTestSupport.h"
 
@@ -115,11 +115,10 @@ __device__ float blockSum(float value, float *shared) {
 
 /// targets[b] for this rank's B rows; kept[0] = kept anchor slots.
 __global__ void rowTargetsKernel(const int32_t *ids, const uint8_t *mask,
-                                 const uint16_t *hidden,
-                                 const int32_t *anchors, const uint8_t *keep,
-                                 const uint16_t *embed, int64_t rows,
-                                 int64_t seq, int64_t width, int64_t slots,
-                                 float *targets, float *kept) {
+                                 const uint16_t *hidden, const int32_t *anchors,
+                                 const uint8_t *keep, const uint16_t *embed,
+                                 int64_t rows, int64_t seq, int64_t width,
+                                 int64_t slots, float *targets, float *kept) {
   __shared__ float shared[kThreads];
   float keptTotal = 0;
   for (int64_t b = 0; b < rows; ++b) {
@@ -331,16 +330,22 @@ public:
       // scalars, and the state stays as it is.
       finalizeKernel<<<1, 1, 0, stream>>>(
           scalars, norms, 0, globalRows * float(N),
-          at<int32_t>(map.counter(StepCounter::Step)), at<int32_t>(map.counter(StepCounter::TotalSteps)), lr0,
-          behaviour.nanStep, at<float>(map.metric(StepMetric::Loss)), at<float>(map.metric(StepMetric::Acc)),
-          at<float>(map.metric(StepMetric::GradNorm)), at<float>(map.metric(StepMetric::Lr)));
+          at<int32_t>(map.counter(StepCounter::Step)),
+          at<int32_t>(map.counter(StepCounter::TotalSteps)), lr0,
+          behaviour.nanStep, at<float>(map.metric(StepMetric::Loss)),
+          at<float>(map.metric(StepMetric::Acc)),
+          at<float>(map.metric(StepMetric::GradNorm)),
+          at<float>(map.metric(StepMetric::Lr)));
       DFLASH_CUDA_CHECK_LAUNCH("finalizeKernel");
       return Status::success();
     }
     rowTargetsKernel<<<1, kThreads, 0, stream>>>(
-        at<int32_t>(map.input(StepInput::InputIds)), at<uint8_t>(map.input(StepInput::LossMask)),
-        at<uint16_t>(map.input(StepInput::TargetHidden)), at<int32_t>(map.input(StepInput::Anchors)),
-        at<uint8_t>(map.input(StepInput::Keep)), at<uint16_t>(map.frozenWeight(FrozenWeight::Embed)), B, S,
+        at<int32_t>(map.input(StepInput::InputIds)),
+        at<uint8_t>(map.input(StepInput::LossMask)),
+        at<uint16_t>(map.input(StepInput::TargetHidden)),
+        at<int32_t>(map.input(StepInput::Anchors)),
+        at<uint8_t>(map.input(StepInput::Keep)),
+        at<uint16_t>(map.frozenWeight(FrozenWeight::Embed)), B, S,
         cfg.contextWidth(), N, targets, scalars);
     DFLASH_CUDA_CHECK_LAUNCH("rowTargetsKernel");
     for (int t = 0; t < tensors; ++t) {
@@ -377,16 +382,20 @@ public:
     }
     finalizeKernel<<<1, 1, 0, stream>>>(
         scalars, norms, tensors, globalRows * float(N),
-        at<int32_t>(map.counter(StepCounter::Step)), at<int32_t>(map.counter(StepCounter::TotalSteps)), lr0,
-        behaviour.nanStep, at<float>(map.metric(StepMetric::Loss)), at<float>(map.metric(StepMetric::Acc)),
-        at<float>(map.metric(StepMetric::GradNorm)), at<float>(map.metric(StepMetric::Lr)));
+        at<int32_t>(map.counter(StepCounter::Step)),
+        at<int32_t>(map.counter(StepCounter::TotalSteps)), lr0,
+        behaviour.nanStep, at<float>(map.metric(StepMetric::Loss)),
+        at<float>(map.metric(StepMetric::Acc)),
+        at<float>(map.metric(StepMetric::GradNorm)),
+        at<float>(map.metric(StepMetric::Lr)));
     DFLASH_CUDA_CHECK_LAUNCH("finalizeKernel");
     for (int t = 0; t < tensors; ++t) {
       int64_t n = table[size_t(t)].numel();
       updateKernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0,
                      stream>>>(at<uint16_t>(map.param[size_t(t)]), master(t),
                                moment(1, t), moment(2, t), grad(t), n,
-                               at<float>(map.metric(StepMetric::Lr)), at<float>(map.metric(StepMetric::Loss)));
+                               at<float>(map.metric(StepMetric::Lr)),
+                               at<float>(map.metric(StepMetric::Loss)));
       DFLASH_CUDA_CHECK_LAUNCH("updateKernel");
     }
     // Last, unchecked: the runtime's launch check must see it.
@@ -1035,8 +1044,8 @@ TEST(RuntimeTrainerGroup, TwoGpusEqualOneGpuWithTwiceTheRows) {
     EXPECT_EQ(a.metrics[i].acc, single.metrics[i].acc) << at;
     EXPECT_EQ(a.metrics[i].lr, single.metrics[i].lr) << at;
     ASSERT_EQ(a.metrics[i].rankStepMs.size(), 2u) << at;
-    EXPECT_EQ(a.metrics[i].stepMs, std::max(a.metrics[i].rankStepMs[0],
-                                            a.metrics[i].rankStepMs[1]));
+    EXPECT_EQ(a.metrics[i].stepMs,
+              std::max(a.metrics[i].rankStepMs[0], a.metrics[i].rankStepMs[1]));
   }
   EXPECT_NE(a.metrics.front().loss, a.metrics.back().loss);
   expectCloseTensors(a.state.master, single.state.master, 1e-4, "master");
@@ -1067,8 +1076,8 @@ TEST(RuntimeTrainerGroup, AFailedRankStopsTheOthers) {
     RunResult result;
     Status s = trainGroup(p, 10, setup, result);
     ASSERT_FALSE(s.ok());
-    EXPECT_EQ(s.message(), "step 3: row " + std::to_string(batch.rows[0]) +
-                               ": read failed");
+    EXPECT_EQ(s.message(),
+              "step 3: row " + std::to_string(batch.rows[0]) + ": read failed");
     EXPECT_EQ(result.metrics.size(), 3u);
   }
 
@@ -1082,9 +1091,9 @@ TEST(RuntimeTrainerGroup, AFailedRankStopsTheOthers) {
   RunResult result;
   auto started = std::chrono::steady_clock::now();
   Status s = trainGroup(p, 10, setup, result);
-  double seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - started)
-                       .count();
+  double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+          .count();
   ASSERT_FALSE(s.ok());
   // Rank 1's own error, not rank 0's "another GPU of the run failed".
   EXPECT_EQ(s.message().rfind("step 3: launching the step: ", 0), 0u)
@@ -1134,11 +1143,11 @@ TEST(RuntimeTrainer, DataParallelResumeContinuesExactly) {
   EXPECT_NE(err.find("data parallel over 2 GPUs with NCCL: 4 rows per step"),
             std::string::npos)
       << err;
-  ASSERT_EQ(runTrainMain({"--data", "synthetic", "--rows", "12", "--steps",
-                          "8", "--total-steps", "16", "--gpus", "0,1", "--out",
-                          split},
-                         err),
-            0)
+  ASSERT_EQ(
+      runTrainMain({"--data", "synthetic", "--rows", "12", "--steps", "8",
+                    "--total-steps", "16", "--gpus", "0,1", "--out", split},
+                   err),
+      0)
       << err;
   // Every rank's anchor stream is in the checkpoint.
   TrainingState saved;

@@ -1,15 +1,15 @@
 //===- RuntimeCheckpointTest.cpp - Parameters, checkpoints, target weights ===//
 
 #include "compiler/Spec/Spec.h"
-#include "schema/Parameters.h"
-#include "runtime/train/InitialParameters.h"
-#include "runtime/io/AtomicWrite.h"
 #include "kernels/Bf16.h"
-#include "runtime/io/Checkpoint.h"
-#include "schema/ModelConfig.h"
-#include "runtime/io/Safetensors.h"
 #include "runtime/data/Synthetic.h"
+#include "runtime/io/AtomicWrite.h"
+#include "runtime/io/Checkpoint.h"
+#include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
+#include "runtime/train/InitialParameters.h"
+#include "schema/ModelConfig.h"
+#include "schema/Parameters.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <nlohmann/json.hpp>
@@ -370,9 +370,8 @@ TEST(RuntimeCheckpoint, LoadRejectsMismatches) {
   EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
             model + ": has no tensor 'layers.0.self_attn.k_proj.weight'");
 
-  rewriteModel(out, c, params, [](std::vector<TensorData> &t) {
-    t[4].shape = {8, 32};
-  });
+  rewriteModel(out, c, params,
+               [](std::vector<TensorData> &t) { t[4].shape = {8, 32}; });
   EXPECT_EQ(loadCheckpoint(out, c, loaded).message(),
             model + ": tensor 'layers.0.self_attn.k_proj.weight' has shape "
                     "[8, 32] but the spec needs [16, 32]");

@@ -179,5 +179,4 @@ TEST(RuntimeRng, UniformAndNormalMoments) {
   EXPECT_NEAR(sumSq / draws, 1.0, 0.02);
 }
 
-
 } // namespace

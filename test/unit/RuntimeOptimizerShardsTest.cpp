@@ -205,7 +205,8 @@ TEST(RuntimeOptimizerShards, RankPiecesCoverTheUpdateAndTheGather) {
           ASSERT_LE(p.shardOffset + p.length, bucket.shardElements);
           // The rank's shard holds exactly the flat range it updates.
           EXPECT_EQ(rank * bucket.shardElements + p.shardOffset, p.gradOffset);
-          EXPECT_EQ(p.stagingOffset, rank * bucket.shardElements + p.shardOffset);
+          EXPECT_EQ(p.stagingOffset,
+                    rank * bucket.shardElements + p.shardOffset);
           for (int64_t i = 0; i < p.length; ++i) {
             ++updated[size_t(p.gradOffset + i)];
             ++staged[size_t(p.stagingOffset + i)];

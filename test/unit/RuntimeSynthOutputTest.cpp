@@ -7,11 +7,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Spec/Spec.h"
-#include "runtime/train/InitialParameters.h"
-#include "runtime/io/Checkpoint.h"
 #include "runtime/data/FeatureShard.h"
 #include "runtime/data/Synthetic.h"
+#include "runtime/io/Checkpoint.h"
 #include "runtime/io/TargetWeights.h"
+#include "runtime/train/InitialParameters.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>

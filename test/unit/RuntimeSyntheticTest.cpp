@@ -1,10 +1,10 @@
 //===- RuntimeSyntheticTest.cpp - The synthetic problem -------------------===//
 
-#include "runtime/data/AnchorSampler.h"
-#include "runtime/train/InitialParameters.h"
 #include "kernels/Bf16.h"
-#include "runtime/io/Checkpoint.h"
+#include "runtime/data/AnchorSampler.h"
 #include "runtime/data/Synthetic.h"
+#include "runtime/io/Checkpoint.h"
+#include "runtime/train/InitialParameters.h"
 #include "test/unit/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>

@@ -10,8 +10,8 @@
 #ifndef DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 #define DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 
-#include "schema/ModelConfig.h"
 #include "runtime/data/RowSource.h"
+#include "schema/ModelConfig.h"
 
 #include <gtest/gtest.h>
 

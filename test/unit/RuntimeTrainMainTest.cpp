@@ -9,21 +9,21 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/device/Collectives.h"
-#include "schema/Parameters.h"
-#include "runtime/train/InitialParameters.h"
-#include "runtime/device/DeviceContext.h"
-#include "runtime/data/Prefetch.h"
-#include "runtime/train/Progress.h"
-#include "runtime/io/Safetensors.h"
-#include "runtime/data/Synthetic.h"
 #include "runtime/cli/PrepareRun.h"
 #include "runtime/cli/TrainMain.h"
 #include "runtime/cli/TrainOptions.h"
+#include "runtime/data/Prefetch.h"
+#include "runtime/data/Synthetic.h"
+#include "runtime/device/Collectives.h"
+#include "runtime/device/DeviceContext.h"
+#include "runtime/io/Safetensors.h"
+#include "runtime/train/InitialParameters.h"
+#include "runtime/train/Progress.h"
 #include "runtime/train/RunLayout.h"
 #include "runtime/train/StepBuffers.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
+#include "schema/Parameters.h"
 #include "test/unit/RuntimeTestSupport.h"
 #include "test/unit/StepProgramTestSupport.h"
 
@@ -1146,7 +1146,8 @@ TEST(TrainBuffers, MapsEveryBuffer) {
   Status s = mapStepBuffers(buffers, c, nullptr, map);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(buffers[size_t(map.input(StepInput::InputIds))].name, "input_ids");
-  EXPECT_EQ(buffers[size_t(map.frozenWeight(FrozenWeight::LmHead))].name, "lm_head");
+  EXPECT_EQ(buffers[size_t(map.frozenWeight(FrozenWeight::LmHead))].name,
+            "lm_head");
   std::vector<ParamInfo> table = parameterTable(c);
   ASSERT_EQ(map.master.size(), table.size());
   for (size_t t = 0; t < table.size(); ++t) {
@@ -1155,7 +1156,8 @@ TEST(TrainBuffers, MapsEveryBuffer) {
     EXPECT_EQ(buffers[size_t(map.moment2[t])].role, BufferRole::Moment2);
   }
   EXPECT_EQ(map.metrics.size(), 4u);
-  EXPECT_EQ(buffers[size_t(map.metric(StepMetric::GradNorm))].name, "grad_norm");
+  EXPECT_EQ(buffers[size_t(map.metric(StepMetric::GradNorm))].name,
+            "grad_norm");
 
   c.tieWordEmbeddings = true;
   ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, nullptr, map).ok());

@@ -95,24 +95,84 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
     double gamma;
   };
   const Expect expected[] = {
-      {"qwen3-8b-b16", 5, 4096, 12288, 32, 8, 128, 16, 151936,
-       {1, 9, 17, 25, 33}, 0, 7},
-      {"qwen3-4b-b16", 5, 2560, 9728, 32, 8, 128, 16, 151936,
-       {1, 9, 17, 25, 33}, 0, 7},
-      {"llama3.1-8b-b10", 5, 4096, 12288, 32, 8, 128, 10, 128256,
-       {1, 8, 15, 22, 29}, 0, 5},
-      {"gpt-oss-20b-b8", 8, 2880, 7680, 64, 8, 64, 8, 201088,
-       {1, 6, 11, 16, 21}, 0, 4},
-      {"qwen3-coder-30b-a3b-b16", 8, 2048, 6144, 32, 4, 128, 16, 151936,
-       {1, 7, 14, 20, 26, 32, 39, 45}, 0, 7},
-      {"qwen3.6-27b-b16", 5, 5120, 17408, 32, 8, 128, 16, 248320,
-       {1, 16, 31, 46, 61}, 4, 7},
+      {"qwen3-8b-b16",
+       5,
+       4096,
+       12288,
+       32,
+       8,
+       128,
+       16,
+       151936,
+       {1, 9, 17, 25, 33},
+       0,
+       7},
+      {"qwen3-4b-b16",
+       5,
+       2560,
+       9728,
+       32,
+       8,
+       128,
+       16,
+       151936,
+       {1, 9, 17, 25, 33},
+       0,
+       7},
+      {"llama3.1-8b-b10",
+       5,
+       4096,
+       12288,
+       32,
+       8,
+       128,
+       10,
+       128256,
+       {1, 8, 15, 22, 29},
+       0,
+       5},
+      {"gpt-oss-20b-b8",
+       8,
+       2880,
+       7680,
+       64,
+       8,
+       64,
+       8,
+       201088,
+       {1, 6, 11, 16, 21},
+       0,
+       4},
+      {"qwen3-coder-30b-a3b-b16",
+       8,
+       2048,
+       6144,
+       32,
+       4,
+       128,
+       16,
+       151936,
+       {1, 7, 14, 20, 26, 32, 39, 45},
+       0,
+       7},
+      {"qwen3.6-27b-b16",
+       5,
+       5120,
+       17408,
+       32,
+       8,
+       128,
+       16,
+       248320,
+       {1, 16, 31, 46, 61},
+       4,
+       7},
   };
   for (const Expect &e : expected) {
     SCOPED_TRACE(e.file);
     SpecError error;
-    auto spec = loadSpec(std::string(DFLASH_SPECS_DIR) + "/" + e.file + ".toml",
-                         error);
+    auto spec =
+        loadSpec(std::string(DFLASH_SPECS_DIR) + "/" + e.file + ".toml", error);
     ASSERT_TRUE(spec) << error.str();
     EXPECT_EQ(spec->name, e.file);
     EXPECT_EQ(spec->numLayers, e.layers);
@@ -156,8 +216,8 @@ std::string withoutComments(const std::string &text) {
 }
 
 TEST(Spec, CanonicalFormRoundTrips) {
-  for (const char *name : {"tiny", "qwen3-8b-b16", "qwen3.6-27b-b16",
-                           "qwen3-coder-30b-a3b-b16"}) {
+  for (const char *name :
+       {"tiny", "qwen3-8b-b16", "qwen3.6-27b-b16", "qwen3-coder-30b-a3b-b16"}) {
     SCOPED_TRACE(name);
     SpecError error;
     auto spec =
@@ -285,8 +345,9 @@ const ErrorCase kErrorCases[] = {
      "mask_token_id = 999\nrms_norm_eps = -1e-6",
      "'drafter.rms_norm_eps' must be positive", "rms_norm_eps"},
     {"ZeroRopeTheta", "mask_token_id = 999",
-     "mask_token_id = 999\nrope_theta = 0", "'drafter.rope_theta' must be "
-                                            "positive",
+     "mask_token_id = 999\nrope_theta = 0",
+     "'drafter.rope_theta' must be "
+     "positive",
      "rope_theta"},
     {"NegativeGamma", "rows_per_gpu = 2", "rows_per_gpu = 2\ngamma = -1.0",
      "'training.gamma' must be zero or positive", "gamma"},
@@ -300,14 +361,14 @@ const ErrorCase kErrorCases[] = {
     {"ZeroGpus", "rows_per_gpu = 2",
      "rows_per_gpu = 2\n[parallel]\ngpus_per_node = 0",
      "'parallel.gpus_per_node' is 0; it must be at least 1", "gpus_per_node"},
-    {"NonFiniteLr", "rows_per_gpu = 2", "rows_per_gpu = 2\n[optimizer]\nlr = nan",
+    {"NonFiniteLr", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[optimizer]\nlr = nan",
      "'optimizer.lr' must be a finite number", "lr = nan"},
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    AllRules, SpecErrors, ::testing::ValuesIn(kErrorCases),
-    [](const ::testing::TestParamInfo<ErrorCase> &info) {
-      return std::string(info.param.name);
-    });
+INSTANTIATE_TEST_SUITE_P(AllRules, SpecErrors, ::testing::ValuesIn(kErrorCases),
+                         [](const ::testing::TestParamInfo<ErrorCase> &info) {
+                           return std::string(info.param.name);
+                         });
 
 } // namespace

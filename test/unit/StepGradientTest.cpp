@@ -60,8 +60,8 @@ protected:
     const int64_t B = spec.rowsPerGpu, S = spec.seqLen, N = spec.anchorsPerRow;
     for (unsigned i = 0; i < step.getNumArguments(); ++i) {
       auto type = cast<RankedTensorType>(step.getArgument(i).getType());
-      HostTensor t(std::vector<int64_t>(type.getShape().begin(),
-                                        type.getShape().end()));
+      HostTensor t(
+          std::vector<int64_t>(type.getShape().begin(), type.getShape().end()));
       ArgAttr info = sig->argInfo(i);
       StringRef name = info.getName();
       if (name == "input_ids") {
@@ -96,8 +96,7 @@ protected:
       } else if (info.getRole() == ArgRole::Moment2) {
         for (double &x : t.data)
           x = 1e-4 * std::abs(normal(rng));
-      } else if (info.getRole() == ArgRole::Parameter &&
-                 type.getRank() == 1) {
+      } else if (info.getRole() == ArgRole::Parameter && type.getRank() == 1) {
         for (double &x : t.data)
           x = 1 + 0.1 * normal(rng);
       } else {
@@ -158,8 +157,8 @@ TEST_F(StepTest, GradientsMatchFiniteDifferences) {
       minus[p].data[i] -= h * dir[i];
     }
     double numeric = (forwardLoss(plus) - forwardLoss(minus)) / (2 * h);
-    double rel = std::abs(numeric - analytic) /
-                 std::max(std::abs(analytic), 1e-12);
+    double rel =
+        std::abs(numeric - analytic) / std::max(std::abs(analytic), 1e-12);
     EXPECT_LT(rel, 1e-6) << name.str() << ": analytic " << analytic
                          << " numeric " << numeric;
     errSq += (numeric - analytic) * (numeric - analytic);
@@ -320,8 +319,7 @@ TEST_F(StepTest, ShardedOptimizerStateComputesTheSameStep) {
       unsigned i = unsigned(llvm::find(update.getGrads(), r) -
                             update.getGrads().begin());
       auto param = cast<BlockArgument>(update.getParams()[i]);
-      std::string name =
-          split->argInfo(param.getArgNumber()).getName().str();
+      std::string name = split->argInfo(param.getArgNumber()).getName().str();
       places[name] = {unsigned(k), offset / 4};
     }
   }
@@ -331,8 +329,8 @@ TEST_F(StepTest, ShardedOptimizerStateComputesTheSameStep) {
   std::vector<HostTensor> splitArgs;
   for (unsigned i = 0; i < split->func().getNumArguments(); ++i) {
     ArgAttr info = split->argInfo(i);
-    std::optional<unsigned> same = whole->findArg(info.getRole(),
-                                                  info.getName());
+    std::optional<unsigned> same =
+        whole->findArg(info.getRole(), info.getName());
     if (same) {
       splitArgs.push_back(wholeArgs[*same]);
       continue;
@@ -353,7 +351,8 @@ TEST_F(StepTest, ShardedOptimizerStateComputesTheSameStep) {
     splitArgs.push_back(std::move(t));
   }
 
-  auto expected = StepInterpreter(whole->func(), Precision::Exact).run(wholeArgs);
+  auto expected =
+      StepInterpreter(whole->func(), Precision::Exact).run(wholeArgs);
   auto actual = StepInterpreter(split->func(), Precision::Exact).run(splitArgs);
   ASSERT_TRUE(succeeded(expected));
   ASSERT_TRUE(succeeded(actual));

@@ -1,4 +1,5 @@
-//===- dflash-opt.cpp - Runs dflash passes on MLIR files -------------------===//
+//===- dflash-opt.cpp - Runs dflash passes on MLIR files
+//-------------------===//
 
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialect/DFlashOps.h"

@@ -1,9 +1,9 @@
 //===- dflash-reference.cpp - Trains a drafter on the CPU, exactly --------===//
 //
-// The command line of the CPU reference run (ReferenceRun.h beside it): compiles a
-// spec to its training step and runs it step after step in the reference
-// interpreter. Prints one JSON line per step. It is the oracle of the GPU
-// trainer, not a fast trainer.
+// The command line of the CPU reference run (ReferenceRun.h beside it):
+// compiles a spec to its training step and runs it step after step in the
+// reference interpreter. Prints one JSON line per step. It is the oracle of the
+// GPU trainer, not a fast trainer.
 //
 //===----------------------------------------------------------------------===//
 

@@ -8,9 +8,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Spec/Spec.h"
-#include "schema/Parameters.h"
-#include "schema/ModelConfig.h"
 #include "runtime/data/Synthetic.h"
+#include "schema/ModelConfig.h"
+#include "schema/Parameters.h"
 
 #include <CLI/CLI.hpp>
 

@@ -1,5 +1,8 @@
-//===- dflashc.cpp - The DFlash drafter compiler ---------------------------===//
+//===- dflashc.cpp - The DFlash drafter compiler
+//---------------------------===//
 
 #include "compiler/Driver/Driver.h"
 
-int main(int argc, char **argv) { return dflash::runCompilerDriver(argc, argv); }
+int main(int argc, char **argv) {
+  return dflash::runCompilerDriver(argc, argv);
+}

@@ -2,8 +2,8 @@
 //
 // The output directory builds on its own: the generated sources, a copy of
 // schema/, runtime/ and kernels/ under dflash/ (runtime/TrainerProject.cmake
-// as its CMakeLists.txt, which adds dflash/runtime/CMakeLists.txt), needing only
-// CMake, the CUDA toolkit (nvcc, cuBLASLt) and the nlohmann-json and CLI11
+// as its CMakeLists.txt, which adds dflash/runtime/CMakeLists.txt), needing
+// only CMake, the CUDA toolkit (nvcc, cuBLASLt) and the nlohmann-json and CLI11
 // headers. So a drafter can be compiled on a CPU machine and built where the
 // GPUs are.
 //
@@ -39,8 +39,7 @@ bool writeFile(const std::string &file, const std::string &text,
 /// `to`, keeping subfolders, except the subfolders named in `skip`.
 bool copySources(const std::string &from, const std::string &to,
                  std::initializer_list<const char *> suffixes,
-                 std::initializer_list<const char *> skip,
-                 std::string &error) {
+                 std::initializer_list<const char *> skip, std::string &error) {
   std::error_code ec;
   int copied = 0;
   for (fs::recursive_directory_iterator it(from, ec), end; it != end && !ec;
@@ -57,8 +56,8 @@ bool copySources(const std::string &from, const std::string &to,
       wanted |= name.ends_with(s);
     if (!wanted)
       continue;
-    llvm::StringRef relative = llvm::StringRef(it->path()).drop_front(
-        from.size());
+    llvm::StringRef relative =
+        llvm::StringRef(it->path()).drop_front(from.size());
     std::string dest = to + relative.str();
     if (std::error_code c = fs::create_directories(path::parent_path(dest))) {
       error = "cannot create '" + path::parent_path(dest).str() +
@@ -66,8 +65,8 @@ bool copySources(const std::string &from, const std::string &to,
       return false;
     }
     if (std::error_code c = fs::copy_file(it->path(), dest)) {
-      error = "cannot copy '" + it->path() + "' to '" + dest +
-              "': " + c.message();
+      error =
+          "cannot copy '" + it->path() + "' to '" + dest + "': " + c.message();
       return false;
     }
     ++copied;
@@ -85,22 +84,25 @@ bool copySources(const std::string &from, const std::string &to,
 namespace dflash {
 
 LogicalResult writeCudaTrainer(const CudaTrainerSources &sources,
-                                       const CudaTrainerOptions &options,
-                                       std::string &error) {
+                               const CudaTrainerOptions &options,
+                               std::string &error) {
   const std::string &dir = options.outputDir;
   if (std::error_code ec = fs::create_directories(dir)) {
     error = "cannot create output directory '" + dir + "': " + ec.message();
     return failure();
   }
   std::pair<const char *, const std::string *> files[] = {
-      {"step.cu", &sources.stepCu},           {"kernels.cu", &sources.kernelsCu},
-      {"kernels.h", &sources.kernelsH},       {"main.cpp", &sources.mainCpp},
+      {"step.cu", &sources.stepCu},
+      {"kernels.cu", &sources.kernelsCu},
+      {"kernels.h", &sources.kernelsH},
+      {"main.cpp", &sources.mainCpp},
       {"manifest.json", &sources.manifestJson}};
   for (auto [name, text] : files)
     if (!writeFile(dir + "/" + name, *text, error))
       return failure();
   // The project's build is the runtime's own file, not a string here.
-  const std::string project = options.sourceDir + "/runtime/TrainerProject.cmake";
+  const std::string project =
+      options.sourceDir + "/runtime/TrainerProject.cmake";
   if (std::error_code ec = fs::copy_file(project, dir + "/CMakeLists.txt")) {
     error = "cannot copy '" + project + "': " + ec.message() +
             " (point --source-dir at the dflashc source tree)";
@@ -117,8 +119,7 @@ LogicalResult writeCudaTrainer(const CudaTrainerSources &sources,
 }
 
 LogicalResult buildCudaTrainer(const CudaTrainerOptions &options,
-                                       llvm::raw_ostream &log,
-                                       std::string &error) {
+                               llvm::raw_ostream &log, std::string &error) {
   auto cmake = llvm::sys::findProgramByName("cmake");
   if (!cmake) {
     error = "cmake is not on PATH; write the sources only with --emit=cuda";
@@ -133,15 +134,21 @@ LogicalResult buildCudaTrainer(const CudaTrainerOptions &options,
   std::string dir = options.outputDir, buildDir = dir + "/build";
   std::string generator =
       llvm::sys::findProgramByName("ninja") ? "Ninja" : "Unix Makefiles";
-  std::vector<std::string> configure = {
-      *cmake, "-S", dir, "-B", buildDir, "-G", generator,
-      "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_CUDA_COMPILER=" + *nvcc};
+  std::vector<std::string> configure = {*cmake,
+                                        "-S",
+                                        dir,
+                                        "-B",
+                                        buildDir,
+                                        "-G",
+                                        generator,
+                                        "-DCMAKE_BUILD_TYPE=Release",
+                                        "-DCMAKE_CUDA_COMPILER=" + *nvcc};
   std::vector<std::string> build = {*cmake, "--build", buildDir, "-j"};
   for (const auto &command : {configure, build}) {
     std::vector<llvm::StringRef> args(command.begin(), command.end());
     std::string message;
-    int rc = llvm::sys::ExecuteAndWait(command[0], args, std::nullopt, {}, 0,
-                                       0, &message);
+    int rc = llvm::sys::ExecuteAndWait(command[0], args, std::nullopt, {}, 0, 0,
+                                       &message);
     if (rc != 0) {
       error = "building the trainer in '" + buildDir + "' failed" +
               (message.empty() ? "" : ": " + message) +

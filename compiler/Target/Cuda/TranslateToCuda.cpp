@@ -6,8 +6,8 @@
 // (dflash-plan-memory). step.cu is constant tables (buffers, named arena
 // slots, the optimizer's rows, the shard layout) and one launch per op in
 // CompiledStep::schedule(); the logic around them is runtime code
-// (runtime/device/CompiledStep.h). Templated kernels are called through wrappers
-// in kernels.cu named after their constants
+// (runtime/device/CompiledStep.h). Templated kernels are called through
+// wrappers in kernels.cu named after their constants
 // ("block_attention_fwd_bf16_d64_bs8_nh4_nkv2_w32_causal"), so that each
 // instantiation is compiled once, beside the schedule.
 //
@@ -289,7 +289,7 @@ LogicalResult StepEmitter::nameSlots() {
         continue;
       std::string name = uniqueName(
           "slot", base + (op.getNumResults() > 1 ? "_" + std::to_string(i)
-                                                  : std::string()));
+                                                 : std::string()));
       slotName[r] = name;
       slotNames += llvm::formatv("constexpr dflash::rt::ArenaSlot {0}{{{1}, "
                                  "{2}};\n",
@@ -345,9 +345,9 @@ std::string StepEmitter::wrapper(KernelAttr kernel,
     args += form->trailing;
   if (wrappers.insert(name).second) {
     wrapperDecls += "void " + name + "(" + signature + ");\n";
-    wrapperDefs += "void " + name + "(" + signature + ") {\n  dflash::kernels::" +
-                   kernel.getName().str() + "<" + args + ">(" + arguments +
-                   ");\n}\n\n";
+    wrapperDefs += "void " + name + "(" + signature +
+                   ") {\n  dflash::kernels::" + kernel.getName().str() + "<" +
+                   args + ">(" + arguments + ");\n}\n\n";
   }
   return name;
 }
@@ -383,8 +383,7 @@ void StepEmitter::emitNormGrad(Operation *op, KernelAttr kernel,
                       name, ptr(grad), ptr(input), ptr(weight),
                       residualGrad ? ptr(residualGrad) : "nullptr",
                       ptr(op->getResult(0)), ptr(op->getResult(1)),
-                      rowsOf(input), formatFloat(eps),
-                      workspace(op, "float"));
+                      rowsOf(input), formatFloat(eps), workspace(op, "float"));
 }
 
 void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
@@ -536,8 +535,8 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
         return success();
       })
       .Case([&](ResidualRmsNormOp o) {
-        emitNorm(kernel, o.getInput(), o.getDelta(), o.getWeight(),
-                 o.getSum(), o.getResult(), o.getEps().convertToDouble());
+        emitNorm(kernel, o.getInput(), o.getDelta(), o.getWeight(), o.getSum(),
+                 o.getResult(), o.getEps().convertToDouble());
         return success();
       })
       .Case([&](RmsNormGradOp o) {
@@ -581,8 +580,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             ptr(o.getPositions()), ptr(o.getInputGrad()),
             ptr(o.getWeightGrad()), x.getDimSize(0) * x.getDimSize(1),
             formatFloat(o.getEps().convertToDouble()),
-            formatFloat(o.getTheta().convertToDouble()),
-            workspace(o, "float"));
+            formatFloat(o.getTheta().convertToDouble()), workspace(o, "float"));
         return success();
       })
       .Case([&](BlockAttentionOp o) {
@@ -694,12 +692,12 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
         return success();
       })
       .Case([&](LossStatsOp o) {
-        os << llvm::formatv("    dflash::kernels::loss_stats_f32({0}, {1}, {2}, "
-                            "{3}, {4}, {5}, {6}, stream);\n",
-                            ptr(o.getLossSum()), ptr(o.getWeightSum()),
-                            ptr(o.getCorrect()), ptr(o.getCount()),
-                            ptr(o.getLoss()), ptr(o.getAcc()),
-                            ptr(o.getLossSumGrad()));
+        os << llvm::formatv(
+            "    dflash::kernels::loss_stats_f32({0}, {1}, {2}, "
+            "{3}, {4}, {5}, {6}, stream);\n",
+            ptr(o.getLossSum()), ptr(o.getWeightSum()), ptr(o.getCorrect()),
+            ptr(o.getCount()), ptr(o.getLoss()), ptr(o.getAcc()),
+            ptr(o.getLossSumGrad()));
         return success();
       })
       .Case([&](GradientBucketOp o) {
@@ -712,8 +710,8 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
           os << llvm::formatv("      dflash::kernels::convert_bf16_f32({0}, "
                               "{1}, {2}, stream);\n",
                               ptr(g), ptr(r), tensorOf(r).getNumElements());
-        int64_t count = sharded ? o.getShardElementsAttr().getInt()
-                                : bucketFlatElements(o);
+        int64_t count =
+            sharded ? o.getShardElementsAttr().getInt() : bucketFlatElements(o);
         os << llvm::formatv("      reduceBucket({0}, {1}, {2}, stream);\n"
                             "    }\n",
                             k, ptr(o.getResult(0)), count);
@@ -798,13 +796,12 @@ std::string StepEmitter::optimizerTables() {
     auto offsetOf = [&](Value v) {
       return "slot::" + slotName.lookup(storageRoot(v)) + ".offset";
     };
-    rows += llvm::formatv("      {{{0}, {1}, {2}, {3}, {4}, {5}, {6}},\n",
-                          bufferRef(o.getParams()[i]),
-                          bufferRef(o.getMasters()[i]),
-                          bufferRef(o.getMoment1()[i]),
-                          bufferRef(o.getMoment2()[i]), offsetOf(bf16Grad),
-                          offsetOf(g),
-                          tensorOf(o.getParams()[i]).getNumElements());
+    rows +=
+        llvm::formatv("      {{{0}, {1}, {2}, {3}, {4}, {5}, {6}},\n",
+                      bufferRef(o.getParams()[i]), bufferRef(o.getMasters()[i]),
+                      bufferRef(o.getMoment1()[i]),
+                      bufferRef(o.getMoment2()[i]), offsetOf(bf16Grad),
+                      offsetOf(g), tensorOf(o.getParams()[i]).getNumElements());
   }
   return "  t.adamwRows = {\n      // {param, master, moment1, moment2, "
          "bf16 grad, fp32 grad, numel}\n" +
@@ -827,8 +824,7 @@ std::string StepEmitter::shardTables() {
     is << "      {{\n";
     std::string params;
     for (auto [r, offset] : llvm::zip(bucket.getResults(), offsets)) {
-      unsigned i =
-          unsigned(llvm::find(o.getGrads(), r) - o.getGrads().begin());
+      unsigned i = unsigned(llvm::find(o.getGrads(), r) - o.getGrads().begin());
       auto param = cast<BlockArgument>(o.getParams()[i]);
       std::string name = sig.argInfo(param.getArgNumber()).getName().str();
       is << "           {" << quoted(name) << ", " << offset / 4 << ", "
@@ -838,11 +834,10 @@ std::string StepEmitter::shardTables() {
     }
     is << "       },\n       " << bucket.getShardElementsAttr().getInt()
        << "},\n";
-    refs += llvm::formatv("      {{slot::{0}.offset, {1}, {2}, {3}, {{{4}}},\n",
-                          slotName.lookup(bucket.getResult(0)),
-                          bufferRef(o.getMasters()[k]),
-                          bufferRef(o.getMoment1()[k]),
-                          bufferRef(o.getMoment2()[k]), params);
+    refs += llvm::formatv(
+        "      {{slot::{0}.offset, {1}, {2}, {3}, {{{4}}},\n",
+        slotName.lookup(bucket.getResult(0)), bufferRef(o.getMasters()[k]),
+        bufferRef(o.getMoment1()[k]), bufferRef(o.getMoment2()[k]), params);
   }
   is << "  };\n"
      << "  // {gradients, master, moment1, moment2, {parameters}} per bucket.\n"
@@ -899,17 +894,17 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
     FailureOr<int64_t> index = bufferIndex(i);
     if (failed(index))
       return failure();
-    specs += "      {" + quoted(info.getName()) + ", BufferRole::" +
-             enumeratorOf(bufferRole(info.getRole())) + ", DType::" +
-             dtypeName(dtypeOf(t.getElementType())) + ", " +
+    specs += "      {" + quoted(info.getName()) +
+             ", BufferRole::" + enumeratorOf(bufferRole(info.getRole())) +
+             ", DType::" + dtypeName(dtypeOf(t.getElementType())) + ", " +
              intList(t.getShape()) + ", " + std::to_string(*index) + "},\n";
   }
   specs += metricSpecs;
 
   if (!optimizerKernel)
     return step.emitError("@step has no optimizer op with a dflash.kernel");
-  Operation *optimizerOp = optimizer ? optimizer->getOperation()
-                                     : shardedOptimizer->getOperation();
+  Operation *optimizerOp =
+      optimizer ? optimizer->getOperation() : shardedOptimizer->getOperation();
   std::string tablesName = tablesSlot.lookup(optimizerOp);
   if (tablesName.empty())
     return optimizerOp->emitOpError("has no planned tables slot: run "
@@ -924,10 +919,11 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
   for (size_t i = 0; i < opNames.size(); ++i)
     profileNames += "      " + quoted(opNames[i]) + ",\n";
   std::string configInit;
-  forEachModelConfigField(config, [&](const char *, const char *member,
-                                      const auto &value) {
-    configInit += std::string("  c.") + member + " = " + cppValue(value) + ";\n";
-  });
+  forEachModelConfigField(
+      config, [&](const char *, const char *member, const auto &value) {
+        configInit +=
+            std::string("  c.") + member + " = " + cppValue(value) + ";\n";
+      });
 
   const std::string specFile = specFileOf(module);
   std::string s;
@@ -1019,13 +1015,13 @@ FailureOr<CudaTrainerSources> translateToCuda(ModuleOp module) {
   StepEmitter emitter(module, *config, *sig);
   if (failed(emitter.emit(out)))
     return failure();
-  out.mainCpp =
-      "// Generated by dflashc: the train command of \"" + config->name +
-      "\".\n\n#include \"runtime/device/StepProgram.h\"\n"
-      "#include \"runtime/cli/TrainMain.h\"\n\n"
-      "int main(int argc, char **argv) {\n"
-      "  return dflash::rt::trainMain(argc, argv, "
-      "&dflash::rt::createStepProgram);\n}\n";
+  out.mainCpp = "// Generated by dflashc: the train command of \"" +
+                config->name +
+                "\".\n\n#include \"runtime/device/StepProgram.h\"\n"
+                "#include \"runtime/cli/TrainMain.h\"\n\n"
+                "int main(int argc, char **argv) {\n"
+                "  return dflash::rt::trainMain(argc, argv, "
+                "&dflash::rt::createStepProgram);\n}\n";
   return out;
 }
 } // namespace dflash
