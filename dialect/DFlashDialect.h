@@ -1,5 +1,4 @@
-//===- DFlashDialect.h - The dflash dialect ----------------------*- C++
-//-*-===//
+//===- DFlashDialect.h - The dflash dialect ---------------------*- C++ -*-===//
 
 #ifndef DFLASH_DIALECT_DFLASHDIALECT_H
 #define DFLASH_DIALECT_DFLASHDIALECT_H

@@ -1,5 +1,4 @@
-//===- DFlashOps.h - dflash ops, attributes and interfaces -------*- C++
-//-*-===//
+//===- DFlashOps.h - dflash ops, attributes and interfaces ------*- C++ -*-===//
 
 #ifndef DFLASH_DIALECT_DFLASHOPS_H
 #define DFLASH_DIALECT_DFLASHOPS_H

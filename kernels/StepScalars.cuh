@@ -1,4 +1,4 @@
-//===- StepScalars.cuh - Small kernels around the step's scalars -*- CUDA -*-=//
+//===- StepScalars.cuh - Kernels around the step's scalars -----*- CUDA -*-===//
 //
 // The few scalars of a step live on the device so that a whole step needs no
 // host round trip: the loss seed 1/sum(w), the reported loss and accuracy,

@@ -1,5 +1,4 @@
-//===- DType.cpp - Element types and shapes
-//--------------------------------===//
+//===- DType.cpp - Element types and shapes -------------------------------===//
 
 #include "schema/DType.h"
 

@@ -1,5 +1,4 @@
-//===- StepBuffers.h - The persistent buffers of a compiled step -*- C++
-//-*-===//
+//===- StepBuffers.h - The persistent buffers of a step ---------*- C++ -*-===//
 //
 // What lives across steps, by role, and the fixed members of each role: the
 // five per-step inputs, the frozen weights, the counters and the metrics.

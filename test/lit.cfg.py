@@ -21,7 +21,8 @@ llvm_config.use_default_substitutions()
 llvm_config.with_environment("PATH", config.llvm_tools_dir, append_path=True)
 llvm_config.with_environment("PATH", config.dflash_tools_dir, append_path=True)
 llvm_config.add_tool_substitutions(
-    ["dflashc", "dflash-opt", "dflash-reference", "dflash-synth"],
+    ["dflashc", "dflash-opt", "dflash-reference", "dflash-synth",
+     "dflash-translate"],
     [config.dflash_tools_dir])
 
 # GPU tests need a CUDA device; without one they are reported unsupported.

@@ -1,4 +1,4 @@
-//===- MemoryPlan.h - Sizes, aliases and lifetimes of step values -*- C++ -*-//
+//===- MemoryPlan.h - Sizes, aliases, lifetimes of values -------*- C++ -*-===//
 //
 // Shared by dflash-plan-memory (which decides offsets), its print pass and
 // the CUDA emitter (which reads them): how many bytes a value needs, which

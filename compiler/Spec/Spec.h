@@ -1,5 +1,4 @@
-//===- Spec.h - DFlash drafter spec: parsed, validated, resolved -*- C++
-//-*-===//
+//===- Spec.h - The drafter spec: parsed, validated, resolved ---*- C++ -*-===//
 //
 // A drafter spec is a TOML file (specs/*.toml) that fixes every shape of one
 // DFlash drafter and its training step at compile time. This header is the

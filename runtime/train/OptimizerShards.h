@@ -1,5 +1,4 @@
-//===- OptimizerShards.h - Each GPU's share of the optimizer state -*- C++
-//-*-===//
+//===- OptimizerShards.h - Each GPU's optimizer state -----------*- C++ -*-===//
 //
 // ZeRO-1 (spec `[parallel] shard_optimizer_state`): the fp32 masters and
 // Adam moments are split over the data-parallel ranks instead of being held

@@ -1,5 +1,4 @@
-//===- StepBuffers.h - A step program's buffers, bound by role ---*- C++
-//-*-===//
+//===- StepBuffers.h - A step program's buffers, bound by role --*- C++ -*-===//
 //
 // Host code (no CUDA): which buffer of a compiled step is which, checked
 // against the model config by (role, index) before anything is allocated;

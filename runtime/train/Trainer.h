@@ -1,5 +1,4 @@
-//===- Trainer.h - Runs the compiled step on one GPU -------------*- C++
-//-*-===//
+//===- Trainer.h - Runs the compiled step on one GPU ------------*- C++ -*-===//
 //
 // Trainer: everything around a StepProgram on one GPU: its buffers filled
 // from the target's frozen weights, the initial (or resumed) parameters and

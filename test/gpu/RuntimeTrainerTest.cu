@@ -42,8 +42,8 @@
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
 #include "schema/Parameters.h"
-#include "test/unit/RuntimeTestSupport.h"
-#include "test/unit/StepProgramTestSupport.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
+#include "test/unit/runtime/StepProgramTestSupport.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,5 +1,4 @@
-//===- dflash-opt.cpp - Runs dflash passes on MLIR files
-//-------------------===//
+//===- dflash-opt.cpp - Runs dflash passes on MLIR files ------------------===//
 
 #include "compiler/Pipelines/Pipelines.h"
 #include "dialect/DFlashOps.h"

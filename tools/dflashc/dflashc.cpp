@@ -1,5 +1,4 @@
-//===- dflashc.cpp - The DFlash drafter compiler
-//---------------------------===//
+//===- dflashc.cpp - The DFlash drafter compiler --------------------------===//
 
 #include "compiler/Driver/Driver.h"
 

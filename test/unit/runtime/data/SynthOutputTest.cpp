@@ -1,4 +1,4 @@
-//===- RuntimeSynthOutputTest.cpp - dflash-synth output reads back --------===//
+//===- SynthOutputTest.cpp - dflash-synth output reads back ---------------===//
 //
 // Run by ctest after `dflash-synth SPEC OUT --pin-anchors` (arguments: SPEC
 // OUT): every file the tool wrote must load through the runtime readers and
@@ -12,7 +12,7 @@
 #include "runtime/io/Checkpoint.h"
 #include "runtime/io/TargetWeights.h"
 #include "runtime/train/InitialParameters.h"
-#include "test/unit/RuntimeTestSupport.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-//===- RuntimeTrainMainTest.cpp - The trainer's host side, without a GPU --===//
+//===- TrainMainTest.cpp - The trainer's host side, without a GPU ---------===//
 //
 // Command line parsing and validation, host-side preparation (data, target,
 // resume), metrics formatting, the progress line, checkpoint layout and
@@ -9,8 +9,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/cli/PrepareRun.h"
 #include "runtime/cli/TrainMain.h"
+#include "runtime/cli/PrepareRun.h"
 #include "runtime/cli/TrainOptions.h"
 #include "runtime/data/Prefetch.h"
 #include "runtime/data/Synthetic.h"
@@ -24,8 +24,8 @@
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
 #include "schema/Parameters.h"
-#include "test/unit/RuntimeTestSupport.h"
-#include "test/unit/StepProgramTestSupport.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
+#include "test/unit/runtime/StepProgramTestSupport.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-//===- RuntimeOptimizerShardsTest.cpp - Each GPU's share of the state -----===//
+//===- OptimizerShardsTest.cpp - Each GPU's share of the state ------------===//
 //
 // runtime/OptimizerShards on random layouts: random tensor sizes, random
 // alignment gaps, 1 to 8 ranks, shards of the smallest size rounded up to

@@ -1,16 +1,16 @@
-//===- RuntimeCheckpointTest.cpp - Parameters, checkpoints, target weights ===//
+//===- CheckpointTest.cpp - Parameters, checkpoints, target weights -------===//
 
+#include "runtime/io/Checkpoint.h"
 #include "compiler/Spec/Spec.h"
 #include "kernels/Bf16.h"
 #include "runtime/data/Synthetic.h"
 #include "runtime/io/AtomicWrite.h"
-#include "runtime/io/Checkpoint.h"
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
 #include "runtime/train/InitialParameters.h"
 #include "schema/ModelConfig.h"
 #include "schema/Parameters.h"
-#include "test/unit/RuntimeTestSupport.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-//===- RuntimeAnchorSamplerTest.cpp - Anchor sampling (SEMANTICS.md 2) ----===//
+//===- AnchorSamplerTest.cpp - Anchor sampling (SEMANTICS.md 2) -----------===//
 
 #include "runtime/data/AnchorSampler.h"
 

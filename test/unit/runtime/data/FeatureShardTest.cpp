@@ -1,8 +1,8 @@
-//===- RuntimeFeatureShardTest.cpp - Feature shard validation and rows ----===//
+//===- FeatureShardTest.cpp - Feature shard validation and rows -----------===//
 
 #include "runtime/data/FeatureShard.h"
 #include "runtime/data/Synthetic.h"
-#include "test/unit/RuntimeTestSupport.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
-//===- RuntimeSafetensorsTest.cpp - safetensors reading and writing -------===//
+//===- SafetensorsTest.cpp - safetensors reading and writing --------------===//
 
 #include "runtime/io/Safetensors.h"
-#include "test/unit/RuntimeTestSupport.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 

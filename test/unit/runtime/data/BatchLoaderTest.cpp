@@ -1,7 +1,7 @@
-//===- RuntimeBatchLoaderTest.cpp - Data order, rank sharding, resume -----===//
+//===- BatchLoaderTest.cpp - Data order, rank sharding, resume ------------===//
 
 #include "runtime/data/BatchLoader.h"
-#include "test/unit/RuntimeTestSupport.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 

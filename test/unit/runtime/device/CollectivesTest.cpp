@@ -1,4 +1,4 @@
-//===- RuntimeCollectivesTest.cpp - Collectives and launch, without a GPU -===//
+//===- CollectivesTest.cpp - Collectives and launch, without a GPU --------===//
 //
 // What runtime/Collectives decides on the host: the launcher's process
 // count, the missing-MPI error of a multi-process launch, the NVLink

@@ -1,4 +1,4 @@
-//===- RuntimeNumericsTest.cpp - bf16, random numbers, LR schedule --------===//
+//===- NumericsTest.cpp - bf16, random numbers, LR schedule ---------------===//
 
 #include "kernels/Bf16.h"
 #include "runtime/data/Rng.h"
