@@ -65,7 +65,7 @@ for s in 1 2; do
   train a$s train-tiny-b1 --gpus 0 --nccl --steps $s --total-steps 20
   train o$s train-tiny-zero1-one --gpus 0 --steps $s --total-steps 20
   record "tiny ZeRO-1 vs unsharded, 1 GPU, after $s step(s)" "$(python3 scripts/compare-runs.py \
-    --params /tmp/a$s/checkpoint-$s/training_state.safetensors /tmp/o$s/checkpoint-$s/training_state.safetensors \
+    --params /tmp/a$s/checkpoint-$s/training/state.safetensors /tmp/o$s/checkpoint-$s/training/state.safetensors \
     --param-tol 1 2>&1 | grep -o 'worst rel [^ ]*') (training state)"
 done
 

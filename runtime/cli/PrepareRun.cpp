@@ -198,6 +198,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.useGraph = !o.noGraph;
   run.trainer.outDir = o.out;
   run.trainer.saveEvery = o.saveEvery;
+  run.trainer.maxBadRows = o.maxBadRows;
   run.trainer.exportFinal = true;
   run.logPath = o.log.empty() ? o.out + "/metrics.jsonl" : o.log;
   run.layout.gpus = o.gpus;

@@ -168,6 +168,12 @@ int runTraining(int argc, char **argv,
 
   if (Status s = validateTrainOptions(options, config); !s.ok())
     return failRun(s.message());
+  // One run per output directory, held until this process ends (the
+  // writing node only); a directory a live run holds is not resumed either.
+  DirectoryLock outputLock;
+  if (leader)
+    if (Status s = lockOutputDirectory(options, outputLock); !s.ok())
+      return failRun(s.message());
   // Counting devices initialises the driver but uses none of them.
   std::string reason;
   int devices = visibleCudaDevices(reason);
@@ -273,6 +279,21 @@ int runTraining(int argc, char **argv,
   TrainerOutcome outcome;
   Status status = group.run(hooks, outcome);
   progress.finish();
+  // The rows this process's GPUs skipped, on every way out of the run.
+  std::vector<std::string> skipped;
+  for (int local = 0; local < group.localRanks(); ++local) {
+    const std::vector<std::string> &rows = group.trainer(local).skippedRows();
+    skipped.insert(skipped.end(), rows.begin(), rows.end());
+  }
+  if (!skipped.empty()) {
+    std::string list;
+    for (const std::string &row : skipped)
+      list += "\n  " + row;
+    std::fprintf(stderr,
+                 "train: skipped %zu row%s with non-finite features "
+                 "(each trained as an empty row):%s\n",
+                 skipped.size(), skipped.size() == 1 ? "" : "s", list.c_str());
+  }
   if (!status.ok())
     return failRun(status.message());
   if (outcome.stoppedBySignal) {

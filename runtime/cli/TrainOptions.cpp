@@ -2,6 +2,7 @@
 
 #include "runtime/cli/TrainOptions.h"
 
+#include "runtime/train/RunLayout.h"
 #include "runtime/train/TrainerSetup.h"
 
 #include <CLI/CLI.hpp>
@@ -155,6 +156,12 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   app.add_flag("--nccl", options.nccl,
                "Sum over the GPUs with NCCL even when there is one (checks "
                "the data-parallel path; with several GPUs it is always on)");
+  app.add_option("--max-bad-rows", options.maxBadRows,
+                 "Rows with non-finite features each GPU skips (each becomes "
+                 "an empty row, counted and named) before the run stops at "
+                 "the next one")
+      ->type_name("N")
+      ->capture_default_str();
   app.add_option("--progress-every", options.progressEvery,
                  "When stderr is not a terminal, print progress every N "
                  "steps")
@@ -246,6 +253,8 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
                          std::to_string(o.rows) + ")");
   if (o.progressEvery < 1)
     return Status::error("--progress-every must be at least 1");
+  if (o.maxBadRows < 0)
+    return Status::error("--max-bad-rows must be at least 0");
   if (!std::isfinite(o.lr) || o.lr <= 0)
     return Status::error("--lr must be a positive number");
   if (!std::isfinite(o.warmupRatio) || o.warmupRatio < 0 || o.warmupRatio >= 1)
@@ -322,4 +331,26 @@ Status dflash::rt::resolveGpus(TrainOptions &o, int visibleDevices) {
                          " GPUs are visible but this trainer was built "
                          "without NCCL; train on one with --gpus 0");
   return Status::success();
+}
+
+Status dflash::rt::lockOutputDirectory(const TrainOptions &o,
+                                       DirectoryLock &lock) {
+  std::error_code ec;
+  if (!o.resume.empty()) {
+    // The resumed checkpoint's output directory (the checkpoint's parent,
+    // or the directory itself when it is given), unless it is ours.
+    std::string checkpoint;
+    if (Status s = resolveCheckpoint(o.resume, checkpoint); !s.ok())
+      return s;
+    for (const fs::path &dir :
+         {fs::path(o.resume), fs::path(checkpoint).parent_path()}) {
+      if (dir.empty() || !fs::is_directory(dir, ec))
+        continue;
+      if (fs::equivalent(dir, o.out, ec))
+        continue;
+      if (Status s = DirectoryLock::checkFree(dir.string()); !s.ok())
+        return Status::error("--resume: " + s.message());
+    }
+  }
+  return DirectoryLock::acquire(o.out, lock);
 }

@@ -9,6 +9,7 @@
 #ifndef DFLASH_RUNTIME_CLI_TRAINOPTIONS_H
 #define DFLASH_RUNTIME_CLI_TRAINOPTIONS_H
 
+#include "runtime/io/DirectoryLock.h"
 #include "schema/ModelConfig.h"
 #include "schema/Status.h"
 
@@ -31,12 +32,14 @@ struct TrainOptions {
   int64_t saveEvery = 0;      ///< --save-every; 0: only at the end
   int64_t rows = 256;         ///< --rows of synthetic data
   int64_t progressEvery = 10; ///< --progress-every (plain output)
-  double lr = 0;              ///< --lr; default the config's
-  double warmupRatio = 0;     ///< --warmup-ratio; default the config's
-  uint64_t seed = 0;          ///< --seed; default the config's
-  std::vector<int> gpus;      ///< --gpus; empty: every visible device
-  bool noGraph = false;       ///< --no-graph
-  bool nccl = false;          ///< --nccl: collectives even on one GPU
+  /// --max-bad-rows: rows with non-finite features each GPU may skip.
+  int64_t maxBadRows = 8;
+  double lr = 0;          ///< --lr; default the config's
+  double warmupRatio = 0; ///< --warmup-ratio; default the config's
+  uint64_t seed = 0;      ///< --seed; default the config's
+  std::vector<int> gpus;  ///< --gpus; empty: every visible device
+  bool noGraph = false;   ///< --no-graph
+  bool nccl = false;      ///< --nccl: collectives even on one GPU
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,
@@ -58,6 +61,11 @@ CommandLineAction parseTrainCommandLine(int argc, const char *const *argv,
 /// and the collectives it needs in this build.
 Status validateTrainOptions(const TrainOptions &options,
                             const ModelConfig &config);
+
+/// Takes `lock` on options.out (TrainMain holds it for the whole run) after
+/// checking that a --resume source's output directory is not held by
+/// another live run. Messages name the other process.
+Status lockOutputDirectory(const TrainOptions &options, DirectoryLock &lock);
 
 /// Fills an empty --gpus with every device of `visibleDevices` (or device
 /// 0 when there is none, so that the host checks run and the missing

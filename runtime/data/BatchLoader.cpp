@@ -2,6 +2,7 @@
 
 #include "runtime/data/BatchLoader.h"
 
+#include <algorithm>
 #include <numeric>
 
 using namespace dflash;
@@ -16,6 +17,7 @@ void HostBatch::resize(const ModelConfig &c) {
   anchors.assign(B * N, 0);
   keep.assign(B * N, 0);
   rows.assign(B, 0);
+  skippedRows.clear();
 }
 
 BatchLoader::BatchLoader(const RowSource &source, const ModelConfig &config,
@@ -87,13 +89,31 @@ Status BatchLoader::next(HostBatch &batch) {
       return s;
     // A NaN or inf feature would poison every gradient of the step.
     const uint16_t *h = out.hiddenStates;
-    for (int64_t i = 0; i < S * W; ++i)
+    int64_t bad = -1;
+    for (int64_t i = 0; i < S * W && bad < 0; ++i)
       if ((h[i] & 0x7f80u) == 0x7f80u)
-        return Status::error(source.describeRow(row) +
-                             ": hidden_states has a non-finite value at "
-                             "position " +
-                             std::to_string(i / W) + ", feature " +
-                             std::to_string(i % W));
+        bad = i;
+    if (bad < 0)
+      continue;
+    std::string what = source.describeRow(row) +
+                       ": hidden_states has a non-finite value at position " +
+                       std::to_string(bad / W) + ", feature " +
+                       std::to_string(bad % W);
+    if (++badRows > maxBadRows)
+      return Status::error(
+          what + " (row " + std::to_string(badRows) +
+          " with non-finite features; at most " + std::to_string(maxBadRows) +
+          (maxBadRows == 1 ? " is" : " are") +
+          " skipped: check the data, or raise --max-bad-rows)");
+    // An empty row in its place: nothing supervised, nothing kept.
+    std::fill(out.inputIds, out.inputIds + S, 0);
+    std::fill(out.lossMask, out.lossMask + S, uint8_t(0));
+    std::fill(out.hiddenStates, out.hiddenStates + S * W, uint16_t(0));
+    if (source.hasPinnedAnchors()) {
+      std::fill(out.anchors, out.anchors + N, 0);
+      std::fill(out.keep, out.keep + N, uint8_t(0));
+    }
+    batch.skippedRows.push_back(what);
   }
   if (!source.hasPinnedAnchors())
     sampler.sample(batch.lossMask.data(), anchorRng, batch.anchors.data(),

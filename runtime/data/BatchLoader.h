@@ -24,6 +24,7 @@
 #include "runtime/io/Checkpoint.h"
 #include "schema/ModelConfig.h"
 
+#include <string>
 #include <vector>
 
 namespace dflash::rt {
@@ -36,6 +37,9 @@ struct HostBatch {
   std::vector<int32_t> anchors;       ///< [B, N]
   std::vector<uint8_t> keep;          ///< [B, N]
   std::vector<int64_t> rows;          ///< source row of each batch row
+  /// The rows of this batch skipped for non-finite features (their slots
+  /// hold empty rows), as BatchLoader names them.
+  std::vector<std::string> skippedRows;
 
   void resize(const ModelConfig &config);
 };
@@ -52,8 +56,18 @@ public:
   Status validate() const;
 
   /// Fills `batch` with this rank's part of the next global batch. Fails,
-  /// naming the row, on a read error or a non-finite target feature.
+  /// naming the row, on a read error, or on a row with a non-finite target
+  /// feature once more than maxBadRows() of them were met.
   Status next(HostBatch &batch);
+
+  /// How many rows with non-finite features a run may meet: each is skipped
+  /// (its slot becomes an empty row: no supervised token, no kept anchor,
+  /// zero features, so the step keeps its shape and the row adds nothing)
+  /// and named in HostBatch::skippedRows; the next one past the limit fails.
+  /// 0 (the default) fails at the first.
+  void setMaxBadRows(int64_t limit) { maxBadRows = limit; }
+  /// The rows skipped so far.
+  int64_t badRowsSeen() const { return badRows; }
 
   DataPosition position() const { return pos; }
   Rng::State anchorRngState() const { return anchorRng.state(); }
@@ -70,6 +84,7 @@ private:
   int64_t orderEpoch = -1;
   Rng anchorRng;
   AnchorSampler sampler;
+  int64_t maxBadRows = 0, badRows = 0;
 
   void shuffleFor(int64_t epoch);
 };

@@ -148,6 +148,7 @@ void BatchPrefetcher::produce() {
     std::memcpy(b.anchors, host.anchors.data(), B * N * sizeof(int32_t));
     std::memcpy(b.keep, host.keep.data(), B * N);
     b.rows = host.rows;
+    b.skippedRows = host.skippedRows;
     b.positionAfter = loader.position();
     b.anchorRngAfter = loader.anchorRngState();
     std::lock_guard<std::mutex> lock(mutex);

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,6 +42,8 @@ struct PrefetchedBatch {
   int32_t *anchors = nullptr;       ///< [B, N]
   uint8_t *keep = nullptr;          ///< [B, N]
   std::vector<int64_t> rows;        ///< source row of each batch row
+  /// Rows skipped for non-finite features (HostBatch::skippedRows).
+  std::vector<std::string> skippedRows;
   /// The loader's state after this batch.
   DataPosition positionAfter;
   Rng::State anchorRngAfter{};

@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 using namespace dflash;
 using namespace dflash::rt;
+namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
@@ -281,23 +283,22 @@ const StateGroup kStateGroups[] = {
 };
 } // namespace
 
-Status
-dflash::rt::saveTrainingCheckpoint(const std::string &dir,
-                                   const ModelConfig &config,
-                                   const std::vector<const uint16_t *> &params,
-                                   const TrainingStateRef &state) {
+Status dflash::rt::writeTrainingCheckpointFiles(
+    const std::string &dir, const std::string &checkpoint,
+    const ModelConfig &config, const std::vector<const uint16_t *> &params,
+    const TrainingStateRef &state) {
   std::vector<ParamInfo> table = parameterTable(config);
   std::vector<TensorData> tensors;
   for (const StateGroup &group : kStateGroups) {
     const std::vector<const float *> &buffers = state.*group.source;
     if (buffers.size() != table.size())
-      return Status::error(dir + ": got " + std::to_string(buffers.size()) +
-                           " '" + std::string(group.prefix, 6) +
-                           "' buffers but the model has " +
-                           std::to_string(table.size()) + " tensors");
+      return Status::error(
+          checkpoint + ": got " + std::to_string(buffers.size()) + " '" +
+          std::string(group.prefix, 6) + "' buffers but the model has " +
+          std::to_string(table.size()) + " tensors");
     for (size_t i = 0; i < table.size(); ++i) {
       if (!buffers[i])
-        return Status::error(dir + ": no buffer for '" + group.prefix +
+        return Status::error(checkpoint + ": no buffer for '" + group.prefix +
                              table[i].name + "'");
       tensors.push_back({group.prefix + table[i].name, DType::F32,
                          table[i].shape, buffers[i]});
@@ -328,16 +329,30 @@ dflash::rt::saveTrainingCheckpoint(const std::string &dir,
   };
 
   ExportFiles files;
-  Status status = prepareExport(dir, config, params, files);
+  Status status = prepareExport(checkpoint, config, params, files);
   if (!status.ok())
     return status;
+  status = writeExportFiles(dir, files);
+  if (!status.ok())
+    return status;
+  std::error_code ec;
+  fs::create_directories(dir + "/" + kTrainingDir, ec);
+  if (ec)
+    return Status::error(dir + "/" + kTrainingDir +
+                         ": cannot create directory: " + ec.message());
+  return writeSafetensors(dir + "/" + kTrainingStateFile, tensors, metadata);
+}
+
+Status
+dflash::rt::saveTrainingCheckpoint(const std::string &dir,
+                                   const ModelConfig &config,
+                                   const std::vector<const uint16_t *> &params,
+                                   const TrainingStateRef &state) {
   StagedDirectory staged;
-  status = staged.begin(dir);
+  Status status = staged.begin(dir);
   if (status.ok())
-    status = writeExportFiles(staged.path(), files);
-  if (status.ok())
-    status = writeSafetensors(staged.path() + "/" + kTrainingStateFile, tensors,
-                              metadata);
+    status =
+        writeTrainingCheckpointFiles(staged.path(), dir, config, params, state);
   if (status.ok())
     status = staged.commit();
   return status;

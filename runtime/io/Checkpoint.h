@@ -4,7 +4,7 @@
 // config.json and model.safetensors (bf16, parameterTable names, no `model.`
 // prefix, no embedding or lm_head) that serving engines load as a
 // DFlashDraftModel. A training checkpoint is the same directory plus
-// training_state.safetensors: fp32 masters, both Adam moments (tensors
+// training/state.safetensors: fp32 masters, both Adam moments (tensors
 // "master.<name>", "adam_m.<name>", "adam_v.<name>"), the step, the anchor
 // RNG state of every rank ("rng_state": I64 [4] for one rank, [ranks, 4] for
 // a data-parallel run; each rank samples its anchors from its own stream)
@@ -80,11 +80,25 @@ struct TrainingState {
   }
 };
 
-/// The name of the state file inside a training checkpoint.
-constexpr const char *kTrainingStateFile = "training_state.safetensors";
+/// A training checkpoint is an exported drafter (config.json and
+/// model.safetensors, which serving engines load as they are: vLLM reads
+/// every *.safetensors beside config.json) with the state a resume needs in
+/// this subfolder, where no engine looks.
+constexpr const char *kTrainingDir = "training";
+/// The state file, relative to the checkpoint directory.
+constexpr const char *kTrainingStateFile = "training/state.safetensors";
 
-/// Writes a training checkpoint: the exported files and the training state,
-/// all swapped in as one directory.
+/// Writes the files of a training checkpoint into `dir`, an existing
+/// directory that the caller stages (StagedDirectory) and commits as
+/// `checkpoint`, the name messages give.
+Status writeTrainingCheckpointFiles(const std::string &dir,
+                                    const std::string &checkpoint,
+                                    const ModelConfig &config,
+                                    const std::vector<const uint16_t *> &params,
+                                    const TrainingStateRef &state);
+
+/// Writes a training checkpoint: writeTrainingCheckpointFiles into a staged
+/// directory, swapped in as one.
 Status saveTrainingCheckpoint(const std::string &dir, const ModelConfig &config,
                               const std::vector<const uint16_t *> &params,
                               const TrainingStateRef &state);

@@ -66,6 +66,7 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"tokens_per_s\": " + jsonNumber("%.1f", m.contextTokensPerS) +
          ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
          ", \"tflops\": " + jsonNumber("%.3f", m.tflops) +
+         ", \"skipped_rows\": " + std::to_string(m.skippedRows) +
          rankTimes(m.rankStepMs) + "}";
 }
 
@@ -179,13 +180,17 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
     std::snprintf(ranks, sizeof(ranks), " (%zu GPUs, fastest %.1f)",
                   m.rankStepMs.size(), fastest);
   }
-  char text[320];
+  char skipped[48] = "";
+  if (m.skippedRows > 0)
+    std::snprintf(skipped, sizeof(skipped), "  skipped rows %lld",
+                  (long long)m.skippedRows);
+  char text[360];
   std::snprintf(text, sizeof(text),
                 "step %lld/%lld  loss %.4f  acc %.4f  %s tok/s  draft %s "
-                "tok/s  %.1f ms/step%s  ETA %s",
+                "tok/s  %.1f ms/step%s%s  ETA %s",
                 (long long)stepsDone, (long long)finalStep, m.loss, m.acc,
                 formatRate(m.contextTokensPerS).c_str(),
-                formatRate(m.draftTokensPerS).c_str(), m.stepMs, ranks,
+                formatRate(m.draftTokensPerS).c_str(), m.stepMs, ranks, skipped,
                 formatDuration(etaSeconds).c_str());
   return text;
 }

@@ -50,6 +50,8 @@ struct StepMetrics {
   double contextTokensPerS = 0;
   double draftTokensPerS = 0;
   double tflops = 0;
+  /// Rows skipped for non-finite features so far, over every rank.
+  int64_t skippedRows = 0;
 
   /// Whether loss and grad_norm are finite (the run stops otherwise).
   bool finite() const;
@@ -61,8 +63,8 @@ void setThroughput(StepMetrics &metrics, const ModelConfig &config,
 
 /// One JSON object, without a newline: {"step": 0, "loss": ..., "acc",
 /// "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
-/// "draft_tokens_per_s", "tflops"}, and "rank_step_ms": [...] last when
-/// rankStepMs is not empty. A non-finite value is written as null.
+/// "draft_tokens_per_s", "tflops", "skipped_rows"}, and "rank_step_ms": [...]
+/// last when rankStepMs is not empty. A non-finite value is written as null.
 std::string metricsJsonLine(const StepMetrics &metrics);
 
 /// The JSONL metrics file of a run.
@@ -94,7 +96,8 @@ std::string formatRate(double perSecond);
 
 /// "step 12/200  loss 2.3456  acc 0.4120  12.3k tok/s  draft 4.56k tok/s
 /// 85.1 ms/step  ETA 3m05s"; with several ranks "85.1 ms/step (8 GPUs,
-/// fastest 80.2)". `stepsDone` counts the step just finished.
+/// fastest 80.2)", after rows were skipped "  skipped rows 3" before the
+/// ETA. `stepsDone` counts the step just finished.
 std::string progressLine(const StepMetrics &metrics, int64_t stepsDone,
                          int64_t finalStep, double etaSeconds);
 

@@ -35,6 +35,11 @@ Status dflash::rt::writeRunSettings(const std::string &path,
   json["data"] = run.data;
   json["synthetic_rows"] = run.syntheticRows;
   json["world_size"] = run.worldSize;
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  if (ec)
+    return Status::error(fs::path(path).parent_path().string() +
+                         ": cannot create directory: " + ec.message());
   return writeFileAtomically(path, json.dump(2) + "\n");
 }
 

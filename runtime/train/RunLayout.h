@@ -2,8 +2,10 @@
 //
 // Host code: what a resumed run must reuse (trainer_run.json) and where the
 // checkpoints of an output directory go:
-//   checkpoint-<steps>/  a resumable training checkpoint (Checkpoint.h) plus
-//                        trainer_run.json (RunSettings), swapped in whole
+//   checkpoint-<steps>/  a servable drafter (config.json, model.safetensors)
+//                        with training/ beside them: the state a resume needs
+//                        (Checkpoint.h) and trainer_run.json (RunSettings);
+//                        swapped in whole
 //   latest               "checkpoint-<steps>": the newest complete one
 //   final/               the exported drafter after the last step
 //   metrics.jsonl        one line per step (Progress.h)
@@ -21,7 +23,7 @@
 namespace dflash::rt {
 
 /// What a resumed run must reuse to continue exactly as the run it resumes;
-/// saved in every training checkpoint as trainer_run.json.
+/// saved in every training checkpoint as training/trainer_run.json.
 struct RunSettings {
   int64_t totalSteps = 0; ///< schedule length
   uint64_t seed = 0;      ///< data order and anchors
@@ -32,13 +34,14 @@ struct RunSettings {
   int64_t worldSize = 1;
 };
 
-constexpr const char *kRunSettingsFile = "trainer_run.json";
+/// Relative to a checkpoint directory, beside the training state.
+constexpr const char *kRunSettingsFile = "training/trainer_run.json";
 constexpr const char *kLatestFile = "latest";
 constexpr const char *kFinalDir = "final";
 
 Status writeRunSettings(const std::string &path, const RunSettings &run);
-/// Reads `<checkpointDir>/trainer_run.json`; `found` is false (with success)
-/// when the checkpoint has none.
+/// Reads `<checkpointDir>/training/trainer_run.json`; `found` is false (with
+/// success) when the checkpoint has none.
 Status readRunSettings(const std::string &checkpointDir, RunSettings &run,
                        bool &found);
 

@@ -343,6 +343,7 @@ Status Trainer::init(const TrainerInputs &inputs) {
   rows = inputs.rows;
   loader = std::make_unique<BatchLoader>(*rows, config, options.run.seed,
                                          options.rank, world);
+  loader->setMaxBadRows(options.maxBadRows);
   if (Status s = loader->validate(); !s.ok())
     return s;
   if (inputs.resume)
@@ -622,6 +623,7 @@ Status Trainer::step(StepMetrics &metrics) {
     return s;
   DataPosition positionAfter = batch->positionAfter;
   Rng::State rngAfter = batch->anchorRngAfter;
+  std::vector<std::string> skippedNow = batch->skippedRows;
   lease.release();
   if (completedSteps + 1 < options.finalStep) // the last step stages nothing
     stagingError = stageNextBatch();
@@ -674,6 +676,8 @@ Status Trainer::step(StepMetrics &metrics) {
   ++completedSteps;
   dataPosition = positionAfter;
   anchorRng = rngAfter;
+  skipped.insert(skipped.end(), skippedNow.begin(), skippedNow.end());
+  metrics.skippedRows = int64_t(skipped.size());
   return Status::success();
 }
 
@@ -817,14 +821,13 @@ Status Trainer::saveCheckpoint(std::string &dir,
     paramPointers.push_back(p.data());
 
   // The checkpoint and its run settings appear together: both are written
-  // into one staged directory (saveTrainingCheckpoint swaps its own files
-  // into the staged one).
+  // into one staged directory, swapped in as one.
   std::string target = checkpointDirectory(options.outDir, completedSteps);
   StagedDirectory staged;
   Status status = staged.begin(target);
   if (status.ok())
-    status =
-        saveTrainingCheckpoint(staged.path(), config, paramPointers, state);
+    status = writeTrainingCheckpointFiles(staged.path(), target, config,
+                                          paramPointers, state);
   if (status.ok())
     status =
         writeRunSettings(staged.path() + "/" + kRunSettingsFile, options.run);

@@ -96,6 +96,8 @@ public:
   /// completed step: what a checkpoint taken now stores.
   const DataPosition &position() const { return dataPosition; }
   const Rng::State &anchorRngState() const { return anchorRng; }
+  /// The rows skipped for non-finite features by the steps done so far.
+  const std::vector<std::string> &skippedRows() const { return skipped; }
   /// Whether the last step's loss or grad_norm was not finite.
   bool nonFinite() const { return poisoned; }
   /// Whether the last step failed only because another rank failed.
@@ -152,6 +154,7 @@ private:
   /// device state is unusable.
   bool aborted = false, abortedByPeer = false;
   std::string lastCheckpoint;
+  std::vector<std::string> skipped;
 
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graphExec = nullptr;

@@ -270,8 +270,9 @@ Status TrainerGroup::assembleOptimizerState(TrainingState &state) {
 
 namespace {
 /// The words one process contributes to the per-step exchange: its stop
-/// signal, then per local rank its step and compute times and anchor Rng.
-constexpr size_t kWordsPerRank = 6;
+/// signal, then per local rank its step and compute times, anchor Rng and
+/// skipped-row count.
+constexpr size_t kWordsPerRank = 7;
 
 uint64_t doubleBits(double value) {
   uint64_t bits;
@@ -294,11 +295,13 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
   // show as null.
   std::vector<double> stepMs(world, std::nan("")),
       computeMs(world, std::nan(""));
+  std::vector<int64_t> skipped(world, 0);
   rankRngStates.resize(world);
   for (std::unique_ptr<Worker> &w : workers) {
     size_t rank = first + size_t(w->local);
     stepMs[rank] = w->metrics.stepMs;
     computeMs[rank] = w->metrics.computeMs;
+    skipped[rank] = w->metrics.skippedRows;
     rankRngStates[rank] = w->trainer->anchorRngState();
   }
   // Over several processes, only after a step that went well everywhere:
@@ -315,6 +318,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
       words[1] = doubleBits(computeMs[first + i]);
       for (size_t k = 0; k < 4; ++k)
         words[2 + k] = rankRngStates[first + i][k];
+      words[6] = uint64_t(skipped[first + i]);
     }
     if (Status s = layout.processes->allGather(
             mine.data(), mine.size() * sizeof(uint64_t), all.data());
@@ -333,6 +337,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
         computeMs[rank] = bitsDouble(rankWords[1]);
         for (size_t k = 0; k < 4; ++k)
           rankRngStates[rank][k] = rankWords[2 + k];
+        skipped[rank] = int64_t(rankWords[6]);
       }
     }
   }
@@ -349,6 +354,9 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
   metrics.stepMs = slowest(stepMs);
   metrics.computeMs = slowest(computeMs);
   metrics.rankStepMs = stepMs;
+  metrics.skippedRows = 0;
+  for (int64_t count : skipped)
+    metrics.skippedRows += count;
   setThroughput(metrics, workers.front()->program->config(), layout.worldSize(),
                 flopsPerStep);
   return Status::success();

@@ -48,6 +48,9 @@ struct TrainerOptions {
   bool exportFinal = true;
   /// Host slots of the prefetch thread.
   int prefetchSlots = 2;
+  /// Rows with non-finite features each rank may skip before the run stops
+  /// (BatchLoader::setMaxBadRows).
+  int64_t maxBadRows = 0;
 };
 
 /// The host-side state a run starts from, loaded and checked before the GPU

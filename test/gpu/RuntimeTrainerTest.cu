@@ -790,7 +790,7 @@ TEST(RuntimeTrainer, ResumeContinuesExactly) {
                    err),
       0)
       << err;
-  EXPECT_TRUE(fs::exists(split + "/checkpoint-5/training_state.safetensors"));
+  EXPECT_TRUE(fs::exists(split + "/checkpoint-5/training/state.safetensors"));
   EXPECT_EQ(readFile(split + "/latest"), "checkpoint-10\n");
   ASSERT_EQ(runTrainMain({"--data", "synthetic", "--steps", "20", "--resume",
                           split, "--out", split},
@@ -810,8 +810,8 @@ TEST(RuntimeTrainer, ResumeContinuesExactly) {
   // Same bits in the exported drafter and in the last training state.
   EXPECT_EQ(readFile(split + "/final/model.safetensors"),
             readFile(whole + "/final/model.safetensors"));
-  EXPECT_EQ(readFile(split + "/checkpoint-20/training_state.safetensors"),
-            readFile(whole + "/checkpoint-20/training_state.safetensors"));
+  EXPECT_EQ(readFile(split + "/checkpoint-20/training/state.safetensors"),
+            readFile(whole + "/checkpoint-20/training/state.safetensors"));
 }
 
 TEST(RuntimeTrainer, NonFiniteLossKeepsTheLastCheckpoint) {
@@ -824,7 +824,7 @@ TEST(RuntimeTrainer, NonFiniteLossKeepsTheLastCheckpoint) {
             0)
       << err;
   std::string state =
-      readFile(out + "/checkpoint-10/training_state.safetensors");
+      readFile(out + "/checkpoint-10/training/state.safetensors");
   std::string model = readFile(out + "/final/model.safetensors");
   ASSERT_FALSE(state.empty());
 
@@ -844,7 +844,7 @@ TEST(RuntimeTrainer, NonFiniteLossKeepsTheLastCheckpoint) {
   EXPECT_TRUE(fs::exists(out + "/checkpoint-12"));
   EXPECT_FALSE(fs::exists(out + "/checkpoint-13"));
   EXPECT_EQ(readFile(out + "/latest"), "checkpoint-12\n");
-  EXPECT_EQ(readFile(out + "/checkpoint-10/training_state.safetensors"), state);
+  EXPECT_EQ(readFile(out + "/checkpoint-10/training/state.safetensors"), state);
   EXPECT_EQ(readFile(out + "/final/model.safetensors"), model);
   TrainingState saved;
   ASSERT_TRUE(
@@ -1125,8 +1125,8 @@ TEST(RuntimeTrainer, NcclFlagGivesTheSameRun) {
     EXPECT_EQ(got[step], values) << "step " << step;
   EXPECT_EQ(readFile(nccl + "/final/model.safetensors"),
             readFile(plain + "/final/model.safetensors"));
-  EXPECT_EQ(readFile(nccl + "/checkpoint-12/training_state.safetensors"),
-            readFile(plain + "/checkpoint-12/training_state.safetensors"));
+  EXPECT_EQ(readFile(nccl + "/checkpoint-12/training/state.safetensors"),
+            readFile(plain + "/checkpoint-12/training/state.safetensors"));
 }
 
 TEST(RuntimeTrainer, DataParallelResumeContinuesExactly) {
@@ -1174,8 +1174,8 @@ TEST(RuntimeTrainer, DataParallelResumeContinuesExactly) {
     EXPECT_EQ(resumed[step], values) << "step " << step;
   EXPECT_EQ(readFile(split + "/final/model.safetensors"),
             readFile(whole + "/final/model.safetensors"));
-  EXPECT_EQ(readFile(split + "/checkpoint-16/training_state.safetensors"),
-            readFile(whole + "/checkpoint-16/training_state.safetensors"));
+  EXPECT_EQ(readFile(split + "/checkpoint-16/training/state.safetensors"),
+            readFile(whole + "/checkpoint-16/training/state.safetensors"));
   // Every line lists both ranks' times.
   std::ifstream in(whole + "/metrics.jsonl");
   std::string line;
@@ -1397,8 +1397,8 @@ TEST(RuntimeTrainerSharded, CheckpointsAreWholeAndResumeEitherWay) {
   ASSERT_EQ(runTrainMain(firstHalf(plain), err), 0) << err;
   ASSERT_EQ(runTrainMain(firstHalf(sharded), err, shardedOver(1)), 0) << err;
   // The same checkpoint, sharded or not.
-  EXPECT_EQ(readFile(sharded + "/checkpoint-10/training_state.safetensors"),
-            readFile(plain + "/checkpoint-10/training_state.safetensors"));
+  EXPECT_EQ(readFile(sharded + "/checkpoint-10/training/state.safetensors"),
+            readFile(plain + "/checkpoint-10/training/state.safetensors"));
   EXPECT_EQ(readFile(sharded + "/checkpoint-10/model.safetensors"),
             readFile(plain + "/checkpoint-10/model.safetensors"));
   // Each resumed by the other kind of step.
@@ -1422,8 +1422,8 @@ TEST(RuntimeTrainerSharded, CheckpointsAreWholeAndResumeEitherWay) {
       EXPECT_EQ(resumed[step], values) << "step " << step;
     EXPECT_EQ(readFile(run + "/final/model.safetensors"),
               readFile(whole + "/final/model.safetensors"));
-    EXPECT_EQ(readFile(run + "/checkpoint-20/training_state.safetensors"),
-              readFile(whole + "/checkpoint-20/training_state.safetensors"));
+    EXPECT_EQ(readFile(run + "/checkpoint-20/training/state.safetensors"),
+              readFile(whole + "/checkpoint-20/training/state.safetensors"));
   }
 }
 

@@ -28,6 +28,12 @@
 #include "test/unit/runtime/StepProgramTestSupport.h"
 
 #include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <sys/wait.h>
+
+#include <csignal>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -563,7 +569,7 @@ TEST(TrainPrepare, ResumeMismatchesAreErrors) {
   } cases[] = {
       {{"--resume", ckpt, "--total-steps", "50", "--steps", "30"},
        "--total-steps 50 does not match the schedule of 40 steps in " + ckpt +
-           "/trainer_run.json"},
+           "/training/trainer_run.json"},
       {{"--resume", ckpt, "--seed", "5", "--steps", "30"},
        "--seed 5 does not match the seed 99"},
       {{"--resume", ckpt, "--rows", "13", "--steps", "30"},
@@ -573,8 +579,9 @@ TEST(TrainPrepare, ResumeMismatchesAreErrors) {
       {{"--resume", ckpt, "--steps", "41"},
        "--steps 41 exceeds the schedule length of 40 steps"},
       {{"--resume", bare, "--steps", "30"},
-       bare + ": has no trainer_run.json; give the schedule length with "
-              "--total-steps"},
+       bare +
+           ": has no training/trainer_run.json; give the schedule length with "
+           "--total-steps"},
       {{"--resume", dir.path, "--steps", "30"},
        "neither a training checkpoint"},
   };
@@ -673,16 +680,17 @@ TEST(TrainPrepare, ResumeNeedsTheSameNumberOfGpus) {
                       "--gpus", "0", "--out", dir.path + "/one"},
                      run);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.message(), "--gpus: " + ckpt +
-                             "/trainer_run.json is a run on 2 GPUs but this "
-                             "one has 1; resume on the same number of GPUs");
+  EXPECT_EQ(s.message(),
+            "--gpus: " + ckpt +
+                "/training/trainer_run.json is a run on 2 GPUs but this "
+                "one has 1; resume on the same number of GPUs");
   PreparedRun fromBare;
   s = prepare({"--data", "synthetic", "--steps", "30", "--total-steps", "40",
                "--resume", bare, "--gpus", "0", "--out", dir.path + "/bare1"},
               fromBare);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(), "--gpus: " + bare +
-                             "/training_state.safetensors holds the state of "
+                             "/training/state.safetensors holds the state of "
                              "2 GPUs but this run has 1; resume on the same "
                              "number of GPUs");
 
@@ -774,6 +782,103 @@ TEST(TrainMain, NoDeviceIsReportedAfterTheHostChecksOfSeveralGpus) {
       << err;
 }
 
+namespace {
+/// A child process holding `dir`'s output lock, as a live `train` would,
+/// until killAndReap().
+pid_t holdOutputInChild(const std::string &dir) {
+  int ready[2];
+  if (::pipe(ready) != 0)
+    return -1;
+  pid_t child = ::fork();
+  if (child == 0) {
+    DirectoryLock lock;
+    char ok = DirectoryLock::acquire(dir, lock).ok() ? 'y' : 'n';
+    (void)!::write(ready[1], &ok, 1);
+    while (true)
+      ::pause();
+  }
+  char ok = 'n';
+  (void)!::read(ready[0], &ok, 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  return ok == 'y' ? child : -1;
+}
+void killAndReap(pid_t child) {
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+}
+} // namespace
+
+// Two trainers on one output directory: the second is refused before it
+// writes anything, naming the first, whose files stay as they are; once the
+// first is gone (killed: no clean-up runs), the directory is free again.
+TEST(TrainMain, ASecondRunIntoALiveRunsDirectoryIsRefused) {
+  TrainMainTempDir dir;
+  const std::string metrics = dir.path + "/metrics.jsonl";
+  {
+    std::ofstream(metrics) << "{\"step\": 0}\n{\"step\": 1}\n";
+  }
+  pid_t first = holdOutputInChild(dir.path);
+  ASSERT_GT(first, 0);
+  std::string out, err;
+  int code = runTrainMain(
+      {"--data", "synthetic", "--steps", "3", "--out", dir.path}, out, err);
+  EXPECT_EQ(code, 1);
+  EXPECT_EQ(err.rfind("train: error: output directory '" + dir.path +
+                          "' is in use by another train run (process " +
+                          std::to_string(first) + " on ",
+                      0),
+            0u)
+      << err;
+  EXPECT_EQ(readFile(metrics), "{\"step\": 0}\n{\"step\": 1}\n");
+  killAndReap(first);
+  code = runTrainMain(
+      {"--data", "synthetic", "--steps", "3", "--out", dir.path}, out, err);
+  // Past the lock now: without a GPU it stops at the device check.
+  std::string reason;
+  if (visibleCudaDevices(reason) == 0) {
+    EXPECT_EQ(code, 1);
+    EXPECT_EQ(err.find("is in use by another train run"), std::string::npos)
+        << err;
+  }
+}
+
+// A --resume of a directory that a live run holds is refused, whether into
+// that directory or elsewhere.
+TEST(TrainMain, ResumeOfALiveRunsDirectoryIsRefused) {
+  TrainMainTempDir dir;
+  const ModelConfig c = smallConfig();
+  RunSettings run;
+  run.totalSteps = 10;
+  writeTrainingCheckpoint(dir.path + "/live/checkpoint-4", c, 4, &run);
+  std::ofstream(dir.path + "/live/" + kLatestFile) << "checkpoint-4\n";
+  pid_t live = holdOutputInChild(dir.path + "/live");
+  ASSERT_GT(live, 0);
+  for (const std::string &source :
+       {dir.path + "/live", dir.path + "/live/checkpoint-4"}) {
+    for (const std::string &into : {dir.path + "/live", dir.path + "/other"}) {
+      TrainOptions o;
+      o.resume = source;
+      o.out = into;
+      std::filesystem::create_directories(into);
+      DirectoryLock lock;
+      Status s = lockOutputDirectory(o, lock);
+      ASSERT_FALSE(s.ok()) << source << " -> " << into;
+      EXPECT_NE(s.message().find("' is in use by another train run (process " +
+                                 std::to_string(live) + " on "),
+                std::string::npos)
+          << s.message();
+    }
+  }
+  killAndReap(live);
+  TrainOptions o;
+  o.resume = dir.path + "/live";
+  o.out = dir.path + "/live";
+  DirectoryLock lock;
+  Status s = lockOutputDirectory(o, lock);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
 TEST(TrainMain, MultiNodeLaunchWithoutMpiIsRefused) {
   if (multiNodeAvailable())
     GTEST_SKIP() << "built with MPI (the error applies to builds without)";
@@ -847,7 +952,8 @@ TEST(TrainMetrics, JsonLine) {
             "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"grad_norm\": "
             "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
             "70.0000, \"tokens_per_s\": "
-            "800.0, \"draft_tokens_per_s\": 300.0, \"tflops\": 50.000}");
+            "800.0, \"draft_tokens_per_s\": 300.0, \"tflops\": 50.000, "
+            "\"skipped_rows\": 0}");
   StepMetrics bad = sampleMetrics();
   bad.loss = std::numeric_limits<double>::quiet_NaN();
   bad.gradNorm = std::numeric_limits<double>::infinity();
@@ -874,7 +980,8 @@ TEST(TrainMetrics, EveryRanksStepTime) {
             "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"grad_norm\": "
             "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
             "70.0000, \"tokens_per_s\": 1600.0, \"draft_tokens_per_s\": "
-            "600.0, \"tflops\": 50.000, \"rank_step_ms\": [80.0000, "
+            "600.0, \"tflops\": 50.000, \"skipped_rows\": 0, "
+            "\"rank_step_ms\": [80.0000, "
             "75.5000]}");
   EXPECT_EQ(progressLine(m, 13, 200, 185),
             "step 13/200  loss 2.5000  acc 0.2500  1.60k tok/s  draft 600 "
@@ -887,6 +994,13 @@ TEST(TrainMetrics, EveryRanksStepTime) {
   // One rank: the plain line.
   m.rankStepMs = {80};
   EXPECT_EQ(progressLine(m, 13, 200, 185).find("GPUs"), std::string::npos);
+  // Skipped rows, once there are any, in the line and the JSON.
+  EXPECT_EQ(progressLine(m, 13, 200, 185).find("skipped"), std::string::npos);
+  m.skippedRows = 3;
+  EXPECT_EQ(progressLine(m, 13, 200, 185),
+            "step 13/200  loss 2.5000  acc 0.2500  1.60k tok/s  draft 600 "
+            "tok/s  80.0 ms/step  skipped rows 3  ETA 3m05s");
+  EXPECT_EQ(nlohmann::json::parse(metricsJsonLine(m))["skipped_rows"], 3);
   nlohmann::json parsed = nlohmann::json::parse(metricsJsonLine(m));
   EXPECT_EQ(parsed["rank_step_ms"], nlohmann::json::array({80.0}));
 }
@@ -1126,7 +1240,7 @@ TEST(TrainCheckpoints, RunSettingsRoundTrip) {
   std::ofstream(dir.path + "/" + kRunSettingsFile)
       << "{\"format\": \"dflash-trainer-run\", \"total_steps\": 5}";
   Status s = readRunSettings(dir.path, back, found);
-  EXPECT_NE(s.message().find("trainer_run.json: 'seed' is missing"),
+  EXPECT_NE(s.message().find("training/trainer_run.json: 'seed' is missing"),
             std::string::npos)
       << s.message();
   std::ofstream(dir.path + "/" + kRunSettingsFile) << "{not json";

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cstring>
 #include <set>
 
@@ -31,12 +33,13 @@ ModelConfig smallConfig() {
   return c;
 }
 
-/// Row i holds token i everywhere and is fully supervised; row `poisoned`
-/// has a NaN feature.
+/// Row i holds token i everywhere and is fully supervised; the rows in
+/// `poisoned` have a NaN feature.
 class CountingSource : public RowSource {
 public:
-  CountingSource(const ModelConfig &c, int64_t rows, int64_t poisoned = -1)
-      : config(c), rows(rows), poisoned(poisoned) {}
+  CountingSource(const ModelConfig &c, int64_t rows,
+                 std::vector<int64_t> poisoned = {})
+      : config(c), rows(rows), poisoned(std::move(poisoned)) {}
   int64_t numRows() const override { return rows; }
   bool hasPinnedAnchors() const override { return false; }
   Status readRow(int64_t index, const RowBuffers &out) const override {
@@ -46,7 +49,7 @@ public:
     }
     std::memset(out.hiddenStates, 0,
                 size_t(config.seqLen * config.contextWidth()) * 2);
-    if (index == poisoned)
+    if (std::find(poisoned.begin(), poisoned.end(), index) != poisoned.end())
       out.hiddenStates[5 * config.contextWidth() + 3] = 0x7fc0; // NaN
     return Status::success();
   }
@@ -56,7 +59,8 @@ public:
 
 private:
   ModelConfig config;
-  int64_t rows, poisoned;
+  int64_t rows;
+  std::vector<int64_t> poisoned;
 };
 
 std::vector<int64_t> rowsOf(BatchLoader &loader) {
@@ -122,12 +126,61 @@ TEST(RuntimeBatchLoader, RejectsTooLittleDataAndNonFiniteFeatures) {
   EXPECT_EQ(s.message(), "the data has 3 rows but one step needs 4 (2 rows "
                          "per GPU x 2 GPUs)");
 
-  CountingSource poisoned(c, 2, /*poisoned=*/1);
+  CountingSource poisoned(c, 2, /*poisoned=*/{1});
   BatchLoader nan(poisoned, c, 1);
   s = nan.next(batch);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(), "shard-7.safetensors row 1: hidden_states has a "
-                         "non-finite value at position 5, feature 3");
+                         "non-finite value at position 5, feature 3 (row 1 "
+                         "with non-finite features; at most 0 are skipped: "
+                         "check the data, or raise --max-bad-rows)");
+}
+
+// Up to the limit, a row with a non-finite feature is skipped: its slot
+// becomes an empty row (nothing supervised, no features), the others are
+// untouched, and the batch names it; the next one past the limit fails,
+// naming that row.
+TEST(RuntimeBatchLoader, SkipsNonFiniteRowsUpToTheLimit) {
+  ModelConfig c = smallConfig();
+  const int64_t B = c.rowsPerGpu, S = c.seqLen, W = c.contextWidth();
+  CountingSource source(c, 8, /*poisoned=*/{2, 5, 6});
+  BatchLoader loader(source, c, 1);
+  loader.setMaxBadRows(2);
+  std::vector<std::string> named;
+  Status s;
+  HostBatch batch;
+  int64_t batches = 0;
+  while ((s = loader.next(batch)).ok() && batches < 8) {
+    ++batches;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t row = batch.rows[size_t(b)];
+      const bool bad = row == 2 || row == 5 || row == 6;
+      for (int64_t t = 0; t < S; ++t) {
+        EXPECT_EQ(batch.inputIds[size_t(b * S + t)], bad ? 0 : row);
+        EXPECT_EQ(batch.lossMask[size_t(b * S + t)], bad ? 0 : 1);
+      }
+      for (int64_t i = 0; i < S * W; ++i)
+        ASSERT_EQ(batch.hiddenStates[size_t(b * S * W + i)], 0);
+      // An empty row keeps no anchor.
+      for (int64_t n = 0; n < c.anchorsPerRow && bad; ++n)
+        EXPECT_EQ(batch.keep[size_t(b * c.anchorsPerRow + n)], 0);
+    }
+    named.insert(named.end(), batch.skippedRows.begin(),
+                 batch.skippedRows.end());
+  }
+  // The third bad row of the epoch stops the run, naming it.
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("(row 3 with non-finite features; at most 2 are "
+                             "skipped"),
+            std::string::npos)
+      << s.message();
+  EXPECT_EQ(loader.badRowsSeen(), 3);
+  ASSERT_EQ(named.size(), 2u);
+  for (const std::string &row : named)
+    EXPECT_NE(row.find("hidden_states has a non-finite value at position 5, "
+                       "feature 3"),
+              std::string::npos)
+        << row;
 }
 
 } // namespace

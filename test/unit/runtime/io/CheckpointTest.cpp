@@ -452,6 +452,34 @@ TrainingState sampleState(const ModelConfig &c) {
   return state;
 }
 
+// The trainer writes a checkpoint's files into the directory it stages
+// itself (with its run settings): no second staging inside it, so the one
+// temporary directory has one suffix (checkpoint-20.tmp-<pid>, not
+// checkpoint-20.tmp-<pid>.tmp-<pid>), and messages name the checkpoint.
+TEST(RuntimeCheckpoint, CheckpointFilesGoIntoTheGivenDirectory) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  auto params = initialParameters(c, 1);
+  TrainingState state = sampleState(c);
+  const std::string staged = dir / "checkpoint-20.tmp-1";
+  std::filesystem::create_directories(staged);
+  Status status = writeTrainingCheckpointFiles(staged, dir / "checkpoint-20", c,
+                                               pointers(params), state.ref());
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(entriesOf(dir.path),
+            (std::vector<std::string>{"checkpoint-20.tmp-1"}));
+  EXPECT_EQ(entriesOf(staged),
+            (std::vector<std::string>{"config.json", "model.safetensors",
+                                      "training"}));
+  TrainingStateRef missing = state.ref();
+  missing.adamM.pop_back();
+  EXPECT_EQ(writeTrainingCheckpointFiles(staged, dir / "checkpoint-20", c,
+                                         pointers(params), missing)
+                .message(),
+            dir / "checkpoint-20" +
+                ": got 24 'adam_m' buffers but the model has 25 tensors");
+}
+
 TEST(RuntimeCheckpoint, TrainingStateRoundTrip) {
   TempDir dir;
   ModelConfig c = testConfig();
@@ -462,7 +490,10 @@ TEST(RuntimeCheckpoint, TrainingStateRoundTrip) {
   ASSERT_TRUE(status.ok()) << status.message();
   EXPECT_EQ(entriesOf(out),
             (std::vector<std::string>{"config.json", "model.safetensors",
-                                      "training_state.safetensors"}));
+                                      "training"}));
+  // Only the servable files beside config.json: the state is in training/.
+  EXPECT_EQ(entriesOf(out + "/training"),
+            (std::vector<std::string>{"state.safetensors"}));
   // The exported part loads as a plain checkpoint.
   std::vector<std::vector<uint16_t>> loadedParams;
   ASSERT_TRUE(loadCheckpoint(out, c, loadedParams).ok());
@@ -486,7 +517,7 @@ TEST(RuntimeCheckpoint, TrainingStateRejectsCorruptFiles) {
   auto params = initialParameters(c, 1);
   TrainingState state = sampleState(c);
   std::string out = dir / "ckpt";
-  std::string file = out + "/training_state.safetensors";
+  std::string file = out + "/training/state.safetensors";
   ASSERT_TRUE(
       saveTrainingCheckpoint(out, c, pointers(params), state.ref()).ok());
   TrainingState loaded;
