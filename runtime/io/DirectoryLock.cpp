@@ -130,8 +130,8 @@ Status DirectoryLock::checkFree(const std::string &dir) {
   int locked = tryLock(dir, fd, error);
   if (locked < 0)
     return Status::error(error);
-  Status status = locked == 1 ? Status::success()
-                              : Status::error(heldMessage(dir, fd));
+  Status status =
+      locked == 1 ? Status::success() : Status::error(heldMessage(dir, fd));
   ::close(fd);
   return status;
 }

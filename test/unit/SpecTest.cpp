@@ -93,6 +93,8 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
     std::vector<int64_t> taps;
     int slidingLayers;
     double gamma;
+    int64_t mask;
+    double theta;
   };
   const Expect expected[] = {
       {"qwen3-8b-b16",
@@ -106,7 +108,9 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
        151936,
        {1, 9, 17, 25, 33},
        0,
-       7},
+       7,
+       151669,
+       1e6},
       {"qwen3-4b-b16",
        5,
        2560,
@@ -118,7 +122,9 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
        151936,
        {1, 9, 17, 25, 33},
        0,
-       7},
+       7,
+       151669,
+       1e6},
       {"llama3.1-8b-b10",
        5,
        4096,
@@ -130,7 +136,9 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
        128256,
        {1, 8, 15, 22, 29},
        0,
-       5},
+       5,
+       128002,
+       5e5},
       {"gpt-oss-20b-b8",
        8,
        2880,
@@ -142,7 +150,9 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
        201088,
        {1, 6, 11, 16, 21},
        0,
-       4},
+       4,
+       200017,
+       1.5e5},
       {"qwen3-coder-30b-a3b-b16",
        8,
        2048,
@@ -154,7 +164,9 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
        151936,
        {1, 7, 14, 20, 26, 32, 39, 45},
        0,
-       7},
+       7,
+       151669,
+       1e7},
       {"qwen3.6-27b-b16",
        5,
        5120,
@@ -166,7 +178,9 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
        248320,
        {1, 16, 31, 46, 61},
        4,
-       7},
+       7,
+       248070,
+       1e7},
   };
   for (const Expect &e : expected) {
     SCOPED_TRACE(e.file);
@@ -185,6 +199,10 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
     EXPECT_EQ(spec->vocabSize, e.V);
     EXPECT_EQ(spec->targetLayerIds, e.taps);
     EXPECT_EQ(spec->gamma, e.gamma);
+    // SEMANTICS.md section 7: the Qwen3 vocabularies' mask token, the
+    // Qwen3.5/3.6 one's (248320 rows) 248070.
+    EXPECT_EQ(spec->maskTokenId, e.mask);
+    EXPECT_EQ(spec->ropeTheta, e.theta);
     EXPECT_EQ(spec->seqLen, 3072);
     EXPECT_EQ(spec->anchorsPerRow, 512);
     EXPECT_EQ(spec->rowsPerGpu, 4);

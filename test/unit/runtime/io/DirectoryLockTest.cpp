@@ -100,7 +100,8 @@ TEST(RuntimeDirectoryLock, ADirectoryWithoutLockFileIsFree) {
   DirectoryLock lock;
   Status s = DirectoryLock::acquire(dir.path + "/missing", lock);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find(dir.path + "/missing/.train.lock: cannot create "
+  EXPECT_NE(s.message().find(dir.path +
+                             "/missing/.train.lock: cannot create "
                              "the lock file: no such file or directory"),
             std::string::npos)
       << s.message();
