@@ -33,6 +33,7 @@ for t in AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest \
          RuntimeTrainerTest GeneratedStepThreadsTest; do
   cp "build-dev/test/gpu/$t" "$D/bin/"
 done
+cp build-dev/bin/dflash-synth "$D/bin/" # scripts/device-run-checks.sh makes data there
 dflashc=build-dev/bin/dflashc
 
 # Derived specs: tiny with small buckets (several per step), its ZeRO-1
