@@ -11,15 +11,18 @@
 #define DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 
 #include "runtime/data/RowSource.h"
+#include "runtime/io/DirectoryLock.h"
 #include "schema/ModelConfig.h"
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <sys/wait.h>
 #include <system_error>
 #include <unistd.h>
 #include <vector>
@@ -143,6 +146,37 @@ inline void expectSameRows(const rt::RowSource &actual,
     EXPECT_EQ(anchors, anchors2) << "row " << r;
     EXPECT_EQ(keep, keep2) << "row " << r;
   }
+}
+
+/// A child process holding `dir`'s output lock, as a live `train` would,
+/// until killAndReap(); -1 when it could not take the lock.
+inline pid_t holdDirectoryLockInChild(const std::string &dir) {
+  int ready[2];
+  if (::pipe(ready) != 0)
+    return -1;
+  pid_t child = ::fork();
+  if (child == 0) {
+    rt::DirectoryLock lock;
+    char ok = rt::DirectoryLock::acquire(dir, lock).ok() ? 'y' : 'n';
+    (void)!::write(ready[1], &ok, 1);
+    while (true)
+      ::pause();
+  }
+  char ok = 'n';
+  (void)!::read(ready[0], &ok, 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  if (ok == 'y')
+    return child;
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  return -1;
+}
+
+/// Ends a child at once, as a crash would (no destructor runs), and reaps it.
+inline void killAndReap(pid_t child) {
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
 }
 
 } // namespace dflash::runtimetest

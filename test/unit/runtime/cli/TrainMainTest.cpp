@@ -782,33 +782,6 @@ TEST(TrainMain, NoDeviceIsReportedAfterTheHostChecksOfSeveralGpus) {
       << err;
 }
 
-namespace {
-/// A child process holding `dir`'s output lock, as a live `train` would,
-/// until killAndReap().
-pid_t holdOutputInChild(const std::string &dir) {
-  int ready[2];
-  if (::pipe(ready) != 0)
-    return -1;
-  pid_t child = ::fork();
-  if (child == 0) {
-    DirectoryLock lock;
-    char ok = DirectoryLock::acquire(dir, lock).ok() ? 'y' : 'n';
-    (void)!::write(ready[1], &ok, 1);
-    while (true)
-      ::pause();
-  }
-  char ok = 'n';
-  (void)!::read(ready[0], &ok, 1);
-  ::close(ready[0]);
-  ::close(ready[1]);
-  return ok == 'y' ? child : -1;
-}
-void killAndReap(pid_t child) {
-  ::kill(child, SIGKILL);
-  ::waitpid(child, nullptr, 0);
-}
-} // namespace
-
 // Two trainers on one output directory: the second is refused before it
 // writes anything, naming the first, whose files stay as they are; once the
 // first is gone (killed: no clean-up runs), the directory is free again.
@@ -818,7 +791,7 @@ TEST(TrainMain, ASecondRunIntoALiveRunsDirectoryIsRefused) {
   {
     std::ofstream(metrics) << "{\"step\": 0}\n{\"step\": 1}\n";
   }
-  pid_t first = holdOutputInChild(dir.path);
+  pid_t first = holdDirectoryLockInChild(dir.path);
   ASSERT_GT(first, 0);
   std::string out, err;
   int code = runTrainMain(
@@ -852,7 +825,7 @@ TEST(TrainMain, ResumeOfALiveRunsDirectoryIsRefused) {
   run.totalSteps = 10;
   writeTrainingCheckpoint(dir.path + "/live/checkpoint-4", c, 4, &run);
   std::ofstream(dir.path + "/live/" + kLatestFile) << "checkpoint-4\n";
-  pid_t live = holdOutputInChild(dir.path + "/live");
+  pid_t live = holdDirectoryLockInChild(dir.path + "/live");
   ASSERT_GT(live, 0);
   for (const std::string &source :
        {dir.path + "/live", dir.path + "/live/checkpoint-4"}) {

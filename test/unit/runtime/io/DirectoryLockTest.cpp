@@ -20,41 +20,6 @@ using namespace dflash;
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
 
-namespace {
-
-/// A child process that holds `dir`'s lock until it is killed.
-pid_t holdInChild(const std::string &dir) {
-  int ready[2];
-  if (::pipe(ready) != 0)
-    return -1;
-  pid_t child = ::fork();
-  if (child == 0) {
-    DirectoryLock lock;
-    char ok = DirectoryLock::acquire(dir, lock).ok() ? 'y' : 'n';
-    (void)!::write(ready[1], &ok, 1);
-    while (true)
-      ::pause();
-  }
-  char ok = 'n';
-  (void)!::read(ready[0], &ok, 1);
-  ::close(ready[0]);
-  ::close(ready[1]);
-  if (ok != 'y') {
-    ::kill(child, SIGKILL);
-    ::waitpid(child, nullptr, 0);
-    return -1;
-  }
-  return child;
-}
-
-void killAndReap(pid_t child) {
-  ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-}
-
-} // namespace
-
 TEST(RuntimeDirectoryLock, ASecondHolderIsRefusedNamingTheFirst) {
   TempDir dir;
   DirectoryLock first;
@@ -79,7 +44,7 @@ TEST(RuntimeDirectoryLock, ASecondHolderIsRefusedNamingTheFirst) {
 
 TEST(RuntimeDirectoryLock, AKilledHolderLeavesNoStaleLock) {
   TempDir dir;
-  pid_t child = holdInChild(dir.path);
+  pid_t child = holdDirectoryLockInChild(dir.path);
   ASSERT_GT(child, 0);
   DirectoryLock lock;
   Status s = DirectoryLock::acquire(dir.path, lock);
