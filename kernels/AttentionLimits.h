@@ -21,6 +21,19 @@ namespace dflash::kernels {
 /// Dynamic shared memory one CTA may opt in to on sm_90 (H100, H200).
 constexpr int64_t kSharedMemoryPerBlockOptIn = 227 * 1024;
 
+/// The shapes the attention kernels exist for (BlockAttentionTiling asserts
+/// the same; dflash-select-kernels rejects the rest, naming the spec field):
+/// head dim 64 or 128, blocks of at most 64 tokens, and bs * (nh / nkv)
+/// query rows per block and kv head of at most 64 (whole blocks per query
+/// tile), or exactly 128 (half a block per tile).
+constexpr bool blockAttentionSupportsHeadDim(int64_t d) {
+  return d == 64 || d == 128;
+}
+constexpr int64_t kBlockAttentionMaxBlockSize = 64;
+constexpr bool blockAttentionSupportsBlockRows(int64_t rows) {
+  return rows > 0 && (rows <= 64 || rows == 128);
+}
+
 /// The wgmma forward: one block of 64 query rows per warpgroup.
 constexpr bool wgmmaForwardSupports(int64_t d, int64_t bs, int64_t nh,
                                     int64_t nkv) {

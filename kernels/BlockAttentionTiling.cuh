@@ -34,12 +34,13 @@ constexpr float kBlockAttentionScale = D == 64 ? 0.125f : 0.08838834764831845f;
 /// rows are numbered r = (n * bs + k) * G + hh (block, row in block, head in
 /// the GQA group).
 template <int D, int BS, int NH, int NKV> struct BlockAttentionTiling {
-  static_assert(D == 64 || D == 128, "head dim must be 64 or 128");
+  static_assert(blockAttentionSupportsHeadDim(D), "head dim must be 64 or 128");
   static_assert(NH % NKV == 0, "num_heads must be a multiple of num_kv_heads");
   static constexpr int G = NH / NKV;
   static constexpr int kBlockRows = BS * G;
-  static_assert(kBlockRows <= 128, "bs * (nh / nkv) above 128 rows");
-  static_assert(BS <= 64, "block size above 64");
+  static_assert(blockAttentionSupportsBlockRows(kBlockRows),
+                "bs * (nh / nkv) must be at most 64 rows, or 128");
+  static_assert(BS <= kBlockAttentionMaxBlockSize, "block size above 64");
 
   // Forward and draft backward: P whole blocks per CTA, at most 128 rows and
   // 64 draft keys.
@@ -56,8 +57,6 @@ template <int D, int BS, int NH, int NKV> struct BlockAttentionTiling {
   static constexpr int kBwdKeyTile = 128;
   static constexpr int kBwdWarps = 8;
   static constexpr int kBwdThreads = 32 * kBwdWarps;
-  static_assert(kBlockRows <= 64 || kBlockRows % 64 == 0,
-                "blocks above 64 rows must be a multiple of 64 rows");
   static constexpr int kBwdRows =
       kBlockRows <= 64 ? (64 / kBlockRows) * kBlockRows : 64;
   static constexpr int kBwdPadRows = roundUp(kBwdRows, 16);

@@ -8,7 +8,9 @@
 #         be bit-identical (cmp of the JSONL losses and model.safetensors).
 #   q8:   median step time of each over the same synthetic steps, old, new,
 #         old again (the machines drift within minutes).
-# Environment: Q8_STEPS (default 20), GPU_TESTS (default all six).
+# Environment: Q8_STEPS (default 20), GPU_TESTS (default all six),
+# GPU_TEST_TIMEOUT (seconds per test binary, default 240: AttentionGpuTest
+# needs about 150).
 set -u
 D=.device
 O=${OUT:-/tmp/dflash-refactor}
@@ -67,7 +69,7 @@ grep -ihE "GiB" "$O/q8-new1.err" | head -2 > "$O/q8-memory.txt"
 record "qwen3-8b new memory" "$(tr '\n' ' ' < "$O/q8-memory.txt")"
 
 for t in ${GPU_TESTS:-AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest RuntimeTrainerTest GeneratedStepThreadsTest}; do
-  timeout 100 "$D/bin/$t" > "$O/$t.log" 2>&1
+  timeout "${GPU_TEST_TIMEOUT:-240}" "$D/bin/$t" > "$O/$t.log" 2>&1
   rc=$?
   record "$t" "rc=$rc $(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED' "$O/$t.log" | tr '\n' ' ')"
 done

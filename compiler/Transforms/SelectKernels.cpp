@@ -72,11 +72,15 @@ LogicalResult checkHeadDimForRope(Operation *op, int64_t D) {
 /// The attention kernels' shapes (block_attention_fwd_bf16/_bwd_bf16).
 LogicalResult checkAttention(Operation *op, int64_t D, int64_t BS, int64_t NH,
                              int64_t NKV) {
-  if (D != 64 && D != 128)
+  if (!kernels::blockAttentionSupportsHeadDim(D))
     return op->emitOpError() << "has no attention kernel for head dim " << D
                              << ": 'drafter.head_dim' must be 64 or 128";
+  if (BS > kernels::kBlockAttentionMaxBlockSize)
+    return op->emitOpError() << "has no attention kernel for blocks of " << BS
+                             << " tokens: 'drafter.block_size' must be at most "
+                             << kernels::kBlockAttentionMaxBlockSize;
   const int64_t blockRows = BS * (NH / NKV);
-  if (blockRows > 128 || (blockRows > 64 && blockRows % 64 != 0))
+  if (!kernels::blockAttentionSupportsBlockRows(blockRows))
     return op->emitOpError()
            << "has no attention kernel for " << blockRows
            << " query rows per block and kv head: 'drafter.block_size' x "

@@ -69,3 +69,21 @@ func.func @step(%t: tensor<64x100xbf16> {dflash.arg = #dflash.arg<frozen, "embed
       : (tensor<64x100xbf16>, tensor<2x32xi32>, tensor<2x3xi32>, tensor<2x3xi8>) -> tensor<2x12x100xbf16>
   return %x : tensor<2x12x100xbf16>
 }
+
+// -----
+
+// Blocks of 128 tokens: 128 rows per kv head would have a kernel, the block
+// size has none.
+func.func @step(%q: tensor<1x128x1x64xbf16> {dflash.arg = #dflash.arg<input, "q">},
+                %kc: tensor<1x32x1x64xbf16> {dflash.arg = #dflash.arg<input, "kc">},
+                %kd: tensor<1x128x1x64xbf16> {dflash.arg = #dflash.arg<input, "kd">},
+                %a: tensor<1x1xi32> {dflash.arg = #dflash.arg<input, "anchors">},
+                %keep: tensor<1x1xi8> {dflash.arg = #dflash.arg<input, "keep">})
+    -> (tensor<1x128x1x64xbf16> {dflash.arg = #dflash.arg<metric, "o">}) {
+  // expected-error @+1 {{has no attention kernel for blocks of 128 tokens: 'drafter.block_size' must be at most 64}}
+  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep {block_size = 128 : i64}
+      : (tensor<1x128x1x64xbf16>, tensor<1x32x1x64xbf16>, tensor<1x32x1x64xbf16>,
+         tensor<1x128x1x64xbf16>, tensor<1x128x1x64xbf16>, tensor<1x1xi32>, tensor<1x1xi8>)
+      -> (tensor<1x128x1x64xbf16>, tensor<1x128x1xf32>)
+  return %o : tensor<1x128x1x64xbf16>
+}
