@@ -124,10 +124,10 @@ Status CompiledStep::bindWholeState() {
   std::vector<int64_t> sizes;
   for (const AdamWRow &r : t.adamwRows) {
     kernels::AdamWTensor row{at<__nv_bfloat16>(r.param), at<float>(r.master),
-                             arena + r.bf16Grad,         at<float>(r.moment1),
+                             at<char>(r.bf16Grad),       at<float>(r.moment1),
                              at<float>(r.moment2),       r.numel};
     tensors.push_back(row);
-    row.grad = arena + r.f32Grad;
+    row.grad = at<char>(r.f32Grad);
     tensorsF32.push_back(row);
     sizes.push_back(r.numel);
   }
@@ -158,9 +158,7 @@ Status CompiledStep::bindShards() {
           std::to_string(layout.buckets[k].tensors.size()) + " tensors but " +
           std::to_string(t.shardRefs[k].params.size()) + " parameter buffers");
   // The bucket's fp32 slot, read as bf16, stages the gathered parameters.
-  auto grads = [&](size_t k) {
-    return at<float>(ArenaSlot{t.shardRefs[k].grads, 0});
-  };
+  auto grads = [&](size_t k) { return at<float>(t.shardRefs[k].grads); };
   auto staging = [&](size_t k) {
     return reinterpret_cast<__nv_bfloat16 *>(grads(k));
   };

@@ -35,20 +35,20 @@ struct ArenaSlot {
 };
 
 /// One trainable tensor of the whole-state optimizer: where its parameter,
-/// master and moments are (buffer indices) and its gradients (arena offsets:
+/// master and moments are (buffer indices) and its gradients (arena slots:
 /// the bf16 gradient one GPU reads, the fp32 bucket copy several GPUs
 /// all-reduce).
 struct AdamWRow {
   int param = -1, master = -1, moment1 = -1, moment2 = -1;
-  int64_t bf16Grad = 0, f32Grad = 0;
+  ArenaSlot bf16Grad, f32Grad;
   int64_t numel = 0;
 };
 
-/// ZeRO-1, per bucket: its fp32 gradients (arena offset of the bucket's
-/// slot), its state shards (buffer indices) and its tensors' parameters
+/// ZeRO-1, per bucket: its fp32 gradients (the bucket's arena slot), its
+/// state shards (buffer indices) and its tensors' parameters
 /// (buffer indices, in the layout's tensor order).
 struct ShardedBucketRefs {
-  int64_t grads = 0;
+  ArenaSlot grads;
   int master = -1, moment1 = -1, moment2 = -1;
   std::vector<int> params;
 };

@@ -16,8 +16,7 @@ using namespace dflash;
 using namespace dflash::rt;
 namespace fs = std::filesystem;
 
-/// strerror text in the lower case our messages use.
-static std::string systemError(int code) {
+std::string dflash::rt::systemError(int code) {
   std::string text = std::strerror(code);
   if (!text.empty() && text[0] >= 'A' && text[0] <= 'Z')
     text[0] = char(text[0] - 'A' + 'a');

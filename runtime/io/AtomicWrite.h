@@ -45,6 +45,9 @@ Status writeFileAtomically(const std::string &path,
 /// Reads a whole (small) file.
 Status readTextFile(const std::string &path, std::string &contents);
 
+/// strerror(code) in the lower case the runtime's messages use.
+std::string systemError(int code);
+
 /// A directory built under a temporary name and moved to its final name by
 /// commit(). An existing directory of that name stays intact until the new
 /// one is complete; it is then swapped out atomically (renameat2 exchange,

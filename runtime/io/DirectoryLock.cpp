@@ -2,6 +2,8 @@
 
 #include "runtime/io/DirectoryLock.h"
 
+#include "runtime/io/AtomicWrite.h"
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -17,13 +19,6 @@ namespace {
 
 std::string lockPath(const std::string &dir) {
   return dir + "/" + kDirectoryLockFile;
-}
-
-std::string systemError(int code) {
-  std::string text = std::strerror(code);
-  if (!text.empty() && text[0] >= 'A' && text[0] <= 'Z')
-    text[0] = char(text[0] - 'A' + 'a');
-  return text;
 }
 
 /// What the holder wrote into the lock file, on one line.

@@ -25,13 +25,6 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
 } // namespace
 
-static std::string systemError(int code) {
-  std::string text = std::strerror(code);
-  if (!text.empty() && text[0] >= 'A' && text[0] <= 'Z')
-    text[0] = char(text[0] - 'A' + 'a');
-  return text;
-}
-
 /// A non-negative JSON integer that fits in int64.
 static bool readCount(const json &value, uint64_t &out) {
   if (value.is_number_unsigned()) {

@@ -794,7 +794,7 @@ std::string StepEmitter::optimizerTables() {
     if (auto bucket = g.getDefiningOp<GradientBucketOp>())
       bf16Grad = bucket.getGrads()[cast<OpResult>(g).getResultNumber()];
     auto offsetOf = [&](Value v) {
-      return "slot::" + slotName.lookup(storageRoot(v)) + ".offset";
+      return "slot::" + slotName.lookup(storageRoot(v));
     };
     rows +=
         llvm::formatv("      {{{0}, {1}, {2}, {3}, {4}, {5}, {6}},\n",
@@ -835,7 +835,7 @@ std::string StepEmitter::shardTables() {
     is << "       },\n       " << bucket.getShardElementsAttr().getInt()
        << "},\n";
     refs += llvm::formatv(
-        "      {{slot::{0}.offset, {1}, {2}, {3}, {{{4}}},\n",
+        "      {{slot::{0}, {1}, {2}, {3}, {{{4}}},\n",
         slotName.lookup(bucket.getResult(0)), bufferRef(o.getMasters()[k]),
         bufferRef(o.getMoment1()[k]), bufferRef(o.getMoment2()[k]), params);
   }

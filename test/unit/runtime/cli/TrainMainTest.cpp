@@ -228,7 +228,9 @@ TEST(TrainCommandLine, EveryOptionIsRead) {
                    "--no-graph",
                    "--nccl",
                    "--progress-every",
-                   "4"},
+                   "4",
+                   "--max-bad-rows",
+                   "2"},
                   o, text),
             CommandLineAction::Train)
       << text;
@@ -249,6 +251,7 @@ TEST(TrainCommandLine, EveryOptionIsRead) {
   EXPECT_TRUE(o.noGraph);
   EXPECT_TRUE(o.nccl);
   EXPECT_EQ(o.progressEvery, 4);
+  EXPECT_EQ(o.maxBadRows, 2);
   EXPECT_TRUE(o.givenLr && o.givenSeed && o.givenTotalSteps &&
               o.givenWarmupRatio && o.givenRows);
 }
@@ -258,12 +261,14 @@ TEST(TrainCommandLine, HelpListsOptionsWithDefaults) {
   std::string text;
   ASSERT_EQ(parse({"--help"}, o, text), CommandLineAction::ShowHelp);
   for (const char *expected :
-       {"--target",    "--data",         "--steps",      "--total-steps",
-        "--lr",        "--warmup-ratio", "--save-every", "--out",
-        "--resume",    "--init",         "--seed",       "--log",
-        "--rows",      "--gpus",         "--no-graph",   "--nccl",
-        "0.003",       "0.04",           "./dflash-out", "256",
-        "'trainmain'", "SIGINT"})
+       {"--target",      "--data",         "--steps",
+        "--total-steps", "--lr",           "--warmup-ratio",
+        "--save-every",  "--out",          "--resume",
+        "--init",        "--seed",         "--log",
+        "--rows",        "--gpus",         "--no-graph",
+        "--nccl",        "--max-bad-rows", "N=8",
+        "0.003",         "0.04",           "./dflash-out",
+        "256",           "'trainmain'",    "SIGINT"})
     EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n"
                                                       << text;
 }
@@ -357,6 +362,8 @@ TEST(TrainValidation, NamesTheBadOption) {
     std::string message;
   } cases[] = {
       {{"--data", "synthetic", "--steps", "0"}, "--steps must be at least 1"},
+      {{"--data", "synthetic", "--max-bad-rows", "-1"},
+       "--max-bad-rows must be at least 0"},
       {{"--data", "synthetic", "--total-steps", "10", "--steps", "20"},
        "--total-steps (10) is smaller than --steps (20)"},
       {{"--data", "synthetic", "--save-every", "-1"},
