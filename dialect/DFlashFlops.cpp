@@ -16,7 +16,6 @@ static int64_t numElements(Value v) {
   return cast<RankedTensorType>(v.getType()).getNumElements();
 }
 
-int64_t SequencePositionsOp::getFlopCount() { return 0; }
 int64_t DraftPositionsOp::getFlopCount() { return 0; }
 int64_t DraftTokensOp::getFlopCount() { return 0; }
 int64_t DraftTargetsOp::getFlopCount() { return 0; }

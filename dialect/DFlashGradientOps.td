@@ -93,7 +93,8 @@ def DFlash_BlockAttentionGradOp : DFlash_PureOp<"block_attention_grad"> {
 
     ```mlir
     %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %do, %q, %kc,
-        %vc, %kd, %vd, %anchors, %keep, %o, %lse {block_size = 16 : i64}
+        %vc, %kd, %vd, %anchors, %keep, %position_ids, %o, %lse
+        {block_size = 16 : i64}
         : (...) -> (...)
     ```
   }];
@@ -103,6 +104,7 @@ def DFlash_BlockAttentionGradOp : DFlash_PureOp<"block_attention_grad"> {
                        DFlash_FloatTensor:$draft_keys,
                        DFlash_FloatTensor:$draft_values,
                        DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       DFlash_IndexTensor:$position_ids,
                        DFlash_FloatTensor:$output, DFlash_F32Tensor:$lse,
                        I64Attr:$block_size, OptionalAttr<I64Attr>:$window,
                        UnitAttr:$causal);
@@ -113,8 +115,8 @@ def DFlash_BlockAttentionGradOp : DFlash_PureOp<"block_attention_grad"> {
                       DFlash_FloatTensor:$draft_values_grad);
   let assemblyFormat =
       "$grad `,` $query `,` $context_keys `,` $context_values `,` "
-      "$draft_keys `,` $draft_values `,` $anchors `,` $keep `,` $output `,` "
-      "$lse attr-dict `:` functional-type(operands, results)";
+      "$draft_keys `,` $draft_values `,` $anchors `,` $keep `,` $position_ids "
+      "`,` $output `,` $lse attr-dict `:` functional-type(operands, results)";
 }
 
 def DFlash_SwigluGradOp : DFlash_PureOp<"swiglu_grad"> {

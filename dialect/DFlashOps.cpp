@@ -93,22 +93,23 @@ LogicalResult expectAtLeast(Operation *op, StringRef c, StringRef what,
 // Draft-block bookkeeping
 //===----------------------------------------------------------------------===//
 
-LogicalResult SequencePositionsOp::verify() {
-  // sequence_positions C1
-  return expectRank(*this, "C1", "result", getResult(), 2);
-}
-
 LogicalResult DraftPositionsOp::verify() {
   Operation *op = *this;
   // draft_positions C1
   if (failed(expectAtLeast(op, "C1", "block_size", getBlockSize(), 1)))
     return failure();
   // draft_positions C2
-  if (failed(expectRank(op, "C2", "anchors", getAnchors(), 2)))
+  if (failed(expectRank(op, "C2", "anchors", getAnchors(), 2)) ||
+      failed(expectRank(op, "C2", "position_ids", getPositionIds(), 2)))
     return failure();
   auto a = tensorType(getAnchors()).getShape();
+  auto p = tensorType(getPositionIds()).getShape();
   // draft_positions C3
-  return expectShape(op, "C3", "result", getResult(),
+  if (failed(expectShape(op, "C3", "position_ids", getPositionIds(),
+                         {a[0], p[1]})))
+    return failure();
+  // draft_positions C4
+  return expectShape(op, "C4", "result", getResult(),
                      {a[0], a[1] * int64_t(getBlockSize())});
 }
 
@@ -150,6 +151,7 @@ LogicalResult DraftTargetsOp::verify() {
   auto a = tensorType(getAnchors()).getShape();
   // draft_targets C3
   if (failed(expectShape(op, "C3", "loss_mask", getLossMask(), ids)) ||
+      failed(expectShape(op, "C3", "position_ids", getPositionIds(), ids)) ||
       failed(expectShape(op, "C3", "anchors", getAnchors(), {ids[0], a[1]})) ||
       failed(expectShape(op, "C3", "keep", getKeep(), {ids[0], a[1]})))
     return failure();
@@ -269,12 +271,11 @@ LogicalResult RopeOp::verify() {
 
 /// The constraints block_attention and block_attention_grad share, checked
 /// on the forward operands.
-static LogicalResult verifyAttentionOperands(Operation *op, Value query,
-                                             Value contextKeys,
-                                             Value contextValues,
-                                             Value draftKeys, Value draftValues,
-                                             Value anchors, Value keep,
-                                             int64_t bs, IntegerAttr window) {
+static LogicalResult
+verifyAttentionOperands(Operation *op, Value query, Value contextKeys,
+                        Value contextValues, Value draftKeys, Value draftValues,
+                        Value anchors, Value keep, Value positionIds,
+                        int64_t bs, IntegerAttr window) {
   // block_attention C1
   if (failed(expectAtLeast(op, "C1", "block_size", bs, 1)))
     return failure();
@@ -310,7 +311,8 @@ static LogicalResult verifyAttentionOperands(Operation *op, Value query,
     return failure();
   // block_attention C7
   if (failed(expectShape(op, "C7", "anchors", anchors, {B, a[1]})) ||
-      failed(expectShape(op, "C7", "keep", keep, {B, a[1]})))
+      failed(expectShape(op, "C7", "keep", keep, {B, a[1]})) ||
+      failed(expectShape(op, "C7", "position_ids", positionIds, {B, S})))
     return failure();
   if (a[1] * bs != Q)
     return op->emitOpError()
@@ -327,10 +329,10 @@ static LogicalResult verifyAttentionOperands(Operation *op, Value query,
 
 LogicalResult BlockAttentionOp::verify() {
   Operation *op = *this;
-  if (failed(verifyAttentionOperands(op, getQuery(), getContextKeys(),
-                                     getContextValues(), getDraftKeys(),
-                                     getDraftValues(), getAnchors(), getKeep(),
-                                     getBlockSize(), getWindowAttr())))
+  if (failed(verifyAttentionOperands(
+          op, getQuery(), getContextKeys(), getContextValues(), getDraftKeys(),
+          getDraftValues(), getAnchors(), getKeep(), getPositionIds(),
+          getBlockSize(), getWindowAttr())))
     return failure();
   auto q = tensorType(getQuery()).getShape();
   // block_attention C9
@@ -490,10 +492,10 @@ LogicalResult RopeGradOp::verify() {
 LogicalResult BlockAttentionGradOp::verify() {
   Operation *op = *this;
   // block_attention_grad C1-C8: those of block_attention.
-  if (failed(verifyAttentionOperands(op, getQuery(), getContextKeys(),
-                                     getContextValues(), getDraftKeys(),
-                                     getDraftValues(), getAnchors(), getKeep(),
-                                     getBlockSize(), getWindowAttr())))
+  if (failed(verifyAttentionOperands(
+          op, getQuery(), getContextKeys(), getContextValues(), getDraftKeys(),
+          getDraftValues(), getAnchors(), getKeep(), getPositionIds(),
+          getBlockSize(), getWindowAttr())))
     return failure();
   auto q = tensorType(getQuery()).getShape();
   // block_attention_grad C9

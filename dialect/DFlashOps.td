@@ -33,35 +33,26 @@ def DFlash_Differentiable
 // Draft-block bookkeeping
 //===----------------------------------------------------------------------===//
 
-def DFlash_SequencePositionsOp : DFlash_PureOp<"sequence_positions"> {
-  let summary = "Positions 0..T-1 of every row";
-  let description = [{
-    `result[b, t] = t`. The rotary positions of the context keys: context key
-    `j` sits at position `j` (SEMANTICS.md section 3, item 3).
-
-    ```mlir
-    %pos = dflash.sequence_positions : tensor<4x3072xi32>
-    ```
-  }];
-  let results = (outs DFlash_IndexTensor:$result);
-  let assemblyFormat = "attr-dict `:` type($result)";
-}
-
 def DFlash_DraftPositionsOp : DFlash_PureOp<"draft_positions"> {
   let summary = "Rotary positions of the draft slots";
   let description = [{
-    Draft slot `(n, k)` of a row sits at position `anchors[b, n] + k`:
-    `result[b, n * block_size + k] = anchors[b, n] + k`.
+    Draft slot `(n, k)` of a row sits `k` positions after its anchor, in the
+    anchor's conversation (SEMANTICS.md sections 3 and 9):
+    `result[b, n * block_size + k] = position_ids[b, anchors[b, n]] + k`. The
+    context keys sit at `position_ids` itself (`arange(S)` in an unpacked
+    row).
 
     ```mlir
-    %pos = dflash.draft_positions %anchors {block_size = 16 : i64}
-        : (tensor<4x512xi32>) -> tensor<4x8192xi32>
+    %pos = dflash.draft_positions %anchors, %position_ids {block_size = 16 : i64}
+        : (tensor<4x512xi32>, tensor<4x3072xi32>) -> tensor<4x8192xi32>
     ```
   }];
-  let arguments = (ins DFlash_IndexTensor:$anchors, I64Attr:$block_size);
+  let arguments = (ins DFlash_IndexTensor:$anchors,
+                       DFlash_IndexTensor:$position_ids, I64Attr:$block_size);
   let results = (outs DFlash_IndexTensor:$result);
   let assemblyFormat =
-      "$anchors attr-dict `:` functional-type(operands, results)";
+      "$anchors `,` $position_ids attr-dict `:` "
+      "functional-type(operands, results)";
 }
 
 def DFlash_DraftTokensOp : DFlash_PureOp<"draft_tokens"> {
@@ -94,25 +85,29 @@ def DFlash_DraftTargetsOp : DFlash_PureOp<"draft_targets"> {
     Draft slot `(n, k)` predicts the token at its own position (no shift):
     `labels[b, n*bs + k] = input_ids[b, anchors[b,n] + k]` (0 where that is
     past the row). Its loss weight is
-    `keep[b,n] * [a+k < S] * [k > 0] * loss_mask[b, a+k] * decay(k)` with
-    `a = anchors[b,n]` and `decay(k) = exp(-(k-1)/gamma)` when `gamma > 0`,
-    else 1 (SEMANTICS.md section 4).
+    `keep[b,n] * [a+k < S] * [k > 0] * loss_mask[b, a+k] * same(a, a+k) *
+    decay(k)` with `a = anchors[b,n]`, `same(a, a+k) = [position_ids[b, a+k]
+    == position_ids[b, a] + k]` (the slot lies in the anchor's conversation,
+    SEMANTICS.md section 9) and `decay(k) = exp(-(k-1)/gamma)` when
+    `gamma > 0`, else 1 (SEMANTICS.md section 4).
 
     ```mlir
     %labels, %weights = dflash.draft_targets %input_ids, %loss_mask,
-        %anchors, %keep {block_size = 16 : i64, gamma = 7.0 : f64}
+        %anchors, %keep, %position_ids {block_size = 16 : i64, gamma = 7.0 : f64}
         : (tensor<4x3072xi32>, tensor<4x3072xi8>, tensor<4x512xi32>,
-           tensor<4x512xi8>) -> (tensor<4x8192xi32>, tensor<4x8192xf32>)
+           tensor<4x512xi8>, tensor<4x3072xi32>)
+        -> (tensor<4x8192xi32>, tensor<4x8192xf32>)
     ```
   }];
   let arguments = (ins DFlash_IndexTensor:$input_ids,
                        DFlash_FlagTensor:$loss_mask,
                        DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       DFlash_IndexTensor:$position_ids,
                        I64Attr:$block_size, F64Attr:$gamma);
   let results = (outs DFlash_IndexTensor:$labels, DFlash_F32Tensor:$weights);
   let assemblyFormat =
-      "$input_ids `,` $loss_mask `,` $anchors `,` $keep attr-dict `:` "
-      "functional-type(operands, results)";
+      "$input_ids `,` $loss_mask `,` $anchors `,` $keep `,` $position_ids "
+      "attr-dict `:` functional-type(operands, results)";
 }
 
 //===----------------------------------------------------------------------===//
@@ -220,8 +215,10 @@ def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention", [DFlash_Different
     head `i / (nh/nkv)`) of the draft queries over the keys
     `[context (S rows) | draft (Q rows)]` (SEMANTICS.md section 3). Query
     `(n, k)` of a kept block sees
-    - context key `j` iff `j < anchor_n` and, when `window` is present,
-      `j >= anchor_n + k - (window - 1)`;
+    - context key `j` iff `anchor_n - position_ids[anchor_n] <= j < anchor_n`
+      (the anchor's conversation, SEMANTICS.md section 9: all of the row
+      before the anchor when `position_ids` is `arange(S)`) and, when
+      `window` is present, `j >= anchor_n + k - (window - 1)`;
     - draft key `(n, k')` of its own block for every `k'`, or only `k' <= k`
       when `causal` is set.
     A query of a `keep = 0` block sees nothing and outputs 0. The second
@@ -231,11 +228,12 @@ def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention", [DFlash_Different
     A full layer has no `window` and no `causal`; a sliding layer has both.
 
     ```mlir
-    %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %anchors, %keep
-        {block_size = 16 : i64, window = 2048 : i64, causal}
+    %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %anchors, %keep,
+        %position_ids {block_size = 16 : i64, window = 2048 : i64, causal}
         : (tensor<4x8192x32x128xbf16>, tensor<4x3072x8x128xbf16>,
            tensor<4x3072x8x128xbf16>, tensor<4x8192x8x128xbf16>,
-           tensor<4x8192x8x128xbf16>, tensor<4x512xi32>, tensor<4x512xi8>)
+           tensor<4x8192x8x128xbf16>, tensor<4x512xi32>, tensor<4x512xi8>,
+           tensor<4x3072xi32>)
         -> (tensor<4x8192x32x128xbf16>, tensor<4x8192x32xf32>)
     ```
   }];
@@ -245,12 +243,13 @@ def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention", [DFlash_Different
                        DFlash_FloatTensor:$draft_keys,
                        DFlash_FloatTensor:$draft_values,
                        DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       DFlash_IndexTensor:$position_ids,
                        I64Attr:$block_size, OptionalAttr<I64Attr>:$window,
                        UnitAttr:$causal);
   let results = (outs DFlash_FloatTensor:$result, DFlash_F32Tensor:$lse);
   let assemblyFormat =
       "$query `,` $context_keys `,` $context_values `,` $draft_keys `,` "
-      "$draft_values `,` $anchors `,` $keep attr-dict `:` "
+      "$draft_values `,` $anchors `,` $keep `,` $position_ids attr-dict `:` "
       "functional-type(operands, results)";
 }
 

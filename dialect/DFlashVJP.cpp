@@ -47,13 +47,15 @@ SmallVector<Value> BlockAttentionOp::buildVJP(OpBuilder &b,
                 getContextValues().getType(), getDraftKeys().getType(),
                 getDraftValues().getType()},
       grads[0], getQuery(), getContextKeys(), getContextValues(),
-      getDraftKeys(), getDraftValues(), getAnchors(), getKeep(), getResult(),
-      getLse(), getBlockSizeAttr(), getWindowAttr(), getCausalAttr());
+      getDraftKeys(), getDraftValues(), getAnchors(), getKeep(),
+      getPositionIds(), getResult(), getLse(), getBlockSizeAttr(),
+      getWindowAttr(), getCausalAttr());
   return {g.getQueryGrad(),
           g.getContextKeysGrad(),
           g.getContextValuesGrad(),
           g.getDraftKeysGrad(),
           g.getDraftValuesGrad(),
+          Value(),
           Value(),
           Value()};
 }

@@ -57,14 +57,15 @@ constexpr int64_t mmaSyncBwdQueryTileRows(int64_t blockRows) {
 
 /// Shared memory of the mma.sync context backward for N anchors per row:
 /// K/V tiles of 128 keys, Q/dO double buffers of 64 rows, the P^T stage,
-/// per-row terms, then anchors [N] and the tile list; with bulk dQ
+/// per-row terms, then anchors and conversation starts [N] and the tile
+/// list; with bulk dQ
 /// reductions, an fp32 [64 x (d + 4)] stage and its barrier.
 constexpr int64_t mmaSyncBwdContextSmemBytes(int64_t d, int64_t blockRows,
                                              int64_t n, bool bulkReduce) {
   const int64_t tileRows = mmaSyncBwdQueryTileRows(blockRows);
   const int64_t tiles = (n * blockRows + tileRows - 1) / tileRows;
   return (2 * 128 * d + 4 * 64 * d + 128 * 64) * 2 +
-         (8 * 64 + 8 + n + tiles) * 4 +
+         (8 * 64 + 8 + 2 * n + tiles) * 4 +
          (bulkReduce ? 16 + 64 * (d + 4) * 4 : 0);
 }
 
@@ -104,11 +105,12 @@ constexpr int64_t wgmmaBwdContextFixedBytes(int64_t d, int64_t wgs,
 constexpr int64_t kWgmmaTileAlignBytes = 1024;
 
 /// All of it for N anchors per row: the fixed part after the alignment
-/// slack, then anchors [N] and the list of 64-row query tiles.
+/// slack, then anchors and conversation starts [N] and the list of 64-row
+/// query tiles.
 constexpr int64_t wgmmaBwdContextSmemBytes(int64_t fixedBytes,
                                            int64_t blockRows, int64_t n) {
   return kWgmmaTileAlignBytes + fixedBytes +
-         (n + (n * blockRows + 63) / 64) * 4;
+         (2 * n + (n * blockRows + 63) / 64) * 4;
 }
 
 /// The warps of the wgmma context backward's adder warpgroup

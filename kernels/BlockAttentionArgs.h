@@ -4,12 +4,13 @@
 // kernels/BlockAttentionBwd.cuh) take, as plain C++: code that only fills
 // and passes the operands on (the generated kernels.h and step.cu) needs no
 // kernel header. The kernels compute SEMANTICS.md section 3: query (n, k)
-// of a draft block sees the context keys [lo, anchor_n) (lo from the
-// sliding window, per query row k) and the keys of its own block (all of
-// them in a full layer, k' <= k in a sliding one). Layouts are those of
-// ref::blockAttention:
+// of a draft block sees the context keys [lo, anchor_n) (lo the start of
+// the anchor's conversation, position_ids, or of the sliding window, per
+// query row k) and the keys of its own block (all of them in a full layer,
+// k' <= k in a sliding one). Layouts are those of ref::blockAttention:
 //   q, out [B, Q, nh, d]; context K/V [B, S, nkv, d]; draft K/V [B, Q, nkv, d];
-//   anchors int32 / keep uint8 [B, N]; lse fp32 [B, Q, nh] (natural log).
+//   anchors int32 / keep uint8 [B, N]; positionIds int32 [B, S] (arange in
+//   an unpacked row); lse fp32 [B, Q, nh] (natural log).
 //
 //===----------------------------------------------------------------------===//
 
@@ -33,6 +34,7 @@ struct BlockAttentionFwdArgs {
   const __nv_bfloat16 *draftKeys, *draftValues;
   const int32_t *anchors;
   const uint8_t *keep;
+  const int32_t *positionIds;
   __nv_bfloat16 *out;
   float *lse;
   int B, S, N;
@@ -48,6 +50,7 @@ struct BlockAttentionBwdArgs {
   const __nv_bfloat16 *draftKeys, *draftValues;
   const int32_t *anchors;
   const uint8_t *keep;
+  const int32_t *positionIds;
   const __nv_bfloat16 *out;
   const float *lse;
   __nv_bfloat16 *dq;

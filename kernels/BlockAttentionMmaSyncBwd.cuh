@@ -47,8 +47,9 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kBwdThreads), 1)
   int *sLo = reinterpret_cast<int *>(sDot + 2 * 64);      // [2][64]
   int *sHi = sLo + 2 * 64;                                // [2][64]
   int *sCount = sHi + 2 * 64;                             // [NW]
-  int *sAnchor = sCount + NW;    // [N], -1 where keep = 0
-  int *sList = sAnchor + args.N; // [numQueryTiles]: tile * 2 + whole
+  int *sAnchor = sCount + NW;     // [N], -1 where keep = 0
+  int *sStart = sAnchor + args.N; // [N], conversationStart
+  int *sList = sStart + args.N;   // [numQueryTiles]: tile * 2 + whole
   // BulkReduce: fp32 dQ stage [64][D + 4], 16-byte aligned, after the list.
   float *sdQ = reinterpret_cast<float *>(
       (reinterpret_cast<uintptr_t>(sList +
@@ -77,14 +78,18 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kBwdThreads), 1)
   cpAsyncCommit();
   for (int n = threadIdx.x; n < N; n += T::kBwdThreads) {
     int64_t i = static_cast<int64_t>(b) * N + n;
-    sAnchor[n] = args.keep[i] ? args.anchors[i] : -1;
+    int a = args.keep[i] ? args.anchors[i] : -1;
+    sAnchor[n] = a;
+    sStart[n] = a >= 0 ? conversationStart(
+                             args.positionIds + static_cast<int64_t>(b) * S, a)
+                       : 0;
   }
   __syncthreads();
 
   // The query tiles whose blocks see any key of [j0, j0 + KT), in order.
   const int count = listQueryTilesSeeingKeys<BS, WINDOW, NW>(
-      numQueryTiles, MQ, T::kBlockRows, N, totalRows, MQ == MQP, sAnchor, j0,
-      KT, sCount, sList);
+      numQueryTiles, MQ, T::kBlockRows, N, totalRows, MQ == MQP, sAnchor,
+      sStart, j0, KT, sCount, sList);
 
   auto loadQueryTile = [&](int t, int buf) {
     bf16 *tQ = sQ + buf * 64 * D, *tdO = sdO + buf * 64 * D;
@@ -116,7 +121,7 @@ __launch_bounds__((BlockAttentionTiling<D, BS, NH, NKV>::kBwdThreads), 1)
         int a = sAnchor[n];
         if (a >= 0) {
           hi = a;
-          lo = WINDOW > 0 ? max(0, a + k - (WINDOW - 1)) : 0;
+          lo = contextKeysBegin<WINDOW>(a, k, sStart[n]);
         }
       }
       // Rows that see nothing are masked everywhere, so their (possibly

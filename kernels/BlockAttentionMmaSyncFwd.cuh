@@ -184,9 +184,10 @@ __launch_bounds__((BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kThreads),
   const int nCount = min(T::kBlocksPerCta, N - nFirst);
   const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
   const uint8_t *keep = args.keep + static_cast<int64_t>(b) * N;
+  const int32_t *positionIds = args.positionIds + static_cast<int64_t>(b) * S;
 
   int lo, hi;
-  groupContextKeys<WINDOW>(anchors, keep, nFirst, nCount, lo, hi);
+  groupContextKeys<WINDOW>(anchors, keep, positionIds, nFirst, nCount, lo, hi);
   const int numContextTiles = hi > lo ? (hi - lo + KT - 1) / KT : 0;
 
   auto rowIndex = [&](int r) -> int64_t { // into [B, Q, nh]
@@ -205,7 +206,7 @@ __launch_bounds__((BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kThreads),
       k = (r % T::kBlockRows) / G;
       int a = anchors[nFirst + p];
       rhi = a;
-      rlo = WINDOW > 0 ? max(0, a + k - (WINDOW - 1)) : 0;
+      rlo = contextKeysBegin<WINDOW>(a, k, conversationStart(positionIds, a));
       blk = p;
     }
     sLo[r] = rlo;

@@ -4,7 +4,8 @@
 // agrees on: how the query rows of one (row, kv head) are numbered and cut
 // into CTA tiles (GQA packing: the nh / nkv heads of a kv head share its
 // keys, so a block of bs positions is bs * nh / nkv query rows), the softmax
-// scale, and which context keys a group of blocks or a query tile sees.
+// scale, and which context keys a group of blocks or a query tile sees
+// (from the anchors, the window and, in a packed row, the conversations).
 // docs/kernels.md describes the kernels built on it.
 //
 //===----------------------------------------------------------------------===//
@@ -73,19 +74,38 @@ template <int D, int BS, int NH, int NKV> struct BlockAttentionTiling {
 /// that the C-fragment stores of 8 rows hit 8 bank groups.
 template <int D> constexpr int dqStageStride() { return D + 4; }
 
+/// The first context key of block n's conversation (SEMANTICS.md section
+/// 9): anchor - position_ids[anchor] of its row; 0 in an unpacked row.
+/// positionIds points at the row.
+__device__ __forceinline__ int conversationStart(const int32_t *positionIds,
+                                                 int anchor) {
+  return anchor - positionIds[anchor];
+}
+
+/// The first context key that row k of a block anchored at `anchor`, whose
+/// conversation starts at `start`, sees: the conversation's start, or the
+/// sliding window's, whichever is later.
+template <int WINDOW>
+__device__ __forceinline__ int contextKeysBegin(int anchor, int k, int start) {
+  return WINDOW > 0 ? max(start, anchor + k - (WINDOW - 1)) : start;
+}
+
 /// The context keys that any row of blocks [nFirst, nFirst + nCount) may
-/// see: [lo, hi); hi <= lo when no block is kept.
+/// see: [lo, hi); hi <= lo when no block is kept. anchors, keep and
+/// positionIds point at the row.
 template <int WINDOW>
 __device__ __forceinline__ void
-groupContextKeys(const int32_t *anchors, const uint8_t *keep, int nFirst,
-                 int nCount, int &lo, int &hi) {
+groupContextKeys(const int32_t *anchors, const uint8_t *keep,
+                 const int32_t *positionIds, int nFirst, int nCount, int &lo,
+                 int &hi) {
   lo = INT_MAX;
   hi = 0;
   for (int p = 0; p < nCount; ++p) {
     if (!keep[nFirst + p])
       continue;
     int a = anchors[nFirst + p];
-    lo = min(lo, WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0);
+    lo = min(lo,
+             contextKeysBegin<WINDOW>(a, 0, conversationStart(positionIds, a)));
     hi = max(hi, a);
   }
 }
@@ -94,12 +114,12 @@ groupContextKeys(const int32_t *anchors, const uint8_t *keep, int nFirst,
 /// of blocks of blockRows rows) sees any context key of [j0, j0 + KT), and
 /// whether all of its rows see all of them (no masking needed: every block
 /// kept, the tile unpadded and not past the last row). sAnchor[n] < 0 marks
-/// a dropped block.
+/// a dropped block; sStart[n] is block n's conversationStart.
 template <int BS, int WINDOW>
 __device__ __forceinline__ void
 queryTileSeesKeys(int t, int MQ, int blockRows, int N, int totalRows,
-                  bool unpadded, const int *sAnchor, int j0, int KT, bool &seen,
-                  bool &whole) {
+                  bool unpadded, const int *sAnchor, const int *sStart, int j0,
+                  int KT, bool &seen, bool &whole) {
   int nA = t * MQ / blockRows;
   int nB = min(N - 1, ((t + 1) * MQ - 1) / blockRows);
   bool allKept = unpadded && (t + 1) * MQ <= totalRows;
@@ -111,10 +131,10 @@ queryTileSeesKeys(int t, int MQ, int blockRows, int N, int totalRows,
       allKept = false;
       continue;
     }
-    int loN = WINDOW > 0 ? max(0, a - (WINDOW - 1)) : 0;
+    int loN = contextKeysBegin<WINDOW>(a, 0, sStart[n]);
     seen |= a > j0 && loN < j0 + KT;
     aMin = min(aMin, a);
-    loMax = max(loMax, WINDOW > 0 ? max(0, a + BS - 1 - (WINDOW - 1)) : 0);
+    loMax = max(loMax, contextKeysBegin<WINDOW>(a, BS - 1, sStart[n]));
   }
   whole = seen && allKept && j0 + KT <= aMin && j0 >= loMax;
 }
@@ -126,7 +146,8 @@ template <int BS, int WINDOW, int WARPS>
 __device__ __forceinline__ int
 listQueryTilesSeeingKeys(int numQueryTiles, int MQ, int blockRows, int N,
                          int totalRows, bool unpadded, const int *sAnchor,
-                         int j0, int KT, int *sCount, int *sList) {
+                         const int *sStart, int j0, int KT, int *sCount,
+                         int *sList) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int count = 0;
   for (int base = 0; base < numQueryTiles; base += WARPS * 32) {
@@ -134,7 +155,7 @@ listQueryTilesSeeingKeys(int numQueryTiles, int MQ, int blockRows, int N,
     bool seen = false, whole = false;
     if (t < numQueryTiles)
       queryTileSeesKeys<BS, WINDOW>(t, MQ, blockRows, N, totalRows, unpadded,
-                                    sAnchor, j0, KT, seen, whole);
+                                    sAnchor, sStart, j0, KT, seen, whole);
     unsigned ballot = __ballot_sync(0xffffffffu, seen);
     if (lane == 0)
       sCount[warp] = __popc(ballot);

@@ -154,8 +154,9 @@ static __global__ void __launch_bounds__(
   int *sHi = sLo + STAGES * MQ;
   const uint32_t bar0 = smemAddress(smem + C::kOffBar); // + kBarrierBytes s
   int *sCount = reinterpret_cast<int *>(smem + C::kOffCount); // [NW]
-  int *sAnchor = sCount + NW;    // [N], -1 where keep = 0
-  int *sList = sAnchor + args.N; // tile * 2 + whole
+  int *sAnchor = sCount + NW;     // [N], -1 where keep = 0
+  int *sStart = sAnchor + args.N; // [N], conversationStart
+  int *sList = sStart + args.N;   // tile * 2 + whole
 
   const int tid = threadIdx.x, wg = tid / kWarpgroupThreads,
             warp = (tid / kWarpThreads) % kWarpgroupWarps,
@@ -187,7 +188,11 @@ static __global__ void __launch_bounds__(
   cpAsyncCommit();
   for (int n = tid; n < N; n += kThreads) {
     int64_t i = static_cast<int64_t>(b) * N + n;
-    sAnchor[n] = args.keep[i] ? args.anchors[i] : -1;
+    int a = args.keep[i] ? args.anchors[i] : -1;
+    sAnchor[n] = a;
+    sStart[n] = a >= 0 ? conversationStart(
+                             args.positionIds + static_cast<int64_t>(b) * S, a)
+                       : 0;
   }
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s)
@@ -200,8 +205,8 @@ static __global__ void __launch_bounds__(
   // The query tiles whose blocks see any key of [j0, j0 + KT), in order;
   // `whole` where every row of the tile sees every key.
   const int count = listQueryTilesSeeingKeys<BS, WINDOW, NW>(
-      numQueryTiles, MQ, T::kBlockRows, N, totalRows, true, sAnchor, j0, KT,
-      sCount, sList);
+      numQueryTiles, MQ, T::kBlockRows, N, totalRows, true, sAnchor, sStart, j0,
+      KT, sCount, sList);
 
   auto rowIndex = [&](int row) -> int64_t { // into [B, Q, nh]
     int n = row / T::kBlockRows, k = (row % T::kBlockRows) / G, hh = row % G;
@@ -232,10 +237,10 @@ static __global__ void __launch_bounds__(
       if (valid) {
         ri = rowIndex(row);
         int k = (row % T::kBlockRows) / G;
-        int a = sAnchor[row / T::kBlockRows];
+        int n = row / T::kBlockRows, a = sAnchor[n];
         if (a >= 0) {
           hi = a;
-          lo = WINDOW > 0 ? max(0, a + k - (WINDOW - 1)) : 0;
+          lo = contextKeysBegin<WINDOW>(a, k, sStart[n]);
         }
       }
       // Rows that see nothing are masked everywhere: their (possibly

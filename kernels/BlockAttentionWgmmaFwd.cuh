@@ -216,9 +216,11 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   const int nCount = min(T::kBlocksPerCta, N - nFirst);
   const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
   const uint8_t *keep = args.keep + static_cast<int64_t>(b) * N;
+  const int32_t *positionIds =
+      args.positionIds + static_cast<int64_t>(b) * args.S;
 
   int lo, hi;
-  groupContextKeys<WINDOW>(anchors, keep, nFirst, nCount, lo, hi);
+  groupContextKeys<WINDOW>(anchors, keep, positionIds, nFirst, nCount, lo, hi);
   const int numTiles = 1 + (hi > lo ? (hi - lo + KT - 1) / KT : 0);
 
   const uint32_t bar0 = smemAddress(&full[0]); // stage s: + kBarrierBytes s
@@ -265,15 +267,15 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   // This warpgroup's block and this thread's two rows (k = row in block).
   const bool mine = wg < nCount && keep[nFirst + wg];
   const int anchor = mine ? anchors[nFirst + wg] : 0;
+  const int start = mine ? conversationStart(positionIds, anchor) : 0;
   int kRow[2], rowLo[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     kRow[i] = (warp * 16 + lane / 4 + 8 * i) / G;
-    rowLo[i] = WINDOW > 0 ? max(0, anchor + kRow[i] - (WINDOW - 1)) : 0;
+    rowLo[i] = contextKeysBegin<WINDOW>(anchor, kRow[i], start);
   }
-  const int blockLoMax =
-      WINDOW > 0 ? max(0, anchor + BS - 1 - (WINDOW - 1)) : 0;
-  const int blockLoMin = WINDOW > 0 ? max(0, anchor - (WINDOW - 1)) : 0;
+  const int blockLoMax = contextKeysBegin<WINDOW>(anchor, BS - 1, start);
+  const int blockLoMin = contextKeysBegin<WINDOW>(anchor, 0, start);
 
   float o[D / 2];
 #pragma unroll

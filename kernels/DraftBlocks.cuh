@@ -4,10 +4,10 @@
 // - draft_embed_bf16: x[b, n*bs + k] = embed[token], token = input_ids[b,
 //   anchor_n] for the first slot of a kept block, the mask token otherwise
 //   (ref::draftTokens followed by ref::embed, fused);
-// - draft_positions / sequence_positions (ref::draftPositions,
-//   ref::sequencePositions);
+// - draft_positions: the anchor's position in its conversation plus k
+//   (ref::draftPositions);
 // - draft_targets: labels (same position, no shift) and fp32 weights with the
-//   gamma decay (ref::draftTargets).
+//   gamma decay, zero past the anchor's conversation (ref::draftTargets).
 //
 //===----------------------------------------------------------------------===//
 
@@ -62,40 +62,35 @@ __global__ void __launch_bounds__(128)
 }
 
 static __global__ void draft_positions_kernel(const int32_t *anchors,
+                                              const int32_t *positionIds,
                                               int32_t *out,
                                               DraftBlocksShape shape) {
   int64_t total = shape.B * shape.Q();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t b = i / shape.Q(), q = i % shape.Q();
-    out[i] = anchors[b * shape.N + q / shape.bs] +
+    out[i] = positionIds[b * shape.S + anchors[b * shape.N + q / shape.bs]] +
              static_cast<int32_t>(q % shape.bs);
   }
-}
-
-static __global__ void sequence_positions_kernel(int32_t *out, int64_t B,
-                                                 int64_t T) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-       i < B * T; i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = static_cast<int32_t>(i % T);
 }
 
 static __global__ void
 draft_targets_kernel(const int32_t *inputIds, const uint8_t *lossMask,
                      const int32_t *anchors, const uint8_t *keep,
-                     int32_t *labels, float *weights, DraftBlocksShape shape,
-                     double gamma) {
+                     const int32_t *positionIds, int32_t *labels,
+                     float *weights, DraftBlocksShape shape, double gamma) {
   int64_t total = shape.B * shape.Q();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
        i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     int64_t b = i / shape.Q(), q = i % shape.Q();
     int64_t n = q / shape.bs, k = q % shape.bs;
     int64_t bn = b * shape.N + n;
-    int64_t pos = anchors[bn] + k;
+    int64_t anchor = anchors[bn], pos = anchor + k;
     bool inside = pos < shape.S;
     labels[i] = inside ? inputIds[b * shape.S + pos] : 0;
     double w = 0.0;
-    if (keep[bn] && inside && k > 0 && lossMask[b * shape.S + pos])
+    if (keep[bn] && inside && k > 0 && lossMask[b * shape.S + pos] &&
+        positionIds[b * shape.S + pos] == positionIds[b * shape.S + anchor] + k)
       w = gamma > 0 ? exp(-static_cast<double>(k - 1) / gamma) : 1.0;
     weights[i] = static_cast<float>(w);
   }
@@ -127,31 +122,25 @@ void draft_embed_bf16(const __nv_bfloat16 *embed, const int32_t *inputIds,
   DFLASH_CUDA_CHECK_LAUNCH("draft_embed_bf16");
 }
 
-/// out [B, Q] = anchor + k.
-inline void draft_positions(const int32_t *anchors, int32_t *out,
-                            DraftBlocksShape shape, cudaStream_t stream) {
+/// out [B, Q] = positionIds[anchor] + k; positionIds [B, S].
+inline void draft_positions(const int32_t *anchors, const int32_t *positionIds,
+                            int32_t *out, DraftBlocksShape shape,
+                            cudaStream_t stream) {
   detail::draft_positions_kernel<<<detail::gridFor(shape.B * shape.Q()), 256, 0,
-                                   stream>>>(anchors, out, shape);
+                                   stream>>>(anchors, positionIds, out, shape);
   DFLASH_CUDA_CHECK_LAUNCH("draft_positions");
-}
-
-/// out [B, T] = t.
-inline void sequence_positions(int32_t *out, int64_t B, int64_t T,
-                               cudaStream_t stream) {
-  detail::sequence_positions_kernel<<<detail::gridFor(B * T), 256, 0, stream>>>(
-      out, B, T);
-  DFLASH_CUDA_CHECK_LAUNCH("sequence_positions");
 }
 
 /// labels [B, Q] int32 and weights [B, Q] fp32 of the draft outputs.
 inline void draft_targets(const int32_t *inputIds, const uint8_t *lossMask,
                           const int32_t *anchors, const uint8_t *keep,
-                          int32_t *labels, float *weights,
-                          DraftBlocksShape shape, double gamma,
+                          const int32_t *positionIds, int32_t *labels,
+                          float *weights, DraftBlocksShape shape, double gamma,
                           cudaStream_t stream) {
   detail::draft_targets_kernel<<<detail::gridFor(shape.B * shape.Q()), 256, 0,
                                  stream>>>(inputIds, lossMask, anchors, keep,
-                                           labels, weights, shape, gamma);
+                                           positionIds, labels, weights, shape,
+                                           gamma);
   DFLASH_CUDA_CHECK_LAUNCH("draft_targets");
 }
 

@@ -12,9 +12,10 @@ constexpr const char *kRoleEnumerators[kNumBufferRoles] = {
     "Input",   "Frozen",  "Parameter", "Master",
     "Moment1", "Moment2", "Counter",   "Metric"};
 constexpr const char *kInputNames[kNumStepInputs] = {
-    "input_ids", "loss_mask", "target_hidden", "anchors", "keep"};
+    "input_ids", "loss_mask", "target_hidden",
+    "anchors",   "keep",      "position_ids"};
 constexpr DType kInputDTypes[kNumStepInputs] = {
-    DType::I32, DType::U8, DType::BF16, DType::I32, DType::U8};
+    DType::I32, DType::U8, DType::BF16, DType::I32, DType::U8, DType::I32};
 constexpr const char *kFrozenNames[kNumFrozenWeights] = {"embed", "lm_head"};
 constexpr const char *kCounterNames[kNumStepCounters] = {"step", "total_steps"};
 constexpr const char *kMetricNames[kNumStepMetrics] = {"loss", "acc",
@@ -67,6 +68,7 @@ std::vector<int64_t> dflash::shapeOf(StepInput input, const ModelConfig &c) {
   switch (input) {
   case StepInput::InputIds:
   case StepInput::LossMask:
+  case StepInput::PositionIds:
     return {B, S};
   case StepInput::TargetHidden:
     return {B, S, c.contextWidth()};

@@ -1,7 +1,7 @@
 //===- StepBuffers.h - The persistent buffers of a step ---------*- C++ -*-===//
 //
 // What lives across steps, by role, and the fixed members of each role: the
-// five per-step inputs, the frozen weights, the counters and the metrics.
+// six per-step inputs, the frozen weights, the counters and the metrics.
 // The importer declares the step's arguments from these tables (with
 // #dflash.arg roles of the same names), the emitter prints each buffer with
 // its role and index, and the runtime binds buffers by (role, index), so a
@@ -38,12 +38,15 @@ enum class BufferRole : uint8_t {
 };
 
 /// The per-step inputs (SEMANTICS.md section 1), in argument order.
+/// PositionIds is each token's position in its conversation (section 9):
+/// arange(S) in an unpacked row.
 enum class StepInput : uint8_t {
   InputIds,
   LossMask,
   TargetHidden,
   Anchors,
-  Keep
+  Keep,
+  PositionIds
 };
 /// The target's frozen tensors.
 enum class FrozenWeight : uint8_t { Embed, LmHead };
@@ -53,7 +56,7 @@ enum class StepCounter : uint8_t { Step, TotalSteps };
 enum class StepMetric : uint8_t { Loss, Acc, GradNorm, Lr };
 
 constexpr int kNumBufferRoles = 8;
-constexpr int kNumStepInputs = 5;
+constexpr int kNumStepInputs = 6;
 constexpr int kNumFrozenWeights = 2;
 constexpr int kNumStepCounters = 2;
 constexpr int kNumStepMetrics = 4;
@@ -62,7 +65,8 @@ constexpr int kNumStepMetrics = 4;
 const char *nameOf(BufferRole role);
 /// The C++ enumerator ("Input"), for generated code.
 const char *enumeratorOf(BufferRole role);
-/// "input_ids", "loss_mask", "target_hidden", "anchors", "keep".
+/// "input_ids", "loss_mask", "target_hidden", "anchors", "keep",
+/// "position_ids".
 const char *nameOf(StepInput input);
 /// "embed", "lm_head".
 const char *nameOf(FrozenWeight weight);

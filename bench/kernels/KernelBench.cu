@@ -239,8 +239,14 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
                                cudaMemcpyHostToDevice));
   DFLASH_CUDA_CHECK(
       cudaMemcpy(dKeep, keep.data(), keep.size(), cudaMemcpyHostToDevice));
-  BlockAttentionFwdArgs fa{q,     ck,  cv,  dk, dv, dAnchors,
-                           dKeep, out, lse, B,  S,  N};
+  std::vector<int32_t> positions(size_t(B) * S); // unpacked rows
+  for (size_t i = 0; i < positions.size(); ++i)
+    positions[i] = int32_t(i % size_t(S));
+  int32_t *dPositions = deviceAlloc<int32_t>(positions.size());
+  DFLASH_CUDA_CHECK(cudaMemcpy(dPositions, positions.data(),
+                               positions.size() * 4, cudaMemcpyHostToDevice));
+  BlockAttentionFwdArgs fa{q,          ck,  cv,  dk, dv, dAnchors, dKeep,
+                           dPositions, out, lse, B,  S,  N};
   BlockAttentionBwdArgs ba{};
   ba.dOut = dOut;
   ba.q = q;
@@ -250,6 +256,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   ba.draftValues = dv;
   ba.anchors = dAnchors;
   ba.keep = dKeep;
+  ba.positionIds = dPositions;
   ba.out = out;
   ba.lse = lse;
   ba.dq = dq;
@@ -542,7 +549,11 @@ void memoryBound(double copyGbs) {
           *ws = deviceAlloc<float>(qkNormRopeBwdWorkspaceBytes(D) / 4);
     randomBf16(x, n, 31);
     randomBf16(w, D, 32);
-    sequence_positions(pos, 1, rows, 0); // positions up to 32767
+    std::vector<int32_t> positions(size_t(rows)); // up to 32767
+    for (int i = 0; i < rows; ++i)
+      positions[size_t(i)] = i;
+    DFLASH_CUDA_CHECK(cudaMemcpy(pos, positions.data(), positions.size() * 4,
+                                 cudaMemcpyHostToDevice));
     double ms = timeMs([&] {
       qk_norm_rope_fwd_bf16<D, NH>(x, w, pos, y, rows, 1e-6f, 1e6f, 0);
     });

@@ -114,6 +114,7 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
       input(StepInput::TargetHidden, bf16(), loc("target.layer_ids", "taps"));
   unsigned aAnchors = input(StepInput::Anchors, i32, anchorsLoc);
   unsigned aKeep = input(StepInput::Keep, i8, anchorsLoc);
+  unsigned aPositions = input(StepInput::PositionIds, i32, dataLoc);
   Location targetLoc = loc("target", "target");
   unsigned aEmbed = addArg(t({V, H}, bf16()), ArgRole::Frozen,
                            nameOf(FrozenWeight::Embed), targetLoc);
@@ -190,14 +191,14 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
       b.getI64IntegerAttr(spec.maskTokenId));
   Value x = EmbedOp::create(b, loc("target", "embed"), t({B, Q, H}, bf16()),
                             arg(aEmbed), noiseIds);
-  Value draftPos = DraftPositionsOp::create(
-      b, blockLoc, t({B, Q}, i32), arg(aAnchors), b.getI64IntegerAttr(bs));
-  Value ctxPos = SequencePositionsOp::create(b, loc("training.seq_len", "ctx"),
-                                             t({B, S}, i32));
+  Value draftPos =
+      DraftPositionsOp::create(b, blockLoc, t({B, Q}, i32), arg(aAnchors),
+                               arg(aPositions), b.getI64IntegerAttr(bs));
+  Value ctxPos = arg(aPositions);
   auto targets = DraftTargetsOp::create(
       b, loc("training.gamma", "draft_targets"), t({B, Q}, i32), t({B, Q}, f32),
-      arg(aIds), arg(aMask), arg(aAnchors), arg(aKeep), b.getI64IntegerAttr(bs),
-      b.getF64FloatAttr(spec.gamma));
+      arg(aIds), arg(aMask), arg(aAnchors), arg(aKeep), arg(aPositions),
+      b.getI64IntegerAttr(bs), b.getF64FloatAttr(spec.gamma));
 
   // 4. Layers.
   for (int64_t i = 0; i < spec.numLayers; ++i) {
@@ -232,7 +233,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     UnitAttr causal = sliding ? b.getUnitAttr() : nullptr;
     auto attn = BlockAttentionOp::create(
         b, attnLoc, TypeRange{q.getType(), t({B, Q, nh}, f32)}, q, kc, vc, kd,
-        vd, arg(aAnchors), arg(aKeep), b.getI64IntegerAttr(bs), window, causal);
+        vd, arg(aAnchors), arg(aKeep), arg(aPositions), b.getI64IntegerAttr(bs),
+        window, causal);
     Value o = reshape(attn.getResult(), {B, Q, nh * d}, attnLoc);
     x = AddOp::create(b, attnLoc, x.getType(), x,
                       linear(o, arg(la(LayerParam::OProj)), attnLoc));

@@ -192,18 +192,12 @@ LogicalResult Evaluator::eval(Operation *op) {
 
 LogicalResult Evaluator::evalForward(Operation *op) {
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
-      .Case([&](SequencePositionsOp o) {
-        auto s = shapeOf(o.getResult());
-        std::vector<int32_t> p(s[0] * s[1]);
-        ref::sequencePositions(p.data(), s[0], s[1]);
-        env[o.getResult()] = fromIndices(p, s);
-        return success();
-      })
       .Case([&](DraftPositionsOp o) {
-        auto a = shapeOf(o.getAnchors());
+        auto a = shapeOf(o.getAnchors()), s = shapeOf(o.getPositionIds());
         std::vector<int32_t> p(a[0] * a[1] * o.getBlockSize());
-        ref::draftPositions(asIndices(in(o.getAnchors())).data(), p.data(),
-                            a[0], a[1], o.getBlockSize());
+        ref::draftPositions(asIndices(in(o.getAnchors())).data(),
+                            asIndices(in(o.getPositionIds())).data(), p.data(),
+                            a[0], s[1], a[1], o.getBlockSize());
         env[o.getResult()] = fromIndices(p, shapeOf(o.getResult()));
         return success();
       })
@@ -224,6 +218,7 @@ LogicalResult Evaluator::evalForward(Operation *op) {
                                   asFlags(in(o.getLossMask())).data(),
                                   asIndices(in(o.getAnchors())).data(),
                                   asFlags(in(o.getKeep())).data(),
+                                  asIndices(in(o.getPositionIds())).data(),
                                   labels.data(), outPtr(o.getWeights()), ids[0],
                                   ids[1], a[1], o.getBlockSize(),
                                   o.getGamma().convertToDouble());
@@ -276,7 +271,8 @@ LogicalResult Evaluator::evalForward(Operation *op) {
             ptr(o.getQuery()), ptr(o.getContextKeys()),
             ptr(o.getContextValues()), ptr(o.getDraftKeys()),
             ptr(o.getDraftValues()), asIndices(in(o.getAnchors())).data(),
-            asFlags(in(o.getKeep())).data(), outPtr(o.getResult()),
+            asFlags(in(o.getKeep())).data(),
+            asIndices(in(o.getPositionIds())).data(), outPtr(o.getResult()),
             outPtr(o.getLse()), s);
         return success();
       })
@@ -354,7 +350,8 @@ LogicalResult Evaluator::evalGradient(Operation *op) {
             ptr(o.getGrad()), ptr(o.getQuery()), ptr(o.getContextKeys()),
             ptr(o.getContextValues()), ptr(o.getDraftKeys()),
             ptr(o.getDraftValues()), asIndices(in(o.getAnchors())).data(),
-            asFlags(in(o.getKeep())).data(), ptr(o.getOutput()),
+            asFlags(in(o.getKeep())).data(),
+            asIndices(in(o.getPositionIds())).data(), ptr(o.getOutput()),
             ptr(o.getLse()), outPtr(o.getQueryGrad()),
             outPtr(o.getContextKeysGrad()), outPtr(o.getContextValuesGrad()),
             outPtr(o.getDraftKeysGrad()), outPtr(o.getDraftValuesGrad()), s);

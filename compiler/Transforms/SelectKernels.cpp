@@ -193,9 +193,6 @@ FailureOr<Choice> select(Operation *op) {
         return named("draft_embed_bf16", {H});
       })
       .Case([](DraftPositionsOp) -> Result { return named("draft_positions"); })
-      .Case([](SequencePositionsOp) -> Result {
-        return named("sequence_positions");
-      })
       .Case([](DraftTargetsOp) -> Result { return named("draft_targets"); })
       .Case([](LossSeedOp) -> Result { return named("loss_seed_f32"); })
       .Case([](LossStatsOp) -> Result { return named("loss_stats_f32"); })

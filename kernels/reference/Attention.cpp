@@ -23,17 +23,25 @@ struct VisibleKeys {
   int64_t contextBegin = 0, contextEnd = 0, draftBegin = 0, draftEnd = 0;
 };
 
-VisibleKeys visibleKeys(const AttentionShape &shape, int64_t anchor, bool keep,
+/// Block n of a row (its anchors, keep and position_ids at that row), row k
+/// of the block.
+VisibleKeys visibleKeys(const AttentionShape &shape, const int32_t *anchors,
+                        const uint8_t *keep, const int32_t *positionIds,
                         int64_t n, int64_t k) {
   VisibleKeys keys;
-  if (!keep)
+  if (!keep[n])
     return keys;
+  const int64_t anchor = anchors[n];
   // Strictly before the anchor: the target feature at the anchor itself is
   // not available at inference time.
   keys.contextEnd = std::clamp<int64_t>(anchor, 0, shape.S);
+  // From the start of the anchor's conversation (0 in an unpacked row).
+  const int64_t start =
+      anchor - positionIds[std::clamp<int64_t>(anchor, 0, shape.S - 1)];
+  keys.contextBegin = std::clamp<int64_t>(start, 0, keys.contextEnd);
   if (shape.window > 0)
-    keys.contextBegin = std::clamp<int64_t>(anchor + k - (shape.window - 1), 0,
-                                            keys.contextEnd);
+    keys.contextBegin = std::clamp<int64_t>(anchor + k - (shape.window - 1),
+                                            keys.contextBegin, keys.contextEnd);
   keys.draftBegin = n * shape.bs;
   keys.draftEnd = shape.causal ? n * shape.bs + k + 1 : (n + 1) * shape.bs;
   return keys;
@@ -73,7 +81,8 @@ template <typename F> void forEachKey(const VisibleKeys &keys, int64_t S, F f) {
 template <typename T>
 void blockAttention(const T *q, const T *contextKeys, const T *contextValues,
                     const T *draftKeys, const T *draftValues,
-                    const int32_t *anchors, const uint8_t *keep, T *out, T *lse,
+                    const int32_t *anchors, const uint8_t *keep,
+                    const int32_t *positionIds, T *out, T *lse,
                     const AttentionShape &shape) {
   const int64_t S = shape.S, N = shape.N, bs = shape.bs, Q = shape.Q();
   const int64_t nh = shape.nh, nkv = shape.nkv, d = shape.d;
@@ -87,8 +96,8 @@ void blockAttention(const T *q, const T *contextKeys, const T *contextValues,
                                     draftValues + b * Q * nkv * d, S, nkv, d};
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t k = 0; k < bs; ++k) {
-        const VisibleKeys keys =
-            visibleKeys(shape, anchors[b * N + n], keep[b * N + n] != 0, n, k);
+        const VisibleKeys keys = visibleKeys(
+            shape, anchors + b * N, keep + b * N, positionIds + b * S, n, k);
         const int64_t query = b * Q + n * bs + k;
         for (int64_t h = 0; h < nh; ++h) {
           const int64_t group = h / headsPerGroup;
@@ -134,9 +143,10 @@ template <typename T>
 void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
                         const T *contextValues, const T *draftKeys,
                         const T *draftValues, const int32_t *anchors,
-                        const uint8_t *keep, const T *out, const T *lse, T *dq,
-                        T *dContextKeys, T *dContextValues, T *dDraftKeys,
-                        T *dDraftValues, const AttentionShape &shape) {
+                        const uint8_t *keep, const int32_t *positionIds,
+                        const T *out, const T *lse, T *dq, T *dContextKeys,
+                        T *dContextValues, T *dDraftKeys, T *dDraftValues,
+                        const AttentionShape &shape) {
   const int64_t S = shape.S, N = shape.N, bs = shape.bs, Q = shape.Q();
   const int64_t nh = shape.nh, nkv = shape.nkv, d = shape.d;
   const int64_t headsPerGroup = nh / nkv;
@@ -155,8 +165,8 @@ void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
     std::fill(dValues.begin(), dValues.end(), 0.0);
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t k = 0; k < bs; ++k) {
-        const VisibleKeys keys =
-            visibleKeys(shape, anchors[b * N + n], keep[b * N + n] != 0, n, k);
+        const VisibleKeys keys = visibleKeys(
+            shape, anchors + b * N, keep + b * N, positionIds + b * S, n, k);
         const int64_t query = b * Q + n * bs + k;
         for (int64_t h = 0; h < nh; ++h) {
           const int64_t group = h / headsPerGroup;
@@ -198,13 +208,13 @@ void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
 }
 
 #define DFLASH_INSTANTIATE_ATTENTION(T)                                        \
-  template void blockAttention<T>(const T *, const T *, const T *, const T *,  \
-                                  const T *, const int32_t *, const uint8_t *, \
-                                  T *, T *, const AttentionShape &);           \
+  template void blockAttention<T>(                                             \
+      const T *, const T *, const T *, const T *, const T *, const int32_t *,  \
+      const uint8_t *, const int32_t *, T *, T *, const AttentionShape &);     \
   template void blockAttentionGrad<T>(                                         \
       const T *, const T *, const T *, const T *, const T *, const T *,        \
-      const int32_t *, const uint8_t *, const T *, const T *, T *, T *, T *,   \
-      T *, T *, const AttentionShape &);
+      const int32_t *, const uint8_t *, const int32_t *, const T *, const T *, \
+      T *, T *, T *, T *, T *, const AttentionShape &);
 
 DFLASH_INSTANTIATE_ATTENTION(float)
 DFLASH_INSTANTIATE_ATTENTION(double)

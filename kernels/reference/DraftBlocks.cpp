@@ -1,7 +1,7 @@
 //===- DraftBlocks.cpp - Draft-block bookkeeping of the reference ---------===//
 //
 // Positions, draft tokens, labels and loss weights of the draft blocks
-// (SEMANTICS.md sections 3 and 4).
+// (SEMANTICS.md sections 3, 4 and 9).
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,19 +11,13 @@
 
 namespace dflash::ref {
 
-void sequencePositions(int32_t *out, int64_t B, int64_t T) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t)
-      out[b * T + t] = static_cast<int32_t>(t);
-}
-
-void draftPositions(const int32_t *anchors, int32_t *out, int64_t B, int64_t N,
-                    int64_t bs) {
+void draftPositions(const int32_t *anchors, const int32_t *positionIds,
+                    int32_t *out, int64_t B, int64_t S, int64_t N, int64_t bs) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < bs; ++k)
         out[(b * N + n) * bs + k] =
-            static_cast<int32_t>(anchors[b * N + n] + k);
+            static_cast<int32_t>(positionIds[b * S + anchors[b * N + n]] + k);
 }
 
 void draftTokens(const int32_t *inputIds, const int32_t *anchors,
@@ -44,9 +38,9 @@ void draftTokens(const int32_t *inputIds, const int32_t *anchors,
 
 template <typename T>
 void draftTargets(const int32_t *inputIds, const uint8_t *lossMask,
-                  const int32_t *anchors, const uint8_t *keep, int32_t *labels,
-                  T *weights, int64_t B, int64_t S, int64_t N, int64_t bs,
-                  double gamma) {
+                  const int32_t *anchors, const uint8_t *keep,
+                  const int32_t *positionIds, int32_t *labels, T *weights,
+                  int64_t B, int64_t S, int64_t N, int64_t bs, double gamma) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t n = 0; n < N; ++n) {
       const int64_t anchor = anchors[b * N + n];
@@ -57,8 +51,10 @@ void draftTargets(const int32_t *inputIds, const uint8_t *lossMask,
         const int64_t target = anchor + k;
         const bool inside = target >= 0 && target < S;
         labels[slot] = inside ? inputIds[b * S + target] : 0;
-        // k = 0 is the anchor token itself, given as input: never a target.
-        if (!used || !inside || k == 0 || !lossMask[b * S + target]) {
+        // k = 0 is the anchor token itself, given as input: never a target;
+        // nor is a token of the next conversation in a packed row.
+        if (!used || !inside || k == 0 || !lossMask[b * S + target] ||
+            positionIds[b * S + target] != positionIds[b * S + anchor] + k) {
           weights[slot] = T(0);
           continue;
         }
@@ -71,12 +67,12 @@ void draftTargets(const int32_t *inputIds, const uint8_t *lossMask,
 }
 
 template void draftTargets<float>(const int32_t *, const uint8_t *,
-                                  const int32_t *, const uint8_t *, int32_t *,
-                                  float *, int64_t, int64_t, int64_t, int64_t,
-                                  double);
+                                  const int32_t *, const uint8_t *,
+                                  const int32_t *, int32_t *, float *, int64_t,
+                                  int64_t, int64_t, int64_t, double);
 template void draftTargets<double>(const int32_t *, const uint8_t *,
-                                   const int32_t *, const uint8_t *, int32_t *,
-                                   double *, int64_t, int64_t, int64_t, int64_t,
-                                   double);
+                                   const int32_t *, const uint8_t *,
+                                   const int32_t *, int32_t *, double *,
+                                   int64_t, int64_t, int64_t, int64_t, double);
 
 } // namespace dflash::ref

@@ -27,12 +27,10 @@ namespace dflash::ref {
 // Draft-block bookkeeping (SEMANTICS.md sections 3 and 4)
 //===----------------------------------------------------------------------===//
 
-/// out[b, t] = t; out is [B, T].
-void sequencePositions(int32_t *out, int64_t B, int64_t T);
-
-/// out[b, n*bs + k] = anchors[b, n] + k; anchors [B, N], out [B, N*bs].
-void draftPositions(const int32_t *anchors, int32_t *out, int64_t B, int64_t N,
-                    int64_t bs);
+/// out[b, n*bs + k] = positionIds[b, anchors[b, n]] + k; anchors [B, N],
+/// positionIds [B, S] (arange(S) in an unpacked row), out [B, N*bs].
+void draftPositions(const int32_t *anchors, const int32_t *positionIds,
+                    int32_t *out, int64_t B, int64_t S, int64_t N, int64_t bs);
 
 /// out[b, n*bs] = keep[b,n] ? inputIds[b, anchors[b,n]] : maskTokenId and
 /// out[b, n*bs + k] = maskTokenId for k > 0. inputIds [B, S].
@@ -42,12 +40,13 @@ void draftTokens(const int32_t *inputIds, const int32_t *anchors,
 
 /// labels[b, n*bs+k] = inputIds[b, a+k] (0 when a+k >= S), with a the anchor;
 /// weights[b, n*bs+k] = keep * [a+k < S] * [k > 0] * lossMask[b, a+k] *
-/// decay(k), decay(k) = exp(-(k-1)/gamma) if gamma > 0 else 1.
+/// [positionIds[b, a+k] == positionIds[b, a] + k] * decay(k), decay(k) =
+/// exp(-(k-1)/gamma) if gamma > 0 else 1.
 template <typename T>
 void draftTargets(const int32_t *inputIds, const uint8_t *lossMask,
-                  const int32_t *anchors, const uint8_t *keep, int32_t *labels,
-                  T *weights, int64_t B, int64_t S, int64_t N, int64_t bs,
-                  double gamma);
+                  const int32_t *anchors, const uint8_t *keep,
+                  const int32_t *positionIds, int32_t *labels, T *weights,
+                  int64_t B, int64_t S, int64_t N, int64_t bs, double gamma);
 
 //===----------------------------------------------------------------------===//
 // Dense layers
@@ -107,16 +106,18 @@ struct AttentionShape {
 };
 
 /// q [B, Q, nh, d]; contextKeys/contextValues [B, S, nkv, d]; draftKeys/
-/// draftValues [B, Q, nkv, d]; anchors/keep [B, N]. Query (n, k) of row b,
-/// head h reads kv head h / (nh/nkv) and sees context key j iff keep and
-/// j < a and (no window or j >= a + k - (window - 1)), and draft key (n, k')
-/// iff keep and (not causal or k' <= k). Scale d^-0.5. out [B, Q, nh, d] is
-/// 0 for a query that sees nothing; lse [B, Q, nh] is the natural-log
+/// draftValues [B, Q, nkv, d]; anchors/keep [B, N]; positionIds [B, S].
+/// Query (n, k) of row b, head h reads kv head h / (nh/nkv) and sees context
+/// key j iff keep and a - positionIds[b, a] <= j < a (the anchor's
+/// conversation) and (no window or j >= a + k - (window - 1)), and draft key
+/// (n, k') iff keep and (not causal or k' <= k). Scale d^-0.5. out [B, Q, nh,
+/// d] is 0 for a query that sees nothing; lse [B, Q, nh] is the natural-log
 /// log-sum-exp of the scaled scores, -infinity for such a query.
 template <typename T>
 void blockAttention(const T *q, const T *contextKeys, const T *contextValues,
                     const T *draftKeys, const T *draftValues,
-                    const int32_t *anchors, const uint8_t *keep, T *out, T *lse,
+                    const int32_t *anchors, const uint8_t *keep,
+                    const int32_t *positionIds, T *out, T *lse,
                     const AttentionShape &shape);
 
 /// Gradients of blockAttention given dOut and the forward's out and lse.
@@ -125,9 +126,10 @@ template <typename T>
 void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
                         const T *contextValues, const T *draftKeys,
                         const T *draftValues, const int32_t *anchors,
-                        const uint8_t *keep, const T *out, const T *lse, T *dq,
-                        T *dContextKeys, T *dContextValues, T *dDraftKeys,
-                        T *dDraftValues, const AttentionShape &shape);
+                        const uint8_t *keep, const int32_t *positionIds,
+                        const T *out, const T *lse, T *dq, T *dContextKeys,
+                        T *dContextValues, T *dDraftKeys, T *dDraftValues,
+                        const AttentionShape &shape);
 
 //===----------------------------------------------------------------------===//
 // lm_head + weighted cross-entropy (SEMANTICS.md section 4)

@@ -7,28 +7,41 @@
 using namespace dflash;
 using namespace dflash::rt;
 
-void dflash::rt::anchorCandidates(const uint8_t *lossMask, int64_t S,
+/// Whether a (0 <= a < S - 1) is a candidate.
+static bool isCandidate(const uint8_t *lossMask, const int32_t *positionIds,
+                        int64_t a) {
+  return lossMask[a] && lossMask[a + 1] &&
+         (!positionIds || positionIds[a + 1] == positionIds[a] + 1);
+}
+
+void dflash::rt::anchorCandidates(const uint8_t *lossMask,
+                                  const int32_t *positionIds, int64_t S,
                                   std::vector<int32_t> &out) {
   for (int64_t a = 0; a + 1 < S; ++a)
-    if (lossMask[a] && lossMask[a + 1])
+    if (isCandidate(lossMask, positionIds, a))
       out.push_back(int32_t(a));
 }
 
-int64_t dflash::rt::countAnchorCandidates(const uint8_t *lossMask, int64_t S) {
+int64_t dflash::rt::countAnchorCandidates(const uint8_t *lossMask,
+                                          const int32_t *positionIds,
+                                          int64_t S) {
   int64_t count = 0;
   for (int64_t a = 0; a + 1 < S; ++a)
-    count += (lossMask[a] && lossMask[a + 1]) ? 1 : 0;
+    count += isCandidate(lossMask, positionIds, a) ? 1 : 0;
   return count;
 }
 
-int64_t AnchorSampler::sample(const uint8_t *lossMask, Rng &rng,
+int64_t AnchorSampler::sample(const uint8_t *lossMask,
+                              const int32_t *positionIds, Rng &rng,
                               int32_t *anchors, uint8_t *keep) {
   candidates.resize(size_t(B));
   int64_t maxCount = 0;
   for (int64_t b = 0; b < B; ++b) {
     std::vector<int32_t> &rowCandidates = candidates[size_t(b)];
     rowCandidates.clear();
-    anchorCandidates(lossMask + b * S, S, rowCandidates);
+    anchorCandidates(lossMask + b * S,
+                     positionIds ? positionIds + b * S : nullptr, S,
+                     rowCandidates);
     maxCount = std::max(maxCount, int64_t(rowCandidates.size()));
   }
   int64_t nEff = std::min(N, maxCount);

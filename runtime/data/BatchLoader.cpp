@@ -16,6 +16,7 @@ void HostBatch::resize(const ModelConfig &c) {
   hiddenStates.assign(B * S * size_t(c.contextWidth()), 0);
   anchors.assign(B * N, 0);
   keep.assign(B * N, 0);
+  positionIds.assign(B * S, 0);
   rows.assign(B, 0);
   skippedRows.clear();
 }
@@ -81,43 +82,49 @@ Status BatchLoader::next(HostBatch &batch) {
     out.inputIds = batch.inputIds.data() + b * S;
     out.lossMask = batch.lossMask.data() + b * S;
     out.hiddenStates = batch.hiddenStates.data() + b * S * W;
+    out.positionIds = batch.positionIds.data() + b * S;
     if (source.hasPinnedAnchors()) {
       out.anchors = batch.anchors.data() + b * N;
       out.keep = batch.keep.data() + b * N;
     }
-    if (Status s = source.readRow(row, out); !s.ok())
-      return s;
-    // A NaN or inf feature would poison every gradient of the step.
-    const uint16_t *h = out.hiddenStates;
-    int64_t bad = -1;
-    for (int64_t i = 0; i < S * W && bad < 0; ++i)
-      if ((h[i] & 0x7f80u) == 0x7f80u)
-        bad = i;
-    if (bad < 0)
-      continue;
-    std::string what = source.describeRow(row) +
-                       ": hidden_states has a non-finite value at position " +
-                       std::to_string(bad / W) + ", feature " +
-                       std::to_string(bad % W);
-    if (++badRows > maxBadRows)
-      return Status::error(
-          what + " (row " + std::to_string(badRows) +
-          " with non-finite features; at most " + std::to_string(maxBadRows) +
-          (maxBadRows == 1 ? " is" : " are") +
-          " skipped: check the data, or raise --max-bad-rows)");
+    const bool knownBad = knownBadRows.count(row) != 0;
+    if (!knownBad) {
+      if (Status s = source.readRow(row, out); !s.ok())
+        return s;
+      // A NaN or inf feature would poison every gradient of the step.
+      const uint16_t *h = out.hiddenStates;
+      int64_t bad = -1;
+      for (int64_t i = 0; i < S * W && bad < 0; ++i)
+        if ((h[i] & 0x7f80u) == 0x7f80u)
+          bad = i;
+      if (bad < 0)
+        continue;
+      std::string what = source.describeRow(row) +
+                         ": hidden_states has a non-finite value at position " +
+                         std::to_string(bad / W) + ", feature " +
+                         std::to_string(bad % W);
+      if (++badRows > maxBadRows)
+        return Status::error(
+            what + " (row " + std::to_string(badRows) +
+            " with non-finite features; at most " + std::to_string(maxBadRows) +
+            (maxBadRows == 1 ? " is" : " are") +
+            " skipped: check the data, or raise --max-bad-rows)");
+      knownBadRows.insert(row);
+      batch.skippedRows.push_back(what);
+    }
     // An empty row in its place: nothing supervised, nothing kept.
     std::fill(out.inputIds, out.inputIds + S, 0);
     std::fill(out.lossMask, out.lossMask + S, uint8_t(0));
     std::fill(out.hiddenStates, out.hiddenStates + S * W, uint16_t(0));
+    std::iota(out.positionIds, out.positionIds + S, 0);
     if (source.hasPinnedAnchors()) {
       std::fill(out.anchors, out.anchors + N, 0);
       std::fill(out.keep, out.keep + N, uint8_t(0));
     }
-    batch.skippedRows.push_back(what);
   }
   if (!source.hasPinnedAnchors())
-    sampler.sample(batch.lossMask.data(), anchorRng, batch.anchors.data(),
-                   batch.keep.data());
+    sampler.sample(batch.lossMask.data(), batch.positionIds.data(), anchorRng,
+                   batch.anchors.data(), batch.keep.data());
   pos.row += global;
   return Status::success();
 }

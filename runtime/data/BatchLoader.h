@@ -25,6 +25,7 @@
 #include "schema/ModelConfig.h"
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace dflash::rt {
@@ -36,6 +37,7 @@ struct HostBatch {
   std::vector<uint16_t> hiddenStates; ///< bf16 [B, S, L*H]
   std::vector<int32_t> anchors;       ///< [B, N]
   std::vector<uint8_t> keep;          ///< [B, N]
+  std::vector<int32_t> positionIds;   ///< [B, S]
   std::vector<int64_t> rows;          ///< source row of each batch row
   /// The rows of this batch skipped for non-finite features (their slots
   /// hold empty rows), as BatchLoader names them.
@@ -64,9 +66,10 @@ public:
   /// (its slot becomes an empty row: no supervised token, no kept anchor,
   /// zero features, so the step keeps its shape and the row adds nothing)
   /// and named in HostBatch::skippedRows; the next one past the limit fails.
-  /// 0 (the default) fails at the first.
+  /// 0 (the default) fails at the first. A row is counted and named once:
+  /// met again in a later epoch it is skipped without being read.
   void setMaxBadRows(int64_t limit) { maxBadRows = limit; }
-  /// The rows skipped so far.
+  /// The distinct rows skipped so far.
   int64_t badRowsSeen() const { return badRows; }
 
   DataPosition position() const { return pos; }
@@ -85,6 +88,7 @@ private:
   Rng anchorRng;
   AnchorSampler sampler;
   int64_t maxBadRows = 0, badRows = 0;
+  std::unordered_set<int64_t> knownBadRows; ///< source rows
 
   void shuffleFor(int64_t epoch);
 };

@@ -10,6 +10,8 @@
 #include <charconv>
 #include <cstring>
 #include <filesystem>
+#include <numeric>
+#include <vector>
 
 using namespace dflash;
 using namespace dflash::rt;
@@ -139,6 +141,29 @@ Status dflash::rt::validateFeatureShard(const SafetensorsFile &shard,
   if (!status.ok())
     return status;
 
+  // Packed rows (SEMANTICS.md section 9): 0 at each conversation's first
+  // token and +1 after, so a restart to 0 is the only boundary.
+  if (shard.find("position_ids")) {
+    const TensorView *positions = nullptr;
+    status = shard.require("position_ids", DType::I32, {R, S}, positions);
+    if (!status.ok())
+      return status;
+    for (int64_t r = 0; r < R; ++r) {
+      int32_t previous = -1;
+      for (int64_t c = 0; c < S; ++c) {
+        int32_t p;
+        std::memcpy(&p, positions->data + (r * S + c) * 4, sizeof(p));
+        if (p != 0 && p != previous + 1)
+          return Status::error(
+              shard.path() + ": tensor 'position_ids' goes from " +
+              std::to_string(previous) + " to " + std::to_string(p) +
+              " at row " + std::to_string(r) + ", column " + std::to_string(c) +
+              " (positions start at 0 and go up by 1 or restart at 0)");
+        previous = p;
+      }
+    }
+  }
+
   const TensorView *anchors = shard.find("anchors");
   const TensorView *keep = shard.find("keep");
   if (bool(anchors) != bool(keep))
@@ -244,9 +269,16 @@ Status FeatureShardReader::open(const std::string &path,
                                 : "has no pinned anchors but '" +
                                       shards.front().path() + "' has"));
     const uint8_t *mask = shard.find("loss_mask")->data;
+    const TensorView *positions = shard.find("position_ids");
     uint32_t shardIndex = uint32_t(shards.size());
+    // A copy: a shard's tensors need not be 4-byte aligned.
+    std::vector<int32_t> rowPositions(positions ? size_t(S) : 0);
     for (int64_t r = 0; r < rows; ++r) {
-      if (countAnchorCandidates(mask + r * S, S) > 0)
+      if (positions)
+        std::memcpy(rowPositions.data(), positions->data + r * S * 4,
+                    size_t(S) * 4);
+      if (countAnchorCandidates(
+              mask + r * S, positions ? rowPositions.data() : nullptr, S) > 0)
         rowIndex.push_back({shardIndex, r});
       else
         ++dropped;
@@ -276,6 +308,12 @@ Status FeatureShardReader::readRow(int64_t index, const RowBuffers &out) const {
     std::memcpy(out.hiddenStates,
                 shard.find("hidden_states")->data + r * S * LH * 2,
                 size_t(S * LH) * 2);
+  if (out.positionIds) {
+    if (const TensorView *positions = shard.find("position_ids"))
+      std::memcpy(out.positionIds, positions->data + r * S * 4, size_t(S) * 4);
+    else
+      std::iota(out.positionIds, out.positionIds + S, 0);
+  }
   if (pinned && out.anchors)
     std::memcpy(out.anchors, shard.find("anchors")->data + r * N * 4,
                 size_t(N) * 4);

@@ -12,10 +12,10 @@ using namespace dflash;
 using namespace dflash::rt;
 
 namespace {
-/// Byte sizes of the five arrays of one slot, each rounded up to 256 bytes
+/// Byte sizes of the six arrays of one slot, each rounded up to 256 bytes
 /// so that every array starts aligned for DMA and vector loads.
 struct SlotLayout {
-  size_t inputIds, lossMask, hiddenStates, anchors, keep;
+  size_t inputIds, lossMask, hiddenStates, anchors, keep, positionIds;
   static size_t round(size_t bytes) { return (bytes + 255) / 256 * 256; }
   explicit SlotLayout(const ModelConfig &c) {
     size_t rowsTimesSeq = size_t(c.rowsPerGpu) * size_t(c.seqLen);
@@ -26,9 +26,10 @@ struct SlotLayout {
         round(rowsTimesSeq * size_t(c.contextWidth()) * sizeof(uint16_t));
     anchors = round(anchorSlots * sizeof(int32_t));
     keep = round(anchorSlots);
+    positionIds = round(rowsTimesSeq * sizeof(int32_t));
   }
   size_t total() const {
-    return inputIds + lossMask + hiddenStates + anchors + keep;
+    return inputIds + lossMask + hiddenStates + anchors + keep + positionIds;
   }
 };
 } // namespace
@@ -75,6 +76,8 @@ Status BatchPrefetcher::allocateSlot(Slot &slot) {
   b.anchors = reinterpret_cast<int32_t *>(base);
   base += layout.anchors;
   b.keep = base;
+  base += layout.keep;
+  b.positionIds = reinterpret_cast<int32_t *>(base);
   return Status::success();
 }
 
@@ -147,6 +150,8 @@ void BatchPrefetcher::produce() {
                 B * S * W * sizeof(uint16_t));
     std::memcpy(b.anchors, host.anchors.data(), B * N * sizeof(int32_t));
     std::memcpy(b.keep, host.keep.data(), B * N);
+    std::memcpy(b.positionIds, host.positionIds.data(),
+                B * S * sizeof(int32_t));
     b.rows = host.rows;
     b.skippedRows = host.skippedRows;
     b.positionAfter = loader.position();

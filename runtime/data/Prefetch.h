@@ -41,6 +41,7 @@ struct PrefetchedBatch {
   uint16_t *hiddenStates = nullptr; ///< bf16 [B, S, L*H]
   int32_t *anchors = nullptr;       ///< [B, N]
   uint8_t *keep = nullptr;          ///< [B, N]
+  int32_t *positionIds = nullptr;   ///< [B, S]
   std::vector<int64_t> rows;        ///< source row of each batch row
   /// Rows skipped for non-finite features (HostBatch::skippedRows).
   std::vector<std::string> skippedRows;

@@ -27,6 +27,9 @@ struct RowBuffers {
   /// non-null.
   int32_t *anchors = nullptr; ///< [N]
   uint8_t *keep = nullptr;    ///< [N]
+  /// [S]: each token's position in its conversation (SEMANTICS.md section
+  /// 9); sources without packed rows write arange(S).
+  int32_t *positionIds = nullptr;
 };
 
 class RowSource {

@@ -173,7 +173,7 @@ void SyntheticProblem::pinnedAnchors(int64_t index, const uint8_t *lossMask,
                                      int32_t *anchors, uint8_t *keep) const {
   Rng rng = Rng::forStream(problemSeed, kAnchorStreamBase + uint64_t(index));
   AnchorSampler sampler(1, cfg.seqLen, cfg.anchorsPerRow);
-  sampler.sample(lossMask, rng, anchors, keep);
+  sampler.sample(lossMask, nullptr, rng, anchors, keep);
 }
 
 std::vector<std::vector<uint16_t>> SyntheticProblem::initialParameters() const {
@@ -212,6 +212,8 @@ Status SyntheticRowSource::readRow(int64_t index, const RowBuffers &out) const {
   } else {
     problem.generateRow(index, out.inputIds, out.lossMask, out.hiddenStates);
   }
+  if (out.positionIds) // one conversation per row
+    std::iota(out.positionIds, out.positionIds + problem.config().seqLen, 0);
   if (pinAnchors && out.anchors && out.keep)
     problem.pinnedAnchors(index, out.lossMask, out.anchors, out.keep);
   return Status::success();

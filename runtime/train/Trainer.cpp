@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <map>
 
 using namespace dflash;
@@ -481,8 +482,10 @@ Status Trainer::stageNextBatch() {
                                 "ordering the input copies");
       !s.ok())
     return s;
-  const void *sources[] = {batch->inputIds, batch->lossMask,
-                           batch->hiddenStates, batch->anchors, batch->keep};
+  const void *sources[] = {batch->inputIds,     batch->lossMask,
+                           batch->hiddenStates, batch->anchors,
+                           batch->keep,         batch->positionIds};
+  static_assert(std::size(sources) == kNumStepInputs, "one per StepInput");
   const auto &indices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i) {
     const BufferSpec &spec = program.buffers()[size_t(indices[i])];

@@ -1,32 +1,32 @@
 // RUN: dflash-opt %s --split-input-file --verify-diagnostics
 
-func.func @seq_rank() {
-  // expected-error @+1 {{(C1) result must have rank 2 but has rank 1}}
-  %p = dflash.sequence_positions : tensor<32xi32>
-  return
-}
-
-// -----
-
-func.func @draft_positions_block(%a: tensor<2x3xi32>) {
+func.func @draft_positions_block(%a: tensor<2x3xi32>, %pos: tensor<2x32xi32>) {
   // expected-error @+1 {{(C1) block_size is 0 but must be at least 1}}
-  %p = dflash.draft_positions %a {block_size = 0 : i64} : (tensor<2x3xi32>) -> tensor<2x0xi32>
+  %p = dflash.draft_positions %a, %pos {block_size = 0 : i64} : (tensor<2x3xi32>, tensor<2x32xi32>) -> tensor<2x0xi32>
   return
 }
 
 // -----
 
-func.func @draft_positions_rank(%a: tensor<6xi32>) {
+func.func @draft_positions_rank(%a: tensor<6xi32>, %pos: tensor<2x32xi32>) {
   // expected-error @+1 {{(C2) anchors must have rank 2 but has rank 1}}
-  %p = dflash.draft_positions %a {block_size = 4 : i64} : (tensor<6xi32>) -> tensor<2x12xi32>
+  %p = dflash.draft_positions %a, %pos {block_size = 4 : i64} : (tensor<6xi32>, tensor<2x32xi32>) -> tensor<2x12xi32>
   return
 }
 
 // -----
 
-func.func @draft_positions_shape(%a: tensor<2x3xi32>) {
-  // expected-error @+1 {{(C3) result must have shape [2x12] but has [2x8]}}
-  %p = dflash.draft_positions %a {block_size = 4 : i64} : (tensor<2x3xi32>) -> tensor<2x8xi32>
+func.func @draft_positions_rows(%a: tensor<2x3xi32>, %pos: tensor<3x32xi32>) {
+  // expected-error @+1 {{(C3) position_ids must have shape [2x32] but has [3x32]}}
+  %p = dflash.draft_positions %a, %pos {block_size = 4 : i64} : (tensor<2x3xi32>, tensor<3x32xi32>) -> tensor<2x12xi32>
+  return
+}
+
+// -----
+
+func.func @draft_positions_shape(%a: tensor<2x3xi32>, %pos: tensor<2x32xi32>) {
+  // expected-error @+1 {{(C4) result must have shape [2x12] but has [2x8]}}
+  %p = dflash.draft_positions %a, %pos {block_size = 4 : i64} : (tensor<2x3xi32>, tensor<2x32xi32>) -> tensor<2x8xi32>
   return
 }
 
@@ -68,36 +68,45 @@ func.func @draft_tokens_result(%ids: tensor<2x32xi32>, %a: tensor<2x3xi32>, %k: 
 
 // -----
 
-func.func @draft_targets_gamma(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>) {
+func.func @draft_targets_gamma(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x32xi32>) {
   // expected-error @+1 {{(C1) gamma is -1 but must be zero or positive}}
-  %l, %w = dflash.draft_targets %ids, %m, %a, %k {block_size = 4 : i64, gamma = -1.0 : f64}
-      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
+  %l, %w = dflash.draft_targets %ids, %m, %a, %k, %pos {block_size = 4 : i64, gamma = -1.0 : f64}
+      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
   return
 }
 
 // -----
 
-func.func @draft_targets_rank(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, %a: tensor<6xi32>, %k: tensor<2x3xi8>) {
+func.func @draft_targets_rank(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, %a: tensor<6xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x32xi32>) {
   // expected-error @+1 {{(C2) anchors must have rank 2 but has rank 1}}
-  %l, %w = dflash.draft_targets %ids, %m, %a, %k {block_size = 4 : i64, gamma = 7.0 : f64}
-      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<6xi32>, tensor<2x3xi8>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
+  %l, %w = dflash.draft_targets %ids, %m, %a, %k, %pos {block_size = 4 : i64, gamma = 7.0 : f64}
+      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<6xi32>, tensor<2x3xi8>, tensor<2x32xi32>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
   return
 }
 
 // -----
 
-func.func @draft_targets_mask(%ids: tensor<2x32xi32>, %m: tensor<2x31xi8>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>) {
+func.func @draft_targets_mask(%ids: tensor<2x32xi32>, %m: tensor<2x31xi8>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x32xi32>) {
   // expected-error @+1 {{(C3) loss_mask must have shape [2x32] but has [2x31]}}
-  %l, %w = dflash.draft_targets %ids, %m, %a, %k {block_size = 4 : i64, gamma = 7.0 : f64}
-      : (tensor<2x32xi32>, tensor<2x31xi8>, tensor<2x3xi32>, tensor<2x3xi8>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
+  %l, %w = dflash.draft_targets %ids, %m, %a, %k, %pos {block_size = 4 : i64, gamma = 7.0 : f64}
+      : (tensor<2x32xi32>, tensor<2x31xi8>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
   return
 }
 
 // -----
 
-func.func @draft_targets_result(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>) {
+func.func @draft_targets_result(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x32xi32>) {
   // expected-error @+1 {{(C4) weights must have shape [2x12] but has [2x11]}}
-  %l, %w = dflash.draft_targets %ids, %m, %a, %k {block_size = 4 : i64, gamma = 7.0 : f64}
-      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>) -> (tensor<2x12xi32>, tensor<2x11xf32>)
+  %l, %w = dflash.draft_targets %ids, %m, %a, %k, %pos {block_size = 4 : i64, gamma = 7.0 : f64}
+      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>) -> (tensor<2x12xi32>, tensor<2x11xf32>)
+  return
+}
+
+// -----
+
+func.func @draft_targets_positions(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x31xi32>) {
+  // expected-error @+1 {{(C3) position_ids must have shape [2x32] but has [2x31]}}
+  %l, %w = dflash.draft_targets %ids, %m, %a, %k, %pos {block_size = 4 : i64, gamma = 7.0 : f64}
+      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x31xi32>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
   return
 }

@@ -88,30 +88,30 @@ func.func @rope_grad_positions(%dy: tensor<2x12x4x16xbf16>, %p: tensor<2x11xi32>
 
 // -----
 
-func.func @attn_grad_lse(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x2x16xbf16>, %kd: tensor<2x12x2x16xbf16>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %lse: tensor<2x12xf32>) {
+func.func @attn_grad_lse(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x2x16xbf16>, %kd: tensor<2x12x2x16xbf16>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x32xi32>, %lse: tensor<2x12xf32>) {
   // expected-error @+1 {{(C9) lse must have shape [2x12x4] but has [2x12]}}
-  %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %q, %q, %kc, %kc, %kd, %kd, %a, %k, %q, %lse {block_size = 4 : i64}
-      : (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x12x4x16xbf16>, tensor<2x12xf32>)
+  %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %q, %q, %kc, %kc, %kd, %kd, %a, %k, %pos, %q, %lse {block_size = 4 : i64}
+      : (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>, tensor<2x12x4x16xbf16>, tensor<2x12xf32>)
       -> (tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>)
   return
 }
 
 // -----
 
-func.func @attn_grad_results(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x2x16xbf16>, %kd: tensor<2x12x2x16xbf16>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %lse: tensor<2x12x4xf32>) {
+func.func @attn_grad_results(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x2x16xbf16>, %kd: tensor<2x12x2x16xbf16>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x32xi32>, %lse: tensor<2x12x4xf32>) {
   // expected-error @+1 {{(C10) context_keys_grad ('tensor<2x12x2x16xbf16>') and context_keys ('tensor<2x32x2x16xbf16>') must have the same type}}
-  %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %q, %q, %kc, %kc, %kd, %kd, %a, %k, %q, %lse {block_size = 4 : i64}
-      : (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
+  %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %q, %q, %kc, %kc, %kd, %kd, %a, %k, %pos, %q, %lse {block_size = 4 : i64}
+      : (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>, tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
       -> (tensor<2x12x4x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>)
   return
 }
 
 // -----
 
-func.func @attn_grad_gqa(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x3x16xbf16>, %kd: tensor<2x12x3x16xbf16>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %lse: tensor<2x12x4xf32>) {
+func.func @attn_grad_gqa(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x3x16xbf16>, %kd: tensor<2x12x3x16xbf16>, %a: tensor<2x3xi32>, %k: tensor<2x3xi8>, %pos: tensor<2x32xi32>, %lse: tensor<2x12x4xf32>) {
   // expected-error @+1 {{(C5) num_heads (4) must be a multiple of num_kv_heads (3)}}
-  %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %q, %q, %kc, %kc, %kd, %kd, %a, %k, %q, %lse {block_size = 4 : i64}
-      : (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>, tensor<2x32x3x16xbf16>, tensor<2x32x3x16xbf16>, tensor<2x12x3x16xbf16>, tensor<2x12x3x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
+  %dq, %dkc, %dvc, %dkd, %dvd = dflash.block_attention_grad %q, %q, %kc, %kc, %kd, %kd, %a, %k, %pos, %q, %lse {block_size = 4 : i64}
+      : (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>, tensor<2x32x3x16xbf16>, tensor<2x32x3x16xbf16>, tensor<2x12x3x16xbf16>, tensor<2x12x3x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>, tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
       -> (tensor<2x12x4x16xbf16>, tensor<2x32x3x16xbf16>, tensor<2x32x3x16xbf16>, tensor<2x12x3x16xbf16>, tensor<2x12x3x16xbf16>)
   return
 }

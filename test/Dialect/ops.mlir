@@ -4,23 +4,22 @@
 
 // CHECK-LABEL: func.func @bookkeeping
 func.func @bookkeeping(%ids: tensor<2x32xi32>, %mask: tensor<2x32xi8>,
-                       %anchors: tensor<2x3xi32>, %keep: tensor<2x3xi8>)
-    -> (tensor<2x32xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>) {
-  // CHECK: dflash.sequence_positions : tensor<2x32xi32>
-  %p = dflash.sequence_positions : tensor<2x32xi32>
-  // CHECK: dflash.draft_positions %{{.*}} {block_size = 4 : i64}
-  %dp = dflash.draft_positions %anchors {block_size = 4 : i64}
-      : (tensor<2x3xi32>) -> tensor<2x12xi32>
+                       %anchors: tensor<2x3xi32>, %keep: tensor<2x3xi8>,
+                       %pos: tensor<2x32xi32>)
+    -> (tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>) {
+  // CHECK: dflash.draft_positions %{{.*}}, %{{.*}} {block_size = 4 : i64}
+  %dp = dflash.draft_positions %anchors, %pos {block_size = 4 : i64}
+      : (tensor<2x3xi32>, tensor<2x32xi32>) -> tensor<2x12xi32>
   // CHECK: dflash.draft_tokens {{.*}} {block_size = 4 : i64, mask_token_id = 7 : i64}
   %t = dflash.draft_tokens %ids, %anchors, %keep
       {block_size = 4 : i64, mask_token_id = 7 : i64}
       : (tensor<2x32xi32>, tensor<2x3xi32>, tensor<2x3xi8>) -> tensor<2x12xi32>
   // CHECK: %[[L:.+]], %[[W:.+]] = dflash.draft_targets {{.*}} {block_size = 4 : i64, gamma = 7.000000e+00 : f64}
-  %l, %w = dflash.draft_targets %ids, %mask, %anchors, %keep
+  %l, %w = dflash.draft_targets %ids, %mask, %anchors, %keep, %pos
       {block_size = 4 : i64, gamma = 7.0 : f64}
-      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>)
-      -> (tensor<2x12xi32>, tensor<2x12xf32>)
-  return %p, %dp, %t, %l, %w : tensor<2x32xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>
+      : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>,
+         tensor<2x32xi32>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
+  return %dp, %t, %l, %w : tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>
 }
 
 // CHECK-LABEL: func.func @layer
@@ -58,18 +57,18 @@ func.func @layer(%table: tensor<100x64xbf16>, %ids: tensor<2x12xi32>,
 func.func @attention(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x2x16xbf16>,
                      %vc: tensor<2x32x2x16xbf16>, %kd: tensor<2x12x2x16xbf16>,
                      %vd: tensor<2x12x2x16xbf16>, %a: tensor<2x3xi32>,
-                     %keep: tensor<2x3xi8>) -> (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>) {
+                     %keep: tensor<2x3xi8>, %pos: tensor<2x32xi32>) -> (tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>) {
   // CHECK: dflash.block_attention {{.*}} {block_size = 4 : i64}
-  %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %a, %keep
+  %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %a, %keep, %pos
       {block_size = 4 : i64}
       : (tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>,
-         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>)
+         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>)
       -> (tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
   // CHECK: dflash.block_attention {{.*}} {block_size = 4 : i64, causal, window = 8 : i64}
-  %o2, %lse2 = dflash.block_attention %q, %kc, %vc, %kd, %vd, %a, %keep
+  %o2, %lse2 = dflash.block_attention %q, %kc, %vc, %kd, %vd, %a, %keep, %pos
       {block_size = 4 : i64, window = 8 : i64, causal}
       : (tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>,
-         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>)
+         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>)
       -> (tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
   return %o, %o2 : tensor<2x12x4x16xbf16>, tensor<2x12x4x16xbf16>
 }

@@ -49,15 +49,15 @@ func.func @step(%q: tensor<1x8x2x4xbf16> {dflash.arg = #dflash.arg<parameter, "q
                 %kd: tensor<1x8x1x4xbf16> {dflash.arg = #dflash.arg<parameter, "kd">},
                 %vd: tensor<1x8x1x4xbf16> {dflash.arg = #dflash.arg<parameter, "vd">},
                 %anchors: tensor<1x2xi32> {dflash.arg = #dflash.arg<input, "anchors">},
-                %keep: tensor<1x2xi8> {dflash.arg = #dflash.arg<input, "keep">},
+                %keep: tensor<1x2xi8> {dflash.arg = #dflash.arg<input, "keep">}, %pos: tensor<1x16xi32> {dflash.arg = #dflash.arg<input, "position_ids">},
                 %head: tensor<16x8xbf16> {dflash.arg = #dflash.arg<frozen, "lm_head">},
                 %labels: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
                 %weights: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">})
     -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
-  %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %anchors, %keep
+  %o, %lse = dflash.block_attention %q, %kc, %vc, %kd, %vd, %anchors, %keep, %pos
       {block_size = 4 : i64, window = 8 : i64, causal}
       : (tensor<1x8x2x4xbf16>, tensor<1x16x1x4xbf16>, tensor<1x16x1x4xbf16>,
-         tensor<1x8x1x4xbf16>, tensor<1x8x1x4xbf16>, tensor<1x2xi32>, tensor<1x2xi8>)
+         tensor<1x8x1x4xbf16>, tensor<1x8x1x4xbf16>, tensor<1x2xi32>, tensor<1x2xi8>, tensor<1x16xi32>)
       -> (tensor<1x8x2x4xbf16>, tensor<1x8x2xf32>)
   %y = dflash.reshape %o : (tensor<1x8x2x4xbf16>) -> tensor<1x8x8xbf16>
   %ls, %ws, %c, %n = dflash.lm_head_ce %y, %head, %labels, %weights

@@ -28,12 +28,12 @@ func.func @step(%q: tensor<2x12x4x16xbf16> {dflash.arg = #dflash.arg<input, "q">
                 %kc: tensor<2x32x2x16xbf16> {dflash.arg = #dflash.arg<input, "kc">},
                 %kd: tensor<2x12x2x16xbf16> {dflash.arg = #dflash.arg<input, "kd">},
                 %a: tensor<2x3xi32> {dflash.arg = #dflash.arg<input, "anchors">},
-                %keep: tensor<2x3xi8> {dflash.arg = #dflash.arg<input, "keep">})
+                %keep: tensor<2x3xi8> {dflash.arg = #dflash.arg<input, "keep">}, %pos: tensor<2x32xi32> {dflash.arg = #dflash.arg<input, "position_ids">})
     -> (tensor<2x12x4x16xbf16> {dflash.arg = #dflash.arg<metric, "o">}) {
   // expected-error @+1 {{has no attention kernel for head dim 16: 'drafter.head_dim' must be 64 or 128}}
-  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep {block_size = 4 : i64}
+  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep, %pos {block_size = 4 : i64}
       : (tensor<2x12x4x16xbf16>, tensor<2x32x2x16xbf16>, tensor<2x32x2x16xbf16>,
-         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>)
+         tensor<2x12x2x16xbf16>, tensor<2x12x2x16xbf16>, tensor<2x3xi32>, tensor<2x3xi8>, tensor<2x32xi32>)
       -> (tensor<2x12x4x16xbf16>, tensor<2x12x4xf32>)
   return %o : tensor<2x12x4x16xbf16>
 }
@@ -46,12 +46,12 @@ func.func @step(%q: tensor<1x12x8x64xbf16> {dflash.arg = #dflash.arg<input, "q">
                 %kc: tensor<1x32x1x64xbf16> {dflash.arg = #dflash.arg<input, "kc">},
                 %kd: tensor<1x12x1x64xbf16> {dflash.arg = #dflash.arg<input, "kd">},
                 %a: tensor<1x1xi32> {dflash.arg = #dflash.arg<input, "anchors">},
-                %keep: tensor<1x1xi8> {dflash.arg = #dflash.arg<input, "keep">})
+                %keep: tensor<1x1xi8> {dflash.arg = #dflash.arg<input, "keep">}, %pos: tensor<1x32xi32> {dflash.arg = #dflash.arg<input, "position_ids">})
     -> (tensor<1x12x8x64xbf16> {dflash.arg = #dflash.arg<metric, "o">}) {
   // expected-error @+1 {{has no attention kernel for 96 query rows per block and kv head: 'drafter.block_size' x 'drafter.num_heads' / 'drafter.num_kv_heads' must be at most 64, or 128}}
-  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep {block_size = 12 : i64}
+  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep, %pos {block_size = 12 : i64}
       : (tensor<1x12x8x64xbf16>, tensor<1x32x1x64xbf16>, tensor<1x32x1x64xbf16>,
-         tensor<1x12x1x64xbf16>, tensor<1x12x1x64xbf16>, tensor<1x1xi32>, tensor<1x1xi8>)
+         tensor<1x12x1x64xbf16>, tensor<1x12x1x64xbf16>, tensor<1x1xi32>, tensor<1x1xi8>, tensor<1x32xi32>)
       -> (tensor<1x12x8x64xbf16>, tensor<1x12x8xf32>)
   return %o : tensor<1x12x8x64xbf16>
 }
@@ -78,12 +78,12 @@ func.func @step(%q: tensor<1x128x1x64xbf16> {dflash.arg = #dflash.arg<input, "q"
                 %kc: tensor<1x32x1x64xbf16> {dflash.arg = #dflash.arg<input, "kc">},
                 %kd: tensor<1x128x1x64xbf16> {dflash.arg = #dflash.arg<input, "kd">},
                 %a: tensor<1x1xi32> {dflash.arg = #dflash.arg<input, "anchors">},
-                %keep: tensor<1x1xi8> {dflash.arg = #dflash.arg<input, "keep">})
+                %keep: tensor<1x1xi8> {dflash.arg = #dflash.arg<input, "keep">}, %pos: tensor<1x32xi32> {dflash.arg = #dflash.arg<input, "position_ids">})
     -> (tensor<1x128x1x64xbf16> {dflash.arg = #dflash.arg<metric, "o">}) {
   // expected-error @+1 {{has no attention kernel for blocks of 128 tokens: 'drafter.block_size' must be at most 64}}
-  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep {block_size = 128 : i64}
+  %o, %lse = dflash.block_attention %q, %kc, %kc, %kd, %kd, %a, %keep, %pos {block_size = 128 : i64}
       : (tensor<1x128x1x64xbf16>, tensor<1x32x1x64xbf16>, tensor<1x32x1x64xbf16>,
-         tensor<1x128x1x64xbf16>, tensor<1x128x1x64xbf16>, tensor<1x1xi32>, tensor<1x1xi8>)
+         tensor<1x128x1x64xbf16>, tensor<1x128x1x64xbf16>, tensor<1x1xi32>, tensor<1x1xi8>, tensor<1x32xi32>)
       -> (tensor<1x128x1x64xbf16>, tensor<1x128x1xf32>)
   return %o : tensor<1x128x1x64xbf16>
 }

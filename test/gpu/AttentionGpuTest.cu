@@ -6,8 +6,10 @@
 // kernels/BlockAttentionWgmmaBwdDq.cuh) against ref::blockAttention(Grad) in
 // double on the same bf16-rounded inputs, over the template configurations
 // of the shipped drafters (and small ones that stress the tiling), with
-// anchors at 0, 1 and S-2, windows wider than the context, and keep = 0
-// blocks both trailing (as the sampler writes them) and scattered.
+// anchors at 0, 1 and S-2, windows wider than the context, keep = 0
+// blocks both trailing (as the sampler writes them) and scattered, and
+// packed rows (SEMANTICS.md section 9: contexts bounded by the anchor's
+// conversation).
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,6 +34,28 @@ enum class Anchors {
   ScatteredKeep0,      ///< keep = 0 anywhere, anchors still ascending
   NoneKept,            ///< every slot keep = 0
 };
+
+/// Unpacked rows (position_ids = arange), or rows packed with conversations
+/// of S/10 to S/3 tokens.
+enum class Rows { Unpacked, Packed };
+
+std::vector<int32_t> makePositions(int B, int S, Rows rows,
+                                   std::mt19937_64 &rng) {
+  std::vector<int32_t> positions(size_t(B) * S);
+  std::uniform_int_distribution<int> length(std::max(2, S / 10),
+                                            std::max(2, S / 3));
+  for (int b = 0; b < B; ++b) {
+    int left = rows == Rows::Packed ? length(rng) : S, p = 0;
+    for (int j = 0; j < S; ++j, --left) {
+      if (left == 0) {
+        left = length(rng);
+        p = 0;
+      }
+      positions[size_t(b) * S + j] = p++;
+    }
+  }
+  return positions;
+}
 
 void makeAnchors(int B, int S, int N, Anchors mode, std::mt19937_64 &rng,
                  std::vector<int32_t> &anchors, std::vector<uint8_t> &keep) {
@@ -75,22 +99,28 @@ struct Problem {
   Bf16Tensor q, ck, cv, dk, dv, dOut;
   std::vector<int32_t> anchors;
   std::vector<uint8_t> keep;
+  std::vector<int32_t> positions;
   DeviceBuffer<int32_t> dAnchors;
   DeviceBuffer<uint8_t> dKeep;
+  DeviceBuffer<int32_t> dPositions;
   std::vector<double> refOut, refLse, refDq, refDck, refDcv, refDdk, refDdv;
 
   Problem(int B, int S, int N, int bs, int nh, int nkv, int d, int window,
-          bool causal, Anchors mode, std::mt19937_64 &rng)
+          bool causal, Anchors mode, std::mt19937_64 &rng,
+          Rows rows = Rows::Unpacked)
       : B(B), S(S), N(N), Q(N * bs), qElems(size_t(B) * N * bs * nh * d),
         ctxElems(size_t(B) * S * nkv * d),
         draftElems(size_t(B) * N * bs * nkv * d),
         q(randomBf16(qElems, rng, 1.5)), ck(randomBf16(ctxElems, rng)),
         cv(randomBf16(ctxElems, rng)), dk(randomBf16(draftElems, rng)),
         dv(randomBf16(draftElems, rng)), dOut(randomBf16(qElems, rng)),
-        dAnchors(size_t(B) * N), dKeep(size_t(B) * N) {
+        dAnchors(size_t(B) * N), dKeep(size_t(B) * N),
+        dPositions(size_t(B) * S) {
     makeAnchors(B, S, N, mode, rng, anchors, keep);
+    positions = makePositions(B, S, rows, rng);
     dAnchors.upload(anchors);
     dKeep.upload(keep);
+    dPositions.upload(positions);
     ref::AttentionShape shape{B, S, N, bs, nh, nkv, d};
     shape.window = window;
     shape.causal = causal;
@@ -98,7 +128,8 @@ struct Problem {
     refLse.resize(size_t(B) * Q * nh);
     ref::blockAttention(q.values.data(), ck.values.data(), cv.values.data(),
                         dk.values.data(), dv.values.data(), anchors.data(),
-                        keep.data(), refOut.data(), refLse.data(), shape);
+                        keep.data(), positions.data(), refOut.data(),
+                        refLse.data(), shape);
     refDq.resize(qElems);
     refDck.resize(ctxElems);
     refDcv.resize(ctxElems);
@@ -107,8 +138,8 @@ struct Problem {
     ref::blockAttentionGrad(
         dOut.values.data(), q.values.data(), ck.values.data(), cv.values.data(),
         dk.values.data(), dv.values.data(), anchors.data(), keep.data(),
-        refOut.data(), refLse.data(), refDq.data(), refDck.data(),
-        refDcv.data(), refDdk.data(), refDdv.data(), shape);
+        positions.data(), refOut.data(), refLse.data(), refDq.data(),
+        refDck.data(), refDcv.data(), refDdk.data(), refDdv.data(), shape);
   }
 };
 
@@ -146,10 +177,11 @@ void checkForward(const Problem &p, DeviceBuffer<bf16> &out,
                   DeviceBuffer<float> &lse) {
   SCOPED_TRACE(testing::Message() << "forward MT=" << MT << " KT=" << KT);
   poisonAll(out, lse);
-  kernels::BlockAttentionFwdArgs fa{p.q.ptr(),     p.ck.ptr(), p.cv.ptr(),
-                                    p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
-                                    p.dKeep.get(), out.get(),  lse.get(),
-                                    p.B,           p.S,        p.N};
+  kernels::BlockAttentionFwdArgs fa{
+      p.q.ptr(),  p.ck.ptr(),       p.cv.ptr(),    p.dk.ptr(),
+      p.dv.ptr(), p.dAnchors.get(), p.dKeep.get(), p.dPositions.get(),
+      out.get(),  lse.get(),        p.B,           p.S,
+      p.N};
   kernels::mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, MT,
                                              KT>(fa, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
@@ -163,10 +195,11 @@ void checkForwardWgmma(const Problem &p) {
   DeviceBuffer<bf16> out(p.qElems);
   DeviceBuffer<float> lse(p.refLse.size());
   poisonAll(out, lse);
-  kernels::BlockAttentionFwdArgs fa{p.q.ptr(),     p.ck.ptr(), p.cv.ptr(),
-                                    p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
-                                    p.dKeep.get(), out.get(),  lse.get(),
-                                    p.B,           p.S,        p.N};
+  kernels::BlockAttentionFwdArgs fa{
+      p.q.ptr(),  p.ck.ptr(),       p.cv.ptr(),    p.dk.ptr(),
+      p.dv.ptr(), p.dAnchors.get(), p.dKeep.get(), p.dPositions.get(),
+      out.get(),  lse.get(),        p.B,           p.S,
+      p.N};
   kernels::sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
       fa, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
@@ -178,13 +211,15 @@ void checkForwardWgmma(const Problem &p) {
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
-void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
+void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
+                  Rows rows = Rows::Unpacked) {
   SCOPED_TRACE(testing::Message()
                << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
                << " WINDOW=" << WINDOW << " CAUSAL=" << CAUSAL << " B=" << B
-               << " S=" << S << " N=" << N << " mode=" << int(mode));
+               << " S=" << S << " N=" << N << " mode=" << int(mode)
+               << " packed=" << (rows == Rows::Packed));
   std::mt19937_64 rng(seed);
-  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng);
+  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng, rows);
   checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(p);
 }
 
@@ -216,6 +251,7 @@ struct BackwardRun {
     args.draftValues = p.dv.ptr();
     args.anchors = p.dAnchors.get();
     args.keep = p.dKeep.get();
+    args.positionIds = p.dPositions.get();
     args.out = out.get();
     args.lse = lse.get();
     args.dq = dq.get();
@@ -287,13 +323,15 @@ void checkBackwardWgmma(const Problem &p, const DeviceBuffer<bf16> &out,
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           bool ALL_VARIANTS = true>
-void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed) {
+void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
+                     Rows rows = Rows::Unpacked) {
   SCOPED_TRACE(testing::Message()
                << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
                << " WINDOW=" << WINDOW << " CAUSAL=" << CAUSAL << " B=" << B
-               << " S=" << S << " N=" << N << " mode=" << int(mode));
+               << " S=" << S << " N=" << N << " mode=" << int(mode)
+               << " packed=" << (rows == Rows::Packed));
   std::mt19937_64 rng(seed);
-  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng);
+  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng, rows);
   DeviceBuffer<bf16> out(p.qElems);
   DeviceBuffer<float> lse(p.refLse.size());
   checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 2, 64>(p, out, lse);
@@ -345,13 +383,15 @@ void sweepBwdWgmma(int B, int S, int N, uint64_t seed) {
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
-void runCase(int B, int S, int N, Anchors mode, uint64_t seed) {
+void runCase(int B, int S, int N, Anchors mode, uint64_t seed,
+             Rows rows = Rows::Unpacked) {
   SCOPED_TRACE(testing::Message()
                << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
                << " WINDOW=" << WINDOW << " CAUSAL=" << CAUSAL << " B=" << B
-               << " S=" << S << " N=" << N << " mode=" << int(mode));
+               << " S=" << S << " N=" << N << " mode=" << int(mode)
+               << " packed=" << (rows == Rows::Packed));
   std::mt19937_64 rng(seed);
-  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng);
+  Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng, rows);
   DeviceBuffer<bf16> out(p.qElems);
   DeviceBuffer<float> lse(p.refLse.size());
   checkForward<D, BS, NH, NKV, WINDOW, CAUSAL, 1, 64>(p, out, lse);
@@ -376,7 +416,8 @@ void sweep(int B, int S, int N, uint64_t seed) {
 /// The entry points the generated step calls (block_attention_fwd_bf16,
 /// block_attention_bwd_bf16), whichever kernels they pick for the shape.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
-void checkStepEntryPoints(int B, int S, int N, uint64_t seed) {
+void checkStepEntryPoints(int B, int S, int N, uint64_t seed,
+                          Rows rows = Rows::Unpacked) {
   SCOPED_TRACE(testing::Message()
                << "entry points D=" << D << " BS=" << BS << " NH=" << NH
                << " NKV=" << NKV << " WINDOW=" << WINDOW << " wgmma fwd "
@@ -384,14 +425,15 @@ void checkStepEntryPoints(int B, int S, int N, uint64_t seed) {
                << kernels::wgmmaBackwardSupports(D, BS, NH, NKV));
   std::mt19937_64 rng(seed);
   Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, Anchors::ScatteredKeep0,
-            rng);
+            rng, rows);
   DeviceBuffer<bf16> out(p.qElems);
   DeviceBuffer<float> lse(p.refLse.size());
   poisonAll(out, lse);
-  kernels::BlockAttentionFwdArgs fa{p.q.ptr(),     p.ck.ptr(), p.cv.ptr(),
-                                    p.dk.ptr(),    p.dv.ptr(), p.dAnchors.get(),
-                                    p.dKeep.get(), out.get(),  lse.get(),
-                                    p.B,           p.S,        p.N};
+  kernels::BlockAttentionFwdArgs fa{
+      p.q.ptr(),  p.ck.ptr(),       p.cv.ptr(),    p.dk.ptr(),
+      p.dv.ptr(), p.dAnchors.get(), p.dKeep.get(), p.dPositions.get(),
+      out.get(),  lse.get(),        p.B,           p.S,
+      p.N};
   kernels::block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   expectForwardClose(p, out, lse);
@@ -472,12 +514,12 @@ TEST(BlockAttentionWgmma, NothingKept) {
 // blocks, anchors 0, 1, S-2), contexts of several 128-key tiles, a window
 // that cuts contexts mid-tile, one wider than the context; 128-row blocks
 // (query tiles of half a block).
-// qwen3-8b's N (512) takes the row stage and the adder warpgroup; 5624 is the
-// most that fits (1024 + 186432 + 8 N bytes), past it the backward adds from
-// the fragments.
+// qwen3-8b's N (512) takes the row stage and the adder warpgroup; 3749 is the
+// most that fits (1024 + 186432 + 12 N bytes: anchors, conversation starts
+// and query tiles), past it the backward adds from the fragments.
 static_assert(kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 512) &&
-              kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 5624) &&
-              !kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 5625));
+              kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 3749) &&
+              !kernels::wgmmaBwdRowStageFits(128, 16, 32, 8, 3750));
 static_assert(kernels::wgmmaBackwardSupports(128, 16, 32, 8) &&
               kernels::wgmmaBackwardSupports(128, 16, 8, 1) &&
               !kernels::wgmmaBackwardSupports(64, 8, 16, 2) &&
@@ -510,6 +552,33 @@ TEST(BlockAttentionBwdWgmma, NothingKept) {
   runBwdWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 46);
 }
 
+// Packed rows (SEMANTICS.md section 9): each block sees only its anchor's
+// conversation, on every kernel: mma.sync both ways (full, a sliding window
+// that crosses conversation starts, small blocks), the wgmma forward and
+// backward (full and sliding) and the step's entry points.
+TEST(BlockAttention, PackedRows) {
+  runCase<128, 16, 32, 8, 0, false>(2, 300, 20, Anchors::ScatteredKeep0, 61,
+                                    Rows::Packed);
+  runCase<128, 16, 32, 8, 64, true>(2, 300, 20, Anchors::SortedTrailingKeep0,
+                                    62, Rows::Packed);
+  runCase<64, 4, 4, 2, 7, true>(2, 100, 30, Anchors::ScatteredKeep0, 63,
+                                Rows::Packed);
+}
+
+TEST(BlockAttentionWgmma, PackedRows) {
+  runWgmmaCase<128, 16, 32, 8, 0, false>(2, 900, 30, Anchors::ScatteredKeep0,
+                                         64, Rows::Packed);
+  runWgmmaCase<128, 16, 32, 8, 200, true>(
+      2, 900, 30, Anchors::SortedTrailingKeep0, 65, Rows::Packed);
+}
+
+TEST(BlockAttentionBwdWgmma, PackedRows) {
+  runBwdWgmmaCase<128, 16, 32, 8, 0, false, false>(
+      2, 900, 30, Anchors::ScatteredKeep0, 66, Rows::Packed);
+  runBwdWgmmaCase<128, 16, 32, 8, 200, true, false>(
+      2, 900, 30, Anchors::SortedTrailingKeep0, 67, Rows::Packed);
+}
+
 // What the generated step runs: wgmma both ways (qwen3-8b full and sliding),
 // wgmma forward only (gpt-oss, d 64), wgmma backward only (128 rows per
 // block), and neither (Llama's 40 rows).
@@ -518,5 +587,7 @@ TEST(BlockAttentionStepEntryPoints, EveryKernelChoice) {
   checkStepEntryPoints<128, 16, 32, 8, 200, true>(1, 700, 25, 42);
   checkStepEntryPoints<64, 8, 16, 2, 0, false>(2, 200, 24, 43);
   checkStepEntryPoints<128, 16, 8, 1, 0, false>(2, 200, 10, 44);
+  checkStepEntryPoints<128, 16, 32, 8, 0, false>(2, 300, 21, 45, Rows::Packed);
+  checkStepEntryPoints<128, 10, 8, 2, 0, false>(2, 220, 20, 46, Rows::Packed);
   checkStepEntryPoints<128, 10, 8, 2, 0, false>(2, 220, 20, 45);
 }

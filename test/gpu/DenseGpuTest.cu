@@ -193,7 +193,7 @@ TEST(DraftBlocks, EmbedPositionsTargets) {
   constexpr int H = 264;
   kernels::DraftBlocksShape shape{B, S, N, bs};
   const int64_t Q = int64_t(N) * bs;
-  std::vector<int32_t> ids(B * S), anchors(B * N);
+  std::vector<int32_t> ids(B * S), anchors(B * N), positions(B * S);
   std::vector<uint8_t> keep(B * N), lossMask(B * S);
   std::uniform_int_distribution<int> tok(0, V - 2), pos(0, S - 2);
   std::bernoulli_distribution coin(0.7);
@@ -205,42 +205,49 @@ TEST(DraftBlocks, EmbedPositionsTargets) {
     anchors[i] = i % N == N - 1 ? S - 2 : pos(rng); // one block runs past S
     keep[i] = coin(rng);
   }
-  DeviceBuffer<int32_t> dIds(ids.size()), dAnchors(anchors.size());
+  // Row 0 unpacked; rows 1 and 2 packed, conversations restarting every 25
+  // and every 11 tokens (SEMANTICS.md section 9).
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < S; ++j)
+      positions[b * S + j] = b == 0 ? j : j % (b == 1 ? 25 : 11);
+  DeviceBuffer<int32_t> dIds(ids.size()), dAnchors(anchors.size()),
+      dPositions(positions.size());
   DeviceBuffer<uint8_t> dKeep(keep.size()), dMask(lossMask.size());
   dIds.upload(ids);
   dAnchors.upload(anchors);
   dKeep.upload(keep);
   dMask.upload(lossMask);
+  dPositions.upload(positions);
   Bf16Tensor table = randomBf16(size_t(V) * H, rng);
 
-  std::vector<int32_t> refTokens(B * Q), refPos(B * Q), refLabels(B * Q),
-      refSeq(B * S);
+  std::vector<int32_t> refTokens(B * Q), refPos(B * Q), refLabels(B * Q);
   std::vector<double> refW(B * Q);
   ref::draftTokens(ids.data(), anchors.data(), keep.data(), refTokens.data(), B,
                    S, N, bs, mask);
-  ref::draftPositions(anchors.data(), refPos.data(), B, N, bs);
+  ref::draftPositions(anchors.data(), positions.data(), refPos.data(), B, S, N,
+                      bs);
   ref::draftTargets(ids.data(), lossMask.data(), anchors.data(), keep.data(),
-                    refLabels.data(), refW.data(), B, S, N, bs, 7.0);
-  ref::sequencePositions(refSeq.data(), B, S);
+                    positions.data(), refLabels.data(), refW.data(), B, S, N,
+                    bs, 7.0);
   std::vector<double> refX(B * Q * H);
   ref::embed(table.values.data(), refTokens.data(), refX.data(), B * Q, H);
 
   DeviceBuffer<bf16> x(B * Q * H);
-  DeviceBuffer<int32_t> tokens(B * Q), dPos(B * Q), labels(B * Q), seq(B * S);
+  DeviceBuffer<int32_t> tokens(B * Q), dPos(B * Q), labels(B * Q);
   DeviceBuffer<float> weights(B * Q);
-  poisonAll(tokens, dPos, labels, seq, x, weights);
+  poisonAll(tokens, dPos, labels, x, weights);
   kernels::draft_embed_bf16<H>(table.ptr(), dIds.get(), dAnchors.get(),
                                dKeep.get(), x.get(), tokens.get(), shape, mask,
                                0);
-  kernels::draft_positions(dAnchors.get(), dPos.get(), shape, 0);
-  kernels::sequence_positions(seq.get(), B, S, 0);
+  kernels::draft_positions(dAnchors.get(), dPositions.get(), dPos.get(), shape,
+                           0);
   kernels::draft_targets(dIds.get(), dMask.get(), dAnchors.get(), dKeep.get(),
-                         labels.get(), weights.get(), shape, 7.0, 0);
+                         dPositions.get(), labels.get(), weights.get(), shape,
+                         7.0, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(tokens.download(), refTokens);
   EXPECT_EQ(dPos.download(), refPos);
   EXPECT_EQ(labels.download(), refLabels);
-  EXPECT_EQ(seq.download(), refSeq);
   EXPECT_CLOSE(downloadF32(weights), refW, 1e-7, "weights");
   EXPECT_CLOSE(downloadBf16(x), refX, 0.0, "embedding rows");
 }

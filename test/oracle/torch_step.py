@@ -65,11 +65,11 @@ def rope(x, pos, theta):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
-def visibility(anchors, keep, S, bs, window, causal):
-    """The [B, Q, S+Q] mask of SEMANTICS.md section 3: query (n, k) sees
-    context key j iff keep and j < anchor (and j >= anchor + k - (W-1) in a
-    sliding layer), and draft key (n, k') of its own block for every k', or
-    only k' <= k in a sliding layer."""
+def visibility(anchors, keep, positions, S, bs, window, causal):
+    """The [B, Q, S+Q] mask of SEMANTICS.md sections 3 and 9: query (n, k)
+    sees context key j iff keep and doc_start(anchor) <= j < anchor (and
+    j >= anchor + k - (W-1) in a sliding layer), and draft key (n, k') of its
+    own block for every k', or only k' <= k in a sliding layer."""
     B, N = anchors.shape
     Q = N * bs
     mask = torch.zeros(B, Q, S + Q, dtype=torch.bool)
@@ -78,9 +78,10 @@ def visibility(anchors, keep, S, bs, window, causal):
             if not keep[b, n]:
                 continue
             a = int(anchors[b, n])
+            start = a - int(positions[b, a])
             for k in range(bs):
                 q = n * bs + k
-                lo = max(0, a + k - (window - 1)) if window else 0
+                lo = max(start, a + k - (window - 1)) if window else start
                 if lo < a:
                     mask[b, q, lo:a] = True
                 for kk in range(bs):
@@ -113,6 +114,7 @@ def step(t, cfg, dtype):
     hidden = torch.tensor(t["input.target_hidden"], dtype=dtype)
     anchors = torch.tensor(t["input.anchors"], dtype=torch.int64)
     keep = torch.tensor(t["input.keep"]) != 0
+    positions = torch.tensor(t["input.position_ids"], dtype=torch.int64)
     embed = torch.tensor(t["frozen.embed"], dtype=dtype)
     lm_head = torch.tensor(t["frozen.lm_head"], dtype=dtype) \
         if "frozen.lm_head" in t else embed
@@ -135,9 +137,10 @@ def step(t, cfg, dtype):
             if keep[b, n]:
                 noise[b, n * bs] = ids[b, anchors[b, n]]
     x = embed[noise]
-    # 3. Positions.
-    ctx_pos = torch.arange(S)[None, :].expand(B, S)
-    draft_pos = (anchors[:, :, None] + torch.arange(bs)[None, None, :]).reshape(B, Q)
+    # 3. Positions, within each conversation (SEMANTICS.md section 9).
+    ctx_pos = positions
+    anchor_pos = positions.gather(1, anchors)
+    draft_pos = (anchor_pos[:, :, None] + torch.arange(bs)[None, None, :]).reshape(B, Q)
     # 4. Layers.
     for i, layer in enumerate(cfg["layers"]):
         p = "layers.%d." % i
@@ -149,7 +152,8 @@ def step(t, cfg, dtype):
         k = (kv_in @ P(p + "self_attn.k_proj.weight").T).view(B, S + Q, nkv, d)
         k = rope(rms_norm(k, P(p + "self_attn.k_norm.weight"), eps), kv_pos, theta)
         v = (kv_in @ P(p + "self_attn.v_proj.weight").T).view(B, S + Q, nkv, d)
-        mask = visibility(anchors, keep, S, bs, layer["window"], layer["window"] > 0)
+        mask = visibility(anchors, keep, positions, S, bs, layer["window"],
+                          layer["window"] > 0)
         o = attention(q, k, v, mask).reshape(B, Q, nh * d)
         x = x + o @ P(p + "self_attn.o_proj.weight").T
         h2 = rms_norm(x, P(p + "post_attention_layernorm.weight"), eps)
@@ -158,7 +162,8 @@ def step(t, cfg, dtype):
         x = x + (torch.nn.functional.silu(gate) * up) @ P(p + "mlp.down_proj.weight").T
     y = rms_norm(x, P("norm.weight"), eps)
     logits = y @ lm_head.T
-    # Loss: same-position labels, k > 0, inside the row, supervised, decayed.
+    # Loss: same-position labels, k > 0, inside the row and the anchor's
+    # conversation, supervised, decayed.
     labels = torch.zeros(B, Q, dtype=torch.int64)
     w = torch.zeros(B, Q, dtype=dtype)
     for b in range(B):
@@ -168,7 +173,8 @@ def step(t, cfg, dtype):
                 pos = a + kk
                 if pos < S:
                     labels[b, n * bs + kk] = ids[b, pos]
-                if keep[b, n] and kk > 0 and pos < S and loss_mask[b, pos]:
+                if keep[b, n] and kk > 0 and pos < S and loss_mask[b, pos] \
+                        and positions[b, pos] == positions[b, a] + kk:
                     decay = np.exp(-(kk - 1) / gamma) if gamma > 0 else 1.0
                     w[b, n * bs + kk] = decay
     ce = torch.logsumexp(logits, -1) - logits.gather(-1, labels[..., None])[..., 0]

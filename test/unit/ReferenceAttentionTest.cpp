@@ -30,6 +30,8 @@ struct AttentionCase {
   AttentionShape shape;
   std::vector<int32_t> anchors;
   std::vector<uint8_t> keep;
+  /// [B, S]: arange in each row, or restarting at each packed conversation.
+  std::vector<int32_t> positions;
   Vector q, contextKeys, contextValues, draftKeys, draftValues;
 
   int64_t queryCount() const { return shape.B * shape.Q(); }
@@ -51,13 +53,32 @@ AttentionCase makeCase(std::string name, AttentionShape shape,
                   {},
                   {},
                   {},
+                  {},
                   {}};
+  for (int64_t i = 0; i < shape.B * shape.S; ++i)
+    c.positions.push_back(int32_t(i % shape.S));
   std::mt19937_64 rng(seed);
   c.q = randomVector(rng, c.qSize());
   c.contextKeys = randomVector(rng, c.contextSize());
   c.contextValues = randomVector(rng, c.contextSize());
   c.draftKeys = randomVector(rng, c.draftSize());
   c.draftValues = randomVector(rng, c.draftSize());
+  return c;
+}
+
+/// `c` with its rows packed: every row's positions restart at 0 at each
+/// column of `starts` (SEMANTICS.md section 9).
+AttentionCase packed(AttentionCase c, const std::vector<int64_t> &starts) {
+  const int64_t S = c.shape.S;
+  for (int64_t b = 0; b < c.shape.B; ++b) {
+    int32_t p = 0;
+    for (int64_t j = 0; j < S; ++j) {
+      if (std::find(starts.begin(), starts.end(), j) != starts.end())
+        p = 0;
+      c.positions[size_t(b * S + j)] = p++;
+    }
+  }
+  c.name += "_packed";
   return c;
 }
 
@@ -93,6 +114,18 @@ std::vector<AttentionCase> attentionCases() {
   cases.push_back(makeCase("full_causal_mha_bs3",
                            attentionShape(1, 9, 3, 3, 2, 2, 4, 0, true),
                            {0, 3, 7}, {1, 1, 1}, 16));
+  // Packed rows: anchors at, just after and well past a conversation start,
+  // blocks that run into the next conversation, a window that reaches back
+  // over a boundary.
+  cases.push_back(packed(
+      makeCase("full_gqa2_bs4", attentionShape(2, 12, 3, 4, 4, 2, 8, 0, false),
+               {0, 5, 10, 1, 4, 7}, {1, 1, 1, 1, 1, 1}, 17),
+      {4, 7}));
+  cases.push_back(
+      packed(makeCase("sliding_causal_gqa4_bs3",
+                      attentionShape(2, 13, 4, 3, 4, 1, 6, 3, true),
+                      {1, 5, 7, 11, 0, 3, 9, 10}, {1, 1, 1, 1, 1, 1, 1, 1}, 18),
+             {5, 9}));
   return cases;
 }
 
@@ -105,7 +138,8 @@ AttentionResult runAttention(const AttentionCase &c) {
                          Vector(c.queryCount() * c.shape.nh)};
   blockAttention(c.q.data(), c.contextKeys.data(), c.contextValues.data(),
                  c.draftKeys.data(), c.draftValues.data(), c.anchors.data(),
-                 c.keep.data(), result.out.data(), result.lse.data(), c.shape);
+                 c.keep.data(), c.positions.data(), result.out.data(),
+                 result.lse.data(), c.shape);
   return result;
 }
 
@@ -122,13 +156,14 @@ AttentionGradients runAttentionGrad(const AttentionCase &c,
   blockAttentionGrad(
       dOut.data(), c.q.data(), c.contextKeys.data(), c.contextValues.data(),
       c.draftKeys.data(), c.draftValues.data(), c.anchors.data(), c.keep.data(),
-      forward.out.data(), forward.lse.data(), grads.dq.data(),
-      grads.dContextKeys.data(), grads.dContextValues.data(),
+      c.positions.data(), forward.out.data(), forward.lse.data(),
+      grads.dq.data(), grads.dContextKeys.data(), grads.dContextValues.data(),
       grads.dDraftKeys.data(), grads.dDraftValues.data(), c.shape);
   return grads;
 }
 
-/// Written from the words of SEMANTICS.md section 3, item 4, independently
+/// Written from the words of SEMANTICS.md section 3, item 4 (and section 9
+/// for packed rows: doc_start(j) = j - position_ids[j]), independently
 /// of the reference: a [Q, S + Q] visibility mask per row, then a plain
 /// softmax over the visible columns of the scaled scores.
 AttentionResult denseMaskAttention(const AttentionCase &c) {
@@ -145,8 +180,9 @@ AttentionResult denseMaskAttention(const AttentionCase &c) {
       const int64_t anchor = c.anchors[b * s.N + n];
       if (!c.keep[b * s.N + n])
         continue;
+      const int64_t docStart = anchor - c.positions[b * s.S + anchor];
       for (int64_t j = 0; j < s.S; ++j) {
-        bool visible = j < anchor;
+        bool visible = j < anchor && j >= docStart;
         if (s.window > 0 && j < anchor + k - (s.window - 1))
           visible = false;
         mask[i][j] = visible;
@@ -301,7 +337,8 @@ TEST(ReferenceAttention, TrapAnchorContextIsInvisible) {
         for (int64_t j = anchor; j < s.S; ++j)
           EXPECT_EQ(blockOutputsWithContextChanged(c, b, n, j, 0.5), baseline)
               << "block " << n << " of row " << b << " sees context " << j;
-        if (anchor == 0)
+        // At a conversation's first token there is nothing before it to see.
+        if (anchor == 0 || c.positions[size_t(b * s.S + anchor)] == 0)
           continue;
         const Vector changed =
             blockOutputsWithContextChanged(c, b, n, anchor - 1, 0.5);
@@ -313,6 +350,28 @@ TEST(ReferenceAttention, TrapAnchorContextIsInvisible) {
     }
   }
   EXPECT_GT(checkedBefore, 10);
+}
+
+// SEMANTICS.md section 9: a block of a packed row sees the first token of
+// its anchor's conversation and nothing of the conversation before.
+TEST(ReferenceAttention, ConversationStartBoundsTheContext) {
+  // Conversations start at 0, 6 and 11; blocks anchored at 3, 9 and 14.
+  const AttentionCase c =
+      packed(makeCase("bounds", attentionShape(1, 18, 3, 4, 2, 1, 4, 0, false),
+                      {3, 9, 14}, {1, 1, 1}, 22),
+             {6, 11});
+  const int64_t starts[] = {0, 6, 11};
+  for (int64_t n = 0; n < 3; ++n) {
+    const Vector baseline = blockOutputsWithContextChanged(c, 0, n, 0, 0.0);
+    EXPECT_GT(
+        relativeError(blockOutputsWithContextChanged(c, 0, n, starts[n], 0.5),
+                      baseline),
+        1e-3)
+        << "block " << n << " misses its conversation's first token";
+    for (int64_t j = 0; j < starts[n]; ++j)
+      EXPECT_EQ(blockOutputsWithContextChanged(c, 0, n, j, 0.5), baseline)
+          << "block " << n << " sees " << j << " of an earlier conversation";
+  }
 }
 
 // The window edge: query (n, k) sees context a + k - (W - 1) but not
@@ -433,8 +492,8 @@ TEST(ReferenceAttention, GradientOverwritesOutputs) {
   blockAttentionGrad(
       dOut.data(), c.q.data(), c.contextKeys.data(), c.contextValues.data(),
       c.draftKeys.data(), c.draftValues.data(), c.anchors.data(), c.keep.data(),
-      forward.out.data(), forward.lse.data(), dirty.dq.data(),
-      dirty.dContextKeys.data(), dirty.dContextValues.data(),
+      c.positions.data(), forward.out.data(), forward.lse.data(),
+      dirty.dq.data(), dirty.dContextKeys.data(), dirty.dContextValues.data(),
       dirty.dDraftKeys.data(), dirty.dDraftValues.data(), c.shape);
   EXPECT_EQ(dirty.dq, clean.dq);
   EXPECT_EQ(dirty.dContextKeys, clean.dContextKeys);
@@ -456,8 +515,8 @@ TEST(ReferenceAttention, FloatMatchesDouble) {
                            dv = toFloat(c.draftValues);
   std::vector<float> out(c.qSize()), lse(c.queryCount() * c.shape.nh);
   blockAttention(q.data(), ck.data(), cv.data(), dk.data(), dv.data(),
-                 c.anchors.data(), c.keep.data(), out.data(), lse.data(),
-                 c.shape);
+                 c.anchors.data(), c.keep.data(), c.positions.data(),
+                 out.data(), lse.data(), c.shape);
   EXPECT_LT(relativeError(Vector(out.begin(), out.end()), expected.out), 1e-6);
 }
 

@@ -16,17 +16,49 @@ using namespace dflash::ref;
 
 namespace {
 
-TEST(ReferenceDraftBlocks, SequencePositions) {
-  std::vector<int32_t> out(6, -1);
-  sequencePositions(out.data(), 2, 3);
-  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));
+/// arange(S) in each of B rows: the positions of unpacked rows.
+std::vector<int32_t> unpacked(int64_t B, int64_t S) {
+  std::vector<int32_t> p(size_t(B * S));
+  for (int64_t i = 0; i < B * S; ++i)
+    p[size_t(i)] = int32_t(i % S);
+  return p;
 }
 
 TEST(ReferenceDraftBlocks, DraftPositions) {
   const std::vector<int32_t> anchors = {3, 7, 0, 5};
   std::vector<int32_t> out(12, -1);
-  draftPositions(anchors.data(), out.data(), 2, 2, 3);
+  draftPositions(anchors.data(), unpacked(2, 10).data(), out.data(), 2, 10, 2,
+                 3);
   EXPECT_EQ(out, (std::vector<int32_t>{3, 4, 5, 7, 8, 9, 0, 1, 2, 5, 6, 7}));
+}
+
+// A packed row (SEMANTICS.md section 9): conversations of 4 and 6 tokens;
+// a draft slot sits at its anchor's position in the anchor's conversation.
+TEST(ReferenceDraftBlocks, DraftPositionsInAPackedRow) {
+  const std::vector<int32_t> positions = {0, 1, 2, 3, 0, 1, 2, 3, 4, 5};
+  const std::vector<int32_t> anchors = {1, 6};
+  std::vector<int32_t> out(6, -1);
+  draftPositions(anchors.data(), positions.data(), out.data(), 1, 10, 2, 3);
+  EXPECT_EQ(out, (std::vector<int32_t>{1, 2, 3, 2, 3, 4}));
+}
+
+// Weights stop where the anchor's conversation ends, even where the next
+// one is supervised; labels are still the row's tokens.
+TEST(ReferenceDraftBlocks, DraftTargetsStopAtTheConversationEnd) {
+  const std::vector<int32_t> ids = {10, 11, 12, 13, 14, 15, 16, 17};
+  const std::vector<uint8_t> lossMask(8, 1);
+  const std::vector<int32_t> positions = {0, 1, 2, 0, 1, 2, 3, 4};
+  const std::vector<int32_t> anchors = {1, 3};
+  const std::vector<uint8_t> keep = {1, 1};
+  std::vector<int32_t> labels(8, -1);
+  std::vector<double> weights(8, -1.0);
+  draftTargets(ids.data(), lossMask.data(), anchors.data(), keep.data(),
+               positions.data(), labels.data(), weights.data(), 1, 8, 2, 4,
+               0.0);
+  EXPECT_EQ(labels, (std::vector<int32_t>{11, 12, 13, 14, 13, 14, 15, 16}));
+  // Block 0 (anchor 1 of the first conversation): 12 only; 13 and 14 are
+  // the second's. Block 1 (anchor 3, the second's start): 14, 15, 16.
+  EXPECT_EQ(weights, (std::vector<double>{0, 1, 0, 0, 0, 1, 1, 1}));
 }
 
 TEST(ReferenceDraftBlocks, DraftTokens) {
@@ -53,7 +85,8 @@ TEST(ReferenceDraftBlocks, DraftTargetsHandChecked) {
   std::vector<int32_t> labels(12, -1);
   std::vector<double> weights(12, -1.0);
   draftTargets(ids.data(), lossMask.data(), anchors.data(), keep.data(),
-               labels.data(), weights.data(), 1, 8, 3, 4, 4.0);
+               unpacked(1, 8).data(), labels.data(), weights.data(), 1, 8, 3, 4,
+               4.0);
   // Same position, no shift; 0 past the end.
   EXPECT_EQ(labels, (std::vector<int32_t>{101, 102, 103, 104, 105, 106, 107, 0,
                                           100, 101, 102, 103}));
@@ -79,7 +112,8 @@ TEST(ReferenceDraftBlocks, DraftTargetsDecay) {
     std::vector<int32_t> labels(bs);
     std::vector<float> weights(bs);
     draftTargets(ids.data(), lossMask.data(), anchors.data(), keep.data(),
-                 labels.data(), weights.data(), 1, S, 1, bs, gamma);
+                 unpacked(1, S).data(), labels.data(), weights.data(), 1, S, 1,
+                 bs, gamma);
     EXPECT_EQ(weights[0], 0.0f);
     for (int64_t k = 1; k < bs; ++k) {
       const double expected = gamma > 0 ? std::exp(-(k - 1) / gamma) : 1.0;
@@ -101,7 +135,8 @@ TEST(ReferenceDraftBlocks, TrapLabelsAreSamePosition) {
   std::vector<int32_t> labels(B * N * bs), tokens(B * N * bs);
   std::vector<double> weights(B * N * bs);
   draftTargets(ids.data(), lossMask.data(), anchors.data(), keep.data(),
-               labels.data(), weights.data(), B, S, N, bs, 4.0);
+               unpacked(B, S).data(), labels.data(), weights.data(), B, S, N,
+               bs, 4.0);
   draftTokens(ids.data(), anchors.data(), keep.data(), tokens.data(), B, S, N,
               bs, 0);
   for (int64_t b = 0; b < B; ++b) {

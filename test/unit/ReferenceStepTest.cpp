@@ -4,7 +4,9 @@
 // SEMANTICS.md sections 3 and 4, then checks the composed gradient of the
 // loss against central finite differences (so the op gradients fit
 // together: shared k/v weights over context and draft, the context feeding
-// every layer, per-head norms) and times a whole step of the tiny spec.
+// every layer, per-head norms), that a packed row gives each of its
+// conversations what it gets alone (SEMANTICS.md section 9), and times a
+// whole step of the tiny spec.
 //
 //===----------------------------------------------------------------------===//
 
@@ -60,7 +62,7 @@ template <typename T> struct DrafterWeights {
 
 /// One step's inputs and the frozen target tensors.
 template <typename T> struct StepInputs {
-  std::vector<int32_t> inputIds, anchors;
+  std::vector<int32_t> inputIds, anchors, positionIds;
   std::vector<uint8_t> lossMask, keep;
   std::vector<T> targetHidden, embedding, lmHead;
 };
@@ -125,6 +127,7 @@ StepInputs<T> randomInputs(const StepConfig &c, std::mt19937_64 &rng,
   for (int64_t i = 0; i < c.B * c.S; ++i) {
     in.inputIds.push_back(static_cast<int32_t>(rng() % (c.V - 1)));
     in.lossMask.push_back(rng() % 5 != 0);
+    in.positionIds.push_back(static_cast<int32_t>(i % c.S));
   }
   auto fill = [&](int64_t n) {
     std::vector<T> x(n);
@@ -169,16 +172,16 @@ StepResult<T> runStep(const StepConfig &c, DrafterWeights<T> &w,
   rmsNorm(contextProj.data(), w.hiddenNorm.data(), context.data(), contextRows,
           H, c.eps);
 
-  std::vector<int32_t> noise(draftRows), contextPositions(contextRows),
-      draftPos(draftRows), labels(draftRows);
+  std::vector<int32_t> noise(draftRows), draftPos(draftRows), labels(draftRows);
+  const std::vector<int32_t> &contextPositions = in.positionIds;
   std::vector<T> lossWeights(draftRows);
   draftTokens(in.inputIds.data(), in.anchors.data(), in.keep.data(),
               noise.data(), B, S, c.N, c.bs, c.maskTokenId);
-  sequencePositions(contextPositions.data(), B, S);
-  draftPositions(in.anchors.data(), draftPos.data(), B, c.N, c.bs);
+  draftPositions(in.anchors.data(), in.positionIds.data(), draftPos.data(), B,
+                 S, c.N, c.bs);
   draftTargets(in.inputIds.data(), in.lossMask.data(), in.anchors.data(),
-               in.keep.data(), labels.data(), lossWeights.data(), B, S, c.N,
-               c.bs, c.gamma);
+               in.keep.data(), in.positionIds.data(), labels.data(),
+               lossWeights.data(), B, S, c.N, c.bs, c.gamma);
 
   std::vector<T> x(draftRows * H);
   embed(in.embedding.data(), noise.data(), x.data(), draftRows, H);
@@ -226,7 +229,8 @@ StepResult<T> runStep(const StepConfig &c, DrafterWeights<T> &w,
     a.lse.resize(draftRows * c.nh);
     blockAttention(a.q.data(), a.contextKeys.data(), a.contextValues.data(),
                    a.draftKeys.data(), a.draftValues.data(), in.anchors.data(),
-                   in.keep.data(), a.attn.data(), a.lse.data(), shape);
+                   in.keep.data(), in.positionIds.data(), a.attn.data(),
+                   a.lse.data(), shape);
     std::vector<T> projected(draftRows * H);
     linear(a.attn.data(), lw.o.data(), projected.data(), draftRows, H, qWidth);
     a.x1 = x;
@@ -303,8 +307,8 @@ StepResult<T> runStep(const StepConfig &c, DrafterWeights<T> &w,
     blockAttentionGrad(dAttn.data(), a.q.data(), a.contextKeys.data(),
                        a.contextValues.data(), a.draftKeys.data(),
                        a.draftValues.data(), in.anchors.data(), in.keep.data(),
-                       a.attn.data(), a.lse.data(), dq.data(),
-                       dContextKeys.data(), dContextValues.data(),
+                       in.positionIds.data(), a.attn.data(), a.lse.data(),
+                       dq.data(), dContextKeys.data(), dContextValues.data(),
                        dDraftKeys.data(), dDraftValues.data(), shape);
     std::vector<T> dh(draftRows * H, T(0));
     // dSource += d(proj)/d(source), dWeight += d(proj)/d(weight).
@@ -406,6 +410,83 @@ TEST(ReferenceStep, ComposedGradientMatchesFiniteDifferences) {
   std::printf("composed step gradient: worst relative error %.3g over %zu "
               "tensors\n",
               worst, params.size());
+}
+
+// SEMANTICS.md section 9: two conversations packed into one row (positions
+// restarting at the second) give the loss sums and the gradients that the
+// same conversations get alone, each in a row of its own, with the same
+// anchors. A block of the first conversation runs into the second (its
+// weights must stop there), and a sliding layer and a full one both see
+// only their own conversation.
+TEST(ReferenceStep, PackedRowEqualsItsConversationsAlone) {
+  StepConfig c{2, 16, 3, 4, 12, 2, 4, 2, 4, 20, 37, {{5, true}, {0, false}}};
+  c.maskTokenId = 36;
+  const int64_t first = 7, second = 9, S = c.S, width = c.taps * c.H;
+  std::mt19937_64 rng(73);
+  DrafterWeights<double> w = randomWeights<double>(c, rng, 0.3);
+  // Random tokens, features and frozen tensors; the layouts are set below.
+  StepInputs<double> alone =
+      randomInputs<double>(c, rng, {1, 4, 0, 2, 0, 0}, {1, 1, 0, 1, 0, 0});
+  // Alone: conversation 1 in row 0, conversation 2 in row 1, padding after.
+  for (int64_t b = 0; b < 2; ++b) {
+    int64_t length = b == 0 ? first : second;
+    for (int64_t t = length; t < S; ++t) {
+      alone.inputIds[size_t(b * S + t)] = 0;
+      alone.lossMask[size_t(b * S + t)] = 0;
+      std::fill_n(alone.targetHidden.begin() + (b * S + t) * width, width, 0.0);
+    }
+    alone.lossMask[size_t(b * S + 1)] = alone.lossMask[size_t(b * S + 2)] = 1;
+  }
+  alone.lossMask[4] = alone.lossMask[5] = 1;
+  // Packed: both in row 0 (the second at column 7, positions from 0 again),
+  // row 1 empty; the second conversation's anchor moves with it.
+  StepInputs<double> packed = alone;
+  packed.anchors = {1, 4, int32_t(first + 2), 0, 0, 0};
+  packed.keep = {1, 1, 1, 0, 0, 0};
+  for (int64_t t = 0; t < second; ++t) {
+    packed.inputIds[size_t(first + t)] = alone.inputIds[size_t(S + t)];
+    packed.lossMask[size_t(first + t)] = alone.lossMask[size_t(S + t)];
+    packed.positionIds[size_t(first + t)] = int32_t(t);
+    std::copy_n(alone.targetHidden.begin() + (S + t) * width, width,
+                packed.targetHidden.begin() + (first + t) * width);
+  }
+  std::fill_n(packed.inputIds.begin() + S, S, 0);
+  std::fill_n(packed.lossMask.begin() + S, S, uint8_t(0));
+  std::fill_n(packed.targetHidden.begin() + S * width, S * width, 0.0);
+
+  const StepResult<double> a = runStep(c, w, alone, true);
+  const StepResult<double> p = runStep(c, w, packed, true);
+  ASSERT_GT(a.sums.weightSum, 0);
+  EXPECT_NEAR(p.sums.lossSum, a.sums.lossSum, 1e-12 * a.sums.lossSum);
+  EXPECT_NEAR(p.sums.weightSum, a.sums.weightSum, 1e-12);
+  EXPECT_EQ(p.sums.correct, a.sums.correct);
+  EXPECT_EQ(p.sums.count, a.sums.count);
+  DrafterWeights<double> ga = a.grads, gp = p.grads;
+  const std::vector<std::vector<double> *> alone_ = ga.all(),
+                                           packed_ = gp.all();
+  double worst = 0;
+  for (size_t t = 0; t < alone_.size(); ++t) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < alone_[t]->size(); ++i) {
+      double x = (*alone_[t])[i], y = (*packed_[t])[i];
+      diff += (x - y) * (x - y);
+      norm += x * x;
+    }
+    ASSERT_GT(norm, 0) << "tensor " << t;
+    worst = std::max(worst, std::sqrt(diff / norm));
+  }
+  EXPECT_LT(worst, 1e-12);
+  std::printf("packed row vs conversations alone: loss %.6f vs %.6f, worst "
+              "gradient relative difference %.3g\n",
+              p.loss, a.loss, worst);
+
+  // The test can fail: without position_ids (an unpacked row) the second
+  // conversation sees the first and the sums change.
+  StepInputs<double> unpacked = packed;
+  for (int64_t i = 0; i < 2 * S; ++i)
+    unpacked.positionIds[size_t(i)] = int32_t(i % S);
+  const StepResult<double> u = runStep(c, w, unpacked, false);
+  EXPECT_GT(std::fabs(u.sums.lossSum - a.sums.lossSum), 1e-6);
 }
 
 // The tiny spec (specs/tiny.toml) in float: forward, backward and AdamW of a

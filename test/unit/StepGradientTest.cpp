@@ -84,6 +84,9 @@ protected:
           for (int64_t n = 0; n < N; ++n)
             t.data[b * N + n] = all[n];
         }
+      } else if (name == "position_ids") { // unpacked rows
+        for (int64_t i = 0; i < B * S; ++i)
+          t.data[i] = double(i % S);
       } else if (name == "keep") {
         for (double &x : t.data)
           x = 1;

@@ -140,6 +140,7 @@ void setInputs(StepState &state, const rt::HostBatch &batch) {
       widen(batch.hiddenStates.data(), batch.hiddenStates.size());
   state.input["anchors"] = widen(batch.anchors);
   state.input["keep"] = widen(batch.keep);
+  state.input["position_ids"] = widen(batch.positionIds);
 }
 
 /// Binds the arguments of `step` from `state` and the counters.

@@ -400,12 +400,13 @@ void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
                         "      a.contextValues = {2};\n"
                         "      a.draftKeys = {3};\n"
                         "      a.draftValues = {4};\n      a.anchors = {5};\n"
-                        "      a.keep = {6};\n      a.out = {7};\n"
-                        "      a.lse = {8};\n",
+                        "      a.keep = {6};\n      a.positionIds = {7};\n"
+                        "      a.out = {8};\n      a.lse = {9};\n",
                         ptr(o.getQuery()), ptr(o.getContextKeys()),
                         ptr(o.getContextValues()), ptr(o.getDraftKeys()),
                         ptr(o.getDraftValues()), ptr(o.getAnchors()),
-                        ptr(o.getKeep()), ptr(o.getResult()), ptr(o.getLse()))
+                        ptr(o.getKeep()), ptr(o.getPositionIds()),
+                        ptr(o.getResult()), ptr(o.getLse()))
        << "      a.B = kBlocks.B;\n      a.S = kBlocks.S;\n"
           "      a.N = kBlocks.N;\n"
        << "      " << name << "(a, stream);\n";
@@ -423,11 +424,12 @@ void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
               "      a.contextKeys = {2};\n      a.contextValues = {3};\n"
               "      a.draftKeys = {4};\n      a.draftValues = {5};\n"
               "      a.anchors = {6};\n      a.keep = {7};\n"
-              "      a.out = {8};\n      a.lse = {9};\n",
+              "      a.positionIds = {8};\n"
+              "      a.out = {9};\n      a.lse = {10};\n",
               ptr(o.getGrad()), ptr(o.getQuery()), ptr(o.getContextKeys()),
               ptr(o.getContextValues()), ptr(o.getDraftKeys()),
               ptr(o.getDraftValues()), ptr(o.getAnchors()), ptr(o.getKeep()),
-              ptr(o.getOutput()), ptr(o.getLse()))
+              ptr(o.getPositionIds()), ptr(o.getOutput()), ptr(o.getLse()))
        << llvm::formatv(
               "      a.dq = {0};\n      a.dContextKeys = {1};\n"
               "      a.dContextValues = {2};\n      a.dDraftKeys = {3};\n"
@@ -634,25 +636,18 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](DraftPositionsOp o) {
         os << llvm::formatv("    dflash::kernels::draft_positions({0}, {1}, "
-                            "kBlocks, stream);\n",
-                            ptr(o.getAnchors()), ptr(o.getResult()));
-        return success();
-      })
-      .Case([&](SequencePositionsOp o) {
-        auto t = tensorOf(o.getResult());
-        os << llvm::formatv("    dflash::kernels::sequence_positions({0}, {1}, "
-                            "{2}, stream);\n",
-                            ptr(o.getResult()), t.getDimSize(0),
-                            t.getDimSize(1));
+                            "{2}, kBlocks, stream);\n",
+                            ptr(o.getAnchors()), ptr(o.getPositionIds()),
+                            ptr(o.getResult()));
         return success();
       })
       .Case([&](DraftTargetsOp o) {
         os << llvm::formatv(
             "    dflash::kernels::draft_targets({0}, {1}, {2}, {3}, {4}, {5}, "
-            "kBlocks, {6}, stream);\n",
+            "{6}, kBlocks, {7}, stream);\n",
             ptr(o.getInputIds()), ptr(o.getLossMask()), ptr(o.getAnchors()),
-            ptr(o.getKeep()), ptr(o.getLabels()), ptr(o.getWeights()),
-            doubleText(o.getGamma().convertToDouble()));
+            ptr(o.getKeep()), ptr(o.getPositionIds()), ptr(o.getLabels()),
+            ptr(o.getWeights()), doubleText(o.getGamma().convertToDouble()));
         return success();
       })
       .Case([&](LossSeedOp o) {

@@ -1296,7 +1296,10 @@ TEST(TrainBuffers, MismatchesNameTheBuffer) {
   expectError(unknown,
               "input buffer 'extra' has index 9, which is not a step input");
   auto noLmHead = buffers;
-  noLmHead.erase(noLmHead.begin() + 6);
+  noLmHead.erase(
+      std::find_if(noLmHead.begin(), noLmHead.end(), [](const BufferSpec &b) {
+        return b.role == BufferRole::Frozen && b.name == "lm_head";
+      }));
   expectError(noLmHead, "has no frozen buffer 'lm_head'");
   auto noLoss = buffers;
   // A metric the runtime only reports (index -1) is not the loss.

@@ -24,8 +24,8 @@ Sampled sampleBatch(const std::vector<uint8_t> &mask, int64_t B, int64_t S,
   out.anchors.assign(size_t(B * N), -1);
   out.keep.assign(size_t(B * N), 7);
   AnchorSampler sampler(B, S, N);
-  out.nEff =
-      sampler.sample(mask.data(), rng, out.anchors.data(), out.keep.data());
+  out.nEff = sampler.sample(mask.data(), nullptr, rng, out.anchors.data(),
+                            out.keep.data());
   return out;
 }
 
@@ -42,12 +42,34 @@ std::vector<uint8_t> spans(int64_t S,
 TEST(RuntimeAnchorSampler, Candidates) {
   std::vector<uint8_t> mask = {0, 1, 1, 0, 1, 1, 1, 0, 1, 1};
   std::vector<int32_t> candidates;
-  anchorCandidates(mask.data(), 10, candidates);
+  anchorCandidates(mask.data(), nullptr, 10, candidates);
   // Position 8 qualifies (8 and 9 set); 9 cannot (no position 10).
   EXPECT_EQ(candidates, (std::vector<int32_t>{1, 4, 5, 8}));
-  EXPECT_EQ(countAnchorCandidates(mask.data(), 10), 4);
+  EXPECT_EQ(countAnchorCandidates(mask.data(), nullptr, 10), 4);
   std::vector<uint8_t> isolated = {1, 0, 1, 0, 1};
-  EXPECT_EQ(countAnchorCandidates(isolated.data(), 5), 0);
+  EXPECT_EQ(countAnchorCandidates(isolated.data(), nullptr, 5), 0);
+}
+
+// SEMANTICS.md section 9: in a packed row a + 1 must be in a's
+// conversation, so the last token of one is no candidate even where the
+// next conversation's first token is supervised.
+TEST(RuntimeAnchorSampler, PackedCandidatesStayInTheirConversation) {
+  std::vector<uint8_t> mask = {0, 1, 1, 1, 1, 1, 0, 1, 1, 1};
+  std::vector<int32_t> positions = {0, 1, 2, 3, 0, 1, 2, 0, 1, 2};
+  std::vector<int32_t> candidates;
+  anchorCandidates(mask.data(), positions.data(), 10, candidates);
+  EXPECT_EQ(candidates, (std::vector<int32_t>{1, 2, 4, 7, 8}));
+  EXPECT_EQ(countAnchorCandidates(mask.data(), positions.data(), 10), 5);
+  // Unpacked, 3 is one too.
+  EXPECT_EQ(countAnchorCandidates(mask.data(), nullptr, 10), 6);
+  // The sampler draws from the same candidates.
+  AnchorSampler sampler(1, 10, 5);
+  Rng rng(3);
+  int32_t anchors[5];
+  uint8_t keep[5];
+  EXPECT_EQ(sampler.sample(mask.data(), positions.data(), rng, anchors, keep),
+            5);
+  EXPECT_EQ(std::vector<int32_t>(anchors, anchors + 5), candidates);
 }
 
 TEST(RuntimeAnchorSampler, ValidDistinctAscending) {
@@ -61,7 +83,7 @@ TEST(RuntimeAnchorSampler, ValidDistinctAscending) {
     Sampled s = sampleBatch(mask, B, S, N, rng);
     for (int64_t b = 0; b < B; ++b) {
       const uint8_t *row = mask.data() + b * S;
-      int64_t count = countAnchorCandidates(row, S);
+      int64_t count = countAnchorCandidates(row, nullptr, S);
       int64_t expectedKept = std::min(s.nEff, count);
       int64_t kept = 0, previous = -1;
       for (int64_t n = 0; n < N; ++n) {
@@ -136,7 +158,7 @@ TEST(RuntimeAnchorSampler, FollowsTheDocumentedDrawOrder) {
   Sampled s = sampleBatch(mask, 3, S, N, rng);
   for (int64_t b = 0; b < 3; ++b) {
     std::vector<int32_t> c;
-    anchorCandidates(mask.data() + b * S, S, c);
+    anchorCandidates(mask.data() + b * S, nullptr, S, c);
     int64_t draws = std::min<int64_t>(s.nEff, int64_t(c.size()));
     for (int64_t i = 0; i < draws; ++i)
       std::swap(c[size_t(i)],
@@ -159,7 +181,7 @@ TEST(RuntimeAnchorSampler, RoughlyUniform) {
   int32_t anchors[N];
   uint8_t keep[N];
   for (int trial = 0; trial < trials; ++trial) {
-    sampler.sample(mask.data(), rng, anchors, keep);
+    sampler.sample(mask.data(), nullptr, rng, anchors, keep);
     for (int n = 0; n < N; ++n)
       ++picks[size_t(anchors[n])];
   }

@@ -46,6 +46,7 @@ public:
     for (int64_t t = 0; t < config.seqLen; ++t) {
       out.inputIds[t] = int32_t(index);
       out.lossMask[t] = 1;
+      out.positionIds[t] = int32_t(t);
     }
     std::memset(out.hiddenStates, 0,
                 size_t(config.seqLen * config.contextWidth()) * 2);
@@ -181,6 +182,31 @@ TEST(RuntimeBatchLoader, SkipsNonFiniteRowsUpToTheLimit) {
                        "feature 3"),
               std::string::npos)
         << row;
+}
+
+// A bad row is counted and named once: met again in later epochs it is
+// skipped without counting against the limit.
+TEST(RuntimeBatchLoader, CountsEachBadRowOnceAcrossEpochs) {
+  ModelConfig c = smallConfig();
+  CountingSource source(c, 8, /*poisoned=*/{2, 5});
+  BatchLoader loader(source, c, 1);
+  loader.setMaxBadRows(2);
+  HostBatch batch;
+  size_t named = 0;
+  for (int i = 0; i < 12; ++i) { // three epochs of four batches
+    ASSERT_TRUE(loader.next(batch).ok()) << "batch " << i;
+    named += batch.skippedRows.size();
+    for (int64_t b = 0; b < c.rowsPerGpu; ++b) {
+      const int64_t row = batch.rows[size_t(b)];
+      if (row != 2 && row != 5)
+        continue;
+      for (int64_t t = 0; t < c.seqLen; ++t)
+        EXPECT_EQ(batch.lossMask[size_t(b * c.seqLen + t)], 0);
+    }
+  }
+  EXPECT_EQ(loader.position().epoch, 2);
+  EXPECT_EQ(loader.badRowsSeen(), 2);
+  EXPECT_EQ(named, 2u);
 }
 
 } // namespace

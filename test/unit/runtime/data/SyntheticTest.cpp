@@ -89,7 +89,7 @@ TEST(RuntimeSynthetic, RowStructure) {
       ++t;
     int64_t length = t;
     EXPECT_GE(length - prompt, 2) << "row " << i;
-    EXPECT_GT(countAnchorCandidates(row.mask.data(), S), 0);
+    EXPECT_GT(countAnchorCandidates(row.mask.data(), nullptr, S), 0);
     padded += length < S;
     for (; t < S; ++t) {
       ASSERT_EQ(row.mask[size_t(t)], 0);
@@ -203,7 +203,8 @@ TEST(RuntimeSynthetic, RowSourceAndPinnedAnchors) {
     int32_t a = anchors[size_t(n)];
     EXPECT_TRUE(mask[size_t(a)] && mask[size_t(a + 1)]);
   }
-  EXPECT_EQ(kept, std::min<int64_t>(N, countAnchorCandidates(mask.data(), S)));
+  EXPECT_EQ(kept, std::min<int64_t>(
+                      N, countAnchorCandidates(mask.data(), nullptr, S)));
   EXPECT_EQ(source.readRow(4, out).message(),
             "synthetic data: row 4 is outside [0, 4)");
 }
