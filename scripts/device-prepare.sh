@@ -5,7 +5,8 @@
 #   .device/bin/   GPU test binaries and trainers (no MPI: the GPU machine
 #                  has none), train-<name> for each spec below
 #   .device/specs/ the derived specs the multi-GPU checks compile
-#   .device/tiny/  a synthetic tiny problem as files (target, data, init)
+#   .device/tiny/  a synthetic tiny problem as files (target, data, init;
+#                  packed: the same rows packed, test/oracle/pack_rows.py)
 #   .device/ref/   dflash-reference losses and parameters on those files
 #                  (bf16 storage and fp64), and the trainers' manifests
 # Usage: scripts/device-prepare.sh [--no-qwen]   (qwen3-8b trainers take a
@@ -79,6 +80,12 @@ for p in storage exact; do
     --data "$D/tiny/data" --init "$D/tiny/init" --steps 10 --precision "$p" \
     --save "$D/ref/tiny-params$suffix" > "$D/ref/tiny-losses$suffix.jsonl"
 done
+# The same rows packed (conversations restarting at columns 40 and 90) and
+# the reference on them, for scripts/device-packing-check.sh.
+python3 test/oracle/pack_rows.py "$D/tiny/data" "$D/tiny/packed" 40 90
+build-dev/bin/dflash-reference specs/tiny.toml --target "$D/tiny/target" \
+  --data "$D/tiny/packed" --init "$D/tiny/init" --steps 10 --precision storage \
+  --save "$D/ref/tiny-packed-params" > "$D/ref/tiny-packed-losses.jsonl"
 rm -rf "$D/gen"
 du -sh "$D"
 step "done; carry [\".device\"] (the device tool takes 64 MiB at most)"
