@@ -81,8 +81,9 @@ for p in storage exact; do
     --save "$D/ref/tiny-params$suffix" > "$D/ref/tiny-losses$suffix.jsonl"
 done
 # The same rows packed (conversations restarting at columns 40 and 90) and
-# the reference on them, for scripts/device-packing-check.sh.
-python3 test/oracle/pack_rows.py "$D/tiny/data" "$D/tiny/packed" 40 90
+# the reference on them, for scripts/device-packing-check.sh (a python3
+# with numpy: Debian's, or $PYTHON).
+"${PYTHON:-/usr/bin/python3}" test/oracle/pack_rows.py "$D/tiny/data" "$D/tiny/packed" 40 90
 build-dev/bin/dflash-reference specs/tiny.toml --target "$D/tiny/target" \
   --data "$D/tiny/packed" --init "$D/tiny/init" --steps 10 --precision storage \
   --save "$D/ref/tiny-packed-params" > "$D/ref/tiny-packed-losses.jsonl"
