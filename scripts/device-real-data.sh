@@ -87,7 +87,7 @@ for kind in ("train", "eval"):
 PY
 
 cat <<EOF
-device-real-data: done. To train on it (once the trainer reads packed rows):
+device-real-data: done. To train on it:
   build-dev/bin/dflashc $spec --emit=cuda -o $work/trainer
   cmake -S $work/trainer -B $work/trainer/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLASH_ENABLE_MPI=OFF
   ninja -C $work/trainer/build
