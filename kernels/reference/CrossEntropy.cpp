@@ -52,8 +52,11 @@ template <typename T> double logSumExp(const T *logits, int64_t V) {
 template <typename T>
 CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
                                     const int32_t *labels, const T *weights,
-                                    int64_t rows, int64_t V, int64_t H) {
+                                    int64_t rows, int64_t V, int64_t H,
+                                    uint8_t *hits) {
   CrossEntropySums sums;
+  if (hits)
+    std::fill(hits, hits + rows, uint8_t(0));
   const std::vector<int64_t> selected = weightedRows(weights, rows);
   const auto total = static_cast<int64_t>(selected.size());
   std::vector<T> chunk, logits;
@@ -76,6 +79,8 @@ CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
             std::max_element(rowLogits, rowLogits + V) - rowLogits;
         sums.count += 1;
         sums.correct += argmax == labels[r] ? 1 : 0;
+        if (hits)
+          hits[r] = argmax == labels[r] ? 1 : 0;
       }
     }
   }
@@ -116,9 +121,9 @@ void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
 }
 
 #define DFLASH_INSTANTIATE_CROSS_ENTROPY(T)                                    \
-  template CrossEntropySums lmHeadCrossEntropy<T>(const T *, const T *,        \
-                                                  const int32_t *, const T *,  \
-                                                  int64_t, int64_t, int64_t);  \
+  template CrossEntropySums lmHeadCrossEntropy<T>(                             \
+      const T *, const T *, const int32_t *, const T *, int64_t, int64_t,      \
+      int64_t, uint8_t *);                                                     \
   template void lmHeadCrossEntropyGrad<T>(const T *, const T *,                \
                                           const int32_t *, const T *, double,  \
                                           T *, int64_t, int64_t, int64_t);

@@ -143,17 +143,42 @@ struct CrossEntropySums {
 };
 
 /// logits = y [rows, H] * w [V, H]^T; CE from logits in the working
-/// precision. argmax takes the first maximum.
+/// precision. argmax takes the first maximum. hits [rows], when given, gets
+/// [argmax == label] * [w > 0] per row (what acceptance counts).
 template <typename T>
 CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
                                     const int32_t *labels, const T *weights,
-                                    int64_t rows, int64_t V, int64_t H);
+                                    int64_t rows, int64_t V, int64_t H,
+                                    uint8_t *hits = nullptr);
 
 /// dy [rows, H] of dLossSum * sum(w * CE) with respect to y.
 template <typename T>
 void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
                             const T *weights, double dLossSum, T *dy,
                             int64_t rows, int64_t V, int64_t H);
+
+//===----------------------------------------------------------------------===//
+// Acceptance length (SEMANTICS.md section 10)
+//===----------------------------------------------------------------------===//
+
+/// What greedy verification would accept of the drafted blocks, summed (so
+/// that sums of several GPUs add up): tau = runSum / keptBlocks.
+struct AcceptanceSums {
+  double runSum = 0;     ///< sum over kept blocks of 1 + run_n
+  double keptBlocks = 0; ///< kept blocks
+  /// Per block position k in [0, bs): kept blocks with w(n, k) > 0, and
+  /// those of them predicted right (the accuracy at k is their ratio; k = 0
+  /// never counts).
+  double positionCounts[64] = {}, positionHits[64] = {};
+};
+
+/// hits [B, N*bs] ([argmax == label] * [w > 0], lmHeadCrossEntropy's),
+/// weights [B, N*bs], keep [B, N]. run_n is the largest r such that every
+/// 1 <= k <= r has w(n, k) > 0 and a hit (0 <= run_n <= bs - 1). bs <= 64.
+template <typename T>
+AcceptanceSums draftAcceptance(const uint8_t *hits, const T *weights,
+                               const uint8_t *keep, int64_t B, int64_t N,
+                               int64_t bs);
 
 //===----------------------------------------------------------------------===//
 // Optimizer (SEMANTICS.md section 5)

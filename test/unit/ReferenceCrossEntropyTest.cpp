@@ -112,11 +112,14 @@ TEST(ReferenceCrossEntropy, ArgmaxTieTakesFirstAndCountsWeightedRows) {
   const std::vector<int32_t> labels = {1, 3, 1, 1};
   // Row 2 would be correct but weighs nothing; row 3 weighs a fraction.
   const Vector weights = {1.0, 1.0, 0.0, 0.25};
+  std::vector<uint8_t> hits(4, 7);
   const CrossEntropySums sums = lmHeadCrossEntropy(
-      y.data(), w.data(), labels.data(), weights.data(), 4, V, H);
+      y.data(), w.data(), labels.data(), weights.data(), 4, V, H, hits.data());
   EXPECT_EQ(sums.count, 3);
   EXPECT_EQ(sums.correct, 2); // rows 0 and 3; row 1's label is the second max
   EXPECT_EQ(sums.weightSum, 2.25);
+  // The same per row: row 2 is right but weighs nothing, so it is no hit.
+  EXPECT_EQ(hits, (std::vector<uint8_t>{1, 0, 0, 1}));
 }
 
 TEST(ReferenceCrossEntropy, GradientMatchesFiniteDifferences) {

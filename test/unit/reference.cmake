@@ -1,6 +1,7 @@
 # The CPU reference of every op (kernels/reference): one executable, one
 # source file per group of ops.
 add_executable(ReferenceTest
+  ReferenceAcceptanceTest.cpp
   ReferenceAttentionTest.cpp
   ReferenceCrossEntropyTest.cpp
   ReferenceDenseTest.cpp
