@@ -19,6 +19,7 @@ static int64_t numElements(Value v) {
 int64_t DraftPositionsOp::getFlopCount() { return 0; }
 int64_t DraftTokensOp::getFlopCount() { return 0; }
 int64_t DraftTargetsOp::getFlopCount() { return 0; }
+int64_t DraftAcceptanceOp::getFlopCount() { return 0; }
 int64_t EmbedOp::getFlopCount() { return 0; }
 int64_t ReshapeOp::getFlopCount() { return 0; }
 

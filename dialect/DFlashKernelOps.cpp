@@ -184,8 +184,10 @@ LogicalResult LmHeadCeFusedOp::verify() {
   // lm_head_ce_fused C2
   ArrayRef<int64_t> rows = y.getShape().drop_back();
   if (tensorOf(getLabels()).getShape() != rows ||
-      tensorOf(getWeights()).getShape() != rows)
-    return emitOpError("(C2) labels and weights must have one entry per row");
+      tensorOf(getWeights()).getShape() != rows ||
+      tensorOf(getHits()).getShape() != rows)
+    return emitOpError(
+        "(C2) labels, weights and hits must have one entry per row");
   // lm_head_ce_fused C3
   return sameType(op, "C3", "input_grad", getInputGrad(), "input", getInput());
 }

@@ -167,8 +167,8 @@ def DFlash_LmHeadCeFusedOp : DFlash_PureOp<"lm_head_ce_fused"> {
     and writes its rows of the input gradient, scaled by `loss_sum_grad`.
 
     ```mlir
-    %loss, %wsum, %correct, %count, %dy = dflash.lm_head_ce_fused %y, %w,
-        %labels, %weights, %seed : (...) -> (...)
+    %loss, %wsum, %correct, %count, %hits, %dy = dflash.lm_head_ce_fused %y,
+        %w, %labels, %weights, %seed : (...) -> (...)
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
@@ -177,6 +177,7 @@ def DFlash_LmHeadCeFusedOp : DFlash_PureOp<"lm_head_ce_fused"> {
                        DFlash_F32Scalar:$loss_sum_grad);
   let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
                       DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
+                      DFlash_FlagTensor:$hits,
                       DFlash_FloatTensor:$input_grad);
   let assemblyFormat =
       "$input `,` $weight `,` $labels `,` $weights `,` $loss_sum_grad "

@@ -383,7 +383,27 @@ LogicalResult LmHeadCeOp::verify() {
   // lm_head_ce C3
   ArrayRef<int64_t> rows = y.getShape().drop_back();
   if (failed(expectShape(op, "C3", "labels", getLabels(), rows)) ||
-      failed(expectShape(op, "C3", "weights", getWeights(), rows)))
+      failed(expectShape(op, "C3", "weights", getWeights(), rows)) ||
+      failed(expectShape(op, "C3", "hits", getHits(), rows)))
+    return failure();
+  return success();
+}
+
+LogicalResult DraftAcceptanceOp::verify() {
+  Operation *op = *this;
+  // draft_acceptance C1
+  if (failed(expectAtLeast(op, "C1", "block_size", getBlockSize(), 1)))
+    return failure();
+  if (getBlockSize() > 64)
+    return emitOpError() << "(C1) block_size is " << getBlockSize()
+                         << " but must be at most 64";
+  // draft_acceptance C2
+  if (failed(expectRank(op, "C2", "keep", getKeep(), 2)))
+    return failure();
+  auto keep = tensorType(getKeep()).getShape();
+  SmallVector<int64_t> slots = {keep[0], keep[1] * int64_t(getBlockSize())};
+  if (failed(expectShape(op, "C2", "hits", getHits(), slots)) ||
+      failed(expectShape(op, "C2", "weights", getWeights(), slots)))
     return failure();
   return success();
 }

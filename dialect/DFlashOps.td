@@ -110,6 +110,30 @@ def DFlash_DraftTargetsOp : DFlash_PureOp<"draft_targets"> {
       "attr-dict `:` functional-type(operands, results)";
 }
 
+def DFlash_DraftAcceptanceOp : DFlash_PureOp<"draft_acceptance"> {
+  let summary = "What greedy verification accepts of the draft blocks";
+  let description = [{
+    SEMANTICS.md section 10. For a kept block `n`, `run_n` is the largest `r`
+    such that every `1 <= k <= r` has `weights[b, n*bs + k] > 0` and
+    `hits[b, n*bs + k]` (the prediction is the label); `run_sum = sum over
+    kept blocks of (1 + run_n)` and `kept_blocks` their count, so that
+    `tau = run_sum / kept_blocks` once both are summed over the GPUs.
+
+    ```mlir
+    %runs, %blocks = dflash.draft_acceptance %hits, %weights, %keep
+        {block_size = 16 : i64}
+        : (tensor<4x8192xi8>, tensor<4x8192xf32>, tensor<4x512xi8>)
+        -> (tensor<f32>, tensor<f32>)
+    ```
+  }];
+  let arguments = (ins DFlash_FlagTensor:$hits, DFlash_F32Tensor:$weights,
+                       DFlash_FlagTensor:$keep, I64Attr:$block_size);
+  let results = (outs DFlash_F32Scalar:$run_sum, DFlash_F32Scalar:$kept_blocks);
+  let assemblyFormat =
+      "$hits `,` $weights `,` $keep attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 //===----------------------------------------------------------------------===//
 // Dense layers
 //===----------------------------------------------------------------------===//
@@ -292,20 +316,23 @@ def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {
     `w = weights`, returns four fp32 scalars summed over every row:
     `loss_sum = sum(w * CE(logits, labels))` (CE in fp32 from bf16 logits),
     `weight_sum = sum(w)`, `correct = sum([argmax == label] * [w > 0])` and
-    `count = sum([w > 0])` (SEMANTICS.md section 4). The weight is frozen.
+    `count = sum([w > 0])` (SEMANTICS.md section 4), and per row
+    `hits = [argmax == label] * [w > 0]` (what `draft_acceptance` counts).
+    The weight is frozen.
 
     ```mlir
-    %loss, %wsum, %correct, %count = dflash.lm_head_ce %y, %lm_head, %labels,
-        %weights : (tensor<4x8192x4096xbf16>, tensor<151936x4096xbf16>,
-                    tensor<4x8192xi32>, tensor<4x8192xf32>)
-        -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+    %loss, %wsum, %correct, %count, %hits = dflash.lm_head_ce %y, %lm_head,
+        %labels, %weights : (tensor<4x8192x4096xbf16>, tensor<151936x4096xbf16>,
+                             tensor<4x8192xi32>, tensor<4x8192xf32>)
+        -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<4x8192xi8>)
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
                        DFlash_IndexTensor:$labels,
                        DFlash_F32Tensor:$weights);
   let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
-                      DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count);
+                      DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
+                      DFlash_FlagTensor:$hits);
   let assemblyFormat =
       "$input `,` $weight `,` $labels `,` $weights attr-dict `:` "
       "functional-type(operands, results)";

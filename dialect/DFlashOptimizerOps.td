@@ -31,23 +31,27 @@ def DFlash_LossStatsOp : DFlash_PureOp<"loss_stats"> {
   let summary = "Global loss, accuracy and backward seed from the summed sums";
   let description = [{
     From the all-reduced forward sums: `loss = loss_sum / weight_sum`,
-    `acc = correct / count` (0 when count is 0) and
+    `acc = correct / count` (0 when count is 0), `tau = run_sum /
+    kept_blocks` (0 when no block is kept; SEMANTICS.md section 10) and
     `loss_sum_grad = 1 / weight_sum`, the seed that makes the gradients those
     of the exact global weighted mean (SEMANTICS.md section 4).
 
     ```mlir
-    %loss, %acc, %seed = dflash.loss_stats %ls, %ws, %c, %n
-        : (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
-        -> (tensor<f32>, tensor<f32>, tensor<f32>)
+    %loss, %acc, %tau, %seed = dflash.loss_stats %ls, %ws, %c, %n, %runs,
+        %blocks : (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>,
+                   tensor<f32>, tensor<f32>)
+        -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
     ```
   }];
   let arguments = (ins DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
-                       DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count);
+                       DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
+                       DFlash_F32Scalar:$run_sum,
+                       DFlash_F32Scalar:$kept_blocks);
   let results = (outs DFlash_F32Scalar:$loss, DFlash_F32Scalar:$acc,
-                      DFlash_F32Scalar:$loss_sum_grad);
+                      DFlash_F32Scalar:$tau, DFlash_F32Scalar:$loss_sum_grad);
   let assemblyFormat =
-      "$loss_sum `,` $weight_sum `,` $correct `,` $count attr-dict `:` "
-      "functional-type(operands, results)";
+      "$loss_sum `,` $weight_sum `,` $correct `,` $count `,` $run_sum `,` "
+      "$kept_blocks attr-dict `:` functional-type(operands, results)";
 }
 
 def DFlash_ConvertOp : DFlash_PureOp<"convert"> {

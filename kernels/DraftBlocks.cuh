@@ -7,7 +7,9 @@
 // - draft_positions: the anchor's position in its conversation plus k
 //   (ref::draftPositions);
 // - draft_targets: labels (same position, no shift) and fp32 weights with the
-//   gamma decay, zero past the anchor's conversation (ref::draftTargets).
+//   gamma decay, zero past the anchor's conversation (ref::draftTargets);
+// - draft_acceptance_f32: the sums of the acceptance length from the
+//   lm_head's per-slot hits (ref::draftAcceptance, SEMANTICS.md section 10).
 //
 //===----------------------------------------------------------------------===//
 
@@ -96,6 +98,47 @@ draft_targets_kernel(const int32_t *inputIds, const uint8_t *lossMask,
   }
 }
 
+/// One CTA: each thread walks its blocks' slots in order (a block's run is
+/// sequential), then the sums are added in a fixed order, so that the two
+/// results are deterministic.
+template <int BS>
+__global__ void __launch_bounds__(1024)
+    draft_acceptance_kernel(const uint8_t *hits, const float *weights,
+                            const uint8_t *keep, int64_t blocks, float *runSum,
+                            float *keptBlocks) {
+  __shared__ double sRuns[32], sKept[32];
+  double runs = 0, kept = 0;
+  for (int64_t n = threadIdx.x; n < blocks; n += blockDim.x) {
+    if (!keep[n])
+      continue;
+    const uint8_t *hit = hits + n * BS;
+    const float *w = weights + n * BS;
+    int run = 0;
+    while (run + 1 < BS && w[run + 1] > 0.f && hit[run + 1])
+      ++run;
+    runs += 1 + run;
+    kept += 1;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    runs += __shfl_xor_sync(0xffffffffu, runs, o);
+    kept += __shfl_xor_sync(0xffffffffu, kept, o);
+  }
+  if (threadIdx.x % 32 == 0) {
+    sRuns[threadIdx.x / 32] = runs;
+    sKept[threadIdx.x / 32] = kept;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double r = 0, k = 0;
+    for (int i = 0; i < int(blockDim.x / 32); ++i) {
+      r += sRuns[i];
+      k += sKept[i];
+    }
+    *runSum = static_cast<float>(r);
+    *keptBlocks = static_cast<float>(k);
+  }
+}
+
 inline unsigned gridFor(int64_t total) {
   int64_t blocks = (total + 255) / 256;
   if (blocks > 4096)
@@ -142,6 +185,18 @@ inline void draft_targets(const int32_t *inputIds, const uint8_t *lossMask,
                                            positionIds, labels, weights, shape,
                                            gamma);
   DFLASH_CUDA_CHECK_LAUNCH("draft_targets");
+}
+
+/// runSum = sum over kept blocks of 1 + run_n, keptBlocks = their count
+/// (device scalars); hits uint8 / weights fp32 [B, Q], keep [B, N].
+template <int BS>
+void draft_acceptance_f32(const uint8_t *hits, const float *weights,
+                          const uint8_t *keep, float *runSum, float *keptBlocks,
+                          DraftBlocksShape shape, cudaStream_t stream) {
+  static_assert(BS >= 1 && BS <= 64, "block size must be in [1, 64]");
+  detail::draft_acceptance_kernel<BS><<<1, 1024, 0, stream>>>(
+      hits, weights, keep, int64_t(shape.B) * shape.N, runSum, keptBlocks);
+  DFLASH_CUDA_CHECK_LAUNCH("draft_acceptance_f32");
 }
 
 } // namespace dflash::kernels

@@ -39,6 +39,9 @@ struct LmHeadCrossEntropyArgs {
   __nv_bfloat16 *dy; ///< [rows, H] (overwritten)
   /// [4]: sum(w * CE), sum(w), sum([argmax == label] [w > 0]), sum([w > 0]).
   float *sums;
+  /// [rows] (optional): [argmax == label] [w > 0] per row, for the
+  /// acceptance length (draft_acceptance_f32).
+  uint8_t *hits;
   __nv_bfloat16 *logitsChunk; ///< workspace [chunkRows, V]
   float *rowTerms;            ///< workspace [rows, 4]
   int64_t rows, V, H, chunkRows;
@@ -72,7 +75,8 @@ template <int Threads>
 __global__ void __launch_bounds__(Threads)
     cross_entropy_rows_bf16_kernel(__nv_bfloat16 *logits, int64_t V,
                                    const int32_t *labels, const float *weights,
-                                   const float *dLossSum, float *rowTerms) {
+                                   const float *dLossSum, float *rowTerms,
+                                   uint8_t *hits) {
   constexpr int kWarps = Threads / 32;
   __shared__ float sM[kWarps], sS[kWarps], sBest[kWarps];
   __shared__ int sIdx[kWarps];
@@ -154,6 +158,8 @@ __global__ void __launch_bounds__(Threads)
     t[1] = w;
     t[2] = (w > 0.f && bestIdx == label) ? 1.f : 0.f;
     t[3] = w > 0.f ? 1.f : 0.f;
+    if (hits)
+      hits[row] = (w > 0.f && bestIdx == label) ? 1 : 0;
   }
 
   // Gradient in place: every read of this row happened before the barrier.
@@ -249,7 +255,8 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
     detail::cross_entropy_rows_bf16_kernel<kThreads>
         <<<static_cast<unsigned>(m), kThreads, 0, stream>>>(
             args.logitsChunk, args.V, args.labels + r0, args.weights + r0,
-            args.dLossSum, args.rowTerms + r0 * 4);
+            args.dLossSum, args.rowTerms + r0 * 4,
+            args.hits ? args.hits + r0 : nullptr);
     DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_rows_bf16");
     gemm.linearGradInput(args.logitsChunk, args.lmHead, args.dy + r0 * args.H,
                          m, args.V, args.H, stream);

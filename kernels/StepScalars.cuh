@@ -48,13 +48,14 @@ static __global__ void reciprocal_kernel(const float *x, float *out) {
   *out = 1.0f / *x;
 }
 
-static __global__ void loss_stats_kernel(const float *lossSum,
-                                         const float *weightSum,
-                                         const float *correct,
-                                         const float *count, float *loss,
-                                         float *acc, float *seed) {
+static __global__ void
+loss_stats_kernel(const float *lossSum, const float *weightSum,
+                  const float *correct, const float *count, const float *runSum,
+                  const float *keptBlocks, float *loss, float *acc, float *tau,
+                  float *seed) {
   *loss = *lossSum / *weightSum;
   *acc = *count > 0 ? *correct / *count : 0.f;
+  *tau = *keptBlocks > 0 ? *runSum / *keptBlocks : 0.f;
   *seed = 1.0f / *weightSum;
 }
 
@@ -117,13 +118,16 @@ inline void reciprocal_f32(const float *x, float *out, cudaStream_t stream) {
   DFLASH_CUDA_CHECK_LAUNCH("reciprocal_f32");
 }
 
-/// loss = lossSum / weightSum, acc = correct / count, seed = 1 / weightSum.
+/// loss = lossSum / weightSum, acc = correct / count, tau = runSum /
+/// keptBlocks, seed = 1 / weightSum.
 inline void loss_stats_f32(const float *lossSum, const float *weightSum,
                            const float *correct, const float *count,
-                           float *loss, float *acc, float *seed,
+                           const float *runSum, const float *keptBlocks,
+                           float *loss, float *acc, float *tau, float *seed,
                            cudaStream_t stream) {
   detail::loss_stats_kernel<<<1, 1, 0, stream>>>(lossSum, weightSum, correct,
-                                                 count, loss, acc, seed);
+                                                 count, runSum, keptBlocks,
+                                                 loss, acc, tau, seed);
   DFLASH_CUDA_CHECK_LAUNCH("loss_stats_f32");
 }
 

@@ -18,8 +18,8 @@ constexpr DType kInputDTypes[kNumStepInputs] = {
     DType::I32, DType::U8, DType::BF16, DType::I32, DType::U8, DType::I32};
 constexpr const char *kFrozenNames[kNumFrozenWeights] = {"embed", "lm_head"};
 constexpr const char *kCounterNames[kNumStepCounters] = {"step", "total_steps"};
-constexpr const char *kMetricNames[kNumStepMetrics] = {"loss", "acc",
-                                                       "grad_norm", "lr"};
+constexpr const char *kMetricNames[kNumStepMetrics] = {
+    "loss", "acc", "grad_norm", "lr", "tau"};
 
 template <class E, size_t N>
 std::optional<E> parse(const char *const (&names)[N], std::string_view name) {

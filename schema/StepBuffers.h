@@ -53,13 +53,14 @@ enum class FrozenWeight : uint8_t { Embed, LmHead };
 /// Scalars the runtime writes before each step.
 enum class StepCounter : uint8_t { Step, TotalSteps };
 /// Scalars every step reports.
-enum class StepMetric : uint8_t { Loss, Acc, GradNorm, Lr };
+/// Tau is the acceptance length (SEMANTICS.md section 10).
+enum class StepMetric : uint8_t { Loss, Acc, GradNorm, Lr, Tau };
 
 constexpr int kNumBufferRoles = 8;
 constexpr int kNumStepInputs = 6;
 constexpr int kNumFrozenWeights = 2;
 constexpr int kNumStepCounters = 2;
-constexpr int kNumStepMetrics = 4;
+constexpr int kNumStepMetrics = 5;
 
 /// "input", "frozen", "parameter", ...
 const char *nameOf(BufferRole role);
@@ -72,7 +73,7 @@ const char *nameOf(StepInput input);
 const char *nameOf(FrozenWeight weight);
 /// "step", "total_steps".
 const char *nameOf(StepCounter counter);
-/// "loss", "acc", "grad_norm", "lr".
+/// "loss", "acc", "grad_norm", "lr", "tau".
 const char *nameOf(StepMetric metric);
 
 std::optional<BufferRole> parseBufferRole(std::string_view name);

@@ -144,14 +144,15 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   unsigned aHiddenNorm = paramArgs[kHiddenNormParam];
   unsigned aNorm = paramArgs[size_t(finalNormParamIndex(spec))];
   Type scalar = RankedTensorType::get({}, f32);
-  SmallVector<Type> resultTypes(4, scalar);
+  SmallVector<Type> resultTypes(6, scalar);
   b.setInsertionPointToEnd(module->getBody());
   func = func::FuncOp::create(b, specLoc, "step",
                               b.getFunctionType(argTypes, resultTypes));
   for (unsigned i = 0; i < argAttrs.size(); ++i)
     func.setArgAttr(i, kArgAttrName, argAttrs[i]);
-  const char *sums[] = {"loss_sum", "weight_sum", "correct", "count"};
-  for (unsigned i = 0; i < 4; ++i)
+  const char *sums[] = {"loss_sum", "weight_sum", "correct",
+                        "count",    "run_sum",    "kept_blocks"};
+  for (unsigned i = 0; i < 6; ++i)
     func.setResultAttr(i, kArgAttrName,
                        ArgAttr::get(&ctx, ArgRole::Metric, sums[i]));
   // The drafter, for every later stage (the emitter prints it from here).
@@ -250,10 +251,18 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
 
   // 5. Final norm, lm_head and the weighted cross-entropy.
   Value y = rmsNorm(x, arg(aNorm), loc("drafter", "norm"));
-  auto ce = LmHeadCeOp::create(b, loc("target.vocab_size", "lm_head_ce"),
-                               scalar, scalar, scalar, scalar, y, arg(aHead),
-                               targets.getLabels(), targets.getWeights());
-  func::ReturnOp::create(b, specLoc, ce.getResults());
+  auto ce = LmHeadCeOp::create(
+      b, loc("target.vocab_size", "lm_head_ce"), scalar, scalar, scalar, scalar,
+      t({B, Q}, i8), y, arg(aHead), targets.getLabels(), targets.getWeights());
+  // What greedy verification would accept (SEMANTICS.md section 10).
+  auto accepted = DraftAcceptanceOp::create(
+      b, blockLoc, scalar, scalar, ce.getHits(), targets.getWeights(),
+      arg(aKeep), b.getI64IntegerAttr(bs));
+  func::ReturnOp::create(b, specLoc,
+                         ValueRange{ce.getLossSum(), ce.getWeightSum(),
+                                    ce.getCorrect(), ce.getCount(),
+                                    accepted.getRunSum(),
+                                    accepted.getKeptBlocks()});
   return module;
 }
 

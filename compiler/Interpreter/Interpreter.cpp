@@ -118,6 +118,11 @@ private:
   }
   double scalar(Value v) { return in(v).data[0]; }
   void setScalar(Value v, double x) { out(v).data[0] = x; }
+  void setFlags(Value v, const std::vector<uint8_t> &flags) {
+    HostTensor &t = out(v);
+    for (size_t i = 0; i < flags.size(); ++i)
+      t.data[i] = flags[i];
+  }
 
   LogicalResult evalForward(Operation *op);
   LogicalResult evalGradient(Operation *op);
@@ -295,13 +300,26 @@ LogicalResult Evaluator::evalForward(Operation *op) {
           if (l < 0 || l >= w[0])
             return o.emitOpError()
                    << "label " << l << " is outside the vocabulary of " << w[0];
+        std::vector<uint8_t> hits(labels.size());
         ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
-            ptr(o.getWeights()), int64_t(labels.size()), w[0], w[1]);
+            ptr(o.getWeights()), int64_t(labels.size()), w[0], w[1],
+            hits.data());
         setScalar(o.getLossSum(), sums.lossSum);
         setScalar(o.getWeightSum(), sums.weightSum);
         setScalar(o.getCorrect(), sums.correct);
         setScalar(o.getCount(), sums.count);
+        setFlags(o.getHits(), hits);
+        return success();
+      })
+      .Case([&](DraftAcceptanceOp o) {
+        auto keep = shapeOf(o.getKeep());
+        ref::AcceptanceSums sums = ref::draftAcceptance<double>(
+            asFlags(in(o.getHits())).data(), ptr(o.getWeights()),
+            asFlags(in(o.getKeep())).data(), keep[0], keep[1],
+            o.getBlockSize());
+        setScalar(o.getRunSum(), sums.runSum);
+        setScalar(o.getKeptBlocks(), sums.keptBlocks);
         return success();
       })
       .Default([&](Operation *other) {
@@ -386,8 +404,10 @@ LogicalResult Evaluator::evalOptimizer(Operation *op) {
       .Case([&](LossStatsOp o) {
         double ls = scalar(o.getLossSum()), ws = scalar(o.getWeightSum());
         double c = scalar(o.getCorrect()), n = scalar(o.getCount());
+        double runs = scalar(o.getRunSum()), blocks = scalar(o.getKeptBlocks());
         setScalar(o.getLoss(), ls / ws);
         setScalar(o.getAcc(), n > 0 ? c / n : 0.0);
+        setScalar(o.getTau(), blocks > 0 ? runs / blocks : 0.0);
         setScalar(o.getLossSumGrad(), 1.0 / ws);
         return success();
       })
@@ -550,13 +570,15 @@ LogicalResult Evaluator::evalFused(Operation *op) {
             return o.emitOpError()
                    << "label " << l << " is outside the vocabulary of " << w[0];
         int64_t n = int64_t(labels.size());
+        std::vector<uint8_t> hits(labels.size());
         ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
-            ptr(o.getWeights()), n, w[0], w[1]);
+            ptr(o.getWeights()), n, w[0], w[1], hits.data());
         setScalar(o.getLossSum(), sums.lossSum);
         setScalar(o.getWeightSum(), sums.weightSum);
         setScalar(o.getCorrect(), sums.correct);
         setScalar(o.getCount(), sums.count);
+        setFlags(o.getHits(), hits);
         ref::lmHeadCrossEntropyGrad<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
             ptr(o.getWeights()), scalar(o.getLossSumGrad()),

@@ -50,7 +50,8 @@ void AppendOptimizerPass::runOnOperation() {
     return signalPassFailure();
   }
   func::ReturnOp ret = sig->returnOp();
-  const char *sumNames[] = {"loss_sum", "weight_sum", "correct", "count"};
+  const char *sumNames[] = {"loss_sum", "weight_sum", "correct",
+                            "count",    "run_sum",    "kept_blocks"};
   SmallVector<Value> sums;
   for (const char *name : sumNames) {
     std::optional<unsigned> i = sig->findResult(ArgRole::Metric, name);
@@ -62,22 +63,31 @@ void AppendOptimizerPass::runOnOperation() {
     sums.push_back(ret.getOperand(*i));
   }
   Operation *lossOp = sums[0].getDefiningOp();
-  if (!lossOp || llvm::any_of(sums, [&](Value v) {
+  if (!lossOp || llvm::any_of(ArrayRef(sums).take_front(4), [&](Value v) {
         return v.getDefiningOp() != lossOp;
       })) {
     step.emitError("the forward sums must all come from one dflash.lm_head_ce");
     return signalPassFailure();
   }
+  Operation *acceptanceOp = sums[4].getDefiningOp();
+  if (!acceptanceOp || sums[5].getDefiningOp() != acceptanceOp ||
+      acceptanceOp->getBlock() != lossOp->getBlock() ||
+      acceptanceOp->isBeforeInBlock(lossOp)) {
+    step.emitError("run_sum and kept_blocks must come from one "
+                   "dflash.draft_acceptance after the dflash.lm_head_ce");
+    return signalPassFailure();
+  }
 
   // Global sums, then the seed of the backward pass.
   OpBuilder b(ctx);
-  b.setInsertionPointAfter(lossOp);
+  b.setInsertionPointAfter(acceptanceOp);
   Location loc = lossOp->getLoc();
   Type scalar = RankedTensorType::get({}, Float32Type::get(ctx));
   auto reduced = AllReduceOp::create(b, loc, ValueRange(sums).getTypes(), sums);
-  auto stats = LossStatsOp::create(b, loc, scalar, scalar, scalar,
+  auto stats = LossStatsOp::create(b, loc, scalar, scalar, scalar, scalar,
                                    reduced.getResult(0), reduced.getResult(1),
-                                   reduced.getResult(2), reduced.getResult(3));
+                                   reduced.getResult(2), reduced.getResult(3),
+                                   reduced.getResult(4), reduced.getResult(5));
   step.getArgument(*seedArg).replaceAllUsesWith(stats.getLossSumGrad());
 
   // Optimizer state arguments, appended in parameter order.
@@ -171,8 +181,8 @@ void AppendOptimizerPass::runOnOperation() {
   add(newMasters, ArgRole::Master);
   add(newM, ArgRole::Moment1);
   add(newV, ArgRole::Moment2);
-  Value metrics[] = {stats.getLoss(), stats.getAcc(), norm, lr};
-  StringRef metricNames[] = {"loss", "acc", "grad_norm", "lr"};
+  Value metrics[] = {stats.getLoss(), stats.getAcc(), norm, lr, stats.getTau()};
+  StringRef metricNames[] = {"loss", "acc", "grad_norm", "lr", "tau"};
   for (auto [v, name] : llvm::zip(metrics, metricNames)) {
     results.push_back(v);
     attrs.push_back(argAttrDict(ctx, ArgRole::Metric, name));

@@ -193,9 +193,10 @@ LogicalResult fuseLmHead(func::FuncOp step) {
     b.setInsertionPoint(loss);
     auto fused = LmHeadCeFusedOp::create(
         b, loss.getLoc(), scalar, scalar, scalar, scalar,
-        grad.getResult().getType(), loss.getInput(), loss.getWeight(),
-        loss.getLabels(), loss.getWeights(), seed.getLossSumGrad());
-    for (unsigned i = 0; i < 4; ++i)
+        loss.getHits().getType(), grad.getResult().getType(), loss.getInput(),
+        loss.getWeight(), loss.getLabels(), loss.getWeights(),
+        seed.getLossSumGrad());
+    for (unsigned i = 0; i < 5; ++i)
       loss.getResult(i).replaceAllUsesWith(fused.getResult(i));
     grad.getResult().replaceAllUsesWith(fused.getInputGrad());
     grad.erase();

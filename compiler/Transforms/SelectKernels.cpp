@@ -194,6 +194,9 @@ FailureOr<Choice> select(Operation *op) {
       })
       .Case([](DraftPositionsOp) -> Result { return named("draft_positions"); })
       .Case([](DraftTargetsOp) -> Result { return named("draft_targets"); })
+      .Case([](DraftAcceptanceOp o) -> Result {
+        return named("draft_acceptance_f32", {int64_t(o.getBlockSize())});
+      })
       .Case([](LossSeedOp) -> Result { return named("loss_seed_f32"); })
       .Case([](LossStatsOp) -> Result { return named("loss_stats_f32"); })
       .Case([](LmHeadCeFusedOp o) -> Result {

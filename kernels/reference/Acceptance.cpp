@@ -38,8 +38,7 @@ AcceptanceSums draftAcceptance(const uint8_t *hits, const T *weights,
 template AcceptanceSums draftAcceptance<float>(const uint8_t *, const float *,
                                                const uint8_t *, int64_t,
                                                int64_t, int64_t);
-template AcceptanceSums draftAcceptance<double>(const uint8_t *,
-                                                const double *,
+template AcceptanceSums draftAcceptance<double>(const uint8_t *, const double *,
                                                 const uint8_t *, int64_t,
                                                 int64_t, int64_t);
 

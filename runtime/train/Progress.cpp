@@ -59,6 +59,7 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
   return "{\"step\": " + std::to_string(m.step) +
          ", \"loss\": " + jsonNumber("%.9g", m.loss) +
          ", \"acc\": " + jsonNumber("%.9g", m.acc) +
+         ", \"tau\": " + jsonNumber("%.9g", m.tau) +
          ", \"grad_norm\": " + jsonNumber("%.9g", m.gradNorm) +
          ", \"lr\": " + jsonNumber("%.9g", m.lr) +
          ", \"step_ms\": " + jsonNumber("%.4f", m.stepMs) +
@@ -186,10 +187,10 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
                   (long long)m.skippedRows);
   char text[360];
   std::snprintf(text, sizeof(text),
-                "step %lld/%lld  loss %.4f  acc %.4f  %s tok/s  draft %s "
-                "tok/s  %.1f ms/step%s%s  ETA %s",
+                "step %lld/%lld  loss %.4f  acc %.4f  tau %.2f  %s tok/s  "
+                "draft %s tok/s  %.1f ms/step%s%s  ETA %s",
                 (long long)stepsDone, (long long)finalStep, m.loss, m.acc,
-                formatRate(m.contextTokensPerS).c_str(),
+                m.tau, formatRate(m.contextTokensPerS).c_str(),
                 formatRate(m.draftTokensPerS).c_str(), m.stepMs, ranks, skipped,
                 formatDuration(etaSeconds).c_str());
   return text;

@@ -43,6 +43,9 @@ namespace dflash::rt {
 struct StepMetrics {
   int64_t step = 0; ///< 0-based index: the step counter the step ran with
   double loss = 0, acc = 0, gradNorm = 0, lr = 0;
+  /// Acceptance length (SEMANTICS.md section 10): mean over kept blocks of
+  /// 1 + the run of right predictions.
+  double tau = 0;
   double stepMs = 0;    ///< input copies and the step (slowest rank)
   double computeMs = 0; ///< the step alone, without the input copies
   /// Every rank's stepMs, in rank order; empty when not reported per rank.
@@ -62,7 +65,7 @@ void setThroughput(StepMetrics &metrics, const ModelConfig &config,
                    int64_t worldSize, double flopsPerStep);
 
 /// One JSON object, without a newline: {"step": 0, "loss": ..., "acc",
-/// "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
+/// "tau", "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
 /// "draft_tokens_per_s", "tflops", "skipped_rows"}, and "rank_step_ms": [...]
 /// last when rankStepMs is not empty. A non-finite value is written as null.
 std::string metricsJsonLine(const StepMetrics &metrics);
@@ -94,8 +97,8 @@ std::string formatDuration(double seconds);
 /// "950", "12.3k", "4.56M", "1.20G".
 std::string formatRate(double perSecond);
 
-/// "step 12/200  loss 2.3456  acc 0.4120  12.3k tok/s  draft 4.56k tok/s
-/// 85.1 ms/step  ETA 3m05s"; with several ranks "85.1 ms/step (8 GPUs,
+/// "step 12/200  loss 2.3456  acc 0.4120  tau 2.31  12.3k tok/s  draft 4.56k
+/// tok/s 85.1 ms/step  ETA 3m05s"; with several ranks "85.1 ms/step (8 GPUs,
 /// fastest 80.2)", after rows were skipped "  skipped rows 3" before the
 /// ETA. `stepsDone` counts the step just finished.
 std::string progressLine(const StepMetrics &metrics, int64_t stepsDone,

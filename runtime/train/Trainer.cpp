@@ -655,6 +655,7 @@ Status Trainer::step(StepMetrics &metrics) {
   metrics.step = completedSteps;
   metrics.loss = metricValue(map.metric(StepMetric::Loss));
   metrics.acc = metricValue(map.metric(StepMetric::Acc));
+  metrics.tau = metricValue(map.metric(StepMetric::Tau));
   metrics.gradNorm = metricValue(map.metric(StepMetric::GradNorm));
   metrics.lr = metricValue(map.metric(StepMetric::Lr));
   metrics.stepMs = elapsedMs;

@@ -162,8 +162,8 @@ func.func @add_types(%a: tensor<4x64xbf16>, %b: tensor<4x64xbf16>) {
 
 func.func @ce_weight_rank(%y: tensor<2x12x64xbf16>, %w: tensor<100xbf16>, %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>) {
   // expected-error @+1 {{(C1) weight must have rank 2 but has rank 1}}
-  %a, %b, %c, %d = dflash.lm_head_ce %y, %w, %l, %wt
-      : (tensor<2x12x64xbf16>, tensor<100xbf16>, tensor<2x12xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt
+      : (tensor<2x12x64xbf16>, tensor<100xbf16>, tensor<2x12xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x12xi8>)
   return
 }
 
@@ -171,8 +171,8 @@ func.func @ce_weight_rank(%y: tensor<2x12x64xbf16>, %w: tensor<100xbf16>, %l: te
 
 func.func @ce_hidden(%y: tensor<2x12x64xbf16>, %w: tensor<100x32xbf16>, %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>) {
   // expected-error @+1 {{(C2) weight's hidden dimension (32) must equal the input's last dimension (64)}}
-  %a, %b, %c, %d = dflash.lm_head_ce %y, %w, %l, %wt
-      : (tensor<2x12x64xbf16>, tensor<100x32xbf16>, tensor<2x12xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt
+      : (tensor<2x12x64xbf16>, tensor<100x32xbf16>, tensor<2x12xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x12xi8>)
   return
 }
 
@@ -180,7 +180,7 @@ func.func @ce_hidden(%y: tensor<2x12x64xbf16>, %w: tensor<100x32xbf16>, %l: tens
 
 func.func @ce_labels(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>, %l: tensor<2x11xi32>, %wt: tensor<2x12xf32>) {
   // expected-error @+1 {{(C3) labels must have shape [2x12] but has [2x11]}}
-  %a, %b, %c, %d = dflash.lm_head_ce %y, %w, %l, %wt
-      : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x11xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt
+      : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x11xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x11xi8>)
   return
 }

@@ -5,7 +5,7 @@
 // CHECK-LABEL: func.func @bookkeeping
 func.func @bookkeeping(%ids: tensor<2x32xi32>, %mask: tensor<2x32xi8>,
                        %anchors: tensor<2x3xi32>, %keep: tensor<2x3xi8>,
-                       %pos: tensor<2x32xi32>)
+                       %pos: tensor<2x32xi32>, %hits: tensor<2x12xi8>)
     -> (tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>) {
   // CHECK: dflash.draft_positions %{{.*}}, %{{.*}} {block_size = 4 : i64}
   %dp = dflash.draft_positions %anchors, %pos {block_size = 4 : i64}
@@ -19,6 +19,9 @@ func.func @bookkeeping(%ids: tensor<2x32xi32>, %mask: tensor<2x32xi8>,
       {block_size = 4 : i64, gamma = 7.0 : f64}
       : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>,
          tensor<2x32xi32>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
+  // CHECK: dflash.draft_acceptance {{.*}} {block_size = 4 : i64} : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>)
+  %runs, %blocks = dflash.draft_acceptance %hits, %w, %keep {block_size = 4 : i64}
+      : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>)
   return %dp, %t, %l, %w : tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>
 }
 
@@ -76,10 +79,10 @@ func.func @attention(%q: tensor<2x12x4x16xbf16>, %kc: tensor<2x32x2x16xbf16>,
 // CHECK-LABEL: func.func @loss
 func.func @loss(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>,
                 %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>) -> tensor<f32> {
-  // CHECK: dflash.lm_head_ce {{.*}} -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
-  %a, %b, %c, %d = dflash.lm_head_ce %y, %w, %l, %wt
+  // CHECK: dflash.lm_head_ce {{.*}} -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x12xi8>)
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt
       : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x12xi32>, tensor<2x12xf32>)
-      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x12xi8>)
   return %a : tensor<f32>
 }
 

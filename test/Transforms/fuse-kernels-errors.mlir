@@ -10,7 +10,7 @@ func.func @step(%y: tensor<2x4x8xbf16> {dflash.arg = #dflash.arg<input, "target_
     -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">},
         tensor<2x4x8xbf16> {dflash.arg = #dflash.arg<metric, "input_grad">}) {
   // expected-error @+1 {{'dflash.lm_head_ce' op needs its loss weights computed by an op, not passed as an argument: the loss seed is placed right after them}}
-  %a, %b, %c, %d = dflash.lm_head_ce %y, %w, %l, %wt : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>)
   %dy = dflash.lm_head_ce_grad %y, %w, %l, %wt, %s : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>, tensor<f32>) -> tensor<2x4x8xbf16>
   return %a, %dy : tensor<f32>, tensor<2x4x8xbf16>
 }

@@ -33,9 +33,9 @@ func.func @step(%table: tensor<16x8xbf16> {dflash.arg = #dflash.arg<parameter, "
     -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
   // expected-error @+1 {{'dflash.embed' op lies on the path from a parameter to the loss but has no gradient rule (DifferentiableOpInterface)}}
   %x = dflash.embed %table, %ids : (tensor<16x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x8xbf16>
-  %ls, %ws, %c, %n = dflash.lm_head_ce %x, %head, %labels, %weights
+  %ls, %ws, %c, %n, %hits = dflash.lm_head_ce %x, %head, %labels, %weights
       : (tensor<1x4x8xbf16>, tensor<16x8xbf16>, tensor<1x4xi32>, tensor<1x4xf32>)
-      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<1x4xi8>)
   return %ls : tensor<f32>
 }
 
@@ -48,9 +48,9 @@ func.func @step(%unused: tensor<8xbf16> {dflash.arg = #dflash.arg<parameter, "un
                 %labels: tensor<1x4xi32> {dflash.arg = #dflash.arg<input, "labels">},
                 %weights: tensor<1x4xf32> {dflash.arg = #dflash.arg<input, "weights">})
     -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
-  %ls, %ws, %c, %n = dflash.lm_head_ce %y, %head, %labels, %weights
+  %ls, %ws, %c, %n, %hits = dflash.lm_head_ce %y, %head, %labels, %weights
       : (tensor<1x4x8xbf16>, tensor<16x8xbf16>, tensor<1x4xi32>, tensor<1x4xf32>)
-      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<1x4xi8>)
   return %ls : tensor<f32>
 }
 

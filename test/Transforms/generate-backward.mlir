@@ -29,9 +29,9 @@ func.func @step(%x: tensor<2x4x8xbf16> {dflash.arg = #dflash.arg<input, "target_
         tensor<f32> {dflash.arg = #dflash.arg<metric, "count">}) {
   %h = dflash.linear %x, %w : (tensor<2x4x8xbf16>, tensor<8x8xbf16>) -> tensor<2x4x8xbf16>
   %a = dflash.add %h, %h : (tensor<2x4x8xbf16>, tensor<2x4x8xbf16>) -> tensor<2x4x8xbf16>
-  %ls, %ws, %c, %n = dflash.lm_head_ce %a, %head, %labels, %weights
+  %ls, %ws, %c, %n, %hits = dflash.lm_head_ce %a, %head, %labels, %weights
       : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>)
-      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>)
   return %ls, %ws, %c, %n : tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>
 }
 
@@ -60,8 +60,8 @@ func.func @step(%q: tensor<1x8x2x4xbf16> {dflash.arg = #dflash.arg<parameter, "q
          tensor<1x8x1x4xbf16>, tensor<1x8x1x4xbf16>, tensor<1x2xi32>, tensor<1x2xi8>, tensor<1x16xi32>)
       -> (tensor<1x8x2x4xbf16>, tensor<1x8x2xf32>)
   %y = dflash.reshape %o : (tensor<1x8x2x4xbf16>) -> tensor<1x8x8xbf16>
-  %ls, %ws, %c, %n = dflash.lm_head_ce %y, %head, %labels, %weights
+  %ls, %ws, %c, %n, %hits = dflash.lm_head_ce %y, %head, %labels, %weights
       : (tensor<1x8x8xbf16>, tensor<16x8xbf16>, tensor<1x8xi32>, tensor<1x8xf32>)
-      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<1x8xi8>)
   return %ls : tensor<f32>
 }

@@ -161,6 +161,43 @@ void swigluCase(int64_t rows, int64_t I, uint64_t seed) {
   EXPECT_CLOSE(gotDu, refDu, 1e-2, "dup");
 }
 
+// The acceptance sums (SEMANTICS.md section 10) against ref::draftAcceptance
+// on random hits, weights with holes (unsupervised and past-the-end slots)
+// and dropped blocks: counts, so exactly equal.
+TEST(DraftBlocks, AcceptanceSums) {
+  std::mt19937_64 rng(14);
+  const int B = 3, S = 90, N = 211;
+  constexpr int bs = 16;
+  kernels::DraftBlocksShape shape{B, S, N, bs};
+  const int64_t slots = int64_t(B) * N * bs;
+  std::vector<uint8_t> hits(slots), keep(size_t(B) * N);
+  std::vector<float> weights(slots);
+  std::bernoulli_distribution right(0.8), weighted(0.9), kept(0.85);
+  for (int64_t i = 0; i < slots; ++i) {
+    hits[size_t(i)] = right(rng);
+    weights[size_t(i)] = i % bs == 0 || !weighted(rng) ? 0.f : 0.5f;
+  }
+  for (auto &k : keep)
+    k = kept(rng);
+  ref::AcceptanceSums expected =
+      ref::draftAcceptance(hits.data(), weights.data(), keep.data(), B, N, bs);
+  DeviceBuffer<uint8_t> dHits(hits.size()), dKeep(keep.size());
+  DeviceBuffer<float> dWeights(weights.size()), sums(2);
+  dHits.upload(hits);
+  dKeep.upload(keep);
+  dWeights.upload(weights);
+  poisonAll(sums);
+  kernels::draft_acceptance_f32<bs>(dHits.get(), dWeights.get(), dKeep.get(),
+                                    sums.get(), sums.get() + 1, shape, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got = sums.download();
+  EXPECT_EQ(double(got[0]), expected.runSum);
+  EXPECT_EQ(double(got[1]), expected.keptBlocks);
+  EXPECT_GT(expected.runSum, 1.5 * expected.keptBlocks) << "runs longer than 0";
+  std::printf("acceptance: %g blocks kept, tau %.4f\n", got[1],
+              got[0] / got[1]);
+}
+
 } // namespace
 
 TEST(RmsNorm, Hidden4096) {

@@ -99,9 +99,10 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
     weights[r] = weights32[r];
   }
   const double dLossSum = 0.37;
+  std::vector<uint8_t> refHits(rows);
   ref::CrossEntropySums ref =
       ref::lmHeadCrossEntropy(y.values.data(), w.values.data(), labels.data(),
-                              weights.data(), rows, V, H);
+                              weights.data(), rows, V, H, refHits.data());
   std::vector<double> refDy(rows * H);
   ref::lmHeadCrossEntropyGrad(y.values.data(), w.values.data(), labels.data(),
                               weights.data(), dLossSum, refDy.data(), rows, V,
@@ -110,6 +111,9 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   DeviceBuffer<int32_t> dLabels(rows);
   DeviceBuffer<float> dWeights(rows), dScale(1), sums(4), terms(rows * 4);
   DeviceBuffer<bf16> chunk(chunkRows * V), dy(rows * H);
+  DeviceBuffer<uint8_t> hits(rows);
+  std::vector<uint8_t> poison(rows, 0x5a);
+  hits.upload(poison);
   dLabels.upload(labels);
   dWeights.upload(weights32);
   std::vector<float> scale{static_cast<float>(dLossSum)};
@@ -123,6 +127,7 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   args.dLossSum = dScale.get();
   args.dy = dy.get();
   args.sums = sums.get();
+  args.hits = hits.get();
   args.logitsChunk = chunk.get();
   args.rowTerms = terms.get();
   args.rows = rows;
@@ -141,6 +146,17 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   EXPECT_NEAR(got[2], ref.correct, std::max(2.0, 0.02 * ref.count))
       << "correct";
   EXPECT_GT(got[2], 0.2 * ref.count) << "the argmax labels were found";
+  // Per row the same: every row written, hits summing to `correct`, and
+  // differing from the reference only where the rounding flipped a tie.
+  std::vector<uint8_t> gotHits = hits.download();
+  int64_t hitCount = 0, differ = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_LE(gotHits[size_t(r)], 1) << "row " << r << " not written";
+    hitCount += gotHits[size_t(r)];
+    differ += gotHits[size_t(r)] != refHits[size_t(r)];
+  }
+  EXPECT_EQ(double(hitCount), double(got[2])) << "hits and correct";
+  EXPECT_LE(double(differ), std::max(2.0, 0.02 * ref.count)) << "hits";
   EXPECT_CLOSE(downloadBf16(dy), refDy, 2e-2, "dy");
 }
 

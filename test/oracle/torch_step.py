@@ -179,8 +179,13 @@ def step(t, cfg, dtype):
                     w[b, n * bs + kk] = decay
     ce = torch.logsumexp(logits, -1) - logits.gather(-1, labels[..., None])[..., 0]
     loss = (w * ce).sum() / w.sum()
+    # Acceptance length (SEMANTICS.md section 10): per kept block, the run of
+    # weighted right predictions from k = 1.
+    good = ((w > 0) & (logits.detach().argmax(-1) == labels)).view(B, N, bs)
+    runs = torch.cumprod(good[:, :, 1:].long(), dim=2).sum(dim=2)
+    tau = float((1 + runs[keep]).double().mean()) if keep.any() else 0.0
     loss.backward()
-    return loss.detach(), {n: v.grad for n, v in params.items()}
+    return loss.detach(), {n: v.grad for n, v in params.items()}, tau
 
 
 def rel(a, b):
@@ -200,11 +205,14 @@ def main():
     tensors, meta = read_safetensors(args.dump)
     cfg = json.loads(meta["config"])
     dtype = getattr(torch, args.dtype)
-    loss, grads = step(tensors, cfg, dtype)
+    loss, grads, tau = step(tensors, cfg, dtype)
 
     worst = rel(float(loss), float(tensors["result.loss"]))
     print("oracle: torch %s, loss torch %.8f reference %.8f rel err %.2e" %
           (torch.__version__, float(loss), float(tensors["result.loss"]), worst))
+    ref_tau = float(tensors["result.tau"])
+    print("oracle: tau torch %.6f reference %.6f" % (tau, ref_tau))
+    worst = max(worst, rel(tau, ref_tau))
     names = sorted(grads)
     for name in names:
         ref = tensors["gradient." + name]

@@ -255,6 +255,13 @@ Status writeStepDump(const std::string &path, const StepSignature &sig,
   HostTensor loss(std::vector<int64_t>{});
   loss.data[0] = lossSum / weightSum;
   add("result.loss", loss, 1.0);
+  // The acceptance length of the same step (SEMANTICS.md section 10).
+  double runSum = results[*sig.findResult(ArgRole::Metric, "run_sum")].data[0];
+  double keptBlocks =
+      results[*sig.findResult(ArgRole::Metric, "kept_blocks")].data[0];
+  HostTensor tau(std::vector<int64_t>{});
+  tau.data[0] = keptBlocks > 0 ? runSum / keptBlocks : 0.0;
+  add("result.tau", tau, 1.0);
   int64_t numGradients = 0;
   for (unsigned r : sig.resultsWithRole(ArgRole::Gradient)) {
     add("gradient." + sig.resultInfo(r).getName().str(), results[r],
@@ -408,9 +415,9 @@ int ::dflash::runReference(const ReferenceOptions &options,
         !s.ok())
       return fail(s.message());
     out << llvm::format("{\"step\": %lld, \"loss\": %.9g, \"acc\": %.6g, "
-                        "\"grad_norm\": %.9g, \"lr\": %.9g}\n",
+                        "\"tau\": %.6g, \"grad_norm\": %.9g, \"lr\": %.9g}\n",
                         (long long)step, metrics["loss"], metrics["acc"],
-                        metrics["grad_norm"], metrics["lr"]);
+                        metrics["tau"], metrics["grad_norm"], metrics["lr"]);
     out.flush();
     if (!std::isfinite(metrics["loss"]))
       return fail("the loss is not finite at step " + std::to_string(step));

@@ -665,10 +665,12 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
            << "      dflash::kernels::LmHeadCrossEntropyArgs a{};\n"
            << llvm::formatv("      a.y = {0};\n      a.lmHead = {1};\n"
                             "      a.labels = {2};\n      a.weights = {3};\n"
-                            "      a.dLossSum = {4};\n      a.dy = {5};\n",
+                            "      a.dLossSum = {4};\n      a.dy = {5};\n"
+                            "      a.hits = {6};\n",
                             ptr(o.getInput()), ptr(o.getWeight()),
                             ptr(o.getLabels()), ptr(o.getWeights()),
-                            ptr(o.getLossSumGrad()), ptr(o.getInputGrad()))
+                            ptr(o.getLossSumGrad()), ptr(o.getInputGrad()),
+                            ptr(o.getHits()))
            << llvm::formatv("      a.rows = {0};\n      a.V = {1};\n"
                             "      a.H = {2};\n      a.chunkRows = {3};\n",
                             rowsOf(o.getInput()), w.getDimSize(0),
@@ -689,10 +691,19 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       .Case([&](LossStatsOp o) {
         os << llvm::formatv(
             "    dflash::kernels::loss_stats_f32({0}, {1}, {2}, "
-            "{3}, {4}, {5}, {6}, stream);\n",
+            "{3}, {4}, {5}, {6}, {7}, {8}, {9}, stream);\n",
             ptr(o.getLossSum()), ptr(o.getWeightSum()), ptr(o.getCorrect()),
-            ptr(o.getCount()), ptr(o.getLoss()), ptr(o.getAcc()),
+            ptr(o.getCount()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()),
+            ptr(o.getLoss()), ptr(o.getAcc()), ptr(o.getTau()),
             ptr(o.getLossSumGrad()));
+        return success();
+      })
+      .Case([&](DraftAcceptanceOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::draft_acceptance_f32<{0}>({1}, "
+            "{2}, {3}, {4}, {5}, kBlocks, stream);\n",
+            o.getBlockSize(), ptr(o.getHits()), ptr(o.getWeights()),
+            ptr(o.getKeep()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()));
         return success();
       })
       .Case([&](GradientBucketOp o) {

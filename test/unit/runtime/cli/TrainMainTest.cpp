@@ -904,6 +904,7 @@ StepMetrics sampleMetrics() {
   m.step = 12;
   m.loss = 2.5;
   m.acc = 0.25;
+  m.tau = 2.75;
   m.gradNorm = 1.125;
   m.lr = 0.0006;
   m.stepMs = 80;
@@ -929,7 +930,8 @@ TEST(TrainMetrics, Throughput) {
 
 TEST(TrainMetrics, JsonLine) {
   EXPECT_EQ(metricsJsonLine(sampleMetrics()),
-            "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"grad_norm\": "
+            "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"tau\": 2.75, "
+            "\"grad_norm\": "
             "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
             "70.0000, \"tokens_per_s\": "
             "800.0, \"draft_tokens_per_s\": 300.0, \"tflops\": 50.000, "
@@ -957,15 +959,17 @@ TEST(TrainMetrics, EveryRanksStepTime) {
   // The whole run's tokens over the slowest rank's time.
   EXPECT_DOUBLE_EQ(m.contextTokensPerS, 2 * 64 / 0.08);
   EXPECT_EQ(metricsJsonLine(m),
-            "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"grad_norm\": "
+            "{\"step\": 12, \"loss\": 2.5, \"acc\": 0.25, \"tau\": 2.75, "
+            "\"grad_norm\": "
             "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
             "70.0000, \"tokens_per_s\": 1600.0, \"draft_tokens_per_s\": "
             "600.0, \"tflops\": 50.000, \"skipped_rows\": 0, "
             "\"rank_step_ms\": [80.0000, "
             "75.5000]}");
-  EXPECT_EQ(progressLine(m, 13, 200, 185),
-            "step 13/200  loss 2.5000  acc 0.2500  1.60k tok/s  draft 600 "
-            "tok/s  80.0 ms/step (2 GPUs, fastest 75.5)  ETA 3m05s");
+  EXPECT_EQ(
+      progressLine(m, 13, 200, 185),
+      "step 13/200  loss 2.5000  acc 0.2500  tau 2.75  1.60k tok/s  draft 600 "
+      "tok/s  80.0 ms/step (2 GPUs, fastest 75.5)  ETA 3m05s");
   // A rank whose time is not known (another node's, after a failed step).
   m.rankStepMs = {80, std::nan("")};
   std::string line = metricsJsonLine(m);
@@ -977,9 +981,10 @@ TEST(TrainMetrics, EveryRanksStepTime) {
   // Skipped rows, once there are any, in the line and the JSON.
   EXPECT_EQ(progressLine(m, 13, 200, 185).find("skipped"), std::string::npos);
   m.skippedRows = 3;
-  EXPECT_EQ(progressLine(m, 13, 200, 185),
-            "step 13/200  loss 2.5000  acc 0.2500  1.60k tok/s  draft 600 "
-            "tok/s  80.0 ms/step  skipped rows 3  ETA 3m05s");
+  EXPECT_EQ(
+      progressLine(m, 13, 200, 185),
+      "step 13/200  loss 2.5000  acc 0.2500  tau 2.75  1.60k tok/s  draft 600 "
+      "tok/s  80.0 ms/step  skipped rows 3  ETA 3m05s");
   EXPECT_EQ(nlohmann::json::parse(metricsJsonLine(m))["skipped_rows"], 3);
   nlohmann::json parsed = nlohmann::json::parse(metricsJsonLine(m));
   EXPECT_EQ(parsed["rank_step_ms"], nlohmann::json::array({80.0}));
@@ -1036,9 +1041,10 @@ TEST(TrainProgress, Formatting) {
   EXPECT_EQ(formatRate(12345), "12.3k");
   EXPECT_EQ(formatRate(4.56e6), "4.56M");
   EXPECT_EQ(formatRate(1.2e9), "1.20G");
-  EXPECT_EQ(progressLine(sampleMetrics(), 13, 200, 185),
-            "step 13/200  loss 2.5000  acc 0.2500  800 tok/s  draft 300 "
-            "tok/s  80.0 ms/step  ETA 3m05s");
+  EXPECT_EQ(
+      progressLine(sampleMetrics(), 13, 200, 185),
+      "step 13/200  loss 2.5000  acc 0.2500  tau 2.75  800 tok/s  draft 300 "
+      "tok/s  80.0 ms/step  ETA 3m05s");
 }
 
 namespace {
@@ -1249,7 +1255,7 @@ TEST(TrainBuffers, MapsEveryBuffer) {
     EXPECT_EQ(buffers[size_t(map.master[t])].role, BufferRole::Master);
     EXPECT_EQ(buffers[size_t(map.moment2[t])].role, BufferRole::Moment2);
   }
-  EXPECT_EQ(map.metrics.size(), 4u);
+  EXPECT_EQ(map.metrics.size(), 5u);
   EXPECT_EQ(buffers[size_t(map.metric(StepMetric::GradNorm))].name,
             "grad_norm");
 
