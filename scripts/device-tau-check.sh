@@ -4,8 +4,13 @@
 # --steps 200`): the trainer's acceptance length (SEMANTICS.md section 10)
 # against the CPU reference's over 200 steps of the synthetic tiny problem,
 # which the drafter learns (tau from 1 towards bs). The two compute tau from
-# their own logits (bf16 on the GPU, bf16 storage on the CPU), so single
-# steps may differ by a flipped argmax; the curves must agree. Logs to $OUT.
+# their own logits (bf16 on the GPU, bf16 storage on the CPU) along their own
+# trajectories, which rounding separates (the losses differ by about 10% in
+# mid-run), so this compares curves, not steps: both start at 1 and end
+# above 2.5, their means over the last 20 steps within 20%. (That tau is
+# counted right from given logits is pinned by DenseGpuTest and
+# LmHeadGpuTest against the reference, and by the PyTorch oracle.)
+# Logs to $OUT.
 set -u
 D=.device
 O=${OUT:-/tmp/dflash-tau}
@@ -27,7 +32,8 @@ last = range(n - 20, n)
 mean = lambda rows, k: sum(rows[i][k] for i in last) / len(last)
 diff = max(abs(gpu[i]["tau"] - cpu[i]["tau"]) for i in range(n))
 g, c = mean(gpu, "tau"), mean(cpu, "tau")
-ok = n == 200 and gpu[0]["tau"] == 1 and g > 2 and abs(g - c) < 0.05 * c
+ok = (n == 200 and gpu[0]["tau"] == 1 and cpu[0]["tau"] == 1 and g > 2.5
+      and c > 2.5 and abs(g - c) < 0.2 * c)
 print("tau over the last 20 steps: gpu %.4f cpu %.4f; largest one-step difference %.4f: %s"
       % (g, c, diff, "PASS" if ok else "FAIL"))
 PY
