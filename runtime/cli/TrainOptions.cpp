@@ -304,10 +304,14 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
   if (Status s = checkWritableDirectory("--out", o.out); !s.ok())
     return s;
   std::error_code ec;
-  if (o.resume.empty() && fs::exists(o.out + "/" + kLatestFile, ec))
+  if (o.resume.empty() && fs::exists(o.out + "/" + kLatestFile, ec)) {
+    // A live run there is named first: resuming it would be refused too.
+    if (Status s = DirectoryLock::checkFree(o.out); !s.ok())
+      return s;
     return Status::error("--out " + o.out + " already holds a run (" + o.out +
                          "/" + kLatestFile + "); continue it with --resume " +
                          o.out + " or choose another --out");
+  }
   if (!o.log.empty()) {
     fs::path parent = fs::path(o.log).parent_path();
     if (!parent.empty() && !fs::is_directory(parent, ec))

@@ -430,6 +430,26 @@ TEST(TrainValidation, RefusesToOverwriteAnotherRun) {
   EXPECT_NE(error.find("--resume " + dir.path), std::string::npos) << error;
 }
 
+// A live run that has written a checkpoint is named, not taken for a
+// finished one to resume (seen on the H200: the second run was told to
+// --resume a directory that the first still held).
+TEST(TrainValidation, NamesTheLiveRunOfADirectoryWithCheckpoints) {
+  TrainMainTempDir dir;
+  std::ofstream(dir.path + "/latest") << "checkpoint-5\n";
+  pid_t holder = holdDirectoryLockInChild(dir.path);
+  ASSERT_GT(holder, 0);
+  std::string error =
+      validationError({"--data", "synthetic", "--out", dir.path});
+  killAndReap(holder);
+  EXPECT_NE(error.find("is in use by another train run"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("process " + std::to_string(holder)), std::string::npos)
+      << error;
+  // Once it has ended, the directory is a finished run again.
+  error = validationError({"--data", "synthetic", "--out", dir.path});
+  EXPECT_NE(error.find("already holds a run"), std::string::npos) << error;
+}
+
 //===----------------------------------------------------------------------===//
 // Host-side preparation
 //===----------------------------------------------------------------------===//
