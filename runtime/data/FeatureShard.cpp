@@ -155,8 +155,10 @@ Status dflash::rt::validateFeatureShard(const SafetensorsFile &shard,
         std::memcpy(&p, positions->data + (r * S + c) * 4, sizeof(p));
         if (p != 0 && p != previous + 1)
           return Status::error(
-              shard.path() + ": tensor 'position_ids' goes from " +
-              std::to_string(previous) + " to " + std::to_string(p) +
+              shard.path() + ": tensor 'position_ids' " +
+              (c == 0 ? "starts at " + std::to_string(p)
+                      : "goes from " + std::to_string(previous) + " to " +
+                            std::to_string(p)) +
               " at row " + std::to_string(r) + ", column " + std::to_string(c) +
               " (positions start at 0 and go up by 1 or restart at 0)");
         previous = p;

@@ -33,6 +33,8 @@ struct Shard {
   std::vector<uint16_t> hidden;
   std::vector<int32_t> anchors;
   std::vector<uint8_t> keep;
+  /// position_ids [R, S]; empty: an unpacked shard (no such tensor).
+  std::vector<int32_t> positions;
   std::map<std::string, std::string> metadata;
   std::vector<int64_t> hiddenShape;
   bool pinned = false;
@@ -57,6 +59,8 @@ struct Shard {
         {"input_ids", DType::I32, {R, S}, ids.data()},
         {"loss_mask", DType::U8, {R, S}, mask.data()},
         {"hidden_states", DType::BF16, hiddenShape, hidden.data()}};
+    if (!positions.empty())
+      tensors.push_back({"position_ids", DType::I32, {R, S}, positions.data()});
     if (pinned) {
       tensors.push_back({"anchors", DType::I32, {R, N}, anchors.data()});
       tensors.push_back({"keep", DType::U8, {R, N}, keep.data()});
@@ -142,6 +146,59 @@ TEST(RuntimeFeatureShard, DropsRowsWithoutCandidates) {
   EXPECT_EQ(openError(dir.path, c),
             dir.path + ": no usable row (every row has fewer than 2 "
                        "consecutive supervised tokens)");
+}
+
+// SEMANTICS.md section 9: position_ids are read as they are, an unpacked
+// shard reads as arange(S), positions that neither go up by one nor restart
+// at 0 are refused naming row and column, and a row whose only two
+// consecutive supervised tokens straddle a conversation start has no anchor
+// candidate.
+TEST(RuntimeFeatureShard, PackedRows) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  const int64_t S = c.seqLen;
+  std::string path = dir / "shard.safetensors";
+  std::vector<int32_t> positions(size_t(S), -1);
+  RowBuffers out{};
+  out.positionIds = positions.data();
+  {
+    ASSERT_TRUE(Shard(c, 2).write(path).ok());
+    FeatureShardReader reader;
+    ASSERT_TRUE(reader.open(dir.path, c).ok());
+    ASSERT_TRUE(reader.readRow(1, out).ok());
+    for (int64_t t = 0; t < S; ++t)
+      EXPECT_EQ(positions[size_t(t)], t);
+  }
+  Shard packed(c, 3);
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t t = 0; t < S; ++t) // conversations of 10 and 6 tokens
+      packed.positions.push_back(int32_t(t < 10 ? t : t - 10));
+  // Row 2: only tokens 9 and 10 supervised, across the restart.
+  std::fill_n(packed.mask.begin() + 2 * S, S, uint8_t(0));
+  packed.mask[size_t(2 * S + 9)] = packed.mask[size_t(2 * S + 10)] = 1;
+  {
+    ASSERT_TRUE(packed.write(path).ok());
+    FeatureShardReader reader;
+    Status status = reader.open(dir.path, c);
+    ASSERT_TRUE(status.ok()) << status.message();
+    EXPECT_EQ(reader.numRows(), 2);
+    EXPECT_EQ(reader.numDroppedRows(), 1);
+    ASSERT_TRUE(reader.readRow(1, out).ok());
+    EXPECT_EQ(positions[9], 9);
+    EXPECT_EQ(positions[10], 0);
+    EXPECT_EQ(positions[size_t(S - 1)], S - 11);
+  }
+  packed.positions[size_t(S + 12)] = 5;
+  ASSERT_TRUE(packed.write(path).ok());
+  EXPECT_EQ(openError(dir.path, c),
+            path + ": tensor 'position_ids' goes from 1 to 5 at row 1, column "
+                   "12 (positions start at 0 and go up by 1 or restart at 0)");
+  packed.positions[size_t(S + 12)] = 2;
+  packed.positions[0] = 1;
+  ASSERT_TRUE(packed.write(path).ok());
+  EXPECT_EQ(openError(dir.path, c),
+            path + ": tensor 'position_ids' starts at 1 at row 0, column 0 "
+                   "(positions start at 0 and go up by 1 or restart at 0)");
 }
 
 TEST(RuntimeFeatureShard, MetadataMismatches) {
