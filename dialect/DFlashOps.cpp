@@ -405,6 +405,13 @@ LogicalResult DraftAcceptanceOp::verify() {
   if (failed(expectShape(op, "C2", "hits", getHits(), slots)) ||
       failed(expectShape(op, "C2", "weights", getWeights(), slots)))
     return failure();
+  // draft_acceptance C3
+  SmallVector<int64_t> positions = {int64_t(getBlockSize())};
+  if (failed(expectShape(op, "C3", "position_hits", getPositionHits(),
+                         positions)) ||
+      failed(expectShape(op, "C3", "position_counts", getPositionCounts(),
+                         positions)))
+    return failure();
   return success();
 }
 

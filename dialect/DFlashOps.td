@@ -118,17 +118,22 @@ def DFlash_DraftAcceptanceOp : DFlash_PureOp<"draft_acceptance"> {
     `hits[b, n*bs + k]` (the prediction is the label); `run_sum = sum over
     kept blocks of (1 + run_n)` and `kept_blocks` their count, so that
     `tau = run_sum / kept_blocks` once both are summed over the GPUs.
+    Per block position `k`, `position_counts[k]` counts the kept slots with
+    `weights > 0` and `position_hits[k]` those of them with a hit: the
+    accuracy at `k` is their ratio (`k = 0`, the given anchor token, is 0).
 
     ```mlir
-    %runs, %blocks = dflash.draft_acceptance %hits, %weights, %keep
-        {block_size = 16 : i64}
+    %runs, %blocks, %hits_k, %counts_k = dflash.draft_acceptance %hits,
+        %weights, %keep {block_size = 16 : i64}
         : (tensor<4x8192xi8>, tensor<4x8192xf32>, tensor<4x512xi8>)
-        -> (tensor<f32>, tensor<f32>)
+        -> (tensor<f32>, tensor<f32>, tensor<16xf32>, tensor<16xf32>)
     ```
   }];
   let arguments = (ins DFlash_FlagTensor:$hits, DFlash_F32Tensor:$weights,
                        DFlash_FlagTensor:$keep, I64Attr:$block_size);
-  let results = (outs DFlash_F32Scalar:$run_sum, DFlash_F32Scalar:$kept_blocks);
+  let results = (outs DFlash_F32Scalar:$run_sum, DFlash_F32Scalar:$kept_blocks,
+                      DFlash_F32Tensor:$position_hits,
+                      DFlash_F32Tensor:$position_counts);
   let assemblyFormat =
       "$hits `,` $weights `,` $keep attr-dict `:` "
       "functional-type(operands, results)";

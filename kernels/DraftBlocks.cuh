@@ -99,14 +99,20 @@ draft_targets_kernel(const int32_t *inputIds, const uint8_t *lossMask,
 }
 
 /// One CTA: each thread walks its blocks' slots in order (a block's run is
-/// sequential), then the sums are added in a fixed order, so that the two
-/// results are deterministic.
+/// sequential), then the sums are added in a fixed order; the per-position
+/// counts are integers (shared-memory atomics), so every result is
+/// deterministic.
 template <int BS>
 __global__ void __launch_bounds__(1024)
     draft_acceptance_kernel(const uint8_t *hits, const float *weights,
                             const uint8_t *keep, int64_t blocks, float *runSum,
-                            float *keptBlocks) {
+                            float *keptBlocks, float *positionHits,
+                            float *positionCounts) {
   __shared__ double sRuns[32], sKept[32];
+  __shared__ unsigned long long sHits[BS], sCounts[BS];
+  for (int k = threadIdx.x; k < BS; k += blockDim.x)
+    sHits[k] = sCounts[k] = 0;
+  __syncthreads();
   double runs = 0, kept = 0;
   for (int64_t n = threadIdx.x; n < blocks; n += blockDim.x) {
     if (!keep[n])
@@ -118,6 +124,14 @@ __global__ void __launch_bounds__(1024)
       ++run;
     runs += 1 + run;
     kept += 1;
+    // Slot 0 is the given anchor token: never counted.
+    for (int k = 1; k < BS; ++k) {
+      if (!(w[k] > 0.f))
+        continue;
+      atomicAdd(&sCounts[k], 1ull);
+      if (hit[k])
+        atomicAdd(&sHits[k], 1ull);
+    }
   }
   for (int o = 16; o > 0; o >>= 1) {
     runs += __shfl_xor_sync(0xffffffffu, runs, o);
@@ -136,6 +150,10 @@ __global__ void __launch_bounds__(1024)
     }
     *runSum = static_cast<float>(r);
     *keptBlocks = static_cast<float>(k);
+  }
+  for (int k = threadIdx.x; k < BS; k += blockDim.x) {
+    positionHits[k] = static_cast<float>(sHits[k]);
+    positionCounts[k] = static_cast<float>(sCounts[k]);
   }
 }
 
@@ -188,14 +206,18 @@ inline void draft_targets(const int32_t *inputIds, const uint8_t *lossMask,
 }
 
 /// runSum = sum over kept blocks of 1 + run_n, keptBlocks = their count
-/// (device scalars); hits uint8 / weights fp32 [B, Q], keep [B, N].
+/// (device scalars); positionHits / positionCounts [BS]: per block position,
+/// the kept slots with w > 0 that hit and all of them (0 at k = 0). hits
+/// uint8 / weights fp32 [B, Q], keep [B, N].
 template <int BS>
 void draft_acceptance_f32(const uint8_t *hits, const float *weights,
                           const uint8_t *keep, float *runSum, float *keptBlocks,
+                          float *positionHits, float *positionCounts,
                           DraftBlocksShape shape, cudaStream_t stream) {
   static_assert(BS >= 1 && BS <= 64, "block size must be in [1, 64]");
   detail::draft_acceptance_kernel<BS><<<1, 1024, 0, stream>>>(
-      hits, weights, keep, int64_t(shape.B) * shape.N, runSum, keptBlocks);
+      hits, weights, keep, int64_t(shape.B) * shape.N, runSum, keptBlocks,
+      positionHits, positionCounts);
   DFLASH_CUDA_CHECK_LAUNCH("draft_acceptance_f32");
 }
 

@@ -19,7 +19,11 @@ constexpr DType kInputDTypes[kNumStepInputs] = {
 constexpr const char *kFrozenNames[kNumFrozenWeights] = {"embed", "lm_head"};
 constexpr const char *kCounterNames[kNumStepCounters] = {"step", "total_steps"};
 constexpr const char *kMetricNames[kNumStepMetrics] = {
-    "loss", "acc", "grad_norm", "lr", "tau"};
+    "loss", "acc",           "grad_norm",      "lr",
+    "tau",  "position_hits", "position_counts"};
+constexpr const char *kForwardSumNames[kNumForwardSums] = {
+    "loss_sum", "weight_sum",  "correct",       "count",
+    "run_sum",  "kept_blocks", "position_hits", "position_counts"};
 
 template <class E, size_t N>
 std::optional<E> parse(const char *const (&names)[N], std::string_view name) {
@@ -45,6 +49,17 @@ const char *dflash::nameOf(StepMetric metric) {
   return kMetricNames[int(metric)];
 }
 
+const char *dflash::nameOf(ForwardSum sum) {
+  return kForwardSumNames[int(sum)];
+}
+bool dflash::isPerPosition(StepMetric metric) {
+  return metric == StepMetric::PositionHits ||
+         metric == StepMetric::PositionCounts;
+}
+bool dflash::isPerPosition(ForwardSum sum) {
+  return sum == ForwardSum::PositionHits || sum == ForwardSum::PositionCounts;
+}
+
 std::optional<BufferRole> dflash::parseBufferRole(std::string_view name) {
   return parse<BufferRole>(kRoleNames, name);
 }
@@ -59,6 +74,10 @@ std::optional<StepCounter> dflash::parseStepCounter(std::string_view name) {
 }
 std::optional<StepMetric> dflash::parseStepMetric(std::string_view name) {
   return parse<StepMetric>(kMetricNames, name);
+}
+
+std::optional<ForwardSum> dflash::parseForwardSum(std::string_view name) {
+  return parse<ForwardSum>(kForwardSumNames, name);
 }
 
 DType dflash::dtypeOf(StepInput input) { return kInputDTypes[int(input)]; }

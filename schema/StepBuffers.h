@@ -52,15 +52,42 @@ enum class StepInput : uint8_t {
 enum class FrozenWeight : uint8_t { Embed, LmHead };
 /// Scalars the runtime writes before each step.
 enum class StepCounter : uint8_t { Step, TotalSteps };
-/// Scalars every step reports.
-/// Tau is the acceptance length (SEMANTICS.md section 10).
-enum class StepMetric : uint8_t { Loss, Acc, GradNorm, Lr, Tau };
+/// What every step reports. Tau is the acceptance length (SEMANTICS.md
+/// section 10). PositionHits and PositionCounts are [block_size]: per block
+/// position k, the supervised slots predicted right and all supervised slots
+/// (summed over the GPUs); the accuracy at k is their ratio, k = 0 never
+/// counts. The others are scalars.
+enum class StepMetric : uint8_t {
+  Loss,
+  Acc,
+  GradNorm,
+  Lr,
+  Tau,
+  PositionHits,
+  PositionCounts
+};
+/// The sums the forward graph returns, per GPU (SEMANTICS.md sections 4
+/// and 10): what a step all-reduces before it divides, and what an
+/// evaluation program reports (summed over the GPUs) for the runtime to add
+/// up over a held-out set. PositionHits and PositionCounts are
+/// [block_size], the others scalars.
+enum class ForwardSum : uint8_t {
+  LossSum,
+  WeightSum,
+  Correct,
+  Count,
+  RunSum,
+  KeptBlocks,
+  PositionHits,
+  PositionCounts
+};
 
 constexpr int kNumBufferRoles = 8;
 constexpr int kNumStepInputs = 6;
 constexpr int kNumFrozenWeights = 2;
 constexpr int kNumStepCounters = 2;
-constexpr int kNumStepMetrics = 5;
+constexpr int kNumStepMetrics = 7;
+constexpr int kNumForwardSums = 8;
 
 /// "input", "frozen", "parameter", ...
 const char *nameOf(BufferRole role);
@@ -73,14 +100,22 @@ const char *nameOf(StepInput input);
 const char *nameOf(FrozenWeight weight);
 /// "step", "total_steps".
 const char *nameOf(StepCounter counter);
-/// "loss", "acc", "grad_norm", "lr", "tau".
+/// "loss", "acc", "grad_norm", "lr", "tau", "position_hits",
+/// "position_counts".
 const char *nameOf(StepMetric metric);
+/// "loss_sum", "weight_sum", "correct", "count", "run_sum", "kept_blocks",
+/// "position_hits", "position_counts".
+const char *nameOf(ForwardSum sum);
+/// Whether the metric or sum is [block_size] (else a scalar).
+bool isPerPosition(StepMetric metric);
+bool isPerPosition(ForwardSum sum);
 
 std::optional<BufferRole> parseBufferRole(std::string_view name);
 std::optional<StepInput> parseStepInput(std::string_view name);
 std::optional<FrozenWeight> parseFrozenWeight(std::string_view name);
 std::optional<StepCounter> parseStepCounter(std::string_view name);
 std::optional<StepMetric> parseStepMetric(std::string_view name);
+std::optional<ForwardSum> parseForwardSum(std::string_view name);
 
 /// The dtype and shape of an input for `config` (flags are U8).
 DType dtypeOf(StepInput input);
@@ -97,9 +132,10 @@ struct BufferSpec {
   DType dtype = DType::U8;
   std::vector<int64_t> shape;
   /// Which member of its role: the StepInput, FrozenWeight, StepCounter or
-  /// StepMetric value; for Parameter, Master and Moment buffers the index in
-  /// parameterTable(), or with ZeRO-1 the bucket of Master and Moment
-  /// buffers; -1 for a metric that the runtime only reports.
+  /// StepMetric value (ForwardSum in an evaluation program); for Parameter,
+  /// Master and Moment buffers the index in parameterTable(), or with ZeRO-1
+  /// the bucket of Master and Moment buffers; -1 for a metric that the runtime
+  /// only reports.
   int64_t index = -1;
   size_t bytes() const { return size_t(shapeNumel(shape)) * dtypeSize(dtype); }
 };

@@ -144,17 +144,21 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   unsigned aHiddenNorm = paramArgs[kHiddenNormParam];
   unsigned aNorm = paramArgs[size_t(finalNormParamIndex(spec))];
   Type scalar = RankedTensorType::get({}, f32);
-  SmallVector<Type> resultTypes(6, scalar);
+  Type perPosition = RankedTensorType::get({bs}, f32);
+  SmallVector<Type> resultTypes;
+  for (int k = 0; k < ::dflash::kNumForwardSums; ++k)
+    resultTypes.push_back(::dflash::isPerPosition(::dflash::ForwardSum(k))
+                              ? perPosition
+                              : scalar);
   b.setInsertionPointToEnd(module->getBody());
   func = func::FuncOp::create(b, specLoc, "step",
                               b.getFunctionType(argTypes, resultTypes));
   for (unsigned i = 0; i < argAttrs.size(); ++i)
     func.setArgAttr(i, kArgAttrName, argAttrs[i]);
-  const char *sums[] = {"loss_sum", "weight_sum", "correct",
-                        "count",    "run_sum",    "kept_blocks"};
-  for (unsigned i = 0; i < 6; ++i)
-    func.setResultAttr(i, kArgAttrName,
-                       ArgAttr::get(&ctx, ArgRole::Metric, sums[i]));
+  for (int k = 0; k < ::dflash::kNumForwardSums; ++k)
+    func.setResultAttr(unsigned(k), kArgAttrName,
+                       ArgAttr::get(&ctx, ArgRole::Metric,
+                                    ::dflash::nameOf(::dflash::ForwardSum(k))));
   // The drafter, for every later stage (the emitter prints it from here).
   (*module)->setAttr(::dflash::kModelConfigAttrName,
                      ::dflash::modelConfigToAttr(&ctx, spec));
@@ -256,13 +260,14 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
       t({B, Q}, i8), y, arg(aHead), targets.getLabels(), targets.getWeights());
   // What greedy verification would accept (SEMANTICS.md section 10).
   auto accepted = DraftAcceptanceOp::create(
-      b, blockLoc, scalar, scalar, ce.getHits(), targets.getWeights(),
-      arg(aKeep), b.getI64IntegerAttr(bs));
-  func::ReturnOp::create(b, specLoc,
-                         ValueRange{ce.getLossSum(), ce.getWeightSum(),
-                                    ce.getCorrect(), ce.getCount(),
-                                    accepted.getRunSum(),
-                                    accepted.getKeptBlocks()});
+      b, blockLoc, scalar, scalar, t({bs}, f32), t({bs}, f32), ce.getHits(),
+      targets.getWeights(), arg(aKeep), b.getI64IntegerAttr(bs));
+  // In ForwardSum order.
+  func::ReturnOp::create(
+      b, specLoc,
+      ValueRange{ce.getLossSum(), ce.getWeightSum(), ce.getCorrect(),
+                 ce.getCount(), accepted.getRunSum(), accepted.getKeptBlocks(),
+                 accepted.getPositionHits(), accepted.getPositionCounts()});
   return module;
 }
 

@@ -320,6 +320,12 @@ LogicalResult Evaluator::evalForward(Operation *op) {
             o.getBlockSize());
         setScalar(o.getRunSum(), sums.runSum);
         setScalar(o.getKeptBlocks(), sums.keptBlocks);
+        std::vector<double> &hitsK = out(o.getPositionHits()).data;
+        std::vector<double> &countsK = out(o.getPositionCounts()).data;
+        for (int64_t k = 0; k < int64_t(o.getBlockSize()); ++k) {
+          hitsK[size_t(k)] = sums.positionHits[k];
+          countsK[size_t(k)] = sums.positionCounts[k];
+        }
         return success();
       })
       .Default([&](Operation *other) {

@@ -2,15 +2,18 @@
 //
 // Turns the differentiated @step into the whole training step of
 // SEMANTICS.md sections 4-5. The backward seed 1/sum(w) needs the global
-// weight sum before the backward pass starts, so the four forward sums are
+// weight sum before the backward pass starts, so the forward sums are
 // all-reduced right after the loss op; gradients are all-reduced after.
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Transforms/Passes.h"
+#include "schema/StepBuffers.h"
 
 #include "mlir/IR/Builders.h"
+
+#include <iterator>
 
 namespace dflash {
 #define GEN_PASS_DEF_APPENDOPTIMIZER
@@ -50,10 +53,9 @@ void AppendOptimizerPass::runOnOperation() {
     return signalPassFailure();
   }
   func::ReturnOp ret = sig->returnOp();
-  const char *sumNames[] = {"loss_sum", "weight_sum", "correct",
-                            "count",    "run_sum",    "kept_blocks"};
-  SmallVector<Value> sums;
-  for (const char *name : sumNames) {
+  SmallVector<Value> sums; // ForwardSum order
+  for (int k = 0; k < kNumForwardSums; ++k) {
+    const char *name = nameOf(ForwardSum(k));
     std::optional<unsigned> i = sig->findResult(ArgRole::Metric, name);
     if (!i) {
       step.emitError() << "@step has no result #dflash.arg<metric, \"" << name
@@ -70,11 +72,15 @@ void AppendOptimizerPass::runOnOperation() {
     return signalPassFailure();
   }
   Operation *acceptanceOp = sums[4].getDefiningOp();
-  if (!acceptanceOp || sums[5].getDefiningOp() != acceptanceOp ||
+  if (!acceptanceOp ||
+      llvm::any_of(
+          ArrayRef(sums).drop_front(4),
+          [&](Value v) { return v.getDefiningOp() != acceptanceOp; }) ||
       acceptanceOp->getBlock() != lossOp->getBlock() ||
       acceptanceOp->isBeforeInBlock(lossOp)) {
-    step.emitError("run_sum and kept_blocks must come from one "
-                   "dflash.draft_acceptance after the dflash.lm_head_ce");
+    step.emitError("run_sum, kept_blocks, position_hits and position_counts "
+                   "must come from one dflash.draft_acceptance after the "
+                   "dflash.lm_head_ce");
     return signalPassFailure();
   }
 
@@ -181,11 +187,18 @@ void AppendOptimizerPass::runOnOperation() {
   add(newMasters, ArgRole::Master);
   add(newM, ArgRole::Moment1);
   add(newV, ArgRole::Moment2);
-  Value metrics[] = {stats.getLoss(), stats.getAcc(), norm, lr, stats.getTau()};
-  StringRef metricNames[] = {"loss", "acc", "grad_norm", "lr", "tau"};
-  for (auto [v, name] : llvm::zip(metrics, metricNames)) {
+  // In StepMetric order.
+  Value metrics[] = {stats.getLoss(),
+                     stats.getAcc(),
+                     norm,
+                     lr,
+                     stats.getTau(),
+                     reduced.getResult(unsigned(ForwardSum::PositionHits)),
+                     reduced.getResult(unsigned(ForwardSum::PositionCounts))};
+  static_assert(std::size(metrics) == kNumStepMetrics, "one per StepMetric");
+  for (auto [k, v] : llvm::enumerate(metrics)) {
     results.push_back(v);
-    attrs.push_back(argAttrDict(ctx, ArgRole::Metric, name));
+    attrs.push_back(argAttrDict(ctx, ArgRole::Metric, nameOf(StepMetric(k))));
   }
   func::ReturnOp::create(b, loc, results);
   ret.erase();

@@ -33,6 +33,15 @@ void dflash::rt::setThroughput(StepMetrics &m, const ModelConfig &config,
   m.tflops = flopsPerStep / seconds / 1e12;
 }
 
+std::vector<double> dflash::rt::accuracyByPosition(const double *hits,
+                                                   const double *counts,
+                                                   int64_t bs) {
+  std::vector<double> acc;
+  for (int64_t k = 1; k < bs; ++k)
+    acc.push_back(counts[k] > 0 ? hits[k] / counts[k] : std::nan(""));
+  return acc;
+}
+
 /// `value` in printf format `format`, or null when it is not finite (JSON
 /// has no NaN or infinity).
 static std::string jsonNumber(const char *format, double value) {
@@ -43,14 +52,29 @@ static std::string jsonNumber(const char *format, double value) {
   return text;
 }
 
-/// `, "rank_step_ms": [..]`, or nothing for no ranks.
-static std::string rankTimes(const std::vector<double> &times) {
-  if (times.empty())
+/// `, "<key>": [..]`, or nothing for no values.
+static std::string jsonList(const char *key, const std::vector<double> &values,
+                            const char *format) {
+  if (values.empty())
     return "";
-  std::string text = ", \"rank_step_ms\": [";
-  for (size_t r = 0; r < times.size(); ++r)
-    text += (r ? ", " : "") + jsonNumber("%.4f", times[r]);
+  std::string text = std::string(", \"") + key + "\": [";
+  for (size_t i = 0; i < values.size(); ++i)
+    text += (i ? ", " : "") + jsonNumber(format, values[i]);
   return text + "]";
+}
+
+/// "  acc@k 93 81 66" (percent, "-" where unknown), or nothing.
+static std::string positionText(const std::vector<double> &acc) {
+  if (acc.empty())
+    return "";
+  std::string text = "  acc@k";
+  for (double a : acc) {
+    char value[16] = " -";
+    if (std::isfinite(a))
+      std::snprintf(value, sizeof(value), " %.0f", 100 * a);
+    text += value;
+  }
+  return text;
 }
 
 std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
@@ -60,6 +84,7 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"loss\": " + jsonNumber("%.9g", m.loss) +
          ", \"acc\": " + jsonNumber("%.9g", m.acc) +
          ", \"tau\": " + jsonNumber("%.9g", m.tau) +
+         jsonList("acc_by_position", m.accByPosition, "%.6g") +
          ", \"grad_norm\": " + jsonNumber("%.9g", m.gradNorm) +
          ", \"lr\": " + jsonNumber("%.9g", m.lr) +
          ", \"step_ms\": " + jsonNumber("%.4f", m.stepMs) +
@@ -68,7 +93,29 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
          ", \"tflops\": " + jsonNumber("%.3f", m.tflops) +
          ", \"skipped_rows\": " + std::to_string(m.skippedRows) +
-         rankTimes(m.rankStepMs) + "}";
+         jsonList("rank_step_ms", m.rankStepMs, "%.4f") + "}";
+}
+
+std::string dflash::rt::evalJsonLine(const EvalMetrics &m) {
+  return "{\"step\": " + std::to_string(m.step) +
+         ", \"eval_loss\": " + jsonNumber("%.9g", m.loss) +
+         ", \"eval_acc\": " + jsonNumber("%.9g", m.acc) +
+         ", \"eval_tau\": " + jsonNumber("%.9g", m.tau) +
+         jsonList("eval_acc_by_position", m.accByPosition, "%.6g") +
+         ", \"eval_rows\": " + std::to_string(m.rows) +
+         ", \"eval_batches\": " + std::to_string(m.batches) +
+         ", \"eval_s\": " + jsonNumber("%.3f", m.seconds) + "}";
+}
+
+std::string dflash::rt::evalLine(const EvalMetrics &m) {
+  char text[160];
+  std::snprintf(text, sizeof(text),
+                "eval after step %lld: loss %.4f  acc %.4f  tau %.2f",
+                (long long)m.step + 1, m.loss, m.acc, m.tau);
+  char tail[96];
+  std::snprintf(tail, sizeof(tail), "  (%lld rows, %s)", (long long)m.rows,
+                formatDuration(m.seconds).c_str());
+  return text + positionText(m.accByPosition) + tail;
 }
 
 //===----------------------------------------------------------------------===//
@@ -119,9 +166,16 @@ Status MetricsLog::open(const std::string &path, int64_t firstStep) {
 }
 
 Status MetricsLog::append(const StepMetrics &metrics) {
+  return appendLine(metricsJsonLine(metrics) + "\n");
+}
+
+Status MetricsLog::append(const EvalMetrics &metrics) {
+  return appendLine(evalJsonLine(metrics) + "\n");
+}
+
+Status MetricsLog::appendLine(const std::string &line) {
   if (!file)
     return Status::error("the metrics log is not open");
-  std::string line = metricsJsonLine(metrics) + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file) != line.size() ||
       std::fflush(file) != 0)
     return Status::error(
@@ -185,15 +239,16 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
   if (m.skippedRows > 0)
     std::snprintf(skipped, sizeof(skipped), "  skipped rows %lld",
                   (long long)m.skippedRows);
-  char text[360];
-  std::snprintf(text, sizeof(text),
-                "step %lld/%lld  loss %.4f  acc %.4f  tau %.2f  %s tok/s  "
-                "draft %s tok/s  %.1f ms/step%s%s  ETA %s",
-                (long long)stepsDone, (long long)finalStep, m.loss, m.acc,
-                m.tau, formatRate(m.contextTokensPerS).c_str(),
+  char head[160], tail[320];
+  std::snprintf(
+      head, sizeof(head), "step %lld/%lld  loss %.4f  acc %.4f  tau %.2f",
+      (long long)stepsDone, (long long)finalStep, m.loss, m.acc, m.tau);
+  std::snprintf(tail, sizeof(tail),
+                "  %s tok/s  draft %s tok/s  %.1f ms/step%s%s  ETA %s",
+                formatRate(m.contextTokensPerS).c_str(),
                 formatRate(m.draftTokensPerS).c_str(), m.stepMs, ranks, skipped,
                 formatDuration(etaSeconds).c_str());
-  return text;
+  return head + positionText(m.accByPosition) + tail;
 }
 
 ProgressDisplay::ProgressDisplay(std::FILE *out, bool rewrite,

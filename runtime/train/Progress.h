@@ -46,6 +46,9 @@ struct StepMetrics {
   /// Acceptance length (SEMANTICS.md section 10): mean over kept blocks of
   /// 1 + the run of right predictions.
   double tau = 0;
+  /// [k - 1]: the accuracy at block position k = 1 .. bs - 1 (NaN where no
+  /// slot at k was supervised); empty when not reported.
+  std::vector<double> accByPosition;
   double stepMs = 0;    ///< input copies and the step (slowest rank)
   double computeMs = 0; ///< the step alone, without the input copies
   /// Every rank's stepMs, in rank order; empty when not reported per rank.
@@ -60,15 +63,40 @@ struct StepMetrics {
   bool finite() const;
 };
 
+/// What an evaluation over a held-out set reports (`train --eval-data`):
+/// its sums added up over every batch and GPU, then divided.
+struct EvalMetrics {
+  int64_t step = 0; ///< the last training step done before it (0-based)
+  double loss = 0, acc = 0, tau = 0;
+  std::vector<double> accByPosition; ///< as StepMetrics::accByPosition
+  int64_t rows = 0;                  ///< held-out rows read, over every GPU
+  int64_t batches = 0;               ///< forward passes per GPU
+  double seconds = 0;                ///< wall time of the evaluation
+};
+
+/// The accuracy per block position k = 1 .. bs - 1 from the sums a step or
+/// an evaluation reports ([bs] each, StepMetric::PositionHits and
+/// PositionCounts): hits[k] / counts[k], NaN where counts[k] is 0.
+std::vector<double> accuracyByPosition(const double *hits, const double *counts,
+                                       int64_t bs);
+
 /// Sets the throughput fields of `metrics` from its stepMs.
 void setThroughput(StepMetrics &metrics, const ModelConfig &config,
                    int64_t worldSize, double flopsPerStep);
 
 /// One JSON object, without a newline: {"step": 0, "loss": ..., "acc",
-/// "tau", "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
-/// "draft_tokens_per_s", "tflops", "skipped_rows"}, and "rank_step_ms": [...]
-/// last when rankStepMs is not empty. A non-finite value is written as null.
+/// "tau", "acc_by_position": [k = 1, ...] (when reported), "grad_norm",
+/// "lr", "step_ms", "compute_ms", "tokens_per_s", "draft_tokens_per_s",
+/// "tflops", "skipped_rows"}, and "rank_step_ms": [...] last when
+/// rankStepMs is not empty. A non-finite value is written as null.
 std::string metricsJsonLine(const StepMetrics &metrics);
+/// {"step": ..., "eval_loss", "eval_acc", "eval_tau", "eval_acc_by_position",
+/// "eval_rows", "eval_batches", "eval_s"}: the line of an evaluation, in the
+/// same log as the steps, after the line of the step it followed.
+std::string evalJsonLine(const EvalMetrics &metrics);
+/// "eval after step 300: loss 2.1345  acc 0.5120  tau 3.02  acc@k 91 80 ..
+/// (80 rows, 1.2s)".
+std::string evalLine(const EvalMetrics &metrics);
 
 /// The JSONL metrics file of a run.
 class MetricsLog {
@@ -85,9 +113,12 @@ public:
   Status open(const std::string &path, int64_t firstStep);
   /// Appends one line and flushes it.
   Status append(const StepMetrics &metrics);
+  Status append(const EvalMetrics &metrics);
   const std::string &path() const { return filePath; }
 
 private:
+  Status appendLine(const std::string &line);
+
   std::string filePath;
   std::FILE *file = nullptr;
 };
@@ -97,10 +128,11 @@ std::string formatDuration(double seconds);
 /// "950", "12.3k", "4.56M", "1.20G".
 std::string formatRate(double perSecond);
 
-/// "step 12/200  loss 2.3456  acc 0.4120  tau 2.31  12.3k tok/s  draft 4.56k
-/// tok/s 85.1 ms/step  ETA 3m05s"; with several ranks "85.1 ms/step (8 GPUs,
-/// fastest 80.2)", after rows were skipped "  skipped rows 3" before the
-/// ETA. `stepsDone` counts the step just finished.
+/// "step 12/200  loss 2.3456  acc 0.4120  tau 2.31  acc@k 93 81 66 ..  12.3k
+/// tok/s  draft 4.56k tok/s 85.1 ms/step  ETA 3m05s" (acc@k: the accuracy
+/// at block positions 1, 2, ... in percent); with several ranks "85.1 ms/step
+/// (8 GPUs, fastest 80.2)", after rows were skipped "  skipped rows 3" before
+/// the ETA. `stepsDone` counts the step just finished.
 std::string progressLine(const StepMetrics &metrics, int64_t stepsDone,
                          int64_t finalStep, double etaSeconds);
 

@@ -208,7 +208,10 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
       // Metrics past the named ones are reported, not interpreted.
       if (b.index >= 0) {
         status = check.member(i, kNumStepMetrics, "a step metric");
-        if (status.ok())
+        if (status.ok() && isPerPosition(StepMetric(b.index)))
+          status = check.claim(i, m.namedMetrics[size_t(b.index)], {DType::F32},
+                               {c.blockSize});
+        else if (status.ok())
           status =
               check.claimScalar(i, m.namedMetrics[size_t(b.index)], DType::F32);
       }

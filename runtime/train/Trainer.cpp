@@ -645,12 +645,16 @@ Status Trainer::step(StepMetrics &metrics) {
       !s.ok())
     return s;
 
-  auto metricValue = [&](int index) {
-    for (size_t m = 0; m < map.metrics.size(); ++m)
-      if (map.metrics[m] == index)
-        return double(hostMetrics[metricOffsets[m]]);
-    return 0.0;
-  };
+  // Metric buffers as doubles: their first value, or all of them.
+  std::vector<std::vector<double>> values(program.buffers().size());
+  for (size_t m = 0; m < map.metrics.size(); ++m) {
+    const int index = map.metrics[m];
+    const float *first = hostMetrics + metricOffsets[m];
+    values[size_t(index)].assign(
+        first, first + shapeNumel(specs[size_t(index)].shape));
+  }
+  auto metricValues = [&](int index) { return values[size_t(index)].data(); };
+  auto metricValue = [&](int index) { return values[size_t(index)][0]; };
   metrics = StepMetrics();
   metrics.step = completedSteps;
   metrics.loss = metricValue(map.metric(StepMetric::Loss));
@@ -658,6 +662,9 @@ Status Trainer::step(StepMetrics &metrics) {
   metrics.tau = metricValue(map.metric(StepMetric::Tau));
   metrics.gradNorm = metricValue(map.metric(StepMetric::GradNorm));
   metrics.lr = metricValue(map.metric(StepMetric::Lr));
+  metrics.accByPosition = accuracyByPosition(
+      metricValues(map.metric(StepMetric::PositionHits)),
+      metricValues(map.metric(StepMetric::PositionCounts)), config.blockSize);
   metrics.stepMs = elapsedMs;
   metrics.computeMs = computeMs;
   setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());

@@ -115,8 +115,8 @@ func.func @draft_targets_positions(%ids: tensor<2x32xi32>, %m: tensor<2x32xi8>, 
 
 func.func @draft_acceptance_block(%h: tensor<2x12xi8>, %w: tensor<2x12xf32>, %k: tensor<2x3xi8>) {
   // expected-error @+1 {{(C1) block_size is 0 but must be at least 1}}
-  %r, %n = dflash.draft_acceptance %h, %w, %k {block_size = 0 : i64}
-      : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>)
+  %r, %n, %p, %c = dflash.draft_acceptance %h, %w, %k {block_size = 0 : i64}
+      : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>, tensor<0xf32>, tensor<0xf32>)
   return
 }
 
@@ -124,8 +124,8 @@ func.func @draft_acceptance_block(%h: tensor<2x12xi8>, %w: tensor<2x12xf32>, %k:
 
 func.func @draft_acceptance_big(%h: tensor<1x65xi8>, %w: tensor<1x65xf32>, %k: tensor<1x1xi8>) {
   // expected-error @+1 {{(C1) block_size is 65 but must be at most 64}}
-  %r, %n = dflash.draft_acceptance %h, %w, %k {block_size = 65 : i64}
-      : (tensor<1x65xi8>, tensor<1x65xf32>, tensor<1x1xi8>) -> (tensor<f32>, tensor<f32>)
+  %r, %n, %p, %c = dflash.draft_acceptance %h, %w, %k {block_size = 65 : i64}
+      : (tensor<1x65xi8>, tensor<1x65xf32>, tensor<1x1xi8>) -> (tensor<f32>, tensor<f32>, tensor<65xf32>, tensor<65xf32>)
   return
 }
 
@@ -133,7 +133,16 @@ func.func @draft_acceptance_big(%h: tensor<1x65xi8>, %w: tensor<1x65xf32>, %k: t
 
 func.func @draft_acceptance_hits(%h: tensor<2x11xi8>, %w: tensor<2x12xf32>, %k: tensor<2x3xi8>) {
   // expected-error @+1 {{(C2) hits must have shape [2x12] but has [2x11]}}
-  %r, %n = dflash.draft_acceptance %h, %w, %k {block_size = 4 : i64}
-      : (tensor<2x11xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>)
+  %r, %n, %p, %c = dflash.draft_acceptance %h, %w, %k {block_size = 4 : i64}
+      : (tensor<2x11xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<4xf32>)
+  return
+}
+
+// -----
+
+func.func @draft_acceptance_positions(%h: tensor<2x12xi8>, %w: tensor<2x12xf32>, %k: tensor<2x3xi8>) {
+  // expected-error @+1 {{(C3) position_counts must have shape [4] but has [3]}}
+  %r, %n, %p, %c = dflash.draft_acceptance %h, %w, %k {block_size = 4 : i64}
+      : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<3xf32>)
   return
 }

@@ -18,10 +18,12 @@
 // CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "acc">}
 // CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "grad_norm">}
 // CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "lr">}
-// CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "tau">})
+// CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "tau">}
+// CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_hits">}
+// CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
 // CHECK: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
-// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
-// CHECK-NEXT: %[[R:.+]]:6 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]]
+// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// CHECK-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
 // CHECK-NEXT: %[[LOSS:[a-z_0-9]+]], %[[ACC:[a-z_0-9]+]], %[[TAU:[a-z_0-9]+]], %[[SEED:[a-z_0-9]+]] = dflash.loss_stats %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5
 // CHECK: dflash.lm_head_ce_grad {{.*}}, %[[SEED]]
 // CHECK: dflash.convert {{.*}} : (tensor<256x512xbf16>) -> tensor<256x512xf32>
@@ -30,4 +32,4 @@
 // CHECK: %[[CLIP:.+]] = dflash.clip_coefficient %[[NORM]] {max_norm = 1.000000e+00 : f64}
 // CHECK: %[[LR:.+]] = dflash.lr_schedule %[[STEP]], %[[TOTAL]] {lr = 3.000000e-03 : f64, warmup_ratio = 4.000000e-02 : f64}
 // CHECK-COUNT-25: dflash.adamw {{.*}}, %[[STEP]], %[[LR]], %[[CLIP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64}
-// CHECK: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]] :
+// CHECK: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7 :

@@ -182,17 +182,24 @@ TEST(DraftBlocks, AcceptanceSums) {
   ref::AcceptanceSums expected =
       ref::draftAcceptance(hits.data(), weights.data(), keep.data(), B, N, bs);
   DeviceBuffer<uint8_t> dHits(hits.size()), dKeep(keep.size());
-  DeviceBuffer<float> dWeights(weights.size()), sums(2);
+  DeviceBuffer<float> dWeights(weights.size()), sums(2 + 2 * bs);
   dHits.upload(hits);
   dKeep.upload(keep);
   dWeights.upload(weights);
   poisonAll(sums);
   kernels::draft_acceptance_f32<bs>(dHits.get(), dWeights.get(), dKeep.get(),
-                                    sums.get(), sums.get() + 1, shape, 0);
+                                    sums.get(), sums.get() + 1, sums.get() + 2,
+                                    sums.get() + 2 + bs, shape, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> got = sums.download();
   EXPECT_EQ(double(got[0]), expected.runSum);
   EXPECT_EQ(double(got[1]), expected.keptBlocks);
+  for (int k = 0; k < bs; ++k) {
+    EXPECT_EQ(double(got[size_t(2 + k)]), expected.positionHits[k]) << k;
+    EXPECT_EQ(double(got[size_t(2 + bs + k)]), expected.positionCounts[k]) << k;
+  }
+  EXPECT_EQ(expected.positionCounts[0], 0.0);
+  EXPECT_GT(expected.positionCounts[bs - 1], 0.0);
   EXPECT_GT(expected.runSum, 1.5 * expected.keptBlocks) << "runs longer than 0";
   std::printf("acceptance: %g blocks kept, tau %.4f\n", got[1],
               got[0] / got[1]);

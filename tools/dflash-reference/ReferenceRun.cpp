@@ -307,7 +307,7 @@ Status dumpFirstStep(const std::string &path, const StepSignature &gradSig,
 /// back into `state`, the metrics into `metrics`.
 Status trainStep(StepInterpreter &interpreter, const StepSignature &sig,
                  StepState &state, int64_t step, int64_t total,
-                 std::map<std::string, double> &metrics) {
+                 std::map<std::string, std::vector<double>> &metrics) {
   auto args = bindArguments(sig, state, step, total, 0.0);
   if (failed(args))
     return Status::error("cannot bind the training step's arguments");
@@ -333,7 +333,7 @@ Status trainStep(StepInterpreter &interpreter, const StepSignature &sig,
       state.moment2[name] = std::move(value);
       break;
     case ArgRole::Metric:
-      metrics[name] = value[0];
+      metrics[name] = std::move(value);
       break;
     default:
       break;
@@ -409,17 +409,34 @@ int ::dflash::runReference(const ReferenceOptions &options,
                                    options.precision, config);
           !s.ok())
         return fail(s.message());
-    std::map<std::string, double> metrics;
+    std::map<std::string, std::vector<double>> metrics;
     if (Status s =
             trainStep(interpreter, *trainSig, state, step, total, metrics);
         !s.ok())
       return fail(s.message());
+    auto scalar = [&](const char *name) {
+      auto it = metrics.find(name);
+      return it == metrics.end() ? std::nan("") : it->second.at(0);
+    };
+    // The accuracy at block positions 1 .. bs - 1, as the trainer logs it.
+    std::string byPosition;
+    const std::vector<double> &hits = metrics["position_hits"];
+    const std::vector<double> &counts = metrics["position_counts"];
+    for (size_t k = 1; k < hits.size() && k < counts.size(); ++k) {
+      char value[32] = "null";
+      if (counts[k] > 0)
+        std::snprintf(value, sizeof(value), "%.6g", hits[k] / counts[k]);
+      byPosition += std::string(k > 1 ? ", " : "") + value;
+    }
     out << llvm::format("{\"step\": %lld, \"loss\": %.9g, \"acc\": %.6g, "
-                        "\"tau\": %.6g, \"grad_norm\": %.9g, \"lr\": %.9g}\n",
-                        (long long)step, metrics["loss"], metrics["acc"],
-                        metrics["tau"], metrics["grad_norm"], metrics["lr"]);
+                        "\"tau\": %.6g, ",
+                        (long long)step, scalar("loss"), scalar("acc"),
+                        scalar("tau"))
+        << "\"acc_by_position\": [" << byPosition << "], "
+        << llvm::format("\"grad_norm\": %.9g, \"lr\": %.9g}\n",
+                        scalar("grad_norm"), scalar("lr"));
     out.flush();
-    if (!std::isfinite(metrics["loss"]))
+    if (!std::isfinite(scalar("loss")))
       return fail("the loss is not finite at step " + std::to_string(step));
   }
   if (!options.saveDir.empty())

@@ -54,11 +54,11 @@ struct ReferenceOptions {
   std::string saveDir;
 };
 
-/// Runs `options`: prints one JSON line per step (step, loss, acc,
-/// grad_norm, lr) to `out`, flushed after each line, and writes the dump and
-/// the checkpoint asked for. Errors go to llvm::errs(), where the MLIR
-/// context prints its diagnostics too: a spec error as the spec loader
-/// words it, every other one as "dflash-reference: error: <message>".
+/// Runs `options`: prints one JSON line per step (step, loss, acc, tau,
+/// acc_by_position, grad_norm, lr) to `out`, flushed after each line, and
+/// writes the dump and the checkpoint asked for. Errors go to llvm::errs(),
+/// where the MLIR context prints its diagnostics too: a spec error as the spec
+/// loader words it, every other one as "dflash-reference: error: <message>".
 /// Returns the process exit code: 0, or 1 after an error.
 int runReference(const ReferenceOptions &options, llvm::raw_ostream &out);
 

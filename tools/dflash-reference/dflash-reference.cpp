@@ -78,7 +78,8 @@ int main(int argc, char **argv) {
   cl::ParseCommandLineOptions(
       argc, argv,
       "dflash-reference: runs a drafter's compiled training step on the CPU\n\n"
-      "Prints one JSON line per step: step, loss, acc, grad_norm, lr.\n");
+      "Prints one JSON line per step: step, loss, acc, tau, acc_by_position "
+      "(block\npositions 1, 2, ...), grad_norm, lr.\n");
   ReferenceOptions options;
   options.specFile = specFile;
   options.steps = numSteps;

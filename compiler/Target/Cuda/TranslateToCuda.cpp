@@ -701,9 +701,10 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       .Case([&](DraftAcceptanceOp o) {
         os << llvm::formatv(
             "    dflash::kernels::draft_acceptance_f32<{0}>({1}, "
-            "{2}, {3}, {4}, {5}, kBlocks, stream);\n",
+            "{2}, {3}, {4}, {5}, {6}, {7}, kBlocks, stream);\n",
             o.getBlockSize(), ptr(o.getHits()), ptr(o.getWeights()),
-            ptr(o.getKeep()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()));
+            ptr(o.getKeep()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()),
+            ptr(o.getPositionHits()), ptr(o.getPositionCounts()));
         return success();
       })
       .Case([&](GradientBucketOp o) {
@@ -878,11 +879,13 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
       bufferNames += "constexpr int " + name + " = " +
                      std::to_string(metricIndex++) + ";\n";
       metricSpecs += "      {" + quoted(info.getName()) +
-                     ", BufferRole::Metric, DType::F32, {}, " +
+                     ", BufferRole::Metric, DType::F32, " +
+                     intList(tensorOf(v).getShape()) + ", " +
                      std::to_string(named ? int64_t(*named) : -1) + "},\n";
-      metricCopies += llvm::formatv("    copy(at<float>(buffer::{0}), {1}, 4, "
-                                    "stream, \"copy metric {2}\");\n",
-                                    name, ptr(v), info.getName());
+      metricCopies +=
+          llvm::formatv("    copy(at<float>(buffer::{0}), {1}, {2}, "
+                        "stream, \"copy metric {3}\");\n",
+                        name, ptr(v), tensorBytes(v.getType()), info.getName());
       continue;
     }
     std::optional<unsigned> arg = sig.findArg(info.getRole(), info.getName());

@@ -1051,6 +1051,61 @@ TEST(TrainMetrics, LogKeepsEarlierStepsOnResume) {
       << s.message();
 }
 
+TEST(TrainMetrics, AccuracyByPosition) {
+  // bs 4: position 0 never counts; position 3 had no supervised slot.
+  const double hits[] = {0, 9, 3, 0}, counts[] = {0, 10, 6, 0};
+  std::vector<double> acc = accuracyByPosition(hits, counts, 4);
+  ASSERT_EQ(acc.size(), 3u);
+  EXPECT_DOUBLE_EQ(acc[0], 0.9);
+  EXPECT_DOUBLE_EQ(acc[1], 0.5);
+  EXPECT_TRUE(std::isnan(acc[2]));
+  StepMetrics m = sampleMetrics();
+  m.accByPosition = acc;
+  nlohmann::json parsed = nlohmann::json::parse(metricsJsonLine(m));
+  EXPECT_EQ(parsed["acc_by_position"],
+            nlohmann::json::parse("[0.9, 0.5, null]"));
+  EXPECT_EQ(
+      progressLine(m, 13, 200, 185),
+      "step 13/200  loss 2.5000  acc 0.2500  tau 2.75  acc@k 90 50 -  800 "
+      "tok/s  draft 300 tok/s  80.0 ms/step  ETA 3m05s");
+}
+
+TEST(TrainMetrics, EvalLines) {
+  EvalMetrics e;
+  e.step = 299;
+  e.loss = 2.125;
+  e.acc = 0.5;
+  e.tau = 3.25;
+  e.accByPosition = {0.75, 0.5};
+  e.rows = 80;
+  e.batches = 40;
+  e.seconds = 1.5;
+  EXPECT_EQ(evalJsonLine(e),
+            "{\"step\": 299, \"eval_loss\": 2.125, \"eval_acc\": 0.5, "
+            "\"eval_tau\": 3.25, \"eval_acc_by_position\": [0.75, 0.5], "
+            "\"eval_rows\": 80, \"eval_batches\": 40, \"eval_s\": 1.500}");
+  EXPECT_EQ(evalLine(e), "eval after step 300: loss 2.1250  acc 0.5000  tau "
+                         "3.25  acc@k 75 50  (80 rows, 2s)");
+  // The log keeps an evaluation with the step it followed on resume.
+  TrainMainTempDir dir;
+  std::string path = dir.path + "/metrics.jsonl";
+  {
+    MetricsLog log;
+    ASSERT_TRUE(log.open(path, 0).ok());
+    StepMetrics m = sampleMetrics();
+    m.step = 299;
+    ASSERT_TRUE(log.append(m).ok());
+    ASSERT_TRUE(log.append(e).ok());
+    m.step = 300;
+    ASSERT_TRUE(log.append(m).ok());
+  }
+  MetricsLog log;
+  ASSERT_TRUE(log.open(path, 300).ok());
+  std::string text = readFile(path);
+  EXPECT_NE(text.find("\"eval_tau\": 3.25"), std::string::npos) << text;
+  EXPECT_EQ(text.find("\"step\": 300"), std::string::npos) << text;
+}
+
 TEST(TrainProgress, Formatting) {
   EXPECT_EQ(formatDuration(45), "45s");
   EXPECT_EQ(formatDuration(185), "3m05s");
@@ -1275,9 +1330,11 @@ TEST(TrainBuffers, MapsEveryBuffer) {
     EXPECT_EQ(buffers[size_t(map.master[t])].role, BufferRole::Master);
     EXPECT_EQ(buffers[size_t(map.moment2[t])].role, BufferRole::Moment2);
   }
-  EXPECT_EQ(map.metrics.size(), 5u);
+  EXPECT_EQ(map.metrics.size(), size_t(kNumStepMetrics));
   EXPECT_EQ(buffers[size_t(map.metric(StepMetric::GradNorm))].name,
             "grad_norm");
+  EXPECT_EQ(buffers[size_t(map.metric(StepMetric::PositionCounts))].shape,
+            (std::vector<int64_t>{c.blockSize}));
 
   c.tieWordEmbeddings = true;
   ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, nullptr, map).ok());
@@ -1338,6 +1395,9 @@ TEST(TrainBuffers, MismatchesNameTheBuffer) {
   find(vectorCounter, "step", BufferRole::Counter).shape = {2};
   expectError(vectorCounter, "counter buffer 'step' has shape [2] but must "
                              "be a scalar");
+  auto scalarPositions = buffers;
+  find(scalarPositions, "position_hits", BufferRole::Metric).shape = {};
+  expectError(scalarPositions, "metric buffer 'position_hits' has shape []");
 }
 
 namespace {
