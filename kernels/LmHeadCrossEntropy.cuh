@@ -36,7 +36,8 @@ struct LmHeadCrossEntropyArgs {
   /// Device scalar: d(loss) / d(sum w * CE), e.g. 1 / global sum(w);
   /// nullptr means 1.
   const float *dLossSum;
-  __nv_bfloat16 *dy; ///< [rows, H] (overwritten)
+  /// [rows, H] (overwritten); nullptr: the forward alone (no dX GEMM).
+  __nv_bfloat16 *dy;
   /// [4]: sum(w * CE), sum(w), sum([argmax == label] [w > 0]), sum([w > 0]).
   float *sums;
   /// [rows] (optional): [argmax == label] [w > 0] per row, for the
@@ -242,7 +243,8 @@ inline void useLmHeadWorkspace(LmHeadCrossEntropyArgs &args, void *workspace) {
       base + kLmHeadSumsBytes + lmHeadRowTermBytes(args.rows));
 }
 
-/// Forward and backward of lm_head + weighted CE, chunk by chunk.
+/// Forward and backward of lm_head + weighted CE, chunk by chunk (the
+/// forward alone when args.dy is null).
 inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
                                        const LmHeadCrossEntropyArgs &args,
                                        cudaStream_t stream) {
@@ -258,8 +260,9 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
             args.dLossSum, args.rowTerms + r0 * 4,
             args.hits ? args.hits + r0 : nullptr);
     DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_rows_bf16");
-    gemm.linearGradInput(args.logitsChunk, args.lmHead, args.dy + r0 * args.H,
-                         m, args.V, args.H, stream);
+    if (args.dy)
+      gemm.linearGradInput(args.logitsChunk, args.lmHead, args.dy + r0 * args.H,
+                           m, args.V, args.H, stream);
   }
   detail::cross_entropy_sums_kernel<<<1, 1024, 0, stream>>>(
       args.rowTerms, args.rows, args.sums);

@@ -21,7 +21,7 @@ set(DFLASH_CUDA_FLAGS -gencode=arch=compute_90a,code=sm_90a
 
 add_subdirectory(dflash/runtime)
 
-add_executable(train main.cpp step.cu kernels.cu)
+add_executable(train main.cpp step.cu eval.cu kernels.cu)
 target_include_directories(train PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_compile_options(train PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:${DFLASH_CUDA_FLAGS}>)

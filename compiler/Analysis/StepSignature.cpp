@@ -15,18 +15,26 @@ DictionaryAttr argAttrDict(MLIRContext *ctx, ArgRole role, StringRef name) {
 } // namespace dflash
 
 FailureOr<StepSignature> StepSignature::get(ModuleOp module) {
-  auto step = module.lookupSymbol<func::FuncOp>("step");
+  auto step = module.lookupSymbol<func::FuncOp>(kStepFunctionName);
+  if (!step)
+    step = module.lookupSymbol<func::FuncOp>(kEvalFunctionName);
   if (!step || step.isExternal())
-    return module.emitError("the module has no func.func @step with a body");
+    return module.emitError("the module has no func.func @step (or @eval) "
+                            "with a body");
   for (unsigned i = 0; i < step.getNumArguments(); ++i)
     if (!step.getArgAttrOfType<ArgAttr>(i, kArgAttrName))
-      return step.emitError() << "argument " << i << " of @step has no '"
-                              << kArgAttrName << "' attribute";
+      return step.emitError()
+             << "argument " << i << " of @" << step.getSymName() << " has no '"
+             << kArgAttrName << "' attribute";
   for (unsigned i = 0; i < step.getNumResults(); ++i)
     if (!step.getResultAttrOfType<ArgAttr>(i, kArgAttrName))
-      return step.emitError() << "result " << i << " of @step has no '"
-                              << kArgAttrName << "' attribute";
+      return step.emitError() << "result " << i << " of @" << step.getSymName()
+                              << " has no '" << kArgAttrName << "' attribute";
   return StepSignature(step);
+}
+
+bool StepSignature::isEval() const {
+  return step.getSymName() == kEvalFunctionName;
 }
 
 func::ReturnOp StepSignature::returnOp() const {

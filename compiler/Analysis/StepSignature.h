@@ -14,6 +14,11 @@
 
 namespace dflash {
 
+/// The program of a module: the training step, or (in a module of its own)
+/// the evaluation program of dflash-make-eval-program.
+constexpr const char *kStepFunctionName = "step";
+constexpr const char *kEvalFunctionName = "eval";
+
 /// The attribute dictionary of a @step argument or result that holds
 /// `#dflash.arg<role, name>`.
 mlir::DictionaryAttr argAttrDict(mlir::MLIRContext *ctx,
@@ -22,9 +27,14 @@ mlir::DictionaryAttr argAttrDict(mlir::MLIRContext *ctx,
 
 class StepSignature {
 public:
-  /// The `@step` of `module`, or an error on the module when there is none or
-  /// an argument or result lacks its #dflash.arg.
+  /// The program of `module` (`@step`, else `@eval`), or an error on the
+  /// module when there is none or an argument or result lacks its
+  /// #dflash.arg.
   static mlir::FailureOr<StepSignature> get(mlir::ModuleOp module);
+
+  /// Whether this is an evaluation program (@eval): no gradients, no
+  /// optimizer, its metrics are ForwardSums.
+  bool isEval() const;
 
   mlir::func::FuncOp func() const { return step; }
   mlir::func::ReturnOp returnOp() const;

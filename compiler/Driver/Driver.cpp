@@ -37,6 +37,7 @@ namespace cl = llvm::cl;
 namespace {
 
 enum class EmitStage { Spec, Graph, Train, Fused, Planned, Cuda, Trainer };
+enum class Program { Step, Eval };
 
 cl::OptionCategory category("dflashc options");
 
@@ -61,6 +62,16 @@ cl::opt<EmitStage> emitStage(
                clEnumValN(EmitStage::Trainer, "trainer",
                           "write the sources and build DIR/train with nvcc "
                           "(default)")),
+    cl::cat(category));
+
+cl::opt<Program> program(
+    "program", cl::desc("Which program an IR stage prints (default: the step)"),
+    cl::init(Program::Step),
+    cl::values(clEnumValN(Program::Step, "step", "the training step"),
+               clEnumValN(Program::Eval, "eval",
+                          "the evaluation program of train --eval-data: the "
+                          "forward alone, its sums all-reduced (the same at "
+                          "graph and train)")),
     cl::cat(category));
 
 cl::opt<std::string> outputFile(
@@ -110,6 +121,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
       "  dflashc specs/tiny.toml --emit=graph    forward graph\n"
       "  dflashc specs/tiny.toml --emit=train    forward, backward, optimizer\n"
       "  dflashc specs/tiny.toml --emit=planned  kernels and memory plan\n"
+      "  dflashc specs/tiny.toml --emit=planned --program=eval\n"
+      "                                          the evaluation program's\n"
       "  dflashc specs/tiny.toml -o out/tiny     build out/tiny/train "
       "(default)\n\n"
       "MLIR's printing options (--mlir-print-debuginfo, ...) also apply; "
@@ -160,6 +173,29 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   if (!module)
     return fail("the graph built from '" + inputFile + "' does not verify");
 
+  // The evaluation program: its own module, from the forward graph.
+  mlir::OwningOpRef<mlir::ModuleOp> evalModule;
+  if (program == Program::Eval || directoryOutput) {
+    evalModule = module->clone();
+    mlir::PassManager pm(&context);
+    if (failed(mlir::applyPassManagerCLOptions(pm)))
+      return fail("invalid pass manager options");
+    pm.addPass(createMakeEvalProgram());
+    if (emitStage == EmitStage::Fused)
+      pm.addPass(createFuseKernels());
+    else if (emitStage >= EmitStage::Planned)
+      buildLowerEvalToKernelsPipeline(pm);
+    if (failed(pm.run(*evalModule)))
+      return fail("compiling the evaluation program of '" + inputFile +
+                  "' failed");
+  }
+  if (program == Program::Eval && !directoryOutput) {
+    evalModule->print(output->os());
+    output->os() << "\n";
+    output->keep();
+    return 0;
+  }
+
   auto compileTrainStep = [&](mlir::ModuleOp m) {
     mlir::PassManager pm(&context);
     if (failed(mlir::applyPassManagerCLOptions(pm)))
@@ -183,7 +219,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   }
 
   if (directoryOutput) {
-    mlir::FailureOr<CudaTrainerSources> sources = translateToCuda(*module);
+    mlir::FailureOr<CudaTrainerSources> sources =
+        translateToCuda(*module, *evalModule);
     if (failed(sources))
       return fail("translating '" + inputFile + "' to CUDA failed");
     CudaTrainerOptions options;
@@ -193,8 +230,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (failed(writeCudaTrainer(*sources, options, error)))
       return fail(error);
     llvm::errs() << "dflashc: wrote " << outputPath
-                 << "/{step.cu,kernels.cu,kernels.h,main.cpp,manifest.json,"
-                    "CMakeLists.txt}\n";
+                 << "/{step.cu,eval.cu,kernels.cu,kernels.h,main.cpp,"
+                    "manifest.json,CMakeLists.txt}\n";
     if (printSummary)
       printStepSummary(llvm::errs(), *spec, *module);
     if (emitStage == EmitStage::Trainer &&

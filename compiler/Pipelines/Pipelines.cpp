@@ -22,6 +22,14 @@ void dflash::buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
   pm.addPass(createVerifyLowering());
 }
 
+void dflash::buildLowerEvalToKernelsPipeline(mlir::OpPassManager &pm) {
+  // No gradients to bucket, no optimizer state to shard.
+  pm.addPass(createFuseKernels());
+  pm.addPass(createSelectKernels());
+  pm.addPass(createPlanMemory());
+  pm.addPass(createVerifyLowering());
+}
+
 void dflash::registerDFlashPassesAndPipelines() {
   registerDFlashPasses();
   mlir::PassPipelineRegistration<>(
@@ -32,4 +40,9 @@ void dflash::registerDFlashPassesAndPipelines() {
       "dflash-lower-to-kernels",
       "Whole step to fused kernels with a memory plan (--emit=planned)",
       [](mlir::OpPassManager &pm) { buildLowerToKernelsPipeline(pm); });
+  mlir::PassPipelineRegistration<>(
+      "dflash-lower-eval-to-kernels",
+      "Evaluation program to fused kernels with a memory plan "
+      "(--emit=planned --program=eval)",
+      [](mlir::OpPassManager &pm) { buildLowerEvalToKernelsPipeline(pm); });
 }

@@ -22,6 +22,11 @@ void buildTrainStepPipeline(mlir::OpPassManager &pm);
 /// budget.
 void buildLowerToKernelsPipeline(mlir::OpPassManager &pm, double budgetGiB = 0);
 
+/// The evaluation program (dflash-make-eval-program on the forward graph) ->
+/// kernels with a memory plan of its own (--emit=planned --program=eval):
+/// fuse-kernels, select-kernels, plan-memory, verify-lowering.
+void buildLowerEvalToKernelsPipeline(mlir::OpPassManager &pm);
+
 /// Registers every dflash pass and pipeline with the global registry (for
 /// dflash-opt).
 void registerDFlashPassesAndPipelines();

@@ -43,6 +43,32 @@ def GenerateBackward : Pass<"dflash-generate-backward", "mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];
 }
 
+def MakeEvalProgram : Pass<"dflash-make-eval-program", "mlir::ModuleOp"> {
+  let summary = "Forward graph to the evaluation program: its sums, summed "
+                "over the GPUs";
+  let description = [{
+    Turns the forward graph `@step` into `@eval`, the program `train
+    --eval-data` runs over held-out rows: the same forward, no backward and
+    no update, and its results (the schema's `ForwardSum`: `loss_sum`,
+    `weight_sum`, `correct`, `count`, `run_sum`, `kept_blocks`,
+    `position_hits`, `position_counts`) all-reduced over the GPUs, so that
+    the runtime adds up global sums batch by batch and divides once at the
+    end. The lowering then runs on `@eval` as on a step
+    (`dflash-lower-eval-to-kernels`).
+
+    After:
+    ```mlir
+    func.func @eval(...) -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}, ...) {
+      ...forward...
+      %run_sum, %kept_blocks, %hits_k, %counts_k = dflash.draft_acceptance ...
+      %sums:8 = dflash.all_reduce %loss_sum, ..., %counts_k : ...
+      return %sums#0, ..., %sums#7 : ...
+    }
+    ```
+  }];
+  let dependentDialects = ["::mlir::dflash::DFlashDialect"];
+}
+
 def AppendOptimizer : Pass<"dflash-append-optimizer", "mlir::ModuleOp"> {
   let summary = "Global loss normalisation, gradient all-reduce, clip, AdamW";
   let description = [{

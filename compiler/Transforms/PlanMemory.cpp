@@ -200,6 +200,10 @@ void PlanMemoryPass::runOnOperation() {
 
   // The budget: arguments (parameters, optimizer state, inputs, frozen
   // weights), the arena (kernel scratch included) and cuBLASLt's workspace.
+  // An evaluation program shares the step's buffers and runs only when
+  // asked for: the trainer reports its arena with the step's.
+  if (sig->isEval())
+    return;
   double budget = budgetGiB;
   if (budget <= 0)
     if (auto attr = module->getAttrOfType<FloatAttr>(kBudgetAttrName))

@@ -199,7 +199,9 @@ FailureOr<Choice> select(Operation *op) {
       })
       .Case([](LossSeedOp) -> Result { return named("loss_seed_f32"); })
       .Case([](LossStatsOp) -> Result { return named("loss_stats_f32"); })
-      .Case([](LmHeadCeFusedOp o) -> Result {
+      .Case<LmHeadCeFusedOp, LmHeadCeOp>([](auto o) -> Result {
+        // The forward alone (an evaluation program's) is the same kernel
+        // without the dX GEMM.
         int64_t rows = rowsOf(o.getInput());
         int64_t V = tensorOf(o.getWeight()).getDimSize(0);
         Choice c = named("lm_head_cross_entropy_bf16",

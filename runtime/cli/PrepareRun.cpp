@@ -165,6 +165,27 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
         return Status::error(run.resumedFrom + ": " + s.message());
   }
 
+  // Held-out rows: shards of the same drafter and target, or synthetic rows
+  // past the training set's.
+  if (o.evalData == "synthetic") {
+    auto rows = std::make_unique<SyntheticRowSource>(
+        *run.synthetic, o.evalRows, /*pinAnchors=*/false,
+        /*firstRow=*/settings.syntheticRows);
+    if (rows->materializedBytes() <= (size_t(4) << 30))
+      rows->materialize();
+    run.evalRows = std::move(rows);
+  } else if (!o.evalData.empty()) {
+    auto reader = std::make_unique<FeatureShardReader>();
+    if (Status s = reader->open(o.evalData, config); !s.ok())
+      return Status::error("--eval-data: " + s.message());
+    if (reader->numRows() == 0)
+      return Status::error(
+          "--eval-data " + o.evalData + ": no usable rows (" +
+          std::to_string(reader->numDroppedRows()) +
+          " dropped for having fewer than 2 consecutive supervised tokens)");
+    run.evalRows = std::move(reader);
+  }
+
   // Frozen weights.
   if (!o.target.empty()) {
     if (Status s = loadTargetWeights(o.target, config, run.loadedTarget);
@@ -192,6 +213,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   }
   run.inputs.params = std::move(params);
   run.inputs.rows = run.rows.get();
+  run.inputs.evalRows = run.evalRows.get();
 
   run.trainer.run = settings;
   run.trainer.finalStep = o.steps;
@@ -199,6 +221,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.outDir = o.out;
   run.trainer.saveEvery = o.saveEvery;
   run.trainer.maxBadRows = o.maxBadRows;
+  run.trainer.evalEvery = o.evalEvery;
   run.trainer.exportFinal = true;
   run.logPath = o.log.empty() ? o.out + "/metrics.jsonl" : o.log;
   run.layout.gpus = o.gpus;

@@ -30,6 +30,7 @@ struct PreparedRun {
 
   std::unique_ptr<SyntheticProblem> synthetic;
   std::unique_ptr<RowSource> rows;
+  std::unique_ptr<RowSource> evalRows; ///< --eval-data, if given
   TargetWeights loadedTarget;
   TrainerInputs inputs;
   TrainerOptions trainer;

@@ -128,8 +128,8 @@ Status checkSameGpuCount(ProcessGroup &processes, int64_t gpus) {
   return Status::success();
 }
 
-int runTraining(int argc, char **argv,
-                std::unique_ptr<StepProgram> (*factory)()) {
+int runTraining(int argc, char **argv, GeneratedPrograms programs) {
+  auto factory = programs.step;
   std::unique_ptr<StepProgram> program = factory ? factory() : nullptr;
   if (!program)
     return fail("this trainer was built without a step program");
@@ -236,11 +236,23 @@ int runTraining(int argc, char **argv,
        "; schedule of " + std::to_string(run.trainer.run.totalSteps) +
        " steps, lr " + numberText(run.trainer.run.lr) + ", warmup ratio " +
        numberText(run.trainer.run.warmupRatio));
+  if (run.evalRows)
+    note("held-out data: " + options.evalData + ", " +
+         std::to_string(run.evalRows->numRows()) + " rows, evaluated " +
+         (options.evalEvery > 0
+              ? "every " + std::to_string(options.evalEvery) + " steps and "
+              : std::string()) +
+         "after the last step; the best drafter by eval tau goes to " +
+         options.out + "/" + kBestDir);
 
   StopSignalHandlers signals;
   DeviceWorkScope deviceWork;
   // Each GPU's thread builds its own step program.
-  TrainerGroup group([factory] { return factory(); }, run.trainer, run.layout);
+  auto evalFactory = programs.eval;
+  TrainerGroup group([factory] { return factory(); }, run.trainer, run.layout,
+                     [evalFactory]() -> std::unique_ptr<StepProgram> {
+                       return evalFactory ? evalFactory() : nullptr;
+                     });
   if (Status s = group.init(run.inputs); !s.ok())
     return failRun(s.message());
   // Every device holds its copy now; a real target's weights and the
@@ -253,11 +265,14 @@ int runTraining(int argc, char **argv,
   for (int local = 0; local < group.localRanks(); ++local) {
     const DeviceContext &device = group.device(local);
     const DeviceMemory &memory = group.trainer(local).memoryAfterAllocation();
+    const size_t evalBytes = group.trainer(local).evalBytes();
     note("device " + std::to_string(device.device()) + " (" + device.name() +
          "): step buffers " + formatBytes(device.bufferBytes()) + ", arena " +
          formatBytes(device.arenaBytes()) + ", GEMM workspace " +
-         formatBytes(device.workspaceBytes()) + "; " +
-         formatBytes(memory.usedBytes()) + " of " +
+         formatBytes(device.workspaceBytes()) +
+         (evalBytes ? ", evaluation arena " + formatBytes(evalBytes)
+                    : std::string()) +
+         "; " + formatBytes(memory.usedBytes()) + " of " +
          formatBytes(memory.totalBytes) + " in use");
   }
 
@@ -268,6 +283,12 @@ int runTraining(int argc, char **argv,
     if (!leader)
       return Status::success();
     progress.update(metrics, run.trainer.finalStep);
+    return log.append(metrics);
+  };
+  hooks.onEval = [&](const EvalMetrics &metrics) {
+    if (!leader)
+      return Status::success();
+    progress.note("train: " + evalLine(metrics));
     return log.append(metrics);
   };
   hooks.onNote = [&](const std::string &message) {
@@ -326,9 +347,15 @@ int runTraining(int argc, char **argv,
 } // namespace
 
 int dflash::rt::trainMain(int argc, char **argv,
-                          std::unique_ptr<StepProgram> (*factory)()) {
+                          std::unique_ptr<StepProgram> (*step)()) {
+  GeneratedPrograms programs;
+  programs.step = step;
+  return trainMain(argc, argv, programs);
+}
+
+int dflash::rt::trainMain(int argc, char **argv, GeneratedPrograms programs) {
   try {
-    return runTraining(argc, argv, factory);
+    return runTraining(argc, argv, programs);
   } catch (const std::exception &error) {
     // Allocation failures of huge host buffers, mostly.
     return fail(error.what());

@@ -3,7 +3,9 @@
 // The generated trainer's main() is one call:
 //
 //   int main(int argc, char **argv) {
-//     return dflash::rt::trainMain(argc, argv, &dflash::rt::createStepProgram);
+//     return dflash::rt::trainMain(argc, argv,
+//                                  {&dflash::rt::createStepProgram,
+//                                   &dflash::rt::createEvalProgram});
 //   }
 //
 // trainMain parses and checks the whole command line, loads the target
@@ -29,11 +31,21 @@
 
 namespace dflash::rt {
 
+/// What a generated trainer is built with: its compiled step and its
+/// evaluation program (StepProgram.h). Neither may touch the GPU (bind()
+/// does); `eval` may be null, or return null, for a trainer without one,
+/// which then refuses --eval-data.
+struct GeneratedPrograms {
+  std::unique_ptr<StepProgram> (*step)() = nullptr;
+  std::unique_ptr<StepProgram> (*eval)() = nullptr;
+};
+
 /// The whole `train` command; returns the process exit code: 0 when done,
 /// 1 on an error, 128 + the signal after SIGINT or SIGTERM (with a
-/// checkpoint saved). `factory` builds the compiled step; it must not touch
-/// the GPU (bind() does).
-int trainMain(int argc, char **argv, std::unique_ptr<StepProgram> (*factory)());
+/// checkpoint saved).
+int trainMain(int argc, char **argv, GeneratedPrograms programs);
+/// The same for a trainer without an evaluation program.
+int trainMain(int argc, char **argv, std::unique_ptr<StepProgram> (*step)());
 
 } // namespace dflash::rt
 

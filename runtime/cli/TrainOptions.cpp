@@ -120,6 +120,20 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
                  "the last step)")
       ->type_name("K")
       ->capture_default_str();
+  CLI::Option *evalData = app.add_option(
+      "--eval-data", options.evalData,
+      "Held-out feature shards to evaluate on (the forward alone: eval loss, "
+      "acc and tau in the log), or 'synthetic' (--eval-rows rows of the "
+      "synthetic problem that training never reads); the best drafter by "
+      "eval tau is kept as <out>/best");
+  evalData->type_name("DIR|synthetic");
+  CLI::Option *evalEvery = app.add_option(
+      "--eval-every", options.evalEvery,
+      "Evaluate every K steps, and after the last step (0: only then)");
+  evalEvery->type_name("K")->capture_default_str();
+  CLI::Option *evalRows = app.add_option("--eval-rows", options.evalRows,
+                                         "Rows of --eval-data synthetic");
+  evalRows->type_name("R")->capture_default_str();
   app.add_option("--out", options.out,
                  "Output directory: checkpoint-<step>/, latest, final/, "
                  "metrics.jsonl")
@@ -195,6 +209,8 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   options.givenWarmupRatio = warmup->count() > 0;
   options.givenSeed = seed->count() > 0;
   options.givenRows = rows->count() > 0;
+  options.givenEvalEvery = evalEvery->count() > 0;
+  options.givenEvalRows = evalRows->count() > 0;
   return CommandLineAction::Train;
 }
 
@@ -251,6 +267,32 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
   if (o.rows < 1)
     return Status::error("--rows must be at least 1 (got " +
                          std::to_string(o.rows) + ")");
+  if (o.evalEvery < 0)
+    return Status::error("--eval-every must not be negative (got " +
+                         std::to_string(o.evalEvery) + ")");
+  if (o.evalRows < 1)
+    return Status::error("--eval-rows must be at least 1 (got " +
+                         std::to_string(o.evalRows) + ")");
+  if (o.evalData.empty() && o.givenEvalEvery)
+    return Status::error("--eval-every needs --eval-data: the held-out rows "
+                         "to evaluate on");
+  if (o.givenEvalRows && o.evalData != "synthetic")
+    return Status::error("--eval-rows applies only to --eval-data synthetic");
+  if (!o.evalData.empty() && o.evalData != "synthetic") {
+    std::error_code ec;
+    if (!fs::exists(o.evalData, ec))
+      return Status::error("--eval-data " + o.evalData +
+                           ": no such file or directory");
+    if (o.data == "synthetic")
+      return Status::error("--eval-data " + o.evalData +
+                           " holds feature shards but --data is synthetic: "
+                           "evaluate a synthetic run with --eval-data "
+                           "synthetic");
+  }
+  if (o.evalData == "synthetic" && o.data != "synthetic")
+    return Status::error("--eval-data synthetic evaluates the synthetic "
+                         "problem, but --data " +
+                         o.data + " is feature shards: give held-out shards");
   if (o.progressEvery < 1)
     return Status::error("--progress-every must be at least 1");
   if (o.maxBadRows < 0)

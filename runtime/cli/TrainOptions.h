@@ -27,6 +27,9 @@ struct TrainOptions {
   std::string resume;         ///< --resume: checkpoint or output directory
   std::string init;           ///< --init: exported drafter checkpoint
   std::string log;            ///< --log; empty: <out>/metrics.jsonl
+  std::string evalData;       ///< --eval-data: held-out shards, "synthetic"
+  int64_t evalEvery = 0;      ///< --eval-every; 0: after the last step only
+  int64_t evalRows = 64;      ///< --eval-rows of --eval-data synthetic
   int64_t steps = 0;          ///< --steps: stop after this many in total
   int64_t totalSteps = 0;     ///< --total-steps; 0: not given
   int64_t saveEvery = 0;      ///< --save-every; 0: only at the end
@@ -43,7 +46,8 @@ struct TrainOptions {
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,
-       givenSeed = false, givenRows = false;
+       givenSeed = false, givenRows = false, givenEvalEvery = false,
+       givenEvalRows = false;
 };
 
 enum class CommandLineAction { Train, ShowHelp, Fail };

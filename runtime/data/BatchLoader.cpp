@@ -28,8 +28,13 @@ BatchLoader::BatchLoader(const RowSource &source, const ModelConfig &config,
       anchorRng(Rng::forStream(seed, kAnchorStream + uint64_t(rank))),
       sampler(config.rowsPerGpu, config.seqLen, config.anchorsPerRow) {}
 
+int64_t BatchLoader::batchesPerPass() const {
+  const int64_t global = worldSize * config.rowsPerGpu;
+  return (source.numRows() + global - 1) / global;
+}
+
 Status BatchLoader::validate() const {
-  int64_t need = worldSize * config.rowsPerGpu;
+  int64_t need = evaluation ? 1 : worldSize * config.rowsPerGpu;
   if (source.numRows() < need)
     return Status::error("the data has " + std::to_string(source.numRows()) +
                          " rows but one step needs " + std::to_string(need) +
@@ -45,10 +50,12 @@ Status BatchLoader::validate() const {
 void BatchLoader::shuffleFor(int64_t epoch) {
   order.resize(size_t(source.numRows()));
   std::iota(order.begin(), order.end(), int64_t(0));
+  orderEpoch = epoch;
+  if (evaluation)
+    return; // source order
   Rng rng = Rng::forStream(seed, kEpochStream + uint64_t(epoch));
   for (size_t i = order.size(); i > 1; --i)
     std::swap(order[i - 1], order[size_t(rng.uniform(i))]);
-  orderEpoch = epoch;
 }
 
 Status BatchLoader::seek(const DataPosition &position,
@@ -68,7 +75,9 @@ Status BatchLoader::next(HostBatch &batch) {
   const int64_t B = config.rowsPerGpu, S = config.seqLen;
   const int64_t N = config.anchorsPerRow, W = config.contextWidth();
   const int64_t global = worldSize * B;
-  if (pos.row + global > source.numRows()) {
+  if (evaluation && pos.row >= source.numRows())
+    return Status::error("the evaluation has read every row already");
+  if (!evaluation && pos.row + global > source.numRows()) {
     ++pos.epoch;
     pos.row = 0;
   }
@@ -76,7 +85,9 @@ Status BatchLoader::next(HostBatch &batch) {
     shuffleFor(pos.epoch);
   batch.resize(config);
   for (int64_t b = 0; b < B; ++b) {
-    int64_t row = order[size_t(pos.row + rank * B + b)];
+    const int64_t at = pos.row + rank * B + b;
+    // Past the last row of an evaluation: an empty row.
+    const int64_t row = at < source.numRows() ? order[size_t(at)] : -1;
     batch.rows[size_t(b)] = row;
     RowBuffers out;
     out.inputIds = batch.inputIds.data() + b * S;
@@ -87,7 +98,7 @@ Status BatchLoader::next(HostBatch &batch) {
       out.anchors = batch.anchors.data() + b * N;
       out.keep = batch.keep.data() + b * N;
     }
-    const bool knownBad = knownBadRows.count(row) != 0;
+    const bool knownBad = row < 0 || knownBadRows.count(row) != 0;
     if (!knownBad) {
       if (Status s = source.readRow(row, out); !s.ok())
         return s;

@@ -12,6 +12,9 @@
 //   Rng::forStream(seed, kAnchorStream + rank).
 // The position (epoch, next row) and the anchor Rng state are what a
 // resumable checkpoint stores.
+// An evaluation (setEvaluationOrder) reads every row once instead, in source
+// order: global batch g holds rows [g*W*B, (g+1)*W*B), and the slots past
+// the last row are empty rows, so that every held-out row counts once.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,7 +41,9 @@ struct HostBatch {
   std::vector<int32_t> anchors;       ///< [B, N]
   std::vector<uint8_t> keep;          ///< [B, N]
   std::vector<int32_t> positionIds;   ///< [B, S]
-  std::vector<int64_t> rows;          ///< source row of each batch row
+  /// Source row of each batch row; -1 for an empty row that pads the
+  /// last batch of an evaluation.
+  std::vector<int64_t> rows;
   /// The rows of this batch skipped for non-finite features (their slots
   /// hold empty rows), as BatchLoader names them.
   std::vector<std::string> skippedRows;
@@ -72,6 +77,12 @@ public:
   /// The distinct rows skipped so far.
   int64_t badRowsSeen() const { return badRows; }
 
+  /// Reads the rows once in source order, the last global batch padded
+  /// with empty rows (see the top of this file); call before next().
+  void setEvaluationOrder() { evaluation = true; }
+  /// With the evaluation order: the batches that read every row once.
+  int64_t batchesPerPass() const;
+
   DataPosition position() const { return pos; }
   Rng::State anchorRngState() const { return anchorRng.state(); }
   /// Continues from a saved position and anchor Rng state.
@@ -88,6 +99,7 @@ private:
   Rng anchorRng;
   AnchorSampler sampler;
   int64_t maxBadRows = 0, badRows = 0;
+  bool evaluation = false;
   std::unordered_set<int64_t> knownBadRows; ///< source rows
 
   void shuffleFor(int64_t epoch);

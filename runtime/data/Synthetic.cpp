@@ -187,7 +187,7 @@ void SyntheticRowSource::materialize() {
   cachedMask.resize(size_t(rows) * S);
   cachedHidden.resize(size_t(rows) * S * W);
   parallelFor(rows, [&](int64_t i) {
-    problem.generateRow(i, cachedIds.data() + size_t(i) * S,
+    problem.generateRow(firstRow + i, cachedIds.data() + size_t(i) * S,
                         cachedMask.data() + size_t(i) * S,
                         cachedHidden.data() + size_t(i) * S * W);
   });
@@ -210,12 +210,14 @@ Status SyntheticRowSource::readRow(int64_t index, const RowBuffers &out) const {
     std::copy_n(cachedHidden.data() + size_t(index) * S * W, S * W,
                 out.hiddenStates);
   } else {
-    problem.generateRow(index, out.inputIds, out.lossMask, out.hiddenStates);
+    problem.generateRow(firstRow + index, out.inputIds, out.lossMask,
+                        out.hiddenStates);
   }
   if (out.positionIds) // one conversation per row
     std::iota(out.positionIds, out.positionIds + problem.config().seqLen, 0);
   if (pinAnchors && out.anchors && out.keep)
-    problem.pinnedAnchors(index, out.lossMask, out.anchors, out.keep);
+    problem.pinnedAnchors(firstRow + index, out.lossMask, out.anchors,
+                          out.keep);
   return Status::success();
 }
 

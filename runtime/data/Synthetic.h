@@ -78,9 +78,12 @@ private:
 /// must outlive it.
 class SyntheticRowSource : public RowSource {
 public:
+  /// Rows firstRow .. firstRow + rows - 1 of the problem: a held-out set
+  /// is rows past the training set's.
   SyntheticRowSource(const SyntheticProblem &problem, int64_t rows,
-                     bool pinAnchors)
-      : problem(problem), rows(rows), pinAnchors(pinAnchors) {}
+                     bool pinAnchors, int64_t firstRow = 0)
+      : problem(problem), rows(rows), firstRow(firstRow),
+        pinAnchors(pinAnchors) {}
   int64_t numRows() const override { return rows; }
   bool hasPinnedAnchors() const override { return pinAnchors; }
   Status readRow(int64_t index, const RowBuffers &out) const override;
@@ -98,7 +101,7 @@ public:
 
 private:
   const SyntheticProblem &problem;
-  int64_t rows;
+  int64_t rows, firstRow;
   bool pinAnchors;
   bool materialized = false;
   std::vector<int32_t> cachedIds;

@@ -48,6 +48,9 @@ Status CompiledStep::bind(const std::vector<void *> &buffers, void *arenaBase,
   adamwHyper.weightDecay = hyper.weightDecay;
   adamwHyper.maxNorm = hyper.maxGradNorm;
 
+  // An evaluation program has no optimizer: only its buffers and arena.
+  if (!t.hasOptimizer())
+    return Status::success();
   if (Status s = t.sharded ? bindShards() : bindWholeState(); !s.ok())
     return s;
 

@@ -54,7 +54,8 @@ struct ShardedBucketRefs {
 };
 
 /// What a generated step is, as plain data. Exactly one of adamwRows (the
-/// whole state on every GPU) and shardLayout/shardRefs (ZeRO-1) is set.
+/// whole state on every GPU) and shardLayout/shardRefs (ZeRO-1) is set,
+/// except in an evaluation program (eval.cu), which has no optimizer.
 struct CompiledStepTables {
   ModelConfig config;
   std::vector<BufferSpec> buffers; ///< binding order
@@ -72,6 +73,8 @@ struct CompiledStepTables {
   int64_t numBuckets = 0;
   /// What each profiled op is ("dflash.linear layers.0.self_attn").
   std::vector<std::string> opNames;
+
+  bool hasOptimizer() const { return sharded || !adamwRows.empty(); }
 };
 
 class CompiledStep : public StepProgram {

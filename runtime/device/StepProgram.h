@@ -100,6 +100,13 @@ public:
 
 /// Defined by the generated step.cu.
 std::unique_ptr<StepProgram> createStepProgram();
+/// Defined by the generated eval.cu: the evaluation program (the forward
+/// alone, over held-out rows: `train --eval-data`), a StepProgram whose
+/// buffers are the step's inputs, frozen weights and parameters (bound to
+/// the step's own) and whose metrics are the ForwardSums of one batch,
+/// summed over the GPUs; enqueue() changes nothing but its metrics and
+/// arena. nullptr when the trainer was built without one.
+std::unique_ptr<StepProgram> createEvalProgram();
 
 } // namespace dflash::rt
 

@@ -110,9 +110,10 @@ static Status writeExportFiles(const std::string &dir,
                           {{"format", "pt"}});
 }
 
-Status
-dflash::rt::exportCheckpoint(const std::string &dir, const ModelConfig &config,
-                             const std::vector<const uint16_t *> &params) {
+Status dflash::rt::exportCheckpoint(
+    const std::string &dir, const ModelConfig &config,
+    const std::vector<const uint16_t *> &params,
+    const std::vector<std::pair<std::string, std::string>> &extraFiles) {
   ExportFiles files;
   Status status = prepareExport(dir, config, params, files);
   if (!status.ok())
@@ -121,6 +122,9 @@ dflash::rt::exportCheckpoint(const std::string &dir, const ModelConfig &config,
   status = staged.begin(dir);
   if (status.ok())
     status = writeExportFiles(staged.path(), files);
+  for (const auto &[name, text] : extraFiles)
+    if (status.ok())
+      status = writeFileAtomically(staged.path() + "/" + name, text);
   if (status.ok())
     status = staged.commit();
   return status;

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dflash::rt {
@@ -32,10 +33,13 @@ namespace dflash::rt {
 /// different windows (the Qwen3 config holds one sliding_window).
 Status checkpointConfigJson(const ModelConfig &config, std::string &text);
 
-/// Writes config.json and model.safetensors to `dir`. `params` holds one bf16
-/// buffer per parameterTable(config) entry, in that order.
-Status exportCheckpoint(const std::string &dir, const ModelConfig &config,
-                        const std::vector<const uint16_t *> &params);
+/// Writes config.json and model.safetensors to `dir`, and `extraFiles`
+/// ({name, text}) beside them, all swapped in as one. `params` holds one
+/// bf16 buffer per parameterTable(config) entry, in that order.
+Status exportCheckpoint(
+    const std::string &dir, const ModelConfig &config,
+    const std::vector<const uint16_t *> &params,
+    const std::vector<std::pair<std::string, std::string>> &extraFiles = {});
 
 /// Reads an exported checkpoint back into bf16 buffers in parameterTable
 /// order, checking config.json (sizes, block size, mask token, taps) and

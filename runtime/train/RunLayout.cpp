@@ -100,6 +100,27 @@ std::string dflash::rt::checkpointDirectory(const std::string &outDir,
   return outDir + "/checkpoint-" + std::to_string(steps);
 }
 
+Status dflash::rt::readBestEvalTau(const std::string &outDir, double &tau,
+                                   bool &found) {
+  found = false;
+  const std::string path =
+      outDir + "/" + kBestDir + "/" + std::string(kBestEvalFile);
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return Status::success();
+  std::string text;
+  if (Status s = readTextFile(path, text); !s.ok())
+    return s;
+  nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
+  auto it = value.is_object() ? value.find("eval_tau") : value.end();
+  if (it == value.end() || !it->is_number())
+    return Status::error(path + ": has no number 'eval_tau'; remove " + outDir +
+                         "/" + kBestDir + " or fix it");
+  tau = it->get<double>();
+  found = true;
+  return Status::success();
+}
+
 bool dflash::rt::checkpointDue(int64_t stepsDone, int64_t finalStep,
                                int64_t saveEvery) {
   if (stepsDone <= 0)

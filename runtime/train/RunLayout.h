@@ -8,7 +8,9 @@
 //                        swapped in whole
 //   latest               "checkpoint-<steps>": the newest complete one
 //   final/               the exported drafter after the last step
-//   metrics.jsonl        one line per step (Progress.h)
+//   best/                with --eval-data: the drafter of the highest eval
+//                        tau so far, and its evaluation in best/eval.json
+//   metrics.jsonl        one line per step and evaluation (Progress.h)
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,6 +40,13 @@ struct RunSettings {
 constexpr const char *kRunSettingsFile = "training/trainer_run.json";
 constexpr const char *kLatestFile = "latest";
 constexpr const char *kFinalDir = "final";
+constexpr const char *kBestDir = "best";
+/// Relative to best/: the evaluation that made it the best (evalJsonLine).
+constexpr const char *kBestEvalFile = "eval.json";
+
+/// The eval tau of `<outDir>/best`, for a resumed run to beat: `found` is
+/// false (with success) when there is no best/ yet.
+Status readBestEvalTau(const std::string &outDir, double &tau, bool &found);
 
 Status writeRunSettings(const std::string &path, const RunSettings &run);
 /// Reads `<checkpointDir>/training/trainer_run.json`; `found` is false (with
@@ -47,8 +56,9 @@ Status readRunSettings(const std::string &checkpointDir, RunSettings &run,
 
 /// `<outDir>/checkpoint-<steps>`.
 std::string checkpointDirectory(const std::string &outDir, int64_t steps);
-/// Whether a checkpoint is saved once `stepsDone` steps are done: every
-/// `saveEvery` steps (0: never in between) and after the last step.
+/// Whether a checkpoint is saved (or, with `saveEvery` = --eval-every, an
+/// evaluation runs) once `stepsDone` steps are done: every `saveEvery`
+/// steps (0: never in between) and after the last step.
 bool checkpointDue(int64_t stepsDone, int64_t finalStep, int64_t saveEvery);
 /// `path` is a training checkpoint, or an output directory whose `latest`
 /// names one; sets `checkpointDir` to the checkpoint.

@@ -14,13 +14,13 @@ namespace {
 /// Checks buffers one at a time against what the runtime fills or reads.
 class BufferChecker {
 public:
-  explicit BufferChecker(const std::vector<BufferSpec> &buffers)
-      : buffers(buffers) {}
+  BufferChecker(const std::vector<BufferSpec> &buffers, const char *program)
+      : buffers(buffers), program(program) {}
 
   std::string describe(int index) const {
     const BufferSpec &b = buffers[size_t(index)];
-    return "step program: " + std::string(nameOf(b.role)) + " buffer '" +
-           b.name + "'";
+    return std::string(program) + ": " + nameOf(b.role) + " buffer '" + b.name +
+           "'";
   }
 
   /// Puts `index` into `slot` after checking its dtype (one of `dtypes`)
@@ -68,7 +68,71 @@ public:
 
 private:
   const std::vector<BufferSpec> &buffers;
+  const char *program; ///< "step program", for messages
 };
+
+/// The buffers a step and an evaluation program share: a step input, a
+/// frozen weight or a parameter, checked against the config.
+Status claimDataBuffer(const BufferChecker &check, int i, const BufferSpec &b,
+                       const ModelConfig &c,
+                       const std::vector<ParamInfo> &table,
+                       std::array<int, kNumStepInputs> &inputs,
+                       std::array<int, kNumFrozenWeights> &frozen,
+                       std::vector<int> &param) {
+  switch (b.role) {
+  case BufferRole::Input: {
+    if (Status s = check.member(i, kNumStepInputs, "a step input"); !s.ok())
+      return s;
+    StepInput input = StepInput(b.index);
+    std::initializer_list<DType> flag = {DType::U8, DType::BOOL};
+    std::initializer_list<DType> exact = {dtypeOf(input)};
+    return check.claim(i, inputs[size_t(b.index)],
+                       dtypeOf(input) == DType::U8 ? flag : exact,
+                       shapeOf(input, c));
+  }
+  case BufferRole::Frozen:
+    if (Status s = check.member(i, kNumFrozenWeights, "a frozen weight");
+        !s.ok())
+      return s;
+    return check.claim(i, frozen[size_t(b.index)], {DType::BF16},
+                       {c.vocabSize, c.hiddenSize});
+  case BufferRole::Parameter:
+    if (Status s = check.member(i, int64_t(table.size()),
+                                "a trainable tensor of "
+                                "the config");
+        !s.ok())
+      return s;
+    return check.claim(i, param[size_t(b.index)], {DType::BF16},
+                       table[size_t(b.index)].shape);
+  default:
+    return Status::error(check.describe(i) + " is not a step input, frozen "
+                                             "weight or parameter");
+  }
+}
+
+/// Every step input, the frozen weights the config needs and every
+/// parameter were found.
+Status checkDataBuffers(const char *program, const ModelConfig &c,
+                        const std::vector<ParamInfo> &table,
+                        const std::array<int, kNumStepInputs> &inputs,
+                        const std::array<int, kNumFrozenWeights> &frozen,
+                        const std::vector<int> &param) {
+  const std::string p = program;
+  for (int k = 0; k < kNumStepInputs; ++k)
+    if (inputs[size_t(k)] < 0)
+      return Status::error(p + ": has no input buffer '" +
+                           nameOf(StepInput(k)) + "'");
+  if (frozen[size_t(FrozenWeight::Embed)] < 0)
+    return Status::error(p + ": has no frozen buffer 'embed'");
+  if (!c.tieWordEmbeddings && frozen[size_t(FrozenWeight::LmHead)] < 0)
+    return Status::error(p + ": has no frozen buffer 'lm_head' but the "
+                             "target does not tie it to the embedding");
+  for (size_t t = 0; t < table.size(); ++t)
+    if (param[t] < 0)
+      return Status::error(p + ": has no parameter buffer for '" +
+                           table[t].name + "'");
+  return Status::success();
+}
 } // namespace
 
 /// Checks a shard layout against the trainable tensors and records, per
@@ -118,8 +182,7 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
                                   const OptimizerShardLayout *shards,
                                   StepBufferMap &map) {
   StepBufferMap m;
-  BufferChecker check(buffers);
-  const int64_t V = c.vocabSize, H = c.hiddenSize;
+  BufferChecker check(buffers, "step program");
   std::vector<ParamInfo> table = parameterTable(c);
   for (std::vector<int> *v : {&m.param, &m.master, &m.moment1, &m.moment2})
     v->assign(table.size(), -1);
@@ -135,23 +198,10 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
     const BufferSpec &b = buffers[size_t(i)];
     Status status;
     switch (b.role) {
-    case BufferRole::Input: {
-      status = check.member(i, kNumStepInputs, "a step input");
-      if (!status.ok())
-        break;
-      StepInput input = StepInput(b.index);
-      std::initializer_list<DType> flag = {DType::U8, DType::BOOL};
-      std::initializer_list<DType> exact = {dtypeOf(input)};
-      status = check.claim(i, m.inputs[size_t(b.index)],
-                           dtypeOf(input) == DType::U8 ? flag : exact,
-                           shapeOf(input, c));
-      break;
-    }
+    case BufferRole::Input:
     case BufferRole::Frozen:
-      status = check.member(i, kNumFrozenWeights, "a frozen weight");
-      if (status.ok())
-        status =
-            check.claim(i, m.frozen[size_t(b.index)], {DType::BF16}, {V, H});
+      status =
+          claimDataBuffer(check, i, b, c, table, m.inputs, m.frozen, m.param);
       break;
     case BufferRole::Master:
     case BufferRole::Moment1:
@@ -222,15 +272,10 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
       return status;
   }
 
-  for (int k = 0; k < kNumStepInputs; ++k)
-    if (m.inputs[size_t(k)] < 0)
-      return Status::error("step program: has no input buffer '" +
-                           std::string(nameOf(StepInput(k))) + "'");
-  if (m.frozen[size_t(FrozenWeight::Embed)] < 0)
-    return Status::error("step program: has no frozen buffer 'embed'");
-  if (!c.tieWordEmbeddings && m.frozen[size_t(FrozenWeight::LmHead)] < 0)
-    return Status::error("step program: has no frozen buffer 'lm_head' but "
-                         "the target does not tie it to the embedding");
+  if (Status s = checkDataBuffers("step program", c, table, m.inputs, m.frozen,
+                                  m.param);
+      !s.ok())
+    return s;
   for (int k = 0; k < kNumStepCounters; ++k)
     if (m.counters[size_t(k)] < 0)
       return Status::error("step program: has no counter buffer '" +
@@ -265,6 +310,44 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
     m.moment1.clear();
     m.moment2.clear();
   }
+  map = std::move(m);
+  return Status::success();
+}
+
+Status dflash::rt::mapEvalBuffers(const std::vector<BufferSpec> &buffers,
+                                  const ModelConfig &c, EvalBufferMap &map) {
+  EvalBufferMap m;
+  BufferChecker check(buffers, "evaluation program");
+  std::vector<ParamInfo> table = parameterTable(c);
+  m.param.assign(table.size(), -1);
+  m.inputs.fill(-1);
+  m.frozen.fill(-1);
+  m.sums.fill(-1);
+  for (int i = 0; i < int(buffers.size()); ++i) {
+    const BufferSpec &b = buffers[size_t(i)];
+    Status status;
+    if (b.role == BufferRole::Metric) {
+      status = check.member(i, kNumForwardSums, "a forward sum");
+      if (status.ok() && isPerPosition(ForwardSum(b.index)))
+        status = check.claim(i, m.sums[size_t(b.index)], {DType::F32},
+                             {c.blockSize});
+      else if (status.ok())
+        status = check.claimScalar(i, m.sums[size_t(b.index)], DType::F32);
+    } else {
+      status =
+          claimDataBuffer(check, i, b, c, table, m.inputs, m.frozen, m.param);
+    }
+    if (!status.ok())
+      return status;
+  }
+  if (Status s = checkDataBuffers("evaluation program", c, table, m.inputs,
+                                  m.frozen, m.param);
+      !s.ok())
+    return s;
+  for (int k = 0; k < kNumForwardSums; ++k)
+    if (m.sums[size_t(k)] < 0)
+      return Status::error("evaluation program: has no metric buffer '" +
+                           std::string(nameOf(ForwardSum(k))) + "'");
   map = std::move(m);
   return Status::success();
 }

@@ -71,6 +71,23 @@ Status mapStepBuffers(const std::vector<BufferSpec> &buffers,
                       const ModelConfig &config,
                       const OptimizerShardLayout *shards, StepBufferMap &map);
 
+/// Which entry of an evaluation program's buffers() holds what; -1 when
+/// absent. Its inputs, frozen weights and parameters are bound to the
+/// step's buffers of the same role and index.
+struct EvalBufferMap {
+  std::array<int, kNumStepInputs> inputs{};
+  std::array<int, kNumFrozenWeights> frozen{};
+  std::vector<int> param; ///< per parameterTable(config) tensor
+  std::array<int, kNumForwardSums> sums{}; ///< by ForwardSum
+};
+
+/// Maps every buffer of an evaluation program (StepProgram.h,
+/// createEvalProgram) and checks it against `config`: the six inputs,
+/// embed (and lm_head unless tied), one parameter per trainable tensor and
+/// one metric per ForwardSum, nothing else. Messages name the buffer.
+Status mapEvalBuffers(const std::vector<BufferSpec> &buffers,
+                      const ModelConfig &config, EvalBufferMap &map);
+
 /// The shard size is compiled in: a sharded step runs on its world only
 /// (`world` GPUs); the error says how to recompile.
 Status checkShardWorld(const OptimizerShardLayout &shards, int64_t world);

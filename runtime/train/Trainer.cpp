@@ -24,9 +24,9 @@ using namespace dflash::rt;
 namespace fs = std::filesystem;
 
 Trainer::Trainer(StepProgram &program, DeviceContext &device,
-                 TrainerOptions options)
+                 TrainerOptions options, StepProgram *evalProgram)
     : program(program), device(device), options(std::move(options)),
-      config(program.config()) {}
+      config(program.config()), evalProgram(evalProgram) {}
 
 Trainer::~Trainer() { releaseDeviceObjects(); }
 
@@ -67,6 +67,15 @@ void Trainer::releaseDeviceObjects() {
   graphExec = nullptr;
   graph = nullptr;
   stepStart = stepEnd = copiesDone = metricsDone = nullptr;
+  if (evalArena)
+    (void)cudaFree(evalArena);
+  if (evalSums)
+    (void)cudaFree(evalSums);
+  if (evalDone)
+    (void)cudaEventDestroy(evalDone);
+  evalArena = nullptr;
+  evalSums = nullptr;
+  evalDone = nullptr;
   hostCounters = nullptr;
   hostMetrics = nullptr;
 }
@@ -339,6 +348,10 @@ Status Trainer::init(const TrainerInputs &inputs) {
       !s.ok())
     return s;
 
+  if (inputs.evalRows)
+    if (Status s = bindEvalProgram(*inputs.evalRows); !s.ok())
+      return s;
+
   // Data: this rank's batches in BatchLoader order, from the resumed
   // position when there is one.
   rows = inputs.rows;
@@ -380,6 +393,163 @@ Status Trainer::init(const TrainerInputs &inputs) {
   }
 
   initialised = true;
+  return Status::success();
+}
+
+Status Trainer::bindEvalProgram(const RowSource &rows) {
+  if (!evalProgram)
+    return Status::error("--eval-data: this trainer was built without an "
+                         "evaluation program; rebuild it with dflashc");
+  if (evalProgram->config().name != config.name)
+    return Status::error("the evaluation program is of '" +
+                         evalProgram->config().name + "' but the step of '" +
+                         config.name + "'");
+  const std::vector<BufferSpec> &specs = evalProgram->buffers();
+  if (Status s = mapEvalBuffers(specs, config, evalMap); !s.ok())
+    return s;
+  {
+    BatchLoader probe(rows, config, options.run.seed, options.rank,
+                      options.run.worldSize);
+    probe.setEvaluationOrder();
+    if (Status s = probe.validate(); !s.ok())
+      return Status::error("--eval-data: " + s.message());
+  }
+  size_t floats = 0;
+  evalSumOffsets.assign(kNumForwardSums, 0);
+  for (int k = 0; k < kNumForwardSums; ++k) {
+    evalSumOffsets[size_t(k)] = floats;
+    floats += size_t(shapeNumel(specs[size_t(evalMap.sums[size_t(k)])].shape));
+  }
+  evalSumBytes = floats * sizeof(float);
+  evalArenaBytes = std::max<size_t>(evalProgram->arenaBytes(), 256);
+  if (Status s = cudaCallStatus(cudaMalloc(&evalArena, evalArenaBytes),
+                                "allocating the evaluation arena of " +
+                                    std::to_string(evalArenaBytes) + " bytes");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(
+          cudaMalloc(reinterpret_cast<void **>(&evalSums), evalSumBytes),
+          "allocating the evaluation sums");
+      !s.ok())
+    return s;
+  if (Status s = cudaCallStatus(
+          cudaEventCreateWithFlags(&evalDone, cudaEventDisableTiming),
+          "cudaEventCreateWithFlags");
+      !s.ok())
+    return s;
+  // The step's own inputs, frozen weights and parameters.
+  const std::vector<void *> &stepBuffers = device.buffers();
+  std::vector<void *> pointers(specs.size(), nullptr);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const BufferSpec &b = specs[i];
+    const size_t k = size_t(b.index);
+    switch (b.role) {
+    case BufferRole::Input:
+      pointers[i] = stepBuffers[size_t(map.inputs[k])];
+      break;
+    case BufferRole::Frozen:
+      if (map.frozen[k] < 0)
+        return Status::error("evaluation program: frozen buffer '" + b.name +
+                             "' has no counterpart in the step");
+      pointers[i] = stepBuffers[size_t(map.frozen[k])];
+      break;
+    case BufferRole::Parameter:
+      pointers[i] = stepBuffers[size_t(map.param[k])];
+      break;
+    default: // a ForwardSum (mapEvalBuffers allows nothing else)
+      pointers[i] = evalSums + evalSumOffsets[k];
+      break;
+    }
+  }
+  if (Status s = evalProgram->bind(
+          pointers, evalArena, device.resources(),
+          stepHyperFor(config, options.run.lr, options.run.warmupRatio));
+      !s.ok())
+    return s;
+  evalRows = &rows;
+  return Status::success();
+}
+
+Status Trainer::evaluate(EvalMetrics &metrics) {
+  if (!initialised)
+    return Status::error("the trainer is not initialised");
+  if (!evalRows)
+    return Status::error("the run has no held-out rows to evaluate on");
+  if (poisoned || aborted)
+    return Status::error("the device state is not usable after step " +
+                         std::to_string(completedSteps));
+  auto started = std::chrono::steady_clock::now();
+  const std::string where =
+      "evaluation after step " + std::to_string(completedSteps);
+  // The same rows and anchors at every evaluation, so that they compare.
+  BatchLoader loader(*evalRows, config, options.run.seed, options.rank,
+                     options.run.worldSize);
+  loader.setEvaluationOrder();
+  loader.setMaxBadRows(options.maxBadRows);
+  const std::vector<BufferSpec> &specs = evalProgram->buffers();
+  std::vector<float> host(evalSumBytes / sizeof(float));
+  std::vector<double> total(host.size(), 0.0);
+  cudaStream_t stream = device.stream();
+  HostBatch batch;
+  int64_t rowsRead = 0;
+  const int64_t batches = loader.batchesPerPass();
+  for (int64_t g = 0; g < batches; ++g) {
+    if (Status s = loader.next(batch); !s.ok())
+      return Status::error(where + ": " + s.message());
+    const void *sources[] = {
+        batch.inputIds.data(), batch.lossMask.data(), batch.hiddenStates.data(),
+        batch.anchors.data(),  batch.keep.data(),     batch.positionIds.data()};
+    static_assert(std::size(sources) == kNumStepInputs, "one per StepInput");
+    for (int k = 0; k < kNumStepInputs; ++k) {
+      const BufferSpec &spec = specs[size_t(evalMap.inputs[size_t(k)])];
+      if (Status s = cudaCallStatus(
+              cudaMemcpyAsync(device.buffers()[size_t(map.inputs[size_t(k)])],
+                              sources[k], spec.bytes(), cudaMemcpyHostToDevice,
+                              stream),
+              where + ": copying '" + spec.name + "' to the device");
+          !s.ok())
+        return s;
+    }
+    if (Status s = evalProgram->enqueue(stream); !s.ok())
+      return Status::error(where + ": " + s.message());
+    if (Status s = cudaCallStatus(cudaGetLastError(),
+                                  where + ": launching the evaluation");
+        !s.ok())
+      return s;
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(host.data(), evalSums, evalSumBytes,
+                            cudaMemcpyDeviceToHost, stream),
+            where + ": copying the evaluation sums from the device");
+        !s.ok())
+      return s;
+    if (Status s = cudaCallStatus(cudaEventRecord(evalDone, stream),
+                                  where + ": cudaEventRecord");
+        !s.ok())
+      return s;
+    if (Status s = waitForStep(evalDone, where); !s.ok())
+      return s;
+    for (size_t i = 0; i < host.size(); ++i)
+      total[i] += double(host[i]);
+    for (int64_t row : batch.rows)
+      rowsRead += row >= 0 ? 1 : 0;
+    rowsRead -= int64_t(batch.skippedRows.size());
+  }
+  auto sum = [&](ForwardSum k) { return total[evalSumOffsets[size_t(k)]]; };
+  metrics = EvalMetrics();
+  metrics.step = completedSteps - 1;
+  metrics.loss = sum(ForwardSum::LossSum) / sum(ForwardSum::WeightSum);
+  metrics.acc = sum(ForwardSum::Correct) / sum(ForwardSum::Count);
+  metrics.tau = sum(ForwardSum::RunSum) / sum(ForwardSum::KeptBlocks);
+  metrics.accByPosition = accuracyByPosition(
+      total.data() + evalSumOffsets[size_t(ForwardSum::PositionHits)],
+      total.data() + evalSumOffsets[size_t(ForwardSum::PositionCounts)],
+      config.blockSize);
+  // The sums are every GPU's; the rows this rank's (TrainerGroup adds them).
+  metrics.rows = rowsRead;
+  metrics.batches = batches;
+  metrics.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+          .count();
   return Status::success();
 }
 
@@ -851,6 +1021,27 @@ Status Trainer::saveCheckpoint(std::string &dir,
   if (!status.ok())
     return status;
   lastCheckpoint = target;
+  dir = target;
+  return Status::success();
+}
+
+Status Trainer::exportBest(const EvalMetrics &metrics, std::string &dir) {
+  if (poisoned || aborted)
+    return Status::error("the device state is not usable; no best drafter "
+                         "is exported");
+  if (options.outDir.empty())
+    return Status::error("no output directory to export the drafter to");
+  std::vector<std::vector<uint16_t>> params;
+  if (Status s = readParams(params); !s.ok())
+    return s;
+  std::vector<const uint16_t *> paramPointers;
+  for (const std::vector<uint16_t> &p : params)
+    paramPointers.push_back(p.data());
+  std::string target = options.outDir + "/" + kBestDir;
+  if (Status s = exportCheckpoint(target, config, paramPointers,
+                                  {{kBestEvalFile, evalJsonLine(metrics)}});
+      !s.ok())
+    return s;
   dir = target;
   return Status::success();
 }

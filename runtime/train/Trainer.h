@@ -8,6 +8,11 @@
 // and replayed; metrics read back after every step; checkpoints saved,
 // resumed and exported.
 //
+// With held-out rows and an evaluation program (createEvalProgram), it
+// also evaluates: the forward alone over every held-out row, its buffers
+// bound to the step's inputs, frozen weights and parameters, its own arena
+// allocated only then.
+//
 // A Trainer belongs to one thread: init(), step() and the checkpoint calls
 // are made from the thread that owns its DeviceContext.
 //
@@ -33,7 +38,10 @@ namespace dflash::rt {
 
 class Trainer {
 public:
-  Trainer(StepProgram &program, DeviceContext &device, TrainerOptions options);
+  /// `evalProgram` (optional) is the evaluation program of the same
+  /// drafter; init() binds it when TrainerInputs::evalRows is given.
+  Trainer(StepProgram &program, DeviceContext &device, TrainerOptions options,
+          StepProgram *evalProgram = nullptr);
   Trainer(const Trainer &) = delete;
   Trainer &operator=(const Trainer &) = delete;
   ~Trainer();
@@ -59,6 +67,16 @@ public:
   /// the device state is then unusable and nothing can be saved.
   Status step(StepMetrics &metrics);
 
+  /// Runs the evaluation program over every held-out row (the last batch
+  /// padded with empty rows) and fills `metrics` with the run's figures:
+  /// the sums of every batch and GPU, then divided. Changes nothing the
+  /// step keeps (its inputs are rewritten by the next step's copy). Fails
+  /// without held-out rows, naming a row it cannot read.
+  Status evaluate(EvalMetrics &metrics);
+  bool evaluates() const { return evalRows != nullptr; }
+  /// Bytes of the evaluation's own arena and sums (0 without held-out rows).
+  size_t evalBytes() const { return evalArenaBytes + evalSumBytes; }
+
   /// Saves `<outDir>/checkpoint-<steps>` and updates `<outDir>/latest`.
   /// With several ranks, `rankRngStates` holds every rank's anchor Rng
   /// state in rank order (a rank knows only its own). `assembled`, when
@@ -70,6 +88,9 @@ public:
                         const TrainingState *assembled = nullptr);
   /// Exports `<outDir>/final`.
   Status exportFinal(std::string &dir);
+  /// Exports `<outDir>/best`: the drafter now, with `metrics` (its
+  /// evaluation) in best/eval.json, replaced as one.
+  Status exportBest(const EvalMetrics &metrics, std::string &dir);
 
   /// Copies parameters and optimizer state back to the host; `state.step`,
   /// data position and Rng (this rank's, as `rngState`) are those of the
@@ -128,6 +149,8 @@ private:
   /// the last staged batch into its inputs: the host-to-device copy of step
   /// k+1 overlaps step k.
   Status stageNextBatch();
+  /// Maps, allocates and binds the evaluation program (init()).
+  Status bindEvalProgram(const RowSource &rows);
   void releaseDeviceObjects();
 
   StepProgram &program;
@@ -171,6 +194,16 @@ private:
   float *hostMetrics = nullptr;      ///< pinned: every Metric buffer
   std::vector<size_t> metricOffsets; ///< in floats, per map.metrics entry
   DeviceMemory afterAllocation, afterFirstStep;
+
+  // Evaluation (with held-out rows only).
+  StepProgram *evalProgram = nullptr;
+  const RowSource *evalRows = nullptr;
+  EvalBufferMap evalMap;
+  void *evalArena = nullptr;
+  float *evalSums = nullptr;          ///< device: every ForwardSum buffer
+  std::vector<size_t> evalSumOffsets; ///< in floats, by ForwardSum
+  size_t evalArenaBytes = 0, evalSumBytes = 0;
+  cudaEvent_t evalDone = nullptr;
 };
 
 } // namespace dflash::rt

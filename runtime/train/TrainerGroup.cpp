@@ -21,10 +21,11 @@ struct TrainerGroup::Worker {
   int local = 0;
   int gpu = 0;
   std::unique_ptr<Collectives> collectives;
-  std::unique_ptr<StepProgram> program;
+  std::unique_ptr<StepProgram> program, evalProgram;
   std::unique_ptr<DeviceContext> device;
   std::unique_ptr<Trainer> trainer;
   StepMetrics metrics; ///< the last step's, written by its job
+  EvalMetrics eval;    ///< the last evaluation's
   std::thread thread;
   // Guarded by TrainerGroup::mutex.
   Job job;
@@ -33,9 +34,9 @@ struct TrainerGroup::Worker {
 };
 
 TrainerGroup::TrainerGroup(StepProgramFactory factory, TrainerOptions options,
-                           GroupLayout layout)
-    : factory(std::move(factory)), options(std::move(options)),
-      layout(std::move(layout)) {}
+                           GroupLayout layout, StepProgramFactory evalFactory)
+    : factory(std::move(factory)), evalFactory(std::move(evalFactory)),
+      options(std::move(options)), layout(std::move(layout)) {}
 
 TrainerGroup::~TrainerGroup() {
   {
@@ -163,6 +164,8 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     if (!w.program)
       return Status::error("device " + std::to_string(w.gpu) +
                            ": no step program");
+    if (inputs.evalRows && evalFactory)
+      w.evalProgram = evalFactory();
     const OptimizerShardLayout *shards = w.program->optimizerShards();
     if (!shards)
       return Status::success();
@@ -214,7 +217,8 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     w.device->attachCollectives(w.collectives.get());
     TrainerOptions mine = options;
     mine.rank = layout.firstRank() + w.local;
-    w.trainer = std::make_unique<Trainer>(*w.program, *w.device, mine);
+    w.trainer = std::make_unique<Trainer>(*w.program, *w.device, mine,
+                                          w.evalProgram.get());
     w.trainer->watchForAbort(&abortRequested);
     return w.trainer->init(inputs);
   });
@@ -222,6 +226,7 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     return status;
   completedSteps = workers.front()->trainer->stepsDone();
   flopsPerStep = workers.front()->program->flopsPerStep();
+  evalRows = inputs.evalRows;
   partialState = workers.front()->trainer->holdsPartialState();
   rankRngStates.assign(size_t(layout.worldSize()), Rng::State{});
   initialised = true;
@@ -383,6 +388,40 @@ Status TrainerGroup::saveCheckpoint(std::string &dir) {
   return Status::success();
 }
 
+Status TrainerGroup::evaluate(const TrainerHooks &hooks, bool writesFiles,
+                              double &bestTau) {
+  if (Status s =
+          runOnWorkers([](Worker &w) { return w.trainer->evaluate(w.eval); });
+      !s.ok())
+    return s;
+  // The figures are every GPU's (the program all-reduces its sums); the
+  // rows are those of this process's GPUs, or with several processes the
+  // held-out set's.
+  EvalMetrics metrics = workers.front()->eval;
+  metrics.rows = 0;
+  for (std::unique_ptr<Worker> &w : workers)
+    metrics.rows += w->eval.rows;
+  if (layout.nodes > 1 && evalRows)
+    metrics.rows = evalRows->numRows();
+  if (hooks.onEval)
+    if (Status s = hooks.onEval(metrics); !s.ok())
+      return s;
+  if (!(metrics.tau > bestTau))
+    return Status::success();
+  bestTau = metrics.tau;
+  if (!writesFiles)
+    return Status::success();
+  std::string dir;
+  if (Status s = runOnWorkers(
+          [&](Worker &w) { return w.trainer->exportBest(metrics, dir); }, 0);
+      !s.ok())
+    return s;
+  if (hooks.onNote)
+    hooks.onNote("eval tau " + std::to_string(metrics.tau).substr(0, 5) +
+                 " is the best so far: exported the drafter to " + dir);
+  return Status::success();
+}
+
 Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
   outcome = TrainerOutcome();
   if (!initialised)
@@ -393,6 +432,16 @@ Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
   const int64_t firstStep = completedSteps;
   int64_t lastSaved = -1;
   int agreedStop = 0;
+  // The eval tau to beat: a resumed run's best/ holds the best before it.
+  const bool evaluates = workers.front()->trainer->evaluates();
+  double bestTau = -1;
+  if (evaluates && !options.outDir.empty() && firstStep > 0) {
+    bool found = false;
+    if (Status s = readBestEvalTau(options.outDir, bestTau, found); !s.ok())
+      return s;
+    if (!found)
+      bestTau = -1;
+  }
   auto finish = [&](Status status) {
     outcome.stepsDone = completedSteps;
     outcome.stepsThisRun = completedSteps - firstStep;
@@ -448,6 +497,10 @@ Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
     if (!status.ok())
       return finish(status);
     completedSteps = workers.front()->trainer->stepsDone();
+    if (evaluates &&
+        checkpointDue(completedSteps, options.finalStep, options.evalEvery))
+      if (Status s = evaluate(hooks, writesFiles, bestTau); !s.ok())
+        return finish(s);
     if (!options.outDir.empty() &&
         checkpointDue(completedSteps, options.finalStep, options.saveEvery))
       if (Status s = save(); !s.ok())

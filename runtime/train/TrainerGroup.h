@@ -36,9 +36,11 @@ using StepProgramFactory = std::function<std::unique_ptr<StepProgram>()>;
 
 class TrainerGroup {
 public:
-  /// `options.run.worldSize` must equal layout.worldSize().
+  /// `options.run.worldSize` must equal layout.worldSize(). `evalFactory`
+  /// (optional) builds each GPU's evaluation program, used when the inputs
+  /// have held-out rows.
   TrainerGroup(StepProgramFactory factory, TrainerOptions options,
-               GroupLayout layout);
+               GroupLayout layout, StepProgramFactory evalFactory = nullptr);
   TrainerGroup(const TrainerGroup &) = delete;
   TrainerGroup &operator=(const TrainerGroup &) = delete;
   /// Ends the worker threads; each frees its GPU's objects.
@@ -56,7 +58,11 @@ public:
   /// Steps every rank until finalStep. After each step hooks.onStep gets
   /// rank 0's metrics with the slowest rank's time and every rank's time;
   /// rank 0 saves checkpoints on schedule and exports the final drafter.
-  /// Returns early with success when a stop signal arrives.
+  /// With held-out rows, every rank evaluates on schedule
+  /// (TrainerOptions::evalEvery), hooks.onEval gets the figures, and rank 0
+  /// exports best/ when the eval tau beats every earlier one (a resumed
+  /// run's best/ included). Returns early with success when a stop signal
+  /// arrives.
   Status run(const TrainerHooks &hooks, TrainerOutcome &outcome);
 
   int localRanks() const { return int(workers.size()); }
@@ -91,11 +97,13 @@ private:
   Status gatherStep(const TrainerHooks &hooks, bool stepOk,
                     StepMetrics &metrics, int &agreedStop);
   Status saveCheckpoint(std::string &dir);
+  /// Evaluates on every rank, reports, and exports best/ when it is.
+  Status evaluate(const TrainerHooks &hooks, bool writesFiles, double &bestTau);
   /// The masters and moments of every local rank in one full-size state
   /// (with a sharded optimizer state, each rank fills its own elements).
   Status assembleOptimizerState(TrainingState &state);
 
-  StepProgramFactory factory;
+  StepProgramFactory factory, evalFactory;
   TrainerOptions options;
   GroupLayout layout;
   std::vector<std::unique_ptr<Worker>> workers;
@@ -110,6 +118,7 @@ private:
   std::vector<Rng::State> rankRngStates;
   std::string lastCheckpoint;
   double flopsPerStep = 0;
+  const RowSource *evalRows = nullptr; ///< held-out rows, if any
 };
 
 } // namespace dflash::rt

@@ -51,6 +51,11 @@ struct TrainerOptions {
   /// Rows with non-finite features each rank may skip before the run stops
   /// (BatchLoader::setMaxBadRows).
   int64_t maxBadRows = 0;
+  /// With held-out rows (TrainerInputs::evalRows): evaluate every this many
+  /// steps (0: only after the last step) and after the last step; the
+  /// drafter with the highest eval tau so far is exported to
+  /// `<outDir>/best` (RunLayout.h).
+  int64_t evalEvery = 0;
 };
 
 /// The host-side state a run starts from, loaded and checked before the GPU
@@ -59,6 +64,9 @@ struct TrainerOptions {
 struct TrainerInputs {
   const TargetWeights *target = nullptr; ///< read by init() only
   const RowSource *rows = nullptr;       ///< must outlive the Trainer
+  /// Held-out rows to evaluate on (train --eval-data), or nullptr; must
+  /// outlive the Trainer.
+  const RowSource *evalRows = nullptr;
   /// bf16 parameters in parameterTable order: initial, or the resumed
   /// checkpoint's.
   std::vector<std::vector<uint16_t>> params;
@@ -76,6 +84,8 @@ struct TrainerHooks {
   std::function<Status(const StepMetrics &)> onStep;
   /// Checkpoint saved, final export written.
   std::function<void(const std::string &)> onNote;
+  /// After every evaluation, with the run's figures (every rank has them).
+  std::function<Status(const EvalMetrics &)> onEval;
   /// A signal number (SIGINT, SIGTERM) once the run should stop: it
   /// finishes the current step, saves a checkpoint and returns. Over
   /// several processes, they stop together after the first step that

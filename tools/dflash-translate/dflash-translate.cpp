@@ -7,6 +7,9 @@
 //
 //   dflash-translate planned.mlir -o DIR          step.cu, kernels.cu, ...
 //   dflash-translate planned.mlir --print=step.cu one of them, to stdout
+//   dflash-translate planned.mlir --eval=planned-eval.mlir -o DIR
+//                                  with the evaluation program (without it,
+//                                  the trainer refuses --eval-data)
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,8 +37,14 @@ cl::opt<std::string> outputDir("o",
 cl::opt<std::string>
     printFile("print",
               cl::desc("Print one source to stdout instead: step.cu, "
-                       "kernels.cu, kernels.h, main.cpp or manifest.json"),
+                       "eval.cu, kernels.cu, kernels.h, main.cpp or "
+                       "manifest.json"),
               cl::value_desc("file"), cl::cat(category));
+cl::opt<std::string> evalFile(
+    "eval",
+    cl::desc("The planned evaluation program (dflashc SPEC --emit=planned "
+             "--program=eval) to build in as eval.cu"),
+    cl::value_desc("planned-eval.mlir"), cl::cat(category));
 cl::opt<std::string> sourceDir(
     "source-dir",
     cl::desc("dflashc source tree whose schema/, runtime/ and kernels/ the "
@@ -70,24 +79,37 @@ int main(int argc, char **argv) {
       mlir::parseSourceFile<mlir::ModuleOp>(sources, &context);
   if (!module)
     return fail("cannot parse '" + inputFile + "'");
+  mlir::OwningOpRef<mlir::ModuleOp> evalModule;
+  SourceMgr evalSources;
+  if (!evalFile.empty()) {
+    std::unique_ptr<MemoryBuffer> evalInput =
+        mlir::openInputFile(evalFile, &error);
+    if (!evalInput)
+      return fail(error);
+    // parseSourceFile reads a SourceMgr's main buffer: one manager each.
+    evalSources.AddNewSourceBuffer(std::move(evalInput), SMLoc());
+    evalModule = mlir::parseSourceFile<mlir::ModuleOp>(evalSources, &context);
+    if (!evalModule)
+      return fail("cannot parse '" + evalFile + "'");
+  }
 
-  FailureOr<dflash::CudaTrainerSources> out = dflash::translateToCuda(*module);
+  FailureOr<dflash::CudaTrainerSources> out = dflash::translateToCuda(
+      *module, evalModule ? *evalModule : mlir::ModuleOp());
   if (failed(out))
     return fail("translating '" + inputFile + "' to CUDA failed");
   if (!printFile.empty()) {
     const std::pair<const char *, const std::string *> files[] = {
-        {"step.cu", &out->stepCu},
-        {"kernels.cu", &out->kernelsCu},
-        {"kernels.h", &out->kernelsH},
-        {"main.cpp", &out->mainCpp},
-        {"manifest.json", &out->manifestJson}};
+        {"step.cu", &out->stepCu},       {"eval.cu", &out->evalCu},
+        {"kernels.cu", &out->kernelsCu}, {"kernels.h", &out->kernelsH},
+        {"main.cpp", &out->mainCpp},     {"manifest.json", &out->manifestJson}};
     for (auto [name, text] : files)
       if (printFile == name) {
         outs() << *text;
         return 0;
       }
     return fail("--print: no source named '" + printFile +
-                "' (step.cu, kernels.cu, kernels.h, main.cpp, manifest.json)");
+                "' (step.cu, eval.cu, kernels.cu, kernels.h, main.cpp, "
+                "manifest.json)");
   }
   dflash::CudaTrainerOptions options;
   options.outputDir = outputDir;

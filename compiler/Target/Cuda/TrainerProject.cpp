@@ -93,6 +93,7 @@ LogicalResult writeCudaTrainer(const CudaTrainerSources &sources,
   }
   std::pair<const char *, const std::string *> files[] = {
       {"step.cu", &sources.stepCu},
+      {"eval.cu", &sources.evalCu},
       {"kernels.cu", &sources.kernelsCu},
       {"kernels.h", &sources.kernelsH},
       {"main.cpp", &sources.mainCpp},

@@ -1,4 +1,4 @@
-//===- TranslateToCuda.cpp - Planned step to step.cu and kernels.cu -------===//
+//===- TranslateToCuda.cpp - Planned programs to step.cu, eval.cu ---------===//
 //
 // A printer. Everything it writes was decided by a pass and stored in the IR:
 // the drafter (dflash.model_config), each op's kernel and constants
@@ -181,21 +181,31 @@ const TemplateForm *templateFormOf(StringRef kernel) {
   return nullptr;
 }
 
+/// The wrappers of kernel template instantiations that kernels.cu holds,
+/// shared by the programs of a trainer (the step and the evaluation), so
+/// that each instantiation is compiled once.
+struct KernelWrappers {
+  std::string decls, defs;
+  llvm::StringSet<> names;
+};
+
+/// Prints one program: the step (step.cu) or the evaluation (eval.cu).
 class StepEmitter {
 public:
   StepEmitter(ModuleOp module, const ModelConfig &config,
-              const StepSignature &sig)
-      : module(module), config(config), sig(sig) {}
+              const StepSignature &sig, KernelWrappers &wrappers)
+      : module(module), config(config), sig(sig), wrappers(wrappers) {}
 
-  LogicalResult emit(CudaTrainerSources &out);
+  /// The program's source file.
+  FailureOr<std::string> emit();
 
 private:
   ModuleOp module;
   const ModelConfig &config;
   const StepSignature &sig;
-  std::string body, wrapperDecls, wrapperDefs;
+  KernelWrappers &wrappers;
+  std::string body;
   llvm::raw_string_ostream os{body};
-  llvm::StringSet<> wrappers;
   /// The named constants of step.cu: buffers, then arena slots.
   std::string bufferNames, slotNames;
   llvm::DenseMap<unsigned, std::string> bufferName; ///< by argument number
@@ -224,6 +234,16 @@ private:
   LogicalResult nameSlots();
   /// The schema's index of argument `i` within its role (BufferSpec::index).
   FailureOr<int64_t> bufferIndex(unsigned i);
+  /// A metric's index: its StepMetric, or in an evaluation its ForwardSum.
+  std::optional<int64_t> metricSchemaIndex(const std::string &name) const {
+    if (sig.isEval()) {
+      if (auto sum = parseForwardSum(name))
+        return int64_t(*sum);
+    } else if (auto metric = parseStepMetric(name)) {
+      return int64_t(*metric);
+    }
+    return std::nullopt;
+  }
 
   /// A typed device pointer to `v`'s storage.
   std::string ptr(Value v);
@@ -343,11 +363,11 @@ std::string StepEmitter::wrapper(KernelAttr kernel,
   }
   if (form)
     args += form->trailing;
-  if (wrappers.insert(name).second) {
-    wrapperDecls += "void " + name + "(" + signature + ");\n";
-    wrapperDefs += "void " + name + "(" + signature +
-                   ") {\n  dflash::kernels::" + kernel.getName().str() + "<" +
-                   args + ">(" + arguments + ");\n}\n\n";
+  if (wrappers.names.insert(name).second) {
+    wrappers.decls += "void " + name + "(" + signature + ");\n";
+    wrappers.defs += "void " + name + "(" + signature +
+                     ") {\n  dflash::kernels::" + kernel.getName().str() + "<" +
+                     args + ">(" + arguments + ");\n}\n\n";
   }
   return name;
 }
@@ -659,8 +679,14 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             ptr(o.getWeightSum()), ptr(o.getLossSumGrad()));
         return success();
       })
-      .Case([&](LmHeadCeFusedOp o) {
+      .Case<LmHeadCeFusedOp, LmHeadCeOp>([&](auto o) {
         auto w = tensorOf(o.getWeight());
+        // Without the gradient (an evaluation's): no seed, no dX.
+        std::string seed = "nullptr", dy = "nullptr";
+        if constexpr (std::is_same_v<decltype(o), LmHeadCeFusedOp>) {
+          seed = ptr(o.getLossSumGrad());
+          dy = ptr(o.getInputGrad());
+        }
         os << "    {\n"
            << "      dflash::kernels::LmHeadCrossEntropyArgs a{};\n"
            << llvm::formatv("      a.y = {0};\n      a.lmHead = {1};\n"
@@ -668,8 +694,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             "      a.dLossSum = {4};\n      a.dy = {5};\n"
                             "      a.hits = {6};\n",
                             ptr(o.getInput()), ptr(o.getWeight()),
-                            ptr(o.getLabels()), ptr(o.getWeights()),
-                            ptr(o.getLossSumGrad()), ptr(o.getInputGrad()),
+                            ptr(o.getLabels()), ptr(o.getWeights()), seed, dy,
                             ptr(o.getHits()))
            << llvm::formatv("      a.rows = {0};\n      a.V = {1};\n"
                             "      a.H = {2};\n      a.chunkRows = {3};\n",
@@ -763,8 +788,7 @@ FailureOr<int64_t> StepEmitter::bufferIndex(unsigned i) {
       index = int64_t(*counter);
     break;
   case BufferRole::Metric:
-    if (auto metric = parseStepMetric(name))
-      index = int64_t(*metric);
+    index = metricSchemaIndex(name);
     break;
   case BufferRole::Master:
   case BufferRole::Moment1:
@@ -853,7 +877,7 @@ std::string StepEmitter::shardTables() {
   return s;
 }
 
-LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
+FailureOr<std::string> StepEmitter::emit() {
   func::FuncOp step = sig.func();
   auto arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
   if (!arena)
@@ -874,7 +898,7 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
     ArgAttr info = sig.resultInfo(i);
     Value v = ret.getOperand(i);
     if (info.getRole() == ArgRole::Metric) {
-      std::optional<StepMetric> named = parseStepMetric(info.getName().str());
+      std::optional<int64_t> named = metricSchemaIndex(info.getName().str());
       std::string name = uniqueName("buffer", identifier(info.getName()));
       bufferNames += "constexpr int " + name + " = " +
                      std::to_string(metricIndex++) + ";\n";
@@ -910,15 +934,26 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
   }
   specs += metricSpecs;
 
-  if (!optimizerKernel)
-    return step.emitError("@step has no optimizer op with a dflash.kernel");
-  Operation *optimizerOp =
-      optimizer ? optimizer->getOperation() : shardedOptimizer->getOperation();
-  std::string tablesName = tablesSlot.lookup(optimizerOp);
-  if (tablesName.empty())
-    return optimizerOp->emitOpError("has no planned tables slot: run "
-                                    "dflash-plan-memory after "
-                                    "dflash-select-kernels");
+  // The step's optimizer tables; an evaluation has none.
+  std::string optimizerInit;
+  if (!sig.isEval()) {
+    if (!optimizerKernel)
+      return step.emitError("@step has no optimizer op with a dflash.kernel");
+    Operation *optimizerOp = optimizer ? optimizer->getOperation()
+                                       : shardedOptimizer->getOperation();
+    std::string tablesName = tablesSlot.lookup(optimizerOp);
+    if (tablesName.empty())
+      return optimizerOp->emitOpError("has no planned tables slot: run "
+                                      "dflash-plan-memory after "
+                                      "dflash-select-kernels");
+    optimizerInit =
+        "  t.optimizerTables = slot::" + tablesName + ";\n" +
+        "  t.maxChunks = " + std::to_string(optimizerKernel.getConstants()[1]) +
+        ";\n" + (optimizer ? optimizerTables() : shardTables()) +
+        "  t.numBuckets = " + std::to_string(numBuckets) + ";\n";
+  } else if (optimizerKernel) {
+    return step.emitError("an evaluation program has an optimizer op");
+  }
 
   // The draft-block kernels' shapes.
   const int64_t B = config.rowsPerGpu, S = config.seqLen,
@@ -934,15 +969,21 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
             std::string("  c.") + member + " = " + cppValue(value) + ";\n";
       });
 
+  const bool eval = sig.isEval();
   const std::string specFile = specFileOf(module);
+  const char *className = eval ? "GeneratedEval" : "GeneratedStep";
   std::string s;
   llvm::raw_string_ostream cu(s);
-  cu << "// Generated by dflashc from " << specFile << ": the training step "
-     << "of \"" << config.name << "\".\n"
+  cu << "// Generated by dflashc from " << specFile << ": the "
+     << (eval ? "evaluation program (the forward alone, its sums summed over "
+                "the GPUs)"
+              : "training step")
+     << " of \"" << config.name << "\".\n"
      << "// Do not edit; regenerate with `dflashc " << specFile
      << " --emit=cuda`.\n"
      << "// Constant tables, then schedule(): the static launch sequence of "
-        "one step.\n\n"
+        "one "
+     << (eval ? "batch" : "step") << ".\n\n"
      << "#include \"kernels.h\"\n"
      << "#include \"kernels/DraftBlocks.cuh\"\n"
      << "#include \"kernels/Gemm.cuh\"\n"
@@ -973,64 +1014,94 @@ LogicalResult StepEmitter::emit(CudaTrainerSources &out) {
      << "  t.arenaBytes = " << arena.getInt() << ";\n"
      << "  t.gemmWorkspaceBytes = dflash::kernels::kGemmWorkspaceBytes;\n"
      << "  t.flopsPerStep = " << llvm::format("%.17g", flops) << ";\n"
-     << "  t.optimizerTables = slot::" << tablesName << ";\n"
-     << "  t.maxChunks = " << optimizerKernel.getConstants()[1] << ";\n"
-     << (optimizer ? optimizerTables() : shardTables())
-     << "  t.numBuckets = " << numBuckets << ";\n"
-     << "  t.opNames = {\n"
+     << optimizerInit << "  t.opNames = {\n"
      << profileNames << "  };\n"
      << "  return t;\n}\n\n"
-     << "class GeneratedStep final : public dflash::rt::CompiledStep {\n"
+     << "class " << className << " final : public dflash::rt::CompiledStep {\n"
      << "public:\n"
-     << "  GeneratedStep() : CompiledStep(tables()) {}\n\n"
+     << "  " << className << "() : CompiledStep(tables()) {}\n\n"
      << "private:\n"
      << "  void schedule(cudaStream_t stream) override {\n"
      << body << metricCopies << "  }\n"
      << "};\n\n"
      << "} // namespace\n\n"
      << "std::unique_ptr<dflash::rt::StepProgram> "
-        "dflash::rt::createStepProgram() {\n"
-     << "  return std::make_unique<GeneratedStep>();\n}\n";
-  out.stepCu = s;
-
-  out.kernelsH = "// Generated by dflashc: one wrapper per kernel template "
-                 "instantiation of the step.\n#pragma once\n\n"
-                 "#include \"kernels/BlockAttentionArgs.h\"\n"
-                 "#include \"kernels/DraftBlocks.cuh\"\n\n" +
-                 wrapperDecls;
-  out.kernelsCu = "// Generated by dflashc: the kernel templates of the step, "
-                  "instantiated with its constants.\n\n"
-                  "#include \"kernels.h\"\n"
-                  "#include \"kernels/BlockAttentionBwd.cuh\"\n"
-                  "#include \"kernels/BlockAttentionFwd.cuh\"\n"
-                  "#include \"kernels/QkNormRope.cuh\"\n"
-                  "#include \"kernels/RmsNorm.cuh\"\n\n" +
-                  wrapperDefs;
-  out.manifestJson = writeManifest(module, config, sig);
-  return success();
+     << (eval ? "dflash::rt::createEvalProgram() {\n"
+              : "dflash::rt::createStepProgram() {\n")
+     << "  return std::make_unique<" << className << ">();\n}\n";
+  return s;
 }
 
 } // namespace
 
 namespace dflash {
-FailureOr<CudaTrainerSources> translateToCuda(ModuleOp module) {
-  FailureOr<StepSignature> sig = StepSignature::get(module);
+FailureOr<CudaTrainerSources> translateToCuda(ModuleOp stepModule,
+                                              ModuleOp evalModule) {
+  FailureOr<StepSignature> sig = StepSignature::get(stepModule);
   if (failed(sig))
     return failure();
-  FailureOr<ModelConfig> config = modelConfigOf(module);
+  if (sig->isEval())
+    return stepModule.emitError("the step module holds an evaluation program");
+  FailureOr<ModelConfig> config = modelConfigOf(stepModule);
   if (failed(config))
     return failure();
   CudaTrainerSources out;
-  StepEmitter emitter(module, *config, *sig);
-  if (failed(emitter.emit(out)))
+  KernelWrappers wrappers;
+  FailureOr<std::string> stepCu =
+      StepEmitter(stepModule, *config, *sig, wrappers).emit();
+  if (failed(stepCu))
     return failure();
+  out.stepCu = std::move(*stepCu);
+  if (evalModule) {
+    FailureOr<StepSignature> evalSig = StepSignature::get(evalModule);
+    if (failed(evalSig))
+      return failure();
+    if (!evalSig->isEval())
+      return evalModule.emitError("the evaluation module has no @eval: run "
+                                  "dflash-make-eval-program on the forward "
+                                  "graph");
+    FailureOr<ModelConfig> evalConfig = modelConfigOf(evalModule);
+    if (failed(evalConfig))
+      return failure();
+    if (evalConfig->name != config->name)
+      return evalModule.emitError()
+             << "the evaluation program is of '" << evalConfig->name
+             << "' but the step of '" << config->name << "'";
+    FailureOr<std::string> evalCu =
+        StepEmitter(evalModule, *evalConfig, *evalSig, wrappers).emit();
+    if (failed(evalCu))
+      return failure();
+    out.evalCu = std::move(*evalCu);
+  } else {
+    out.evalCu = "// Generated by dflashc: no evaluation program was built "
+                 "in (dflash-translate\n// without --eval).\n\n"
+                 "#include \"runtime/device/StepProgram.h\"\n\n"
+                 "std::unique_ptr<dflash::rt::StepProgram> "
+                 "dflash::rt::createEvalProgram() {\n  return nullptr;\n}\n";
+  }
+  out.kernelsH = "// Generated by dflashc: one wrapper per kernel template "
+                 "instantiation of the step and the evaluation.\n#pragma "
+                 "once\n\n"
+                 "#include \"kernels/BlockAttentionArgs.h\"\n"
+                 "#include \"kernels/DraftBlocks.cuh\"\n\n" +
+                 wrappers.decls;
+  out.kernelsCu = "// Generated by dflashc: the kernel templates of the step "
+                  "and the evaluation, instantiated with their constants.\n\n"
+                  "#include \"kernels.h\"\n"
+                  "#include \"kernels/BlockAttentionBwd.cuh\"\n"
+                  "#include \"kernels/BlockAttentionFwd.cuh\"\n"
+                  "#include \"kernels/QkNormRope.cuh\"\n"
+                  "#include \"kernels/RmsNorm.cuh\"\n\n" +
+                  wrappers.defs;
+  out.manifestJson = writeManifest(stepModule, *config, *sig);
   out.mainCpp = "// Generated by dflashc: the train command of \"" +
                 config->name +
                 "\".\n\n#include \"runtime/device/StepProgram.h\"\n"
                 "#include \"runtime/cli/TrainMain.h\"\n\n"
                 "int main(int argc, char **argv) {\n"
                 "  return dflash::rt::trainMain(argc, argv, "
-                "&dflash::rt::createStepProgram);\n}\n";
+                "{&dflash::rt::createStepProgram, "
+                "&dflash::rt::createEvalProgram});\n}\n";
   return out;
 }
 } // namespace dflash

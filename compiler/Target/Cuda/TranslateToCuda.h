@@ -4,6 +4,8 @@
 // directory that nvcc builds into `train` without MLIR:
 //   step.cu        the StepProgram: buffers, arena offsets, the static
 //                  schedule of kernel launches (runtime/device/StepProgram.h)
+//   eval.cu        the evaluation program (`train --eval-data`): the
+//                  forward alone, as a StepProgram of its own
 //   kernels.cu/.h  one wrapper per kernel template instantiation, so the
 //                  heavy templates compile once, beside the schedule
 //   main.cpp       the train command (runtime/cli/TrainMain.h)
@@ -30,15 +32,19 @@ struct CudaTrainerOptions {
   std::string sourceDir;
 };
 
-/// The generated sources of one step, in memory.
+/// The generated sources of one trainer, in memory.
 struct CudaTrainerSources {
-  std::string stepCu, kernelsCu, kernelsH, mainCpp, manifestJson;
+  std::string stepCu, evalCu, kernelsCu, kernelsH, mainCpp, manifestJson;
 };
 
-/// Translates the planned step of `module`, from the IR alone (the drafter's
-/// config is its `dflash.model_config`). Emits an error on the op that
-/// cannot be translated and fails.
-mlir::FailureOr<CudaTrainerSources> translateToCuda(mlir::ModuleOp module);
+/// Translates the planned step of `stepModule` and the planned evaluation
+/// program of `evalModule` (dflash-make-eval-program, then the same
+/// lowering; null: none, and the trainer refuses --eval-data), from the IR
+/// alone (the drafter's config is their
+/// `dflash.model_config`). Emits an error on the op that cannot be
+/// translated and fails.
+mlir::FailureOr<CudaTrainerSources> translateToCuda(mlir::ModuleOp stepModule,
+                                                    mlir::ModuleOp evalModule);
 
 /// Writes the sources and the copies of runtime/ and kernels/ into
 /// options.outputDir. Errors name the file.

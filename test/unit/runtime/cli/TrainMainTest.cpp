@@ -395,6 +395,22 @@ TEST(TrainValidation, NamesTheBadOption) {
       {{"--data", "synthetic", "--out", out, "--log",
         dir.path + "/no/such/metrics.jsonl"},
        "does not exist"},
+      {{"--data", "synthetic", "--eval-every", "10"},
+       "--eval-every needs --eval-data"},
+      {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-every",
+        "-1"},
+       "--eval-every must not be negative"},
+      {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-rows", "0"},
+       "--eval-rows must be at least 1"},
+      {{"--data", dir.path, "--target", dir.path, "--eval-data", dir.path,
+        "--eval-rows", "4"},
+       "--eval-rows applies only to --eval-data synthetic"},
+      {{"--data", "synthetic", "--eval-data", dir.path + "/missing"},
+       "--eval-data " + dir.path + "/missing: no such file or directory"},
+      {{"--data", "synthetic", "--eval-data", dir.path},
+       "holds feature shards but --data is synthetic"},
+      {{"--data", dir.path, "--target", dir.path, "--eval-data", "synthetic"},
+       "--eval-data synthetic evaluates the synthetic problem"},
   };
   for (const Case &c : cases) {
     std::vector<std::string> args = c.args;
@@ -492,6 +508,41 @@ TEST(TrainPrepare, SyntheticFreshRun) {
   EXPECT_FALSE(run.trainer.useGraph);
   EXPECT_EQ(run.trainer.outDir, dir.path);
   EXPECT_EQ(run.logPath, dir.path + "/metrics.jsonl");
+}
+
+// Held-out synthetic rows are rows training never reads: those past the
+// training set's.
+TEST(TrainPrepare, SyntheticHeldOutRows) {
+  TrainMainTempDir dir;
+  PreparedRun run;
+  Status s = prepare({"--data", "synthetic", "--steps", "20", "--rows", "9",
+                      "--out", dir.path, "--eval-data", "synthetic",
+                      "--eval-rows", "5", "--eval-every", "4"},
+                     run);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_TRUE(run.inputs.evalRows);
+  EXPECT_EQ(run.inputs.evalRows->numRows(), 5);
+  EXPECT_EQ(run.trainer.evalEvery, 4);
+  ModelConfig c = smallConfig();
+  const size_t S = size_t(c.seqLen), W = size_t(c.contextWidth());
+  std::vector<int32_t> ids(S), expectedIds(S), positions(S);
+  std::vector<uint8_t> mask(S), expectedMask(S);
+  std::vector<uint16_t> hidden(S * W), expectedHidden(S * W);
+  RowBuffers out;
+  out.inputIds = ids.data();
+  out.lossMask = mask.data();
+  out.hiddenStates = hidden.data();
+  out.positionIds = positions.data();
+  ASSERT_TRUE(run.inputs.evalRows->readRow(2, out).ok());
+  run.synthetic->generateRow(9 + 2, expectedIds.data(), expectedMask.data(),
+                             expectedHidden.data());
+  EXPECT_EQ(ids, expectedIds);
+  EXPECT_EQ(hidden, expectedHidden);
+  // Without --eval-data nothing is held out.
+  PreparedRun plain;
+  ASSERT_TRUE(
+      prepare({"--data", "synthetic", "--out", dir.path + "/b"}, plain).ok());
+  EXPECT_EQ(plain.inputs.evalRows, nullptr);
 }
 
 TEST(TrainPrepare, TooFewRowsForOneStep) {
@@ -1205,6 +1256,27 @@ TEST(TrainCheckpoints, Schedule) {
   EXPECT_EQ(checkpointDirectory("out", 250), "out/checkpoint-250");
 }
 
+TEST(TrainCheckpoints, BestEvalTauOfAResumedRun) {
+  TrainMainTempDir dir;
+  double tau = 0;
+  bool found = true;
+  ASSERT_TRUE(readBestEvalTau(dir.path, tau, found).ok());
+  EXPECT_FALSE(found);
+  fs::create_directories(dir.path + "/best");
+  EvalMetrics e;
+  e.tau = 3.5;
+  std::ofstream(dir.path + "/best/eval.json") << evalJsonLine(e);
+  ASSERT_TRUE(readBestEvalTau(dir.path, tau, found).ok());
+  EXPECT_TRUE(found);
+  EXPECT_DOUBLE_EQ(tau, 3.5);
+  std::ofstream(dir.path + "/best/eval.json") << "{\"eval_loss\": 1}";
+  Status s = readBestEvalTau(dir.path, tau, found);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("best/eval.json: has no number 'eval_tau'"),
+            std::string::npos)
+      << s.message();
+}
+
 TEST(TrainCheckpoints, ResolveFollowsLatest) {
   TrainMainTempDir dir;
   writeTrainingCheckpoint(dir.path + "/checkpoint-3", smallConfig(), 3,
@@ -1339,6 +1411,52 @@ TEST(TrainBuffers, MapsEveryBuffer) {
   c.tieWordEmbeddings = true;
   ASSERT_TRUE(mapStepBuffers(stepBuffers(c), c, nullptr, map).ok());
   EXPECT_EQ(map.frozenWeight(FrozenWeight::LmHead), -1);
+}
+
+// An evaluation program: the step's inputs, frozen weights and parameters
+// and one metric per forward sum, nothing else.
+TEST(TrainBuffers, MapsAnEvaluationProgram) {
+  ModelConfig c = smallConfig();
+  std::vector<BufferSpec> buffers;
+  for (const BufferSpec &b : stepBuffers(c))
+    if (b.role == BufferRole::Input || b.role == BufferRole::Frozen ||
+        b.role == BufferRole::Parameter)
+      buffers.push_back(b);
+  for (int k = 0; k < kNumForwardSums; ++k)
+    buffers.push_back({nameOf(ForwardSum(k)), BufferRole::Metric, DType::F32,
+                       isPerPosition(ForwardSum(k))
+                           ? std::vector<int64_t>{c.blockSize}
+                           : std::vector<int64_t>{},
+                       k});
+  EvalBufferMap map;
+  Status s = mapEvalBuffers(buffers, c, map);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(buffers[size_t(map.sums[size_t(ForwardSum::RunSum)])].name,
+            "run_sum");
+  EXPECT_EQ(buffers[size_t(map.param.back())].role, BufferRole::Parameter);
+  auto expectError = [&](std::vector<BufferSpec> list,
+                         const std::string &message) {
+    EvalBufferMap m;
+    Status status = mapEvalBuffers(list, c, m);
+    ASSERT_FALSE(status.ok()) << message;
+    EXPECT_NE(status.message().find(message), std::string::npos)
+        << status.message() << "\nexpected: " << message;
+  };
+  // A step's buffers are not an evaluation program's.
+  expectError(stepBuffers(c), "evaluation program: master buffer");
+  auto noSum = buffers;
+  noSum.pop_back();
+  expectError(noSum, "evaluation program: has no metric buffer "
+                     "'position_counts'");
+  auto noParam = buffers;
+  noParam.erase(
+      std::find_if(noParam.begin(), noParam.end(), [](const BufferSpec &b) {
+        return b.role == BufferRole::Parameter;
+      }));
+  expectError(noParam, "evaluation program: has no parameter buffer for");
+  auto scalarHits = buffers;
+  scalarHits[size_t(map.sums[size_t(ForwardSum::PositionHits)])].shape = {};
+  expectError(scalarHits, "metric buffer 'position_hits' has shape []");
 }
 
 TEST(TrainBuffers, MismatchesNameTheBuffer) {

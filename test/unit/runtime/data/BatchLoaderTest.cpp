@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include <cstring>
 #include <set>
@@ -207,6 +208,53 @@ TEST(RuntimeBatchLoader, CountsEachBadRowOnceAcrossEpochs) {
   EXPECT_EQ(loader.position().epoch, 2);
   EXPECT_EQ(loader.badRowsSeen(), 2);
   EXPECT_EQ(named, 2u);
+}
+
+// An evaluation reads every row exactly once, in source order, over its
+// ranks; the slots past the last row are empty (nothing supervised, no kept
+// block), and a set smaller than one global batch is evaluated too.
+TEST(RuntimeBatchLoader, EvaluationReadsEveryRowOnce) {
+  ModelConfig c = smallConfig();
+  const int64_t world = 2, B = c.rowsPerGpu;
+  for (int64_t rows : {int64_t(1), 2 * B * world, 2 * B * world + 1}) {
+    CountingSource source(c, rows);
+    std::vector<int64_t> seen;
+    int64_t batches = -1;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      BatchLoader loader(source, c, 3, rank, world);
+      loader.setEvaluationOrder();
+      ASSERT_TRUE(loader.validate().ok()) << rows;
+      batches = loader.batchesPerPass();
+      EXPECT_EQ(batches, (rows + B * world - 1) / (B * world)) << rows;
+      HostBatch batch;
+      for (int64_t g = 0; g < batches; ++g) {
+        ASSERT_TRUE(loader.next(batch).ok()) << rows << " batch " << g;
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t row = batch.rows[size_t(b)];
+          EXPECT_EQ(row, g * B * world + rank * B + b < rows
+                             ? g * B * world + rank * B + b
+                             : -1);
+          if (row >= 0) {
+            seen.push_back(row);
+            continue;
+          }
+          for (int64_t t = 0; t < c.seqLen; ++t)
+            EXPECT_EQ(batch.lossMask[size_t(b * c.seqLen + t)], 0);
+          for (int64_t n = 0; n < c.anchorsPerRow; ++n)
+            EXPECT_EQ(batch.keep[size_t(b * c.anchorsPerRow + n)], 0);
+        }
+      }
+      // Nothing is read twice: the pass is over.
+      Status again = loader.next(batch);
+      ASSERT_FALSE(again.ok());
+      EXPECT_NE(again.message().find("read every row already"),
+                std::string::npos);
+    }
+    std::sort(seen.begin(), seen.end());
+    std::vector<int64_t> all(static_cast<size_t>(rows));
+    std::iota(all.begin(), all.end(), int64_t(0));
+    EXPECT_EQ(seen, all) << rows << " rows";
+  }
 }
 
 } // namespace

@@ -1,0 +1,74 @@
+//===- MakeEvalProgram.cpp - The forward graph as an evaluation program ---===//
+//
+// An evaluation reads held-out rows in fixed batches and reports global
+// sums; the runtime adds them up over the batches and divides once, so that
+// a batch with few supervised slots weighs what its slots weigh. The
+// program is the forward graph with its sums all-reduced; it is compiled as
+// a module of its own, beside the step's (the step's passes would
+// differentiate and update it).
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Transforms/Passes.h"
+#include "schema/StepBuffers.h"
+
+#include "mlir/IR/Builders.h"
+
+namespace dflash {
+#define GEN_PASS_DEF_MAKEEVALPROGRAM
+#include "compiler/Transforms/Passes.h.inc"
+} // namespace dflash
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace {
+
+struct MakeEvalProgramPass
+    : public ::dflash::impl::MakeEvalProgramBase<MakeEvalProgramPass> {
+  void runOnOperation() override;
+};
+
+void MakeEvalProgramPass::runOnOperation() {
+  ModuleOp module = getOperation();
+  auto step = module.lookupSymbol<func::FuncOp>(kStepFunctionName);
+  if (!step || step.isExternal()) {
+    module.emitError("the module has no forward graph func.func @step to "
+                     "evaluate");
+    return signalPassFailure();
+  }
+  FailureOr<StepSignature> sig = StepSignature::get(module);
+  if (failed(sig))
+    return signalPassFailure();
+  // Exactly the forward graph: its results are the sums, nothing more.
+  func::ReturnOp ret = sig->returnOp();
+  if (ret.getNumOperands() != unsigned(kNumForwardSums)) {
+    step.emitError() << "@step returns " << ret.getNumOperands()
+                     << " results but the forward graph returns the "
+                     << kNumForwardSums
+                     << " forward sums: make the evaluation program from "
+                        "dflashc --emit=graph";
+    return signalPassFailure();
+  }
+  for (int k = 0; k < kNumForwardSums; ++k) {
+    ArgAttr info = sig->resultInfo(unsigned(k));
+    if (info.getRole() != ArgRole::Metric ||
+        info.getName() != nameOf(ForwardSum(k))) {
+      step.emitError() << "result " << k << " of @step is '"
+                       << info.getName() << "' but the forward graph's is '"
+                       << nameOf(ForwardSum(k)) << "'";
+      return signalPassFailure();
+    }
+  }
+
+  OpBuilder b(ret);
+  auto reduced = AllReduceOp::create(b, ret.getLoc(),
+                                     ret.getOperands().getTypes(),
+                                     ret.getOperands());
+  ret->setOperands(reduced.getResults());
+  step.setSymName(kEvalFunctionName);
+}
+
+} // namespace

@@ -1,0 +1,28 @@
+// RUN: dflashc %specs/tiny.toml --emit=graph | dflash-opt --dflash-make-eval-program | FileCheck %s
+// RUN: dflashc %specs/tiny.toml --emit=graph --program=eval | FileCheck %s
+// RUN: dflashc %specs/tiny.toml --emit=planned --program=eval | FileCheck %s --check-prefix=PLANNED
+// RUN: dflashc %specs/tiny.toml --emit=train | not dflash-opt --dflash-make-eval-program 2>&1 | FileCheck %s --check-prefix=TRAINED
+
+// The evaluation program is the forward graph under another name, its eight
+// sums all-reduced once at the end; nothing is differentiated or updated.
+// CHECK-LABEL: func.func @eval(
+// CHECK-SAME: {dflash.arg = #dflash.arg<parameter, "fc.weight">}
+// CHECK-NOT: master
+// CHECK-SAME: -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}
+// CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
+// CHECK-NOT: _grad
+// CHECK: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
+// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// CHECK-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
+// CHECK-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7 :
+
+// Lowered like a step, with an arena of its own: the lm_head runs the
+// cross-entropy kernel without the dX GEMM, and nothing optimizes.
+// PLANNED: module @tiny attributes {{{.*}}dflash.arena_bytes = {{[0-9]+}}
+// PLANNED-LABEL: func.func @eval(
+// PLANNED: dflash.lm_head_ce {{.*}}dflash.kernel = #dflash.kernel<name = "lm_head_cross_entropy_bf16"
+// PLANNED-NOT: adamw
+// PLANNED: dflash.all_reduce
+
+// A module past the forward graph is refused.
+// TRAINED: error: @step returns {{[0-9]+}} results but the forward graph returns the 8 forward sums: make the evaluation program from dflashc --emit=graph
