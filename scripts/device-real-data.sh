@@ -91,7 +91,7 @@ device-real-data: done. To train on it:
   build-dev/bin/dflashc $spec --emit=cuda -o $work/trainer
   cmake -S $work/trainer -B $work/trainer/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLASH_ENABLE_MPI=OFF
   ninja -C $work/trainer/build
-  $work/trainer/build/train --target $work/target --data $work/features-train --steps 300 --out $work/run
-      # with held-out evaluation, once it exists: --eval-data $work/features-eval --eval-every 50
+  $work/trainer/build/train --target $work/target --data $work/features-train --steps 300 --out $work/run \\
+      --eval-data $work/features-eval --eval-every 50
   $python $root/tools/dflash-plot/dflash-plot $work/run -o $work/run/metrics.png
 EOF

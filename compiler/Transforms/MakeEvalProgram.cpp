@@ -56,17 +56,16 @@ void MakeEvalProgramPass::runOnOperation() {
     ArgAttr info = sig->resultInfo(unsigned(k));
     if (info.getRole() != ArgRole::Metric ||
         info.getName() != nameOf(ForwardSum(k))) {
-      step.emitError() << "result " << k << " of @step is '"
-                       << info.getName() << "' but the forward graph's is '"
+      step.emitError() << "result " << k << " of @step is '" << info.getName()
+                       << "' but the forward graph's is '"
                        << nameOf(ForwardSum(k)) << "'";
       return signalPassFailure();
     }
   }
 
   OpBuilder b(ret);
-  auto reduced = AllReduceOp::create(b, ret.getLoc(),
-                                     ret.getOperands().getTypes(),
-                                     ret.getOperands());
+  auto reduced = AllReduceOp::create(
+      b, ret.getLoc(), ret.getOperands().getTypes(), ret.getOperands());
   ret->setOperands(reduced.getResults());
   step.setSymName(kEvalFunctionName);
 }

@@ -103,12 +103,15 @@ def plot(runs, output, title=None, window=1):
                 steps = [s for s, _ in points]
                 values = [v for _, v in points]
                 name = kind if len(runs) == 1 else f"{label} {kind}"
+                # The few eval points go on top of the noisy per-step train
+                # curve, which is drawn lighter so that they stay visible.
                 if kind == "train":
                     axis.plot(steps, smooth(values, window), color=color,
-                              linewidth=1.2, label=name)
+                              linewidth=1.0, alpha=0.45, label=name, zorder=2)
                 else:
-                    axis.plot(steps, values, color=color, linestyle="--",
-                              marker="o", markersize=3, linewidth=1.2, label=name)
+                    axis.plot(steps, values, color="black" if len(runs) == 1 else color,
+                              linestyle="--", marker="o", markersize=5,
+                              linewidth=1.8, label=name, zorder=3)
                 drawn += 1
         axis.set_title(panel)
         axis.set_xlabel("step")

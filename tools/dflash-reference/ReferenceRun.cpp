@@ -21,7 +21,9 @@
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
 #include "runtime/train/InitialParameters.h"
+#include "runtime/train/Progress.h"
 #include "schema/Parameters.h"
+#include "schema/StepBuffers.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -361,6 +363,69 @@ Status saveParameters(const std::string &dir, const ModelConfig &config,
   return rt::exportCheckpoint(dir, config, pointers);
 }
 
+/// The evaluation program over `options.evalRows` held-out synthetic rows
+/// (those past the training set's, as `train --eval-data synthetic` reads
+/// them) with the parameters of `state`: one line as the trainer logs it.
+Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
+                const ReferenceOptions &options, Problem &problem,
+                StepState &state, uint64_t seed, llvm::raw_ostream &out) {
+  if (options.data != "synthetic")
+    return Status::error("--eval-rows needs --data synthetic");
+  OwningOpRef<ModuleOp> module = importSpec(ctx, spec);
+  if (!module)
+    return Status::error("the forward graph does not verify");
+  PassManager pm(&ctx);
+  pm.addPass(createMakeEvalProgram());
+  if (failed(pm.run(*module)))
+    return Status::error("compiling the evaluation program failed");
+  FailureOr<StepSignature> sig = StepSignature::get(*module);
+  if (failed(sig))
+    return Status::error("the evaluation program has no usable signature");
+  const ModelConfig &config = spec;
+  rt::SyntheticRowSource rows(problem.synthetic, options.evalRows,
+                              /*pinAnchors=*/false,
+                              /*firstRow=*/options.syntheticRows);
+  rt::BatchLoader loader(rows, config, seed);
+  loader.setEvaluationOrder();
+  StepInterpreter interpreter(sig->func(), options.precision);
+  std::map<std::string, std::vector<double>> sums;
+  rt::HostBatch batch;
+  for (int64_t g = 0; g < loader.batchesPerPass(); ++g) {
+    if (Status s = loader.next(batch); !s.ok())
+      return s;
+    setInputs(state, batch);
+    auto args = bindArguments(*sig, state, 0, 0, 0.0);
+    if (failed(args))
+      return Status::error("cannot bind the evaluation's arguments");
+    auto results = interpreter.run(*args);
+    if (failed(results))
+      return Status::error("the evaluation failed at batch " +
+                           std::to_string(g));
+    for (unsigned r = 0; r < results->size(); ++r) {
+      std::vector<double> &total = sums[sig->resultInfo(r).getName().str()];
+      const std::vector<double> &value = (*results)[r].data;
+      total.resize(value.size(), 0.0);
+      for (size_t i = 0; i < value.size(); ++i)
+        total[i] += value[i];
+    }
+  }
+  using ::dflash::ForwardSum;
+  auto sum = [&](ForwardSum k) { return sums[::dflash::nameOf(k)].at(0); };
+  rt::EvalMetrics metrics;
+  metrics.step = options.steps - 1;
+  metrics.loss = sum(ForwardSum::LossSum) / sum(ForwardSum::WeightSum);
+  metrics.acc = sum(ForwardSum::Correct) / sum(ForwardSum::Count);
+  metrics.tau = sum(ForwardSum::RunSum) / sum(ForwardSum::KeptBlocks);
+  metrics.accByPosition = rt::accuracyByPosition(
+      sums[::dflash::nameOf(ForwardSum::PositionHits)].data(),
+      sums[::dflash::nameOf(ForwardSum::PositionCounts)].data(),
+      config.blockSize);
+  metrics.rows = options.evalRows;
+  metrics.batches = loader.batchesPerPass();
+  out << rt::evalJsonLine(metrics) << "\n";
+  return Status::success();
+}
+
 } // namespace
 
 int ::dflash::runReference(const ReferenceOptions &options,
@@ -441,6 +506,10 @@ int ::dflash::runReference(const ReferenceOptions &options,
   }
   if (!options.saveDir.empty())
     if (Status s = saveParameters(options.saveDir, config, table, state);
+        !s.ok())
+      return fail(s.message());
+  if (options.evalRows > 0)
+    if (Status s = evaluate(ctx, *spec, options, problem, state, seed, out);
         !s.ok())
       return fail(s.message());
   return 0;

@@ -52,6 +52,10 @@ struct ReferenceOptions {
   /// When set, the parameters after the last step are exported as a
   /// checkpoint (SEMANTICS.md section 6) into this directory.
   std::string saveDir;
+  /// Held-out synthetic rows (past the training set's) to evaluate on after
+  /// the last step, as `train --eval-data synthetic --eval-rows` does; 0:
+  /// none.
+  int64_t evalRows = 0;
 };
 
 /// Runs `options`: prints one JSON line per step (step, loss, acc, tau,

@@ -35,6 +35,12 @@ cl::opt<std::string> targetDir(
 cl::opt<std::string> dataSource(
     "data", cl::desc("'synthetic', or a directory or file of feature shards"),
     cl::value_desc("synthetic|dir"), cl::init("synthetic"), cl::cat(category));
+cl::opt<int64_t> evalRows(
+    "eval-rows",
+    cl::desc("After the last step, evaluate on this many held-out synthetic "
+             "rows (past --rows) and print the line train --eval-data "
+             "synthetic logs (0: none)"),
+    cl::init(0), cl::cat(category));
 cl::opt<int64_t>
     syntheticRows("rows",
                   cl::desc("Rows of the synthetic data set (default 64)"),
@@ -87,6 +93,7 @@ int main(int argc, char **argv) {
   options.targetDir = targetDir;
   options.data = dataSource;
   options.syntheticRows = syntheticRows;
+  options.evalRows = evalRows;
   options.seed = seedOption;
   options.initDir = initDir;
   options.precision = precision;
