@@ -7,6 +7,8 @@
 # too); then runs dflash-prepare tokens --pack, features and check on both,
 # prints a summary and the commands that would train on the result.
 # Usage: scripts/device-real-data.sh WORK [SPEC]   (SPEC: specs/tiny.toml)
+# The 300-step demo of issue 17 uses SPEC scripts/real-data-demo.toml (tiny
+# with 16 rows a step) and DFLASH_TOY_CONVERSATIONS=3000.
 # Needs python3 with torch >= 2, transformers and tokenizers (the GPU
 # machine's); set PYTHON to use another interpreter.
 set -euo pipefail
