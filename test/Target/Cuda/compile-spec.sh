@@ -5,7 +5,7 @@ set -euo pipefail
 spec=$1 dir=$2
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 dflashc "$spec" --emit=cuda -o "$dir" 2> /dev/null
-for tu in step.cu kernels.cu; do
+for tu in step.cu eval.cu kernels.cu; do
   "$nvcc" -std=c++17 -gencode=arch=compute_90a,code=sm_90a \
     --expt-relaxed-constexpr -I"$dir" -I"$dir/dflash" -c "$dir/$tu" \
     -o "$dir/${tu%.cu}.o"
