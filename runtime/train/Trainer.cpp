@@ -396,6 +396,35 @@ Status Trainer::init(const TrainerInputs &inputs) {
   return Status::success();
 }
 
+namespace {
+/// Hands a prefetched batch back on every path out of a step.
+class BatchLease {
+public:
+  BatchLease(BatchPrefetcher &prefetcher, PrefetchedBatch *batch)
+      : prefetcher(prefetcher), batch(batch) {}
+  BatchLease(const BatchLease &) = delete;
+  BatchLease &operator=(const BatchLease &) = delete;
+  ~BatchLease() { release(); }
+  void release() {
+    if (batch)
+      prefetcher.release(batch);
+    batch = nullptr;
+  }
+  /// The batch outlives this lease (its owner releases it later).
+  void keep() { batch = nullptr; }
+
+private:
+  BatchPrefetcher &prefetcher;
+  PrefetchedBatch *batch;
+};
+
+std::string numberText(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+} // namespace
+
 Status Trainer::bindEvalProgram(const RowSource &rows) {
   if (!evalProgram)
     return Status::error("--eval-data: this trainer was built without an "
@@ -490,15 +519,20 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
   std::vector<float> host(evalSumBytes / sizeof(float));
   std::vector<double> total(host.size(), 0.0);
   cudaStream_t stream = device.stream();
-  HostBatch batch;
   int64_t rowsRead = 0;
   const int64_t batches = loader.batchesPerPass();
+  // A thread assembles batch g + 1 in pinned memory while batch g runs.
+  BatchPrefetcher prefetch(loader, config, HostMemory::Pinned, 2);
+  if (Status s = prefetch.start(batches); !s.ok())
+    return Status::error(where + ": " + s.message());
   for (int64_t g = 0; g < batches; ++g) {
-    if (Status s = loader.next(batch); !s.ok())
+    PrefetchedBatch *batch = nullptr;
+    if (Status s = prefetch.acquire(batch); !s.ok())
       return Status::error(where + ": " + s.message());
-    const void *sources[] = {
-        batch.inputIds.data(), batch.lossMask.data(), batch.hiddenStates.data(),
-        batch.anchors.data(),  batch.keep.data(),     batch.positionIds.data()};
+    BatchLease lease(prefetch, batch);
+    const void *sources[] = {batch->inputIds,     batch->lossMask,
+                             batch->hiddenStates, batch->anchors,
+                             batch->keep,         batch->positionIds};
     static_assert(std::size(sources) == kNumStepInputs, "one per StepInput");
     for (int k = 0; k < kNumStepInputs; ++k) {
       const BufferSpec &spec = specs[size_t(evalMap.inputs[size_t(k)])];
@@ -526,13 +560,14 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
                                   where + ": cudaEventRecord");
         !s.ok())
       return s;
+    // The slot goes back (to be refilled) once its copies are done.
     if (Status s = waitForStep(evalDone, where); !s.ok())
       return s;
     for (size_t i = 0; i < host.size(); ++i)
       total[i] += double(host[i]);
-    for (int64_t row : batch.rows)
+    for (int64_t row : batch->rows)
       rowsRead += row >= 0 ? 1 : 0;
-    rowsRead -= int64_t(batch.skippedRows.size());
+    rowsRead -= int64_t(batch->skippedRows.size());
   }
   auto sum = [&](ForwardSum k) { return total[evalSumOffsets[size_t(k)]]; };
   metrics = EvalMetrics();
@@ -611,35 +646,6 @@ Status Trainer::waitForStep(cudaEvent_t event, const std::string &what) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
 }
-
-namespace {
-/// Hands a prefetched batch back on every path out of a step.
-class BatchLease {
-public:
-  BatchLease(BatchPrefetcher &prefetcher, PrefetchedBatch *batch)
-      : prefetcher(prefetcher), batch(batch) {}
-  BatchLease(const BatchLease &) = delete;
-  BatchLease &operator=(const BatchLease &) = delete;
-  ~BatchLease() { release(); }
-  void release() {
-    if (batch)
-      prefetcher.release(batch);
-    batch = nullptr;
-  }
-  /// The batch outlives this lease (its owner releases it later).
-  void keep() { batch = nullptr; }
-
-private:
-  BatchPrefetcher &prefetcher;
-  PrefetchedBatch *batch;
-};
-
-std::string numberText(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
-}
-} // namespace
 
 Status Trainer::stageNextBatch() {
   PrefetchedBatch *batch = nullptr;
