@@ -136,7 +136,7 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   evalRows->type_name("R")->capture_default_str();
   app.add_option("--out", options.out,
                  "Output directory: checkpoint-<step>/, latest, final/, "
-                 "metrics.jsonl")
+                 "best/ (with --eval-data), metrics.jsonl")
       ->type_name("DIR")
       ->capture_default_str();
   app.add_option("--resume", options.resume,
