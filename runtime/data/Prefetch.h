@@ -17,7 +17,9 @@
 
 #include "runtime/data/BatchLoader.h"
 #include "schema/Status.h"
+#include "schema/StepBuffers.h"
 
+#include <array>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -50,6 +52,11 @@ struct PrefetchedBatch {
   Rng::State anchorRngAfter{};
   /// 0 for the first batch since start(), then 1, 2, ...
   int64_t sequence = 0;
+
+  /// The six input arrays, in StepInput order (what a step copies in).
+  std::array<const void *, kNumStepInputs> inputs() const {
+    return {inputIds, lossMask, hiddenStates, anchors, keep, positionIds};
+  }
 };
 
 class BatchPrefetcher {

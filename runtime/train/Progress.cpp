@@ -42,6 +42,18 @@ std::vector<double> dflash::rt::accuracyByPosition(const double *hits,
   return acc;
 }
 
+void dflash::rt::setEvalFigures(
+    EvalMetrics &m, const std::array<const double *, kNumForwardSums> &sums,
+    int64_t bs) {
+  auto sum = [&](ForwardSum k) { return sums[size_t(k)][0]; };
+  m.loss = sum(ForwardSum::LossSum) / sum(ForwardSum::WeightSum);
+  m.acc = sum(ForwardSum::Correct) / sum(ForwardSum::Count);
+  m.tau = sum(ForwardSum::RunSum) / sum(ForwardSum::KeptBlocks);
+  m.accByPosition =
+      accuracyByPosition(sums[size_t(ForwardSum::PositionHits)],
+                         sums[size_t(ForwardSum::PositionCounts)], bs);
+}
+
 /// `value` in printf format `format`, or null when it is not finite (JSON
 /// has no NaN or infinity).
 static std::string jsonNumber(const char *format, double value) {

@@ -31,7 +31,9 @@
 
 #include "schema/ModelConfig.h"
 #include "schema/Status.h"
+#include "schema/StepBuffers.h"
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -79,6 +81,13 @@ struct EvalMetrics {
 /// PositionCounts): hits[k] / counts[k], NaN where counts[k] is 0.
 std::vector<double> accuracyByPosition(const double *hits, const double *counts,
                                        int64_t bs);
+
+/// Sets the loss, acc, tau and accByPosition of `metrics` from forward sums
+/// added up over an evaluation: `sums[k]` points to ForwardSum k's values
+/// (one, or bs for the per-position sums).
+void setEvalFigures(EvalMetrics &metrics,
+                    const std::array<const double *, kNumForwardSums> &sums,
+                    int64_t bs);
 
 /// Sets the throughput fields of `metrics` from its stepMs.
 void setThroughput(StepMetrics &metrics, const ModelConfig &config,

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -530,10 +531,7 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     if (Status s = prefetch.acquire(batch); !s.ok())
       return Status::error(where + ": " + s.message());
     BatchLease lease(prefetch, batch);
-    const void *sources[] = {batch->inputIds,     batch->lossMask,
-                             batch->hiddenStates, batch->anchors,
-                             batch->keep,         batch->positionIds};
-    static_assert(std::size(sources) == kNumStepInputs, "one per StepInput");
+    const auto sources = batch->inputs();
     for (int k = 0; k < kNumStepInputs; ++k) {
       const BufferSpec &spec = specs[size_t(evalMap.inputs[size_t(k)])];
       if (Status s = cudaCallStatus(
@@ -569,16 +567,12 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
       rowsRead += row >= 0 ? 1 : 0;
     rowsRead -= int64_t(batch->skippedRows.size());
   }
-  auto sum = [&](ForwardSum k) { return total[evalSumOffsets[size_t(k)]]; };
+  std::array<const double *, kNumForwardSums> sums{};
+  for (int k = 0; k < kNumForwardSums; ++k)
+    sums[size_t(k)] = total.data() + evalSumOffsets[size_t(k)];
   metrics = EvalMetrics();
   metrics.step = completedSteps - 1;
-  metrics.loss = sum(ForwardSum::LossSum) / sum(ForwardSum::WeightSum);
-  metrics.acc = sum(ForwardSum::Correct) / sum(ForwardSum::Count);
-  metrics.tau = sum(ForwardSum::RunSum) / sum(ForwardSum::KeptBlocks);
-  metrics.accByPosition = accuracyByPosition(
-      total.data() + evalSumOffsets[size_t(ForwardSum::PositionHits)],
-      total.data() + evalSumOffsets[size_t(ForwardSum::PositionCounts)],
-      config.blockSize);
+  setEvalFigures(metrics, sums, config.blockSize);
   // The sums are every GPU's; the rows this rank's (TrainerGroup adds them).
   metrics.rows = rowsRead;
   metrics.batches = batches;
@@ -658,10 +652,7 @@ Status Trainer::stageNextBatch() {
                                 "ordering the input copies");
       !s.ok())
     return s;
-  const void *sources[] = {batch->inputIds,     batch->lossMask,
-                           batch->hiddenStates, batch->anchors,
-                           batch->keep,         batch->positionIds};
-  static_assert(std::size(sources) == kNumStepInputs, "one per StepInput");
+  const auto sources = batch->inputs();
   const auto &indices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i) {
     const BufferSpec &spec = program.buffers()[size_t(indices[i])];
@@ -1031,28 +1022,10 @@ Status Trainer::saveCheckpoint(std::string &dir,
   return Status::success();
 }
 
-Status Trainer::exportBest(const EvalMetrics &metrics, std::string &dir) {
-  if (poisoned || aborted)
-    return Status::error("the device state is not usable; no best drafter "
-                         "is exported");
-  if (options.outDir.empty())
-    return Status::error("no output directory to export the drafter to");
-  std::vector<std::vector<uint16_t>> params;
-  if (Status s = readParams(params); !s.ok())
-    return s;
-  std::vector<const uint16_t *> paramPointers;
-  for (const std::vector<uint16_t> &p : params)
-    paramPointers.push_back(p.data());
-  std::string target = options.outDir + "/" + kBestDir;
-  if (Status s = exportCheckpoint(target, config, paramPointers,
-                                  {{kBestEvalFile, evalJsonLine(metrics)}});
-      !s.ok())
-    return s;
-  dir = target;
-  return Status::success();
-}
-
-Status Trainer::exportFinal(std::string &dir) {
+Status Trainer::exportDrafter(
+    const char *name,
+    const std::vector<std::pair<std::string, std::string>> &extraFiles,
+    std::string &dir) {
   if (poisoned)
     return Status::error("the device state is not finite and is not exported");
   if (aborted)
@@ -1066,9 +1039,18 @@ Status Trainer::exportFinal(std::string &dir) {
   std::vector<const uint16_t *> paramPointers;
   for (const std::vector<uint16_t> &p : params)
     paramPointers.push_back(p.data());
-  std::string target = options.outDir + "/" + kFinalDir;
-  if (Status s = exportCheckpoint(target, config, paramPointers); !s.ok())
+  std::string target = options.outDir + "/" + name;
+  if (Status s = exportCheckpoint(target, config, paramPointers, extraFiles);
+      !s.ok())
     return s;
   dir = target;
   return Status::success();
+}
+
+Status Trainer::exportBest(const EvalMetrics &metrics, std::string &dir) {
+  return exportDrafter(kBestDir, {{kBestEvalFile, evalJsonLine(metrics)}}, dir);
+}
+
+Status Trainer::exportFinal(std::string &dir) {
+  return exportDrafter(kFinalDir, {}, dir);
 }

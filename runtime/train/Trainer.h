@@ -149,6 +149,12 @@ private:
   /// the last staged batch into its inputs: the host-to-device copy of step
   /// k+1 overlaps step k.
   Status stageNextBatch();
+  /// Exports the parameters to `<outDir>/<name>` with `extraFiles` beside
+  /// them (exportFinal, exportBest).
+  Status exportDrafter(
+      const char *name,
+      const std::vector<std::pair<std::string, std::string>> &extraFiles,
+      std::string &dir);
   /// Maps, allocates and binds the evaluation program (init()).
   Status bindEvalProgram(const RowSource &rows);
   void releaseDeviceObjects();

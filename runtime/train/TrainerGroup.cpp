@@ -416,9 +416,12 @@ Status TrainerGroup::evaluate(const TrainerHooks &hooks, bool writesFiles,
           [&](Worker &w) { return w.trainer->exportBest(metrics, dir); }, 0);
       !s.ok())
     return s;
-  if (hooks.onNote)
-    hooks.onNote("eval tau " + std::to_string(metrics.tau).substr(0, 5) +
+  if (hooks.onNote) {
+    char tau[32];
+    std::snprintf(tau, sizeof(tau), "%.3f", metrics.tau);
+    hooks.onNote("eval tau " + std::string(tau) +
                  " is the best so far: exported the drafter to " + dir);
+  }
   return Status::success();
 }
 

@@ -30,6 +30,7 @@
 #include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -409,17 +410,12 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
         total[i] += value[i];
     }
   }
-  using ::dflash::ForwardSum;
-  auto sum = [&](ForwardSum k) { return sums[::dflash::nameOf(k)].at(0); };
+  std::array<const double *, ::dflash::kNumForwardSums> byIndex{};
+  for (int k = 0; k < ::dflash::kNumForwardSums; ++k)
+    byIndex[size_t(k)] = sums[::dflash::nameOf(::dflash::ForwardSum(k))].data();
   rt::EvalMetrics metrics;
   metrics.step = options.steps - 1;
-  metrics.loss = sum(ForwardSum::LossSum) / sum(ForwardSum::WeightSum);
-  metrics.acc = sum(ForwardSum::Correct) / sum(ForwardSum::Count);
-  metrics.tau = sum(ForwardSum::RunSum) / sum(ForwardSum::KeptBlocks);
-  metrics.accByPosition = rt::accuracyByPosition(
-      sums[::dflash::nameOf(ForwardSum::PositionHits)].data(),
-      sums[::dflash::nameOf(ForwardSum::PositionCounts)].data(),
-      config.blockSize);
+  rt::setEvalFigures(metrics, byIndex, config.blockSize);
   metrics.rows = options.evalRows;
   metrics.batches = loader.batchesPerPass();
   out << rt::evalJsonLine(metrics) << "\n";
@@ -487,12 +483,14 @@ int ::dflash::runReference(const ReferenceOptions &options,
     std::string byPosition;
     const std::vector<double> &hits = metrics["position_hits"];
     const std::vector<double> &counts = metrics["position_counts"];
-    for (size_t k = 1; k < hits.size() && k < counts.size(); ++k) {
-      char value[32] = "null";
-      if (counts[k] > 0)
-        std::snprintf(value, sizeof(value), "%.6g", hits[k] / counts[k]);
-      byPosition += std::string(k > 1 ? ", " : "") + value;
-    }
+    if (hits.size() == size_t(config.blockSize) && counts.size() == hits.size())
+      for (double acc : rt::accuracyByPosition(hits.data(), counts.data(),
+                                               config.blockSize)) {
+        char value[32] = "null";
+        if (std::isfinite(acc))
+          std::snprintf(value, sizeof(value), "%.6g", acc);
+        byPosition += std::string(byPosition.empty() ? "" : ", ") + value;
+      }
     out << llvm::format("{\"step\": %lld, \"loss\": %.9g, \"acc\": %.6g, "
                         "\"tau\": %.6g, ",
                         (long long)step, scalar("loss"), scalar("acc"),
