@@ -14,6 +14,7 @@
 
 #include "compiler/Driver/Summary.h"
 #include "compiler/Import/ImportSpec.h"
+#include "compiler/Import/TargetConfig.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Spec/Spec.h"
 #include "compiler/Target/Cuda/TranslateToCuda.h"
@@ -37,7 +38,7 @@ namespace cl = llvm::cl;
 namespace {
 
 enum class EmitStage { Spec, Graph, Train, Fused, Planned, Cuda, Trainer };
-enum class Program { Step, Eval };
+enum class Program { Step, Eval, Target };
 
 cl::OptionCategory category("dflashc options");
 
@@ -71,7 +72,11 @@ cl::opt<Program> program(
                clEnumValN(Program::Eval, "eval",
                           "the evaluation program of train --eval-data: the "
                           "forward alone, its sums all-reduced (the same at "
-                          "graph and train)")),
+                          "graph and train)"),
+               clEnumValN(Program::Target, "target",
+                          "the online target's forward up to its last "
+                          "tapped layer (needs --target or [target] path; "
+                          "--emit=graph only, so far)")),
     cl::cat(category));
 
 cl::opt<std::string> outputFile(
@@ -79,6 +84,13 @@ cl::opt<std::string> outputFile(
     cl::desc("Output: a file for IR stages (default: stdout), a directory "
              "for --emit=cuda and the trainer (default: dflash-<spec name>)"),
     cl::value_desc("path"), cl::cat(category));
+
+cl::opt<std::string> targetDir(
+    "target",
+    cl::desc("The target model's Hugging Face directory (config.json): "
+             "checked against the spec and compiled as the online target "
+             "(default: the spec's [target] path)"),
+    cl::value_desc("dir"), cl::cat(category));
 
 cl::opt<double> gpuMemoryGiB(
     "gpu-memory",
@@ -134,6 +146,27 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     llvm::errs() << specError.str() << "\n";
     return 1;
   }
+
+  // The online target: its config.json against the spec, before anything
+  // is written.
+  std::optional<TargetModelConfig> target;
+  if (std::string dir = targetDirectory(*spec, targetDir); !dir.empty()) {
+    std::string error;
+    target = readTargetConfig(dir, error);
+    if (!target || !checkTargetAgainstSpec(*target, *spec, error))
+      return fail(error);
+  }
+  if (program == Program::Target && !target)
+    return fail("--program=target needs the target model: --target DIR or "
+                "[target] path in '" +
+                inputFile + "'");
+  if (target && emitStage != EmitStage::Spec &&
+      (program != Program::Target || emitStage != EmitStage::Graph))
+    return fail("the online target '" + target->configPath +
+                "' is compiled to --program=target --emit=graph only so far: "
+                "its kernels and a trainer that runs it do not exist yet; "
+                "train from stored features (tools/dflash-prepare features) "
+                "and leave --target and [target] path out");
 
   bool directoryOutput = emitStage >= EmitStage::Cuda;
   std::string outputPath = outputFile;

@@ -348,6 +348,7 @@ bool SpecReader::readTarget() {
     return false;
   bool present = false;
   if (!readString("model", spec.targetModel, false) ||
+      !readString("path", spec.targetPath, false) ||
       !readInt("num_layers", spec.targetNumLayers, true, 1, 100000) ||
       !readInt("hidden_size", spec.targetHiddenSize, true, 1, 1 << 20) ||
       !readInt("vocab_size", spec.vocabSize, true, 2, 1 << 24) ||
@@ -676,6 +677,8 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "[target]\n";
   if (!s.targetModel.empty())
     os << "model = " << quote(s.targetModel) << "\n";
+  if (!s.targetPath.empty())
+    os << "path = " << quote(s.targetPath) << "\n";
   os << "num_layers = " << s.targetNumLayers << "\n";
   os << "hidden_size = " << s.targetHiddenSize << "\n";
   os << "vocab_size = " << s.vocabSize << "\n";

@@ -44,6 +44,9 @@ struct SpecError {
 struct DrafterSpec : ModelConfig {
   std::string file; ///< the spec's path as given
 
+  /// [target] path: the target's Hugging Face directory for an online
+  /// target, as written (relative to the spec's folder); empty if absent.
+  std::string targetPath;
   bool targetLayerIdsDefaulted = false;
   bool gammaDefaulted = false;
   /// [attention] sliding_window: the window of every sliding layer (each

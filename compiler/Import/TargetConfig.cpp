@@ -1,0 +1,272 @@
+//===- TargetConfig.cpp - The online target's config.json -----------------===//
+
+#include "compiler/Import/TargetConfig.h"
+
+#include "llvm/Support/Error.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+
+#include <cmath>
+
+using namespace ::dflash;
+namespace json = llvm::json;
+
+namespace {
+
+/// Reads fields of one config object, keeping the first error.
+class ConfigReader {
+public:
+  ConfigReader(const json::Object &object, std::string path,
+               std::string prefix, std::string &error)
+      : object(object), path(std::move(path)), prefix(std::move(prefix)),
+        error(error) {}
+
+  /// "DIR/config.json: 'field' message", the field under its prefix.
+  bool fail(const std::string &field, const std::string &message) {
+    error = path + ": '" + prefix + field + "' " + message;
+    return false;
+  }
+
+  /// A positive integer; `fallback` when absent (0: required).
+  bool positive(const char *field, int64_t &out, int64_t fallback = 0) {
+    const json::Value *v = object.get(field);
+    if (!v || v->kind() == json::Value::Null) {
+      if (fallback > 0) {
+        out = fallback;
+        return true;
+      }
+      return fail(field, "is missing");
+    }
+    std::optional<int64_t> i = v->getAsInteger();
+    if (!i)
+      return fail(field, "must be an integer");
+    if (*i <= 0)
+      return fail(field, "must be positive, got " + std::to_string(*i));
+    out = *i;
+    return true;
+  }
+
+  /// A positive finite number; keeps `out` when absent.
+  bool number(const json::Object &from, const std::string &where,
+              const char *field, double &out) {
+    const json::Value *v = from.get(field);
+    if (!v || v->kind() == json::Value::Null)
+      return true;
+    std::optional<double> d = v->getAsNumber();
+    if (!d)
+      return fail(where + field, "must be a number");
+    if (!std::isfinite(*d) || *d <= 0)
+      return fail(where + field, "must be positive and finite");
+    out = *d;
+    return true;
+  }
+
+  /// A boolean; keeps `out` when absent.
+  bool boolean(const char *field, bool &out) {
+    const json::Value *v = object.get(field);
+    if (!v || v->kind() == json::Value::Null)
+      return true;
+    std::optional<bool> b = v->getAsBoolean();
+    if (!b)
+      return fail(field, "must be true or false");
+    out = *b;
+    return true;
+  }
+
+  /// Refuses a field that is present and true (a bias the decoders here do
+  /// not have).
+  bool notTrue(const char *field, const std::string &why) {
+    const json::Value *v = object.get(field);
+    if (v && v->getAsBoolean().value_or(false))
+      return fail(field, "is true: " + why);
+    return true;
+  }
+
+  const json::Object &object;
+  std::string path;
+  std::string prefix; ///< "text_config." for a multimodal config
+  std::string &error;
+};
+
+/// The rope fields: rope_theta and rope_scaling (transformers 4), or
+/// rope_parameters holding both (transformers 5).
+bool readRope(ConfigReader &r, TargetModelConfig &config) {
+  const json::Object &o = r.object;
+  if (!r.number(o, "", "rope_theta", config.ropeTheta))
+    return false;
+  const char *scalingKey = "rope_scaling";
+  const json::Value *scaling = o.get(scalingKey);
+  if (const json::Value *params = o.get("rope_parameters");
+      params && params->kind() != json::Value::Null) {
+    if (!params->getAsObject())
+      return r.fail("rope_parameters", "must be an object");
+    if (!r.number(*params->getAsObject(), "rope_parameters.", "rope_theta",
+                  config.ropeTheta))
+      return false;
+    scaling = params;
+    scalingKey = "rope_parameters";
+  }
+  if (!scaling || scaling->kind() == json::Value::Null)
+    return true;
+  const json::Object *s = scaling->getAsObject();
+  if (!s)
+    return r.fail(scalingKey, "must be an object or null");
+  std::string where = std::string(scalingKey) + ".";
+  std::optional<llvm::StringRef> type = s->getString("rope_type");
+  if (!type)
+    type = s->getString("type");
+  if (!type || *type == "default")
+    return true;
+  if (*type != "llama3")
+    return r.fail(where + "rope_type",
+                  "is '" + type->str() +
+                      "': only default rope and Llama-3 scaling ('llama3') "
+                      "are supported");
+  Llama3RopeScaling l3;
+  double original = double(l3.originalMaxPositions);
+  if (!r.number(*s, where, "factor", l3.factor) ||
+      !r.number(*s, where, "low_freq_factor", l3.lowFreqFactor) ||
+      !r.number(*s, where, "high_freq_factor", l3.highFreqFactor) ||
+      !r.number(*s, where, "original_max_position_embeddings", original))
+    return false;
+  if (original != std::floor(original))
+    return r.fail(where + "original_max_position_embeddings",
+                  "must be an integer");
+  if (l3.highFreqFactor < l3.lowFreqFactor)
+    return r.fail(where + "high_freq_factor",
+                  "must be at least low_freq_factor");
+  l3.originalMaxPositions = int64_t(original);
+  config.ropeScaling = l3;
+  return true;
+}
+
+} // namespace
+
+std::optional<TargetModelConfig>
+dflash::readTargetConfig(const std::string &dir, std::string &error) {
+  TargetModelConfig config;
+  llvm::SmallString<256> path(dir);
+  llvm::sys::path::append(path, "config.json");
+  config.configPath = path.str().str();
+  auto buffer = llvm::MemoryBuffer::getFile(path);
+  if (!buffer) {
+    error = config.configPath + ": cannot read (" +
+            buffer.getError().message() + "); --target names the target's " +
+            "Hugging Face directory";
+    return std::nullopt;
+  }
+  llvm::Expected<json::Value> parsed = json::parse((*buffer)->getBuffer());
+  if (!parsed) {
+    error = config.configPath +
+            ": not valid JSON: " + llvm::toString(parsed.takeError());
+    return std::nullopt;
+  }
+  const json::Object *root = parsed->getAsObject();
+  if (!root) {
+    error = config.configPath + ": not a JSON object";
+    return std::nullopt;
+  }
+  // Multimodal checkpoints keep the language model under text_config.
+  std::string prefix;
+  if (const json::Object *text = root->getObject("text_config")) {
+    root = text;
+    prefix = "text_config.";
+  }
+  ConfigReader r(*root, config.configPath, prefix, error);
+
+  std::optional<llvm::StringRef> type = root->getString("model_type");
+  if (!type) {
+    r.fail("model_type", "is missing");
+    return std::nullopt;
+  }
+  config.modelType = type->str();
+  if (config.modelType != "qwen3" && config.modelType != "llama") {
+    std::string why = "only dense Qwen3 ('qwen3') and Llama-3 ('llama') "
+                      "decoders can be compiled as the target";
+    if (root->get("num_experts") || root->get("num_local_experts") ||
+        llvm::StringRef(config.modelType).contains("moe"))
+      why = "a mixture-of-experts target cannot be compiled: " + why;
+    r.fail("model_type", "is '" + config.modelType + "': " + why);
+    return std::nullopt;
+  }
+  if (std::optional<llvm::StringRef> act = root->getString("hidden_act");
+      act && *act != "silu") {
+    r.fail("hidden_act",
+           "is '" + act->str() + "': the decoder's MLP must be SwiGLU (silu)");
+    return std::nullopt;
+  }
+  if (!r.positive("hidden_size", config.hiddenSize) ||
+      !r.positive("intermediate_size", config.intermediateSize) ||
+      !r.positive("num_hidden_layers", config.numLayers) ||
+      !r.positive("num_attention_heads", config.numHeads) ||
+      !r.positive("num_key_value_heads", config.numKvHeads, config.numHeads) ||
+      !r.positive("vocab_size", config.vocabSize) ||
+      !r.number(*root, "", "rms_norm_eps", config.rmsNormEps) ||
+      !r.boolean("tie_word_embeddings", config.tieWordEmbeddings) ||
+      !r.notTrue("attention_bias", "the q/k/v/o projections have no bias "
+                                   "here") ||
+      !r.notTrue("mlp_bias", "the MLP projections have no bias here") ||
+      !readRope(r, config))
+    return std::nullopt;
+  if (config.numHeads % config.numKvHeads != 0) {
+    r.fail("num_attention_heads",
+           "(" + std::to_string(config.numHeads) +
+               ") must be a multiple of 'num_key_value_heads' (" +
+               std::to_string(config.numKvHeads) + ")");
+    return std::nullopt;
+  }
+  if (config.hiddenSize % config.numHeads != 0 && !root->get("head_dim")) {
+    r.fail("head_dim", "is missing and 'hidden_size' is not a "
+                              "multiple of 'num_attention_heads'");
+    return std::nullopt;
+  }
+  if (!r.positive("head_dim", config.headDim,
+                  config.hiddenSize / config.numHeads))
+    return std::nullopt;
+  config.qkNorm = config.modelType == "qwen3";
+  return config;
+}
+
+bool dflash::checkTargetAgainstSpec(const TargetModelConfig &target,
+                                    const DrafterSpec &spec,
+                                    std::string &error) {
+  auto mismatch = [&](const std::string &configField,
+                      const std::string &configValue,
+                      const std::string &specKey,
+                      const std::string &specValue) {
+    SourceLoc loc = spec.locationOf(specKey);
+    std::string at = loc.line ? ":" + std::to_string(loc.line) : "";
+    bool written = spec.locations.count(specKey) != 0;
+    error = target.configPath + ": '" + configField + "' is " + configValue +
+            " but " + spec.file + at + ": '" + specKey + "' is " + specValue +
+            (written ? "" : " (the default)");
+    return false;
+  };
+  auto str = [](int64_t v) { return std::to_string(v); };
+  auto yes = [](bool v) { return std::string(v ? "true" : "false"); };
+  if (target.hiddenSize != spec.targetHiddenSize)
+    return mismatch("hidden_size", str(target.hiddenSize),
+                    "target.hidden_size", str(spec.targetHiddenSize));
+  if (target.vocabSize != spec.vocabSize)
+    return mismatch("vocab_size", str(target.vocabSize), "target.vocab_size",
+                    str(spec.vocabSize));
+  if (target.numLayers != spec.targetNumLayers)
+    return mismatch("num_hidden_layers", str(target.numLayers),
+                    "target.num_layers", str(spec.targetNumLayers));
+  if (target.tieWordEmbeddings != spec.tieWordEmbeddings)
+    return mismatch("tie_word_embeddings", yes(target.tieWordEmbeddings),
+                    "target.tie_word_embeddings", yes(spec.tieWordEmbeddings));
+  return true;
+}
+
+std::string dflash::targetDirectory(const DrafterSpec &spec,
+                                    const std::string &commandLine) {
+  if (!commandLine.empty() || spec.targetPath.empty())
+    return commandLine;
+  if (llvm::sys::path::is_absolute(spec.targetPath))
+    return spec.targetPath;
+  llvm::SmallString<256> dir(llvm::sys::path::parent_path(spec.file));
+  llvm::sys::path::append(dir, spec.targetPath);
+  return dir.str().str();
+}

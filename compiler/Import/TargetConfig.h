@@ -1,0 +1,77 @@
+//===- TargetConfig.h - The online target's config.json ---------*- C++ -*-===//
+//
+// `dflashc SPEC --target DIR` (or the spec's `[target] path`) names the
+// target model's Hugging Face directory. Its config.json fixes the target's
+// forward, which the compiler builds in the dflash dialect: a dense Qwen3 or
+// Llama-3 decoder (causal GQA attention, RMSNorm, q/k norms where the model
+// has them, RoPE with Llama-3 rope scaling, SwiGLU). This header is what the
+// compiler reads from that file, checked on its own and against the drafter
+// spec; every error names the file(s) and the field. Both the transformers
+// 4 form (`rope_theta`, `rope_scaling`) and the 5 form (`rope_parameters`)
+// are read, and multimodal configs through `text_config`.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_COMPILER_IMPORT_TARGETCONFIG_H
+#define DFLASH_COMPILER_IMPORT_TARGETCONFIG_H
+
+#include "compiler/Spec/Spec.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace dflash {
+
+/// Llama-3's rope scaling (`rope_type = "llama3"`): inverse frequencies with
+/// wavelengths above original / lowFreqFactor are divided by factor, those
+/// below original / highFreqFactor kept, and the band between interpolated.
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double lowFreqFactor = 1.0;
+  double highFreqFactor = 4.0;
+  int64_t originalMaxPositions = 8192;
+};
+
+/// The target decoder the compiler builds, as read from config.json.
+struct TargetModelConfig {
+  std::string configPath; ///< DIR/config.json as given
+  std::string modelType;  ///< "qwen3" or "llama"
+  int64_t hiddenSize = 0;
+  int64_t intermediateSize = 0;
+  int64_t numLayers = 0;
+  int64_t numHeads = 0;
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;
+  int64_t vocabSize = 0;
+  double rmsNormEps = 1e-6;
+  double ropeTheta = 10000.0;
+  std::optional<Llama3RopeScaling> ropeScaling;
+  bool tieWordEmbeddings = false;
+  /// Qwen3 normalises each query and key head (RMSNorm over head_dim)
+  /// before RoPE; Llama does not.
+  bool qkNorm = false;
+
+  int64_t qDim() const { return numHeads * headDim; }
+  int64_t kvDim() const { return numKvHeads * headDim; }
+};
+
+/// Reads DIR/config.json. On failure returns nothing and sets `error` to
+/// "DIR/config.json: ..." naming the field.
+std::optional<TargetModelConfig> readTargetConfig(const std::string &dir,
+                                                  std::string &error);
+
+/// Checks the target against the drafter spec (hidden size, vocabulary,
+/// layer count and the taps, tying). On failure sets `error` to a message
+/// naming both files and the field of each, and returns false.
+bool checkTargetAgainstSpec(const TargetModelConfig &target,
+                            const DrafterSpec &spec, std::string &error);
+
+/// The target directory a compile uses: `--target` when given, else the
+/// spec's `[target] path` (relative to the spec's folder), else empty.
+std::string targetDirectory(const DrafterSpec &spec,
+                            const std::string &commandLine);
+
+} // namespace dflash
+
+#endif // DFLASH_COMPILER_IMPORT_TARGETCONFIG_H
