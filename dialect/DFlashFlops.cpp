@@ -34,6 +34,8 @@ int64_t RmsNormOp::getFlopCount() { return 4 * numElements(getInput()); }
 
 // Two multiplies and one add per element.
 int64_t RopeOp::getFlopCount() { return 3 * numElements(getInput()); }
+int64_t ScaledRopeOp::getFlopCount() { return 3 * numElements(getInput()); }
+int64_t ConcatLastOp::getFlopCount() { return 0; }
 
 // sigmoid (about 3), two multiplies.
 int64_t SwigluOp::getFlopCount() { return 5 * numElements(getGate()); }
@@ -120,4 +122,13 @@ int64_t LmHeadCeOp::getFlopCount() {
   auto w = cast<RankedTensorType>(getWeight().getType());
   int64_t rows = numElements(getLabels());
   return 2 * rows * w.getDimSize(0) * w.getDimSize(1);
+}
+
+// Every query sees its earlier keys (a row of one conversation; packed rows
+// see fewer): S (S + 1) / 2 pairs per row and head, 2d for the scores and
+// 2d for the values each.
+int64_t CausalAttentionOp::getFlopCount() {
+  auto q = cast<RankedTensorType>(getQuery().getType()).getShape();
+  int64_t pairs = q[1] * (q[1] + 1) / 2;
+  return q[0] * q[2] * pairs * 4 * q[3];
 }

@@ -343,6 +343,95 @@ LogicalResult BlockAttentionOp::verify() {
   return success();
 }
 
+LogicalResult ScaledRopeOp::verify() {
+  Operation *op = *this;
+  // scaled_rope C1
+  for (auto [name, v] :
+       {std::pair<StringRef, double>{"theta", getTheta().convertToDouble()},
+        {"factor", getFactor().convertToDouble()},
+        {"low_freq_factor", getLowFreqFactor().convertToDouble()},
+        {"high_freq_factor", getHighFreqFactor().convertToDouble()}})
+    if (!(v > 0))
+      return emitOpError() << "(C1) " << name << " is " << formatDouble(v)
+                           << " but must be positive";
+  if (getOriginalMaxPositions() <= 0)
+    return emitOpError() << "(C1) original_max_positions is "
+                         << getOriginalMaxPositions()
+                         << " but must be positive";
+  // scaled_rope C2
+  if (getHighFreqFactor().convertToDouble() <
+      getLowFreqFactor().convertToDouble())
+    return emitOpError() << "(C2) high_freq_factor must be at least "
+                            "low_freq_factor";
+  // scaled_rope C3-C5: as rope's C2-C5
+  if (failed(expectRank(op, "C3", "input", getInput(), 4)))
+    return failure();
+  auto x = tensorType(getInput()).getShape();
+  if (x[3] % 2 != 0)
+    return emitOpError() << "(C4) head dimension (" << x[3] << ") must be even";
+  if (failed(expectShape(op, "C5", "positions", getPositions(), {x[0], x[1]})))
+    return failure();
+  return expectSameType(op, "C5", "result", getResult(), "input", getInput());
+}
+
+LogicalResult CausalAttentionOp::verify() {
+  Operation *op = *this;
+  // causal_attention C1
+  if (failed(expectRank(op, "C1", "query", getQuery(), 4)) ||
+      failed(expectRank(op, "C1", "keys", getKeys(), 4)))
+    return failure();
+  auto q = tensorType(getQuery()).getShape();
+  auto k = tensorType(getKeys()).getShape();
+  // causal_attention C2
+  if (k[0] != q[0] || k[1] != q[1] || k[3] != q[3])
+    return emitOpError() << "(C2) keys " << shapeString(k)
+                         << " must have the rows, positions and head "
+                            "dimension of query "
+                         << shapeString(q);
+  if (failed(
+          expectSameType(op, "C2", "values", getValues(), "keys", getKeys())))
+    return failure();
+  // causal_attention C3
+  if (q[2] % k[2] != 0)
+    return emitOpError() << "(C3) query heads (" << q[2]
+                         << ") must be a multiple of key/value heads (" << k[2]
+                         << ")";
+  // causal_attention C4
+  if (failed(expectShape(op, "C4", "position_ids", getPositionIds(),
+                         {q[0], q[1]})))
+    return failure();
+  // causal_attention C5
+  return expectSameType(op, "C5", "result", getResult(), "query", getQuery());
+}
+
+LogicalResult ConcatLastOp::verify() {
+  // concat_last C1
+  if (getInputs().empty())
+    return emitOpError() << "(C1) needs at least one input";
+  auto first = tensorType(getInputs().front());
+  SmallVector<int64_t> shape(first.getShape());
+  if (shape.empty())
+    return emitOpError() << "(C1) inputs must have rank at least 1";
+  int64_t last = 0;
+  for (Value v : getInputs()) {
+    auto t = tensorType(v);
+    // concat_last C2
+    if (t.getElementType() != first.getElementType() ||
+        t.getRank() != first.getRank() ||
+        t.getShape().drop_back() != first.getShape().drop_back())
+      return emitOpError() << "(C2) every input must have the element type "
+                              "and leading dimensions of the first, "
+                           << shapeString(first.getShape());
+    last += t.getShape().back();
+  }
+  shape.back() = last;
+  // concat_last C3
+  auto result = tensorType(getResult());
+  if (result.getElementType() != first.getElementType())
+    return emitOpError() << "(C3) result must have the inputs' element type";
+  return expectShape(*this, "C3", "result", getResult(), shape);
+}
+
 LogicalResult SwigluOp::verify() {
   // swiglu C1
   if (failed(expectSameType(*this, "C1", "gate", getGate(), "up", getUp())) ||

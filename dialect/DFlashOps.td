@@ -237,6 +237,33 @@ def DFlash_RopeOp : DFlash_PureOp<"rope", [DFlash_Differentiable]> {
       "$input `,` $positions attr-dict `:` functional-type(operands, results)";
 }
 
+def DFlash_ScaledRopeOp : DFlash_PureOp<"scaled_rope"> {
+  let summary = "Rotary position embedding with Llama-3 frequency scaling";
+  let description = [{
+    `dflash.rope` with each `f_i` first rescaled as Llama-3 does: with the
+    wavelength `l = 2 pi / f_i`, `lo = original / low_freq_factor` and
+    `hi = original / high_freq_factor`, `f_i / factor` where `l > lo`, `f_i`
+    where `l < hi`, and between them `(1 - s) f_i / factor + s f_i` with
+    `s = (original / l - low_freq_factor) / (high_freq_factor -
+    low_freq_factor)`. A target decoder's (inference only).
+
+    ```mlir
+    %qr = dflash.scaled_rope %q, %pos {theta = 5.0e+05 : f64, factor = 8.0 : f64,
+        low_freq_factor = 1.0 : f64, high_freq_factor = 4.0 : f64,
+        original_max_positions = 8192 : i64}
+        : (tensor<2x3072x32x128xbf16>, tensor<2x3072xi32>)
+        -> tensor<2x3072x32x128xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input,
+                       DFlash_IndexTensor:$positions, F64Attr:$theta,
+                       F64Attr:$factor, F64Attr:$low_freq_factor,
+                       F64Attr:$high_freq_factor, I64Attr:$original_max_positions);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $positions attr-dict `:` functional-type(operands, results)";
+}
+
 def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention", [DFlash_Differentiable]> {
   let summary = "Block-prefix attention of draft blocks over the context";
   let description = [{
@@ -312,6 +339,53 @@ def DFlash_AddOp : DFlash_PureOp<"add", [DFlash_Differentiable]> {
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
       "$lhs `,` $rhs attr-dict `:` functional-type(operands, results)";
+}
+
+//===----------------------------------------------------------------------===//
+// The online target's forward (inference only)
+//===----------------------------------------------------------------------===//
+
+def DFlash_CausalAttentionOp : DFlash_PureOp<"causal_attention"> {
+  let summary = "Causal grouped attention of a target decoder over packed rows";
+  let description = [{
+    Query `i` of row `b` sees key `j` iff `j <= i` and
+    `position_ids[b, i] - position_ids[b, j] == i - j`: earlier tokens of its
+    own conversation when a row packs several (SEMANTICS.md section 9),
+    plain causal attention otherwise. Scale `d^-0.5`; query head `h` reads
+    key/value head `h / (nh / nkv)`; softmax in fp32.
+
+    ```mlir
+    %o = dflash.causal_attention %q, %k, %v, %pos
+        : (tensor<2x3072x32x128xbf16>, tensor<2x3072x8x128xbf16>,
+           tensor<2x3072x8x128xbf16>, tensor<2x3072xi32>)
+        -> tensor<2x3072x32x128xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$query, DFlash_FloatTensor:$keys,
+                       DFlash_FloatTensor:$values,
+                       DFlash_IndexTensor:$position_ids);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$query `,` $keys `,` $values `,` $position_ids attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_ConcatLastOp : DFlash_PureOp<"concat_last"> {
+  let summary = "Concatenation along the last dimension";
+  let description = [{
+    The target's tapped hidden states side by side, in operand order: the
+    drafter's `target_hidden` `[B, S, L*H]`.
+
+    ```mlir
+    %features = dflash.concat_last %t1, %t5
+        : (tensor<2x128x256xbf16>, tensor<2x128x256xbf16>)
+        -> tensor<2x128x512xbf16>
+    ```
+  }];
+  let arguments = (ins Variadic<DFlash_FloatTensor>:$inputs);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$inputs attr-dict `:` functional-type(operands, results)";
 }
 
 def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {

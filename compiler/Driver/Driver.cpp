@@ -14,6 +14,7 @@
 
 #include "compiler/Driver/Summary.h"
 #include "compiler/Import/ImportSpec.h"
+#include "compiler/Import/ImportTarget.h"
 #include "compiler/Import/TargetConfig.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Spec/Spec.h"
@@ -201,6 +202,18 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   if (auto buffer = llvm::MemoryBuffer::getFile(inputFile))
     sourceMgr.AddNewSourceBuffer(std::move(*buffer), llvm::SMLoc());
   mlir::SourceMgrDiagnosticHandler diagHandler(sourceMgr, &context);
+
+  if (program == Program::Target) {
+    mlir::OwningOpRef<mlir::ModuleOp> targetModule =
+        importTarget(context, *spec, *target);
+    if (!targetModule)
+      return fail("the target graph built from '" + target->configPath +
+                  "' does not verify");
+    targetModule->print(output->os());
+    output->os() << "\n";
+    output->keep();
+    return 0;
+  }
 
   mlir::OwningOpRef<mlir::ModuleOp> module = importSpec(context, *spec);
   if (!module)

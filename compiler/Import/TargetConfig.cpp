@@ -17,8 +17,8 @@ namespace {
 /// Reads fields of one config object, keeping the first error.
 class ConfigReader {
 public:
-  ConfigReader(const json::Object &object, std::string path,
-               std::string prefix, std::string &error)
+  ConfigReader(const json::Object &object, std::string path, std::string prefix,
+               std::string &error)
       : object(object), path(std::move(path)), prefix(std::move(prefix)),
         error(error) {}
 
@@ -218,7 +218,7 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
   }
   if (config.hiddenSize % config.numHeads != 0 && !root->get("head_dim")) {
     r.fail("head_dim", "is missing and 'hidden_size' is not a "
-                              "multiple of 'num_attention_heads'");
+                       "multiple of 'num_attention_heads'");
     return std::nullopt;
   }
   if (!r.positive("head_dim", config.headDim,
@@ -231,23 +231,22 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
 bool dflash::checkTargetAgainstSpec(const TargetModelConfig &target,
                                     const DrafterSpec &spec,
                                     std::string &error) {
-  auto mismatch = [&](const std::string &configField,
-                      const std::string &configValue,
-                      const std::string &specKey,
-                      const std::string &specValue) {
-    SourceLoc loc = spec.locationOf(specKey);
-    std::string at = loc.line ? ":" + std::to_string(loc.line) : "";
-    bool written = spec.locations.count(specKey) != 0;
-    error = target.configPath + ": '" + configField + "' is " + configValue +
-            " but " + spec.file + at + ": '" + specKey + "' is " + specValue +
-            (written ? "" : " (the default)");
-    return false;
-  };
+  auto mismatch =
+      [&](const std::string &configField, const std::string &configValue,
+          const std::string &specKey, const std::string &specValue) {
+        SourceLoc loc = spec.locationOf(specKey);
+        std::string at = loc.line ? ":" + std::to_string(loc.line) : "";
+        bool written = spec.locations.count(specKey) != 0;
+        error = target.configPath + ": '" + configField + "' is " +
+                configValue + " but " + spec.file + at + ": '" + specKey +
+                "' is " + specValue + (written ? "" : " (the default)");
+        return false;
+      };
   auto str = [](int64_t v) { return std::to_string(v); };
   auto yes = [](bool v) { return std::string(v ? "true" : "false"); };
   if (target.hiddenSize != spec.targetHiddenSize)
-    return mismatch("hidden_size", str(target.hiddenSize),
-                    "target.hidden_size", str(spec.targetHiddenSize));
+    return mismatch("hidden_size", str(target.hiddenSize), "target.hidden_size",
+                    str(spec.targetHiddenSize));
   if (target.vocabSize != spec.vocabSize)
     return mismatch("vocab_size", str(target.vocabSize), "target.vocab_size",
                     str(spec.vocabSize));

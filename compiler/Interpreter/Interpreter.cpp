@@ -268,6 +268,41 @@ LogicalResult Evaluator::evalForward(Operation *op) {
                           o.getTheta().convertToDouble());
         return success();
       })
+      .Case([&](ScaledRopeOp o) {
+        auto x = shapeOf(o.getInput());
+        ref::scaledRope<double>(
+            ptr(o.getInput()), asIndices(in(o.getPositions())).data(),
+            outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
+            o.getTheta().convertToDouble(), o.getFactor().convertToDouble(),
+            o.getLowFreqFactor().convertToDouble(),
+            o.getHighFreqFactor().convertToDouble(),
+            o.getOriginalMaxPositions());
+        return success();
+      })
+      .Case([&](CausalAttentionOp o) {
+        auto q = shapeOf(o.getQuery()), k = shapeOf(o.getKeys());
+        ref::causalAttention<double>(
+            ptr(o.getQuery()), ptr(o.getKeys()), ptr(o.getValues()),
+            asIndices(in(o.getPositionIds())).data(), outPtr(o.getResult()),
+            q[0], q[1], q[2], k[2], q[3]);
+        return success();
+      })
+      .Case([&](ConcatLastOp o) {
+        // Each input's rows side by side: result row r is the inputs' row r.
+        HostTensor &r = out(o.getResult());
+        const int64_t width = lastDim(o.getResult());
+        const int64_t rowCount = rows(o.getResult());
+        int64_t offset = 0;
+        for (Value v : o.getInputs()) {
+          const HostTensor &x = in(v);
+          const int64_t w = lastDim(v);
+          for (int64_t row = 0; row < rowCount; ++row)
+            std::copy_n(x.data.begin() + row * w, w,
+                        r.data.begin() + row * width + offset);
+          offset += w;
+        }
+        return success();
+      })
       .Case([&](BlockAttentionOp o) {
         ref::AttentionShape s =
             attentionShape(o.getQuery(), o.getContextKeys(), o.getAnchors(),

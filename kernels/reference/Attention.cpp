@@ -207,7 +207,57 @@ void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
   }
 }
 
+template <typename T>
+void causalAttention(const T *q, const T *k, const T *v, const int32_t *pos,
+                     T *out, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                     int64_t d) {
+  const int64_t group = nh / nkv;
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<double> scores(static_cast<size_t>(S)),
+      acc(static_cast<size_t>(d));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t h = 0; h < nh; ++h) {
+        const T *qi = q + ((b * S + i) * nh + h) * d;
+        const int64_t kvHead = h / group;
+        auto keyRow = [&](const T *base, int64_t j) {
+          return base + ((b * S + j) * nkv + kvHead) * d;
+        };
+        auto sees = [&](int64_t j) {
+          return pos[b * S + i] - pos[b * S + j] == i - j;
+        };
+        double best = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (!sees(j))
+            continue;
+          const T *kj = keyRow(k, j);
+          double dot = 0;
+          for (int64_t e = 0; e < d; ++e)
+            dot += double(qi[e]) * double(kj[e]);
+          scores[size_t(j)] = dot * scale;
+          best = std::max(best, scores[size_t(j)]);
+        }
+        double sum = 0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j <= i; ++j) {
+          if (!sees(j))
+            continue;
+          const double p = std::exp(scores[size_t(j)] - best);
+          sum += p;
+          const T *vj = keyRow(v, j);
+          for (int64_t e = 0; e < d; ++e)
+            acc[size_t(e)] += p * double(vj[e]);
+        }
+        T *o = out + ((b * S + i) * nh + h) * d;
+        for (int64_t e = 0; e < d; ++e)
+          o[e] = static_cast<T>(acc[size_t(e)] / sum);
+      }
+}
+
 #define DFLASH_INSTANTIATE_ATTENTION(T)                                        \
+  template void causalAttention<T>(const T *, const T *, const T *,            \
+                                   const int32_t *, T *, int64_t, int64_t,     \
+                                   int64_t, int64_t, int64_t);                 \
   template void blockAttention<T>(                                             \
       const T *, const T *, const T *, const T *, const T *, const int32_t *,  \
       const uint8_t *, const int32_t *, T *, T *, const AttentionShape &);     \

@@ -139,15 +139,21 @@ void rmsNormGrad(const T *dy, const T *x, const T *w, T *dx, T *dw,
 /// 1, the forward) or -angle (direction -1, the gradient, since the rotation
 /// is orthogonal). The frequencies and angles are fp32 as in the Hugging Face
 /// rotary embedding; only cos and sin run in the precision of T.
-template <typename T>
-static void rotateHalf(const T *x, const int32_t *pos, T *y, int64_t rows,
-                       int64_t heads, int64_t d, double theta, int direction) {
-  const int64_t half = d / 2;
-  std::vector<float> invFreq(half);
-  for (int64_t i = 0; i < half; ++i)
-    invFreq[i] =
+/// inv_i = 1 / theta^(2i/d) in fp32, i < d/2.
+static std::vector<float> ropeInverseFrequencies(int64_t d, double theta) {
+  std::vector<float> invFreq(size_t(d / 2));
+  for (int64_t i = 0; i < d / 2; ++i)
+    invFreq[size_t(i)] =
         1.0f / ::powf(static_cast<float>(theta),
                       static_cast<float>(2 * i) / static_cast<float>(d));
+  return invFreq;
+}
+
+template <typename T>
+static void rotateHalf(const T *x, const int32_t *pos, T *y, int64_t rows,
+                       int64_t heads, int64_t d,
+                       const std::vector<float> &invFreq, int direction) {
+  const int64_t half = d / 2;
   std::vector<double> cosines(half), sines(half);
   for (int64_t r = 0; r < rows; ++r) {
     const float position = static_cast<float>(pos[r]);
@@ -171,13 +177,36 @@ static void rotateHalf(const T *x, const int32_t *pos, T *y, int64_t rows,
 template <typename T>
 void rope(const T *x, const int32_t *pos, T *y, int64_t rows, int64_t heads,
           int64_t d, double theta) {
-  rotateHalf(x, pos, y, rows, heads, d, theta, 1);
+  rotateHalf(x, pos, y, rows, heads, d, ropeInverseFrequencies(d, theta), 1);
+}
+
+template <typename T>
+void scaledRope(const T *x, const int32_t *pos, T *y, int64_t rows,
+                int64_t heads, int64_t d, double theta, double factor,
+                double lowFreqFactor, double highFreqFactor,
+                int64_t originalMaxPositions) {
+  std::vector<float> invFreq = ropeInverseFrequencies(d, theta);
+  const double original = double(originalMaxPositions);
+  const double lowWavelength = original / lowFreqFactor;
+  const double highWavelength = original / highFreqFactor;
+  for (float &f : invFreq) {
+    const double wavelength = 2.0 * 3.14159265358979323846 / f;
+    if (wavelength > lowWavelength) {
+      f = static_cast<float>(f / factor);
+    } else if (wavelength >= highWavelength &&
+               highFreqFactor != lowFreqFactor) {
+      const double smooth = (original / wavelength - lowFreqFactor) /
+                            (highFreqFactor - lowFreqFactor);
+      f = static_cast<float>((1.0 - smooth) * f / factor + smooth * f);
+    }
+  }
+  rotateHalf(x, pos, y, rows, heads, d, invFreq, 1);
 }
 
 template <typename T>
 void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
               int64_t heads, int64_t d, double theta) {
-  rotateHalf(dy, pos, dx, rows, heads, d, theta, -1);
+  rotateHalf(dy, pos, dx, rows, heads, d, ropeInverseFrequencies(d, theta), -1);
 }
 
 /// 1 / (1 + e^-z); e^-z overflowing to infinity gives the right limit 0.
@@ -217,6 +246,9 @@ void swigluGrad(const T *dy, const T *g, const T *u, T *dg, T *du, int64_t n) {
                         int64_t, double);                                      \
   template void ropeGrad<T>(const T *, const int32_t *, T *, int64_t, int64_t, \
                             int64_t, double);                                  \
+  template void scaledRope<T>(const T *, const int32_t *, T *, int64_t,        \
+                              int64_t, int64_t, double, double, double,        \
+                              double, int64_t);                                \
   template void swiglu<T>(const T *, const T *, T *, int64_t);                 \
   template void swigluGrad<T>(const T *, const T *, const T *, T *, T *,       \
                               int64_t);

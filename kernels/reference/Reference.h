@@ -84,6 +84,16 @@ void rmsNormGrad(const T *dy, const T *x, const T *w, T *dx, T *dw,
 template <typename T>
 void rope(const T *x, const int32_t *pos, T *y, int64_t rows, int64_t heads,
           int64_t d, double theta);
+/// rope with Llama-3's frequency scaling (a target decoder's): inv_i with a
+/// wavelength 2 pi / inv_i above original / lowFreqFactor divided by
+/// factor, below original / highFreqFactor kept, and between them
+/// (1 - s) inv_i / factor + s inv_i, s = (original / wavelength -
+/// lowFreqFactor) / (highFreqFactor - lowFreqFactor).
+template <typename T>
+void scaledRope(const T *x, const int32_t *pos, T *y, int64_t rows,
+                int64_t heads, int64_t d, double theta, double factor,
+                double lowFreqFactor, double highFreqFactor,
+                int64_t originalMaxPositions);
 /// dx of rope (the rotation by the opposite angle).
 template <typename T>
 void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
@@ -119,6 +129,17 @@ void blockAttention(const T *q, const T *contextKeys, const T *contextValues,
                     const int32_t *anchors, const uint8_t *keep,
                     const int32_t *positionIds, T *out, T *lse,
                     const AttentionShape &shape);
+
+/// A target decoder's attention (inference only): q [B, S, nh, d] and k, v
+/// [B, S, nkv, d]; query i of row b, head h reads kv head h / (nh/nkv) and
+/// sees key j iff j <= i and pos[b, i] - pos[b, j] == i - j (earlier tokens
+/// of its own conversation in a packed row). Scale d^-0.5, keys summed in
+/// ascending order, so a conversation's outputs do not depend on what else
+/// its row holds. out [B, S, nh, d].
+template <typename T>
+void causalAttention(const T *q, const T *k, const T *v, const int32_t *pos,
+                     T *out, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                     int64_t d);
 
 /// Gradients of blockAttention given dOut and the forward's out and lse.
 /// dContextKeys/Values sum the contributions of every block that sees them.

@@ -1,0 +1,194 @@
+//===- ImportTarget.cpp - The online target's forward graph ---------------===//
+//
+// Writes the target decoder of config.json as `func.func @target`: the
+// token embedding, then each decoder layer up to the last tapped one
+// (pre-norm causal GQA attention with q/k norms where the model has them
+// and RoPE, optionally Llama-3-scaled; pre-norm SwiGLU MLP; residual adds),
+// returning the residual stream after each tapped layer side by side: the
+// step's `target_hidden` [B, S, L*H] (SEMANTICS.md section 1). Weights are
+// frozen arguments named as in the Hugging Face checkpoint.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Import/ImportTarget.h"
+
+#include "dialect/DFlashOps.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/Verifier.h"
+
+#include <algorithm>
+
+using namespace mlir;
+using namespace mlir::dflash;
+
+namespace {
+
+class TargetGraphBuilder {
+public:
+  TargetGraphBuilder(MLIRContext &ctx, const ::dflash::DrafterSpec &spec,
+                     const ::dflash::TargetModelConfig &target)
+      : ctx(ctx), spec(spec), target(target), b(&ctx) {}
+
+  OwningOpRef<ModuleOp> build();
+
+private:
+  MLIRContext &ctx;
+  const ::dflash::DrafterSpec &spec;
+  const ::dflash::TargetModelConfig &target;
+  OpBuilder b;
+  SmallVector<Type> argTypes;
+  SmallVector<Attribute> argAttrs;
+  SmallVector<Location> argLocs;
+
+  Type bf16() { return b.getBF16Type(); }
+  RankedTensorType t(ArrayRef<int64_t> shape, Type elt) {
+    return RankedTensorType::get(shape, elt);
+  }
+  /// Ops of a checkpoint tensor group carry its name over config.json.
+  Location loc(StringRef name) {
+    return NameLoc::get(StringAttr::get(&ctx, name),
+                        FileLineColLoc::get(&ctx, target.configPath, 0, 0));
+  }
+  unsigned addArg(Type type, ArgRole role, StringRef name) {
+    argTypes.push_back(type);
+    argAttrs.push_back(ArgAttr::get(&ctx, role, name));
+    argLocs.push_back(loc(name));
+    return argTypes.size() - 1;
+  }
+
+  Value linear(Value x, Value w, Location l) {
+    auto xt = cast<RankedTensorType>(x.getType());
+    auto wt = cast<RankedTensorType>(w.getType());
+    SmallVector<int64_t> shape(xt.getShape().drop_back());
+    shape.push_back(wt.getDimSize(0));
+    return LinearOp::create(b, l, t(shape, xt.getElementType()), x, w);
+  }
+  Value rmsNorm(Value x, Value w, Location l) {
+    return RmsNormOp::create(b, l, x.getType(), x, w,
+                             b.getF64FloatAttr(target.rmsNormEps));
+  }
+  Value reshape(Value x, ArrayRef<int64_t> shape, Location l) {
+    auto xt = cast<RankedTensorType>(x.getType());
+    return ReshapeOp::create(b, l, t(shape, xt.getElementType()), x);
+  }
+  Value rope(Value x, Value positions, Location l) {
+    if (!target.ropeScaling)
+      return RopeOp::create(b, l, x.getType(), x, positions,
+                            b.getF64FloatAttr(target.ropeTheta));
+    const ::dflash::Llama3RopeScaling &s = *target.ropeScaling;
+    return ScaledRopeOp::create(
+        b, l, x.getType(), x, positions, b.getF64FloatAttr(target.ropeTheta),
+        b.getF64FloatAttr(s.factor), b.getF64FloatAttr(s.lowFreqFactor),
+        b.getF64FloatAttr(s.highFreqFactor),
+        b.getI64IntegerAttr(s.originalMaxPositions));
+  }
+};
+
+OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
+  const int64_t B = spec.rowsPerGpu, S = spec.seqLen;
+  const int64_t H = target.hiddenSize, I = target.intermediateSize;
+  const int64_t nh = target.numHeads, nkv = target.numKvHeads;
+  const int64_t d = target.headDim, V = target.vocabSize;
+  const int64_t lastTap = spec.targetLayerIds.back();
+  Type i32 = b.getI32Type();
+
+  Location moduleLoc = loc(spec.name + "-target");
+  OwningOpRef<ModuleOp> module =
+      ModuleOp::create(moduleLoc, spec.name + "-target");
+
+  unsigned aIds = addArg(t({B, S}, i32), ArgRole::Input, "input_ids");
+  unsigned aPositions = addArg(t({B, S}, i32), ArgRole::Input, "position_ids");
+  unsigned aEmbed =
+      addArg(t({V, H}, bf16()), ArgRole::Frozen, "model.embed_tokens.weight");
+  struct LayerArgs {
+    unsigned inputNorm, q, k, v, o, qNorm, kNorm, postNorm, gate, up, down;
+  };
+  SmallVector<LayerArgs> layers;
+  for (int64_t i = 0; i <= lastTap; ++i) {
+    std::string p = "model.layers." + std::to_string(i) + ".";
+    LayerArgs a{};
+    auto frozen = [&](ArrayRef<int64_t> shape, const std::string &name) {
+      return addArg(t(shape, bf16()), ArgRole::Frozen, p + name + ".weight");
+    };
+    a.inputNorm = frozen({H}, "input_layernorm");
+    a.q = frozen({nh * d, H}, "self_attn.q_proj");
+    a.k = frozen({nkv * d, H}, "self_attn.k_proj");
+    a.v = frozen({nkv * d, H}, "self_attn.v_proj");
+    a.o = frozen({H, nh * d}, "self_attn.o_proj");
+    if (target.qkNorm) {
+      a.qNorm = frozen({d}, "self_attn.q_norm");
+      a.kNorm = frozen({d}, "self_attn.k_norm");
+    }
+    a.postNorm = frozen({H}, "post_attention_layernorm");
+    a.gate = frozen({I, H}, "mlp.gate_proj");
+    a.up = frozen({I, H}, "mlp.up_proj");
+    a.down = frozen({H, I}, "mlp.down_proj");
+    layers.push_back(a);
+  }
+
+  const int64_t L = spec.numTaps();
+  Type resultType = t({B, S, L * H}, bf16());
+  b.setInsertionPointToEnd(module->getBody());
+  auto func = func::FuncOp::create(b, moduleLoc, "target",
+                                   b.getFunctionType(argTypes, {resultType}));
+  for (unsigned i = 0; i < argAttrs.size(); ++i)
+    func.setArgAttr(i, kArgAttrName, argAttrs[i]);
+  // The result is what the drafter's step reads as its input.
+  func.setResultAttr(0, kArgAttrName,
+                     ArgAttr::get(&ctx, ArgRole::Input, "target_hidden"));
+  Block *entry = func.addEntryBlock();
+  for (unsigned i = 0; i < argLocs.size(); ++i)
+    entry->getArgument(i).setLoc(argLocs[i]);
+  b.setInsertionPointToStart(entry);
+  auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
+  Value positions = arg(aPositions);
+
+  Value x = EmbedOp::create(b, loc("model.embed_tokens"), t({B, S, H}, bf16()),
+                            arg(aEmbed), arg(aIds));
+  SmallVector<Value> taps;
+  for (int64_t i = 0; i <= lastTap; ++i) {
+    const LayerArgs &a = layers[size_t(i)];
+    std::string p = "model.layers." + std::to_string(i);
+    Location attn = loc(p + ".self_attn"), mlp = loc(p + ".mlp");
+    Value h = rmsNorm(x, arg(a.inputNorm), loc(p + ".input_layernorm"));
+    auto heads = [&](unsigned w, int64_t n, unsigned norm) {
+      Value y = reshape(linear(h, arg(w), attn), {B, S, n, d}, attn);
+      if (target.qkNorm)
+        y = rmsNorm(y, arg(norm), attn);
+      return y;
+    };
+    Value q = rope(heads(a.q, nh, a.qNorm), positions, attn);
+    Value k = rope(heads(a.k, nkv, a.kNorm), positions, attn);
+    Value v = reshape(linear(h, arg(a.v), attn), {B, S, nkv, d}, attn);
+    Value o = CausalAttentionOp::create(b, attn, q.getType(), q, k, v,
+                                        positions);
+    x = AddOp::create(
+        b, attn, x.getType(), x,
+        linear(reshape(o, {B, S, nh * d}, attn), arg(a.o), attn));
+    Value h2 = rmsNorm(x, arg(a.postNorm), loc(p + ".post_attention_layernorm"));
+    Value gate = linear(h2, arg(a.gate), mlp), up = linear(h2, arg(a.up), mlp);
+    Value act = SwigluOp::create(b, mlp, gate.getType(), gate, up);
+    x = AddOp::create(b, mlp, x.getType(), x, linear(act, arg(a.down), mlp));
+    if (std::find(spec.targetLayerIds.begin(), spec.targetLayerIds.end(), i) !=
+        spec.targetLayerIds.end())
+      taps.push_back(x);
+  }
+  Value features =
+      ConcatLastOp::create(b, loc("taps"), resultType, ValueRange(taps));
+  func::ReturnOp::create(b, loc("taps"), features);
+  if (failed(verify(*module)))
+    return nullptr;
+  return module;
+}
+
+} // namespace
+
+namespace dflash {
+OwningOpRef<ModuleOp> importTarget(MLIRContext &context,
+                                   const DrafterSpec &spec,
+                                   const TargetModelConfig &target) {
+  context.loadDialect<DFlashDialect, func::FuncDialect>();
+  return TargetGraphBuilder(context, spec, target).build();
+}
+} // namespace dflash
