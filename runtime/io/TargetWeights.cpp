@@ -56,15 +56,18 @@ static Status findFirst(ShardedSafetensors &tensors,
   return Status::success();
 }
 
+/// Copies `view` as bf16 (F32 rounded) after checking it has `expected`'s
+/// shape; `needer` says who needs it ("the spec").
 static Status copyAsBf16(ShardedSafetensors &tensors, const TensorView &view,
-                         int64_t V, int64_t H, std::vector<uint16_t> &out) {
+                         const std::vector<int64_t> &expected,
+                         const std::string &needer,
+                         std::vector<uint16_t> &out) {
   std::string where = tensors.directory() + "/" + tensors.fileOf(view.name) +
                       ": tensor '" + view.name + "'";
-  std::vector<int64_t> expected{V, H};
   if (view.shape != expected)
     return Status::error(where + " has shape " + shapeString(view.shape) +
-                         " but the spec needs " + shapeString(expected));
-  size_t count = size_t(V) * size_t(H);
+                         " but " + needer + " needs " + shapeString(expected));
+  size_t count = size_t(shapeNumel(expected));
   out.resize(count);
   if (view.dtype == DType::BF16) {
     std::memcpy(out.data(), view.data, count * sizeof(uint16_t));
@@ -141,10 +144,33 @@ Status dflash::rt::loadTargetWeights(const std::string &dir,
   weights.vocabSize = config.vocabSize;
   weights.hiddenSize = config.targetHiddenSize;
   weights.tied = tied;
-  status = copyAsBf16(tensors, *embed, config.vocabSize,
-                      config.targetHiddenSize, weights.embed);
+  const std::vector<int64_t> table{config.vocabSize, config.targetHiddenSize};
+  status = copyAsBf16(tensors, *embed, table, "the spec", weights.embed);
   if (status.ok() && !tied)
-    status = copyAsBf16(tensors, *lmHead, config.vocabSize,
-                        config.targetHiddenSize, weights.lmHead);
+    status = copyAsBf16(tensors, *lmHead, table, "the spec", weights.lmHead);
   return status;
+}
+
+Status dflash::rt::loadFrozenTensors(const std::string &dir,
+                                     const std::vector<FrozenTensor> &wanted,
+                                     const std::string &needer,
+                                     std::vector<std::vector<uint16_t>> &out) {
+  ShardedSafetensors tensors;
+  Status status = tensors.open(dir);
+  if (!status.ok())
+    return status;
+  out.assign(wanted.size(), {});
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const TensorView *view = nullptr;
+    status = tensors.find(wanted[i].name, view);
+    if (!status.ok())
+      return status;
+    if (!view)
+      return Status::error(dir + ": has no tensor '" + wanted[i].name +
+                           "', which " + needer + " needs");
+    status = copyAsBf16(tensors, *view, wanted[i].shape, needer, out[i]);
+    if (!status.ok())
+      return status;
+  }
+  return Status::success();
 }

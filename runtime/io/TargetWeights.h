@@ -43,6 +43,24 @@ struct TargetWeights {
 Status loadTargetWeights(const std::string &dir, const ModelConfig &config,
                          TargetWeights &weights);
 
+/// A frozen tensor a compiled program reads from the target's checkpoint:
+/// its Hugging Face name and shape.
+struct FrozenTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+/// Loads `wanted` from the target's Hugging Face directory `dir` (sharded
+/// through model.safetensors.index.json, or one model.safetensors) as bf16,
+/// F32 rounded, out[i] for wanted[i]. Errors name the directory or the shard
+/// and the tensor: a tensor the model lacks, a wrong shape or dtype, an index
+/// that points to a missing or broken shard. `needer` completes them ("the
+/// target program").
+Status loadFrozenTensors(const std::string &dir,
+                         const std::vector<FrozenTensor> &wanted,
+                         const std::string &needer,
+                         std::vector<std::vector<uint16_t>> &out);
+
 } // namespace dflash::rt
 
 #endif // DFLASH_RUNTIME_TARGETWEIGHTS_H

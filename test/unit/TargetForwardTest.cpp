@@ -110,7 +110,8 @@ protected:
 };
 
 TEST_P(TargetForward, PackedConversationsAreIndependent) {
-  const int64_t S = spec.seqLen, a = 50, width = spec.numTaps() * spec.hiddenSize;
+  const int64_t S = spec.seqLen, a = 50,
+                width = spec.numTaps() * spec.hiddenSize;
   ASSERT_EQ(spec.rowsPerGpu, 2);
   std::mt19937_64 rng(11);
   std::uniform_int_distribution<int32_t> token(0, int32_t(spec.vocabSize - 1));
@@ -134,7 +135,9 @@ TEST_P(TargetForward, PackedConversationsAreIndependent) {
   append(A);
   std::vector<double> f = run(ids, pos);
   ASSERT_EQ(int64_t(f.size()), 2 * S * width);
-  auto feature = [&](int64_t row, int64_t t) { return &f[(row * S + t) * width]; };
+  auto feature = [&](int64_t row, int64_t t) {
+    return &f[(row * S + t) * width];
+  };
   int64_t differ = 0;
   for (int64_t t = 0; t < a; ++t) // A: row 0 at t, row 1 at S - a + t
     for (int64_t e = 0; e < width; ++e)
@@ -185,7 +188,8 @@ TEST_P(TargetForward, LaterTokensDoNotReachEarlierFeatures) {
     ASSERT_EQ(before[size_t(i)], after[size_t(i)]);
 }
 
-INSTANTIATE_TEST_SUITE_P(Decoders, TargetForward, ::testing::Values(false, true),
+INSTANTIATE_TEST_SUITE_P(Decoders, TargetForward,
+                         ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool> &info) {
                            return info.param ? "Llama3Scaled" : "Qwen3";
                          });

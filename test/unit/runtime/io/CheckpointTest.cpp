@@ -639,6 +639,80 @@ TEST(RuntimeTargetWeights, ShardedF32AndTied) {
   EXPECT_TRUE(loadTargetWeights(dir.path, c, weights).ok());
 }
 
+// A compiled program's frozen tensors by Hugging Face name, through a
+// sharded index: bf16 and F32 (rounded) shards, and each refusal naming the
+// directory or shard and the tensor.
+TEST(RuntimeTargetWeights, FrozenTensorsByName) {
+  TempDir dir;
+  std::vector<float> up(6);
+  for (size_t i = 0; i < up.size(); ++i)
+    up[i] = 0.25f * float(i) - 0.3f;
+  std::vector<uint16_t> norm{floatToBf16(1.5f), floatToBf16(-2.0f)};
+  std::vector<int32_t> ints(2, 7);
+  const std::string first = "model-00001-of-00002.safetensors",
+                    second = "model-00002-of-00002.safetensors";
+  ASSERT_TRUE(
+      writeSafetensors(
+          dir / first,
+          {{"model.layers.0.mlp.up_proj.weight", DType::F32, {3, 2}, up.data()},
+           {"model.layers.0.count", DType::I32, {2}, ints.data()}})
+          .ok());
+  ASSERT_TRUE(
+      writeSafetensors(dir / second, {{"model.layers.0.input_layernorm.weight",
+                                       DType::BF16,
+                                       {2},
+                                       norm.data()}})
+          .ok());
+  auto index = [&](const std::string &secondFile) {
+    writeText(dir / "model.safetensors.index.json",
+              R"({"weight_map": {"model.layers.0.mlp.up_proj.weight": ")" +
+                  first + R"(", "model.layers.0.count": ")" + first +
+                  R"(", "model.layers.0.input_layernorm.weight": ")" +
+                  secondFile + R"("}})");
+  };
+  index(second);
+  const std::string needer = "the target program";
+  std::vector<std::vector<uint16_t>> out;
+  Status status =
+      loadFrozenTensors(dir.path,
+                        {{"model.layers.0.input_layernorm.weight", {2}},
+                         {"model.layers.0.mlp.up_proj.weight", {3, 2}}},
+                        needer, out);
+  ASSERT_TRUE(status.ok()) << status.message();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0], norm);
+  ASSERT_EQ(out[1].size(), up.size());
+  for (size_t i = 0; i < up.size(); ++i)
+    EXPECT_EQ(out[1][i], floatToBf16(up[i])) << i;
+
+  EXPECT_EQ(loadFrozenTensors(dir.path,
+                              {{"model.layers.0.mlp.down_proj.weight", {2, 3}}},
+                              needer, out)
+                .message(),
+            dir.path + ": has no tensor 'model.layers.0.mlp.down_proj.weight', "
+                       "which the target program needs");
+  EXPECT_EQ(loadFrozenTensors(dir.path,
+                              {{"model.layers.0.mlp.up_proj.weight", {2, 3}}},
+                              needer, out)
+                .message(),
+            dir / first +
+                ": tensor 'model.layers.0.mlp.up_proj.weight' has shape "
+                "[3, 2] but the target program needs [2, 3]");
+  status =
+      loadFrozenTensors(dir.path, {{"model.layers.0.count", {2}}}, needer, out);
+  EXPECT_EQ(status.message(), dir / first +
+                                  ": tensor 'model.layers.0.count' has dtype "
+                                  "I32 but BF16 or F32 is needed");
+  // The index names a shard that is not there.
+  index("model-00003-of-00002.safetensors");
+  status = loadFrozenTensors(
+      dir.path, {{"model.layers.0.input_layernorm.weight", {2}}}, needer, out);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("model-00003-of-00002.safetensors"),
+            std::string::npos)
+      << status.message();
+}
+
 TEST(RuntimeTargetWeights, RejectsMismatches) {
   TempDir dir;
   ModelConfig c = testConfig();
