@@ -161,12 +161,12 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     Value q = rope(heads(a.q, nh, a.qNorm), positions, attn);
     Value k = rope(heads(a.k, nkv, a.kNorm), positions, attn);
     Value v = reshape(linear(h, arg(a.v), attn), {B, S, nkv, d}, attn);
-    Value o = CausalAttentionOp::create(b, attn, q.getType(), q, k, v,
-                                        positions);
-    x = AddOp::create(
-        b, attn, x.getType(), x,
-        linear(reshape(o, {B, S, nh * d}, attn), arg(a.o), attn));
-    Value h2 = rmsNorm(x, arg(a.postNorm), loc(p + ".post_attention_layernorm"));
+    Value o =
+        CausalAttentionOp::create(b, attn, q.getType(), q, k, v, positions);
+    x = AddOp::create(b, attn, x.getType(), x,
+                      linear(reshape(o, {B, S, nh * d}, attn), arg(a.o), attn));
+    Value h2 =
+        rmsNorm(x, arg(a.postNorm), loc(p + ".post_attention_layernorm"));
     Value gate = linear(h2, arg(a.gate), mlp), up = linear(h2, arg(a.up), mlp);
     Value act = SwigluOp::create(b, mlp, gate.getType(), gate, up);
     x = AddOp::create(b, mlp, x.getType(), x, linear(act, arg(a.down), mlp));
