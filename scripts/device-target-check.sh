@@ -23,7 +23,7 @@ if [[ ${1:-} == --prepare ]]; then
     rm -rf "$D/$kind" && mkdir -p "$D/$kind"
     /usr/bin/python3 test/Reference/target_oracle.py make "$kind" "$D/$kind"
     "${BUILD:-build-rt}/bin/dflash-target-features" "$spec" --target "$D/$kind" \
-      --rows "$D/$kind/rows.safetensors" --precision=exact -o "$D/$kind/features.safetensors"
+      --rows "$D/$kind/tokens.safetensors" --precision=exact -o "$D/$kind/features.safetensors"
   done
   exit 0
 fi
@@ -39,8 +39,8 @@ ok = True
 for kind in ["qwen3", "llama"]:
     d = "%s/%s" % (sys.argv[1], kind)
     model = AutoModelForCausalLM.from_pretrained(d).float().eval()
-    rows = load_file(d + "/rows.safetensors")
-    got = load_file(d + "/features.safetensors")["target_hidden"].float()
+    rows = load_file(d + "/tokens.safetensors")
+    got = load_file(d + "/features.safetensors")["hidden_states"].float()
     ids, pos = rows["input_ids"].long(), rows["position_ids"].long()
     worst = 0.0
     for b in range(ids.shape[0]):

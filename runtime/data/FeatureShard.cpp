@@ -116,7 +116,7 @@ static Status checkFlags(const SafetensorsFile &shard, const TensorView &view,
 
 Status dflash::rt::validateFeatureShard(const SafetensorsFile &shard,
                                         const ModelConfig &config,
-                                        int64_t &rows) {
+                                        int64_t &rows, ShardContents needs) {
   Status status = checkMetadata(shard, config);
   if (!status.ok())
     return status;
@@ -135,7 +135,8 @@ Status dflash::rt::validateFeatureShard(const SafetensorsFile &shard,
   status = shard.require("input_ids", DType::I32, {R, S}, ids);
   if (status.ok())
     status = shard.require("loss_mask", DType::U8, {R, S}, mask);
-  if (status.ok())
+  if (status.ok() &&
+      (needs == ShardContents::Features || shard.find("hidden_states")))
     status = shard.require("hidden_states", DType::BF16,
                            {R, S, config.contextWidth()}, hidden);
   if (!status.ok())
@@ -225,7 +226,8 @@ Status dflash::rt::validateFeatureShard(const SafetensorsFile &shard,
 }
 
 Status FeatureShardReader::open(const std::string &path,
-                                const ModelConfig &modelConfig) {
+                                const ModelConfig &modelConfig,
+                                ShardContents needs) {
   config = modelConfig;
   shards.clear();
   rowIndex.clear();
@@ -257,7 +259,7 @@ Status FeatureShardReader::open(const std::string &path,
     status = shard.open(shardPath);
     int64_t rows = 0;
     if (status.ok())
-      status = validateFeatureShard(shard, config, rows);
+      status = validateFeatureShard(shard, config, rows, needs);
     if (!status.ok())
       return status;
     bool hasAnchors = shard.find("anchors") != nullptr;
@@ -306,7 +308,7 @@ Status FeatureShardReader::readRow(int64_t index, const RowBuffers &out) const {
                 size_t(S) * 4);
   if (out.lossMask)
     std::memcpy(out.lossMask, shard.find("loss_mask")->data + r * S, size_t(S));
-  if (out.hiddenStates)
+  if (out.hiddenStates && shard.find("hidden_states"))
     std::memcpy(out.hiddenStates,
                 shard.find("hidden_states")->data + r * S * LH * 2,
                 size_t(S * LH) * 2);

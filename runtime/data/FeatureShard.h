@@ -28,18 +28,27 @@ namespace dflash::rt {
 std::map<std::string, std::string>
 featureShardMetadata(const ModelConfig &config);
 
+/// What a reader needs of each shard: the target's features, or only the
+/// token rows (an online target computes the features).
+enum class ShardContents { Features, Tokens };
+
 /// Checks one opened shard against `config`: metadata fields, tensor dtypes
 /// and shapes, token ids inside the vocabulary, flags 0 or 1, pinned anchors
-/// inside [0, S-2]. Sets `rows` to R.
+/// inside [0, S-2]. With ShardContents::Tokens, hidden_states may be absent
+/// (it is checked where present). Sets `rows` to R.
 Status validateFeatureShard(const SafetensorsFile &shard,
-                            const ModelConfig &config, int64_t &rows);
+                            const ModelConfig &config, int64_t &rows,
+                            ShardContents needs = ShardContents::Features);
 
 class FeatureShardReader : public RowSource {
 public:
   /// Opens `path`: a directory (every `*.safetensors` in it, sorted by name)
   /// or a single shard file. Every shard must validate, and either all or
   /// none have pinned anchors.
-  Status open(const std::string &path, const ModelConfig &config);
+  /// With ShardContents::Tokens, token shards (no hidden_states) are read
+  /// too, and readRow leaves hiddenStates as it is for them.
+  Status open(const std::string &path, const ModelConfig &config,
+              ShardContents needs = ShardContents::Features);
 
   int64_t numRows() const override { return int64_t(rowIndex.size()); }
   bool hasPinnedAnchors() const override { return pinned; }

@@ -4,15 +4,18 @@
   target_oracle.py make KIND DIR [DROP]
                                    writes DIR/config.json, DIR/model.safetensors
                                    (random weights, bf16-exact values stored
-                                   as F32) and DIR/rows.safetensors (two rows
-                                   of 12 tokens: row 0 packs a conversation of
-                                   5 and one of 7, row 1 is one conversation)
+                                   as F32) and DIR/tokens.safetensors, a token
+                                   shard of the spec Inputs/small-online.toml
+                                   (two rows of 12 tokens: row 0 packs a
+                                   conversation of 5 and one of 7, row 1 is
+                                   one conversation)
                                    for KIND qwen3 (q/k norms) or llama
                                    (Llama-3 rope scaling, no q/k norms);
                                    DROP: a tensor left out of the checkpoint
   target_oracle.py check DIR OUT   recomputes target_hidden from those files
-                                   in float64 and compares it with OUT
-                                   (dflash-target-features' output)
+                                   in float64 and compares it with OUT's
+                                   hidden_states (dflash-target-features'
+                                   feature shard)
 
 The math follows the Hugging Face decoders (Qwen3, Llama): pre-norm layers,
 RMSNorm, rotate-half RoPE, grouped causal attention restricted to each
@@ -55,8 +58,10 @@ def bf16_exact(x):
     return bits.astype(np.uint32).view(np.float32)
 
 
-def write_safetensors(path, tensors):
+def write_safetensors(path, tensors, metadata=None):
     header, blobs, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
     for name, (dtype, array) in tensors.items():
         data = np.ascontiguousarray(array).tobytes()
         header[name] = {"dtype": dtype, "shape": list(array.shape),
@@ -83,6 +88,7 @@ def read_safetensors(path):
             continue
         begin, end = entry["data_offsets"]
         raw = np.frombuffer(data[begin:end], dtype={"F32": np.float32, "I32": np.int32,
+                                                    "U8": np.uint8,
                                                     "BF16": np.uint16}[entry["dtype"]])
         if entry["dtype"] == "BF16":
             raw = (raw.astype(np.uint32) << 16).view(np.float32)
@@ -94,7 +100,11 @@ def weight_shapes(config):
     H, I = config["hidden_size"], config["intermediate_size"]
     nh, nkv = config["num_attention_heads"], config["num_key_value_heads"]
     d = config.get("head_dim", H // nh)
-    shapes = {"model.embed_tokens.weight": (config["vocab_size"], H)}
+    # The drafter reads embed and lm_head too; the final norm completes the
+    # checkpoint for transformers (no tap reads it).
+    shapes = {"model.embed_tokens.weight": (config["vocab_size"], H),
+              "lm_head.weight": (config["vocab_size"], H),
+              "model.norm.weight": (H,)}
     for i in range(max(TAPS) + 1):
         p = "model.layers.%d." % i
         shapes.update({p + "input_layernorm.weight": (H,),
@@ -120,16 +130,26 @@ def make(kind, out, drop=None):
         if len(shape) == 1:
             w = 1.0 + 0.1 * rng.standard_normal(shape)
         else:
-            w = (0.3 if "embed" in name else 0.08) * rng.standard_normal(shape)
+            w = (0.3 if "embed" in name or "lm_head" in name else 0.08) * \
+                rng.standard_normal(shape)
         if name != drop:
             weights[name] = ("F32", bf16_exact(w))
     with open(out + "/config.json", "w") as f:
         json.dump(config, f)
     write_safetensors(out + "/model.safetensors", weights)
-    ids = rng.integers(0, VOCAB, size=(2, 12)).astype(np.int32)
+    # Token ids below the mask token (127); the first tokens of each
+    # conversation unsupervised.
+    ids = rng.integers(0, VOCAB - 1, size=(2, 12)).astype(np.int32)
     pos = np.array([list(range(5)) + list(range(7)), list(range(12))], dtype=np.int32)
-    write_safetensors(out + "/rows.safetensors", {"input_ids": ("I32", ids),
-                                                  "position_ids": ("I32", pos)})
+    mask = (pos >= 2).astype(np.uint8)
+    metadata = {"format": "dflash-token-shard", "format_version": "1", "target": "",
+                "target_layer_ids": json.dumps(TAPS), "hidden_size": str(HIDDEN),
+                "seq_len": "12", "packed": "true"}
+    write_safetensors(out + "/tokens.safetensors",
+                      {"input_ids": ("I32", ids), "loss_mask": ("U8", mask),
+                       "position_ids": ("I32", pos),
+                       "num_tokens": ("I32", np.array([12, 12], dtype=np.int32))},
+                      metadata)
 
 
 def rms_norm(x, w, eps):
@@ -206,8 +226,8 @@ def forward(config, w, ids, pos):
 def check(directory, features_path):
     config = json.load(open(directory + "/config.json"))
     w = read_safetensors(directory + "/model.safetensors")
-    rows = read_safetensors(directory + "/rows.safetensors")
-    got = read_safetensors(features_path)["target_hidden"].astype(np.float64)
+    rows = read_safetensors(directory + "/tokens.safetensors")
+    got = read_safetensors(features_path)["hidden_states"].astype(np.float64)
     worst = 0.0
     for b in range(rows["input_ids"].shape[0]):
         ref = forward(config, w, rows["input_ids"][b], rows["position_ids"][b])

@@ -24,6 +24,7 @@
 #include "runtime/train/Progress.h"
 #include "schema/Parameters.h"
 #include "schema/StepBuffers.h"
+#include "tools/dflash-reference/TargetProgram.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
@@ -88,7 +89,11 @@ Status loadProblem(const ReferenceOptions &options, const ModelConfig &config,
         problem.synthetic, options.syntheticRows, /*pinAnchors=*/false);
   } else {
     auto reader = std::make_unique<rt::FeatureShardReader>();
-    if (Status s = reader->open(options.data, config); !s.ok())
+    if (Status s =
+            reader->open(options.data, config,
+                         options.onlineTarget ? rt::ShardContents::Tokens
+                                              : rt::ShardContents::Features);
+        !s.ok())
       return s;
     problem.rows = std::move(reader);
     if (options.targetDir.empty())
@@ -458,12 +463,29 @@ int ::dflash::runReference(const ReferenceOptions &options,
   if (failed(trainSig) || failed(gradSig))
     return fail("the compiled step has no usable signature");
 
+  TargetProgram target;
+  if (options.onlineTarget) {
+    if (options.data == "synthetic" || options.targetDir.empty())
+      return fail("--online-target needs --target DIR (the target's "
+                  "checkpoint) and --data (token or feature shards)");
+    if (Status s = target.load(ctx, *spec, options.targetDir, config.rowsPerGpu,
+                               config.seqLen);
+        !s.ok())
+      return fail(s.message());
+  }
+
   rt::BatchLoader loader(*problem.rows, config, seed);
   rt::HostBatch batch;
   StepInterpreter interpreter(trainSig->func(), options.precision);
   for (int64_t step = 0; step < options.steps; ++step) {
     if (Status s = loader.next(batch); !s.ok())
       return fail(s.message());
+    // Online: the batch's features come from the target, not the shards.
+    if (options.onlineTarget)
+      if (Status s = target.run(batch.inputIds, batch.positionIds,
+                                options.precision, batch.hiddenStates);
+          !s.ok())
+        return fail(s.message());
     setInputs(state, batch);
     if (step == 0 && !options.dumpStep.empty())
       if (Status s = dumpFirstStep(options.dumpStep, *gradSig, state, total,

@@ -52,6 +52,10 @@ struct ReferenceOptions {
   /// When set, the parameters after the last step are exported as a
   /// checkpoint (SEMANTICS.md section 6) into this directory.
   std::string saveDir;
+  /// Compute target_hidden on the CPU from the target (`targetDir`, a full
+  /// decoder checkpoint, compiled as the spec's @target) for every batch;
+  /// `data` may then be token shards (no hidden_states).
+  bool onlineTarget = false;
   /// Held-out synthetic rows (past the training set's) to evaluate on after
   /// the last step, as `train --eval-data synthetic --eval-rows` does; 0:
   /// none.

@@ -69,6 +69,13 @@ cl::opt<std::string> dumpStep(
              "file, for the PyTorch oracle"),
     cl::value_desc("file"), cl::cat(category));
 
+cl::opt<bool> onlineTarget(
+    "online-target",
+    cl::desc("Compute each batch's target features from --target (a full "
+             "Qwen3 or Llama-3 checkpoint, compiled as the spec's @target) "
+             "instead of reading them; --data may then be token shards"),
+    cl::init(false), cl::cat(category));
+
 cl::opt<std::string> saveDir(
     "save",
     cl::desc("Export the parameters after the last step as a checkpoint "
@@ -99,5 +106,6 @@ int main(int argc, char **argv) {
   options.precision = precision;
   options.dumpStep = dumpStep;
   options.saveDir = saveDir;
+  options.onlineTarget = onlineTarget;
   return runReference(options, llvm::outs());
 }

@@ -3,19 +3,17 @@
 // The CPU reference of the online target: builds the spec's @target from the
 // target's config.json (compiler/Import/ImportTarget), loads its weights by
 // Hugging Face name from the checkpoint, runs it in the reference
-// interpreter on the rows of a safetensors file (input_ids and position_ids,
-// [B, S] I32; packed rows restart their position_ids per conversation) and
-// writes target_hidden [B, S, L*H] (bf16) beside those rows. It is the
-// oracle of the compiled target, as dflash-reference is of the step; slow.
+// interpreter on the rows of a token shard (input_ids [R, S] I32, and
+// position_ids where rows are packed, else arange(S)) and writes a feature
+// shard: the token shard's tensors and metadata with hidden_states [R, S,
+// L*H] (bf16) added and `format` set to dflash-feature-shard. The CPU
+// counterpart of `dflash-prepare features`, and the oracle of the compiled
+// target, as dflash-reference is of the step; slow.
 //
 //===----------------------------------------------------------------------===//
 
-#include "compiler/Import/ImportTarget.h"
-#include "compiler/Interpreter/Interpreter.h"
-#include "dialect/DFlashOps.h"
-#include "kernels/Bf16.h"
 #include "runtime/io/Safetensors.h"
-#include "runtime/io/TargetWeights.h"
+#include "tools/dflash-reference/TargetProgram.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/CommandLine.h"
@@ -39,12 +37,12 @@ cl::opt<std::string>
               cl::value_desc("dir"), cl::cat(category));
 cl::opt<std::string>
     rowsFile("rows",
-             cl::desc("safetensors file with input_ids and position_ids, "
-                      "[B, S] I32 each"),
+             cl::desc("token shard: input_ids [R, S] I32 (position_ids "
+                      "[R, S] I32 where rows are packed)"),
              cl::value_desc("file"), cl::Required, cl::cat(category));
 cl::opt<std::string> outFile("o",
-                             cl::desc("Output safetensors file: input_ids, "
-                                      "position_ids and target_hidden"),
+                             cl::desc("Output feature shard: the token "
+                                      "shard's tensors and hidden_states"),
                              cl::value_desc("file"), cl::Required,
                              cl::cat(category));
 cl::opt<Precision> precision(
@@ -84,8 +82,8 @@ int main(int argc, char **argv) {
   cl::ParseCommandLineOptions(
       argc, argv,
       "dflash-target-features: the online target's features on the CPU\n\n"
-      "  dflash-target-features specs/tiny.toml --target DIR --rows rows.st "
-      "-o features.st\n");
+      "  dflash-target-features SPEC --target DIR --rows tokens.safetensors "
+      "-o features.safetensors\n");
 
   SpecError specError;
   std::optional<DrafterSpec> spec = loadSpec(specFile, specError);
@@ -95,94 +93,62 @@ int main(int argc, char **argv) {
   if (dir.empty())
     return fail("no target: give --target DIR or [target] path in '" +
                 specFile + "'");
-  std::string error;
-  std::optional<TargetModelConfig> target = readTargetConfig(dir, error);
-  if (!target || !checkTargetAgainstSpec(*target, *spec, error))
-    return fail(error);
-
   rt::SafetensorsFile rowsIn;
   Status status = rowsIn.open(rowsFile);
   std::vector<int32_t> ids, positions;
   std::vector<int64_t> idsShape, positionsShape;
   if (status.ok())
     status = readRows(rowsIn, "input_ids", ids, idsShape);
-  if (status.ok())
+  if (status.ok() && rowsIn.find("position_ids")) {
     status = readRows(rowsIn, "position_ids", positions, positionsShape);
+  } else if (status.ok()) { // unpacked rows
+    positionsShape = idsShape;
+    positions.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i)
+      positions[i] = int32_t(int64_t(i) % idsShape[1]);
+  }
   if (status.ok() && idsShape != positionsShape)
     status = Status::error(rowsFile + ": input_ids " + shapeString(idsShape) +
                            " and position_ids " + shapeString(positionsShape) +
                            " differ in shape");
   for (size_t i = 0; status.ok() && i < ids.size(); ++i)
-    if (ids[i] < 0 || ids[i] >= target->vocabSize)
+    if (ids[i] < 0 || ids[i] >= spec->vocabSize)
       status = Status::error(rowsFile + ": input_ids holds " +
                              std::to_string(ids[i]) + " at flat index " +
                              std::to_string(i) +
                              ", outside the vocabulary "
                              "of " +
-                             std::to_string(target->vocabSize));
+                             std::to_string(spec->vocabSize));
   if (!status.ok())
     return fail(status.message());
 
   // The rows fix the program's shapes.
-  DrafterSpec shaped = *spec;
-  shaped.rowsPerGpu = idsShape[0];
-  shaped.seqLen = idsShape[1];
   mlir::MLIRContext context;
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      importTarget(context, shaped, *target);
-  if (!module)
-    return fail("the target graph built from '" + target->configPath +
-                "' does not verify");
-  auto func = llvm::cast<mlir::func::FuncOp>(module->getBody()->front());
-
-  // Frozen arguments in order, by their checkpoint names.
-  std::vector<rt::FrozenTensor> wanted;
-  for (unsigned i = 0; i < func.getNumArguments(); ++i) {
-    auto role = func.getArgAttrOfType<mlir::dflash::ArgAttr>(
-        i, mlir::dflash::kArgAttrName);
-    if (role.getRole() != mlir::dflash::ArgRole::Frozen)
-      continue;
-    auto type =
-        llvm::cast<mlir::RankedTensorType>(func.getArgument(i).getType());
-    wanted.push_back(
-        {role.getName().str(),
-         std::vector<int64_t>(type.getShape().begin(), type.getShape().end())});
-  }
-  std::vector<std::vector<uint16_t>> weights;
-  status = rt::loadFrozenTensors(dir, wanted, "the target program", weights);
+  TargetProgram target;
+  status = target.load(context, *spec, dir, idsShape[0], idsShape[1]);
+  std::vector<uint16_t> bits;
+  if (status.ok())
+    status = target.run(ids, positions, precision, bits);
   if (!status.ok())
     return fail(status.message());
-
-  std::vector<HostTensor> args;
-  for (const std::vector<int32_t> *rows : {&ids, &positions}) {
-    HostTensor t(idsShape);
-    for (size_t i = 0; i < rows->size(); ++i)
-      t.data[i] = (*rows)[i];
-    args.push_back(std::move(t));
+  // The token shard's tensors as they are, the features beside them.
+  std::vector<rt::TensorData> tensors;
+  for (const rt::TensorView &view : rowsIn.tensors())
+    if (view.name != "hidden_states")
+      tensors.push_back({view.name, view.dtype, view.shape, view.data});
+  tensors.push_back(
+      {"hidden_states", DType::BF16, target.featureShape(), bits.data()});
+  std::map<std::string, std::string> metadata = rowsIn.metadata();
+  if (!metadata.empty()) {
+    metadata["format"] = "dflash-feature-shard";
+    metadata["target_dir"] = dir;
   }
-  for (size_t w = 0; w < wanted.size(); ++w) {
-    HostTensor t(wanted[w].shape);
-    for (size_t i = 0; i < t.data.size(); ++i)
-      t.data[i] = bf16ToFloat(weights[w][i]);
-    args.push_back(std::move(t));
-  }
-  StepInterpreter interpreter(func, precision);
-  mlir::FailureOr<std::vector<HostTensor>> out = interpreter.run(args);
-  if (mlir::failed(out))
-    return fail("running the target program failed");
-  const HostTensor &features = (*out)[0];
-  std::vector<uint16_t> bits(features.data.size());
-  for (size_t i = 0; i < bits.size(); ++i)
-    bits[i] = floatToBf16(float(features.data[i]));
-  status = rt::writeSafetensors(
-      outFile, {{"input_ids", DType::I32, idsShape, ids.data()},
-                {"position_ids", DType::I32, idsShape, positions.data()},
-                {"target_hidden", DType::BF16, features.shape, bits.data()}});
+  status = rt::writeSafetensors(outFile, tensors, metadata);
   if (!status.ok())
     return fail(status.message());
   llvm::errs() << "dflash-target-features: wrote " << outFile << ": "
-               << "target_hidden " << shapeString(features.shape) << " of "
-               << target->modelType << " layers 0.."
+               << "hidden_states " << shapeString(target.featureShape())
+               << " of " << target.config().modelType << " layers 0.."
                << spec->targetLayerIds.back() << "\n";
   return 0;
 }
