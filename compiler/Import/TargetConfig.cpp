@@ -207,8 +207,22 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
       !r.notTrue("attention_bias", "the q/k/v/o projections have no bias "
                                    "here") ||
       !r.notTrue("mlp_bias", "the MLP projections have no bias here") ||
+      !r.notTrue("use_sliding_window",
+                 "only full causal attention is compiled for the target") ||
       !readRope(r, config))
     return std::nullopt;
+  // transformers 5 names each layer's attention; every one must be full.
+  if (const json::Array *kinds = root->getArray("layer_types"))
+    for (size_t i = 0; i < kinds->size(); ++i)
+      if (std::optional<llvm::StringRef> kind = (*kinds)[i].getAsString();
+          !kind || *kind != "full_attention") {
+        r.fail("layer_types",
+               "entry " + std::to_string(i) + " is '" +
+                   (kind ? kind->str() : std::string("not a string")) +
+                   "': only full causal attention is compiled for the "
+                   "target");
+        return std::nullopt;
+      }
   if (config.numHeads % config.numKvHeads != 0) {
     r.fail("num_attention_heads",
            "(" + std::to_string(config.numHeads) +
