@@ -8,6 +8,8 @@
 
 #include "compiler/Import/ImportSpec.h"
 
+#include "compiler/Import/GraphBuilding.h"
+
 #include "compiler/Analysis/ModelConfigAttr.h"
 #include "dialect/DFlashOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
@@ -38,9 +40,7 @@ private:
   MLIRContext &ctx;
   const ::dflash::DrafterSpec &spec;
   OpBuilder b;
-  SmallVector<Type> argTypes;
-  SmallVector<Attribute> argAttrs;
-  SmallVector<Location> argLocs;
+  ::dflash::import::FunctionArguments args;
   func::FuncOp func;
 
   Type bf16() { return b.getBF16Type(); }
@@ -61,28 +61,17 @@ private:
     return spec.locations.count(k) ? k : "drafter.num_layers";
   }
 
-  /// Declares a function argument; returns its index.
   unsigned addArg(Type type, ArgRole role, StringRef name, Location l) {
-    argTypes.push_back(type);
-    argAttrs.push_back(ArgAttr::get(&ctx, role, name));
-    argLocs.push_back(l);
-    return argTypes.size() - 1;
+    return args.add(ctx, type, role, name, l);
   }
-
   Value linear(Value x, Value w, Location l) {
-    auto xt = cast<RankedTensorType>(x.getType());
-    auto wt = cast<RankedTensorType>(w.getType());
-    SmallVector<int64_t> shape(xt.getShape().drop_back());
-    shape.push_back(wt.getDimSize(0));
-    return LinearOp::create(b, l, t(shape, xt.getElementType()), x, w);
+    return ::dflash::import::linear(b, l, x, w);
   }
   Value rmsNorm(Value x, Value w, Location l) {
-    return RmsNormOp::create(b, l, x.getType(), x, w,
-                             b.getF64FloatAttr(spec.rmsNormEps));
+    return ::dflash::import::rmsNorm(b, l, x, w, spec.rmsNormEps);
   }
   Value reshape(Value x, ArrayRef<int64_t> shape, Location l) {
-    auto xt = cast<RankedTensorType>(x.getType());
-    return ReshapeOp::create(b, l, t(shape, xt.getElementType()), x);
+    return ::dflash::import::reshape(b, l, x, shape);
   }
   Value rope(Value x, Value positions, Location l) {
     return RopeOp::create(b, l, x.getType(), x, positions,
@@ -152,9 +141,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                               : scalar);
   b.setInsertionPointToEnd(module->getBody());
   func = func::FuncOp::create(b, specLoc, "step",
-                              b.getFunctionType(argTypes, resultTypes));
-  for (unsigned i = 0; i < argAttrs.size(); ++i)
-    func.setArgAttr(i, kArgAttrName, argAttrs[i]);
+                              b.getFunctionType(args.types, resultTypes));
+  Block *entry = args.addEntryBlock(func);
   for (int k = 0; k < ::dflash::kNumForwardSums; ++k)
     func.setResultAttr(unsigned(k), kArgAttrName,
                        ArgAttr::get(&ctx, ArgRole::Metric,
@@ -177,9 +165,6 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   if (spec.gpuMemoryGiB > 0)
     (*module)->setAttr("dflash.memory_budget_gib",
                        b.getF64FloatAttr(spec.gpuMemoryGiB));
-  Block *entry = func.addEntryBlock();
-  for (unsigned i = 0; i < argLocs.size(); ++i)
-    entry->getArgument(i).setLoc(argLocs[i]);
   b.setInsertionPointToStart(entry);
   auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
 

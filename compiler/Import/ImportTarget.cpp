@@ -12,6 +12,8 @@
 
 #include "compiler/Import/ImportTarget.h"
 
+#include "compiler/Import/GraphBuilding.h"
+
 #include "dialect/DFlashOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Builders.h"
@@ -37,9 +39,7 @@ private:
   const ::dflash::DrafterSpec &spec;
   const ::dflash::TargetModelConfig &target;
   OpBuilder b;
-  SmallVector<Type> argTypes;
-  SmallVector<Attribute> argAttrs;
-  SmallVector<Location> argLocs;
+  ::dflash::import::FunctionArguments args;
 
   Type bf16() { return b.getBF16Type(); }
   RankedTensorType t(ArrayRef<int64_t> shape, Type elt) {
@@ -51,26 +51,16 @@ private:
                         FileLineColLoc::get(&ctx, target.configPath, 0, 0));
   }
   unsigned addArg(Type type, ArgRole role, StringRef name) {
-    argTypes.push_back(type);
-    argAttrs.push_back(ArgAttr::get(&ctx, role, name));
-    argLocs.push_back(loc(name));
-    return argTypes.size() - 1;
+    return args.add(ctx, type, role, name, loc(name));
   }
-
   Value linear(Value x, Value w, Location l) {
-    auto xt = cast<RankedTensorType>(x.getType());
-    auto wt = cast<RankedTensorType>(w.getType());
-    SmallVector<int64_t> shape(xt.getShape().drop_back());
-    shape.push_back(wt.getDimSize(0));
-    return LinearOp::create(b, l, t(shape, xt.getElementType()), x, w);
+    return ::dflash::import::linear(b, l, x, w);
   }
   Value rmsNorm(Value x, Value w, Location l) {
-    return RmsNormOp::create(b, l, x.getType(), x, w,
-                             b.getF64FloatAttr(target.rmsNormEps));
+    return ::dflash::import::rmsNorm(b, l, x, w, target.rmsNormEps);
   }
   Value reshape(Value x, ArrayRef<int64_t> shape, Location l) {
-    auto xt = cast<RankedTensorType>(x.getType());
-    return ReshapeOp::create(b, l, t(shape, xt.getElementType()), x);
+    return ::dflash::import::reshape(b, l, x, shape);
   }
   Value rope(Value x, Value positions, Location l) {
     if (!target.ropeScaling)
@@ -131,15 +121,11 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
   Type resultType = t({B, S, L * H}, bf16());
   b.setInsertionPointToEnd(module->getBody());
   auto func = func::FuncOp::create(b, moduleLoc, "target",
-                                   b.getFunctionType(argTypes, {resultType}));
-  for (unsigned i = 0; i < argAttrs.size(); ++i)
-    func.setArgAttr(i, kArgAttrName, argAttrs[i]);
+                                   b.getFunctionType(args.types, {resultType}));
   // The result is what the drafter's step reads as its input.
   func.setResultAttr(0, kArgAttrName,
                      ArgAttr::get(&ctx, ArgRole::Input, "target_hidden"));
-  Block *entry = func.addEntryBlock();
-  for (unsigned i = 0; i < argLocs.size(); ++i)
-    entry->getArgument(i).setLoc(argLocs[i]);
+  Block *entry = args.addEntryBlock(func);
   b.setInsertionPointToStart(entry);
   auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
   Value positions = arg(aPositions);
