@@ -1,14 +1,19 @@
 //===- LmHeadCrossEntropy.cuh - Chunked lm_head + CE -----------*- CUDA -*-===//
 //
 // sum(w * CE(y lm_head^T, label)) and its gradient with respect to y without
-// ever holding the logits of every row (SEMANTICS.md section 4). Per chunk
-// of rows:
+// ever holding the logits of every row (SEMANTICS.md section 4). Rows whose
+// weight is zero by construction (slot 0 of every draft block, when the
+// caller says the rows are blocks) are left out: their terms are zero, their
+// hits and dy rows are written as zeros, and the computed rows are gathered
+// chunk by chunk into a dense buffer for the GEMMs. Per chunk of rows:
+//   0. (blocks) gather the chunk's computed rows of y
 //   1. logits = y_c lm_head^T               cuBLASLt, bf16 into the chunk
 //   buffer
 //   2. one CTA per row: max/argmax/log-sum-exp in fp32 from the bf16 logits,
 //      the row's loss, weight and accuracy terms, then
 //      d(logits) = w * dLossSum * (softmax - onehot), bf16, in place
 //   3. dy_c = d(logits) lm_head               cuBLASLt
+//   4. (blocks) scatter dy_c to the chunk's rows, zeros at slot 0
 // The per-row terms are summed at the end in a fixed order (double), so the
 // four results are deterministic. lm_head is frozen: no weight gradient.
 //
@@ -44,8 +49,18 @@ struct LmHeadCrossEntropyArgs {
   /// acceptance length (draft_acceptance_f32).
   uint8_t *hits;
   __nv_bfloat16 *logitsChunk; ///< workspace [chunkRows, V]
-  float *rowTerms;            ///< workspace [rows, 4]
-  int64_t rows, V, H, chunkRows;
+  float *rowTerms;            ///< workspace [computed rows, 4]
+  /// Workspaces [chunkRows, H] when blockSize >= 2: the chunk's gathered
+  /// rows of y and their gradient.
+  __nv_bfloat16 *yChunk, *dyChunk;
+  int64_t rows, V, H;
+  /// Rows per chunk of computed rows (lmHeadChunkRows of
+  /// lmHeadComputedRows).
+  int64_t chunkRows;
+  /// >= 2: the rows are draft blocks of blockSize slots and slot 0 of each
+  /// is skipped (its weight is 0 by SEMANTICS.md section 4's [k > 0]); rows
+  /// must be a multiple of it and H of 8. 0: every row is computed.
+  int64_t blockSize;
 };
 
 namespace detail {
@@ -75,6 +90,7 @@ __device__ __forceinline__ void combineArgmax(float &v, int &i, float v2,
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     cross_entropy_rows_bf16_kernel(__nv_bfloat16 *logits, int64_t V,
+                                   int64_t firstRow, int64_t blockSize,
                                    const int32_t *labels, const float *weights,
                                    const float *dLossSum, float *rowTerms,
                                    uint8_t *hits) {
@@ -82,8 +98,10 @@ __global__ void __launch_bounds__(Threads)
   __shared__ float sM[kWarps], sS[kWarps], sBest[kWarps];
   __shared__ int sIdx[kWarps];
   __shared__ float sLabelLogit;
-  const int64_t row = blockIdx.x;
-  __nv_bfloat16 *x = logits + row * V;
+  // Chunk row blockIdx.x is computed row `computed`, batch row `row`.
+  const int64_t computed = firstRow + blockIdx.x;
+  const int64_t row = lmHeadSourceRow(computed, blockSize);
+  __nv_bfloat16 *x = logits + int64_t(blockIdx.x) * V;
   const int label = labels[row];
   const float w = weights[row];
   const bool vec = V % 8 == 0;
@@ -154,7 +172,7 @@ __global__ void __launch_bounds__(Threads)
   const float lse2 = m + log2f(s); // log2-sum-exp2 of x * log2(e)
   if (threadIdx.x == 0) {
     float loss = lse2 * kLn2 - sLabelLogit;
-    float *t = rowTerms + row * 4;
+    float *t = rowTerms + computed * 4;
     t[0] = w * loss;
     t[1] = w;
     t[2] = (w > 0.f && bestIdx == label) ? 1.f : 0.f;
@@ -195,6 +213,43 @@ __global__ void __launch_bounds__(Threads)
   }
 }
 
+/// out[i] = y[lmHeadSourceRow(firstRow + i)] for the m rows of a chunk, and
+/// hits = 0 at slot 0 of each block whose slot 1 is among them. One CTA a
+/// row, 16-byte copies (H % 8 == 0).
+static __global__ void __launch_bounds__(256)
+    lm_head_gather_rows_bf16_kernel(const __nv_bfloat16 *y, __nv_bfloat16 *out,
+                                    int64_t firstRow, int64_t blockSize,
+                                    int64_t H, uint8_t *hits) {
+  const int64_t computed = firstRow + blockIdx.x;
+  const int64_t row = lmHeadSourceRow(computed, blockSize);
+  const uint4 *src = reinterpret_cast<const uint4 *>(y + row * H);
+  uint4 *dst = reinterpret_cast<uint4 *>(out + int64_t(blockIdx.x) * H);
+  for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x)
+    dst[i] = src[i];
+  if (hits && threadIdx.x == 0 && computed % (blockSize - 1) == 0)
+    hits[row - 1] = 0;
+}
+
+/// dy[lmHeadSourceRow(firstRow + i)] = dyChunk[i] for the m rows of a chunk,
+/// and zeros at slot 0 of each block whose slot 1 is among them.
+static __global__ void __launch_bounds__(256)
+    lm_head_scatter_rows_bf16_kernel(const __nv_bfloat16 *dyChunk,
+                                     __nv_bfloat16 *dy, int64_t firstRow,
+                                     int64_t blockSize, int64_t H) {
+  const int64_t computed = firstRow + blockIdx.x;
+  const int64_t row = lmHeadSourceRow(computed, blockSize);
+  const uint4 *src =
+      reinterpret_cast<const uint4 *>(dyChunk + int64_t(blockIdx.x) * H);
+  uint4 *dst = reinterpret_cast<uint4 *>(dy + row * H);
+  const bool firstOfBlock = computed % (blockSize - 1) == 0;
+  uint4 *slot0 = reinterpret_cast<uint4 *>(dy + (row - 1) * H);
+  for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x) {
+    dst[i] = src[i];
+    if (firstOfBlock)
+      slot0[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
 /// sums[i] = sum over rows of rowTerms[row, i], one CTA, fixed order.
 static __global__ void __launch_bounds__(1024)
     cross_entropy_sums_kernel(const float *rowTerms, int64_t rows,
@@ -225,22 +280,25 @@ static __global__ void __launch_bounds__(1024)
 
 } // namespace detail
 
-/// Bytes of the two workspaces: the logits chunk and the per-row terms.
-inline size_t lmHeadCrossEntropyChunkBytes(int64_t chunkRows, int64_t V) {
-  return static_cast<size_t>(chunkRows) * V * sizeof(__nv_bfloat16);
-}
-inline size_t lmHeadCrossEntropyRowTermBytes(int64_t rows) {
-  return static_cast<size_t>(rows) * 4 * sizeof(float);
-}
-
-/// Points sums, rowTerms and logitsChunk into one workspace of
-/// lmHeadCrossEntropyWorkspaceBytes(rows, V) bytes (kernels/Workspaces.h).
+/// Points sums, rowTerms, logitsChunk and (blocks) yChunk / dyChunk into
+/// one workspace of lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize)
+/// bytes (kernels/Workspaces.h); rows, V, H, chunkRows and blockSize must be
+/// set first.
 inline void useLmHeadWorkspace(LmHeadCrossEntropyArgs &args, void *workspace) {
   char *base = static_cast<char *>(workspace);
+  const int64_t computed = lmHeadComputedRows(args.rows, args.blockSize);
   args.sums = reinterpret_cast<float *>(base);
-  args.rowTerms = reinterpret_cast<float *>(base + kLmHeadSumsBytes);
-  args.logitsChunk = reinterpret_cast<__nv_bfloat16 *>(
-      base + kLmHeadSumsBytes + lmHeadRowTermBytes(args.rows));
+  base += kLmHeadSumsBytes;
+  args.rowTerms = reinterpret_cast<float *>(base);
+  base += lmHeadRowTermBytes(computed);
+  args.logitsChunk = reinterpret_cast<__nv_bfloat16 *>(base);
+  base += lmHeadChunkBytes(args.chunkRows, args.V);
+  args.yChunk = args.dyChunk = nullptr;
+  if (args.blockSize >= 2) {
+    args.yChunk = reinterpret_cast<__nv_bfloat16 *>(base);
+    args.dyChunk = reinterpret_cast<__nv_bfloat16 *>(
+        base + lmHeadGatherBytes(args.chunkRows, args.H));
+  }
 }
 
 /// Forward and backward of lm_head + weighted CE, chunk by chunk (the
@@ -249,23 +307,46 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
                                        const LmHeadCrossEntropyArgs &args,
                                        cudaStream_t stream) {
   constexpr int kThreads = 512;
-  for (int64_t r0 = 0; r0 < args.rows; r0 += args.chunkRows) {
-    int64_t m =
-        args.rows - r0 < args.chunkRows ? args.rows - r0 : args.chunkRows;
-    gemm.linear(args.y + r0 * args.H, args.lmHead, args.logitsChunk, m, args.V,
-                args.H, stream);
+  constexpr int kCopyThreads = 256;
+  const bool blocks = args.blockSize >= 2;
+  // The compiler chooses blockSize only where both hold; a caller that
+  // breaks them is a programming error, not an input error.
+  if (blocks && (args.rows % args.blockSize != 0 || args.H % 8 != 0))
+    detail::reportCudaFailure(__FILE__, __LINE__, "lm_head_cross_entropy_bf16",
+                              "rows must be whole blocks and H a multiple "
+                              "of 8 to skip slot 0");
+  const int64_t computed = lmHeadComputedRows(args.rows, args.blockSize);
+  for (int64_t r0 = 0; r0 < computed; r0 += args.chunkRows) {
+    int64_t m = computed - r0 < args.chunkRows ? computed - r0 : args.chunkRows;
+    const unsigned grid = static_cast<unsigned>(m);
+    const __nv_bfloat16 *y = args.y + r0 * args.H;
+    if (blocks) {
+      detail::
+          lm_head_gather_rows_bf16_kernel<<<grid, kCopyThreads, 0, stream>>>(
+              args.y, args.yChunk, r0, args.blockSize, args.H, args.hits);
+      DFLASH_CUDA_CHECK_LAUNCH("lm_head_gather_rows_bf16");
+      y = args.yChunk;
+    }
+    gemm.linear(y, args.lmHead, args.logitsChunk, m, args.V, args.H, stream);
     detail::cross_entropy_rows_bf16_kernel<kThreads>
-        <<<static_cast<unsigned>(m), kThreads, 0, stream>>>(
-            args.logitsChunk, args.V, args.labels + r0, args.weights + r0,
-            args.dLossSum, args.rowTerms + r0 * 4,
-            args.hits ? args.hits + r0 : nullptr);
+        <<<grid, kThreads, 0, stream>>>(
+            args.logitsChunk, args.V, r0, blocks ? args.blockSize : 0,
+            args.labels, args.weights, args.dLossSum, args.rowTerms, args.hits);
     DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_rows_bf16");
-    if (args.dy)
-      gemm.linearGradInput(args.logitsChunk, args.lmHead, args.dy + r0 * args.H,
-                           m, args.V, args.H, stream);
+    if (!args.dy)
+      continue;
+    __nv_bfloat16 *dy = blocks ? args.dyChunk : args.dy + r0 * args.H;
+    gemm.linearGradInput(args.logitsChunk, args.lmHead, dy, m, args.V, args.H,
+                         stream);
+    if (blocks) {
+      detail::
+          lm_head_scatter_rows_bf16_kernel<<<grid, kCopyThreads, 0, stream>>>(
+              args.dyChunk, args.dy, r0, args.blockSize, args.H);
+      DFLASH_CUDA_CHECK_LAUNCH("lm_head_scatter_rows_bf16");
+    }
   }
   detail::cross_entropy_sums_kernel<<<1, 1024, 0, stream>>>(
-      args.rowTerms, args.rows, args.sums);
+      args.rowTerms, computed, args.sums);
   DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_sums");
 }
 

@@ -59,6 +59,23 @@ constexpr size_t blockAttentionBwdDotOffset(int64_t D, int64_t BS, int64_t NH,
 /// Bytes of the largest logits chunk lm_head_cross_entropy_bf16 keeps.
 constexpr int64_t kLmHeadMaxChunkBytes = int64_t(512) << 20;
 
+/// Rows the fused lm_head + cross-entropy computes. With blockSize >= 2 the
+/// rows are draft blocks of blockSize slots, and slot 0 of each (the
+/// anchor's, whose weight SEMANTICS.md section 4 fixes at 0 through [k > 0])
+/// is left out of both GEMMs; otherwise every row.
+constexpr int64_t lmHeadComputedRows(int64_t rows, int64_t blockSize) {
+  return blockSize >= 2 ? rows / blockSize * (blockSize - 1) : rows;
+}
+
+/// The batch row of computed row c: slot c % (bs - 1) + 1 of block
+/// c / (bs - 1) when slot 0 of every block is skipped (bs >= 2), else c.
+/// Device code calls it too (--expt-relaxed-constexpr).
+constexpr int64_t lmHeadSourceRow(int64_t c, int64_t blockSize) {
+  return blockSize >= 2
+             ? c / (blockSize - 1) * blockSize + c % (blockSize - 1) + 1
+             : c;
+}
+
 /// Rows per logits chunk of the fused lm_head + cross-entropy: as many as fit
 /// kLmHeadMaxChunkBytes of bf16 logits, a multiple of 64, all rows if fewer.
 constexpr int64_t lmHeadChunkRows(int64_t rows, int64_t vocab) {
@@ -70,18 +87,31 @@ constexpr int64_t lmHeadChunkRows(int64_t rows, int64_t vocab) {
 }
 
 /// The fused lm_head + cross-entropy workspace, in order: the four fp32 sums
-/// (a 256-byte block), the per-row terms [rows, 4] fp32 (rounded up to 256
-/// bytes), then one bf16 logits chunk [chunkRows, V].
+/// (a 256-byte block), the per-row terms [computed rows, 4] fp32 (rounded up
+/// to 256 bytes), one bf16 logits chunk [chunkRows, V] and, when slot 0 of
+/// each block is left out, the chunk's gathered rows and their gradient
+/// ([chunkRows, H] bf16 each). chunkRows is lmHeadChunkRows of the computed
+/// rows.
 constexpr size_t kLmHeadSumsBytes = 256;
-constexpr size_t lmHeadRowTermBytes(int64_t rows) {
-  return (size_t(rows) * 4 * sizeof(float) + 255) / 256 * 256;
+constexpr size_t lmHeadRowTermBytes(int64_t computedRows) {
+  return (size_t(computedRows) * 4 * sizeof(float) + 255) / 256 * 256;
 }
-constexpr size_t lmHeadChunkBytes(int64_t rows, int64_t vocab) {
-  return size_t(lmHeadChunkRows(rows, vocab)) * size_t(vocab) * 2;
+/// Rounded up to 256 bytes, so that the gather buffers after it stay
+/// aligned for 16-byte copies whatever chunkRows * V is.
+constexpr size_t lmHeadChunkBytes(int64_t chunkRows, int64_t vocab) {
+  return (size_t(chunkRows) * size_t(vocab) * 2 + 255) / 256 * 256;
 }
-constexpr size_t lmHeadCrossEntropyWorkspaceBytes(int64_t rows, int64_t vocab) {
-  return kLmHeadSumsBytes + lmHeadRowTermBytes(rows) +
-         lmHeadChunkBytes(rows, vocab);
+constexpr size_t lmHeadGatherBytes(int64_t chunkRows, int64_t hidden) {
+  return size_t(chunkRows) * size_t(hidden) * 2;
+}
+constexpr size_t lmHeadCrossEntropyWorkspaceBytes(int64_t rows, int64_t vocab,
+                                                  int64_t hidden,
+                                                  int64_t blockSize) {
+  const int64_t computed = lmHeadComputedRows(rows, blockSize);
+  const int64_t chunkRows = lmHeadChunkRows(computed, vocab);
+  return kLmHeadSumsBytes + lmHeadRowTermBytes(computed) +
+         lmHeadChunkBytes(chunkRows, vocab) +
+         (blockSize >= 2 ? 2 * lmHeadGatherBytes(chunkRows, hidden) : 0);
 }
 
 } // namespace dflash::kernels

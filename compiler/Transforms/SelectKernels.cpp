@@ -38,6 +38,23 @@ int64_t rowsOf(Value v) {
   return t.getNumElements() / t.getShape().back();
 }
 
+/// The lm_head kernel's row period: the block size when the loss weights are
+/// dflash.draft_targets' (slot k = 0 of every block has weight 0 by its
+/// [k > 0] factor, so the kernel leaves those rows out of both GEMMs), else
+/// 0 (every row). The rows must be whole blocks, flattened like the
+/// weights, and H a multiple of 8 (the row gather's 16-byte copies).
+template <typename LmHeadOp>
+int64_t lmHeadSkippedSlotPeriod(LmHeadOp op, int64_t rows, int64_t H) {
+  auto targets = op.getWeights().template getDefiningOp<DraftTargetsOp>();
+  if (!targets || targets.getWeights() != op.getWeights())
+    return 0;
+  int64_t bs = targets.getBlockSize();
+  if (bs < 2 || rows % bs != 0 || H % 8 != 0 ||
+      tensorOf(op.getWeights()).getNumElements() != rows)
+    return 0;
+  return bs;
+}
+
 /// What one op runs: the attribute's fields before it is built.
 struct Choice {
   std::string name;
@@ -203,11 +220,14 @@ FailureOr<Choice> select(Operation *op) {
         // The forward alone (an evaluation program's) is the same kernel
         // without the dX GEMM.
         int64_t rows = rowsOf(o.getInput());
-        int64_t V = tensorOf(o.getWeight()).getDimSize(0);
+        auto table = tensorOf(o.getWeight());
+        int64_t V = table.getDimSize(0), H = table.getDimSize(1);
+        int64_t blockSize = lmHeadSkippedSlotPeriod(o, rows, H);
+        int64_t computed = kernels::lmHeadComputedRows(rows, blockSize);
         Choice c = named("lm_head_cross_entropy_bf16",
-                         {kernels::lmHeadChunkRows(rows, V)});
-        c.workspace =
-            int64_t(kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V));
+                         {kernels::lmHeadChunkRows(computed, V), blockSize});
+        c.workspace = int64_t(
+            kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize));
         return c;
       })
       .Case(

@@ -2,8 +2,10 @@
 //
 // CublasLtGemm's three linear-layer products (bf16 and fp32 outputs, beta = 1
 // accumulation) against ref::linear*, and lm_head_cross_entropy_bf16 (sums,
-// accuracy, dy) against ref::lmHeadCrossEntropy(Grad), over several chunks
-// with a partial last one, vector (V % 8 == 0) and scalar vocabularies.
+// accuracy, hits, dy) against ref::lmHeadCrossEntropy(Grad), over several
+// chunks with a partial last one, vector (V % 8 == 0) and scalar
+// vocabularies, every row computed or slot 0 of each block left out (the
+// reference computes every row: the skipped rows' zeros must come out).
 //
 //===----------------------------------------------------------------------===//
 
@@ -70,9 +72,10 @@ void gemmCase(int64_t M, int64_t N, int64_t K, uint64_t seed) {
 }
 
 void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
-                uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "rows=" << rows << " V=" << V << " H=" << H
-                                  << " chunk=" << chunkRows);
+                int64_t blockSize, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "rows=" << rows << " V=" << V << " H=" << H
+               << " chunk=" << chunkRows << " blockSize=" << blockSize);
   std::mt19937_64 rng(seed);
   LtContext lt;
   kernels::CublasLtGemm gemm(lt.handle, lt.workspace.get(),
@@ -96,6 +99,8 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
                     : tok(rng);
     double u = unit(rng);
     weights32[r] = u < 0.25 ? 0.f : static_cast<float>(std::exp(-u * 3));
+    if (blockSize >= 2 && r % blockSize == 0) // draft_targets' [k > 0]
+      weights32[r] = 0.f;
     weights[r] = weights32[r];
   }
   const double dLossSum = 0.37;
@@ -109,8 +114,10 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
                               H);
 
   DeviceBuffer<int32_t> dLabels(rows);
-  DeviceBuffer<float> dWeights(rows), dScale(1), sums(4), terms(rows * 4);
-  DeviceBuffer<bf16> chunk(chunkRows * V), dy(rows * H);
+  DeviceBuffer<float> dWeights(rows), dScale(1);
+  DeviceBuffer<char> workspace(
+      kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize));
+  DeviceBuffer<bf16> dy(rows * H);
   DeviceBuffer<uint8_t> hits(rows);
   std::vector<uint8_t> poison(rows, 0x5a);
   hits.upload(poison);
@@ -118,7 +125,7 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   dWeights.upload(weights32);
   std::vector<float> scale{static_cast<float>(dLossSum)};
   dScale.upload(scale);
-  poisonAll(sums, terms, chunk, dy);
+  poisonAll(workspace, dy);
   kernels::LmHeadCrossEntropyArgs args{};
   args.y = y.ptr();
   args.lmHead = w.ptr();
@@ -126,14 +133,16 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   args.weights = dWeights.get();
   args.dLossSum = dScale.get();
   args.dy = dy.get();
-  args.sums = sums.get();
   args.hits = hits.get();
-  args.logitsChunk = chunk.get();
-  args.rowTerms = terms.get();
   args.rows = rows;
   args.V = V;
   args.H = H;
   args.chunkRows = chunkRows;
+  args.blockSize = blockSize;
+  kernels::useLmHeadWorkspace(args, workspace.get());
+  DeviceBuffer<float> sums(4);
+  args.sums = sums.get(); // poisoned on its own: read back below
+  poisonAll(sums);
   kernels::lm_head_cross_entropy_bf16(gemm, args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> got = sums.download();
@@ -157,7 +166,15 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   }
   EXPECT_EQ(double(hitCount), double(got[2])) << "hits and correct";
   EXPECT_LE(double(differ), std::max(2.0, 0.02 * ref.count)) << "hits";
-  EXPECT_CLOSE(downloadBf16(dy), refDy, 2e-2, "dy");
+  std::vector<double> gotDy = downloadBf16(dy);
+  EXPECT_CLOSE(gotDy, refDy, 2e-2, "dy");
+  if (blockSize >= 2) {
+    int64_t nonzero = 0;
+    for (int64_t r = 0; r < rows; r += blockSize)
+      for (int64_t h = 0; h < H; ++h)
+        nonzero += gotDy[size_t(r * H + h)] != 0.0;
+    EXPECT_EQ(nonzero, 0) << "dy at slot 0 of the blocks";
+  }
 }
 
 } // namespace
@@ -168,7 +185,14 @@ TEST(CublasLtGemm, LinearProducts) {
 }
 
 TEST(LmHeadCrossEntropy, ChunkedVectorVocab) {
-  lmHeadCase(300, 4000, 128, 128, 3); // 3 chunks, the last partial
+  lmHeadCase(300, 4000, 128, 128, 0, 3); // 3 chunks, the last partial
 }
 
-TEST(LmHeadCrossEntropy, ScalarVocab) { lmHeadCase(70, 1003, 64, 64, 4); }
+TEST(LmHeadCrossEntropy, ScalarVocab) { lmHeadCase(70, 1003, 64, 64, 0, 4); }
+
+// Slot 0 of each block of 16 left out: 300 of 320 rows computed in chunks of
+// 128 (the last partial, chunk ends inside blocks); blocks of 2 keep half.
+TEST(LmHeadCrossEntropy, SkipsSlotZeroOfBlocks) {
+  lmHeadCase(320, 4000, 128, 128, 16, 5);
+  lmHeadCase(96, 1003, 64, 64, 2, 6);
+}

@@ -697,9 +697,11 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             ptr(o.getLabels()), ptr(o.getWeights()), seed, dy,
                             ptr(o.getHits()))
            << llvm::formatv("      a.rows = {0};\n      a.V = {1};\n"
-                            "      a.H = {2};\n      a.chunkRows = {3};\n",
+                            "      a.H = {2};\n      a.chunkRows = {3};\n"
+                            "      a.blockSize = {4};\n",
                             rowsOf(o.getInput()), w.getDimSize(0),
-                            w.getDimSize(1), kernel.getConstants()[0])
+                            w.getDimSize(1), kernel.getConstants()[0],
+                            kernel.getConstants()[1])
            << "      dflash::kernels::useLmHeadWorkspace(a, "
            << workspace(o, "char") << ");\n"
            << "      dflash::kernels::lm_head_cross_entropy_bf16(gemm(), a, "
