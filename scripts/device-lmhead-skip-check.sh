@@ -6,7 +6,6 @@
 # (qwen3-8b-b16, 4 rows) and train-q8-r1 / train-q8-r1n (the same spec with
 # rows_per_gpu = 1), each pair built from main and from the branch; and
 # device-eval-check.sh's inputs. Logs to $OUT.
-# lm_head kernel both ways, qwen3-8b-b16 old vs new at 4 and 1 rows.
 set -u
 O=${OUT:-/tmp/o}; D=.device
 export NCCL_NVLS_ENABLE=0
