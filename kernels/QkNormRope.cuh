@@ -9,6 +9,8 @@
 // Thread layout: D/16 lanes per head vector, each lane 8 consecutive dims of
 // each half (16-byte loads); every head of a row is loaded before the CTA
 // computes the row's D/2 angles once into shared memory.
+// rope_fwd_bf16 is the rotation alone (a target decoder without q/k norms),
+// with Llama-3's frequency scaling where asked.
 // The backward rotates dy back, applies the norm's backward and reduces the
 // weight gradient through fp32 per-CTA partials and a column sum.
 //
@@ -19,6 +21,7 @@
 
 #include "kernels/CudaCheck.cuh"
 #include "kernels/Reduce.cuh"
+#include "kernels/RopeFrequencies.h"
 #include "kernels/Workspaces.h"
 
 #include <cstdint>
@@ -46,18 +49,41 @@ template <int Lanes> __device__ __forceinline__ float headSum(float v) {
   return v;
 }
 
+/// Llama-3's rescaling of one inverse frequency, in double as
+/// ref::scaledRope does it: wavelengths above original / lowFreqFactor are
+/// divided by factor, those below original / highFreqFactor kept, those
+/// between blended.
+__device__ inline float scaledInverseFrequency(float inv,
+                                               const RopeFrequencies &f) {
+  const double original = f.originalMaxPositions;
+  const double wavelength = 2.0 * 3.14159265358979323846 / inv;
+  if (wavelength > original / f.lowFreqFactor)
+    return static_cast<float>(inv / double(f.factor));
+  if (wavelength >= original / f.highFreqFactor &&
+      f.highFreqFactor != f.lowFreqFactor) {
+    const double smooth = (original / wavelength - f.lowFreqFactor) /
+                          (double(f.highFreqFactor) - f.lowFreqFactor);
+    return static_cast<float>((1.0 - smooth) * inv / f.factor + smooth * inv);
+  }
+  return inv;
+}
+
 /// The row's D/2 cos/sin pairs, computed once per row by the whole CTA into
 /// one of two shared tables (alternating, so one barrier per row suffices):
-/// inv_i = 1 / theta^(2i/D) once per CTA, angle = float(pos) * inv_i.
+/// inv_i = 1 / theta^(2i/D) once per CTA (then Llama-3's scaling, where
+/// asked), angle = float(pos) * inv_i.
 template <int D> struct RopeTables {
   float inv[D / 2];
   float cos[2][D / 2];
   float sin[2][D / 2];
 
-  __device__ void init(float theta) {
-    for (int i = threadIdx.x; i < D / 2; i += blockDim.x)
-      inv[i] =
-          1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(D));
+  __device__ void init(float theta) { init(RopeFrequencies{theta}); }
+  __device__ void init(const RopeFrequencies &f) {
+    for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
+      float v = 1.0f / powf(f.theta, static_cast<float>(2 * i) /
+                                         static_cast<float>(D));
+      inv[i] = f.factor > 0 ? scaledInverseFrequency(v, f) : v;
+    }
     __syncthreads();
   }
   /// Fills table `parity` for position pos; the caller's barrier publishes.
@@ -137,6 +163,56 @@ __global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
         *reinterpret_cast<uint4 *>(yr + i0) = packBf16x8(y1);
         *reinterpret_cast<uint4 *>(yr + D / 2 + i0) = packBf16x8(y2);
       }
+    }
+  }
+}
+
+/// Rotate-half RoPE alone (a target decoder without q/k norms), same
+/// layout and angles as the fused kernel.
+template <int D, int HEADS>
+__global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
+    rope_fwd_bf16_kernel(const __nv_bfloat16 *x, const int32_t *pos,
+                         __nv_bfloat16 *y, int64_t rows, RopeFrequencies freq) {
+  using T = QkNormRopeTiling<D, HEADS>;
+  constexpr int L = T::kLanesPerHead;
+  constexpr int kIters = (HEADS + T::kSlots - 1) / T::kSlots;
+  __shared__ __align__(16) RopeTables<D> tables;
+  const int slot = threadIdx.x / L, li = threadIdx.x % L;
+  const bool active = slot < T::kSlots;
+  const int i0 = li * 8;
+  tables.init(freq);
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    uint4 ra[kIters], rb[kIters];
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      int h = it * T::kSlots + slot;
+      bool valid = active && h < HEADS;
+      const __nv_bfloat16 *xr = x + (row * HEADS + (valid ? h : 0)) * D;
+      ra[it] = *reinterpret_cast<const uint4 *>(xr + i0);
+      rb[it] = *reinterpret_cast<const uint4 *>(xr + D / 2 + i0);
+    }
+    tables.fill(parity, pos[row]);
+    __syncthreads();
+    float c[8], s[8];
+    tables.read(parity, i0, c, s);
+    parity ^= 1;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      int h = it * T::kSlots + slot;
+      if (!(active && h < HEADS))
+        continue;
+      float a[8], b[8], y1[8], y2[8];
+      unpackBf16x8(ra[it], a);
+      unpackBf16x8(rb[it], b);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        y1[e] = a[e] * c[e] - b[e] * s[e];
+        y2[e] = b[e] * c[e] + a[e] * s[e];
+      }
+      __nv_bfloat16 *yr = y + (row * HEADS + h) * D;
+      *reinterpret_cast<uint4 *>(yr + i0) = packBf16x8(y1);
+      *reinterpret_cast<uint4 *>(yr + D / 2 + i0) = packBf16x8(y2);
     }
   }
 }
@@ -256,6 +332,22 @@ void qk_norm_rope_fwd_bf16(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
          detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(
           x, w, pos, y, rows, eps, theta);
   DFLASH_CUDA_CHECK_LAUNCH("qk_norm_rope_fwd_bf16");
+}
+
+/// y [rows, HEADS, D] = rope(x) at positions pos [rows] (ref::rope, or
+/// ref::scaledRope where freq.factor > 0).
+template <int D, int HEADS>
+void rope_fwd_bf16(const __nv_bfloat16 *x, const int32_t *pos,
+                   __nv_bfloat16 *y, int64_t rows, RopeFrequencies freq,
+                   cudaStream_t stream) {
+  if (rows == 0)
+    return;
+  int64_t blocks = rows < 8192 ? rows : 8192;
+  detail::rope_fwd_bf16_kernel<D, HEADS>
+      <<<static_cast<unsigned>(blocks),
+         detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(
+          x, pos, y, rows, freq);
+  DFLASH_CUDA_CHECK_LAUNCH("rope_fwd_bf16");
 }
 
 /// dx [rows, HEADS, D] and dw [D] (summed over rows and heads) of

@@ -21,9 +21,18 @@ set(DFLASH_CUDA_FLAGS -gencode=arch=compute_90a,code=sm_90a
 
 add_subdirectory(dflash/runtime)
 
-add_executable(train main.cpp step.cu eval.cu kernels.cu)
-target_include_directories(train PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
-target_compile_options(train PRIVATE
+# The programs once, for both binaries: `train`, and `target-features`
+# (the online target alone: its features of a token shard, or its speed).
+add_library(dflash_programs OBJECT step.cu eval.cu target.cu kernels.cu)
+target_include_directories(dflash_programs PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_options(dflash_programs PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:${DFLASH_CUDA_FLAGS}>)
-target_link_libraries(train PRIVATE DFlashRuntime)
-set_target_properties(train PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+target_link_libraries(dflash_programs PRIVATE DFlashRuntime)
+add_executable(train main.cpp $<TARGET_OBJECTS:dflash_programs>)
+add_executable(target-features target_features_main.cpp
+               $<TARGET_OBJECTS:dflash_programs>)
+foreach(binary train target-features)
+  target_include_directories(${binary} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+  target_link_libraries(${binary} PRIVATE DFlashRuntime)
+  set_target_properties(${binary} PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
+endforeach()

@@ -27,7 +27,7 @@ PY
 cp $D/bin/train-tinyn $D/bin/train-tiny
 bash scripts/device-eval-check.sh 2>&1 | tail -n 6
 timeout 120 $D/bin/KernelBench $O/kb.jsonl lmhead > $O/kb.txt 2>&1; echo "KernelBench rc=$?"; grep -a "lm_head" $O/kb.txt
-run() { timeout 150 $D/bin/$2 --data synthetic --rows 8 --seed 0 --steps 25 --out /tmp/$1 --log $O/$1.jsonl > $O/$1.out 2>&1; echo "$1 rc=$? $(grep -a 'in use on' $O/$1.out | tail -c 80)"; }
+run() { timeout 150 $D/bin/$2 --data synthetic --rows 8 --seed 0 --steps 25 --out /tmp/$1 --log $O/$1.jsonl > $O/$1.out 2>&1; echo "$1 rc=$? $(grep -a 'in use on' $O/$1.out | tail -c 80)"; rm -rf /tmp/$1; }  # 15 GB checkpoints fill the disk
 run q8-old train-q8; run q8-new train-q8n; run q8-old2 train-q8; run q8-new2 train-q8n
 run r1-old train-q8-r1; run r1-new train-q8-r1n
 python3 - $O <<'PY'

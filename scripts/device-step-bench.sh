@@ -21,6 +21,7 @@ run() { # name binary args...
   timeout 240 "$D/bin/$bin" --data synthetic --rows "${ROWS:-16}" --seed 0 \
     --steps "$steps" --out "/tmp/$name" --log "$O/$name.jsonl" "$@" > "$O/$name.out" 2>&1
   echo "$name rc=$? $(grep -a 'done:' "$O/$name.out" | tail -c 140)"
+  rm -rf "/tmp/$name" # its checkpoints (15 GB each) would fill the disk
 }
 run q8-1gpu train-qwen3-8b --gpus 0
 if [[ $gpus -ge 2 ]]; then

@@ -11,6 +11,8 @@
 //
 // Attention FLOPs count visible (query head, key) pairs only: 4 d per pair
 // forward (QK^T and PV), 2.5 times that backward (the usual convention).
+// The section "causal" times the target model's causal attention forward
+// (kernels/CausalAttention.cuh) at the Qwen3-8B shape, unpacked and packed.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +20,7 @@
 #include "kernels/AdamW.cuh"
 #include "kernels/BlockAttentionBwd.cuh"
 #include "kernels/BlockAttentionFwd.cuh"
+#include "kernels/CausalAttention.cuh"
 #include "kernels/DraftBlocks.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/LmHeadCrossEntropy.cuh"
@@ -45,6 +48,8 @@ namespace {
 
 FILE *jsonOut = nullptr;
 std::string anchorFile; // where the B = 4 anchors go, for torch_reference.py
+// Where the packed rows' positions of the causal section go, for the same.
+std::string causalPositionsFile;
 
 /// Milliseconds from environment variable `name` (unset or empty: `dflt`);
 /// anything but a whole number from 0 to 600000 is refused, naming it.
@@ -653,6 +658,69 @@ void memoryBound(double copyGbs) {
   }
 }
 
+/// The target model's causal attention forward (kernels/CausalAttention.cuh)
+/// at the Qwen3-8B shape (B 4, S 3072, nh/nkv/d 32/8/128): unpacked rows,
+/// and rows packed with conversations of lognormal lengths (mean about 900,
+/// the last one cut at S), written to causalPositionsFile for
+/// torch_reference.py. FLOPs count visible (query head, key) pairs, 4 d each.
+void causal() {
+  constexpr int D = 128, NH = 32, NKV = 8;
+  const int B = 4, S = 3072;
+  const size_t qn = size_t(B) * S * NH * D, kn = size_t(B) * S * NKV * D;
+  bf16 *q = deviceAlloc<bf16>(qn), *k = deviceAlloc<bf16>(kn),
+       *v = deviceAlloc<bf16>(kn), *out = deviceAlloc<bf16>(qn);
+  randomBf16(q, qn, 21, 1.5f);
+  randomBf16(k, kn, 22);
+  randomBf16(v, kn, 23);
+  int32_t *dPositions = deviceAlloc<int32_t>(size_t(B) * S);
+  for (bool packed : {false, true}) {
+    std::vector<int32_t> positions(size_t(B) * S);
+    double pairs = 0; // visible (query, key) pairs, per head
+    int conversations = 0;
+    // sigma 0.8, mean exp(mu + sigma^2 / 2) = 900.
+    std::mt19937_64 rng(77);
+    std::lognormal_distribution<double> length(std::log(900.0) - 0.32, 0.8);
+    for (int b = 0; b < B; ++b) {
+      for (int j = 0; j < S;) {
+        int len = packed ? std::clamp(int(std::lround(length(rng))), 1, S) : S;
+        len = std::min(len, S - j);
+        for (int t = 0; t < len; ++t)
+          positions[size_t(b) * S + j + t] = t;
+        pairs += 0.5 * double(len) * (len + 1);
+        ++conversations;
+        j += len;
+      }
+    }
+    pairs *= NH;
+    if (packed && !causalPositionsFile.empty()) {
+      if (FILE *f = std::fopen(causalPositionsFile.c_str(), "wb")) {
+        std::fwrite(positions.data(), sizeof(int32_t), positions.size(), f);
+        std::fclose(f);
+      }
+    }
+    DFLASH_CUDA_CHECK(cudaMemcpy(dPositions, positions.data(),
+                                 positions.size() * 4, cudaMemcpyHostToDevice));
+    CausalAttentionFwdArgs a{q, k, v, dPositions, out, B, S};
+    const double flops = 4.0 * D * pairs;
+    char name[128], note[96];
+    std::snprintf(note, sizeof(note), "%d conversations, mean %.0f tokens",
+                  conversations, double(B) * S / conversations);
+    auto run = [&](auto launch, const char *variant) {
+      double ms = timeMs([&] { launch(); });
+      std::snprintf(name, sizeof(name), "causal fwd %s B=%d [%s]",
+                    packed ? "packed" : "unpacked", B, variant);
+      report(name, ms, "TFLOP/s", flops / (ms * 1e9), note);
+    };
+    run([&] { causal_attention_fwd_bf16<D, NH, NKV>(a, 0); },
+        "wgmma tma (default)");
+    run([&] { mma_sync_causal_attention_fwd_bf16<D, NH, NKV>(a, 0); },
+        "mma.sync");
+  }
+  for (void *p :
+       {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dPositions})
+    cudaFree(p);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -666,9 +734,10 @@ int main(int argc, char **argv) {
     jsonOut = std::fopen(argv[1], "w");
     std::string path = argv[1];
     size_t slash = path.find_last_of('/');
-    anchorFile = (slash == std::string::npos ? std::string(".")
-                                             : path.substr(0, slash)) +
-                 "/anchors_b4.bin";
+    const std::string dir =
+        slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+    anchorFile = dir + "/anchors_b4.bin";
+    causalPositionsFile = dir + "/causal_positions_b4.bin";
   }
   cudaDeviceProp prop;
   DFLASH_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -698,6 +767,8 @@ int main(int argc, char **argv) {
     lmHead(gemm, 0);
     lmHead(gemm, 16);
   }
+  if (want("causal"))
+    causal();
   if (want("memory"))
     memoryBound(copyGbs);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());

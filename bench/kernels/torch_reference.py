@@ -10,7 +10,13 @@ same way (CUDA events, warm-up, median):
     TFLOP/s counts visible pairs only (4 d per pair forward, 2.5x backward);
   - lm_head + weighted CE: materialised logits (fp32 CE, as trainers do) and
     a chunked version (2048 rows at a time, autograd per chunk), with the
-    extra memory each allocates, and the two GEMMs alone.
+    extra memory each allocates, and the two GEMMs alone;
+  - the target model's causal attention forward (KernelBench's "causal"
+    section: B 4, S 3072, nh/nkv/d 32/8/128): scaled_dot_product_attention
+    (is_causal, enable_gqa) on unpacked rows, and on the packed rows
+    KernelBench wrote (causal_positions_b4.bin beside --out, else the same
+    lognormal lengths drawn here) torch.nn.attention.varlen.varlen_attn
+    where it exists, else flex_attention with a document mask.
 Writes one JSON object per line (name, ms, metric, value, note) to --out.
 Each benchmark is guarded, so one failure does not lose the others.
 """
@@ -196,6 +202,96 @@ def lm_head(report):
            flops / (ms * 1e9))
 
 
+def causal_positions(path, B, S):
+    """The packed rows' position_ids KernelBench wrote, else lognormal
+    conversation lengths (mean about 900) drawn here."""
+    import numpy as np
+    if path and os.path.exists(path):
+        return torch.from_numpy(
+            np.fromfile(path, dtype=np.int32).reshape(B, S).copy())
+    rng = np.random.default_rng(77)
+    rows = []
+    for _ in range(B):
+        pos = []
+        while len(pos) < S:
+            n = int(min(max(round(rng.lognormal(np.log(900.0) - 0.32, 0.8)),
+                            1), S - len(pos)))
+            pos += list(range(n))
+        rows.append(pos)
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def causal(report, positions_path):
+    B, S = 4, 3072
+    torch.manual_seed(0)
+    q = torch.randn(B, S, NH, D, device="cuda", dtype=torch.bfloat16) * 1.5
+    k = torch.randn(B, S, NKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, S, NKV, D, device="cuda", dtype=torch.bfloat16)
+    # Unpacked: every row one conversation.
+    flops = 4.0 * D * NH * B * S * (S + 1) / 2
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    # [B, heads, S, D]
+    with torch.no_grad():
+        ms = time_ms(lambda: F.scaled_dot_product_attention(
+            qt, kt, vt, is_causal=True, enable_gqa=True))
+    report(f"torch sdpa causal fwd unpacked B={B}", ms, "TFLOP/s",
+           flops / (ms * 1e9))
+
+    # Packed: conversations from the position_ids (each starts at 0).
+    pos = causal_positions(positions_path, B, S)
+    starts = (pos.flatten() == 0).nonzero().flatten().tolist() + [B * S]
+    lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
+    flops = 4.0 * D * NH * sum(n * (n + 1) / 2 for n in lengths)
+    note = f"{len(lengths)} conversations, mean {B * S / len(lengths):.0f}"
+    try:
+        import inspect
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    if varlen_attn is not None:
+        params = inspect.signature(varlen_attn).parameters
+        cu = torch.tensor(starts, dtype=torch.int32, device="cuda")
+        longest = max(lengths)
+        kw = {}
+        if "is_causal" in params:
+            kw["is_causal"] = True
+        else:
+            kw["window_size"] = (-1, 0)  # causal
+        qf, kf, vf = (x.reshape(B * S, -1, D) for x in (q, k, v))
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        elif NKV != NH:
+            # No GQA flag: give it every query head's keys (the copies are
+            # made once, outside the timing).
+            kf = kf.repeat_interleave(NH // NKV, dim=1).contiguous()
+            vf = vf.repeat_interleave(NH // NKV, dim=1).contiguous()
+        try:
+            with torch.no_grad():
+                ms = time_ms(lambda: varlen_attn(qf, kf, vf, cu, cu, longest,
+                                                 longest, **kw))
+            report(f"torch varlen_attn causal fwd packed B={B}", ms,
+                   "TFLOP/s", flops / (ms * 1e9), note)
+            return
+        except Exception:
+            traceback.print_exc()
+            print("varlen_attn failed: flex_attention with a document mask")
+    from torch.nn.attention.flex_attention import (create_block_mask,
+                                                   flex_attention)
+    doc = (torch.arange(S).view(1, S) - pos.to(torch.int64)).cuda()
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (doc[b, q_idx] == doc[b, kv_idx])
+
+    block_mask = create_block_mask(mask_mod, B, None, S, S, device="cuda",
+                                   _compile=True)
+    flex = torch.compile(flex_attention, dynamic=False)
+    with torch.no_grad():
+        ms = time_ms(lambda: flex(qt, kt, vt, block_mask=block_mask,
+                                  enable_gqa=True))
+    report(f"torch flex_attention causal fwd packed B={B}", ms, "TFLOP/s",
+           flops / (ms * 1e9), note)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="")
@@ -210,6 +306,10 @@ def main():
                  lambda: attention(report, 4, 2048, True, args.anchors)]
     if not args.only or "lmhead" in args.only:
         jobs.append(lambda: lm_head(report))
+    if not args.only or "causal" in args.only:
+        positions = os.path.join(os.path.dirname(args.out) or ".",
+                                 "causal_positions_b4.bin")
+        jobs.append(lambda: causal(report, positions))
     for job in jobs:
         try:
             job()

@@ -18,9 +18,11 @@ FailureOr<StepSignature> StepSignature::get(ModuleOp module) {
   auto step = module.lookupSymbol<func::FuncOp>(kStepFunctionName);
   if (!step)
     step = module.lookupSymbol<func::FuncOp>(kEvalFunctionName);
+  if (!step)
+    step = module.lookupSymbol<func::FuncOp>(kTargetFunctionName);
   if (!step || step.isExternal())
-    return module.emitError("the module has no func.func @step (or @eval) "
-                            "with a body");
+    return module.emitError("the module has no func.func @step (or @eval, "
+                            "or @target) with a body");
   for (unsigned i = 0; i < step.getNumArguments(); ++i)
     if (!step.getArgAttrOfType<ArgAttr>(i, kArgAttrName))
       return step.emitError()
@@ -35,6 +37,10 @@ FailureOr<StepSignature> StepSignature::get(ModuleOp module) {
 
 bool StepSignature::isEval() const {
   return step.getSymName() == kEvalFunctionName;
+}
+
+bool StepSignature::isTarget() const {
+  return step.getSymName() == kTargetFunctionName;
 }
 
 func::ReturnOp StepSignature::returnOp() const {

@@ -14,10 +14,12 @@
 
 namespace dflash {
 
-/// The program of a module: the training step, or (in a module of its own)
-/// the evaluation program of dflash-make-eval-program.
+/// The program of a module: the training step, or (in modules of their own)
+/// the evaluation program of dflash-make-eval-program and the online
+/// target's forward (compiler/Import/ImportTarget).
 constexpr const char *kStepFunctionName = "step";
 constexpr const char *kEvalFunctionName = "eval";
+constexpr const char *kTargetFunctionName = "target";
 
 /// The attribute dictionary of a @step argument or result that holds
 /// `#dflash.arg<role, name>`.
@@ -27,14 +29,17 @@ mlir::DictionaryAttr argAttrDict(mlir::MLIRContext *ctx,
 
 class StepSignature {
 public:
-  /// The program of `module` (`@step`, else `@eval`), or an error on the
-  /// module when there is none or an argument or result lacks its
-  /// #dflash.arg.
+  /// The program of `module` (`@step`, else `@eval`, else `@target`), or an
+  /// error on the module when there is none or an argument or result lacks
+  /// its #dflash.arg.
   static mlir::FailureOr<StepSignature> get(mlir::ModuleOp module);
 
   /// Whether this is an evaluation program (@eval): no gradients, no
   /// optimizer, its metrics are ForwardSums.
   bool isEval() const;
+  /// Whether this is the online target's forward (@target): frozen weights
+  /// in, the tapped features (`target_hidden`) out, no metrics.
+  bool isTarget() const;
 
   mlir::func::FuncOp func() const { return step; }
   mlir::func::ReturnOp returnOp() const;

@@ -77,7 +77,7 @@ cl::opt<Program> program(
                clEnumValN(Program::Target, "target",
                           "the online target's forward up to its last "
                           "tapped layer (needs --target or [target] path; "
-                          "--emit=graph only, so far)")),
+                          "graph, fused or planned)")),
     cl::cat(category));
 
 cl::opt<std::string> outputFile(
@@ -161,13 +161,9 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     return fail("--program=target needs the target model: --target DIR or "
                 "[target] path in '" +
                 inputFile + "'");
-  if (target && emitStage != EmitStage::Spec &&
-      (program != Program::Target || emitStage != EmitStage::Graph))
-    return fail("the online target '" + target->configPath +
-                "' is compiled to --program=target --emit=graph only so far: "
-                "its kernels and a trainer that runs it do not exist yet; "
-                "train from stored features (tools/dflash-prepare features) "
-                "and leave --target and [target] path out");
+  if (program == Program::Target && emitStage == EmitStage::Train)
+    return fail("--program=target has no training step (the target is "
+                "frozen): print it with --emit=graph, fused or planned");
 
   bool directoryOutput = emitStage >= EmitStage::Cuda;
   std::string outputPath = outputFile;
@@ -203,12 +199,25 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     sourceMgr.AddNewSourceBuffer(std::move(*buffer), llvm::SMLoc());
   mlir::SourceMgrDiagnosticHandler diagHandler(sourceMgr, &context);
 
-  if (program == Program::Target) {
-    mlir::OwningOpRef<mlir::ModuleOp> targetModule =
-        importTarget(context, *spec, *target);
+  // The online target: its own module, lowered like the evaluation program.
+  mlir::OwningOpRef<mlir::ModuleOp> targetModule;
+  if (target && (program == Program::Target || directoryOutput)) {
+    targetModule = importTarget(context, *spec, *target);
     if (!targetModule)
       return fail("the target graph built from '" + target->configPath +
                   "' does not verify");
+    mlir::PassManager pm(&context);
+    if (failed(mlir::applyPassManagerCLOptions(pm)))
+      return fail("invalid pass manager options");
+    if (emitStage == EmitStage::Fused)
+      pm.addPass(createFuseKernels());
+    else if (emitStage >= EmitStage::Planned)
+      buildLowerEvalToKernelsPipeline(pm);
+    if (failed(pm.run(*targetModule)))
+      return fail("compiling the online target of '" + target->configPath +
+                  "' failed");
+  }
+  if (program == Program::Target && !directoryOutput) {
     targetModule->print(output->os());
     output->os() << "\n";
     output->keep();
@@ -266,7 +275,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
 
   if (directoryOutput) {
     mlir::FailureOr<CudaTrainerSources> sources =
-        translateToCuda(*module, *evalModule);
+        translateToCuda(*module, *evalModule,
+                        targetModule ? *targetModule : mlir::ModuleOp());
     if (failed(sources))
       return fail("translating '" + inputFile + "' to CUDA failed");
     CudaTrainerOptions options;
@@ -276,7 +286,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (failed(writeCudaTrainer(*sources, options, error)))
       return fail(error);
     llvm::errs() << "dflashc: wrote " << outputPath
-                 << "/{step.cu,eval.cu,kernels.cu,kernels.h,main.cpp,"
+                 << "/{step.cu,eval.cu,target.cu,kernels.cu,kernels.h,main.cpp,"
                     "manifest.json,CMakeLists.txt}\n";
     if (printSummary)
       printStepSummary(llvm::errs(), *spec, *module);

@@ -12,6 +12,7 @@
 
 #include "compiler/Import/ImportTarget.h"
 
+#include "compiler/Analysis/ModelConfigAttr.h"
 #include "compiler/Import/GraphBuilding.h"
 
 #include "dialect/DFlashOps.h"
@@ -86,6 +87,9 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
   Location moduleLoc = loc(spec.name + "-target");
   OwningOpRef<ModuleOp> module =
       ModuleOp::create(moduleLoc, spec.name + "-target");
+  // The drafter it feeds: the emitter names the pair's programs from it.
+  (*module)->setAttr(::dflash::kModelConfigAttrName,
+                     ::dflash::modelConfigToAttr(&ctx, spec));
 
   unsigned aIds = addArg(t({B, S}, i32), ArgRole::Input, "input_ids");
   unsigned aPositions = addArg(t({B, S}, i32), ArgRole::Input, "position_ids");

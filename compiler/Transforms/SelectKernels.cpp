@@ -196,6 +196,37 @@ FailureOr<Choice> select(Operation *op) {
           c.workspace = int64_t(kernels::qkNormRopeBwdWorkspaceBytes(D));
         return c;
       })
+      .Case<RopeOp, ScaledRopeOp>([](Operation *o) -> Result {
+        // A target decoder's RoPE without q/k norms (the drafter's is
+        // always fused with them).
+        auto x = tensorOf(o->getOperand(0));
+        int64_t heads = x.getDimSize(2), D = x.getDimSize(3);
+        if (D % 16 != 0 || D > 512)
+          return o->emitOpError()
+                 << "has no RoPE kernel for head dim " << D
+                 << ": the target's 'head_dim' must be a multiple of 16, at "
+                    "most 512";
+        return named("rope_fwd_bf16", {D, heads});
+      })
+      .Case([](CausalAttentionOp o) -> Result {
+        auto q = tensorOf(o.getQuery()), k = tensorOf(o.getKeys());
+        int64_t D = q.getDimSize(3), NH = q.getDimSize(2),
+                NKV = k.getDimSize(2);
+        if (!kernels::causalAttentionSupportsHeadDim(D))
+          return o.emitOpError()
+                 << "has no causal attention kernel for head dim " << D
+                 << ": the target's 'head_dim' must be 64 or 128";
+        return named("causal_attention_fwd_bf16", {D, NH, NKV});
+      })
+      .Case([](EmbedOp o) -> Result {
+        // A target's token embedding (the drafter's is draft_embed).
+        int64_t H = tensorOf(o.getTable()).getDimSize(1);
+        if (H % 8 != 0)
+          return o.emitOpError() << "has no embedding kernel for rows of " << H
+                                 << ": 'hidden_size' must be a multiple of 8";
+        return named("embed_rows_bf16");
+      })
+      .Case([](ConcatLastOp) -> Result { return named("copy_columns"); })
       .Case([](BlockAttentionOp o) { return attention(o, false); })
       .Case([](BlockAttentionGradOp o) { return attention(o, true); })
       .Case([](SwigluOp) -> Result { return named("swiglu_fwd_bf16"); })

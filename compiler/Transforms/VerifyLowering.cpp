@@ -28,7 +28,9 @@ struct VerifyLoweringPass
       // Graph-level ops that dflash-fuse-kernels groups into a kernel.
       // (An lm_head_ce without its gradient, as an evaluation has, runs
       // as it is.)
-      if (isa<EmbedOp, DraftTokensOp, RopeOp, RopeGradOp, LmHeadCeGradOp,
+      // (embed and rope run alone in a target decoder, which has no draft
+      // tokens and, in Llama, no q/k norms.)
+      if (isa<DraftTokensOp, RopeGradOp, LmHeadCeGradOp,
               ConvertOp, GlobalNormOp, ClipCoefficientOp, LrScheduleOp,
               AdamWOp>(op) ||
           !isDFlash) {

@@ -82,7 +82,8 @@ static Status settleResumedRun(const TrainOptions &o, const std::string &ckpt,
 }
 
 Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
-                              PreparedRun &run, int64_t node, int64_t nodes) {
+                              PreparedRun &run, int64_t node, int64_t nodes,
+                              const std::vector<BufferSpec> *onlineTarget) {
   if (o.gpus.empty())
     return Status::error("--gpus: no device to train on");
   bool synthetic = o.data == "synthetic";
@@ -130,7 +131,11 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
                          " exceeds the schedule length of " +
                          std::to_string(settings.totalSteps) + " steps");
 
-  // Data.
+  // Data. With an online target, shards may hold tokens only: then the
+  // target computes their features (feature shards are read as they are).
+  bool online = false;
+  const ShardContents contents =
+      onlineTarget ? ShardContents::Tokens : ShardContents::Features;
   if (synthetic) {
     run.synthetic = std::make_unique<SyntheticProblem>();
     if (Status s = run.synthetic->init(config, settings.seed); !s.ok())
@@ -144,13 +149,23 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     run.rows = std::move(rows);
   } else {
     auto reader = std::make_unique<FeatureShardReader>();
-    if (Status s = reader->open(o.data, config); !s.ok())
+    if (Status s = reader->open(o.data, config, contents); !s.ok())
       return s;
     if (reader->numRows() == 0)
       return Status::error(
           o.data + ": no usable rows (" +
           std::to_string(reader->numDroppedRows()) +
           " dropped for having fewer than 2 consecutive supervised tokens)");
+    const int64_t withFeatures = reader->shardsWithFeatures();
+    if (withFeatures != 0 && withFeatures != reader->numShards())
+      return Status::error(
+          "--data " + o.data + ": " + std::to_string(withFeatures) + " of " +
+          std::to_string(reader->numShards()) +
+          " shards hold hidden_states and the others only tokens; give "
+          "token shards (the online target computes their features) or "
+          "feature shards");
+    // (validateTrainOptions made sure --target is given.)
+    online = withFeatures == 0;
     run.rows = std::move(reader);
   }
   {
@@ -176,8 +191,16 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     run.evalRows = std::move(rows);
   } else if (!o.evalData.empty()) {
     auto reader = std::make_unique<FeatureShardReader>();
-    if (Status s = reader->open(o.evalData, config); !s.ok())
+    if (Status s = reader->open(o.evalData, config, contents); !s.ok())
       return Status::error("--eval-data: " + s.message());
+    // The held-out rows go through the same path as the training rows.
+    if (reader->shardsWithFeatures() != (online ? 0 : reader->numShards()))
+      return Status::error(
+          "--eval-data " + o.evalData + ": " +
+          (online ? "the training data are token shards, so the held-out "
+                    "rows must be token shards too"
+                  : "the training data are feature shards, so the held-out "
+                    "rows must be feature shards too"));
     if (reader->numRows() == 0)
       return Status::error(
           "--eval-data " + o.evalData + ": no usable rows (" +
@@ -198,6 +221,19 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     return Status::error("--data " + o.data +
                          " needs --target DIR for the frozen embedding and "
                          "lm_head");
+  }
+
+  // The online target's own tensors, by their checkpoint names.
+  if (online) {
+    std::vector<FrozenTensor> wanted;
+    for (const BufferSpec &b : *onlineTarget)
+      if (b.role == BufferRole::Frozen)
+        wanted.push_back({b.name, b.shape});
+    if (Status s = loadFrozenTensors(o.target, wanted, "the online target",
+                                     run.targetProgramWeights);
+        !s.ok())
+      return s;
+    run.inputs.targetProgramWeights = &run.targetProgramWeights;
   }
 
   // Initial parameters of a fresh run.

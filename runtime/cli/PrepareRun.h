@@ -32,6 +32,8 @@ struct PreparedRun {
   std::unique_ptr<RowSource> rows;
   std::unique_ptr<RowSource> evalRows; ///< --eval-data, if given
   TargetWeights loadedTarget;
+  /// The online target's frozen tensors (TrainerInputs::targetProgramWeights).
+  std::vector<std::vector<uint16_t>> targetProgramWeights;
   TrainerInputs inputs;
   TrainerOptions trainer;
   std::string resumedFrom; ///< the checkpoint directory, when resuming
@@ -45,8 +47,15 @@ struct PreparedRun {
 /// length, seed and synthetic rows; giving different ones is an error). The
 /// run has `nodes` processes of options.gpus each; this one is `node`; a
 /// resumed run must have the world size (nodes x GPUs) of its checkpoint.
+/// Everything of a run the host can check and load before a GPU is touched.
+/// `onlineTarget`: the buffers of the trainer's compiled online target
+/// (createTargetProgram), or null when it has none. With one, shard data
+/// may be token shards: the target's tensors are loaded from --target by
+/// name and the features computed on the GPU (features stored in the
+/// shards are then not read).
 Status prepareRun(const TrainOptions &options, const ModelConfig &config,
-                  PreparedRun &run, int64_t node = 0, int64_t nodes = 1);
+                  PreparedRun &run, int64_t node = 0, int64_t nodes = 1,
+                  const std::vector<BufferSpec> *onlineTarget = nullptr);
 
 } // namespace dflash::rt
 

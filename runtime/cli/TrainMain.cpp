@@ -188,9 +188,17 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
         !s.ok())
       return failRun(s.message());
   }
+  // The online target, where the trainer was compiled with one: its
+  // buffers say which checkpoint tensors to load.
+  std::unique_ptr<StepProgram> target =
+      programs.target ? programs.target() : nullptr;
   PreparedRun run;
-  if (Status s = prepareRun(options, config, run, node, nodes); !s.ok())
+  if (Status s = prepareRun(options, config, run, node, nodes,
+                            target ? &target->buffers() : nullptr);
+      !s.ok())
     return failRun(s.message());
+  if (run.inputs.targetProgramWeights)
+    run.inputs.targetProgram = programs.target;
   run.layout.processes = processes.get();
   int64_t firstStep = run.inputs.resume ? run.inputs.resume->step : 0;
   MetricsLog log;
@@ -236,6 +244,13 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
        "; schedule of " + std::to_string(run.trainer.run.totalSteps) +
        " steps, lr " + numberText(run.trainer.run.lr) + ", warmup ratio " +
        numberText(run.trainer.run.warmupRatio));
+  if (run.inputs.targetProgram)
+    note("online target: " + options.target + ", " +
+         std::to_string(run.targetProgramWeights.size()) +
+         " tensors; its features are computed on the GPU before every step");
+  else if (target)
+    note("the rows carry their own features: the compiled online target "
+         "is not used");
   if (run.evalRows)
     note("held-out data: " + options.evalData + ", " +
          std::to_string(run.evalRows->numRows()) + " rows, evaluated " +
@@ -260,6 +275,8 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
   // keeps its own: it generates rows from them.)
   run.inputs.params.clear();
   run.inputs.params.shrink_to_fit();
+  run.targetProgramWeights.clear();
+  run.targetProgramWeights.shrink_to_fit();
   run.inputs.resume.reset();
   run.loadedTarget = TargetWeights();
   for (int local = 0; local < group.localRanks(); ++local) {

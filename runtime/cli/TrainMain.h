@@ -5,7 +5,8 @@
 //   int main(int argc, char **argv) {
 //     return dflash::rt::trainMain(argc, argv,
 //                                  {&dflash::rt::createStepProgram,
-//                                   &dflash::rt::createEvalProgram});
+//                                   &dflash::rt::createEvalProgram,
+//                                   &dflash::rt::createTargetProgram});
 //   }
 //
 // trainMain parses and checks the whole command line, loads the target
@@ -31,13 +32,15 @@
 
 namespace dflash::rt {
 
-/// What a generated trainer is built with: its compiled step and its
-/// evaluation program (StepProgram.h). Neither may touch the GPU (bind()
-/// does); `eval` may be null, or return null, for a trainer without one,
-/// which then refuses --eval-data.
+/// What a generated trainer is built with: its compiled step, its
+/// evaluation program and its online target (StepProgram.h). None may touch
+/// the GPU (bind() does); `eval` may be null, or return null, for a trainer
+/// without one, which then refuses --eval-data; `target` likewise, and the
+/// trainer then reads the features from its shards.
 struct GeneratedPrograms {
   std::unique_ptr<StepProgram> (*step)() = nullptr;
   std::unique_ptr<StepProgram> (*eval)() = nullptr;
+  std::unique_ptr<StepProgram> (*target)() = nullptr;
 };
 
 /// The whole `train` command; returns the process exit code: 0 when done,

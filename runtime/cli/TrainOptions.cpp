@@ -84,12 +84,15 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   app.get_formatter()->column_width(34);
   app.add_option("--target", options.target,
                  "Hugging Face directory of the target model, for its frozen "
-                 "embedding and lm_head (default with --data synthetic: the "
-                 "synthetic target)")
+                 "embedding and lm_head, and, in a trainer compiled with "
+                 "dflashc --target, the weights of the online target that "
+                 "computes the features of token shards (default with "
+                 "--data synthetic: the synthetic target)")
       ->type_name("DIR");
   app.add_option("--data", options.data,
                  "'synthetic' (a learnable synthetic problem, for smoke runs "
-                 "and benchmarks), or a directory or file of feature shards")
+                 "and benchmarks), or a directory or file of feature shards "
+                 "(token shards where the trainer has an online target)")
       ->type_name("synthetic|DIR")
       ->required();
   CLI::Option *steps = app.add_option(

@@ -339,3 +339,10 @@ std::string FeatureShardReader::describeRow(int64_t index) const {
   const RowLocation &location = rowIndex[size_t(index)];
   return shards[location.shard].path() + " row " + std::to_string(location.row);
 }
+
+int64_t FeatureShardReader::shardsWithFeatures() const {
+  int64_t n = 0;
+  for (const SafetensorsFile &shard : shards)
+    n += shard.find("hidden_states") ? 1 : 0;
+  return n;
+}

@@ -54,6 +54,10 @@ public:
   bool hasPinnedAnchors() const override { return pinned; }
   Status readRow(int64_t index, const RowBuffers &out) const override;
 
+  /// How many of the shards carry hidden_states (all of them unless opened
+  /// with ShardContents::Tokens).
+  int64_t shardsWithFeatures() const;
+  int64_t numShards() const { return int64_t(shards.size()); }
   /// Rows dropped for having no anchor candidate.
   int64_t numDroppedRows() const { return dropped; }
   /// The shard files, in reading order.

@@ -217,6 +217,14 @@ void CompiledStep::copy(void *to, const void *from, size_t bytes,
        what);
 }
 
+void CompiledStep::copyColumns(void *to, size_t toPitch, const void *from,
+                               size_t widthBytes, size_t rows,
+                               cudaStream_t stream) {
+  note(cudaMemcpy2DAsync(to, toPitch, from, widthBytes, widthBytes, rows,
+                         cudaMemcpyDeviceToDevice, stream),
+       "copy a column band");
+}
+
 void CompiledStep::allReduce(float *data, size_t count, cudaStream_t stream) {
   if (res.allReduceSum)
     res.allReduceSum(res.collectives, data, count, stream);

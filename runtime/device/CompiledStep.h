@@ -118,6 +118,10 @@ protected:
   /// A device-to-device copy on `stream`.
   void copy(void *to, const void *from, size_t bytes, cudaStream_t stream,
             const char *what);
+  /// `rows` rows of `widthBytes` from a dense `from` into `to`, whose rows
+  /// are `toPitch` bytes apart (a band of columns: dflash.concat_last).
+  void copyColumns(void *to, size_t toPitch, const void *from,
+                   size_t widthBytes, size_t rows, cudaStream_t stream);
   /// Sums `count` floats over every GPU in place; nothing on one GPU.
   void allReduce(float *data, size_t count, cudaStream_t stream);
   /// Whether the gradients go through the fp32 buckets and a collective

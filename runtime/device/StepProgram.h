@@ -107,6 +107,14 @@ std::unique_ptr<StepProgram> createStepProgram();
 /// summed over the GPUs; enqueue() changes nothing but its metrics and
 /// arena. nullptr when the trainer was built without one.
 std::unique_ptr<StepProgram> createEvalProgram();
+/// Defined by the generated target.cu: the online target's forward (train
+/// --target on token shards), a StepProgram whose buffers are its inputs
+/// (input_ids, position_ids: bound to the step's), its frozen weights (by
+/// their checkpoint names, BufferSpec::index -1) and, after them, its output
+/// target_hidden (bound to the step's input). No metrics; enqueue() writes
+/// target_hidden and its arena only. nullptr when the trainer was built
+/// without one.
+std::unique_ptr<StepProgram> createTargetProgram();
 
 } // namespace dflash::rt
 

@@ -101,6 +101,8 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"lr\": " + jsonNumber("%.9g", m.lr) +
          ", \"step_ms\": " + jsonNumber("%.4f", m.stepMs) +
          ", \"compute_ms\": " + jsonNumber("%.4f", m.computeMs) +
+         (m.targetMs > 0 ? ", \"target_ms\": " + jsonNumber("%.4f", m.targetMs)
+                         : std::string()) +
          ", \"tokens_per_s\": " + jsonNumber("%.1f", m.contextTokensPerS) +
          ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
          ", \"tflops\": " + jsonNumber("%.3f", m.tflops) +
@@ -251,14 +253,20 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
   if (m.skippedRows > 0)
     std::snprintf(skipped, sizeof(skipped), "  skipped rows %lld",
                   (long long)m.skippedRows);
-  char head[160], tail[320];
+  // Both sides' busy time, so that a user can balance the split.
+  char target[64] = "";
+  if (m.targetMs > 0)
+    std::snprintf(target, sizeof(target), " (target %.1f, drafter %.1f)",
+                  m.targetMs, m.computeMs - m.targetMs);
+  char head[160], tail[384];
   std::snprintf(
       head, sizeof(head), "step %lld/%lld  loss %.4f  acc %.4f  tau %.2f",
       (long long)stepsDone, (long long)finalStep, m.loss, m.acc, m.tau);
   std::snprintf(tail, sizeof(tail),
-                "  %s tok/s  draft %s tok/s  %.1f ms/step%s%s  ETA %s",
+                "  %s tok/s  draft %s tok/s  %.1f ms/step%s%s%s  ETA %s",
                 formatRate(m.contextTokensPerS).c_str(),
-                formatRate(m.draftTokensPerS).c_str(), m.stepMs, ranks, skipped,
+                formatRate(m.draftTokensPerS).c_str(), m.stepMs, target, ranks,
+                skipped,
                 formatDuration(etaSeconds).c_str());
   return head + positionText(m.accByPosition) + tail;
 }

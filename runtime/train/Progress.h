@@ -53,6 +53,9 @@ struct StepMetrics {
   std::vector<double> accByPosition;
   double stepMs = 0;    ///< input copies and the step (slowest rank)
   double computeMs = 0; ///< the step alone, without the input copies
+  /// The online target's share of computeMs (0 without one; slowest rank
+  /// of this process).
+  double targetMs = 0;
   /// Every rank's stepMs, in rank order; empty when not reported per rank.
   std::vector<double> rankStepMs;
   double contextTokensPerS = 0;

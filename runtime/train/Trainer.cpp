@@ -77,6 +77,21 @@ void Trainer::releaseDeviceObjects() {
   evalArena = nullptr;
   evalSums = nullptr;
   evalDone = nullptr;
+  if (targetGraphExec)
+    (void)cudaGraphExecDestroy(targetGraphExec);
+  if (targetGraph)
+    (void)cudaGraphDestroy(targetGraph);
+  if (targetDone)
+    (void)cudaEventDestroy(targetDone);
+  for (void *buffer : targetWeights)
+    (void)cudaFree(buffer);
+  if (targetArena)
+    (void)cudaFree(targetArena);
+  targetGraphExec = nullptr;
+  targetGraph = nullptr;
+  targetDone = nullptr;
+  targetWeights.clear();
+  targetArena = nullptr;
   hostCounters = nullptr;
   hostMetrics = nullptr;
 }
@@ -352,6 +367,9 @@ Status Trainer::init(const TrainerInputs &inputs) {
   if (inputs.evalRows)
     if (Status s = bindEvalProgram(*inputs.evalRows); !s.ok())
       return s;
+  if (inputs.targetProgram)
+    if (Status s = bindTargetProgram(inputs); !s.ok())
+      return s;
 
   // Data: this rank's batches in BatchLoader order, from the resumed
   // position when there is one.
@@ -384,6 +402,11 @@ Status Trainer::init(const TrainerInputs &inputs) {
     return s;
   for (int index : map.inputs) {
     void *buffer = nullptr;
+    // The online target writes target_hidden on the device.
+    if (targetProgram && index == map.input(StepInput::TargetHidden)) {
+      staging.push_back(nullptr);
+      continue;
+    }
     size_t bytes = program.buffers()[size_t(index)].bytes();
     if (Status s = cudaCallStatus(cudaMalloc(&buffer, bytes),
                                   "allocating " + std::to_string(bytes) +
@@ -500,6 +523,85 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
   return Status::success();
 }
 
+Status Trainer::bindTargetProgram(const TrainerInputs &inputs) {
+  targetProgram = inputs.targetProgram();
+  if (!targetProgram || !inputs.targetProgramWeights)
+    return Status::error("the online target: no target program or weights");
+  if (targetProgram->config().name != config.name)
+    return Status::error("the online target was compiled for '" +
+                         targetProgram->config().name +
+                         "' but the step for '" + config.name + "'");
+  // Its inputs and its output are the step's inputs of the same name; its
+  // weights are its own buffers.
+  const std::vector<BufferSpec> &specs = targetProgram->buffers();
+  const std::vector<BufferSpec> &stepSpecs = program.buffers();
+  const std::vector<std::vector<uint16_t>> &weights =
+      *inputs.targetProgramWeights;
+  std::vector<void *> bound;
+  size_t frozen = 0;
+  for (const BufferSpec &b : specs) {
+    if (b.role == BufferRole::Frozen) {
+      if (frozen >= weights.size() ||
+          weights[frozen].size() * 2 != b.bytes())
+        return Status::error("the online target's weight '" + b.name +
+                             "' was not loaded with " +
+                             std::to_string(b.bytes()) + " bytes");
+      // The token embedding is the drafter's frozen embedding: one copy.
+      const int embed = map.frozenWeight(FrozenWeight::Embed);
+      if (b.name == "model.embed_tokens.weight" &&
+          stepSpecs[size_t(embed)].shape == b.shape) {
+        ++frozen;
+        bound.push_back(device.buffers()[size_t(embed)]);
+        continue;
+      }
+      void *buffer = nullptr;
+      if (Status s = cudaCallStatus(cudaMalloc(&buffer, b.bytes()),
+                                    "allocating the target's '" + b.name +
+                                        "' (" + formatBytes(b.bytes()) + ")");
+          !s.ok())
+        return s;
+      targetWeights.push_back(buffer);
+      if (Status s = cudaCallStatus(cudaMemcpy(buffer, weights[frozen].data(),
+                                               b.bytes(),
+                                               cudaMemcpyHostToDevice),
+                                    "uploading the target's '" + b.name + "'");
+          !s.ok())
+        return s;
+      ++frozen;
+      bound.push_back(buffer);
+      continue;
+    }
+    std::optional<StepInput> input =
+        b.role == BufferRole::Input ? parseStepInput(b.name) : std::nullopt;
+    const int index = input ? map.input(*input) : -1;
+    if (index < 0 || stepSpecs[size_t(index)].dtype != b.dtype ||
+        stepSpecs[size_t(index)].shape != b.shape)
+      return Status::error("the online target's buffer '" + b.name + "' " +
+                           shapeString(b.shape) +
+                           " is not an input of the step of that shape");
+    bound.push_back(device.buffers()[size_t(index)]);
+  }
+  if (frozen != weights.size())
+    return Status::error("the online target has " + std::to_string(frozen) +
+                         " weights but " + std::to_string(weights.size()) +
+                         " were loaded");
+  void *arena = device.arena();
+  if (targetProgram->arenaBytes() > device.arenaBytes()) {
+    if (Status s = cudaCallStatus(
+            cudaMalloc(&targetArena, targetProgram->arenaBytes()),
+            "allocating the online target's arena (" +
+                formatBytes(targetProgram->arenaBytes()) + ")");
+        !s.ok())
+      return s;
+    arena = targetArena;
+  }
+  if (Status s = cudaCallStatus(
+          cudaEventCreate(&targetDone), "cudaEventCreate");
+      !s.ok())
+    return s;
+  return targetProgram->bind(bound, arena, device.resources(), StepHyper{});
+}
+
 Status Trainer::evaluate(EvalMetrics &metrics) {
   if (!initialised)
     return Status::error("the trainer is not initialised");
@@ -534,6 +636,8 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     const auto sources = batch->inputs();
     for (int k = 0; k < kNumStepInputs; ++k) {
       const BufferSpec &spec = specs[size_t(evalMap.inputs[size_t(k)])];
+      if (targetProgram && StepInput(k) == StepInput::TargetHidden)
+        continue; // the online target writes it below
       if (Status s = cudaCallStatus(
               cudaMemcpyAsync(device.buffers()[size_t(map.inputs[size_t(k)])],
                               sources[k], spec.bytes(), cudaMemcpyHostToDevice,
@@ -542,6 +646,9 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
           !s.ok())
         return s;
     }
+    if (targetProgram)
+      if (Status s = targetProgram->enqueue(stream); !s.ok())
+        return Status::error(where + ": " + s.message());
     if (Status s = evalProgram->enqueue(stream); !s.ok())
       return Status::error(where + ": " + s.message());
     if (Status s = cudaCallStatus(cudaGetLastError(),
@@ -584,6 +691,26 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
 
 Status Trainer::captureGraph() {
   cudaStream_t stream = device.stream();
+  if (targetProgram) {
+    if (Status s = cudaCallStatus(
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCapture");
+        !s.ok())
+      return s;
+    Status enqueued = targetProgram->enqueue(stream);
+    cudaError_t ended = cudaStreamEndCapture(stream, &targetGraph);
+    if (!enqueued.ok())
+      return enqueued;
+    if (Status s = cudaCallStatus(ended, "capturing the online target as a "
+                                         "CUDA graph (try --no-graph)");
+        !s.ok())
+      return s;
+    if (Status s =
+            cudaCallStatus(cudaGraphInstantiate(&targetGraphExec, targetGraph, 0),
+                           "cudaGraphInstantiate of the online target");
+        !s.ok())
+      return s;
+  }
   // Thread-local: other trainers of this process may make unsafe calls
   // (cudaMalloc, synchronisation) on their own threads meanwhile.
   if (Status s = cudaCallStatus(
@@ -656,6 +783,8 @@ Status Trainer::stageNextBatch() {
   const auto &indices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i) {
     const BufferSpec &spec = program.buffers()[size_t(indices[i])];
+    if (!staging[i]) // made on the device (the online target's features)
+      continue;
     if (Status s =
             cudaCallStatus(cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
                                            cudaMemcpyHostToDevice, copyStream),
@@ -725,7 +854,7 @@ Status Trainer::step(StepMetrics &metrics) {
     return s;
   const auto &inputIndices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i)
-    if (Status s = cudaCallStatus(
+    if (Status s = !staging[i] ? Status::success() : cudaCallStatus(
             cudaMemcpyAsync(buffers[size_t(inputIndices[i])], staging[i],
                             specs[size_t(inputIndices[i])].bytes(),
                             cudaMemcpyDeviceToDevice, stream),
@@ -748,6 +877,23 @@ Status Trainer::step(StepMetrics &metrics) {
       !s.ok())
     return s;
 
+  // The online target's features, then the step that reads them.
+  if (targetProgram) {
+    if (Status s =
+            useGraph ? cudaCallStatus(cudaGraphLaunch(targetGraphExec, stream),
+                                      where + ": cudaGraphLaunch of the target")
+                     : targetProgram->enqueue(stream);
+        !s.ok())
+      return Status::error(where + ": " + s.message());
+    if (Status s = cudaCallStatus(cudaGetLastError(),
+                                  where + ": launching the target");
+        !s.ok())
+      return s;
+    if (Status s = cudaCallStatus(cudaEventRecord(targetDone, stream),
+                                  where + ": cudaEventRecord");
+        !s.ok())
+      return s;
+  }
   if (useGraph) {
     if (Status s = cudaCallStatus(cudaGraphLaunch(graphExec, stream),
                                   where + ": cudaGraphLaunch");
@@ -834,6 +980,15 @@ Status Trainer::step(StepMetrics &metrics) {
       metricValues(map.metric(StepMetric::PositionCounts)), config.blockSize);
   metrics.stepMs = elapsedMs;
   metrics.computeMs = computeMs;
+  if (targetProgram) {
+    float targetMs = 0;
+    if (Status s = cudaCallStatus(
+            cudaEventElapsedTime(&targetMs, copiesDone, targetDone),
+            where + ": cudaEventElapsedTime");
+        !s.ok())
+      return s;
+    metrics.targetMs = targetMs;
+  }
   setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());
   if (afterFirstStep.totalBytes == 0)
     if (Status s = device.memory(afterFirstStep); !s.ok())

@@ -157,6 +157,7 @@ private:
       std::string &dir);
   /// Maps, allocates and binds the evaluation program (init()).
   Status bindEvalProgram(const RowSource &rows);
+  Status bindTargetProgram(const TrainerInputs &inputs);
   void releaseDeviceObjects();
 
   StepProgram &program;
@@ -210,6 +211,16 @@ private:
   std::vector<size_t> evalSumOffsets; ///< in floats, by ForwardSum
   size_t evalArenaBytes = 0, evalSumBytes = 0;
   cudaEvent_t evalDone = nullptr;
+
+  // The online target (TrainerInputs::targetProgram): its program, its own
+  // frozen buffers, and its arena where the step's is too small to share
+  // (the two run one after the other on one stream).
+  std::unique_ptr<StepProgram> targetProgram;
+  std::vector<void *> targetWeights;
+  void *targetArena = nullptr;
+  cudaGraph_t targetGraph = nullptr;
+  cudaGraphExec_t targetGraphExec = nullptr;
+  cudaEvent_t targetDone = nullptr;
 };
 
 } // namespace dflash::rt

@@ -358,6 +358,9 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
   };
   metrics.stepMs = slowest(stepMs);
   metrics.computeMs = slowest(computeMs);
+  metrics.targetMs = 0; // this process's GPUs only
+  for (const std::unique_ptr<Worker> &w : workers)
+    metrics.targetMs = std::max(metrics.targetMs, w->metrics.targetMs);
   metrics.rankStepMs = stepMs;
   metrics.skippedRows = 0;
   for (int64_t count : skipped)

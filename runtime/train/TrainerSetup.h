@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@
 namespace dflash::rt {
 
 class ProcessGroup;
+class StepProgram; // runtime/device/StepProgram.h (CUDA-side)
 
 /// Whether this build can create NCCL communicators (several GPUs, --nccl).
 bool collectivesAvailable();
@@ -70,6 +72,13 @@ struct TrainerInputs {
   /// bf16 parameters in parameterTable order: initial, or the resumed
   /// checkpoint's.
   std::vector<std::vector<uint16_t>> params;
+  /// The online target (train --target on token shards): makes each GPU's
+  /// target program (the generated createTargetProgram), which computes
+  /// target_hidden on the device before every step; its frozen tensors come
+  /// in `targetProgramWeights`, in the order of its Frozen buffers
+  /// (loadFrozenTensors). Unset: the rows carry their features.
+  std::function<std::unique_ptr<StepProgram>()> targetProgram;
+  const std::vector<std::vector<uint16_t>> *targetProgramWeights = nullptr;
   /// Masters, moments, step, data position and the anchor Rng of every rank
   /// of a resumed run; absent for a fresh one (masters = widened params,
   /// moments 0, step 0).

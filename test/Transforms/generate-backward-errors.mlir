@@ -1,6 +1,6 @@
 // RUN: dflash-opt %s --dflash-generate-backward --split-input-file --verify-diagnostics
 
-// expected-error @+1 {{the module has no func.func @step (or @eval) with a body}}
+// expected-error @+1 {{the module has no func.func @step (or @eval, or @target) with a body}}
 module {
   func.func @not_step() {
     return

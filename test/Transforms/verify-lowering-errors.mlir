@@ -1,12 +1,12 @@
 // RUN: dflash-opt %s --dflash-verify-lowering --split-input-file --verify-diagnostics
 
-// A graph-level op that dflash-fuse-kernels groups into a kernel (rope left
-// over, as if the pass had not run), even with a memory plan.
+// A graph-level op that dflash-fuse-kernels groups into a kernel (rope_grad
+// left over, as if the pass had not run), even with a memory plan.
 func.func @step(%x: tensor<1x4x2x8xbf16> {dflash.arg = #dflash.arg<input, "x">},
                 %p: tensor<1x4xi32> {dflash.arg = #dflash.arg<input, "p">})
     -> (tensor<1x4x2x8xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
-  // expected-error @+1 {{'dflash.rope' op has no kernel: it must be grouped by dflash-fuse-kernels before translation to CUDA}}
-  %y = dflash.rope %x, %p {theta = 1.0e4 : f64, dflash.offsets = array<i64: 0>} : (tensor<1x4x2x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x2x8xbf16>
+  // expected-error @+1 {{'dflash.rope_grad' op has no kernel: it must be grouped by dflash-fuse-kernels before translation to CUDA}}
+  %y = dflash.rope_grad %x, %p {theta = 1.0e4 : f64, dflash.offsets = array<i64: 0>} : (tensor<1x4x2x8xbf16>, tensor<1x4xi32>) -> tensor<1x4x2x8xbf16>
   return %y : tensor<1x4x2x8xbf16>
 }
 

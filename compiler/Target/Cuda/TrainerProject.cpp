@@ -94,9 +94,11 @@ LogicalResult writeCudaTrainer(const CudaTrainerSources &sources,
   std::pair<const char *, const std::string *> files[] = {
       {"step.cu", &sources.stepCu},
       {"eval.cu", &sources.evalCu},
+      {"target.cu", &sources.targetCu},
       {"kernels.cu", &sources.kernelsCu},
       {"kernels.h", &sources.kernelsH},
       {"main.cpp", &sources.mainCpp},
+      {"target_features_main.cpp", &sources.targetMainCpp},
       {"manifest.json", &sources.manifestJson}};
   for (auto [name, text] : files)
     if (!writeFile(dir + "/" + name, *text, error))
@@ -157,15 +159,18 @@ LogicalResult buildCudaTrainer(const CudaTrainerOptions &options,
       return failure();
     }
   }
-  std::string binary = dir + "/train";
-  fs::remove(binary);
-  if (std::error_code ec = fs::copy_file(buildDir + "/train", binary)) {
-    error = "cannot copy the trainer to '" + binary + "': " + ec.message();
-    return failure();
+  for (const char *name : {"train", "target-features"}) {
+    std::string binary = dir + "/" + name;
+    fs::remove(binary);
+    if (std::error_code ec = fs::copy_file(buildDir + "/" + name, binary)) {
+      error = "cannot copy '" + std::string(name) + "' to '" + binary +
+              "': " + ec.message();
+      return failure();
+    }
+    fs::setPermissions(binary, fs::perms::all_read | fs::perms::owner_write |
+                                   fs::perms::all_exe);
+    log << "dflashc: built " << binary << "\n";
   }
-  fs::setPermissions(binary, fs::perms::all_read | fs::perms::owner_write |
-                                 fs::perms::all_exe);
-  log << "dflashc: built " << binary << "\n";
   return success();
 }
 

@@ -172,6 +172,8 @@ const TemplateForm kTemplates[] = {
     {"block_attention_fwd_bf16", {"d", "bs", "nh", "nkv", "w", "causal"}, 5},
     {"block_attention_bwd_bf16", {"d", "bs", "nh", "nkv", "w", "causal"}, 5},
     {"draft_embed_bf16", {"h"}},
+    {"rope_fwd_bf16", {"d", "h"}},
+    {"causal_attention_fwd_bf16", {"d", "nh", "nkv"}},
 };
 
 const TemplateForm *templateFormOf(StringRef kernel) {
@@ -210,6 +212,8 @@ private:
   std::string bufferNames, slotNames;
   llvm::DenseMap<unsigned, std::string> bufferName; ///< by argument number
   llvm::DenseMap<Value, std::string> slotName;      ///< by storage root
+  /// A target program's results: written straight into their buffers.
+  llvm::DenseMap<Value, std::string> outputBuffer;
   /// The slots of each op's workspace and tables.
   llvm::DenseMap<Operation *, std::string> workspaceSlot, tablesSlot;
   llvm::StringSet<> usedNames;
@@ -340,6 +344,8 @@ std::string StepEmitter::ptr(Value v) {
   Value root = storageRoot(v);
   if (auto arg = dyn_cast<BlockArgument>(root))
     return "at<" + type + ">(" + bufferRef(arg) + ")";
+  if (auto it = outputBuffer.find(root); it != outputBuffer.end())
+    return "at<" + type + ">(buffer::" + it->second + ")";
   return "at<" + type + ">(slot::" + slotName.lookup(root) + ")";
 }
 
@@ -605,6 +611,74 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             formatFloat(o.getTheta().convertToDouble()), workspace(o, "float"));
         return success();
       })
+      .Case<RopeOp, ScaledRopeOp>([&](auto o) {
+        auto x = tensorOf(o.getInput());
+        std::string name = wrapper(
+            kernel,
+            "const __nv_bfloat16 *x, const int32_t *pos, __nv_bfloat16 *y, "
+            "int64_t rows, dflash::kernels::RopeFrequencies freq, "
+            "cudaStream_t stream",
+            "x, pos, y, rows, freq, stream");
+        std::string freq =
+            "{" + formatFloat(o.getTheta().convertToDouble()) + "}";
+        if constexpr (std::is_same_v<decltype(o), ScaledRopeOp>)
+          freq = llvm::formatv(
+              "{{{0}, {1}, {2}, {3}, {4}}", formatFloat(o.getTheta().convertToDouble()),
+              formatFloat(o.getFactor().convertToDouble()),
+              formatFloat(o.getLowFreqFactor().convertToDouble()),
+              formatFloat(o.getHighFreqFactor().convertToDouble()),
+              formatFloat(double(o.getOriginalMaxPositions())));
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, stream);\n",
+                            name, ptr(o.getInput()), ptr(o.getPositions()),
+                            ptr(o.getResult()),
+                            x.getDimSize(0) * x.getDimSize(1), freq);
+        return success();
+      })
+      .Case([&](CausalAttentionOp o) {
+        auto q = tensorOf(o.getQuery());
+        std::string name = wrapper(kernel,
+                                   "const dflash::kernels::CausalAttentionFwdArgs "
+                                   "&args, cudaStream_t stream",
+                                   "args, stream");
+        os << "    {\n"
+           << "      dflash::kernels::CausalAttentionFwdArgs a{};\n"
+           << llvm::formatv("      a.q = {0};\n      a.k = {1};\n"
+                            "      a.v = {2};\n      a.positionIds = {3};\n"
+                            "      a.out = {4};\n      a.B = {5};\n"
+                            "      a.S = {6};\n",
+                            ptr(o.getQuery()), ptr(o.getKeys()),
+                            ptr(o.getValues()), ptr(o.getPositionIds()),
+                            ptr(o.getResult()), q.getDimSize(0),
+                            q.getDimSize(1))
+           << "      " << name << "(a, stream);\n    }\n";
+        return success();
+      })
+      .Case([&](EmbedOp o) {
+        auto table = tensorOf(o.getTable());
+        os << llvm::formatv("    dflash::kernels::embed_rows_bf16({0}, {1}, "
+                            "{2}, {3}, {4}, stream);\n",
+                            ptr(o.getTable()), ptr(o.getIds()),
+                            ptr(o.getResult()),
+                            tensorOf(o.getIds()).getNumElements(),
+                            table.getDimSize(1));
+        return success();
+      })
+      .Case([&](ConcatLastOp o) {
+        // Each input is a column band of the result: one strided copy each.
+        const int64_t elt = tensorBytes(o.getResult().getType()) /
+                            tensorOf(o.getResult()).getNumElements();
+        const int64_t pitch = tensorOf(o.getResult()).getShape().back() * elt;
+        int64_t column = 0;
+        for (Value in : o.getInputs()) {
+          const int64_t width = tensorOf(in).getShape().back() * elt;
+          os << llvm::formatv("    copyColumns(reinterpret_cast<char *>({0}) + "
+                              "{1}, {2}, {3}, {4}, {5}, stream);\n",
+                              ptr(o.getResult()), column, pitch, ptr(in),
+                              width, rowsOf(in));
+          column += width;
+        }
+        return success();
+      })
       .Case([&](BlockAttentionOp o) {
         emitAttention(o, kernel, false);
         return success();
@@ -782,7 +856,10 @@ FailureOr<int64_t> StepEmitter::bufferIndex(unsigned i) {
       index = int64_t(*input);
     break;
   case BufferRole::Frozen:
-    if (auto frozen = parseFrozenWeight(name))
+    // A target decoder's weights are loaded by their checkpoint names.
+    if (sig.isTarget())
+      index = -1;
+    else if (auto frozen = parseFrozenWeight(name))
       index = int64_t(*frozen);
     break;
   case BufferRole::Counter:
@@ -887,16 +964,42 @@ FailureOr<std::string> StepEmitter::emit() {
                             "dflash-plan-memory before translation to CUDA");
   if (failed(nameBuffers()) || failed(nameSlots()))
     return failure();
+  // A target program's results (its features) are buffers after the
+  // arguments, bound to the step's inputs of the same name; the op that
+  // makes one writes it there directly.
+  func::ReturnOp ret = sig.returnOp();
+  std::string outputSpecs;
+  if (sig.isTarget()) {
+    for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
+      ArgAttr info = sig.resultInfo(i);
+      Value root = storageRoot(ret.getOperand(i));
+      std::optional<StepInput> input = parseStepInput(info.getName().str());
+      if (info.getRole() != ArgRole::Input || !input ||
+          isa<BlockArgument>(root) || outputBuffer.count(root))
+        return step.emitError()
+               << "result " << i << " ('" << info.getName()
+               << "') of @target is not a step input computed by the program";
+      std::string name = uniqueName("buffer", identifier(info.getName()));
+      bufferNames += "constexpr int " + name + " = " +
+                     std::to_string(step.getNumArguments() + i) + ";\n";
+      outputBuffer[root] = name;
+      auto t = tensorOf(root);
+      outputSpecs += "      {" + quoted(info.getName()) +
+                     ", BufferRole::Input, DType::" +
+                     dtypeName(dtypeOf(t.getElementType())) + ", " +
+                     intList(t.getShape()) + ", " +
+                     std::to_string(int64_t(*input)) + "},\n";
+    }
+  }
   for (Operation &op : step.front().without_terminator())
     if (failed(emitOp(&op)))
       return failure();
 
   // Results: state must have been updated in place; metrics are copied
   // into their buffers, which follow the arguments.
-  func::ReturnOp ret = sig.returnOp();
   unsigned metricIndex = step.getNumArguments();
-  std::string metricCopies, metricSpecs;
-  for (unsigned i = 0; i < ret.getNumOperands(); ++i) {
+  std::string metricCopies, metricSpecs = outputSpecs;
+  for (unsigned i = 0; i < ret.getNumOperands() && !sig.isTarget(); ++i) {
     ArgAttr info = sig.resultInfo(i);
     Value v = ret.getOperand(i);
     if (info.getRole() == ArgRole::Metric) {
@@ -936,9 +1039,9 @@ FailureOr<std::string> StepEmitter::emit() {
   }
   specs += metricSpecs;
 
-  // The step's optimizer tables; an evaluation has none.
+  // The step's optimizer tables; an evaluation and a target have none.
   std::string optimizerInit;
-  if (!sig.isEval()) {
+  if (!sig.isEval() && !sig.isTarget()) {
     if (!optimizerKernel)
       return step.emitError("@step has no optimizer op with a dflash.kernel");
     Operation *optimizerOp = optimizer ? optimizer->getOperation()
@@ -954,7 +1057,8 @@ FailureOr<std::string> StepEmitter::emit() {
         ";\n" + (optimizer ? optimizerTables() : shardTables()) +
         "  t.numBuckets = " + std::to_string(numBuckets) + ";\n";
   } else if (optimizerKernel) {
-    return step.emitError("an evaluation program has an optimizer op");
+    return step.emitError() << "@" << step.getSymName()
+                            << " has an optimizer op";
   }
 
   // The draft-block kernels' shapes.
@@ -971,23 +1075,30 @@ FailureOr<std::string> StepEmitter::emit() {
             std::string("  c.") + member + " = " + cppValue(value) + ";\n";
       });
 
-  const bool eval = sig.isEval();
+  const bool eval = sig.isEval(), target = sig.isTarget();
   const std::string specFile = specFileOf(module);
-  const char *className = eval ? "GeneratedEval" : "GeneratedStep";
+  const char *className =
+      target ? "GeneratedTarget" : eval ? "GeneratedEval" : "GeneratedStep";
+  const char *factory = target ? "createTargetProgram"
+                        : eval ? "createEvalProgram"
+                               : "createStepProgram";
   std::string s;
   llvm::raw_string_ostream cu(s);
   cu << "// Generated by dflashc from " << specFile << ": the "
-     << (eval ? "evaluation program (the forward alone, its sums summed over "
-                "the GPUs)"
-              : "training step")
+     << (target ? "online target's forward (its tapped features into the "
+                  "step's target_hidden)"
+         : eval ? "evaluation program (the forward alone, its sums summed "
+                  "over the GPUs)"
+                : "training step")
      << " of \"" << config.name << "\".\n"
      << "// Do not edit; regenerate with `dflashc " << specFile
-     << " --emit=cuda`.\n"
+     << (target ? " --target DIR" : "") << " --emit=cuda`.\n"
      << "// Constant tables, then schedule(): the static launch sequence of "
         "one "
-     << (eval ? "batch" : "step") << ".\n\n"
+     << (eval || target ? "batch" : "step") << ".\n\n"
      << "#include \"kernels.h\"\n"
      << "#include \"kernels/DraftBlocks.cuh\"\n"
+     << "#include \"kernels/Embedding.cuh\"\n"
      << "#include \"kernels/Gemm.cuh\"\n"
      << "#include \"kernels/LmHeadCrossEntropy.cuh\"\n"
      << "#include \"kernels/StepScalars.cuh\"\n"
@@ -1027,23 +1138,53 @@ FailureOr<std::string> StepEmitter::emit() {
      << body << metricCopies << "  }\n"
      << "};\n\n"
      << "} // namespace\n\n"
-     << "std::unique_ptr<dflash::rt::StepProgram> "
-     << (eval ? "dflash::rt::createEvalProgram() {\n"
-              : "dflash::rt::createStepProgram() {\n")
+     << "std::unique_ptr<dflash::rt::StepProgram> dflash::rt::" << factory
+     << "() {\n"
      << "  return std::make_unique<" << className << ">();\n}\n";
   return s;
+}
+
+/// One more program of the trainer (the evaluation or the target) from its
+/// own module: `what` names it in errors, `isKind` tells its signature.
+FailureOr<std::string> emitCompanion(ModuleOp module, const ModelConfig &step,
+                                     KernelWrappers &wrappers, StringRef what,
+                                     bool (StepSignature::*isKind)() const) {
+  FailureOr<StepSignature> sig = StepSignature::get(module);
+  if (failed(sig))
+    return failure();
+  if (!((*sig).*isKind)())
+    return module.emitError() << "the " << what << " module holds @"
+                              << sig->func().getSymName();
+  FailureOr<ModelConfig> config = modelConfigOf(module);
+  if (failed(config))
+    return failure();
+  if (config->name != step.name)
+    return module.emitError() << "the " << what << " is of '" << config->name
+                              << "' but the step of '" << step.name << "'";
+  return StepEmitter(module, *config, *sig, wrappers).emit();
+}
+
+/// A program the trainer was built without: its factory returns null.
+std::string absentProgram(StringRef factory, StringRef why) {
+  return ("// Generated by dflashc: " + why +
+          ".\n\n#include \"runtime/device/StepProgram.h\"\n\n"
+          "std::unique_ptr<dflash::rt::StepProgram> dflash::rt::" +
+          factory + "() {\n  return nullptr;\n}\n")
+      .str();
 }
 
 } // namespace
 
 namespace dflash {
 FailureOr<CudaTrainerSources> translateToCuda(ModuleOp stepModule,
-                                              ModuleOp evalModule) {
+                                              ModuleOp evalModule,
+                                              ModuleOp targetModule) {
   FailureOr<StepSignature> sig = StepSignature::get(stepModule);
   if (failed(sig))
     return failure();
-  if (sig->isEval())
-    return stepModule.emitError("the step module holds an evaluation program");
+  if (sig->isEval() || sig->isTarget())
+    return stepModule.emitError() << "the step module holds @"
+                                  << sig->func().getSymName();
   FailureOr<ModelConfig> config = modelConfigOf(stepModule);
   if (failed(config))
     return failure();
@@ -1055,43 +1196,44 @@ FailureOr<CudaTrainerSources> translateToCuda(ModuleOp stepModule,
     return failure();
   out.stepCu = std::move(*stepCu);
   if (evalModule) {
-    FailureOr<StepSignature> evalSig = StepSignature::get(evalModule);
-    if (failed(evalSig))
-      return failure();
-    if (!evalSig->isEval())
-      return evalModule.emitError("the evaluation module has no @eval: run "
-                                  "dflash-make-eval-program on the forward "
-                                  "graph");
-    FailureOr<ModelConfig> evalConfig = modelConfigOf(evalModule);
-    if (failed(evalConfig))
-      return failure();
-    if (evalConfig->name != config->name)
-      return evalModule.emitError()
-             << "the evaluation program is of '" << evalConfig->name
-             << "' but the step of '" << config->name << "'";
     FailureOr<std::string> evalCu =
-        StepEmitter(evalModule, *evalConfig, *evalSig, wrappers).emit();
+        emitCompanion(evalModule, *config, wrappers, "evaluation program",
+                      &StepSignature::isEval);
     if (failed(evalCu))
       return failure();
     out.evalCu = std::move(*evalCu);
   } else {
-    out.evalCu = "// Generated by dflashc: no evaluation program was built "
-                 "in (dflash-translate\n// without --eval).\n\n"
-                 "#include \"runtime/device/StepProgram.h\"\n\n"
-                 "std::unique_ptr<dflash::rt::StepProgram> "
-                 "dflash::rt::createEvalProgram() {\n  return nullptr;\n}\n";
+    out.evalCu = absentProgram("createEvalProgram",
+                               "no evaluation program was built in "
+                               "(dflash-translate without --eval)");
+  }
+  if (targetModule) {
+    FailureOr<std::string> targetCu =
+        emitCompanion(targetModule, *config, wrappers, "online target",
+                      &StepSignature::isTarget);
+    if (failed(targetCu))
+      return failure();
+    out.targetCu = std::move(*targetCu);
+  } else {
+    out.targetCu = absentProgram("createTargetProgram",
+                                 "no online target was built in (dflashc "
+                                 "without --target); the trainer reads "
+                                 "features from its shards");
   }
   out.kernelsH = "// Generated by dflashc: one wrapper per kernel template "
                  "instantiation of the step and the evaluation.\n#pragma "
                  "once\n\n"
                  "#include \"kernels/BlockAttentionArgs.h\"\n"
-                 "#include \"kernels/DraftBlocks.cuh\"\n\n" +
+                 "#include \"kernels/CausalAttentionArgs.h\"\n"
+                 "#include \"kernels/DraftBlocks.cuh\"\n"
+                 "#include \"kernels/RopeFrequencies.h\"\n\n" +
                  wrappers.decls;
   out.kernelsCu = "// Generated by dflashc: the kernel templates of the step "
                   "and the evaluation, instantiated with their constants.\n\n"
                   "#include \"kernels.h\"\n"
                   "#include \"kernels/BlockAttentionBwd.cuh\"\n"
                   "#include \"kernels/BlockAttentionFwd.cuh\"\n"
+                  "#include \"kernels/CausalAttention.cuh\"\n"
                   "#include \"kernels/QkNormRope.cuh\"\n"
                   "#include \"kernels/RmsNorm.cuh\"\n\n" +
                   wrappers.defs;
@@ -1103,7 +1245,16 @@ FailureOr<CudaTrainerSources> translateToCuda(ModuleOp stepModule,
                 "int main(int argc, char **argv) {\n"
                 "  return dflash::rt::trainMain(argc, argv, "
                 "{&dflash::rt::createStepProgram, "
-                "&dflash::rt::createEvalProgram});\n}\n";
+                "&dflash::rt::createEvalProgram, "
+                "&dflash::rt::createTargetProgram});\n}\n";
+  out.targetMainCpp =
+      "// Generated by dflashc: the target-features command of \"" +
+      config->name +
+      "\" (its online target alone).\n\n"
+      "#include \"runtime/cli/TargetFeaturesMain.h\"\n\n"
+      "int main(int argc, char **argv) {\n"
+      "  return dflash::rt::targetFeaturesMain(argc, argv, "
+      "&dflash::rt::createTargetProgram);\n}\n";
   return out;
 }
 } // namespace dflash

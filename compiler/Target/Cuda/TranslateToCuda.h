@@ -6,9 +6,14 @@
 //                  schedule of kernel launches (runtime/device/StepProgram.h)
 //   eval.cu        the evaluation program (`train --eval-data`): the
 //                  forward alone, as a StepProgram of its own
+//   target.cu      the online target's forward (`train --target` on token
+//                  shards), a StepProgram writing the step's target_hidden
 //   kernels.cu/.h  one wrapper per kernel template instantiation, so the
 //                  heavy templates compile once, beside the schedule
 //   main.cpp       the train command (runtime/cli/TrainMain.h)
+//   target_features_main.cpp
+//                  the target-features command: the online target alone
+//                  (runtime/cli/TargetFeaturesMain.h)
 //   manifest.json  buffers, parameters, kernels with FLOPs, memory
 //   CMakeLists.txt builds `train` from these and a copy of schema/,
 //                  runtime/ and kernels/ under dflash/
@@ -34,17 +39,21 @@ struct CudaTrainerOptions {
 
 /// The generated sources of one trainer, in memory.
 struct CudaTrainerSources {
-  std::string stepCu, evalCu, kernelsCu, kernelsH, mainCpp, manifestJson;
+  std::string stepCu, evalCu, targetCu, kernelsCu, kernelsH, mainCpp,
+      targetMainCpp, manifestJson;
 };
 
-/// Translates the planned step of `stepModule` and the planned evaluation
+/// Translates the planned step of `stepModule`, the planned evaluation
 /// program of `evalModule` (dflash-make-eval-program, then the same
-/// lowering; null: none, and the trainer refuses --eval-data), from the IR
-/// alone (the drafter's config is their
+/// lowering; null: none, and the trainer refuses --eval-data) and the
+/// planned online target of `targetModule` (compiler/Import/ImportTarget,
+/// then the same lowering; null: none, and the trainer reads features from
+/// its shards), from the IR alone (the drafter's config is their
 /// `dflash.model_config`). Emits an error on the op that cannot be
 /// translated and fails.
-mlir::FailureOr<CudaTrainerSources> translateToCuda(mlir::ModuleOp stepModule,
-                                                    mlir::ModuleOp evalModule);
+mlir::FailureOr<CudaTrainerSources>
+translateToCuda(mlir::ModuleOp stepModule, mlir::ModuleOp evalModule,
+                mlir::ModuleOp targetModule = nullptr);
 
 /// Writes the sources and the copies of runtime/ and kernels/ into
 /// options.outputDir. Errors name the file.

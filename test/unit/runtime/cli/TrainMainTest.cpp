@@ -472,7 +472,8 @@ TEST(TrainValidation, NamesTheLiveRunOfADirectoryWithCheckpoints) {
 
 namespace {
 Status prepare(Args args, PreparedRun &run,
-               const ModelConfig &config = smallConfig()) {
+               const ModelConfig &config = smallConfig(),
+               const std::vector<BufferSpec> *onlineTarget = nullptr) {
   TrainOptions options;
   std::string text;
   if (parse(std::move(args), options, text, config) != CommandLineAction::Train)
@@ -482,7 +483,29 @@ Status prepare(Args args, PreparedRun &run,
   // As trainMain does, on a machine with one GPU.
   if (Status s = resolveGpus(options, 1); !s.ok())
     return s;
-  return prepareRun(options, config, run);
+  return prepareRun(options, config, run, 0, 1, onlineTarget);
+}
+
+/// Rewrites the feature shard `path` as a token shard (its tensors and
+/// metadata without hidden_states).
+Status dropFeatures(const std::string &path) {
+  std::vector<TensorData> kept;
+  std::vector<std::vector<uint8_t>> bytes;
+  std::map<std::string, std::string> metadata;
+  {
+    SafetensorsFile in; // unmapped before the file is replaced
+    if (Status s = in.open(path); !s.ok())
+      return s;
+    for (const TensorView &v : in.tensors())
+      if (v.name != "hidden_states") {
+        bytes.emplace_back(v.data, v.data + v.byteSize);
+        kept.push_back({v.name, v.dtype, v.shape, nullptr});
+      }
+    metadata = in.metadata();
+  }
+  for (size_t k = 0; k < kept.size(); ++k)
+    kept[k].data = bytes[k].data();
+  return writeSafetensors(path, kept, metadata);
 }
 } // namespace
 
@@ -575,6 +598,74 @@ TEST(TrainPrepare, ShardsAndTargetFromDisk) {
   EXPECT_EQ(run.loadedTarget.embed, problem.target().embed);
   EXPECT_EQ(run.inputs.params, problem.initialParameters());
   EXPECT_EQ(run.trainer.run.syntheticRows, 0);
+}
+
+// A trainer compiled with an online target: token shards are read without
+// features and the target's tensors loaded by name; feature shards are read
+// as they are; a mix, token shards in a trainer without an online target,
+// and shards without --target are refused.
+TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
+  TrainMainTempDir dir;
+  ModelConfig c = smallConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  ASSERT_TRUE(writeSyntheticTarget(dir.path + "/target", problem).ok());
+  std::vector<std::string> files;
+  ASSERT_TRUE(writeSyntheticShards(dir.path + "/data", problem, 8, 4, false,
+                                   &files)
+                  .ok());
+  ASSERT_EQ(files.size(), 2u);
+  const std::vector<BufferSpec> target = {
+      {"input_ids", BufferRole::Input, DType::I32, {c.rowsPerGpu, c.seqLen}, 0},
+      {"model.embed_tokens.weight",
+       BufferRole::Frozen,
+       DType::BF16,
+       {c.vocabSize, c.hiddenSize},
+       -1}};
+  const Args args = {"--data", dir.path + "/data", "--target",
+                     dir.path + "/target", "--out", dir.path + "/out",
+                     "--steps", "2"};
+  {
+    PreparedRun run; // feature shards: the target is not needed
+    Status s = prepare(args, run, c, &target);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(run.inputs.targetProgramWeights, nullptr);
+  }
+  ASSERT_TRUE(dropFeatures(files[0]).ok());
+  {
+    PreparedRun run;
+    Status s = prepare(args, run, c, &target);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("1 of 2 shards hold hidden_states"),
+              std::string::npos)
+        << s.message();
+  }
+  ASSERT_TRUE(dropFeatures(files[1]).ok());
+  {
+    PreparedRun run;
+    Status s = prepare(args, run, c, &target);
+    ASSERT_TRUE(s.ok()) << s.message();
+    ASSERT_EQ(run.inputs.targetProgramWeights, &run.targetProgramWeights);
+    ASSERT_EQ(run.targetProgramWeights.size(), 1u);
+    EXPECT_EQ(run.targetProgramWeights[0], problem.target().embed);
+    EXPECT_EQ(run.rows->numRows(), 8);
+  }
+  {
+    PreparedRun run; // no online target in the trainer: features needed
+    Status s = prepare(args, run, c);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("hidden_states"), std::string::npos)
+        << s.message();
+  }
+  {
+    PreparedRun run;
+    Status s = prepare({"--data", dir.path + "/data", "--out",
+                        dir.path + "/out2", "--steps", "2"},
+                       run, c, &target);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("needs --target DIR"), std::string::npos)
+        << s.message();
+  }
 }
 
 TEST(TrainPrepare, ShardOfAnotherSpecIsRefused) {

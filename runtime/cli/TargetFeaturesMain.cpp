@@ -1,0 +1,370 @@
+//===- TargetFeaturesMain.cpp - The `target-features` binary --------------===//
+
+#include "runtime/cli/TargetFeaturesMain.h"
+
+#include "runtime/device/DeviceContext.h"
+#include "runtime/io/Safetensors.h"
+#include "runtime/io/TargetWeights.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+using namespace dflash;
+using namespace dflash::rt;
+
+namespace {
+
+struct Options {
+  std::string target, rows, out;
+  int bench = 0; ///< timed batches on random weights; 0: features
+  bool packed = false;
+  int device = 0;
+};
+
+/// The target program's buffers by what they are.
+struct TargetBuffers {
+  int inputIds = -1, positionIds = -1, features = -1;
+  std::vector<int> frozen; ///< buffer indices, in binding order
+};
+
+Status mapTargetBuffers(const std::vector<BufferSpec> &specs,
+                        TargetBuffers &map) {
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const BufferSpec &b = specs[i];
+    if (b.role == BufferRole::Frozen) {
+      map.frozen.push_back(int(i));
+    } else if (b.role == BufferRole::Input && b.name == "input_ids") {
+      map.inputIds = int(i);
+    } else if (b.role == BufferRole::Input && b.name == "position_ids") {
+      map.positionIds = int(i);
+    } else if (b.role == BufferRole::Input && b.name == "target_hidden") {
+      map.features = int(i);
+    } else {
+      return Status::error("the target program has an unexpected buffer '" +
+                           b.name + "' (role " + nameOf(b.role) + ")");
+    }
+  }
+  if (map.inputIds < 0 || map.positionIds < 0 || map.features < 0)
+    return Status::error("the target program lacks input_ids, position_ids "
+                         "or target_hidden");
+  return Status::success();
+}
+
+/// Reads I32 [R, S] `name`; `positions` may be absent (unpacked rows).
+Status readI32Rows(const SafetensorsFile &file, const std::string &name,
+                   int64_t S, std::vector<int32_t> &out, int64_t &rows) {
+  const TensorView *view = file.find(name);
+  if (!view)
+    return Status::error(file.path() + ": has no tensor '" + name + "'");
+  if (view->dtype != DType::I32 || view->shape.size() != 2 ||
+      view->shape[1] != S)
+    return Status::error(file.path() + ": tensor '" + name +
+                         "' must be I32 [rows, " + std::to_string(S) +
+                         "] (the compiled seq_len), but is " +
+                         dtypeName(view->dtype) + " " +
+                         shapeString(view->shape));
+  rows = view->shape[0];
+  out.resize(size_t(view->numel()));
+  std::memcpy(out.data(), view->data, out.size() * sizeof(int32_t));
+  return Status::success();
+}
+
+/// Random bf16 values of a decoder's scale: norms near 1, matrices
+/// N(0, 0.02); one pattern of 16M values, repeated (the timing does not
+/// depend on the values, only on their being finite).
+Status fillRandomWeights(const std::vector<BufferSpec> &specs,
+                         const std::vector<void *> &buffers,
+                         const TargetBuffers &map) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 0.02f);
+  std::vector<uint16_t> pattern(size_t(1) << 24);
+  auto bf16 = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  };
+  for (uint16_t &v : pattern)
+    v = bf16(normal(rng));
+  std::vector<uint16_t> ones(size_t(1) << 16, bf16(1.f));
+  for (int index : map.frozen) {
+    const BufferSpec &b = specs[size_t(index)];
+    const bool norm = b.shape.size() == 1;
+    const std::vector<uint16_t> &src = norm ? ones : pattern;
+    const size_t total = b.bytes(), chunk = src.size() * 2;
+    for (size_t at = 0; at < total; at += chunk)
+      if (Status s = cudaCallStatus(
+              cudaMemcpy(static_cast<char *>(buffers[size_t(index)]) + at,
+                         src.data(), std::min(chunk, total - at),
+                         cudaMemcpyHostToDevice),
+              "uploading random weights to '" + b.name + "'");
+          !s.ok())
+        return s;
+  }
+  return Status::success();
+}
+
+Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
+  std::unique_ptr<StepProgram> program = factory ? factory() : nullptr;
+  if (!program)
+    return Status::error("this trainer was compiled without an online target "
+                         "(dflashc SPEC --target DIR builds one in)");
+  const std::vector<BufferSpec> &specs = program->buffers();
+  TargetBuffers map;
+  if (Status s = mapTargetBuffers(specs, map); !s.ok())
+    return s;
+  const BufferSpec &ids = specs[size_t(map.inputIds)];
+  const BufferSpec &features = specs[size_t(map.features)];
+  const int64_t B = ids.shape[0], S = ids.shape[1];
+
+  // Host side first: every mistake in the inputs before the GPU is touched.
+  std::vector<std::vector<uint16_t>> weights;
+  SafetensorsFile rowsIn;
+  std::vector<int32_t> allIds, allPositions;
+  int64_t R = 0;
+  if (!o.bench) {
+    std::vector<FrozenTensor> wanted;
+    for (int index : map.frozen)
+      wanted.push_back({specs[size_t(index)].name, specs[size_t(index)].shape});
+    if (Status s = loadFrozenTensors(o.target, wanted, "the target program",
+                                     weights);
+        !s.ok())
+      return s;
+    if (Status s = rowsIn.open(o.rows); !s.ok())
+      return s;
+    if (Status s = readI32Rows(rowsIn, "input_ids", S, allIds, R); !s.ok())
+      return s;
+    if (rowsIn.find("position_ids")) {
+      int64_t rp = 0;
+      if (Status s = readI32Rows(rowsIn, "position_ids", S, allPositions, rp);
+          !s.ok())
+        return s;
+      if (rp != R)
+        return Status::error(o.rows + ": position_ids has " +
+                             std::to_string(rp) + " rows but input_ids " +
+                             std::to_string(R));
+    } else {
+      allPositions.resize(allIds.size());
+      for (size_t i = 0; i < allIds.size(); ++i)
+        allPositions[i] = int32_t(int64_t(i) % S);
+    }
+    const int64_t V = specs[size_t(map.frozen[0])].shape[0];
+    for (size_t i = 0; i < allIds.size(); ++i) {
+      if (allIds[i] < 0 || allIds[i] >= V)
+        return Status::error(o.rows + ": input_ids holds " +
+                             std::to_string(allIds[i]) + " at row " +
+                             std::to_string(int64_t(i) / S) + ", token " +
+                             std::to_string(int64_t(i) % S) +
+                             ", outside the vocabulary of " +
+                             std::to_string(V));
+      if (allPositions[i] < 0)
+        return Status::error(o.rows + ": position_ids holds a negative "
+                                      "position at row " +
+                             std::to_string(int64_t(i) / S));
+    }
+  }
+
+  std::unique_ptr<DeviceContext> device;
+  if (Status s =
+          DeviceContext::create(o.device, program->gemmWorkspaceBytes(), device);
+      !s.ok())
+    return s;
+  if (Status s = device->allocate(specs, program->arenaBytes()); !s.ok())
+    return s;
+  const std::vector<void *> &buffers = device->buffers();
+  if (o.bench) {
+    if (Status s = fillRandomWeights(specs, buffers, map); !s.ok())
+      return s;
+  } else {
+    for (size_t k = 0; k < map.frozen.size(); ++k)
+      if (Status s = cudaCallStatus(
+              cudaMemcpy(buffers[size_t(map.frozen[k])], weights[k].data(),
+                         weights[k].size() * 2, cudaMemcpyHostToDevice),
+              "uploading '" + specs[size_t(map.frozen[k])].name + "'");
+          !s.ok())
+        return s;
+    weights.clear();
+  }
+  if (Status s = program->bind(buffers, device->arena(), device->resources(),
+                               StepHyper{});
+      !s.ok())
+    return s;
+  cudaStream_t stream = device->stream();
+  const size_t tokenBytes = size_t(B * S) * 4;
+  std::vector<int32_t> batchIds(size_t(B * S)), batchPositions(size_t(B * S));
+  auto upload = [&]() -> Status {
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(buffers[size_t(map.inputIds)], batchIds.data(),
+                            tokenBytes, cudaMemcpyHostToDevice, stream),
+            "copying input_ids");
+        !s.ok())
+      return s;
+    return cudaCallStatus(cudaMemcpyAsync(buffers[size_t(map.positionIds)],
+                                          batchPositions.data(), tokenBytes,
+                                          cudaMemcpyHostToDevice, stream),
+                          "copying position_ids");
+  };
+  auto enqueue = [&]() -> Status {
+    if (Status s = program->enqueue(stream); !s.ok())
+      return s;
+    return cudaCallStatus(cudaGetLastError(), "launching the target program");
+  };
+
+  if (o.bench) {
+    // Unpacked rows, or conversations of 64..1536 tokens packed end to end.
+    std::mt19937 rng(11);
+    const int64_t V = specs[size_t(map.frozen[0])].shape[0];
+    std::uniform_int_distribution<int32_t> token(0, int32_t(V - 1));
+    std::uniform_int_distribution<int64_t> length(64, 1536);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0, start = 0, end = o.packed ? length(rng) : S; t < S;
+           ++t) {
+        if (t == end) {
+          start = t;
+          end = t + length(rng);
+        }
+        batchIds[size_t(b * S + t)] = token(rng);
+        batchPositions[size_t(b * S + t)] = int32_t(t - start);
+      }
+    if (Status s = upload(); !s.ok())
+      return s;
+    cudaEvent_t start, stop;
+    if (Status s = cudaCallStatus(cudaEventCreate(&start), "cudaEventCreate");
+        !s.ok())
+      return s;
+    if (Status s = cudaCallStatus(cudaEventCreate(&stop), "cudaEventCreate");
+        !s.ok())
+      return s;
+    std::vector<float> ms;
+    for (int i = 0; i < o.bench + 3; ++i) {
+      if (Status s = cudaCallStatus(cudaEventRecord(start, stream), "event");
+          !s.ok())
+        return s;
+      if (Status s = enqueue(); !s.ok())
+        return s;
+      if (Status s = cudaCallStatus(cudaEventRecord(stop, stream), "event");
+          !s.ok())
+        return s;
+      if (Status s = device->synchronize("the target program"); !s.ok())
+        return s;
+      float t = 0;
+      if (Status s = cudaCallStatus(cudaEventElapsedTime(&t, start, stop),
+                                    "cudaEventElapsedTime");
+          !s.ok())
+        return s;
+      if (i >= 3)
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    DeviceMemory memory;
+    if (Status s = device->memory(memory); !s.ok())
+      return s;
+    std::printf("{\"rows\": %lld, \"seq_len\": %lld, \"packed\": %s, "
+                "\"ms\": %.3f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, "
+                "\"arena_gib\": %.2f, \"buffers_gib\": %.2f, "
+                "\"device_used_gib\": %.2f}\n",
+                (long long)B, (long long)S, o.packed ? "true" : "false", median,
+                double(B * S) / (median * 1e-3),
+                program->flopsPerStep() / (median * 1e-3) / 1e12,
+                double(program->arenaBytes()) / double(1 << 30),
+                double(device->bufferBytes()) / double(1 << 30),
+                double(memory.usedBytes()) / double(1 << 30));
+    return Status::success();
+  }
+
+  // Features of every row, B at a time; a last partial batch is padded
+  // with copies of row 0 whose features are dropped.
+  const int64_t width = features.shape.back();
+  std::vector<uint16_t> out(size_t(R * S * width));
+  for (int64_t r0 = 0; r0 < R; r0 += B) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t r = r0 + b < R ? r0 + b : 0;
+      std::memcpy(&batchIds[size_t(b * S)], &allIds[size_t(r * S)], S * 4);
+      std::memcpy(&batchPositions[size_t(b * S)], &allPositions[size_t(r * S)],
+                  S * 4);
+    }
+    if (Status s = upload(); !s.ok())
+      return s;
+    if (Status s = enqueue(); !s.ok())
+      return s;
+    const int64_t n = std::min(B, R - r0);
+    if (Status s = cudaCallStatus(
+            cudaMemcpyAsync(&out[size_t(r0 * S * width)],
+                            buffers[size_t(map.features)],
+                            size_t(n * S * width) * 2, cudaMemcpyDeviceToHost,
+                            stream),
+            "copying the features back");
+        !s.ok())
+      return s;
+    if (Status s = device->synchronize("the target program"); !s.ok())
+      return s;
+  }
+  std::vector<TensorData> tensors;
+  for (const TensorView &view : rowsIn.tensors())
+    if (view.name != "hidden_states")
+      tensors.push_back({view.name, view.dtype, view.shape, view.data});
+  tensors.push_back({"hidden_states", DType::BF16, {R, S, width}, out.data()});
+  std::map<std::string, std::string> metadata = rowsIn.metadata();
+  if (!metadata.empty()) {
+    metadata["format"] = "dflash-feature-shard";
+    metadata["target_dir"] = o.target;
+  }
+  if (Status s = writeSafetensors(o.out, tensors, metadata); !s.ok())
+    return s;
+  std::fprintf(stderr, "target-features: wrote %s: hidden_states [%lld, %lld, "
+               "%lld] on %s\n",
+               o.out.c_str(), (long long)R, (long long)S, (long long)width,
+               device->name().c_str());
+  return Status::success();
+}
+
+} // namespace
+
+int dflash::rt::targetFeaturesMain(int argc, char **argv,
+                                   std::unique_ptr<StepProgram> (*target)()) {
+  CLI::App app("The compiled online target on one GPU: the features of a "
+               "token shard, or (--bench) its speed on random weights.",
+               "target-features");
+  Options o;
+  app.add_option("--target", o.target,
+                 "Hugging Face directory of the target (its safetensors "
+                 "shards, read by tensor name)")
+      ->type_name("DIR");
+  app.add_option("--rows", o.rows,
+                 "token shard: input_ids [R, seq_len] I32, and position_ids "
+                 "where rows are packed")
+      ->type_name("FILE");
+  app.add_option("-o,--out", o.out,
+                 "feature shard to write: the token shard's tensors and "
+                 "hidden_states [R, seq_len, taps x hidden] bf16")
+      ->type_name("FILE");
+  app.add_option("--bench", o.bench,
+                 "time N batches on random weights and tokens instead "
+                 "(median, tokens/s, TFLOP/s by the compiler's count)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--packed", o.packed,
+               "with --bench: rows packed with conversations of 64..1536 "
+               "tokens (default: one conversation a row)");
+  app.add_option("--device", o.device, "CUDA device (default 0)")
+      ->check(CLI::NonNegativeNumber);
+  try {
+    app.parse(argc, argv);
+    if (!o.bench && (o.target.empty() || o.rows.empty() || o.out.empty()))
+      throw CLI::ValidationError("--target, --rows and -o are needed (or "
+                                 "--bench N)");
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e);
+  }
+  Status s = run(o, target);
+  if (!s.ok()) {
+    std::fprintf(stderr, "target-features: error: %s\n", s.message().c_str());
+    return 1;
+  }
+  return 0;
+}
