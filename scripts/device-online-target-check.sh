@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from safetensors.numpy import save_file, load_file
 from transformers import AutoConfig, AutoModelForCausalLM
+sys.path.insert(0, "scripts")
+from device_rows import packed_positions
 D, W, O = sys.argv[1:4]
 taps = [1, 5]  # specs/tiny.toml's spread rule over 8 layers
 ok = True
@@ -55,14 +57,8 @@ for kind, binary in [("qwen3", "target-features-tq"), ("llama", "target-features
     rng = np.random.default_rng(4)
     S, R = 128, 6
     ids = rng.integers(0, cfg.vocab_size, size=(R, S)).astype(np.int32)
-    pos = np.zeros((R, S), dtype=np.int32)
-    for r in range(R):
-        t = 0
-        while t < S:
-            n = S if r >= 4 else int(rng.choice([1, 2, 7, 30, 64, 90]))
-            n = min(n, S - t)
-            pos[r, t:t + n] = np.arange(n)
-            t += n
+    pos = packed_positions(rng, R, S, lambda r: r < 4,
+                           lambda g: int(g.choice([1, 2, 7, 30, 64, 90])))
     save_file({"input_ids": ids, "position_ids": pos,
                "loss_mask": np.ones((R, S), dtype=np.uint8)},
               os.path.join(d, "tokens.safetensors"),

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The Qwen3-8B-shaped online target at S 3072, on the GPU machine, over
+# .device/ (target-features-q8 and train-q8-online, both from
+# `dflashc specs/qwen3-8b-b16.toml --target .device/tcfg/q8`).
+# 1. transformers makes a random-initialised Qwen3-8B-shaped model on the
+#    GPU (layers 0..34: the last tap is 33, and transformers' hidden_states
+#    entry of a model's last layer is after the final norm; config.json then
+#    says 36, as the spec does) and saves it in 5 GB shards with model.safetensors.index.json;
+#    a token shard of 8 rows of 3072 (4 packed with conversations of 64 to
+#    1536 tokens, 4 of one conversation).
+# 2. target-features writes the features of rows 0..3; each conversation alone
+#    through transformers in fp32 (and in bf16, the noise floor) is the
+#    reference, as in scripts/device-online-target-check.sh.
+# 3. train-q8-online trains qwen3-8b-b16 on the token shard for 8 steps,
+#    computing the features with the compiled target every step: the online
+#    step time, the target's share and the device memory of both together.
+# Logs to $OUT; the checkpoint and the run are deleted afterwards.
+set -u
+D=.device
+O=${OUT:-/tmp/dflash-online-8b}
+W=/tmp/online-8b
+mkdir -p "$O"
+rm -rf $W && mkdir -p $W/tokens
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+timeout 420 python3 - $D $W <<'PY' 2>&1 | grep -v "Writing\|Loading\|deprecated"
+import json, os, subprocess, sys, time
+import numpy as np
+import torch
+from safetensors.numpy import save_file
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM
+sys.path.insert(0, "scripts")
+from device_rows import packed_positions
+D, W = sys.argv[1:3]
+taps = [1, 9, 17, 25, 33]
+t0 = time.time()
+cfg = AutoConfig.from_pretrained(D + "/tcfg/q8")
+# Layers 0..34: the last tap (33) must not be the model's last layer, whose
+# entry in hidden_states transformers gives after the final norm.
+cfg.num_hidden_layers = 35
+if getattr(cfg, "layer_types", None):  # transformers 5 checks it against the count
+    cfg.layer_types = cfg.layer_types[:35]
+torch.manual_seed(0)
+with torch.device("cuda"):
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+model.save_pretrained(W + "/t8", safe_serialization=True, max_shard_size="5GB")
+with open(W + "/t8/config.json") as f:
+    saved = json.load(f)
+saved["num_hidden_layers"] = 36  # the spec's target; layers 34, 35 are never read
+if "layer_types" in saved:
+    saved["layer_types"] = saved["layer_types"][:1] * 36
+with open(W + "/t8/config.json", "w") as f:
+    json.dump(saved, f)
+print("saved the target in %.0f s: %s" % (time.time() - t0, sorted(os.listdir(W + "/t8"))))
+rng = np.random.default_rng(1)
+R, S = 8, 3072
+ids = rng.integers(0, cfg.vocab_size, size=(R, S)).astype(np.int32)
+pos = packed_positions(rng, R, S, lambda r: r % 2 == 0, lambda g: int(g.integers(64, 1537)))
+meta = {"format": "dflash-token-shard", "format_version": "1", "target": "Qwen/Qwen3-8B",
+        "target_layer_ids": "[1, 9, 17, 25, 33]", "hidden_size": "4096", "seq_len": "3072",
+        "packed": "true"}
+save_file({"input_ids": ids, "position_ids": pos, "loss_mask": np.ones((R, S), dtype=np.uint8),
+           "num_tokens": np.full((R,), S, dtype=np.int32)}, W + "/tokens/shard-00000.safetensors", meta)
+rc = subprocess.run([D + "/bin/target-features-q8", "--target", W + "/t8", "--rows",
+                     W + "/tokens/shard-00000.safetensors", "-o", W + "/features.safetensors"]).returncode
+print("target-features rc=%d (%.0f s)" % (rc, time.time() - t0))
+if rc:
+    sys.exit(1)
+got = load_file(W + "/features.safetensors")["hidden_states"][:4].float()
+def reference(m):
+    out_f = torch.zeros_like(got)
+    for r in range(4):
+        starts = [t for t in range(S) if pos[r, t] == 0] + [S]
+        for s, e in zip(starts, starts[1:]):
+            with torch.no_grad():
+                out = m(input_ids=torch.tensor(ids[r:r + 1, s:e]).long().cuda(),
+                        output_hidden_states=True)
+            out_f[r, s:e] = torch.cat([out.hidden_states[l + 1][0] for l in taps], -1).float().cpu()
+    return out_f
+ref16 = reference(model)
+ref = reference(model.float())
+del model
+torch.cuda.empty_cache()
+err = lambda x: (((x - ref).norm() / ref.norm()).item(),
+                 ((x - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item())
+(whole, tok), (whole16, tok16) = err(got), err(ref16)
+print("qwen3-8b-shaped, 4 x 3072 (2 rows packed): relative error against transformers fp32: "
+      "compiled %.2e whole, %.2e worst token; transformers bf16 %.2e, %.2e: %s (%.0f s)"
+      % (whole, tok, whole16, tok16,
+         "PASS" if whole <= 1.5 * whole16 and tok <= 1.5 * tok16 else "FAIL", time.time() - t0))
+PY
+timeout 240 $D/bin/train-q8-online --target $W/t8 --data $W/tokens --steps 8 --seed 0 \
+  --out /tmp/q8-online --log $O/q8-online.jsonl > $O/q8-online.out 2>&1
+echo "train-q8-online rc=$?"; grep -a "online target\|in use\|error" $O/q8-online.out | head -n 5
+rm -rf /tmp/q8-online $W
+python3 - $O/q8-online.jsonl <<'PY'
+import json, sys, statistics as st
+r = [json.loads(l) for l in open(sys.argv[1]) if l.startswith('{"step')][3:]
+if r:
+    print("qwen3-8b-b16 online, median of steps 3..7: %.1f ms a step, target %.1f ms, drafter %.1f ms"
+          % (st.median(x["step_ms"] for x in r), st.median(x["target_ms"] for x in r),
+             st.median(x["compute_ms"] - x["target_ms"] for x in r)))
+PY
