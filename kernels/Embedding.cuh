@@ -24,8 +24,8 @@ static __global__ void __launch_bounds__(128)
                            __nv_bfloat16 *out, int64_t rows, int64_t H) {
   const int64_t vectors = H / 8;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const uint4 *src =
-        reinterpret_cast<const uint4 *>(table + static_cast<int64_t>(ids[r]) * H);
+    const uint4 *src = reinterpret_cast<const uint4 *>(
+        table + static_cast<int64_t>(ids[r]) * H);
     uint4 *dst = reinterpret_cast<uint4 *>(out + r * H);
     for (int64_t c = threadIdx.x; c < vectors; c += blockDim.x)
       dst[c] = src[c];

@@ -80,8 +80,8 @@ template <int D> struct RopeTables {
   __device__ void init(float theta) { init(RopeFrequencies{theta}); }
   __device__ void init(const RopeFrequencies &f) {
     for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
-      float v = 1.0f / powf(f.theta, static_cast<float>(2 * i) /
-                                         static_cast<float>(D));
+      float v = 1.0f / powf(f.theta,
+                            static_cast<float>(2 * i) / static_cast<float>(D));
       inv[i] = f.factor > 0 ? scaledInverseFrequency(v, f) : v;
     }
     __syncthreads();
@@ -337,16 +337,15 @@ void qk_norm_rope_fwd_bf16(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
 /// y [rows, HEADS, D] = rope(x) at positions pos [rows] (ref::rope, or
 /// ref::scaledRope where freq.factor > 0).
 template <int D, int HEADS>
-void rope_fwd_bf16(const __nv_bfloat16 *x, const int32_t *pos,
-                   __nv_bfloat16 *y, int64_t rows, RopeFrequencies freq,
-                   cudaStream_t stream) {
+void rope_fwd_bf16(const __nv_bfloat16 *x, const int32_t *pos, __nv_bfloat16 *y,
+                   int64_t rows, RopeFrequencies freq, cudaStream_t stream) {
   if (rows == 0)
     return;
   int64_t blocks = rows < 8192 ? rows : 8192;
   detail::rope_fwd_bf16_kernel<D, HEADS>
       <<<static_cast<unsigned>(blocks),
-         detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(
-          x, pos, y, rows, freq);
+         detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(x, pos, y,
+                                                                    rows, freq);
   DFLASH_CUDA_CHECK_LAUNCH("rope_fwd_bf16");
 }
 

@@ -274,9 +274,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   }
 
   if (directoryOutput) {
-    mlir::FailureOr<CudaTrainerSources> sources =
-        translateToCuda(*module, *evalModule,
-                        targetModule ? *targetModule : mlir::ModuleOp());
+    mlir::FailureOr<CudaTrainerSources> sources = translateToCuda(
+        *module, *evalModule, targetModule ? *targetModule : mlir::ModuleOp());
     if (failed(sources))
       return fail("translating '" + inputFile + "' to CUDA failed");
     CudaTrainerOptions options;

@@ -30,9 +30,8 @@ struct VerifyLoweringPass
       // as it is.)
       // (embed and rope run alone in a target decoder, which has no draft
       // tokens and, in Llama, no q/k norms.)
-      if (isa<DraftTokensOp, RopeGradOp, LmHeadCeGradOp,
-              ConvertOp, GlobalNormOp, ClipCoefficientOp, LrScheduleOp,
-              AdamWOp>(op) ||
+      if (isa<DraftTokensOp, RopeGradOp, LmHeadCeGradOp, ConvertOp,
+              GlobalNormOp, ClipCoefficientOp, LrScheduleOp, AdamWOp>(op) ||
           !isDFlash) {
         if (isDFlash)
           op.emitOpError("has no kernel: it must be grouped by "

@@ -63,11 +63,10 @@ Status readI32Rows(const SafetensorsFile &file, const std::string &name,
     return Status::error(file.path() + ": has no tensor '" + name + "'");
   if (view->dtype != DType::I32 || view->shape.size() != 2 ||
       view->shape[1] != S)
-    return Status::error(file.path() + ": tensor '" + name +
-                         "' must be I32 [rows, " + std::to_string(S) +
-                         "] (the compiled seq_len), but is " +
-                         dtypeName(view->dtype) + " " +
-                         shapeString(view->shape));
+    return Status::error(
+        file.path() + ": tensor '" + name + "' must be I32 [rows, " +
+        std::to_string(S) + "] (the compiled seq_len), but is " +
+        dtypeName(view->dtype) + " " + shapeString(view->shape));
   rows = view->shape[0];
   out.resize(size_t(view->numel()));
   std::memcpy(out.data(), view->data, out.size() * sizeof(int32_t));
@@ -130,8 +129,8 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     std::vector<FrozenTensor> wanted;
     for (int index : map.frozen)
       wanted.push_back({specs[size_t(index)].name, specs[size_t(index)].shape});
-    if (Status s = loadFrozenTensors(o.target, wanted, "the target program",
-                                     weights);
+    if (Status s =
+            loadFrozenTensors(o.target, wanted, "the target program", weights);
         !s.ok())
       return s;
     if (Status s = rowsIn.open(o.rows); !s.ok())
@@ -155,22 +154,22 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     const int64_t V = specs[size_t(map.frozen[0])].shape[0];
     for (size_t i = 0; i < allIds.size(); ++i) {
       if (allIds[i] < 0 || allIds[i] >= V)
-        return Status::error(o.rows + ": input_ids holds " +
-                             std::to_string(allIds[i]) + " at row " +
-                             std::to_string(int64_t(i) / S) + ", token " +
-                             std::to_string(int64_t(i) % S) +
-                             ", outside the vocabulary of " +
-                             std::to_string(V));
+        return Status::error(
+            o.rows + ": input_ids holds " + std::to_string(allIds[i]) +
+            " at row " + std::to_string(int64_t(i) / S) + ", token " +
+            std::to_string(int64_t(i) % S) + ", outside the vocabulary of " +
+            std::to_string(V));
       if (allPositions[i] < 0)
-        return Status::error(o.rows + ": position_ids holds a negative "
-                                      "position at row " +
+        return Status::error(o.rows +
+                             ": position_ids holds a negative "
+                             "position at row " +
                              std::to_string(int64_t(i) / S));
     }
   }
 
   std::unique_ptr<DeviceContext> device;
-  if (Status s =
-          DeviceContext::create(o.device, program->gemmWorkspaceBytes(), device);
+  if (Status s = DeviceContext::create(o.device, program->gemmWorkspaceBytes(),
+                                       device);
       !s.ok())
     return s;
   if (Status s = device->allocate(specs, program->arenaBytes()); !s.ok())
@@ -294,10 +293,9 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
       return s;
     const int64_t n = std::min(B, R - r0);
     if (Status s = cudaCallStatus(
-            cudaMemcpyAsync(&out[size_t(r0 * S * width)],
-                            buffers[size_t(map.features)],
-                            size_t(n * S * width) * 2, cudaMemcpyDeviceToHost,
-                            stream),
+            cudaMemcpyAsync(
+                &out[size_t(r0 * S * width)], buffers[size_t(map.features)],
+                size_t(n * S * width) * 2, cudaMemcpyDeviceToHost, stream),
             "copying the features back");
         !s.ok())
       return s;
@@ -316,7 +314,8 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
   }
   if (Status s = writeSafetensors(o.out, tensors, metadata); !s.ok())
     return s;
-  std::fprintf(stderr, "target-features: wrote %s: hidden_states [%lld, %lld, "
+  std::fprintf(stderr,
+               "target-features: wrote %s: hidden_states [%lld, %lld, "
                "%lld] on %s\n",
                o.out.c_str(), (long long)R, (long long)S, (long long)width,
                device->name().c_str());

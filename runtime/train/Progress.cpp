@@ -266,8 +266,7 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
                 "  %s tok/s  draft %s tok/s  %.1f ms/step%s%s%s  ETA %s",
                 formatRate(m.contextTokensPerS).c_str(),
                 formatRate(m.draftTokensPerS).c_str(), m.stepMs, target, ranks,
-                skipped,
-                formatDuration(etaSeconds).c_str());
+                skipped, formatDuration(etaSeconds).c_str());
   return head + positionText(m.accByPosition) + tail;
 }
 

@@ -529,8 +529,8 @@ Status Trainer::bindTargetProgram(const TrainerInputs &inputs) {
     return Status::error("the online target: no target program or weights");
   if (targetProgram->config().name != config.name)
     return Status::error("the online target was compiled for '" +
-                         targetProgram->config().name +
-                         "' but the step for '" + config.name + "'");
+                         targetProgram->config().name + "' but the step for '" +
+                         config.name + "'");
   // Its inputs and its output are the step's inputs of the same name; its
   // weights are its own buffers.
   const std::vector<BufferSpec> &specs = targetProgram->buffers();
@@ -541,8 +541,7 @@ Status Trainer::bindTargetProgram(const TrainerInputs &inputs) {
   size_t frozen = 0;
   for (const BufferSpec &b : specs) {
     if (b.role == BufferRole::Frozen) {
-      if (frozen >= weights.size() ||
-          weights[frozen].size() * 2 != b.bytes())
+      if (frozen >= weights.size() || weights[frozen].size() * 2 != b.bytes())
         return Status::error("the online target's weight '" + b.name +
                              "' was not loaded with " +
                              std::to_string(b.bytes()) + " bytes");
@@ -561,10 +560,10 @@ Status Trainer::bindTargetProgram(const TrainerInputs &inputs) {
           !s.ok())
         return s;
       targetWeights.push_back(buffer);
-      if (Status s = cudaCallStatus(cudaMemcpy(buffer, weights[frozen].data(),
-                                               b.bytes(),
-                                               cudaMemcpyHostToDevice),
-                                    "uploading the target's '" + b.name + "'");
+      if (Status s =
+              cudaCallStatus(cudaMemcpy(buffer, weights[frozen].data(),
+                                        b.bytes(), cudaMemcpyHostToDevice),
+                             "uploading the target's '" + b.name + "'");
           !s.ok())
         return s;
       ++frozen;
@@ -595,8 +594,8 @@ Status Trainer::bindTargetProgram(const TrainerInputs &inputs) {
       return s;
     arena = targetArena;
   }
-  if (Status s = cudaCallStatus(
-          cudaEventCreate(&targetDone), "cudaEventCreate");
+  if (Status s =
+          cudaCallStatus(cudaEventCreate(&targetDone), "cudaEventCreate");
       !s.ok())
     return s;
   return targetProgram->bind(bound, arena, device.resources(), StepHyper{});
@@ -705,9 +704,9 @@ Status Trainer::captureGraph() {
                                          "CUDA graph (try --no-graph)");
         !s.ok())
       return s;
-    if (Status s =
-            cudaCallStatus(cudaGraphInstantiate(&targetGraphExec, targetGraph, 0),
-                           "cudaGraphInstantiate of the online target");
+    if (Status s = cudaCallStatus(
+            cudaGraphInstantiate(&targetGraphExec, targetGraph, 0),
+            "cudaGraphInstantiate of the online target");
         !s.ok())
       return s;
   }
@@ -854,12 +853,16 @@ Status Trainer::step(StepMetrics &metrics) {
     return s;
   const auto &inputIndices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i)
-    if (Status s = !staging[i] ? Status::success() : cudaCallStatus(
-            cudaMemcpyAsync(buffers[size_t(inputIndices[i])], staging[i],
-                            specs[size_t(inputIndices[i])].bytes(),
-                            cudaMemcpyDeviceToDevice, stream),
-            where + ": copying '" + specs[size_t(inputIndices[i])].name +
-                "' into place");
+    if (Status s =
+            !staging[i]
+                ? Status::success()
+                : cudaCallStatus(
+                      cudaMemcpyAsync(buffers[size_t(inputIndices[i])],
+                                      staging[i],
+                                      specs[size_t(inputIndices[i])].bytes(),
+                                      cudaMemcpyDeviceToDevice, stream),
+                      where + ": copying '" +
+                          specs[size_t(inputIndices[i])].name + "' into place");
         !s.ok())
       return s;
   // The previous step's copy of this pinned scalar has completed: every

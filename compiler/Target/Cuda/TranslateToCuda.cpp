@@ -623,23 +623,25 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             "{" + formatFloat(o.getTheta().convertToDouble()) + "}";
         if constexpr (std::is_same_v<decltype(o), ScaledRopeOp>)
           freq = llvm::formatv(
-              "{{{0}, {1}, {2}, {3}, {4}}", formatFloat(o.getTheta().convertToDouble()),
+              "{{{0}, {1}, {2}, {3}, {4}}",
+              formatFloat(o.getTheta().convertToDouble()),
               formatFloat(o.getFactor().convertToDouble()),
               formatFloat(o.getLowFreqFactor().convertToDouble()),
               formatFloat(o.getHighFreqFactor().convertToDouble()),
               formatFloat(double(o.getOriginalMaxPositions())));
-        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, stream);\n",
-                            name, ptr(o.getInput()), ptr(o.getPositions()),
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, stream);\n", name,
+                            ptr(o.getInput()), ptr(o.getPositions()),
                             ptr(o.getResult()),
                             x.getDimSize(0) * x.getDimSize(1), freq);
         return success();
       })
       .Case([&](CausalAttentionOp o) {
         auto q = tensorOf(o.getQuery());
-        std::string name = wrapper(kernel,
-                                   "const dflash::kernels::CausalAttentionFwdArgs "
-                                   "&args, cudaStream_t stream",
-                                   "args, stream");
+        std::string name =
+            wrapper(kernel,
+                    "const dflash::kernels::CausalAttentionFwdArgs "
+                    "&args, cudaStream_t stream",
+                    "args, stream");
         os << "    {\n"
            << "      dflash::kernels::CausalAttentionFwdArgs a{};\n"
            << llvm::formatv("      a.q = {0};\n      a.k = {1};\n"
@@ -655,12 +657,11 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](EmbedOp o) {
         auto table = tensorOf(o.getTable());
-        os << llvm::formatv("    dflash::kernels::embed_rows_bf16({0}, {1}, "
-                            "{2}, {3}, {4}, stream);\n",
-                            ptr(o.getTable()), ptr(o.getIds()),
-                            ptr(o.getResult()),
-                            tensorOf(o.getIds()).getNumElements(),
-                            table.getDimSize(1));
+        os << llvm::formatv(
+            "    dflash::kernels::embed_rows_bf16({0}, {1}, "
+            "{2}, {3}, {4}, stream);\n",
+            ptr(o.getTable()), ptr(o.getIds()), ptr(o.getResult()),
+            tensorOf(o.getIds()).getNumElements(), table.getDimSize(1));
         return success();
       })
       .Case([&](ConcatLastOp o) {
@@ -673,8 +674,8 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
           const int64_t width = tensorOf(in).getShape().back() * elt;
           os << llvm::formatv("    copyColumns(reinterpret_cast<char *>({0}) + "
                               "{1}, {2}, {3}, {4}, {5}, stream);\n",
-                              ptr(o.getResult()), column, pitch, ptr(in),
-                              width, rowsOf(in));
+                              ptr(o.getResult()), column, pitch, ptr(in), width,
+                              rowsOf(in));
           column += width;
         }
         return success();
@@ -1057,8 +1058,8 @@ FailureOr<std::string> StepEmitter::emit() {
         ";\n" + (optimizer ? optimizerTables() : shardTables()) +
         "  t.numBuckets = " + std::to_string(numBuckets) + ";\n";
   } else if (optimizerKernel) {
-    return step.emitError() << "@" << step.getSymName()
-                            << " has an optimizer op";
+    return step.emitError()
+           << "@" << step.getSymName() << " has an optimizer op";
   }
 
   // The draft-block kernels' shapes.
@@ -1077,8 +1078,9 @@ FailureOr<std::string> StepEmitter::emit() {
 
   const bool eval = sig.isEval(), target = sig.isTarget();
   const std::string specFile = specFileOf(module);
-  const char *className =
-      target ? "GeneratedTarget" : eval ? "GeneratedEval" : "GeneratedStep";
+  const char *className = target ? "GeneratedTarget"
+                          : eval ? "GeneratedEval"
+                                 : "GeneratedStep";
   const char *factory = target ? "createTargetProgram"
                         : eval ? "createEvalProgram"
                                : "createStepProgram";
@@ -1153,8 +1155,8 @@ FailureOr<std::string> emitCompanion(ModuleOp module, const ModelConfig &step,
   if (failed(sig))
     return failure();
   if (!((*sig).*isKind)())
-    return module.emitError() << "the " << what << " module holds @"
-                              << sig->func().getSymName();
+    return module.emitError()
+           << "the " << what << " module holds @" << sig->func().getSymName();
   FailureOr<ModelConfig> config = modelConfigOf(module);
   if (failed(config))
     return failure();
@@ -1183,8 +1185,8 @@ FailureOr<CudaTrainerSources> translateToCuda(ModuleOp stepModule,
   if (failed(sig))
     return failure();
   if (sig->isEval() || sig->isTarget())
-    return stepModule.emitError() << "the step module holds @"
-                                  << sig->func().getSymName();
+    return stepModule.emitError()
+           << "the step module holds @" << sig->func().getSymName();
   FailureOr<ModelConfig> config = modelConfigOf(stepModule);
   if (failed(config))
     return failure();
@@ -1203,9 +1205,9 @@ FailureOr<CudaTrainerSources> translateToCuda(ModuleOp stepModule,
       return failure();
     out.evalCu = std::move(*evalCu);
   } else {
-    out.evalCu = absentProgram("createEvalProgram",
-                               "no evaluation program was built in "
-                               "(dflash-translate without --eval)");
+    out.evalCu =
+        absentProgram("createEvalProgram", "no evaluation program was built in "
+                                           "(dflash-translate without --eval)");
   }
   if (targetModule) {
     FailureOr<std::string> targetCu =

@@ -611,9 +611,9 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
   ASSERT_TRUE(problem.init(c, 7).ok());
   ASSERT_TRUE(writeSyntheticTarget(dir.path + "/target", problem).ok());
   std::vector<std::string> files;
-  ASSERT_TRUE(writeSyntheticShards(dir.path + "/data", problem, 8, 4, false,
-                                   &files)
-                  .ok());
+  ASSERT_TRUE(
+      writeSyntheticShards(dir.path + "/data", problem, 8, 4, false, &files)
+          .ok());
   ASSERT_EQ(files.size(), 2u);
   const std::vector<BufferSpec> target = {
       {"input_ids", BufferRole::Input, DType::I32, {c.rowsPerGpu, c.seqLen}, 0},
@@ -622,9 +622,9 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
        DType::BF16,
        {c.vocabSize, c.hiddenSize},
        -1}};
-  const Args args = {"--data", dir.path + "/data", "--target",
-                     dir.path + "/target", "--out", dir.path + "/out",
-                     "--steps", "2"};
+  const Args args = {
+      "--data", dir.path + "/data", "--target", dir.path + "/target",
+      "--out",  dir.path + "/out",  "--steps",  "2"};
   {
     PreparedRun run; // feature shards: the target is not needed
     Status s = prepare(args, run, c, &target);
