@@ -10,6 +10,9 @@
 //   dflash-translate planned.mlir --eval=planned-eval.mlir -o DIR
 //                                  with the evaluation program (without it,
 //                                  the trainer refuses --eval-data)
+//   dflash-translate planned.mlir --target=planned-target.mlir -o DIR
+//                                  with the online target (without it, the
+//                                  trainer reads features from its shards)
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,14 +40,19 @@ cl::opt<std::string> outputDir("o",
 cl::opt<std::string>
     printFile("print",
               cl::desc("Print one source to stdout instead: step.cu, "
-                       "eval.cu, kernels.cu, kernels.h, main.cpp or "
-                       "manifest.json"),
+                       "eval.cu, target.cu, kernels.cu, kernels.h, main.cpp, "
+                       "target_features_main.cpp or manifest.json"),
               cl::value_desc("file"), cl::cat(category));
 cl::opt<std::string> evalFile(
     "eval",
     cl::desc("The planned evaluation program (dflashc SPEC --emit=planned "
              "--program=eval) to build in as eval.cu"),
     cl::value_desc("planned-eval.mlir"), cl::cat(category));
+cl::opt<std::string> targetFile(
+    "target",
+    cl::desc("The planned online target (dflashc SPEC --target DIR "
+             "--emit=planned --program=target) to build in as target.cu"),
+    cl::value_desc("planned-target.mlir"), cl::cat(category));
 cl::opt<std::string> sourceDir(
     "source-dir",
     cl::desc("dflashc source tree whose schema/, runtime/ and kernels/ the "
@@ -79,37 +87,50 @@ int main(int argc, char **argv) {
       mlir::parseSourceFile<mlir::ModuleOp>(sources, &context);
   if (!module)
     return fail("cannot parse '" + inputFile + "'");
-  mlir::OwningOpRef<mlir::ModuleOp> evalModule;
-  SourceMgr evalSources;
-  if (!evalFile.empty()) {
-    std::unique_ptr<MemoryBuffer> evalInput =
-        mlir::openInputFile(evalFile, &error);
-    if (!evalInput)
-      return fail(error);
-    // parseSourceFile reads a SourceMgr's main buffer: one manager each.
-    evalSources.AddNewSourceBuffer(std::move(evalInput), SMLoc());
-    evalModule = mlir::parseSourceFile<mlir::ModuleOp>(evalSources, &context);
-    if (!evalModule)
-      return fail("cannot parse '" + evalFile + "'");
-  }
+  // The companion programs; parseSourceFile reads a SourceMgr's main
+  // buffer, so one manager each.
+  SourceMgr evalSources, targetSources;
+  auto parseCompanion = [&](const std::string &file, SourceMgr &manager,
+                            mlir::OwningOpRef<mlir::ModuleOp> &out) -> bool {
+    if (file.empty())
+      return true;
+    std::unique_ptr<MemoryBuffer> text = mlir::openInputFile(file, &error);
+    if (!text)
+      return false;
+    manager.AddNewSourceBuffer(std::move(text), SMLoc());
+    out = mlir::parseSourceFile<mlir::ModuleOp>(manager, &context);
+    if (!out)
+      error = "cannot parse '" + file + "'";
+    return bool(out);
+  };
+  mlir::OwningOpRef<mlir::ModuleOp> evalModule, targetModule;
+  if (!parseCompanion(evalFile, evalSources, evalModule) ||
+      !parseCompanion(targetFile, targetSources, targetModule))
+    return fail(error);
 
   FailureOr<dflash::CudaTrainerSources> out = dflash::translateToCuda(
-      *module, evalModule ? *evalModule : mlir::ModuleOp());
+      *module, evalModule ? *evalModule : mlir::ModuleOp(),
+      targetModule ? *targetModule : mlir::ModuleOp());
   if (failed(out))
     return fail("translating '" + inputFile + "' to CUDA failed");
   if (!printFile.empty()) {
     const std::pair<const char *, const std::string *> files[] = {
-        {"step.cu", &out->stepCu},       {"eval.cu", &out->evalCu},
-        {"kernels.cu", &out->kernelsCu}, {"kernels.h", &out->kernelsH},
-        {"main.cpp", &out->mainCpp},     {"manifest.json", &out->manifestJson}};
+        {"step.cu", &out->stepCu},
+        {"eval.cu", &out->evalCu},
+        {"target.cu", &out->targetCu},
+        {"kernels.cu", &out->kernelsCu},
+        {"kernels.h", &out->kernelsH},
+        {"main.cpp", &out->mainCpp},
+        {"target_features_main.cpp", &out->targetMainCpp},
+        {"manifest.json", &out->manifestJson}};
     for (auto [name, text] : files)
       if (printFile == name) {
         outs() << *text;
         return 0;
       }
     return fail("--print: no source named '" + printFile +
-                "' (step.cu, eval.cu, kernels.cu, kernels.h, main.cpp, "
-                "manifest.json)");
+                "' (step.cu, eval.cu, target.cu, kernels.cu, kernels.h, "
+                "main.cpp, target_features_main.cpp, manifest.json)");
   }
   dflash::CudaTrainerOptions options;
   options.outputDir = outputDir;
