@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/DraftBlocks.cuh"
+#include "kernels/Embedding.cuh"
 #include "kernels/QkNormRope.cuh"
 #include "kernels/RmsNorm.cuh"
 #include "kernels/SwiGlu.cuh"
@@ -122,6 +123,36 @@ void qkNormRopeCase(int64_t rows, double theta, uint64_t seed) {
   EXPECT_CLOSE(downloadF32(dw), refDw, 1e-4, "dw");
 }
 
+/// A target decoder's RoPE without a norm (rope_fwd_bf16), Llama-3-scaled
+/// where factor > 0, against ref::rope / ref::scaledRope.
+template <int D, int HEADS>
+void ropeAloneCase(int64_t rows, kernels::RopeFrequencies f, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "D=" << D << " HEADS=" << HEADS << " rows="
+                                  << rows << " factor=" << f.factor);
+  std::mt19937_64 rng(seed);
+  const int64_t n = rows * HEADS * D;
+  Bf16Tensor x = randomBf16(n, rng, 2.0);
+  std::vector<int32_t> pos(rows);
+  std::uniform_int_distribution<int> pd(0, 4200);
+  for (auto &p : pos)
+    p = pd(rng);
+  DeviceBuffer<int32_t> dPos(rows);
+  dPos.upload(pos);
+  std::vector<double> ref(n);
+  if (f.factor > 0)
+    ref::scaledRope(x.values.data(), pos.data(), ref.data(), rows, HEADS, D,
+                    double(f.theta), double(f.factor), double(f.lowFreqFactor),
+                    double(f.highFreqFactor), int64_t(f.originalMaxPositions));
+  else
+    ref::rope(x.values.data(), pos.data(), ref.data(), rows, HEADS, D,
+              double(f.theta));
+  DeviceBuffer<bf16> y(n);
+  y.poison();
+  kernels::rope_fwd_bf16<D, HEADS>(x.ptr(), dPos.get(), y.get(), rows, f, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(y), ref, 1e-2, "y");
+}
+
 /// gate and up are the halves of one [rows, 2I] projection (row stride 2I).
 void swigluCase(int64_t rows, int64_t I, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "rows=" << rows << " I=" << I);
@@ -224,6 +255,36 @@ TEST(QkNormRope, Head128) {
 TEST(QkNormRope, Head64) {
   qkNormRopeCase<64, 64>(40, 1.5e5, 8);
   qkNormRopeCase<64, 3>(50, 1e4, 9); // partial warp of head slots
+}
+
+TEST(RopeAlone, PlainAndLlama3Scaled) {
+  ropeAloneCase<128, 32>(60, {5e5f}, 13);
+  // An original context of 2048 puts the wavelengths of D 128 in all three
+  // bands of the scaling.
+  ropeAloneCase<128, 8>(300, {5e5f, 8.f, 1.f, 4.f, 2048.f}, 14);
+  ropeAloneCase<64, 4>(77, {1e4f, 32.f, 1.f, 4.f, 64.f}, 15);
+}
+
+TEST(Embedding, RowsById) {
+  std::mt19937_64 rng(16);
+  const int64_t V = 1000, H = 264, rows = 333;
+  Bf16Tensor table = randomBf16(size_t(V * H), rng);
+  std::vector<int32_t> ids(rows);
+  std::uniform_int_distribution<int> tok(0, int(V) - 1);
+  for (auto &t : ids)
+    t = tok(rng);
+  ids[0] = 0;
+  ids[1] = int32_t(V - 1); // the table's first and last rows
+  DeviceBuffer<int32_t> dIds(rows);
+  dIds.upload(ids);
+  DeviceBuffer<bf16> out(size_t(rows * H));
+  out.poison();
+  kernels::embed_rows_bf16(table.ptr(), dIds.get(), out.get(), rows, H, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> ref(size_t(rows * H));
+  ref::embed(table.values.data(), ids.data(), ref.data(), rows, H);
+  // A copy: exact.
+  EXPECT_CLOSE(downloadBf16(out), ref, 0.0, "out");
 }
 
 TEST(SwiGlu, VectorAndScalar) {
