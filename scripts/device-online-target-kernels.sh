@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The online target's kernels alone, on the GPU machine, over .device/bin
+# (DenseGpuTest and CausalAttentionGpuTest from build-rt/test/gpu,
+# KernelBench from bench/kernels/run.sh's nvcc line): the RoPE-alone and
+# embedding tests, the causal attention tests, then KernelBench's "causal"
+# section (B 4, S 3072, qwen3-8b heads, unpacked and packed) beside PyTorch's
+# SDPA / varlen attention on the same rows (bench/kernels/torch_reference.py
+# --only causal). Logs to $OUT.
+set -u
+D=.device
+O=${OUT:-/tmp/dflash-online-kernels}
+mkdir -p "$O"
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+for t in DenseGpuTest CausalAttentionGpuTest; do
+  timeout 180 $D/bin/$t > $O/$t.txt 2>&1
+  echo "$t rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' $O/$t.txt | tr '\n' ' ')"
+  grep -a "FAILED \]" $O/$t.txt | head -n 5
+done
+timeout 180 $D/bin/KernelBench $O/kernels.jsonl causal > $O/kernels.log 2>&1
+echo "KernelBench causal rc=$?"; grep -a "causal" $O/kernels.log
+timeout 240 python3 bench/kernels/torch_reference.py --out $O/torch.jsonl --only causal > $O/torch.log 2>&1
+echo "torch_reference causal rc=$?"; grep -a -i "causal" $O/torch.log | tail -n 4
