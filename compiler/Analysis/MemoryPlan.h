@@ -14,7 +14,10 @@
 
 namespace dflash {
 
-/// The attribute names the plan is stored under.
+/// The attribute names the plan is stored under. dflash.offsets: one per
+/// result, its byte offset in the arena, or -(b + 1) when it lives in buffer
+/// b: an argument's (updated in place, or a view of it), or a target
+/// program's output buffer, numbered after the arguments.
 inline constexpr llvm::StringLiteral kOffsetsAttrName = "dflash.offsets";
 inline constexpr llvm::StringLiteral kArenaBytesAttrName = "dflash.arena_bytes";
 inline constexpr llvm::StringLiteral kBudgetAttrName =

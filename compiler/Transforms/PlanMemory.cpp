@@ -5,7 +5,9 @@
 // overlap may share bytes. Offsets are chosen greedily, largest value first,
 // each at the lowest offset that clashes with no live neighbour: simple,
 // deterministic, and close to the peak of live bytes for this kind of
-// straight-line program.
+// straight-line program. A target program's results take no arena bytes:
+// the op that makes one writes it straight into its output buffer (buffer
+// numArgs + k, after the arguments), encoded like an argument's storage.
 //
 //===----------------------------------------------------------------------===//
 
@@ -71,6 +73,16 @@ void PlanMemoryPass::runOnOperation() {
   for (Operation &op : body)
     index[&op] = n++;
   llvm::DenseMap<Value, unsigned> slotOf;
+  // A target program's results: their output buffers, by storage root.
+  llvm::DenseMap<Value, int64_t> outputBufferOf;
+  if (sig->isTarget()) {
+    func::ReturnOp ret = sig->returnOp();
+    for (unsigned k = 0; k < ret.getNumOperands(); ++k) {
+      Value root = storageRoot(ret.getOperand(k));
+      if (!isa<BlockArgument>(root))
+        outputBufferOf.try_emplace(root, int64_t(step.getNumArguments() + k));
+    }
+  }
   // Offsets inside a slot: the results of a gradient bucket share one slot,
   // contiguous, so that one collective covers them.
   llvm::DenseMap<Value, int64_t> offsetInSlot;
@@ -91,7 +103,8 @@ void PlanMemoryPass::runOnOperation() {
     }
     for (Value r : op.getResults()) {
       Value root = storageRoot(r);
-      if (isa<BlockArgument>(root) || slotOf.count(root))
+      if (isa<BlockArgument>(root) || slotOf.count(root) ||
+          outputBufferOf.count(root))
         continue;
       slotOf[root] = slots.size();
       Slot s;
@@ -185,6 +198,9 @@ void PlanMemoryPass::runOnOperation() {
       Value root = storageRoot(r);
       if (auto arg = dyn_cast<BlockArgument>(root))
         offsets.push_back(-int64_t(arg.getArgNumber()) - 1);
+      else if (auto out = outputBufferOf.find(root);
+               out != outputBufferOf.end())
+        offsets.push_back(-out->second - 1);
       else
         offsets.push_back(slots[slotOf[root]].offset +
                           offsetInSlot.lookup(root));
