@@ -327,7 +327,8 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
     if (o.target.empty())
       return Status::error("--data " + o.data +
                            " needs --target DIR for the frozen embedding and "
-                           "lm_head");
+                           "lm_head (and, for token shards, the online "
+                           "target's weights)");
     if (o.givenRows)
       return Status::error("--rows applies only to --data synthetic");
   }
