@@ -651,6 +651,21 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
     EXPECT_EQ(run.rows->numRows(), 8);
   }
   {
+    // Held-out rows go through the same path: feature shards beside token
+    // shards are refused.
+    ASSERT_TRUE(
+        writeSyntheticShards(dir.path + "/eval", problem, 4, 4, false).ok());
+    PreparedRun run;
+    Status s = prepare({"--data", dir.path + "/data", "--target",
+                        dir.path + "/target", "--out", dir.path + "/out",
+                        "--steps", "2", "--eval-data", dir.path + "/eval"},
+                       run, c, &target);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("the held-out rows must be token shards too"),
+              std::string::npos)
+        << s.message();
+  }
+  {
     PreparedRun run; // no online target in the trainer: features needed
     Status s = prepare(args, run, c);
     ASSERT_FALSE(s.ok());
