@@ -4,7 +4,9 @@ Hugging Face target.
 Each conversation of a row runs alone through the target (positions from 0,
 nothing of another conversation visible), in bf16, and the residual stream
 after each tapped layer `l` is read at `hidden_states[l + 1]` (index 0 is
-the embedding output), concatenated in `target_layer_ids` order. Padding
+the embedding output), concatenated in `target_layer_ids` order. The last
+layer's entry there is after the final norm, so a tap of the last layer is
+read from that layer's own output instead (SEMANTICS.md: residual streams). Padding
 stays zero. Conversations of similar length run together in a batch,
 right-padded: with causal attention a real token never sees the padding
 after it, so that is the same as running each alone.
@@ -113,6 +115,37 @@ class TokenRows:
         return dict(self.files[0].metadata)
 
 
+def capture_last_layer(body):
+    """Hooks the last decoder layer of `body` (its `layers`): the returned
+    dict holds its output (the residual stream) under "out" after each
+    forward pass; the handle removes the hook."""
+    layers = getattr(body, "layers", None)
+    if layers is None or len(layers) == 0:
+        raise UserError("the target's decoder has no `layers` to read the last "
+                        "tapped layer from")
+    held = {}
+
+    def hook(module, inputs, output):
+        held["out"] = output[0] if isinstance(output, tuple) else output
+
+    return held, layers[-1].register_forward_hook(hook)
+
+
+def tapped_states(states, layer_ids, num_layers, last_output):
+    """The residual stream after each tapped layer: hidden_states[l + 1],
+    except the last layer's, which is `last_output` (transformers' last
+    entry is after the final norm)."""
+    taps = []
+    for l in layer_ids:
+        if l == num_layers - 1:
+            if last_output is None:
+                raise UserError(f"layer {l} is tapped but its output was not captured")
+            taps.append(last_output)
+        else:
+            taps.append(states[l + 1])
+    return taps
+
+
 class FeatureExtractor:
     def __init__(self, directory, spec, device, batch_tokens):
         self.torch = require_torch2("computing target features")
@@ -143,6 +176,9 @@ class FeatureExtractor:
                                               torch.nn.Module) else model
         self.layer_ids = spec.layer_ids
         self.num_layers = spec.target_num_layers
+        self.last = {}
+        if self.num_layers - 1 in self.layer_ids:
+            self.last, _ = capture_last_layer(self.body)
         self.width = spec.context_width
         self.batch_tokens = batch_tokens
 
@@ -190,7 +226,8 @@ class FeatureExtractor:
                 if len(states) != self.num_layers + 1:
                     raise UserError(f"the target returned {len(states)} hidden "
                                     f"states, not num_layers + 1 = {self.num_layers + 1}")
-                taps = torch.cat([states[l + 1] for l in self.layer_ids], dim=-1)
+                taps = torch.cat(tapped_states(states, self.layer_ids, self.num_layers,
+                                               self.last.get("out")), dim=-1)
                 taps = taps.to(torch.bfloat16)
                 finite = torch.isfinite(taps).all(dim=-1).cpu().numpy()  # [batch, tokens]
                 bits = taps.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)

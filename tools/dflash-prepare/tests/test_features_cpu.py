@@ -123,3 +123,62 @@ class _quiet:
 
 if __name__ == "__main__":
     unittest.main()
+
+
+HAS_TORCH = False
+try:
+    import torch  # noqa: E402
+    HAS_TORCH = True
+except Exception:
+    pass
+
+
+@unittest.skipUnless(HAS_TORCH, "needs torch")
+class LastLayerTapTest(unittest.TestCase):
+    """A decoder shaped like transformers' (`layers`, hidden_states whose last
+    entry is after the final norm): a tap of the last layer must be that
+    layer's output, the others hidden_states[l + 1]."""
+
+    class Layer(torch.nn.Module if HAS_TORCH else object):
+        """Returns the residual stream, as a decoder layer does."""
+        def __init__(self):
+            super().__init__()
+            self.mix = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return x + self.mix(x)
+
+    class Body(torch.nn.Module if HAS_TORCH else object):
+        def __init__(self, n):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(LastLayerTapTest.Layer() for _ in range(n))
+
+        def forward(self, x):
+            states = [x]
+            for layer in self.layers:
+                x = layer(x)
+                states.append(x)
+            states[-1] = states[-1] / states[-1].norm(dim=-1, keepdim=True)  # final norm
+            return states
+
+    def test_last_layer_from_its_output(self):
+        torch.manual_seed(0)
+        body = self.Body(3)
+        held, handle = features.capture_last_layer(body)
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            residual = [x]
+            for layer in body.layers:
+                residual.append(residual[-1] + layer.mix(residual[-1]))
+            states = body(x)
+        taps = features.tapped_states(states, [0, 2], 3, held.get("out"))
+        self.assertTrue(torch.equal(taps[0], residual[1]))
+        self.assertTrue(torch.equal(taps[1], residual[3]))  # not the normed entry
+        self.assertFalse(torch.allclose(states[3], residual[3]))
+        handle.remove()
+
+    def test_uncaptured_last_layer_is_an_error(self):
+        with self.assertRaises(UserError):
+            features.tapped_states([None] * 4, [2], 3, None)
+        with self.assertRaises(UserError):
+            features.capture_last_layer(torch.nn.Module())
