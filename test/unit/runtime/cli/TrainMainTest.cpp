@@ -11,6 +11,7 @@
 
 #include "runtime/cli/TrainMain.h"
 #include "runtime/cli/PrepareRun.h"
+#include "runtime/cli/TargetFeaturesMain.h"
 #include "runtime/cli/TrainOptions.h"
 #include "runtime/data/Prefetch.h"
 #include "runtime/data/Synthetic.h"
@@ -96,6 +97,54 @@ std::unique_ptr<StepProgram> fakeFactory() {
   return std::make_unique<FakeStepProgram>(smallConfig());
 }
 
+/// An online target program's buffers (createTargetProgram's kind) with no
+/// kernels: tokens in, the checkpoint's embedding (plus `extraTensor`, when
+/// given) frozen, target_hidden out.
+class FakeTargetProgram : public StepProgram {
+public:
+  explicit FakeTargetProgram(std::string extraTensor = "")
+      : cfg(smallConfig()) {
+    const int64_t B = cfg.rowsPerGpu, S = cfg.seqLen;
+    specs = {{"input_ids", BufferRole::Input, DType::I32, {B, S}, 0},
+             {"position_ids", BufferRole::Input, DType::I32, {B, S}, 5},
+             {"model.embed_tokens.weight",
+              BufferRole::Frozen,
+              DType::BF16,
+              {cfg.vocabSize, cfg.hiddenSize},
+              -1}};
+    if (!extraTensor.empty())
+      specs.push_back(
+          {extraTensor, BufferRole::Frozen, DType::BF16, {cfg.hiddenSize}, -1});
+    specs.push_back({"target_hidden",
+                     BufferRole::Input,
+                     DType::BF16,
+                     {B, S, cfg.contextWidth()},
+                     2});
+  }
+  const ModelConfig &config() const override { return cfg; }
+  const std::vector<BufferSpec> &buffers() const override { return specs; }
+  size_t arenaBytes() const override { return 1024; }
+  size_t gemmWorkspaceBytes() const override { return 0; }
+  double flopsPerStep() const override { return 1e9; }
+  Status bind(const std::vector<void *> &, void *, const DeviceResources &,
+              const StepHyper &) override {
+    return Status::success();
+  }
+  Status enqueue(cudaStream_t) override { return Status::success(); }
+
+private:
+  ModelConfig cfg;
+  std::vector<BufferSpec> specs;
+};
+
+std::unique_ptr<StepProgram> fakeTargetFactory() {
+  return std::make_unique<FakeTargetProgram>();
+}
+std::unique_ptr<StepProgram> fakeTargetNeedingMore() {
+  return std::make_unique<FakeTargetProgram>("model.norm.weight");
+}
+std::unique_ptr<StepProgram> noTarget() { return nullptr; }
+
 /// Named after this binary, like the run directories it holds.
 struct TrainMainTempDir : TempDir {
   TrainMainTempDir() : TempDir("dflash-trainmain") {}
@@ -140,6 +189,17 @@ int runTrainMain(Args args, std::string &out, std::string &err) {
   testing::internal::CaptureStderr();
   int code = trainMain(args.argc(), args.argv(), &fakeFactory);
   out = testing::internal::GetCapturedStdout();
+  err = testing::internal::GetCapturedStderr();
+  return code;
+}
+
+/// Runs targetFeaturesMain, capturing stderr.
+int runTargetFeatures(Args args, std::unique_ptr<StepProgram> (*factory)(),
+                      std::string &err) {
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  int code = targetFeaturesMain(args.argc(), args.argv(), factory);
+  (void)testing::internal::GetCapturedStdout();
   err = testing::internal::GetCapturedStderr();
   return code;
 }
@@ -930,6 +990,57 @@ TEST(TrainMain, HelpGoesToStdout) {
   EXPECT_EQ(runTrainMain({"--help"}, out, err), 0);
   EXPECT_NE(out.find("--total-steps"), std::string::npos) << out;
   EXPECT_EQ(err, "");
+}
+
+// target-features refuses bad inputs on the host, naming the file, tensor,
+// row and token, before it looks for a GPU.
+TEST(TargetFeaturesMain, BadInputsAreRefusedBeforeTheGpu) {
+  TrainMainTempDir dir;
+  ModelConfig c = smallConfig();
+  SyntheticProblem problem;
+  ASSERT_TRUE(problem.init(c, 7).ok());
+  ASSERT_TRUE(writeSyntheticTarget(dir.path + "/target", problem).ok());
+  auto writeRows = [&](const std::string &path, int64_t S, int32_t badId) {
+    std::vector<int32_t> ids(size_t(3 * S), 1);
+    ids[size_t(S + 4)] = badId; // row 1, token 4
+    return writeSafetensors(path,
+                            {{"input_ids", DType::I32, {3, S}, ids.data()}});
+  };
+  ASSERT_TRUE(writeRows(dir.path + "/bad-id.safetensors", c.seqLen,
+                        int32_t(c.vocabSize))
+                  .ok());
+  ASSERT_TRUE(writeRows(dir.path + "/short.safetensors", c.seqLen - 1, 1).ok());
+  const Args good = {"--target", dir.path + "/target",
+                     "--rows",   dir.path + "/bad-id.safetensors",
+                     "-o",       dir.path + "/out.safetensors"};
+  std::string err;
+
+  EXPECT_EQ(runTargetFeatures(good, &noTarget, err), 1);
+  EXPECT_NE(err.find("compiled without an online target"), std::string::npos)
+      << err;
+  EXPECT_NE(runTargetFeatures({"--target", dir.path + "/target"},
+                              &fakeTargetFactory, err),
+            0);
+  EXPECT_NE(err.find("--target, --rows and -o are needed"), std::string::npos)
+      << err;
+  EXPECT_EQ(runTargetFeatures(good, &fakeTargetFactory, err), 1);
+  EXPECT_NE(err.find(dir.path + "/bad-id.safetensors: input_ids holds " +
+                     std::to_string(c.vocabSize) +
+                     " at row 1, token 4, outside the vocabulary"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(runTargetFeatures({"--target", dir.path + "/target", "--rows",
+                               dir.path + "/short.safetensors", "-o",
+                               dir.path + "/out.safetensors"},
+                              &fakeTargetFactory, err),
+            1);
+  EXPECT_NE(err.find("tensor 'input_ids' must be I32 [rows, " +
+                     std::to_string(c.seqLen) + "]"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(runTargetFeatures(good, &fakeTargetNeedingMore, err), 1);
+  EXPECT_NE(err.find("model.norm.weight"), std::string::npos) << err;
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/out.safetensors"));
 }
 
 TEST(TrainMain, MissingTargetDirectory) {
