@@ -2,6 +2,7 @@
 
 #include "runtime/cli/TargetFeaturesMain.h"
 
+#include "runtime/data/FeatureShard.h"
 #include "runtime/device/DeviceContext.h"
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
@@ -55,24 +56,6 @@ Status mapTargetBuffers(const std::vector<BufferSpec> &specs,
   return Status::success();
 }
 
-/// Reads I32 [R, S] `name`; `positions` may be absent (unpacked rows).
-Status readI32Rows(const SafetensorsFile &file, const std::string &name,
-                   int64_t S, std::vector<int32_t> &out, int64_t &rows) {
-  const TensorView *view = file.find(name);
-  if (!view)
-    return Status::error(file.path() + ": has no tensor '" + name + "'");
-  if (view->dtype != DType::I32 || view->shape.size() != 2 ||
-      view->shape[1] != S)
-    return Status::error(
-        file.path() + ": tensor '" + name + "' must be I32 [rows, " +
-        std::to_string(S) + "] (the compiled seq_len), but is " +
-        dtypeName(view->dtype) + " " + shapeString(view->shape));
-  rows = view->shape[0];
-  out.resize(size_t(view->numel()));
-  std::memcpy(out.data(), view->data, out.size() * sizeof(int32_t));
-  return Status::success();
-}
-
 /// Random bf16 values of a decoder's scale: norms near 1, matrices
 /// N(0, 0.02); one pattern of 16M values, repeated (the timing does not
 /// depend on the values, only on their being finite).
@@ -123,8 +106,7 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
   // Host side first: every mistake in the inputs before the GPU is touched.
   std::vector<std::vector<uint16_t>> weights;
   SafetensorsFile rowsIn;
-  std::vector<int32_t> allIds, allPositions;
-  int64_t R = 0;
+  TokenRows tokens;
   if (!o.bench) {
     std::vector<FrozenTensor> wanted;
     for (int index : map.frozen)
@@ -135,36 +117,9 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
       return s;
     if (Status s = rowsIn.open(o.rows); !s.ok())
       return s;
-    if (Status s = readI32Rows(rowsIn, "input_ids", S, allIds, R); !s.ok())
-      return s;
-    if (rowsIn.find("position_ids")) {
-      int64_t rp = 0;
-      if (Status s = readI32Rows(rowsIn, "position_ids", S, allPositions, rp);
-          !s.ok())
-        return s;
-      if (rp != R)
-        return Status::error(o.rows + ": position_ids has " +
-                             std::to_string(rp) + " rows but input_ids " +
-                             std::to_string(R));
-    } else {
-      allPositions.resize(allIds.size());
-      for (size_t i = 0; i < allIds.size(); ++i)
-        allPositions[i] = int32_t(int64_t(i) % S);
-    }
     const int64_t V = specs[size_t(map.frozen[0])].shape[0];
-    for (size_t i = 0; i < allIds.size(); ++i) {
-      if (allIds[i] < 0 || allIds[i] >= V)
-        return Status::error(
-            o.rows + ": input_ids holds " + std::to_string(allIds[i]) +
-            " at row " + std::to_string(int64_t(i) / S) + ", token " +
-            std::to_string(int64_t(i) % S) + ", outside the vocabulary of " +
-            std::to_string(V));
-      if (allPositions[i] < 0)
-        return Status::error(o.rows +
-                             ": position_ids holds a negative "
-                             "position at row " +
-                             std::to_string(int64_t(i) / S));
-    }
+    if (Status s = readTokenRows(rowsIn, S, V, tokens); !s.ok())
+      return s;
   }
 
   std::unique_ptr<DeviceContext> device;
@@ -278,14 +233,14 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
 
   // Features of every row, B at a time; a last partial batch is padded
   // with copies of row 0 whose features are dropped.
-  const int64_t width = features.shape.back();
+  const int64_t R = tokens.rows, width = features.shape.back();
   std::vector<uint16_t> out(size_t(R * S * width));
   for (int64_t r0 = 0; r0 < R; r0 += B) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t r = r0 + b < R ? r0 + b : 0;
-      std::memcpy(&batchIds[size_t(b * S)], &allIds[size_t(r * S)], S * 4);
-      std::memcpy(&batchPositions[size_t(b * S)], &allPositions[size_t(r * S)],
-                  S * 4);
+      std::memcpy(&batchIds[size_t(b * S)], &tokens.ids[size_t(r * S)], S * 4);
+      std::memcpy(&batchPositions[size_t(b * S)],
+                  &tokens.positions[size_t(r * S)], S * 4);
     }
     if (Status s = upload(); !s.ok())
       return s;
@@ -302,17 +257,8 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     if (Status s = device->synchronize("the target program"); !s.ok())
       return s;
   }
-  std::vector<TensorData> tensors;
-  for (const TensorView &view : rowsIn.tensors())
-    if (view.name != "hidden_states")
-      tensors.push_back({view.name, view.dtype, view.shape, view.data});
-  tensors.push_back({"hidden_states", DType::BF16, {R, S, width}, out.data()});
-  std::map<std::string, std::string> metadata = rowsIn.metadata();
-  if (!metadata.empty()) {
-    metadata["format"] = "dflash-feature-shard";
-    metadata["target_dir"] = o.target;
-  }
-  if (Status s = writeSafetensors(o.out, tensors, metadata); !s.ok())
+  if (Status s = writeFeatureShard(o.out, rowsIn, out, width, o.target);
+      !s.ok())
     return s;
   std::fprintf(stderr,
                "target-features: wrote %s: hidden_states [%lld, %lld, "

@@ -346,3 +346,87 @@ int64_t FeatureShardReader::shardsWithFeatures() const {
     n += shard.find("hidden_states") ? 1 : 0;
   return n;
 }
+
+/// The I32 [R, S] tensor `name` of `shard` into `out`.
+static Status readI32Rows(const SafetensorsFile &shard, const std::string &name,
+                          int64_t seqLen, std::vector<int32_t> &out,
+                          std::vector<int64_t> &shape) {
+  const TensorView *view = shard.find(name);
+  if (!view)
+    return Status::error(shard.path() + ": has no tensor '" + name + "'");
+  if (view->dtype != DType::I32 || view->shape.size() != 2 ||
+      (seqLen > 0 && view->shape[1] != seqLen))
+    return Status::error(
+        shard.path() + ": tensor '" + name + "' must be I32 [rows, " +
+        (seqLen > 0 ? std::to_string(seqLen) + "] (the compiled seq_len)"
+                    : std::string("seq_len]")) +
+        ", but is " + dtypeName(view->dtype) + " " + shapeString(view->shape));
+  out.resize(size_t(view->numel()));
+  std::memcpy(out.data(), view->data, out.size() * sizeof(int32_t));
+  shape = view->shape;
+  return Status::success();
+}
+
+Status dflash::rt::readTokenRows(const SafetensorsFile &shard, int64_t seqLen,
+                                 int64_t vocab, TokenRows &out) {
+  std::vector<int64_t> shape, positionShape;
+  if (Status s = readI32Rows(shard, "input_ids", seqLen, out.ids, shape);
+      !s.ok())
+    return s;
+  out.rows = shape[0];
+  out.seqLen = shape[1];
+  const int64_t S = out.seqLen;
+  if (shard.find("position_ids")) {
+    if (Status s =
+            readI32Rows(shard, "position_ids", S, out.positions, positionShape);
+        !s.ok())
+      return s;
+    if (positionShape != shape)
+      return Status::error(shard.path() + ": position_ids " +
+                           shapeString(positionShape) + " and input_ids " +
+                           shapeString(shape) + " differ in shape");
+  } else {
+    out.positions.resize(out.ids.size());
+    for (size_t i = 0; i < out.ids.size(); ++i)
+      out.positions[i] = int32_t(int64_t(i) % S);
+  }
+  for (size_t i = 0; i < out.ids.size(); ++i) {
+    const std::string where = " at row " + std::to_string(int64_t(i) / S) +
+                              ", token " + std::to_string(int64_t(i) % S);
+    if (out.ids[i] < 0 || out.ids[i] >= vocab)
+      return Status::error(
+          shard.path() + ": input_ids holds " + std::to_string(out.ids[i]) +
+          where + ", outside the vocabulary of " + std::to_string(vocab));
+    if (out.positions[i] < 0)
+      return Status::error(shard.path() + ": position_ids holds " +
+                           std::to_string(out.positions[i]) + where);
+  }
+  return Status::success();
+}
+
+Status dflash::rt::writeFeatureShard(const std::string &path,
+                                     const SafetensorsFile &tokens,
+                                     const std::vector<uint16_t> &features,
+                                     int64_t width,
+                                     const std::string &targetDir) {
+  const TensorView *ids = tokens.find("input_ids");
+  if (!ids || ids->shape.size() != 2 ||
+      int64_t(features.size()) != ids->numel() * width)
+    return Status::error(path + ": " + std::to_string(features.size()) +
+                         " feature values do not fit the rows of " +
+                         tokens.path());
+  std::vector<TensorData> tensors;
+  for (const TensorView &view : tokens.tensors())
+    if (view.name != "hidden_states")
+      tensors.push_back({view.name, view.dtype, view.shape, view.data});
+  tensors.push_back({"hidden_states",
+                     DType::BF16,
+                     {ids->shape[0], ids->shape[1], width},
+                     features.data()});
+  std::map<std::string, std::string> metadata = tokens.metadata();
+  if (!metadata.empty()) {
+    metadata["format"] = "dflash-feature-shard";
+    metadata["target_dir"] = targetDir;
+  }
+  return writeSafetensors(path, tensors, metadata);
+}

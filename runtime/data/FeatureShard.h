@@ -77,6 +77,27 @@ private:
   bool pinned = false;
 };
 
+/// The token rows of one shard, as a target program reads them.
+struct TokenRows {
+  int64_t rows = 0, seqLen = 0;
+  std::vector<int32_t> ids, positions; ///< [rows, seqLen]
+};
+
+/// Reads input_ids [R, S] I32 of `shard` and position_ids (arange(S) per row
+/// where the shard has none, i.e. is not packed); S must be `seqLen` unless
+/// that is 0. Errors name the file and tensor, and the row and token of an id
+/// outside [0, vocab) or a negative position.
+Status readTokenRows(const SafetensorsFile &shard, int64_t seqLen,
+                     int64_t vocab, TokenRows &out);
+
+/// Writes `tokens`' tensors and metadata as the feature shard `path`, with
+/// hidden_states [R, S, width] (bf16 bits) added: `format` becomes
+/// dflash-feature-shard and `target_dir` names the target the features
+/// come from.
+Status writeFeatureShard(const std::string &path, const SafetensorsFile &tokens,
+                         const std::vector<uint16_t> &features, int64_t width,
+                         const std::string &targetDir);
+
 } // namespace dflash::rt
 
 #endif // DFLASH_RUNTIME_FEATURESHARD_H

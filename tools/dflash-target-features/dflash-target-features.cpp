@@ -12,6 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/data/FeatureShard.h"
 #include "runtime/io/Safetensors.h"
 #include "tools/dflash-reference/TargetProgram.h"
 
@@ -19,8 +20,6 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/WithColor.h"
-
-#include <cstring>
 
 using namespace ::dflash;
 namespace cl = llvm::cl;
@@ -58,22 +57,6 @@ int fail(const std::string &msg) {
   return 1;
 }
 
-/// The I32 tensor `name` [B, S] of `file`, as integers.
-Status readRows(const rt::SafetensorsFile &file, const std::string &name,
-                std::vector<int32_t> &out, std::vector<int64_t> &shape) {
-  const rt::TensorView *view = file.find(name);
-  if (!view)
-    return Status::error(file.path() + ": has no tensor '" + name + "'");
-  if (view->dtype != DType::I32 || view->shape.size() != 2)
-    return Status::error(
-        file.path() + ": tensor '" + name + "' must be I32 [B, S], but is " +
-        dtypeName(view->dtype) + " " + shapeString(view->shape));
-  out.resize(size_t(view->numel()));
-  std::memcpy(out.data(), view->data, out.size() * sizeof(int32_t));
-  shape = view->shape;
-  return Status::success();
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
@@ -94,56 +77,25 @@ int main(int argc, char **argv) {
     return fail("no target: give --target DIR or [target] path in '" +
                 specFile + "'");
   rt::SafetensorsFile rowsIn;
+  rt::TokenRows rows;
   Status status = rowsIn.open(rowsFile);
-  std::vector<int32_t> ids, positions;
-  std::vector<int64_t> idsShape, positionsShape;
   if (status.ok())
-    status = readRows(rowsIn, "input_ids", ids, idsShape);
-  if (status.ok() && rowsIn.find("position_ids")) {
-    status = readRows(rowsIn, "position_ids", positions, positionsShape);
-  } else if (status.ok()) { // unpacked rows
-    positionsShape = idsShape;
-    positions.resize(ids.size());
-    for (size_t i = 0; i < ids.size(); ++i)
-      positions[i] = int32_t(int64_t(i) % idsShape[1]);
-  }
-  if (status.ok() && idsShape != positionsShape)
-    status = Status::error(rowsFile + ": input_ids " + shapeString(idsShape) +
-                           " and position_ids " + shapeString(positionsShape) +
-                           " differ in shape");
-  for (size_t i = 0; status.ok() && i < ids.size(); ++i)
-    if (ids[i] < 0 || ids[i] >= spec->vocabSize)
-      status = Status::error(rowsFile + ": input_ids holds " +
-                             std::to_string(ids[i]) + " at flat index " +
-                             std::to_string(i) +
-                             ", outside the vocabulary "
-                             "of " +
-                             std::to_string(spec->vocabSize));
+    status = rt::readTokenRows(rowsIn, /*seqLen=*/0, spec->vocabSize, rows);
   if (!status.ok())
     return fail(status.message());
 
   // The rows fix the program's shapes.
   mlir::MLIRContext context;
   TargetProgram target;
-  status = target.load(context, *spec, dir, idsShape[0], idsShape[1]);
+  status = target.load(context, *spec, dir, rows.rows, rows.seqLen);
   std::vector<uint16_t> bits;
   if (status.ok())
-    status = target.run(ids, positions, precision, bits);
+    status = target.run(rows.ids, rows.positions, precision, bits);
   if (!status.ok())
     return fail(status.message());
   // The token shard's tensors as they are, the features beside them.
-  std::vector<rt::TensorData> tensors;
-  for (const rt::TensorView &view : rowsIn.tensors())
-    if (view.name != "hidden_states")
-      tensors.push_back({view.name, view.dtype, view.shape, view.data});
-  tensors.push_back(
-      {"hidden_states", DType::BF16, target.featureShape(), bits.data()});
-  std::map<std::string, std::string> metadata = rowsIn.metadata();
-  if (!metadata.empty()) {
-    metadata["format"] = "dflash-feature-shard";
-    metadata["target_dir"] = dir;
-  }
-  status = rt::writeSafetensors(outFile, tensors, metadata);
+  status = rt::writeFeatureShard(outFile, rowsIn, bits,
+                                 target.featureShape().back(), dir);
   if (!status.ok())
     return fail(status.message());
   llvm::errs() << "dflash-target-features: wrote " << outFile << ": "

@@ -64,20 +64,13 @@ ModelConfig smallConfig() {
   return c;
 }
 
-/// A step program with a shape and buffers but no kernels; its optimizer
-/// state sharded as `shards` when given.
-class FakeStepProgram : public StepProgram {
+/// A program with a config and buffers but no kernels.
+class FakeProgram : public StepProgram {
 public:
-  explicit FakeStepProgram(
-      ModelConfig c, std::optional<OptimizerShardLayout> shards = std::nullopt)
-      : cfg(std::move(c)), shards(std::move(shards)),
-        specs(this->shards ? shardedStepBuffers(cfg, *this->shards)
-                           : stepBuffers(cfg)) {}
+  FakeProgram(ModelConfig c, std::vector<BufferSpec> specs)
+      : cfg(std::move(c)), specs(std::move(specs)) {}
   const ModelConfig &config() const override { return cfg; }
   const std::vector<BufferSpec> &buffers() const override { return specs; }
-  const OptimizerShardLayout *optimizerShards() const override {
-    return shards ? &*shards : nullptr;
-  }
   size_t arenaBytes() const override { return 1024; }
   size_t gemmWorkspaceBytes() const override { return 0; }
   double flopsPerStep() const override { return 1e9; }
@@ -89,59 +82,58 @@ public:
 
 private:
   ModelConfig cfg;
-  std::optional<OptimizerShardLayout> shards;
   std::vector<BufferSpec> specs;
+};
+
+/// A step program's buffers; its optimizer state sharded as `shards` when
+/// given.
+class FakeStepProgram : public FakeProgram {
+public:
+  explicit FakeStepProgram(
+      ModelConfig c, std::optional<OptimizerShardLayout> shards = std::nullopt)
+      : FakeProgram(c,
+                    shards ? shardedStepBuffers(c, *shards) : stepBuffers(c)),
+        shards(std::move(shards)) {}
+  const OptimizerShardLayout *optimizerShards() const override {
+    return shards ? &*shards : nullptr;
+  }
+
+private:
+  std::optional<OptimizerShardLayout> shards;
 };
 
 std::unique_ptr<StepProgram> fakeFactory() {
   return std::make_unique<FakeStepProgram>(smallConfig());
 }
 
-/// An online target program's buffers (createTargetProgram's kind) with no
-/// kernels: tokens in, the checkpoint's embedding (plus `extraTensor`, when
-/// given) frozen, target_hidden out.
-class FakeTargetProgram : public StepProgram {
-public:
-  explicit FakeTargetProgram(std::string extraTensor = "")
-      : cfg(smallConfig()) {
-    const int64_t B = cfg.rowsPerGpu, S = cfg.seqLen;
-    specs = {{"input_ids", BufferRole::Input, DType::I32, {B, S}, 0},
-             {"position_ids", BufferRole::Input, DType::I32, {B, S}, 5},
-             {"model.embed_tokens.weight",
-              BufferRole::Frozen,
-              DType::BF16,
-              {cfg.vocabSize, cfg.hiddenSize},
-              -1}};
-    if (!extraTensor.empty())
-      specs.push_back(
-          {extraTensor, BufferRole::Frozen, DType::BF16, {cfg.hiddenSize}, -1});
-    specs.push_back({"target_hidden",
-                     BufferRole::Input,
-                     DType::BF16,
-                     {B, S, cfg.contextWidth()},
-                     2});
-  }
-  const ModelConfig &config() const override { return cfg; }
-  const std::vector<BufferSpec> &buffers() const override { return specs; }
-  size_t arenaBytes() const override { return 1024; }
-  size_t gemmWorkspaceBytes() const override { return 0; }
-  double flopsPerStep() const override { return 1e9; }
-  Status bind(const std::vector<void *> &, void *, const DeviceResources &,
-              const StepHyper &) override {
-    return Status::success();
-  }
-  Status enqueue(cudaStream_t) override { return Status::success(); }
-
-private:
-  ModelConfig cfg;
-  std::vector<BufferSpec> specs;
-};
-
-std::unique_ptr<StepProgram> fakeTargetFactory() {
-  return std::make_unique<FakeTargetProgram>();
+/// An online target program's buffers (createTargetProgram's kind): tokens
+/// in, the checkpoint's embedding (and `extraTensor`, when given) frozen,
+/// target_hidden out.
+std::unique_ptr<StepProgram> fakeTarget(const std::string &extraTensor) {
+  const ModelConfig c = smallConfig();
+  const int64_t B = c.rowsPerGpu, S = c.seqLen;
+  std::vector<BufferSpec> specs = {
+      {"input_ids", BufferRole::Input, DType::I32, {B, S}, 0},
+      {"position_ids", BufferRole::Input, DType::I32, {B, S}, 5},
+      {"model.embed_tokens.weight",
+       BufferRole::Frozen,
+       DType::BF16,
+       {c.vocabSize, c.hiddenSize},
+       -1}};
+  if (!extraTensor.empty())
+    specs.push_back(
+        {extraTensor, BufferRole::Frozen, DType::BF16, {c.hiddenSize}, -1});
+  specs.push_back({"target_hidden",
+                   BufferRole::Input,
+                   DType::BF16,
+                   {B, S, c.contextWidth()},
+                   2});
+  return std::make_unique<FakeProgram>(c, std::move(specs));
 }
+
+std::unique_ptr<StepProgram> fakeTargetFactory() { return fakeTarget(""); }
 std::unique_ptr<StepProgram> fakeTargetNeedingMore() {
-  return std::make_unique<FakeTargetProgram>("model.norm.weight");
+  return fakeTarget("model.norm.weight");
 }
 std::unique_ptr<StepProgram> noTarget() { return nullptr; }
 
