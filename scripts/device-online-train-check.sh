@@ -14,6 +14,10 @@
 #    within bf16 tolerance (the features differ by bf16 rounding).
 # 4. Offline on the compiled target's own features (target-features, shard
 #    by shard): the same features as (3), so the same losses to the bit.
+# 5. Online with the target on a thread and stream of its own (--target-gpus
+#    0 --gpus 0: the path that puts it on GPUs of its own), held-out token
+#    rows evaluated every 10 steps in both (3) and (5): the same losses and
+#    evaluations as (3), to the bit.
 # Logs to $OUT.
 set -u
 D=.device
@@ -49,24 +53,30 @@ for f in $W/tokens-train/*.safetensors; do
     -o $W/features-compiled/$(basename $f) 2>> $O/target-features.log || echo "target-features $f failed"
 done
 cp $W/features-q/manifest.json $W/features-compiled/ 2>/dev/null
-run() { # name data
-  timeout 200 $D/bin/train-tiny-online --data $2 --target $W/target-q --steps 30 --seed 0 \
-    --out /tmp/$1 --log $O/$1.jsonl > $O/$1.out 2>&1
-  echo "$1 rc=$? $(grep -a 'online target\|done:' $O/$1.out | tr '\n' ' ' | tail -c 300)"
-  grep -a "error" $O/$1.out | head -n 3
+run() { # name data [options]
+  local name=$1 data=$2
+  shift 2
+  timeout 200 $D/bin/train-tiny-online --data $data --target $W/target-q --steps 30 --seed 0 \
+    --out /tmp/$name --log $O/$name.jsonl "$@" > $O/$name.out 2>&1
+  echo "$name rc=$? $(grep -a 'online target\|done:' $O/$name.out | tr '\n' ' ' | tail -c 300)"
+  grep -a "error" $O/$name.out | head -n 3
+  rm -rf /tmp/$name
 }
 run offline $W/features-q
-run online $W/tokens-train
+run online $W/tokens-train --eval-data $W/tokens-eval --eval-every 10
 run offline-compiled $W/features-compiled
+run online-apart $W/tokens-train --eval-data $W/tokens-eval --eval-every 10 --target-gpus 0 --gpus 0
 python3 - $O <<'PY'
 import json, os, sys, statistics as st
 o = sys.argv[1]
-def load(n):
+def load(n, key="loss"):
     p = os.path.join(o, n + ".jsonl")
-    return [json.loads(l) for l in open(p) if l.startswith('{"step')] if os.path.exists(p) else []
-off, on, comp = load("offline"), load("online"), load("offline-compiled")
-if not (off and on and comp):
-    sys.exit("missing runs: offline %d online %d offline-compiled %d steps" % (len(off), len(on), len(comp)))
+    lines = [json.loads(l) for l in open(p) if l.startswith('{"step')] if os.path.exists(p) else []
+    return [x for x in lines if key in x]
+off, on, comp, apart = load("offline"), load("online"), load("offline-compiled"), load("online-apart")
+if not (off and on and comp and apart):
+    sys.exit("missing runs: offline %d online %d offline-compiled %d online-apart %d steps"
+             % (len(off), len(on), len(comp), len(apart)))
 rel = lambda a, b: max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(a, b))
 d_tf, d_comp = rel(on, off), rel(on, comp)
 print("losses at steps 0 / 29: online %.5f / %.5f, offline (transformers features) %.5f / %.5f, "
@@ -75,7 +85,20 @@ print("losses at steps 0 / 29: online %.5f / %.5f, offline (transformers feature
 print("max relative loss difference over 30 steps: online vs transformers features %.2e (%s), "
       "online vs compiled features %.2e (%s)" % (d_tf, "PASS" if d_tf < 2e-2 else "FAIL",
       d_comp, "PASS" if d_comp == 0 else "FAIL"))
-print("median step: online %.2f ms (target %.2f ms), offline %.2f ms" % (
+keys = ("loss", "acc", "tau", "grad_norm")
+same = len(apart) == len(on) and all(x[k] == y[k] for x, y in zip(apart, on) for k in keys)
+ev_on, ev_apart = load("online", "eval_loss"), load("online-apart", "eval_loss")
+ev_keys = ("eval_loss", "eval_acc", "eval_tau", "eval_rows")
+ev_same = len(ev_on) == len(ev_apart) > 0 and all(
+    x[k] == y[k] for x, y in zip(ev_apart, ev_on) for k in ev_keys)
+print("target on its own thread and stream (--target-gpus 0 --gpus 0) vs before each step: "
+      "%d steps %s, %d evaluations %s (eval loss %s)" % (len(apart), "identical" if same else "DIFFER",
+      len(ev_on), "identical" if ev_same else "DIFFER", [round(x["eval_loss"], 5) for x in ev_on]))
+print("PASS" if same and ev_same else "FAIL")
+print("median step: online %.2f ms (target %.2f ms), target apart %.2f ms (target %.2f, waited %.2f), "
+      "offline %.2f ms" % (
       st.median(x["step_ms"] for x in on[5:]), st.median(x.get("target_ms", 0) for x in on[5:]),
+      st.median(x["step_ms"] for x in apart[5:]), st.median(x.get("target_ms", 0) for x in apart[5:]),
+      st.median(x.get("feature_wait_ms", 0) for x in apart[5:]),
       st.median(x["step_ms"] for x in off[5:])))
 PY

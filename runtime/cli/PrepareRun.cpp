@@ -134,6 +134,10 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   // Data. With an online target, shards may hold tokens only: then the
   // target computes their features (feature shards are read as they are).
   bool online = false;
+  if (!o.targetGpus.empty() && !onlineTarget)
+    return Status::error("--target-gpus: this trainer was compiled without "
+                         "an online target (dflashc SPEC --target DIR builds "
+                         "one in)");
   const ShardContents contents =
       onlineTarget ? ShardContents::Tokens : ShardContents::Features;
   if (synthetic) {
@@ -166,6 +170,11 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
           "feature shards");
     // (validateTrainOptions made sure --target is given.)
     online = withFeatures == 0;
+    if (!online && !o.targetGpus.empty())
+      return Status::error("--target-gpus: the shards in --data " + o.data +
+                           " carry their features, so there is no target to "
+                           "run; give token shards, or leave --target-gpus "
+                           "out");
     run.rows = std::move(reader);
   }
   {
@@ -261,6 +270,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.exportFinal = true;
   run.logPath = o.log.empty() ? o.out + "/metrics.jsonl" : o.log;
   run.layout.gpus = o.gpus;
+  run.layout.targetGpus = online ? o.targetGpus : std::vector<int>();
   run.layout.node = node;
   run.layout.nodes = nodes;
   run.layout.forceCollectives = o.nccl;

@@ -6,6 +6,7 @@
 #include "runtime/device/DeviceContext.h"
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
+#include "runtime/train/StepBuffers.h"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -27,41 +28,12 @@ struct Options {
   int device = 0;
 };
 
-/// The target program's buffers by what they are.
-struct TargetBuffers {
-  int inputIds = -1, positionIds = -1, features = -1;
-  std::vector<int> frozen; ///< buffer indices, in binding order
-};
-
-Status mapTargetBuffers(const std::vector<BufferSpec> &specs,
-                        TargetBuffers &map) {
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const BufferSpec &b = specs[i];
-    if (b.role == BufferRole::Frozen) {
-      map.frozen.push_back(int(i));
-    } else if (b.role == BufferRole::Input && b.name == "input_ids") {
-      map.inputIds = int(i);
-    } else if (b.role == BufferRole::Input && b.name == "position_ids") {
-      map.positionIds = int(i);
-    } else if (b.role == BufferRole::Input && b.name == "target_hidden") {
-      map.features = int(i);
-    } else {
-      return Status::error("the target program has an unexpected buffer '" +
-                           b.name + "' (role " + nameOf(b.role) + ")");
-    }
-  }
-  if (map.inputIds < 0 || map.positionIds < 0 || map.features < 0)
-    return Status::error("the target program lacks input_ids, position_ids "
-                         "or target_hidden");
-  return Status::success();
-}
-
 /// Random bf16 values of a decoder's scale: norms near 1, matrices
 /// N(0, 0.02); one pattern of 16M values, repeated (the timing does not
 /// depend on the values, only on their being finite).
 Status fillRandomWeights(const std::vector<BufferSpec> &specs,
                          const std::vector<void *> &buffers,
-                         const TargetBuffers &map) {
+                         const TargetBufferMap &map) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 0.02f);
   std::vector<uint16_t> pattern(size_t(1) << 24);
@@ -96,7 +68,7 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     return Status::error("this trainer was compiled without an online target "
                          "(dflashc SPEC --target DIR builds one in)");
   const std::vector<BufferSpec> &specs = program->buffers();
-  TargetBuffers map;
+  TargetBufferMap map;
   if (Status s = mapTargetBuffers(specs, map); !s.ok())
     return s;
   const BufferSpec &ids = specs[size_t(map.inputIds)];

@@ -91,6 +91,14 @@ int fail(const std::string &message) {
   return 1;
 }
 
+/// "0,1,3".
+std::string gpuListText(const std::vector<int> &gpus) {
+  std::string text;
+  for (int gpu : gpus)
+    text += (text.empty() ? "" : ",") + std::to_string(gpu);
+  return text;
+}
+
 std::string numberText(double value) {
   char text[32];
   std::snprintf(text, sizeof(text), "%g", value);
@@ -215,6 +223,11 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
       return failRun("--gpus: device " + std::to_string(gpu) +
                      " does not exist (" + std::to_string(devices) +
                      " visible)");
+  for (int gpu : options.targetGpus)
+    if (gpu >= devices)
+      return failRun("--target-gpus: device " + std::to_string(gpu) +
+                     " does not exist (" + std::to_string(devices) +
+                     " visible)");
 
   const int64_t world = run.layout.worldSize();
   auto note = [&](const std::string &message) {
@@ -244,7 +257,15 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
        "; schedule of " + std::to_string(run.trainer.run.totalSteps) +
        " steps, lr " + numberText(run.trainer.run.lr) + ", warmup ratio " +
        numberText(run.trainer.run.warmupRatio));
-  if (run.inputs.targetProgram)
+  if (run.inputs.targetProgram && !run.layout.targetGpus.empty())
+    note("online target: " + options.target + ", " +
+         std::to_string(run.targetProgramWeights.size()) +
+         " tensors, on device" +
+         (run.layout.targetGpus.size() > 1 ? "s " : " ") +
+         gpuListText(run.layout.targetGpus) +
+         "; it computes each step's features while the step before runs and "
+         "copies them to the drafter GPUs");
+  else if (run.inputs.targetProgram)
     note("online target: " + options.target + ", " +
          std::to_string(run.targetProgramWeights.size()) +
          " tensors; its features are computed on the GPU before every step");
@@ -291,6 +312,15 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
                     : std::string()) +
          "; " + formatBytes(memory.usedBytes()) + " of " +
          formatBytes(memory.totalBytes) + " in use");
+  }
+
+  for (int k = 0; k < group.targetServers(); ++k) {
+    const TargetServer &server = group.targetServer(k);
+    note("target device " + std::to_string(server.device()) + " (" +
+         server.deviceName() + "): serves " + std::to_string(server.clients()) +
+         " drafter GPU" + (server.clients() > 1 ? "s" : "") + "; " +
+         formatBytes(server.memoryInUse().usedBytes()) + " of " +
+         formatBytes(server.memoryInUse().totalBytes) + " in use");
   }
 
   ProgressDisplay progress(stderr, ::isatty(STDERR_FILENO) != 0,

@@ -38,8 +38,8 @@ static std::string lowerFirst(std::string text) {
 }
 
 /// "0,1" -> {0, 1}.
-static bool parseGpuList(const std::string &text, std::vector<int> &gpus,
-                         std::string &error) {
+static bool parseGpuList(const char *option, const std::string &text,
+                         std::vector<int> &gpus, std::string &error) {
   gpus.clear();
   size_t start = 0;
   while (start <= text.size()) {
@@ -51,7 +51,8 @@ static bool parseGpuList(const std::string &text, std::vector<int> &gpus,
     long value = std::strtol(item.c_str(), &end, 10);
     if (item.empty() || *end != '\0' || errno != 0 || value < 0 ||
         value > 4096) {
-      error = "--gpus '" + text + "': '" + item + "' is not a device index";
+      error = std::string(option) + " '" + text + "': '" + item +
+              "' is not a device index";
       return false;
     }
     gpus.push_back(int(value));
@@ -165,11 +166,20 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   rows->type_name("R")->capture_default_str();
   std::string gpuText;
   CLI::Option *gpus = app.add_option(
-      "--gpus", gpuText,
+      "--gpus,--drafter-gpus", gpuText,
       "CUDA devices to train on, comma-separated, one data-parallel rank "
-      "each (default: every visible device); under mpirun, the devices of "
-      "each node");
+      "each (default: every visible device, less the --target-gpus); under "
+      "mpirun, the devices of each node");
   gpus->type_name("LIST");
+  std::string targetGpuText;
+  CLI::Option *targetGpus = app.add_option(
+      "--target-gpus", targetGpuText,
+      "With an online target (token shards): CUDA devices that run the "
+      "target and send its features to the drafter GPUs, which then hold no "
+      "copy of it; drafter rank r gets them from target device r % count. "
+      "Default: each drafter GPU runs the target before its step. A device "
+      "may be in both lists");
+  targetGpus->type_name("LIST");
   app.add_flag("--nccl", options.nccl,
                "Sum over the GPUs with NCCL even when there is one (checks "
                "the data-parallel path; with several GPUs it is always on)");
@@ -205,7 +215,10 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
     text = lowerFirst(error.what());
     return CommandLineAction::Fail;
   }
-  if (gpus->count() > 0 && !parseGpuList(gpuText, options.gpus, text))
+  if (gpus->count() > 0 && !parseGpuList("--gpus", gpuText, options.gpus, text))
+    return CommandLineAction::Fail;
+  if (targetGpus->count() > 0 &&
+      !parseGpuList("--target-gpus", targetGpuText, options.targetGpus, text))
     return CommandLineAction::Fail;
   options.givenTotalSteps = totalSteps->count() > 0;
   options.givenLr = lr->count() > 0;
@@ -309,6 +322,26 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
       if (o.gpus[i] == o.gpus[j])
         return Status::error("--gpus: device " + std::to_string(o.gpus[i]) +
                              " is listed twice (each GPU is one rank)");
+  for (size_t i = 0; i < o.targetGpus.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (o.targetGpus[i] == o.targetGpus[j])
+        return Status::error("--target-gpus: device " +
+                             std::to_string(o.targetGpus[i]) +
+                             " is listed twice");
+  if (!o.targetGpus.empty()) {
+    if (o.data == "synthetic")
+      return Status::error("--target-gpus runs the online target, which "
+                           "needs token shards in --data; the synthetic "
+                           "problem carries its features");
+    if (o.target.empty())
+      return Status::error("--target-gpus needs --target DIR, the online "
+                           "target's Hugging Face directory");
+    if (!o.gpus.empty() && o.targetGpus.size() > o.gpus.size())
+      return Status::error(
+          "--target-gpus lists " + std::to_string(o.targetGpus.size()) +
+          " devices for " + std::to_string(o.gpus.size()) +
+          " drafter GPUs (--gpus); each target device serves at least one");
+  }
   if (o.nccl && !collectivesAvailable())
     return Status::error("--nccl: this trainer was built without NCCL");
   if (o.gpus.size() > 1 && !collectivesAvailable())
@@ -372,10 +405,25 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
 Status dflash::rt::resolveGpus(TrainOptions &o, int visibleDevices) {
   if (!o.gpus.empty())
     return Status::success();
+  // The target's own devices are not drafters unless the user says so.
   for (int d = 0; d < visibleDevices; ++d)
-    o.gpus.push_back(d);
+    if (std::find(o.targetGpus.begin(), o.targetGpus.end(), d) ==
+        o.targetGpus.end())
+      o.gpus.push_back(d);
+  if (o.gpus.empty() && !o.targetGpus.empty() && visibleDevices > 0)
+    return Status::error(
+        "--target-gpus takes every visible device (" +
+        std::to_string(visibleDevices) +
+        "), so none is left for the drafter: give --gpus (a device may be "
+        "in both lists)");
   if (o.gpus.empty())
     o.gpus.push_back(0);
+  if (o.targetGpus.size() > o.gpus.size())
+    return Status::error("--target-gpus lists " +
+                         std::to_string(o.targetGpus.size()) +
+                         " devices but only " + std::to_string(o.gpus.size()) +
+                         " are left for the drafter; each target device "
+                         "serves at least one");
   if (o.gpus.size() > 1 && !collectivesAvailable())
     return Status::error(std::to_string(o.gpus.size()) +
                          " GPUs are visible but this trainer was built "

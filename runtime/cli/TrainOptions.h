@@ -41,8 +41,11 @@ struct TrainOptions {
   double warmupRatio = 0; ///< --warmup-ratio; default the config's
   uint64_t seed = 0;      ///< --seed; default the config's
   std::vector<int> gpus;  ///< --gpus; empty: every visible device
-  bool noGraph = false;   ///< --no-graph
-  bool nccl = false;      ///< --nccl: collectives even on one GPU
+  /// --target-gpus: the online target's own devices; empty: each drafter
+  /// GPU runs it.
+  std::vector<int> targetGpus;
+  bool noGraph = false; ///< --no-graph
+  bool nccl = false;    ///< --nccl: collectives even on one GPU
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,
@@ -71,9 +74,10 @@ Status validateTrainOptions(const TrainOptions &options,
 /// another live run. Messages name the other process.
 Status lockOutputDirectory(const TrainOptions &options, DirectoryLock &lock);
 
-/// Fills an empty --gpus with every device of `visibleDevices` (or device
-/// 0 when there is none, so that the host checks run and the missing
-/// device is reported after them); checks that several GPUs can be used.
+/// Fills an empty --gpus with every device of `visibleDevices` that is not
+/// a --target-gpus one (or device 0 when there is none, so that the host
+/// checks run and the missing device is reported after them); checks that
+/// several GPUs can be used and that each target device has a drafter.
 Status resolveGpus(TrainOptions &options, int visibleDevices);
 
 } // namespace dflash::rt

@@ -103,6 +103,9 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"compute_ms\": " + jsonNumber("%.4f", m.computeMs) +
          (m.targetMs > 0 ? ", \"target_ms\": " + jsonNumber("%.4f", m.targetMs)
                          : std::string()) +
+         (m.targetApart
+              ? ", \"feature_wait_ms\": " + jsonNumber("%.4f", m.featureWaitMs)
+              : std::string()) +
          ", \"tokens_per_s\": " + jsonNumber("%.1f", m.contextTokensPerS) +
          ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
          ", \"tflops\": " + jsonNumber("%.3f", m.tflops) +
@@ -254,8 +257,12 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
     std::snprintf(skipped, sizeof(skipped), "  skipped rows %lld",
                   (long long)m.skippedRows);
   // Both sides' busy time, so that a user can balance the split.
-  char target[64] = "";
-  if (m.targetMs > 0)
+  char target[80] = "";
+  if (m.targetApart)
+    std::snprintf(target, sizeof(target),
+                  " (target %.1f, drafter %.1f, waited %.1f)", m.targetMs,
+                  m.computeMs, m.featureWaitMs);
+  else if (m.targetMs > 0)
     std::snprintf(target, sizeof(target), " (target %.1f, drafter %.1f)",
                   m.targetMs, m.computeMs - m.targetMs);
   char head[160], tail[384];

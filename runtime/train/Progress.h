@@ -53,9 +53,14 @@ struct StepMetrics {
   std::vector<double> accByPosition;
   double stepMs = 0;    ///< input copies and the step (slowest rank)
   double computeMs = 0; ///< the step alone, without the input copies
-  /// The online target's share of computeMs (0 without one; slowest rank
-  /// of this process).
+  /// The online target's GPU time (0 without one). On the drafter's GPU:
+  /// its share of computeMs (slowest rank of this process). On GPUs of its
+  /// own (`targetApart`, train --target-gpus): the busiest target GPU of
+  /// this process, all the rows it computes per step, and featureWaitMs is
+  /// the longest a drafter waited for its features (with the input copies).
   double targetMs = 0;
+  bool targetApart = false;
+  double featureWaitMs = 0;
   /// Every rank's stepMs, in rank order; empty when not reported per rank.
   std::vector<double> rankStepMs;
   double contextTokensPerS = 0;

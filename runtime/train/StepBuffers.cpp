@@ -365,6 +365,30 @@ StepHyper dflash::rt::stepHyperFor(const ModelConfig &c, double lr,
   return hyper;
 }
 
+Status dflash::rt::mapTargetBuffers(const std::vector<BufferSpec> &buffers,
+                                    TargetBufferMap &map) {
+  map = TargetBufferMap();
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    const BufferSpec &b = buffers[i];
+    if (b.role == BufferRole::Frozen) {
+      map.frozen.push_back(int(i));
+    } else if (b.role == BufferRole::Input && b.name == "input_ids") {
+      map.inputIds = int(i);
+    } else if (b.role == BufferRole::Input && b.name == "position_ids") {
+      map.positionIds = int(i);
+    } else if (b.role == BufferRole::Input && b.name == "target_hidden") {
+      map.features = int(i);
+    } else {
+      return Status::error("the target program has an unexpected buffer '" +
+                           b.name + "' (role " + nameOf(b.role) + ")");
+    }
+  }
+  if (map.inputIds < 0 || map.positionIds < 0 || map.features < 0)
+    return Status::error("the target program lacks input_ids, position_ids "
+                         "or target_hidden");
+  return Status::success();
+}
+
 Status dflash::rt::checkShardWorld(const OptimizerShardLayout &shards,
                                    int64_t world) {
   if (shards.worldSize == world)

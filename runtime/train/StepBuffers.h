@@ -88,6 +88,19 @@ struct EvalBufferMap {
 Status mapEvalBuffers(const std::vector<BufferSpec> &buffers,
                       const ModelConfig &config, EvalBufferMap &map);
 
+/// Which entry of an online target program's buffers() holds what
+/// (StepProgram.h, createTargetProgram).
+struct TargetBufferMap {
+  int inputIds = -1, positionIds = -1, features = -1;
+  std::vector<int> frozen; ///< its weights, in binding order
+};
+
+/// Maps every buffer of a target program: input_ids, position_ids, its
+/// frozen weights (by checkpoint name) and its output target_hidden,
+/// nothing else. Messages name the buffer.
+Status mapTargetBuffers(const std::vector<BufferSpec> &buffers,
+                        TargetBufferMap &map);
+
 /// The shard size is compiled in: a sharded step runs on its world only
 /// (`world` GPUs); the error says how to recompile.
 Status checkShardWorld(const OptimizerShardLayout &shards, int64_t world);

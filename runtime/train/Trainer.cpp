@@ -5,6 +5,7 @@
 #include "kernels/Bf16.h"
 #include "runtime/device/Collectives.h"
 #include "runtime/io/AtomicWrite.h"
+#include "runtime/train/TargetServer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -367,9 +368,26 @@ Status Trainer::init(const TrainerInputs &inputs) {
   if (inputs.evalRows)
     if (Status s = bindEvalProgram(*inputs.evalRows); !s.ok())
       return s;
-  if (inputs.targetProgram)
+  if (featureServer) {
+    const BufferSpec &features =
+        program.buffers()[size_t(map.input(StepInput::TargetHidden))];
+    const BufferSpec &ids =
+        program.buffers()[size_t(map.input(StepInput::InputIds))];
+    const BufferSpec &served = featureServer->featureSpec();
+    if (served.dtype != features.dtype || served.shape != features.shape ||
+        featureServer->tokenSpec().shape != ids.shape)
+      return Status::error("the online target on device " +
+                           std::to_string(featureServer->device()) +
+                           " computes " + served.name + " " +
+                           shapeString(served.shape) + " from tokens " +
+                           shapeString(featureServer->tokenSpec().shape) +
+                           ", but the step reads " + features.name + " " +
+                           shapeString(features.shape) + " and tokens " +
+                           shapeString(ids.shape));
+  } else if (inputs.targetProgram) {
     if (Status s = bindTargetProgram(inputs); !s.ok())
       return s;
+  }
 
   // Data: this rank's batches in BatchLoader order, from the resumed
   // position when there is one.
@@ -635,7 +653,8 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     const auto sources = batch->inputs();
     for (int k = 0; k < kNumStepInputs; ++k) {
       const BufferSpec &spec = specs[size_t(evalMap.inputs[size_t(k)])];
-      if (targetProgram && StepInput(k) == StepInput::TargetHidden)
+      if ((targetProgram || featureServer) &&
+          StepInput(k) == StepInput::TargetHidden)
         continue; // the online target writes it below
       if (Status s = cudaCallStatus(
               cudaMemcpyAsync(device.buffers()[size_t(map.inputs[size_t(k)])],
@@ -648,6 +667,17 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     if (targetProgram)
       if (Status s = targetProgram->enqueue(stream); !s.ok())
         return Status::error(where + ": " + s.message());
+    if (featureServer) {
+      // Into the step's own input: the last step is done with it, and the
+      // next one copies its staged features over it.
+      int64_t untimed = -1;
+      if (Status s = requestFeatures(
+              sources,
+              device.buffers()[size_t(map.input(StepInput::TargetHidden))],
+              nullptr, stream, untimed);
+          !s.ok())
+        return Status::error(where + ": " + s.message());
+    }
     if (Status s = evalProgram->enqueue(stream); !s.ok())
       return Status::error(where + ": " + s.message());
     if (Status s = cudaCallStatus(cudaGetLastError(),
@@ -784,6 +814,15 @@ Status Trainer::stageNextBatch() {
     const BufferSpec &spec = program.buffers()[size_t(indices[i])];
     if (!staging[i]) // made on the device (the online target's features)
       continue;
+    if (featureServer && StepInput(i) == StepInput::TargetHidden) {
+      // The target computes them from this batch's tokens while the step
+      // runs, and copies them in once the step has its own copy.
+      if (Status s = requestFeatures(sources, staging[i], copiesDone,
+                                     copyStream, stagedTicket);
+          !s.ok())
+        return s;
+      continue;
+    }
     if (Status s =
             cudaCallStatus(cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
                                            cudaMemcpyHostToDevice, copyStream),
@@ -798,6 +837,26 @@ Status Trainer::stageNextBatch() {
   staged = batch;
   lease.keep();
   return Status::success();
+}
+
+Status Trainer::requestFeatures(
+    const std::array<const void *, kNumStepInputs> &sources, void *destination,
+    cudaEvent_t destinationFree, cudaStream_t waiter, int64_t &ticket) {
+  FeatureRequest request;
+  request.client = featureClient;
+  request.inputIds =
+      static_cast<const int32_t *>(sources[size_t(StepInput::InputIds)]);
+  request.positionIds =
+      static_cast<const int32_t *>(sources[size_t(StepInput::PositionIds)]);
+  request.destination = destination;
+  request.destinationDevice = device.device();
+  request.destinationFree = destinationFree;
+  request.timed = destinationFree != nullptr;
+  cudaEvent_t delivered = nullptr;
+  if (Status s = featureServer->submit(request, delivered, ticket); !s.ok())
+    return s;
+  return cudaCallStatus(cudaStreamWaitEvent(waiter, delivered, 0),
+                        "waiting for the online target's features");
 }
 
 Status Trainer::prepareStep() {
@@ -827,6 +886,7 @@ Status Trainer::step(StepMetrics &metrics) {
   const std::string where = "step " + std::to_string(completedSteps);
   PrefetchedBatch *batch = staged;
   staged = nullptr;
+  const int64_t featureTicket = stagedTicket;
   BatchLease lease(*prefetcher, batch);
 
   // NCCL connects its ranks lazily, in a communicator's first collectives,
@@ -991,6 +1051,16 @@ Status Trainer::step(StepMetrics &metrics) {
         !s.ok())
       return s;
     metrics.targetMs = targetMs;
+  } else if (featureServer) {
+    // Delivered before this step started, so timed by now.
+    float targetMs = 0;
+    if (Status s =
+            featureServer->busyMs(featureClient, featureTicket, targetMs);
+        !s.ok())
+      return Status::error(where + ": " + s.message());
+    metrics.targetMs = targetMs;
+    metrics.targetApart = true;
+    metrics.featureWaitMs = std::max(0.0, metrics.stepMs - metrics.computeMs);
   }
   setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());
   if (afterFirstStep.totalBytes == 0)

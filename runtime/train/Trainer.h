@@ -29,12 +29,15 @@
 #include "runtime/train/TrainerSetup.h"
 #include "schema/Parameters.h"
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace dflash::rt {
+
+class TargetServer;
 
 class Trainer {
 public:
@@ -55,6 +58,15 @@ public:
   /// Once `flag` is set (another rank of the run failed), a step waiting
   /// for its collectives aborts them and fails instead of waiting forever.
   void watchForAbort(const std::atomic<bool> *flag) { abortFlag = flag; }
+
+  /// Before init(): this trainer's target_hidden comes from `server`, the
+  /// online target on a GPU of its own (train --target-gpus), as its drafter
+  /// `client`; TrainerInputs::targetProgram is then not used. The server
+  /// must outlive the trainer's last step and be freed before it.
+  void serveFeaturesFrom(TargetServer *server, int client) {
+    featureServer = server;
+    featureClient = client;
+  }
 
   /// Makes sure the next step's batch is on its way to the device: the part
   /// of a step that can fail on one rank alone (its rows cannot be read).
@@ -158,6 +170,13 @@ private:
   /// Maps, allocates and binds the evaluation program (init()).
   Status bindEvalProgram(const RowSource &rows);
   Status bindTargetProgram(const TrainerInputs &inputs);
+  /// Asks featureServer for the features of the batch whose host inputs are
+  /// `sources`, copied into `destination` once `destinationFree` is done
+  /// (timed; null: at once, untimed); `waiter` waits for their arrival.
+  Status
+  requestFeatures(const std::array<const void *, kNumStepInputs> &sources,
+                  void *destination, cudaEvent_t destinationFree,
+                  cudaStream_t waiter, int64_t &ticket);
   void releaseDeviceObjects();
 
   StepProgram &program;
@@ -221,6 +240,12 @@ private:
   cudaGraph_t targetGraph = nullptr;
   cudaGraphExec_t targetGraphExec = nullptr;
   cudaEvent_t targetDone = nullptr;
+
+  // The online target on a GPU of its own (serveFeaturesFrom): the staged
+  // batch's request number, for its time.
+  TargetServer *featureServer = nullptr;
+  int featureClient = 0;
+  int64_t stagedTicket = -1;
 };
 
 } // namespace dflash::rt

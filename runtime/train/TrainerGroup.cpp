@@ -39,6 +39,7 @@ TrainerGroup::TrainerGroup(StepProgramFactory factory, TrainerOptions options,
       options(std::move(options)), layout(std::move(layout)) {}
 
 TrainerGroup::~TrainerGroup() {
+  servers.clear(); // waits for their copies into the ranks' buffers
   {
     std::lock_guard<std::mutex> lock(mutex);
     for (std::unique_ptr<Worker> &w : workers)
@@ -209,6 +210,28 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
       workers[i]->collectives = std::move(comms[i]);
   }
 
+  // The online target on its own GPUs: target GPU k computes the features
+  // of the local ranks r with r % targets == k.
+  const size_t targets = layout.targetGpus.size();
+  if (targets > 0) {
+    if (!inputs.targetProgram || !inputs.targetProgramWeights)
+      return Status::error("target GPUs were given but the run has no online "
+                           "target (token shards and a trainer compiled with "
+                           "one)");
+    for (size_t k = 0; k < targets; ++k) {
+      std::vector<int> clients;
+      for (size_t r = k; r < workers.size(); r += targets)
+        clients.push_back(workers[r]->gpu);
+      std::unique_ptr<TargetServer> server;
+      if (Status s = TargetServer::create(
+              layout.targetGpus[k], inputs.targetProgram,
+              *inputs.targetProgramWeights, clients, options.useGraph, server);
+          !s.ok())
+        return s;
+      servers.push_back(std::move(server));
+    }
+  }
+
   status = runOnWorkers([&](Worker &w) -> Status {
     if (Status s = DeviceContext::create(w.gpu, w.program->gemmWorkspaceBytes(),
                                          w.device);
@@ -220,6 +243,9 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     w.trainer = std::make_unique<Trainer>(*w.program, *w.device, mine,
                                           w.evalProgram.get());
     w.trainer->watchForAbort(&abortRequested);
+    if (targets > 0)
+      w.trainer->serveFeaturesFrom(servers[size_t(w.local) % targets].get(),
+                                   int(size_t(w.local) / targets));
     return w.trainer->init(inputs);
   });
   if (!status.ok())
@@ -358,9 +384,21 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
   };
   metrics.stepMs = slowest(stepMs);
   metrics.computeMs = slowest(computeMs);
-  metrics.targetMs = 0; // this process's GPUs only
-  for (const std::unique_ptr<Worker> &w : workers)
-    metrics.targetMs = std::max(metrics.targetMs, w->metrics.targetMs);
+  // This process's GPUs only. A target GPU of its own computes the rows of
+  // all its ranks: its time is theirs added up.
+  metrics.targetMs = 0;
+  metrics.featureWaitMs = 0;
+  std::vector<double> targetGpuMs(servers.size(), 0.0);
+  for (const std::unique_ptr<Worker> &w : workers) {
+    metrics.featureWaitMs =
+        std::max(metrics.featureWaitMs, w->metrics.featureWaitMs);
+    if (servers.empty())
+      metrics.targetMs = std::max(metrics.targetMs, w->metrics.targetMs);
+    else
+      targetGpuMs[size_t(w->local) % servers.size()] += w->metrics.targetMs;
+  }
+  for (double ms : targetGpuMs)
+    metrics.targetMs = std::max(metrics.targetMs, ms);
   metrics.rankStepMs = stepMs;
   metrics.skippedRows = 0;
   for (int64_t count : skipped)

@@ -11,7 +11,9 @@
 // parameters and optimizer state. With a sharded optimizer state (ZeRO-1,
 // OptimizerShards.h) each rank holds only its shards: the group assembles
 // the whole state from every local rank before rank 0 saves it, so that a
-// checkpoint is the same whether or not the run was sharded.
+// checkpoint is the same whether or not the run was sharded. With the
+// online target on GPUs of its own (GroupLayout::targetGpus), the group
+// holds one TargetServer per target GPU and connects each rank to one.
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,6 +21,7 @@
 #define DFLASH_RUNTIME_TRAIN_TRAINERGROUP_H
 
 #include "runtime/device/Collectives.h"
+#include "runtime/train/TargetServer.h"
 #include "runtime/train/Trainer.h"
 
 #include <condition_variable>
@@ -66,6 +69,9 @@ public:
   Status run(const TrainerHooks &hooks, TrainerOutcome &outcome);
 
   int localRanks() const { return int(workers.size()); }
+  /// The online target's own GPUs (GroupLayout::targetGpus), after init.
+  int targetServers() const { return int(servers.size()); }
+  const TargetServer &targetServer(int k) const { return *servers[size_t(k)]; }
   /// Local rank `local`'s device and trainer after init, for host-side
   /// facts (name, sizes, memory); no CUDA call may be made through them.
   const DeviceContext &device(int local) const;
@@ -107,6 +113,9 @@ private:
   TrainerOptions options;
   GroupLayout layout;
   std::vector<std::unique_ptr<Worker>> workers;
+  /// The online target on its own GPUs; freed before the workers' trainers,
+  /// into whose buffers they copy.
+  std::vector<std::unique_ptr<TargetServer>> servers;
   std::mutex mutex;
   std::condition_variable changed;
   std::atomic<bool> abortRequested{false};

@@ -113,6 +113,11 @@ struct TrainerOutcome {
 struct GroupLayout {
   /// CUDA devices of this process, one rank each, in local rank order.
   std::vector<int> gpus = {0};
+  /// With an online target: the devices of this process that run it
+  /// (train --target-gpus), each for the ranks r with r % size() equal to
+  /// its position; empty: every rank runs it on its own GPU before its
+  /// step. A device may be in both lists (its own thread and stream).
+  std::vector<int> targetGpus;
   int64_t node = 0, nodes = 1; ///< this process among the run's processes
   /// NCCL communicators even for a world of one GPU (`train --nccl`): the
   /// data-parallel path, which must give the one-GPU results.

@@ -39,6 +39,7 @@
 #include "runtime/data/Synthetic.h"
 #include "runtime/device/DeviceContext.h"
 #include "runtime/train/InitialParameters.h"
+#include "runtime/train/TargetServer.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
 #include "schema/Parameters.h"
@@ -452,6 +453,99 @@ private:
 };
 
 //===----------------------------------------------------------------------===//
+// A hand-written online target
+//===----------------------------------------------------------------------===//
+//
+// What the generated target.cu is to the runtime: inputs input_ids and
+// position_ids, one frozen weight by its checkpoint name, and target_hidden
+// after them. Feature j of token (b, s) is embed[id, j % H] * (1 + pos / 64)
+// + (j / H) / 8: every token's features depend on its id, its position and
+// its tap, so a batch that reached the wrong drafter, in the wrong order or
+// at the wrong step changes the losses.
+
+__global__ void fakeTargetKernel(const int32_t *ids, const int32_t *positions,
+                                 const uint16_t *embed, int64_t tokens,
+                                 int64_t hidden, int64_t width,
+                                 uint16_t *features) {
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * width)
+    return;
+  int64_t token = i / width, j = i % width;
+  float e = bf16ToFloat(embed[int64_t(ids[token]) * hidden + j % hidden]);
+  // No fused multiply-add: the host's expected() rounds twice too.
+  features[i] =
+      floatToBf16(__fadd_rn(__fmul_rn(e, 1.f + float(positions[token]) / 64.f),
+                            float(j / hidden) / 8.f));
+}
+
+class FakeTargetProgram : public StepProgram {
+public:
+  explicit FakeTargetProgram(ModelConfig config = smallConfig())
+      : cfg(std::move(config)) {
+    const int64_t B = cfg.rowsPerGpu, S = cfg.seqLen;
+    specs = {
+        {"input_ids", BufferRole::Input, DType::I32, {B, S}, 0},
+        {"position_ids", BufferRole::Input, DType::I32, {B, S}, 1},
+        {"model.embed_tokens.weight",
+         BufferRole::Frozen,
+         DType::BF16,
+         {cfg.vocabSize, cfg.hiddenSize},
+         -1},
+        {"target_hidden",
+         BufferRole::Input,
+         DType::BF16,
+         {B, S, cfg.contextWidth()},
+         -3},
+    };
+  }
+  const ModelConfig &config() const override { return cfg; }
+  const std::vector<BufferSpec> &buffers() const override { return specs; }
+  size_t arenaBytes() const override { return 256; }
+  size_t gemmWorkspaceBytes() const override { return 1 << 16; }
+  double flopsPerStep() const override { return 1e6; }
+  Status bind(const std::vector<void *> &pointers, void *arena,
+              const DeviceResources &, const StepHyper &) override {
+    if (pointers.size() != specs.size())
+      return Status::error("bound with the wrong number of buffers");
+    ptrs = pointers;
+    return Status::success();
+  }
+  Status enqueue(cudaStream_t stream) override {
+    const int64_t tokens = cfg.rowsPerGpu * cfg.seqLen;
+    const int64_t n = tokens * cfg.contextWidth();
+    fakeTargetKernel<<<unsigned((n + kThreads - 1) / kThreads), kThreads, 0,
+                       stream>>>(static_cast<const int32_t *>(ptrs[0]),
+                                 static_cast<const int32_t *>(ptrs[1]),
+                                 static_cast<const uint16_t *>(ptrs[2]), tokens,
+                                 cfg.hiddenSize, cfg.contextWidth(),
+                                 static_cast<uint16_t *>(ptrs[3]));
+    DFLASH_CUDA_CHECK_LAUNCH("fakeTargetKernel");
+    return Status::success();
+  }
+
+  /// The same on the host, for one batch.
+  static std::vector<uint16_t> expected(const ModelConfig &c,
+                                        const std::vector<int32_t> &ids,
+                                        const std::vector<int32_t> &positions,
+                                        const std::vector<uint16_t> &embed) {
+    const int64_t W = c.contextWidth(), H = c.hiddenSize;
+    std::vector<uint16_t> out(ids.size() * size_t(W));
+    for (size_t t = 0; t < ids.size(); ++t)
+      for (int64_t j = 0; j < W; ++j) {
+        float e = bf16ToFloat(embed[size_t(int64_t(ids[t]) * H + j % H)]);
+        out[t * size_t(W) + size_t(j)] = floatToBf16(
+            e * (1.f + float(positions[t]) / 64.f) + float(j / H) / 8.f);
+      }
+    return out;
+  }
+
+private:
+  ModelConfig cfg;
+  std::vector<BufferSpec> specs;
+  std::vector<void *> ptrs;
+};
+
+//===----------------------------------------------------------------------===//
 // Running it
 //===----------------------------------------------------------------------===//
 
@@ -580,6 +674,10 @@ struct GroupSetup {
   ModelConfig config = smallConfig(); ///< its rowsPerGpu, mostly
   const RowSource *rows = nullptr;    ///< default: the problem's
   FakeBehaviour behaviour;
+  /// The online target (FakeTargetProgram) computes the features; with
+  /// targetGpus, on those devices (GroupLayout::targetGpus).
+  bool onlineTarget = false;
+  std::vector<int> targetGpus;
 };
 
 /// Trains `steps` steps of a fresh run with a TrainerGroup, the way
@@ -589,6 +687,7 @@ Status trainGroup(const Problem &p, int64_t steps, const GroupSetup &setup,
                   RunResult &result, std::vector<RunResult> *ranks = nullptr) {
   GroupLayout layout;
   layout.gpus = setup.gpus;
+  layout.targetGpus = setup.targetGpus;
   layout.forceCollectives = setup.nccl;
   TrainerOptions options;
   options.run.totalSteps = steps;
@@ -610,6 +709,14 @@ Status trainGroup(const Problem &p, int64_t steps, const GroupSetup &setup,
   inputs.target = &p.problem.target();
   inputs.rows = setup.rows ? setup.rows : p.rows.get();
   inputs.params = p.problem.initialParameters();
+  const std::vector<std::vector<uint16_t>> targetWeights = {
+      p.problem.target().embed};
+  if (setup.onlineTarget) {
+    inputs.targetProgram = [config] {
+      return std::make_unique<FakeTargetProgram>(config);
+    };
+    inputs.targetProgramWeights = &targetWeights;
+  }
   if (Status s = group.init(inputs); !s.ok())
     return s;
   TrainerHooks hooks;
@@ -1636,5 +1743,154 @@ TEST(RuntimeCollectives, AnAbortedCommunicatorReportsTheCollective) {
     EXPECT_EQ(c.message(),
               name +
                   " on rank 0 (device 0) after its communicator was aborted");
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// The online target on a GPU of its own (TargetServer)
+//===----------------------------------------------------------------------===//
+
+__global__ void spinThenFillKernel(uint16_t *data, int64_t n, uint16_t value,
+                                   long long cycles) {
+  long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    data[i] = value;
+}
+
+// The server computes a batch's features on its own thread and stream and
+// copies them into the drafter's buffer only once the drafter's event says
+// the buffer is free; its requests are timed by number.
+TEST(RuntimeTargetServer, FeaturesArriveAfterTheBufferIsFree) {
+  const uint64_t seed = testSeed();
+  SCOPED_TRACE("DFLASH_TEST_SEED=" + std::to_string(seed));
+  std::mt19937_64 rng(seed);
+  ModelConfig c = smallConfig();
+  Problem p;
+  const std::vector<std::vector<uint16_t>> weights = {p.problem.target().embed};
+  std::unique_ptr<TargetServer> server;
+  Status created = TargetServer::create(
+      0, [c] { return std::make_unique<FakeTargetProgram>(c); }, weights, {0},
+      /*useGraph=*/true, server);
+  ASSERT_TRUE(created.ok()) << created.message();
+  EXPECT_EQ(server->clients(), 1);
+  EXPECT_EQ(server->featureSpec().shape,
+            (std::vector<int64_t>{c.rowsPerGpu, c.seqLen, c.contextWidth()}));
+
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const size_t tokens = size_t(c.rowsPerGpu * c.seqLen);
+  const size_t featureCount = tokens * size_t(c.contextWidth());
+  int32_t *hostTokens = nullptr;
+  ASSERT_EQ(cudaHostAlloc(reinterpret_cast<void **>(&hostTokens),
+                          2 * tokens * sizeof(int32_t), cudaHostAllocDefault),
+            cudaSuccess);
+  uint16_t *destination = nullptr;
+  ASSERT_EQ(cudaMalloc(&destination, featureCount * 2), cudaSuccess);
+  cudaStream_t drafter = nullptr;
+  cudaEvent_t freeEvent = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&drafter, cudaStreamNonBlocking),
+            cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&freeEvent, cudaEventDisableTiming),
+            cudaSuccess);
+
+  for (int round = 0; round < 2; ++round) {
+    std::uniform_int_distribution<int32_t> id(0, int32_t(c.vocabSize - 1)),
+        position(0, int32_t(c.seqLen - 1));
+    std::vector<int32_t> ids(tokens), positions(tokens);
+    for (size_t t = 0; t < tokens; ++t) {
+      ids[t] = id(rng);
+      positions[t] = position(rng);
+    }
+    std::copy(ids.begin(), ids.end(), hostTokens);
+    std::copy(positions.begin(), positions.end(), hostTokens + tokens);
+    // The drafter still uses its buffer for a while (a NaN pattern written
+    // at the end of ~20 ms), then marks it free: a copy that did not wait
+    // would be overwritten.
+    spinThenFillKernel<<<1, 256, 0, drafter>>>(
+        destination, int64_t(featureCount), 0x7fc1, 40000000LL);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(freeEvent, drafter), cudaSuccess);
+    FeatureRequest request;
+    request.inputIds = hostTokens;
+    request.positionIds = hostTokens + tokens;
+    request.destination = destination;
+    request.destinationDevice = 0;
+    request.destinationFree = freeEvent;
+    cudaEvent_t delivered = nullptr;
+    int64_t ticket = -1;
+    Status submitted = server->submit(request, delivered, ticket);
+    ASSERT_TRUE(submitted.ok()) << submitted.message();
+    EXPECT_EQ(ticket, round);
+    ASSERT_EQ(cudaStreamWaitEvent(drafter, delivered, 0), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(drafter), cudaSuccess);
+    std::vector<uint16_t> got(featureCount);
+    ASSERT_EQ(cudaMemcpy(got.data(), destination, featureCount * 2,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    std::vector<uint16_t> want = FakeTargetProgram::expected(
+        c, ids, positions, p.problem.target().embed);
+    size_t wrong = 0;
+    for (size_t i = 0; i < featureCount; ++i)
+      wrong += got[i] != want[i];
+    EXPECT_EQ(wrong, 0u) << "of " << featureCount << " in round " << round;
+    float ms = -1;
+    Status timed = server->busyMs(0, ticket, ms);
+    ASSERT_TRUE(timed.ok()) << timed.message();
+    EXPECT_GT(ms, 0.f);
+  }
+  float ms = 0;
+  EXPECT_FALSE(server->busyMs(0, 7, ms).ok());
+  FeatureRequest stray;
+  stray.client = 1;
+  stray.inputIds = stray.positionIds = hostTokens;
+  stray.destination = destination;
+  cudaEvent_t delivered = nullptr;
+  int64_t ticket = 0;
+  Status refused = server->submit(stray, delivered, ticket);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("has no drafter 1"), std::string::npos)
+      << refused.message();
+  server.reset(); // before the buffers it copies into
+  EXPECT_EQ(cudaEventDestroy(freeEvent), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(drafter), cudaSuccess);
+  EXPECT_EQ(cudaFree(destination), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(hostTokens), cudaSuccess);
+}
+
+// train --target-gpus on one GPU: the target on its own thread and stream,
+// a step ahead of the drafter, gives the run of the target enqueued before
+// every step, to the bit, captured or eager; without the target the rows'
+// own features give another run (so the features do reach the loss).
+TEST(RuntimeTrainerGroup, TargetOnItsOwnThreadEqualsTheTargetBeforeTheStep) {
+  Problem p;
+  GroupSetup before, apart, apartEager, rowsOwn;
+  before.onlineTarget = apart.onlineTarget = apartEager.onlineTarget = true;
+  apart.targetGpus = apartEager.targetGpus = {0};
+  apartEager.graph = false;
+  RunResult a, b, e, r;
+  Status beforeRun = trainGroup(p, 12, before, a);
+  ASSERT_TRUE(beforeRun.ok()) << beforeRun.message();
+  Status apartRun = trainGroup(p, 12, apart, b);
+  ASSERT_TRUE(apartRun.ok()) << apartRun.message();
+  Status eagerRun = trainGroup(p, 12, apartEager, e);
+  ASSERT_TRUE(eagerRun.ok()) << eagerRun.message();
+  Status rowsRun = trainGroup(p, 12, rowsOwn, r);
+  ASSERT_TRUE(rowsRun.ok()) << rowsRun.message();
+  expectSameMetrics(b.metrics, a.metrics);
+  expectSameState(b, a);
+  expectSameMetrics(e.metrics, a.metrics);
+  expectSameState(e, a);
+  ASSERT_EQ(r.metrics.size(), a.metrics.size());
+  EXPECT_NE(r.metrics[0].loss, a.metrics[0].loss);
+  for (const StepMetrics &m : a.metrics) {
+    EXPECT_FALSE(m.targetApart);
+    EXPECT_GT(m.targetMs, 0);
+  }
+  for (const StepMetrics &m : b.metrics) {
+    EXPECT_TRUE(m.targetApart);
+    EXPECT_GT(m.targetMs, 0);
+    EXPECT_GE(m.featureWaitMs, 0);
+    EXPECT_LE(m.featureWaitMs, m.stepMs);
   }
 }

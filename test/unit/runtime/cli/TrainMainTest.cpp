@@ -393,6 +393,55 @@ TEST(TrainCommandLine, GpusDefaultToEveryVisibleDevice) {
   }
 }
 
+// The online target's own GPUs: --drafter-gpus is --gpus; without --gpus the
+// drafters are the visible devices the target does not take; every target
+// device needs a drafter.
+TEST(TrainCommandLine, TargetGpusAreParsedAndLeftOutOfTheDrafters) {
+  TrainOptions o;
+  std::string text;
+  ASSERT_EQ(
+      parse({"--data", "d", "--target-gpus", "2", "--drafter-gpus", "0,1"}, o,
+            text),
+      CommandLineAction::Train)
+      << text;
+  EXPECT_EQ(o.targetGpus, std::vector<int>{2});
+  EXPECT_EQ(o.gpus, (std::vector<int>{0, 1}));
+  EXPECT_EQ(parse({"--data", "d", "--target-gpus", "0,x"}, o, text),
+            CommandLineAction::Fail);
+  EXPECT_EQ(text, "--target-gpus '0,x': 'x' is not a device index");
+
+  TrainOptions rest;
+  rest.targetGpus = {0};
+  Status s = resolveGpus(rest, 4);
+  if (collectivesAvailable()) {
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(rest.gpus, (std::vector<int>{1, 2, 3}));
+  }
+  TrainOptions pair;
+  pair.targetGpus = {0};
+  ASSERT_TRUE(resolveGpus(pair, 2).ok());
+  EXPECT_EQ(pair.gpus, std::vector<int>{1});
+  TrainOptions alone;
+  alone.targetGpus = {0};
+  s = resolveGpus(alone, 1);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("none is left for the drafter: give --gpus"),
+            std::string::npos)
+      << s.message();
+  TrainOptions shared; // one GPU in both lists: its own thread and stream
+  shared.targetGpus = {0};
+  shared.gpus = {0};
+  EXPECT_TRUE(resolveGpus(shared, 1).ok());
+  EXPECT_EQ(shared.gpus, std::vector<int>{0});
+  TrainOptions many;
+  many.targetGpus = {0, 1, 2};
+  s = resolveGpus(many, 4);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("lists 3 devices but only 1 are left"),
+            std::string::npos)
+      << s.message();
+}
+
 //===----------------------------------------------------------------------===//
 // Validation
 //===----------------------------------------------------------------------===//
@@ -414,6 +463,15 @@ TEST(TrainValidation, NamesTheBadOption) {
     std::string message;
   } cases[] = {
       {{"--data", "synthetic", "--steps", "0"}, "--steps must be at least 1"},
+      {{"--data", "synthetic", "--target-gpus", "0"},
+       "--target-gpus runs the online target, which needs token shards"},
+      {{"--data", file, "--target-gpus", "1,1"},
+       "--target-gpus: device 1 is listed twice"},
+      {{"--data", file, "--target-gpus", "1"},
+       "--target-gpus needs --target DIR"},
+      {{"--data", file, "--target", dir.path, "--target-gpus", "2,3", "--gpus",
+        "0"},
+       "--target-gpus lists 2 devices for 1 drafter GPUs"},
       {{"--data", "synthetic", "--max-bad-rows", "-1"},
        "--max-bad-rows must be at least 0"},
       {{"--data", "synthetic", "--total-steps", "10", "--steps", "20"},
@@ -683,6 +741,21 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
     ASSERT_TRUE(s.ok()) << s.message();
     EXPECT_EQ(run.inputs.targetProgramWeights, nullptr);
   }
+  {
+    const Args apart = {"--data",        dir.path + "/data",
+                        "--target",      dir.path + "/target",
+                        "--out",         dir.path + "/out",
+                        "--steps",       "2",
+                        "--target-gpus", "0",
+                        "--gpus",        "0"};
+    PreparedRun run; // feature shards: no target to run
+    Status s = prepare(apart, run, c, &target);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("carry their features, so there is no target "
+                               "to run"),
+              std::string::npos)
+        << s.message();
+  }
   ASSERT_TRUE(dropFeatures(files[0]).ok());
   {
     PreparedRun run;
@@ -714,6 +787,27 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
                        run, c, &target);
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.message().find("the held-out rows must be token shards too"),
+              std::string::npos)
+        << s.message();
+  }
+  {
+    // The target on GPUs of its own: token shards only, in a trainer with
+    // an online target.
+    const Args apart = {"--data",        dir.path + "/data",
+                        "--target",      dir.path + "/target",
+                        "--out",         dir.path + "/out",
+                        "--steps",       "2",
+                        "--target-gpus", "0",
+                        "--gpus",        "0"};
+    PreparedRun run;
+    Status s = prepare(apart, run, c, &target);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(run.layout.targetGpus, std::vector<int>{0});
+    PreparedRun without;
+    s = prepare(apart, without, c);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("--target-gpus: this trainer was compiled "
+                               "without an online target"),
               std::string::npos)
         << s.message();
   }
@@ -1268,6 +1362,29 @@ TEST(TrainMetrics, EveryRanksStepTime) {
   EXPECT_EQ(nlohmann::json::parse(metricsJsonLine(m))["skipped_rows"], 3);
   nlohmann::json parsed = nlohmann::json::parse(metricsJsonLine(m));
   EXPECT_EQ(parsed["rank_step_ms"], nlohmann::json::array({80.0}));
+}
+
+// Both sides' busy time, so that a user can balance the split: on the
+// drafter's GPU the target is a share of the step; on its own GPUs it is
+// beside it, and the drafter's wait for its features shows.
+TEST(TrainMetrics, OnlineTargetTimes) {
+  StepMetrics m = sampleMetrics();
+  m.targetMs = 30;
+  EXPECT_NE(progressLine(m, 13, 200, 185)
+                .find("80.0 ms/step (target 30.0, drafter 40.0)"),
+            std::string::npos)
+      << progressLine(m, 13, 200, 185);
+  nlohmann::json parsed = nlohmann::json::parse(metricsJsonLine(m));
+  EXPECT_EQ(parsed["target_ms"], 30.0);
+  EXPECT_FALSE(parsed.contains("feature_wait_ms"));
+  m.targetApart = true;
+  m.featureWaitMs = 10;
+  EXPECT_NE(progressLine(m, 13, 200, 185)
+                .find("80.0 ms/step (target 30.0, drafter 70.0, waited 10.0)"),
+            std::string::npos)
+      << progressLine(m, 13, 200, 185);
+  parsed = nlohmann::json::parse(metricsJsonLine(m));
+  EXPECT_EQ(parsed["feature_wait_ms"], 10.0);
 }
 
 TEST(TrainMetrics, LogKeepsEarlierStepsOnResume) {
