@@ -103,11 +103,14 @@ template <int D> struct RopeTables {
   }
 };
 
-template <int D, int HEADS>
+/// RoPE of every head of a row, each head first RMS-normed and scaled by w
+/// (bf16-rounded, as the reference does) when NORM: the drafter's and
+/// Qwen3's q/k norms; alone otherwise (a Llama-3 target).
+template <int D, int HEADS, bool NORM>
 __global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
-    qk_norm_rope_fwd_bf16_kernel(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
-                                 const int32_t *pos, __nv_bfloat16 *y,
-                                 int64_t rows, float eps, float theta) {
+    rope_rows_fwd_bf16_kernel(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                              const int32_t *pos, __nv_bfloat16 *y,
+                              int64_t rows, float eps, RopeFrequencies freq) {
   using T = QkNormRopeTiling<D, HEADS>;
   constexpr int L = T::kLanesPerHead;
   constexpr int kIters = (HEADS + T::kSlots - 1) / T::kSlots;
@@ -116,9 +119,11 @@ __global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
   const bool active = slot < T::kSlots;
   const int i0 = li * 8;
   float w1[8], w2[8];
-  unpackBf16x8(reinterpret_cast<const uint4 *>(w + i0)[0], w1);
-  unpackBf16x8(reinterpret_cast<const uint4 *>(w + D / 2 + i0)[0], w2);
-  tables.init(theta);
+  if constexpr (NORM) {
+    unpackBf16x8(reinterpret_cast<const uint4 *>(w + i0)[0], w1);
+    unpackBf16x8(reinterpret_cast<const uint4 *>(w + D / 2 + i0)[0], w2);
+  }
+  tables.init(freq);
   int parity = 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     // Every head's loads first, then the angles, then the math.
@@ -139,80 +144,35 @@ __global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
 #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       int h = it * T::kSlots + slot;
-      // Lane groups stay whole, so the shuffles below see every lane.
+      // Lane groups stay whole, so the norm's shuffles see every lane.
       bool valid = active && h < HEADS;
       float a[8], b[8];
       unpackBf16x8(ra[it], a);
       unpackBf16x8(rb[it], b);
-      float ss = 0.f;
+      if constexpr (NORM) {
+        float ss = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
-        ss += a[e] * a[e] + b[e] * b[e];
-      ss = headSum<L>(ss);
-      float r = rsqrtf(ss / D + eps);
+        for (int e = 0; e < 8; ++e)
+          ss += a[e] * a[e] + b[e] * b[e];
+        ss = headSum<L>(ss);
+        float r = rsqrtf(ss / D + eps);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          a[e] = __bfloat162float(__float2bfloat16(a[e] * r * w1[e]));
+          b[e] = __bfloat162float(__float2bfloat16(b[e] * r * w2[e]));
+        }
+      }
       float y1[8], y2[8];
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        float na = __bfloat162float(__float2bfloat16(a[e] * r * w1[e]));
-        float nb = __bfloat162float(__float2bfloat16(b[e] * r * w2[e]));
-        y1[e] = na * c[e] - nb * s[e];
-        y2[e] = nb * c[e] + na * s[e];
+        y1[e] = a[e] * c[e] - b[e] * s[e];
+        y2[e] = b[e] * c[e] + a[e] * s[e];
       }
       if (valid) {
         __nv_bfloat16 *yr = y + (row * HEADS + h) * D;
         *reinterpret_cast<uint4 *>(yr + i0) = packBf16x8(y1);
         *reinterpret_cast<uint4 *>(yr + D / 2 + i0) = packBf16x8(y2);
       }
-    }
-  }
-}
-
-/// Rotate-half RoPE alone (a target decoder without q/k norms), same
-/// layout and angles as the fused kernel.
-template <int D, int HEADS>
-__global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
-    rope_fwd_bf16_kernel(const __nv_bfloat16 *x, const int32_t *pos,
-                         __nv_bfloat16 *y, int64_t rows, RopeFrequencies freq) {
-  using T = QkNormRopeTiling<D, HEADS>;
-  constexpr int L = T::kLanesPerHead;
-  constexpr int kIters = (HEADS + T::kSlots - 1) / T::kSlots;
-  __shared__ __align__(16) RopeTables<D> tables;
-  const int slot = threadIdx.x / L, li = threadIdx.x % L;
-  const bool active = slot < T::kSlots;
-  const int i0 = li * 8;
-  tables.init(freq);
-  int parity = 0;
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    uint4 ra[kIters], rb[kIters];
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      int h = it * T::kSlots + slot;
-      bool valid = active && h < HEADS;
-      const __nv_bfloat16 *xr = x + (row * HEADS + (valid ? h : 0)) * D;
-      ra[it] = *reinterpret_cast<const uint4 *>(xr + i0);
-      rb[it] = *reinterpret_cast<const uint4 *>(xr + D / 2 + i0);
-    }
-    tables.fill(parity, pos[row]);
-    __syncthreads();
-    float c[8], s[8];
-    tables.read(parity, i0, c, s);
-    parity ^= 1;
-#pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      int h = it * T::kSlots + slot;
-      if (!(active && h < HEADS))
-        continue;
-      float a[8], b[8], y1[8], y2[8];
-      unpackBf16x8(ra[it], a);
-      unpackBf16x8(rb[it], b);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        y1[e] = a[e] * c[e] - b[e] * s[e];
-        y2[e] = b[e] * c[e] + a[e] * s[e];
-      }
-      __nv_bfloat16 *yr = y + (row * HEADS + h) * D;
-      *reinterpret_cast<uint4 *>(yr + i0) = packBf16x8(y1);
-      *reinterpret_cast<uint4 *>(yr + D / 2 + i0) = packBf16x8(y2);
     }
   }
 }
@@ -327,10 +287,10 @@ void qk_norm_rope_fwd_bf16(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
     return;
   // Several rows per CTA amortise the angle set-up.
   int64_t blocks = rows < 8192 ? rows : 8192;
-  detail::qk_norm_rope_fwd_bf16_kernel<D, HEADS>
+  detail::rope_rows_fwd_bf16_kernel<D, HEADS, true>
       <<<static_cast<unsigned>(blocks),
          detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(
-          x, w, pos, y, rows, eps, theta);
+          x, w, pos, y, rows, eps, RopeFrequencies{theta});
   DFLASH_CUDA_CHECK_LAUNCH("qk_norm_rope_fwd_bf16");
 }
 
@@ -342,10 +302,10 @@ void rope_fwd_bf16(const __nv_bfloat16 *x, const int32_t *pos, __nv_bfloat16 *y,
   if (rows == 0)
     return;
   int64_t blocks = rows < 8192 ? rows : 8192;
-  detail::rope_fwd_bf16_kernel<D, HEADS>
+  detail::rope_rows_fwd_bf16_kernel<D, HEADS, false>
       <<<static_cast<unsigned>(blocks),
-         detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(x, pos, y,
-                                                                    rows, freq);
+         detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(
+          x, nullptr, pos, y, rows, 0.f, freq);
   DFLASH_CUDA_CHECK_LAUNCH("rope_fwd_bf16");
 }
 
