@@ -291,10 +291,27 @@ void SelectKernelsPass::runOnOperation() {
     return signalPassFailure();
   Builder b(module.getContext());
   bool ok = true;
+  // An op refused once is refused in every layer: one error, then how many
+  // more of the same op and operand types there are.
+  struct Refusal {
+    Operation *first;
+    int64_t more = 0;
+  };
+  std::vector<std::pair<std::pair<OperationName, SmallVector<Type>>, Refusal>>
+      refused;
   for (Operation &op : sig->func().front().without_terminator()) {
+    auto key =
+        std::make_pair(op.getName(), SmallVector<Type>(op.getOperandTypes()));
+    auto seen =
+        llvm::find_if(refused, [&](const auto &r) { return r.first == key; });
+    if (seen != refused.end()) {
+      ++seen->second.more;
+      continue;
+    }
     FailureOr<Choice> choice = select(&op);
     if (failed(choice)) {
       ok = false;
+      refused.push_back({std::move(key), Refusal{&op}});
       continue;
     }
     // Views, collectives and ops no kernel runs get nothing;
@@ -306,6 +323,11 @@ void SelectKernelsPass::runOnOperation() {
                                b.getDenseI64ArrayAttr(choice->constants),
                                choice->workspace, choice->tables));
   }
+  for (const auto &[key, r] : refused)
+    if (r.more > 0)
+      r.first->emitRemark()
+          << "and " << r.more << " more '" << key.first.getStringRef()
+          << "' ops of these operand types, refused alike";
   if (!ok)
     signalPassFailure();
 }
