@@ -4,9 +4,14 @@
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 
 using namespace dflash;
 using namespace dflash::rt;
+
+// A checkpoint stores the anchor Rngs' states as io/'s RngState.
+static_assert(std::is_same_v<Rng::State, RngState>,
+              "Checkpoint.h's RngState must be Rng::State");
 
 void HostBatch::resize(const ModelConfig &c) {
   const size_t B = size_t(c.rowsPerGpu), S = size_t(c.seqLen);

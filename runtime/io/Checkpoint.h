@@ -17,11 +17,11 @@
 #ifndef DFLASH_RUNTIME_CHECKPOINT_H
 #define DFLASH_RUNTIME_CHECKPOINT_H
 
-#include "runtime/data/Rng.h"
 #include "schema/ModelConfig.h"
 #include "schema/Parameters.h"
 #include "schema/Status.h"
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -48,6 +48,11 @@ Status exportCheckpoint(
 Status loadCheckpoint(const std::string &dir, const ModelConfig &config,
                       std::vector<std::vector<uint16_t>> &params);
 
+/// An anchor Rng's state as a checkpoint stores it: Rng::State
+/// (runtime/data/Rng.h; BatchLoader.cpp checks that the two are one type),
+/// spelled here so that io/ needs nothing from data/.
+using RngState = std::array<uint64_t, 4>;
+
 /// Where the data loader stands, so a resumed run reads the rows it would
 /// have read.
 struct DataPosition {
@@ -58,11 +63,11 @@ struct DataPosition {
 /// The optimizer and loader state to save; fp32 buffers in parameterTable
 /// order, read in place.
 struct TrainingStateRef {
-  int64_t step = 0;      ///< optimizer steps completed
-  Rng::State rngState{}; ///< rank 0's anchor Rng (the only one on one GPU)
+  int64_t step = 0;    ///< optimizer steps completed
+  RngState rngState{}; ///< rank 0's anchor Rng (the only one on one GPU)
   /// The anchor Rngs of ranks 1, 2, ... of a data-parallel run; empty for
   /// one GPU.
-  std::vector<Rng::State> otherRankRngStates;
+  std::vector<RngState> otherRankRngStates;
   DataPosition data; ///< the same on every rank
   std::vector<const float *> master, adamM, adamV;
 };
@@ -70,8 +75,8 @@ struct TrainingStateRef {
 /// The same state, owning its buffers, as loaded.
 struct TrainingState {
   int64_t step = 0;
-  Rng::State rngState{};
-  std::vector<Rng::State> otherRankRngStates;
+  RngState rngState{};
+  std::vector<RngState> otherRankRngStates;
   DataPosition data;
   std::vector<std::vector<float>> master, adamM, adamV;
   TrainingStateRef ref() const;
@@ -79,7 +84,7 @@ struct TrainingState {
   /// The number of ranks whose anchor Rng the state holds.
   int64_t worldSize() const { return 1 + int64_t(otherRankRngStates.size()); }
   /// Rank `rank`'s anchor Rng state (0 <= rank < worldSize()).
-  const Rng::State &anchorRngState(int64_t rank) const {
+  const RngState &anchorRngState(int64_t rank) const {
     return rank == 0 ? rngState : otherRankRngStates[size_t(rank - 1)];
   }
 };

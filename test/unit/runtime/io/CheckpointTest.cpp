@@ -3,6 +3,7 @@
 #include "runtime/io/Checkpoint.h"
 #include "compiler/Spec/Spec.h"
 #include "kernels/Bf16.h"
+#include "runtime/data/Rng.h"
 #include "runtime/data/Synthetic.h"
 #include "runtime/io/AtomicWrite.h"
 #include "runtime/io/Safetensors.h"
