@@ -26,41 +26,16 @@ timeout 420 python3 - $D $W <<'PY' 2>&1 | grep -v "Writing\|Loading\|deprecated"
 import json, os, subprocess, sys, time
 import numpy as np
 import torch
-from safetensors.numpy import save_file
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForCausalLM
 sys.path.insert(0, "scripts")
-from device_rows import packed_positions
+from device_rows import make_q8_target, write_q8_tokens
 D, W = sys.argv[1:3]
 taps = [1, 9, 17, 25, 33]
 t0 = time.time()
-cfg = AutoConfig.from_pretrained(D + "/tcfg/q8")
-# Layers 0..34: the last tap (33) must not be the model's last layer, whose
-# entry in hidden_states transformers gives after the final norm.
-cfg.num_hidden_layers = 35
-if getattr(cfg, "layer_types", None):  # transformers 5 checks it against the count
-    cfg.layer_types = cfg.layer_types[:35]
-torch.manual_seed(0)
-with torch.device("cuda"):
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-model.save_pretrained(W + "/t8", safe_serialization=True, max_shard_size="5GB")
-with open(W + "/t8/config.json") as f:
-    saved = json.load(f)
-saved["num_hidden_layers"] = 36  # the spec's target; layers 34, 35 are never read
-if "layer_types" in saved:
-    saved["layer_types"] = saved["layer_types"][:1] * 36
-with open(W + "/t8/config.json", "w") as f:
-    json.dump(saved, f)
+cfg, model = make_q8_target(D + "/tcfg/q8", W + "/t8")
 print("saved the target in %.0f s: %s" % (time.time() - t0, sorted(os.listdir(W + "/t8"))))
-rng = np.random.default_rng(1)
 R, S = 8, 3072
-ids = rng.integers(0, cfg.vocab_size, size=(R, S)).astype(np.int32)
-pos = packed_positions(rng, R, S, lambda r: r % 2 == 0, lambda g: int(g.integers(64, 1537)))
-meta = {"format": "dflash-token-shard", "format_version": "1", "target": "Qwen/Qwen3-8B",
-        "target_layer_ids": "[1, 9, 17, 25, 33]", "hidden_size": "4096", "seq_len": "3072",
-        "packed": "true"}
-save_file({"input_ids": ids, "position_ids": pos, "loss_mask": np.ones((R, S), dtype=np.uint8),
-           "num_tokens": np.full((R,), S, dtype=np.int32)}, W + "/tokens/shard-00000.safetensors", meta)
+ids, pos = write_q8_tokens(W + "/tokens/shard-00000.safetensors", cfg.vocab_size, R, S)
 if os.environ.get("CHECK", "1") == "0":  # the training runs only
     sys.exit(0)
 rc = subprocess.run([D + "/bin/target-features-q8", "--target", W + "/t8", "--rows",
