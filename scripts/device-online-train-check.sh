@@ -18,16 +18,19 @@
 #    0 --gpus 0: the path that puts it on GPUs of its own), held-out token
 #    rows evaluated every 10 steps in both (3) and (5): the same losses and
 #    evaluations as (3), to the bit.
-# Logs to $OUT.
+# The metrics logs go to $OUT (a device call brings back only a few files),
+# the programs' output to /tmp/online-train-logs.
 set -u
 D=.device
 O=${OUT:-/tmp/dflash-online-train}
 W=/tmp/online-train
-mkdir -p "$O"
+L=/tmp/online-train-logs
+rm -rf "$L"
+mkdir -p "$O" "$L"
 rm -rf $W
 DFLASH_TOY_CONVERSATIONS=${CONVERSATIONS:-600} DFLASH_TOY_HELD_OUT=40 \
-  bash scripts/device-real-data.sh $W specs/tiny.toml > $O/real-data.log 2>&1
-echo "device-real-data rc=$?"; tail -n 3 $O/real-data.log
+  bash scripts/device-real-data.sh $W specs/tiny.toml > $L/real-data.log 2>&1
+echo "device-real-data rc=$?"; tail -n 3 $L/real-data.log
 python3 - $D $W <<'PY'
 import sys, torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -45,21 +48,21 @@ model.save_pretrained(W + "/target-q", safe_serialization=True)
 PY
 echo "target saved rc=$?"
 python3 tools/dflash-prepare/dflash-prepare features --spec specs/tiny.toml --target $W/target-q \
-  --tokens $W/tokens-train --out $W/features-q --overwrite > $O/features.log 2>&1
-echo "dflash-prepare features rc=$?"; tail -n 1 $O/features.log
+  --tokens $W/tokens-train --out $W/features-q --overwrite > $L/features.log 2>&1
+echo "dflash-prepare features rc=$?"; tail -n 1 $L/features.log
 mkdir -p $W/features-compiled
 for f in $W/tokens-train/*.safetensors; do
   $D/bin/target-features-tiny-online --target $W/target-q --rows $f \
-    -o $W/features-compiled/$(basename $f) 2>> $O/target-features.log || echo "target-features $f failed"
+    -o $W/features-compiled/$(basename $f) 2>> $L/target-features.log || echo "target-features $f failed"
 done
 cp $W/features-q/manifest.json $W/features-compiled/ 2>/dev/null
 run() { # name data [options]
   local name=$1 data=$2
   shift 2
   timeout 200 $D/bin/train-tiny-online --data $data --target $W/target-q --steps 30 --seed 0 \
-    --out /tmp/$name --log $O/$name.jsonl "$@" > $O/$name.out 2>&1
-  echo "$name rc=$? $(grep -a 'online target\|done:' $O/$name.out | tr '\n' ' ' | tail -c 300)"
-  grep -a "error" $O/$name.out | head -n 3
+    --out /tmp/$name --log $O/$name.jsonl "$@" > $L/$name.out 2>&1
+  echo "$name rc=$? $(grep -a 'online target\|done:' $L/$name.out | tr '\n' ' ' | tail -c 300)"
+  grep -a "error" $L/$name.out | head -n 3
   rm -rf /tmp/$name
 }
 run offline $W/features-q
