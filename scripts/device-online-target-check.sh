@@ -37,23 +37,13 @@ import torch
 from safetensors.numpy import save_file, load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 sys.path.insert(0, "scripts")
-from device_rows import packed_positions
+from device_rows import packed_positions, save_random_decoder
 D, W, O = sys.argv[1:4]
 taps = [1, 5]  # specs/tiny.toml's spread rule over 8 layers
 ok = True
 for kind, binary in [("qwen3", "target-features-tq"), ("llama", "target-features-tl")]:
     d = os.path.join(W, kind)
-    torch.manual_seed(3)
-    cfg = AutoConfig.from_pretrained(os.path.join(D, "tcfg", kind))
-    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
-    # Wider weights than the default init, so every layer changes the stream.
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.08 if "embed" not in n else 0.5)
-            else:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-    model.save_pretrained(d, safe_serialization=True)
+    cfg, model = save_random_decoder(os.path.join(D, "tcfg", kind), d, seed=3)
     rng = np.random.default_rng(4)
     S, R = 128, 6
     ids = rng.integers(0, cfg.vocab_size, size=(R, S)).astype(np.int32)

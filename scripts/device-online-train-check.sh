@@ -33,18 +33,10 @@ DFLASH_TOY_CONVERSATIONS=${CONVERSATIONS:-600} DFLASH_TOY_HELD_OUT=40 \
 echo "device-real-data rc=$?"; tail -n 3 $L/real-data.log
 python3 - $D $W <<'PY'
 import sys, torch
-from transformers import AutoConfig, AutoModelForCausalLM
+sys.path.insert(0, "scripts")
+from device_rows import save_random_decoder
 D, W = sys.argv[1:3]
-torch.manual_seed(5)
-cfg = AutoConfig.from_pretrained(D + "/tcfg/qwen3")
-model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
-with torch.no_grad():
-    for n, p in model.named_parameters():
-        if p.dim() == 2:
-            p.normal_(0, 0.08 if "embed" not in n else 0.5)
-        else:
-            p.copy_(1 + 0.1 * torch.randn_like(p))
-model.save_pretrained(W + "/target-q", safe_serialization=True)
+save_random_decoder(D + "/tcfg/qwen3", W + "/target-q", seed=5)
 PY
 echo "target saved rc=$?"
 python3 tools/dflash-prepare/dflash-prepare features --spec specs/tiny.toml --target $W/target-q \

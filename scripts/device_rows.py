@@ -60,3 +60,23 @@ def write_q8_tokens(path, vocab_size, rows=8, seq=3072):
                "loss_mask": np.ones((rows, seq), dtype=np.uint8),
                "num_tokens": np.full((rows,), seq, dtype=np.int32)}, path, meta)
     return ids, pos
+
+
+def save_random_decoder(config_dir, out_dir, seed):
+    """A small random decoder of config_dir's config.json (transformers,
+    bf16), its weights wider than the default init so that every layer
+    changes the residual stream, saved with save_pretrained in out_dir.
+    Returns (config, model)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(seed)
+    cfg = AutoConfig.from_pretrained(config_dir)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08 if "embed" not in n else 0.5)
+            else:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return cfg, model

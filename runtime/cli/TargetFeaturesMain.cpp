@@ -7,6 +7,7 @@
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
 #include "runtime/train/StepBuffers.h"
+#include "runtime/train/TargetServer.h"
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -106,13 +107,8 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     if (Status s = fillRandomWeights(specs, buffers, map); !s.ok())
       return s;
   } else {
-    for (size_t k = 0; k < map.frozen.size(); ++k)
-      if (Status s = cudaCallStatus(
-              cudaMemcpy(buffers[size_t(map.frozen[k])], weights[k].data(),
-                         weights[k].size() * 2, cudaMemcpyHostToDevice),
-              "uploading '" + specs[size_t(map.frozen[k])].name + "'");
-          !s.ok())
-        return s;
+    if (Status s = uploadTargetWeights(specs, map, buffers, weights); !s.ok())
+      return s;
     weights.clear();
   }
   if (Status s = program->bind(buffers, device->arena(), device->resources(),

@@ -182,3 +182,29 @@ Status DeviceContext::memory(DeviceMemory &info) const {
 Status DeviceContext::synchronize(const std::string &what) const {
   return cudaCallStatus(cudaStreamSynchronize(mainStream), what);
 }
+
+Status
+dflash::rt::captureProgramGraph(StepProgram &program, cudaStream_t stream,
+                                const std::string &what, cudaGraph_t &graph,
+                                cudaGraphExec_t &graphExec,
+                                const std::function<Status()> &afterCapture) {
+  if (Status s = cudaCallStatus(
+          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+      !s.ok())
+    return s;
+  Status enqueued = program.enqueue(stream);
+  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!enqueued.ok())
+    return enqueued;
+  if (Status s = cudaCallStatus(ended, "capturing " + what +
+                                           " as a CUDA graph (try --no-graph "
+                                           "to run it eagerly)");
+      !s.ok())
+    return s;
+  if (afterCapture)
+    if (Status s = afterCapture(); !s.ok())
+      return s;
+  return cudaCallStatus(cudaGraphInstantiate(&graphExec, graph, 0),
+                        "cudaGraphInstantiate of " + what);
+}

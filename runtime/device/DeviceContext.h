@@ -21,6 +21,7 @@
 #include "schema/Status.h"
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,17 @@ struct DeviceMemory {
   size_t totalBytes = 0;
   size_t usedBytes() const { return totalBytes - freeBytes; }
 };
+
+/// Captures `program`'s enqueue() on `stream` as a CUDA graph and
+/// instantiates it. Thread-local capture: the other GPU threads of the
+/// process may make calls a capture forbids (cudaMalloc, synchronisation)
+/// meanwhile. `what` names the program in errors ("the step");
+/// `afterCapture`, when given, is checked between the capture and the
+/// instantiation (a communicator's refusal during the capture).
+Status captureProgramGraph(StepProgram &program, cudaStream_t stream,
+                           const std::string &what, cudaGraph_t &graph,
+                           cudaGraphExec_t &graphExec,
+                           const std::function<Status()> &afterCapture = {});
 
 class DeviceContext {
 public:

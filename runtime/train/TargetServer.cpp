@@ -113,17 +113,9 @@ Status TargetServer::setUp(
     return s;
   featureBuffer = specs[size_t(map.features)];
   tokenBuffer = specs[size_t(map.inputIds)];
-  if (weights.size() != map.frozen.size())
-    return Status::error("the target program has " +
-                         std::to_string(map.frozen.size()) + " weights but " +
-                         std::to_string(weights.size()) + " were loaded");
-  for (size_t k = 0; k < weights.size(); ++k) {
-    const BufferSpec &b = specs[size_t(map.frozen[k])];
-    if (weights[k].size() * 2 != b.bytes())
-      return Status::error("the target's weight '" + b.name + "' was not " +
-                           "loaded with " + std::to_string(b.bytes()) +
-                           " bytes");
-  }
+  // Checked before the GPU is touched; uploadTargetWeights checks again.
+  if (Status s = checkTargetWeights(specs, map, weights); !s.ok())
+    return s;
 
   if (Status s =
           DeviceContext::create(gpu, program->gemmWorkspaceBytes(), context);
@@ -155,13 +147,8 @@ Status TargetServer::setUp(
   if (Status s = context->allocate(specs, program->arenaBytes()); !s.ok())
     return s;
   const std::vector<void *> &buffers = context->buffers();
-  for (size_t k = 0; k < weights.size(); ++k)
-    if (Status s = cudaCallStatus(
-            cudaMemcpy(buffers[size_t(map.frozen[k])], weights[k].data(),
-                       weights[k].size() * 2, cudaMemcpyHostToDevice),
-            "uploading '" + specs[size_t(map.frozen[k])].name + "'");
-        !s.ok())
-      return s;
+  if (Status s = uploadTargetWeights(specs, map, buffers, weights); !s.ok())
+    return s;
   if (Status s = program->bind(buffers, context->arena(), context->resources(),
                                StepHyper{});
       !s.ok())
@@ -180,27 +167,11 @@ Status TargetServer::setUp(
         return s;
   }
 
-  if (useGraph) {
-    // Thread-local: the drafters' threads capture their steps meanwhile.
-    cudaStream_t stream = context->stream();
-    if (Status s = cudaCallStatus(
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-            "cudaStreamBeginCapture");
+  if (useGraph)
+    if (Status s = captureProgramGraph(*program, context->stream(),
+                                       "the online target", graph, graphExec);
         !s.ok())
       return s;
-    Status enqueued = program->enqueue(stream);
-    cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-    if (!enqueued.ok())
-      return enqueued;
-    if (Status s = cudaCallStatus(ended, "capturing the online target as a "
-                                         "CUDA graph (try --no-graph)");
-        !s.ok())
-      return s;
-    if (Status s = cudaCallStatus(cudaGraphInstantiate(&graphExec, graph, 0),
-                                  "cudaGraphInstantiate of the online target");
-        !s.ok())
-      return s;
-  }
   return context->memory(memoryAfterSetUp);
 }
 
@@ -304,4 +275,37 @@ Status TargetServer::busyMs(int client, int64_t ticket, float &ms) {
                           "the online target on device " + std::to_string(gpu) +
                               ": cudaEventElapsedTime");
   });
+}
+
+Status dflash::rt::checkTargetWeights(
+    const std::vector<BufferSpec> &specs, const TargetBufferMap &map,
+    const std::vector<std::vector<uint16_t>> &weights) {
+  if (weights.size() != map.frozen.size())
+    return Status::error("the target program has " +
+                         std::to_string(map.frozen.size()) + " weights but " +
+                         std::to_string(weights.size()) + " were loaded");
+  for (size_t k = 0; k < weights.size(); ++k) {
+    const BufferSpec &b = specs[size_t(map.frozen[k])];
+    if (weights[k].size() * 2 != b.bytes())
+      return Status::error("the target's weight '" + b.name + "' was not " +
+                           "loaded with " + std::to_string(b.bytes()) +
+                           " bytes");
+  }
+  return Status::success();
+}
+
+Status dflash::rt::uploadTargetWeights(
+    const std::vector<BufferSpec> &specs, const TargetBufferMap &map,
+    const std::vector<void *> &buffers,
+    const std::vector<std::vector<uint16_t>> &weights) {
+  if (Status s = checkTargetWeights(specs, map, weights); !s.ok())
+    return s;
+  for (size_t k = 0; k < weights.size(); ++k)
+    if (Status s = cudaCallStatus(
+            cudaMemcpy(buffers[size_t(map.frozen[k])], weights[k].data(),
+                       weights[k].size() * 2, cudaMemcpyHostToDevice),
+            "uploading '" + specs[size_t(map.frozen[k])].name + "'");
+        !s.ok())
+      return s;
+  return Status::success();
 }

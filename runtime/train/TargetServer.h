@@ -40,6 +40,18 @@
 
 namespace dflash::rt {
 
+/// Whether `weights` (loadFrozenTensors' order) fill the target program's
+/// Frozen buffers: one per buffer, each of its size. Messages name it.
+Status checkTargetWeights(const std::vector<BufferSpec> &specs,
+                          const TargetBufferMap &map,
+                          const std::vector<std::vector<uint16_t>> &weights);
+/// checkTargetWeights, then copies them into `buffers` (one per spec, on
+/// the current device), waiting for each copy.
+Status uploadTargetWeights(const std::vector<BufferSpec> &specs,
+                           const TargetBufferMap &map,
+                           const std::vector<void *> &buffers,
+                           const std::vector<std::vector<uint16_t>> &weights);
+
 /// One batch whose features a drafter wants.
 struct FeatureRequest {
   int client = 0; ///< which of the server's drafters (0 .. clients - 1)

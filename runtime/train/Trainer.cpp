@@ -720,47 +720,15 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
 
 Status Trainer::captureGraph() {
   cudaStream_t stream = device.stream();
-  if (targetProgram) {
-    if (Status s = cudaCallStatus(
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-            "cudaStreamBeginCapture");
+  if (targetProgram)
+    if (Status s =
+            captureProgramGraph(*targetProgram, stream, "the online target",
+                                targetGraph, targetGraphExec);
         !s.ok())
       return s;
-    Status enqueued = targetProgram->enqueue(stream);
-    cudaError_t ended = cudaStreamEndCapture(stream, &targetGraph);
-    if (!enqueued.ok())
-      return enqueued;
-    if (Status s = cudaCallStatus(ended, "capturing the online target as a "
-                                         "CUDA graph (try --no-graph)");
-        !s.ok())
-      return s;
-    if (Status s = cudaCallStatus(
-            cudaGraphInstantiate(&targetGraphExec, targetGraph, 0),
-            "cudaGraphInstantiate of the online target");
-        !s.ok())
-      return s;
-  }
-  // Thread-local: other trainers of this process may make unsafe calls
-  // (cudaMalloc, synchronisation) on their own threads meanwhile.
-  if (Status s = cudaCallStatus(
-          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-          "cudaStreamBeginCapture");
-      !s.ok())
-    return s;
-  Status enqueued = program.enqueue(stream);
-  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  if (!enqueued.ok())
-    return enqueued;
-  if (Status s = cudaCallStatus(
-          ended, "capturing the step as a CUDA graph (try --no-graph to run "
-                 "it eagerly)");
-      !s.ok())
-    return s;
   // An all-reduce the step asked for while capturing and NCCL refused.
-  if (Status s = collectivesStatus(); !s.ok())
-    return s;
-  return cudaCallStatus(cudaGraphInstantiate(&graphExec, graph, 0),
-                        "cudaGraphInstantiate of the step");
+  return captureProgramGraph(program, stream, "the step", graph, graphExec,
+                             [this] { return collectivesStatus(); });
 }
 
 Status Trainer::collectivesStatus() {

@@ -735,6 +735,13 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
   const Args args = {
       "--data", dir.path + "/data", "--target", dir.path + "/target",
       "--out",  dir.path + "/out",  "--steps",  "2"};
+  // The same with the target on GPUs of its own.
+  const Args apart = {"--data",        dir.path + "/data",
+                      "--target",      dir.path + "/target",
+                      "--out",         dir.path + "/out",
+                      "--steps",       "2",
+                      "--target-gpus", "0",
+                      "--gpus",        "0"};
   {
     PreparedRun run; // feature shards: the target is not needed
     Status s = prepare(args, run, c, &target);
@@ -742,12 +749,6 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
     EXPECT_EQ(run.inputs.targetProgramWeights, nullptr);
   }
   {
-    const Args apart = {"--data",        dir.path + "/data",
-                        "--target",      dir.path + "/target",
-                        "--out",         dir.path + "/out",
-                        "--steps",       "2",
-                        "--target-gpus", "0",
-                        "--gpus",        "0"};
     PreparedRun run; // feature shards: no target to run
     Status s = prepare(apart, run, c, &target);
     ASSERT_FALSE(s.ok());
@@ -793,12 +794,6 @@ TEST(TrainPrepare, OnlineTargetReadsTokenShards) {
   {
     // The target on GPUs of its own: token shards only, in a trainer with
     // an online target.
-    const Args apart = {"--data",        dir.path + "/data",
-                        "--target",      dir.path + "/target",
-                        "--out",         dir.path + "/out",
-                        "--steps",       "2",
-                        "--target-gpus", "0",
-                        "--gpus",        "0"};
     PreparedRun run;
     Status s = prepare(apart, run, c, &target);
     ASSERT_TRUE(s.ok()) << s.message();
