@@ -15,15 +15,18 @@
 #    transformers itself run in bf16 on the same conversations.
 # 3. Throughput of the Qwen3-8B-shaped target (.device/tcfg/q8, random
 #    weights) at 4 x 3072 tokens, unpacked and packed, by target-features
-#    --bench, and transformers' forward of the same layers (0..33, sdpa,
-#    bf16) in the same call.
+#    --bench, with the GEMM algorithms timing chose and with cuBLASLt's
+#    first choices (--no-gemm-timing), and transformers' forward of the
+#    same layers (0..33, sdpa, bf16) in the same call.
+# CHECK=0 skips 1 and 2, BENCH=0 skips 3.
 # Needs in .device/bin: CausalAttentionGpuTest, target-features-tq,
-# target-features-tl, target-features-q8. Logs to $OUT.
+# target-features-tl (1 and 2), target-features-q8 (3). Logs to $OUT.
 set -u
 D=.device
 O=${OUT:-/tmp/dflash-online-target}
 mkdir -p "$O"
 nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+if [[ ${CHECK:-1} == 1 ]]; then
 timeout 120 $D/bin/CausalAttentionGpuTest > $O/CausalAttentionGpuTest.txt 2>&1
 echo "CausalAttentionGpuTest rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' $O/CausalAttentionGpuTest.txt | tr '\n' ' ')"
 grep -a "FAILED\|rel err\|Failure" $O/CausalAttentionGpuTest.txt | head -n 8
@@ -86,11 +89,15 @@ for kind, binary in [("qwen3", "target-features-tq"), ("llama", "target-features
 sys.exit(0 if ok else 1)
 PY
 echo "transformers check rc=$?"
+fi
 
 if [[ ${BENCH:-1} == 1 ]]; then
 for packed in "" "--packed"; do
-  timeout 200 $D/bin/target-features-q8 --bench 10 $packed > $O/bench$packed.json 2> $O/bench$packed.err
-  echo "target-features --bench $packed rc=$? $(cat $O/bench$packed.json)"; tail -n 2 $O/bench$packed.err
+  for gemms in "" "--no-gemm-timing"; do
+    b=bench$packed$gemms
+    timeout 200 $D/bin/target-features-q8 --bench 10 $packed $gemms > $O/$b.json 2> $O/$b.err
+    echo "target-features --bench $packed $gemms rc=$? $(cat $O/$b.json)"; tail -n 2 $O/$b.err
+  done
 done
 timeout 240 python3 - $D <<'PY'
 import json, sys, time

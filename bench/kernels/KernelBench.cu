@@ -190,6 +190,117 @@ double gemmCeiling(CublasLtGemm &gemm) {
   return tf;
 }
 
+/// cuBLASLt's heuristic first choice against the fastest of its first
+/// kGemmCandidates (CublasLtGemm::timeCandidates) at every GEMM shape of the
+/// qwen3-8b-b16 step and of the Qwen3-8B target at 4 x 3072 tokens, plus the
+/// shapes that fusing q/k/v or gate/up into one GEMM would give. Timed at the
+/// sustained (power-capped) clock the step runs at: no cool-down between
+/// candidates, which are interleaved.
+void gemmAlgorithms(CublasLtGemm &gemm) {
+  struct Use {
+    const char *product;
+    int64_t M, N, K;
+    int count; // launches of this shape per step (or target forward)
+    const char *where;
+  };
+  const Use uses[] = {
+      // The target forward (34 layers, 12288 tokens).
+      {"linear", 12288, 4096, 4096, 68, "target q, o"},
+      {"linear", 12288, 1024, 4096, 68, "target k, v"},
+      {"linear", 12288, 12288, 4096, 68, "target gate, up"},
+      {"linear", 12288, 4096, 12288, 34, "target down"},
+      {"linear", 12288, 6144, 4096, 0, "target q|k|v fused"},
+      {"linear", 12288, 24576, 4096, 0, "target gate|up fused"},
+      // The drafter step (5 layers, 32768 draft rows, 12288 context rows).
+      {"linear", 32768, 4096, 4096, 10, "step q, o"},
+      {"linear", 32768, 1024, 4096, 10, "step k, v (draft)"},
+      {"linear", 32768, 12288, 4096, 10, "step gate, up"},
+      {"linear", 32768, 4096, 12288, 5, "step down"},
+      {"linear", 12288, 1024, 4096, 10, "step k, v (context)"},
+      {"linear", 12288, 4096, 20480, 1, "step fc"},
+      {"linearGradInput", 32768, 4096, 4096, 10, "step dX q, o"},
+      {"linearGradInput", 32768, 1024, 4096, 10, "step dX k, v"},
+      {"linearGradInput", 32768, 12288, 4096, 10, "step dX gate, up"},
+      {"linearGradInput", 32768, 4096, 12288, 5, "step dX down"},
+      {"linearGradInput", 12288, 1024, 4096, 10, "step dX k, v (ctx)"},
+      {"linearGradWeight", 32768, 4096, 4096, 10, "step dW q, o"},
+      {"linearGradWeight", 32768, 1024, 4096, 10, "step dW k, v"},
+      {"linearGradWeight", 32768, 12288, 4096, 10, "step dW gate, up"},
+      {"linearGradWeight", 32768, 4096, 12288, 5, "step dW down"},
+      {"linearGradWeight", 12288, 1024, 4096, 10, "step dW k, v (ctx)"},
+      {"linearGradWeight", 12288, 4096, 20480, 1, "step dW fc"},
+      {"linear", 2048, 151936, 4096, 15, "step lm_head logits chunk"},
+      {"linearGradInput", 2048, 151936, 4096, 15, "step lm_head dX chunk"},
+  };
+  size_t most = 0;
+  for (const Use &u : uses)
+    most = std::max(
+        {most, size_t(u.M * u.N), size_t(u.M * u.K), size_t(u.N * u.K)});
+  bf16 *x = deviceAlloc<bf16>(most), *w = deviceAlloc<bf16>(most),
+       *y = deviceAlloc<bf16>(most);
+  randomBf16(x, most, 1);
+  randomBf16(w, most, 2);
+  // Plan every shape (one launch each), then time all plans' candidates.
+  for (const Use &u : uses) {
+    std::string p = u.product;
+    if (p == "linear")
+      gemm.linear(x, w, y, u.M, u.N, u.K, 0);
+    else if (p == "linearGradInput")
+      gemm.linearGradInput(x, w, y, u.M, u.N, u.K, 0);
+    else
+      gemm.linearGradWeight(x, w, y, u.M, u.N, u.K, 0);
+  }
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  // Bring the GPU to its sustained clock first, as inside a step.
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+             .count() < 2.0) {
+    for (int i = 0; i < 8; ++i)
+      gemm.linear(x, w, y, 8192, 8192, 4096, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  int changed = gemm.timeCandidates(0, 9, 0.0f);
+  std::printf("gemm algorithms: %d of %zu shapes have a faster candidate than "
+              "the heuristic's first\n",
+              changed, gemm.numPlans());
+  // [0]: the target forward, [1]: the drafter step.
+  double firstTotal[2] = {0, 0}, bestTotal[2] = {0, 0};
+  for (const GemmCandidateTimes &t : gemm.timings()) {
+    const Use *use = nullptr;
+    for (const Use &u : uses) {
+      char name[96];
+      std::snprintf(name, sizeof(name), "%s M %lld N %lld K %lld", u.product,
+                    (long long)u.M, (long long)u.N, (long long)u.K);
+      if (t.shape == name)
+        use = &u;
+    }
+    float first = t.ms[0], best = t.ms[t.chosen];
+    std::string all;
+    for (float ms : t.ms) {
+      char one[16];
+      std::snprintf(one, sizeof(one), " %.3f", ms);
+      all += one;
+    }
+    int count = use ? use->count : 0;
+    const int side = use && std::string(use->where).rfind("step", 0) == 0;
+    firstTotal[side] += count * first;
+    bestTotal[side] += count * best;
+    char note[256];
+    std::snprintf(note, sizeof(note),
+                  "%s x%d: first %.3f ms %.0f TFLOP/s, best #%d; all:%s",
+                  use ? use->where : "?", count, first, t.flops / (first * 1e9),
+                  t.chosen, all.c_str());
+    report("gemm " + t.shape, best, "TFLOP/s", t.flops / (best * 1e9), note);
+  }
+  std::printf("gemm algorithms: target forward's GEMMs %.1f ms with the "
+              "heuristic's first, %.1f ms with the fastest; the step's %.1f "
+              "and %.1f ms\n",
+              firstTotal[0], bestTotal[0], firstTotal[1], bestTotal[1]);
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+}
+
 /// bwdOnly / fwdOnly: the backward or forward variants alone (arguments
 /// "attention-bwd", "attention-fwd").
 template <int WINDOW, bool CAUSAL>
@@ -756,6 +867,8 @@ int main(int argc, char **argv) {
   double copyGbs = copyBandwidth();
   if (want("gemm"))
     gemmCeiling(gemm);
+  if (want("gemm-algorithms"))
+    gemmAlgorithms(gemm);
   if (want("attention")) {
     bool bwdOnly = only.find("bwd") != std::string::npos;
     bool fwdOnly = only.find("fwd") != std::string::npos;

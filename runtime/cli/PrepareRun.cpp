@@ -263,6 +263,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.run = settings;
   run.trainer.finalStep = o.steps;
   run.trainer.useGraph = !o.noGraph;
+  run.trainer.timeGemms = !o.noGemmTiming;
   run.trainer.outDir = o.out;
   run.trainer.saveEvery = o.saveEvery;
   run.trainer.maxBadRows = o.maxBadRows;

@@ -26,6 +26,7 @@ struct Options {
   std::string target, rows, out;
   int bench = 0; ///< timed batches on random weights; 0: features
   bool packed = false;
+  bool noGemmTiming = false;
   int device = 0;
 };
 
@@ -100,6 +101,7 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
                                        device);
       !s.ok())
     return s;
+  device->setGemmTiming(!o.noGemmTiming);
   if (Status s = device->allocate(specs, program->arenaBytes()); !s.ok())
     return s;
   const std::vector<void *> &buffers = device->buffers();
@@ -133,7 +135,12 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
   auto enqueue = [&]() -> Status {
     if (Status s = program->enqueue(stream); !s.ok())
       return s;
-    return cudaCallStatus(cudaGetLastError(), "launching the target program");
+    if (Status s =
+            cudaCallStatus(cudaGetLastError(), "launching the target program");
+        !s.ok())
+      return s;
+    // The first launch planned the GEMMs: time them for the next ones.
+    return device->timeNewGemmShapes();
   };
 
   if (o.bench) {
@@ -186,13 +193,16 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     DeviceMemory memory;
     if (Status s = device->memory(memory); !s.ok())
       return s;
+    const kernels::GemmTimingSummary &gemms = device->gemmTimingSummary();
     std::printf("{\"rows\": %lld, \"seq_len\": %lld, \"packed\": %s, "
                 "\"ms\": %.3f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, "
+                "\"gemm_shapes_timed\": %d, \"gemm_shapes_faster\": %d, "
                 "\"arena_gib\": %.2f, \"buffers_gib\": %.2f, "
                 "\"device_used_gib\": %.2f}\n",
                 (long long)B, (long long)S, o.packed ? "true" : "false", median,
                 double(B * S) / (median * 1e-3),
                 program->flopsPerStep() / (median * 1e-3) / 1e12,
+                gemms.timed + gemms.agreed, gemms.faster,
                 double(program->arenaBytes()) / double(1 << 30),
                 double(device->bufferBytes()) / double(1 << 30),
                 double(memory.usedBytes()) / double(1 << 30));
@@ -266,6 +276,9 @@ int dflash::rt::targetFeaturesMain(int argc, char **argv,
                "tokens (default: one conversation a row)");
   app.add_option("--device", o.device, "CUDA device (default 0)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-gemm-timing", o.noGemmTiming,
+               "run every GEMM with cuBLASLt's first heuristic choice instead "
+               "of timing its candidates at the first batch");
   try {
     app.parse(argc, argv);
     if (!o.bench && (o.target.empty() || o.rows.empty() || o.out.empty()))

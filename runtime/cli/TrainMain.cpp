@@ -384,6 +384,16 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
     usedAfterFirstStep =
         std::max(usedAfterFirstStep,
                  group.trainer(local).memoryAfterFirstStep().usedBytes());
+  if (group.localRanks() > 0) {
+    const kernels::GemmTimingSummary &gemms =
+        group.device(0).gemmTimingSummary();
+    if (gemms.timed + gemms.agreed > 0)
+      note("GEMM algorithms: " + std::to_string(gemms.faster) + " of " +
+           std::to_string(gemms.timed + gemms.agreed) +
+           " large shapes run faster than cuBLASLt's first choice (timed in " +
+           formatDuration(gemms.seconds) +
+           " at the first step; --no-gemm-timing keeps its first choice)");
+  }
   note("done: " + std::to_string(outcome.stepsThisRun) + " steps in " +
        formatDuration(seconds) + "; " + formatBytes(usedAfterFirstStep) +
        " in use on the " + (group.localRanks() > 1 ? "fullest " : "") +

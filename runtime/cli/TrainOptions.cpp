@@ -197,6 +197,11 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   app.add_flag("--no-graph", options.noGraph,
                "Run the step eagerly every time instead of replaying a "
                "captured CUDA graph (debugging)");
+  app.add_flag("--no-gemm-timing", options.noGemmTiming,
+               "Run every GEMM with cuBLASLt's first heuristic choice instead "
+               "of timing its candidates at the first step and keeping the "
+               "fastest (a run then repeats another run of this flag bit for "
+               "bit where the step itself is deterministic)");
   app.footer(
       "The first SIGINT or SIGTERM finishes the current step, saves a "
       "checkpoint and exits with 128 + the signal; a second one quits at "

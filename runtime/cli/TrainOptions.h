@@ -44,8 +44,9 @@ struct TrainOptions {
   /// --target-gpus: the online target's own devices; empty: each drafter
   /// GPU runs it.
   std::vector<int> targetGpus;
-  bool noGraph = false; ///< --no-graph
-  bool nccl = false;    ///< --nccl: collectives even on one GPU
+  bool noGraph = false;      ///< --no-graph
+  bool noGemmTiming = false; ///< --no-gemm-timing
+  bool nccl = false;         ///< --nccl: collectives even on one GPU
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,

@@ -183,25 +183,60 @@ Status DeviceContext::synchronize(const std::string &what) const {
   return cudaCallStatus(cudaStreamSynchronize(mainStream), what);
 }
 
+void DeviceContext::setGemmTiming(bool on) { gemmPlanner->setTiming(on); }
+
+Status DeviceContext::timeNewGemmShapes(bool *changed) {
+  if (changed)
+    *changed = false;
+  if (gemmPlanner->untimedPlans() == 0)
+    return Status::success();
+  if (Status s = makeCurrent(); !s.ok())
+    return s;
+  const int moved = gemmPlanner->timeCandidates(mainStream);
+  if (changed)
+    *changed = moved > 0;
+  return cudaCallStatus(cudaGetLastError(),
+                        "timing the GEMM algorithms on device " +
+                            std::to_string(deviceIndex));
+}
+
+const kernels::GemmTimingSummary &DeviceContext::gemmTimingSummary() const {
+  return gemmPlanner->timingSummary();
+}
+
 Status
-dflash::rt::captureProgramGraph(StepProgram &program, cudaStream_t stream,
+dflash::rt::captureProgramGraph(StepProgram &program, DeviceContext &device,
                                 const std::string &what, cudaGraph_t &graph,
                                 cudaGraphExec_t &graphExec,
                                 const std::function<Status()> &afterCapture) {
-  if (Status s = cudaCallStatus(
-          cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-          "cudaStreamBeginCapture");
-      !s.ok())
+  cudaStream_t stream = device.stream();
+  auto capture = [&]() -> Status {
+    if (Status s = cudaCallStatus(
+            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCapture");
+        !s.ok())
+      return s;
+    Status enqueued = program.enqueue(stream);
+    cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    if (!enqueued.ok())
+      return enqueued;
+    return cudaCallStatus(ended, "capturing " + what +
+                                     " as a CUDA graph (try --no-graph to "
+                                     "run it eagerly)");
+  };
+  if (Status s = capture(); !s.ok())
     return s;
-  Status enqueued = program.enqueue(stream);
-  cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  if (!enqueued.ok())
-    return enqueued;
-  if (Status s = cudaCallStatus(ended, "capturing " + what +
-                                           " as a CUDA graph (try --no-graph "
-                                           "to run it eagerly)");
-      !s.ok())
+  bool changed = false;
+  if (Status s = device.timeNewGemmShapes(&changed); !s.ok())
     return s;
+  if (changed) { // the graph holds the heuristic's algorithms: once more
+    if (Status s = cudaCallStatus(cudaGraphDestroy(graph), "cudaGraphDestroy");
+        !s.ok())
+      return s;
+    graph = nullptr;
+    if (Status s = capture(); !s.ok())
+      return s;
+  }
   if (afterCapture)
     if (Status s = afterCapture(); !s.ok())
       return s;

@@ -17,6 +17,7 @@
 #ifndef DFLASH_RUNTIME_DEVICECONTEXT_H
 #define DFLASH_RUNTIME_DEVICECONTEXT_H
 
+#include "kernels/GemmTiming.h"
 #include "runtime/device/StepProgram.h"
 #include "schema/Status.h"
 
@@ -52,13 +53,17 @@ struct DeviceMemory {
   size_t usedBytes() const { return totalBytes - freeBytes; }
 };
 
-/// Captures `program`'s enqueue() on `stream` as a CUDA graph and
+class DeviceContext;
+
+/// Captures `program`'s enqueue() on `device`'s stream as a CUDA graph and
 /// instantiates it. Thread-local capture: the other GPU threads of the
 /// process may make calls a capture forbids (cudaMalloc, synchronisation)
-/// meanwhile. `what` names the program in errors ("the step");
-/// `afterCapture`, when given, is checked between the capture and the
-/// instantiation (a communicator's refusal during the capture).
-Status captureProgramGraph(StepProgram &program, cudaStream_t stream,
+/// meanwhile. GEMM shapes first planned during the capture are timed after
+/// it (DeviceContext::timeNewGemmShapes), and the program is captured again
+/// when that changed an algorithm. `what` names the program in errors ("the
+/// step"); `afterCapture`, when given, is checked between the capture and
+/// the instantiation (a communicator's refusal during the capture).
+Status captureProgramGraph(StepProgram &program, DeviceContext &device,
                            const std::string &what, cudaGraph_t &graph,
                            cudaGraphExec_t &graphExec,
                            const std::function<Status()> &afterCapture = {});
@@ -114,6 +119,17 @@ public:
 
   /// Waits for every operation issued on the stream.
   Status synchronize(const std::string &what) const;
+
+  /// Off: every GEMM keeps cuBLASLt's first heuristic choice (`train
+  /// --no-gemm-timing`). Set before the first launch.
+  void setGemmTiming(bool on);
+  /// Times the candidates of the GEMM shapes planned since the last call
+  /// (kernels/Gemm.cuh) on the stream, which must not be capturing; waits
+  /// for the stream. `changed`: whether an algorithm changed (a graph
+  /// captured before then runs the old ones). Cheap when nothing is new:
+  /// call it after every eager launch of a program.
+  Status timeNewGemmShapes(bool *changed = nullptr);
+  const kernels::GemmTimingSummary &gemmTimingSummary() const;
 
 private:
   DeviceContext() = default;

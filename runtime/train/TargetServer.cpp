@@ -11,7 +11,7 @@ using namespace dflash::rt;
 Status TargetServer::create(
     int gpu, const std::function<std::unique_ptr<StepProgram>()> &factory,
     const std::vector<std::vector<uint16_t>> &weights,
-    const std::vector<int> &clientDevices, bool useGraph,
+    const std::vector<int> &clientDevices, TargetServerOptions options,
     std::unique_ptr<TargetServer> &server) {
   if (clientDevices.empty())
     return Status::error("the online target on device " + std::to_string(gpu) +
@@ -22,7 +22,7 @@ Status TargetServer::create(
   made->thread = std::thread([raw = made.get()] { raw->serve(); });
   TargetServer *raw = made.get();
   if (Status s = made->call(
-          [&, raw] { return raw->setUp(factory, weights, useGraph); });
+          [&, raw] { return raw->setUp(factory, weights, options); });
       !s.ok())
     return Status::error("the online target on device " + std::to_string(gpu) +
                          ": " + s.message());
@@ -104,7 +104,8 @@ void TargetServer::release() {
 
 Status TargetServer::setUp(
     const std::function<std::unique_ptr<StepProgram>()> &factory,
-    const std::vector<std::vector<uint16_t>> &weights, bool useGraph) {
+    const std::vector<std::vector<uint16_t>> &weights,
+    TargetServerOptions options) {
   program = factory ? factory() : nullptr;
   if (!program)
     return Status::error("this trainer was compiled without an online target");
@@ -121,6 +122,7 @@ Status TargetServer::setUp(
           DeviceContext::create(gpu, program->gemmWorkspaceBytes(), context);
       !s.ok())
     return s;
+  context->setGemmTiming(options.timeGemms);
   name = context->name();
   // Copy engines write into the drafters' memory directly where the GPUs
   // are peers (NVLink); elsewhere CUDA stages the copy through the host.
@@ -167,9 +169,9 @@ Status TargetServer::setUp(
         return s;
   }
 
-  if (useGraph)
-    if (Status s = captureProgramGraph(*program, context->stream(),
-                                       "the online target", graph, graphExec);
+  if (options.useGraph)
+    if (Status s = captureProgramGraph(*program, *context, "the online target",
+                                       graph, graphExec);
         !s.ok())
       return s;
   return context->memory(memoryAfterSetUp);
@@ -229,6 +231,9 @@ Status TargetServer::enqueue(const FeatureRequest &request,
         !s.ok())
       return s;
   } else if (Status s = program->enqueue(stream); !s.ok()) {
+    failure = Status::error(where + ": " + s.message());
+    return failure;
+  } else if (Status s = context->timeNewGemmShapes(); !s.ok()) {
     failure = Status::error(where + ": " + s.message());
     return failure;
   }

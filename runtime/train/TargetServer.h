@@ -68,18 +68,25 @@ struct FeatureRequest {
   bool timed = true;
 };
 
+/// How a TargetServer runs its program.
+struct TargetServerOptions {
+  bool useGraph = true;  ///< capture it as a CUDA graph (train --no-graph)
+  bool timeGemms = true; ///< time the GEMM algorithms (--no-gemm-timing)
+};
+
 class TargetServer {
 public:
   /// Starts the thread, then on it: the device context of `gpu`, the target
   /// program from `factory`, its buffers and arena, `weights` (in the order
   /// of its Frozen buffers, as loadFrozenTensors gives them) uploaded, the
-  /// program bound and, with `useGraph`, captured as a CUDA graph. Serves
+  /// program bound and, with `options.useGraph`, captured as a CUDA graph.
+  /// Serves
   /// `clients` drafters, on devices `clientDevices` (peer access is enabled
   /// to each where the hardware allows it). Returns once that is done.
   static Status
   create(int gpu, const std::function<std::unique_ptr<StepProgram>()> &factory,
          const std::vector<std::vector<uint16_t>> &weights,
-         const std::vector<int> &clientDevices, bool useGraph,
+         const std::vector<int> &clientDevices, TargetServerOptions options,
          std::unique_ptr<TargetServer> &server);
   TargetServer(const TargetServer &) = delete;
   TargetServer &operator=(const TargetServer &) = delete;
@@ -119,7 +126,7 @@ private:
   void serve();
   Status setUp(const std::function<std::unique_ptr<StepProgram>()> &factory,
                const std::vector<std::vector<uint16_t>> &weights,
-               bool useGraph);
+               TargetServerOptions options);
   Status enqueue(const FeatureRequest &request, cudaEvent_t &delivered,
                  int64_t &ticket);
   void release();

@@ -684,6 +684,8 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
                                   where + ": launching the evaluation");
         !s.ok())
       return s;
+    if (Status s = device.timeNewGemmShapes(); !s.ok())
+      return Status::error(where + ": " + s.message());
     if (Status s = cudaCallStatus(
             cudaMemcpyAsync(host.data(), evalSums, evalSumBytes,
                             cudaMemcpyDeviceToHost, stream),
@@ -719,15 +721,14 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
 }
 
 Status Trainer::captureGraph() {
-  cudaStream_t stream = device.stream();
   if (targetProgram)
     if (Status s =
-            captureProgramGraph(*targetProgram, stream, "the online target",
+            captureProgramGraph(*targetProgram, device, "the online target",
                                 targetGraph, targetGraphExec);
         !s.ok())
       return s;
   // An all-reduce the step asked for while capturing and NCCL refused.
-  return captureProgramGraph(program, stream, "the step", graph, graphExec,
+  return captureProgramGraph(program, device, "the step", graph, graphExec,
                              [this] { return collectivesStatus(); });
 }
 
@@ -940,6 +941,10 @@ Status Trainer::step(StepMetrics &metrics) {
     if (Status s = collectivesStatus(); !s.ok())
       return Status::error(where + ": " + s.message());
     collectivesWarm = true;
+    // Eager launches plan their GEMMs as they go: time the new shapes now,
+    // for the next launches (and the graph captured after this step).
+    if (Status s = device.timeNewGemmShapes(); !s.ok())
+      return Status::error(where + ": " + s.message());
   }
   if (Status s = cudaCallStatus(cudaEventRecord(stepEnd, stream),
                                 where + ": cudaEventRecord");

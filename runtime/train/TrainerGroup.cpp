@@ -225,7 +225,8 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
       std::unique_ptr<TargetServer> server;
       if (Status s = TargetServer::create(
               layout.targetGpus[k], inputs.targetProgram,
-              *inputs.targetProgramWeights, clients, options.useGraph, server);
+              *inputs.targetProgramWeights, clients,
+              TargetServerOptions{options.useGraph, options.timeGemms}, server);
           !s.ok())
         return s;
       servers.push_back(std::move(server));
@@ -237,6 +238,7 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
                                          w.device);
         !s.ok())
       return s;
+    w.device->setGemmTiming(options.timeGemms);
     w.device->attachCollectives(w.collectives.get());
     TrainerOptions mine = options;
     mine.rank = layout.firstRank() + w.local;

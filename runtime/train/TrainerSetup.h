@@ -43,6 +43,10 @@ struct TrainerOptions {
   /// Capture the step as a CUDA graph and replay it; false runs enqueue()
   /// eagerly every step (debugging).
   bool useGraph = true;
+  /// Time cuBLASLt's candidate algorithms for each large GEMM shape at the
+  /// first launch and keep the fastest; false keeps the heuristic's first
+  /// (bit-for-bit comparisons with runs that did not time).
+  bool timeGemms = true;
   /// Where checkpoints go; empty: no checkpoints and no export.
   std::string outDir;
   int64_t saveEvery = 0;

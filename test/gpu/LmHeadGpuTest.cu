@@ -1,11 +1,13 @@
 //===- LmHeadGpuTest.cu - GEMM wrapper, lm_head + CE ----------------------===//
 //
 // CublasLtGemm's three linear-layer products (bf16 and fp32 outputs, beta = 1
-// accumulation) against ref::linear*, and lm_head_cross_entropy_bf16 (sums,
-// accuracy, hits, dy) against ref::lmHeadCrossEntropy(Grad), over several
-// chunks with a partial last one, vector (V % 8 == 0) and scalar
-// vocabularies, every row computed or slot 0 of each block left out (the
-// reference computes every row: the skipped rows' zeros must come out).
+// accumulation) against ref::linear*, before and after timing picks their
+// algorithms (and planners of one process agree on them), and
+// lm_head_cross_entropy_bf16 (sums, accuracy, hits, dy) against
+// ref::lmHeadCrossEntropy(Grad), over several chunks with a partial last one,
+// vector (V % 8 == 0) and scalar vocabularies, every row computed or slot 0 of
+// each block left out (the reference computes every row: the skipped rows'
+// zeros must come out).
 //
 //===----------------------------------------------------------------------===//
 
@@ -69,6 +71,31 @@ void gemmCase(int64_t M, int64_t N, int64_t K, uint64_t seed) {
   EXPECT_EQ(gemm.numPlans(), 4u);
   gemm.linear(x.ptr(), w.ptr(), y.get(), M, N, K, 0);
   EXPECT_EQ(gemm.numPlans(), 4u);
+}
+
+/// Rows `rows` of y [M, N] = x [M, K] w [N, K]^T in double.
+std::vector<double> linearRows(const std::vector<double> &x,
+                               const std::vector<double> &w,
+                               const std::vector<int64_t> &rows, int64_t N,
+                               int64_t K) {
+  std::vector<double> out;
+  for (int64_t m : rows)
+    for (int64_t n = 0; n < N; ++n) {
+      double sum = 0;
+      for (int64_t k = 0; k < K; ++k)
+        sum += x[size_t(m * K + k)] * w[size_t(n * K + k)];
+      out.push_back(sum);
+    }
+  return out;
+}
+
+std::vector<double> pickRows(const std::vector<double> &all,
+                             const std::vector<int64_t> &rows, int64_t width) {
+  std::vector<double> out;
+  for (int64_t r : rows)
+    out.insert(out.end(), all.begin() + r * width,
+               all.begin() + (r + 1) * width);
+  return out;
 }
 
 void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
@@ -182,6 +209,89 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
 TEST(CublasLtGemm, LinearProducts) {
   gemmCase(77, 200, 136, 1);
   gemmCase(256, 512, 1024, 2);
+}
+
+// A shape large enough to be timed (over kGemmTimingMinFlops): the products
+// are right with the heuristic's first algorithm and with the ones timing
+// chose; a second planner adopts the first's choices without timing; with
+// timing off, or below the size, nothing is timed.
+TEST(CublasLtGemm, TimedAlgorithmsComputeTheSameProducts) {
+  const int64_t M = 4096, N = 512, K = 2560; // 1.07e10 FLOPs each
+  static_assert(2.0 * 4096 * 512 * 2560 >= kernels::kGemmTimingMinFlops);
+  std::mt19937_64 rng(91);
+  LtContext lt;
+  Bf16Tensor x = randomBf16(M * K, rng), w = randomBf16(N * K, rng);
+  Bf16Tensor dy = randomBf16(M * N, rng);
+  // Sampled rows of each product (the whole reference would take seconds).
+  const std::vector<int64_t> yRows = {0, 1, 777, 2048, 4095};
+  const std::vector<int64_t> dwRows = {0, 3, 300, 511};
+  std::vector<double> refY = linearRows(x.values, w.values, yRows, N, K);
+  // dx [M, K] = dy [M, N] w [N, K]: rows of dy times w^T as a [K, N] matrix.
+  std::vector<double> wT(size_t(K * N)), dyT(size_t(N * M)), xT(size_t(K * M));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k)
+      wT[size_t(k * N + n)] = w.values[size_t(n * K + k)];
+  std::vector<double> refDx = linearRows(dy.values, wT, yRows, K, N);
+  // dw [N, K] = dy^T x: rows of dy^T [N, M] times x^T as a [K, M] matrix.
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n)
+      dyT[size_t(n * M + m)] = dy.values[size_t(m * N + n)];
+    for (int64_t k = 0; k < K; ++k)
+      xT[size_t(k * M + m)] = x.values[size_t(m * K + k)];
+  }
+  std::vector<double> refDw = linearRows(dyT, xT, dwRows, K, M);
+
+  DeviceBuffer<bf16> y(M * N), dx(M * K);
+  DeviceBuffer<float> dw(N * K);
+  auto runAndCheck = [&](kernels::CublasLtGemm &gemm, const char *when) {
+    SCOPED_TRACE(when);
+    poisonAll(y, dx, dw);
+    gemm.linear(x.ptr(), w.ptr(), y.get(), M, N, K, 0);
+    gemm.linearGradInput(dy.ptr(), w.ptr(), dx.get(), M, N, K, 0);
+    gemm.linearGradWeight(dy.ptr(), x.ptr(), dw.get(), M, N, K, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_CLOSE(pickRows(downloadBf16(y), yRows, N), refY, 1e-2, "y");
+    EXPECT_CLOSE(pickRows(downloadBf16(dx), yRows, K), refDx, 1e-2, "dx");
+    EXPECT_CLOSE(pickRows(downloadF32(dw), dwRows, K), refDw, 1e-4, "dw");
+  };
+
+  kernels::CublasLtGemm first(lt.handle, lt.workspace.get(),
+                              lt.workspace.bytes());
+  runAndCheck(first, "the heuristic's first algorithms");
+  EXPECT_EQ(first.untimedPlans(), 3u);
+  first.timeCandidates(0);
+  EXPECT_EQ(first.untimedPlans(), 0u);
+  EXPECT_EQ(first.timingSummary().timed, 3);
+  ASSERT_EQ(first.timings().size(), 3u);
+  for (const kernels::GemmCandidateTimes &t : first.timings()) {
+    SCOPED_TRACE(t.shape);
+    ASSERT_GE(t.ms.size(), 2u);
+    EXPECT_GT(t.ms[size_t(t.chosen)], 0.f) << "the chosen one ran";
+  }
+  runAndCheck(first, "the timed algorithms");
+
+  kernels::CublasLtGemm second(lt.handle, lt.workspace.get(),
+                               lt.workspace.bytes());
+  runAndCheck(second, "a second planner, before it agrees");
+  second.timeCandidates(0);
+  EXPECT_EQ(second.timingSummary().timed, 0);
+  EXPECT_EQ(second.timingSummary().agreed, 3);
+  EXPECT_EQ(second.timingSummary().faster, first.timingSummary().faster);
+  runAndCheck(second, "the second planner's adopted algorithms");
+
+  kernels::CublasLtGemm untimed(lt.handle, lt.workspace.get(),
+                                lt.workspace.bytes());
+  untimed.setTiming(false);
+  runAndCheck(untimed, "timing off");
+  EXPECT_EQ(untimed.untimedPlans(), 0u);
+  EXPECT_EQ(untimed.timeCandidates(0), 0);
+  EXPECT_EQ(untimed.timingSummary().timed + untimed.timingSummary().agreed, 0);
+
+  // Below the size nothing waits to be timed.
+  kernels::CublasLtGemm small(lt.handle, lt.workspace.get(),
+                              lt.workspace.bytes());
+  small.linear(x.ptr(), w.ptr(), y.get(), 256, 256, 256, 0);
+  EXPECT_EQ(small.untimedPlans(), 0u);
 }
 
 TEST(LmHeadCrossEntropy, ChunkedVectorVocab) {

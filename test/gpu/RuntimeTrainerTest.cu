@@ -1772,7 +1772,7 @@ TEST(RuntimeTargetServer, FeaturesArriveAfterTheBufferIsFree) {
   std::unique_ptr<TargetServer> server;
   Status created = TargetServer::create(
       0, [c] { return std::make_unique<FakeTargetProgram>(c); }, weights, {0},
-      /*useGraph=*/true, server);
+      TargetServerOptions{}, server);
   ASSERT_TRUE(created.ok()) << created.message();
   EXPECT_EQ(server->clients(), 1);
   EXPECT_EQ(server->featureSpec().shape,

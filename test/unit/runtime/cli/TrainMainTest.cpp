@@ -622,9 +622,10 @@ Status dropFeatures(const std::string &path) {
 TEST(TrainPrepare, SyntheticFreshRun) {
   TrainMainTempDir dir;
   PreparedRun run;
-  Status s = prepare({"--data", "synthetic", "--steps", "20", "--rows", "9",
-                      "--out", dir.path, "--save-every", "5", "--no-graph"},
-                     run);
+  Status s =
+      prepare({"--data", "synthetic", "--steps", "20", "--rows", "9", "--out",
+               dir.path, "--save-every", "5", "--no-graph", "--no-gemm-timing"},
+              run);
   ASSERT_TRUE(s.ok()) << s.message();
   ModelConfig c = smallConfig();
   ASSERT_TRUE(run.synthetic);
@@ -639,6 +640,7 @@ TEST(TrainPrepare, SyntheticFreshRun) {
   EXPECT_EQ(run.trainer.run.syntheticRows, 9);
   EXPECT_EQ(run.trainer.saveEvery, 5);
   EXPECT_FALSE(run.trainer.useGraph);
+  EXPECT_FALSE(run.trainer.timeGemms);
   EXPECT_EQ(run.trainer.outDir, dir.path);
   EXPECT_EQ(run.logPath, dir.path + "/metrics.jsonl");
 }
@@ -656,6 +658,8 @@ TEST(TrainPrepare, SyntheticHeldOutRows) {
   ASSERT_TRUE(run.inputs.evalRows);
   EXPECT_EQ(run.inputs.evalRows->numRows(), 5);
   EXPECT_EQ(run.trainer.evalEvery, 4);
+  EXPECT_TRUE(run.trainer.useGraph);
+  EXPECT_TRUE(run.trainer.timeGemms); // by default
   ModelConfig c = smallConfig();
   const size_t S = size_t(c.seqLen), W = size_t(c.contextWidth());
   std::vector<int32_t> ids(S), expectedIds(S), positions(S);
