@@ -70,6 +70,30 @@ LogicalResult DraftEmbedOp::verify() {
   return success();
 }
 
+LogicalResult LinearResidualOp::verify() {
+  Operation *op = *this;
+  // linear_residual C1
+  if (failed(
+          sameType(op, "C1", "result", getResult(), "residual", getResidual())))
+    return failure();
+  // linear_residual C2
+  auto x = tensorOf(getInput()), w = tensorOf(getWeight());
+  auto r = tensorOf(getResidual());
+  if (w.getRank() != 2 || x.getRank() < 2 ||
+      x.getShape().back() != w.getDimSize(1) ||
+      r.getShape().drop_back() != x.getShape().drop_back() ||
+      r.getShape().back() != w.getDimSize(0))
+    return emitOpError() << "(C2) residual " << r << ", input " << x
+                         << " and weight " << w
+                         << " do not form residual + input weight^T";
+  // linear_residual C3
+  if (x.getElementType() != r.getElementType() ||
+      w.getElementType() != r.getElementType())
+    return emitOpError("(C3) input, weight and residual must have one element "
+                       "type");
+  return success();
+}
+
 LogicalResult ResidualRmsNormOp::verify() {
   Operation *op = *this;
   // residual_rms_norm C1
@@ -326,6 +350,12 @@ LogicalResult AdamWShardedOp::verify() {
 
 int64_t GradientBucketOp::getFlopCount() { return 0; }
 int64_t DraftEmbedOp::getFlopCount() { return 0; }
+int64_t LinearResidualOp::getFlopCount() {
+  auto w = tensorOf(getWeight());
+  int64_t rows = numElements(getInput()) / w.getDimSize(1);
+  return 2 * rows * w.getDimSize(0) * w.getDimSize(1) +
+         numElements(getResidual());
+}
 int64_t ResidualRmsNormOp::getFlopCount() {
   return 5 * numElements(getInput());
 }

@@ -32,6 +32,28 @@ def DFlash_DraftEmbedOp : DFlash_PureOp<"draft_embed"> {
       "functional-type(operands, results)";
 }
 
+def DFlash_LinearResidualOp : DFlash_PureOp<"linear_residual"> {
+  let summary = "A linear layer's output added to the residual stream";
+  let description = [{
+    `result = residual + linear(input, weight)`: one GEMM whose epilogue adds
+    the residual (cuBLASLt's C operand, beta = 1) and rounds once, so the
+    linear's own output is never stored. The result reuses the residual's
+    buffer when nothing else reads the residual.
+
+    ```mlir
+    %h1 = dflash.linear_residual %h, %attn, %wo
+        : (tensor<4x8192x4096xbf16>, tensor<4x8192x4096xbf16>,
+           tensor<4096x4096xbf16>) -> tensor<4x8192x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$residual,
+                       DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$residual `,` $input `,` $weight attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 def DFlash_ResidualRmsNormOp : DFlash_PureOp<"residual_rms_norm"> {
   let summary = "Residual add and RMS normalisation in one pass";
   let description = [{

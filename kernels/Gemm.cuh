@@ -3,6 +3,7 @@
 // The three products of a bias-free linear layer, on row-major bf16 tensors
 // with fp32 accumulation:
 //   linear:           y  [M, N] = x [M, K] * w [N, K]^T
+//   linearResidual:   y  [M, N] = r [M, N] + x [M, K] * w [N, K]^T
 //   linearGradInput:  dx [M, K] = dy [M, N] * w [N, K]
 //   linearGradWeight: dw [N, K] = dy [M, N]^T * x [M, K]   (beta = 1
 //   accumulates)
@@ -99,6 +100,15 @@ public:
               float beta = 0.f) {
     matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF,
            beta, stream, {"linear", M, N, K});
+  }
+
+  /// y [M, N] = r [M, N] + x [M, K] w [N, K]^T, rounded once: r is the
+  /// epilogue's C operand (beta = 1). y may be r.
+  void linearResidual(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                      const __nv_bfloat16 *r, __nv_bfloat16 *y, int64_t M,
+                      int64_t N, int64_t K, cudaStream_t stream) {
+    matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF,
+           1.f, stream, {"linearResidual", M, N, K}, r);
   }
 
   /// dx [M, K] = dy [M, N] w [N, K] + beta dx.
@@ -237,15 +247,18 @@ private:
     int64_t M, N, K;
   };
 
-  /// Column-major C [m, n] = op(A) op(B) + beta C.
+  /// Column-major D [m, n] = op(A) op(B) + beta C, where D is `C` and C is
+  /// `addend` when given, else `C` too.
   void matmul(cublasOperation_t opA, cublasOperation_t opB, int64_t m,
               int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
               int64_t ldb, void *C, int64_t ldc, cudaDataType_t cType,
-              float beta, cudaStream_t stream, Product product) {
+              float beta, cudaStream_t stream, Product product,
+              const void *addend = nullptr) {
     if (m == 0 || n == 0)
       return;
+    const void *source = addend ? addend : C;
     int alignA = alignmentOf(A), alignB = alignmentOf(B),
-        alignC = alignmentOf(C);
+        alignC = std::min(alignmentOf(C), alignmentOf(source));
     Key key{opA, opB, m, n, k, lda, ldb, ldc, cType, alignA, alignB, alignC};
     auto it = plans.find(key);
     if (it == plans.end())
@@ -256,7 +269,7 @@ private:
     const Plan &plan = it->second;
     float alpha = 1.f;
     DFLASH_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, A, plan.a, B,
-                                       plan.b, &beta, C, plan.c, C, plan.c,
+                                       plan.b, &beta, source, plan.c, C, plan.c,
                                        &plan.candidates[plan.chosen], workspace,
                                        workspaceBytes, stream));
   }

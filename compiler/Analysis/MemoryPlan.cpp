@@ -33,6 +33,12 @@ Value storageRoot(Value v) {
       if (isa<BlockArgument>(a) || !a.hasOneUse())
         return v;
       v = a;
+    } else if (auto sum = dyn_cast<LinearResidualOp>(op)) {
+      // The same into the residual.
+      Value r = sum.getResidual();
+      if (isa<BlockArgument>(r) || !r.hasOneUse())
+        return v;
+      v = r;
     } else if (auto adamw = dyn_cast<AdamWMultiOp>(op)) {
       unsigned i = result.getResultNumber();
       unsigned n = adamw.getNumParams();

@@ -179,10 +179,10 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<LinearGradInputOp, LinearGradWeightOp, RmsNormGradOp, RopeGradOp,
                BlockAttentionGradOp, SwigluGradOp, LmHeadCeGradOp>(op))
     result = evalGradient(op);
-  else if (isa<DraftEmbedOp, ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
-               RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
-               LmHeadCeFusedOp, AdamWMultiOp, AdamWShardedOp, GradientBucketOp>(
-               op))
+  else if (isa<DraftEmbedOp, LinearResidualOp, ResidualRmsNormOp, QkNormRopeOp,
+               QkNormRopeGradOp, RmsNormGradResidualOp, AccumulateLinearGradOp,
+               LossSeedOp, LmHeadCeFusedOp, AdamWMultiOp, AdamWShardedOp,
+               GradientBucketOp>(op))
     result = evalFused(op);
   else
     result = evalForward(op);
@@ -568,6 +568,17 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         const HostTensor &res = in(o.getResidualGrad());
         for (size_t i = 0; i < dx.data.size(); ++i)
           dx.data[i] += res.data[i];
+        return success();
+      })
+      .Case([&](LinearResidualOp o) {
+        // The sum in double, rounded once as the GEMM's epilogue does.
+        auto w = shapeOf(o.getWeight());
+        HostTensor &r = out(o.getResult());
+        ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()),
+                            r.data.data(), rows(o.getInput()), w[0], w[1]);
+        const HostTensor &residual = in(o.getResidual());
+        for (size_t i = 0; i < r.data.size(); ++i)
+          r.data[i] += residual.data[i];
         return success();
       })
       .Case([&](AccumulateLinearGradOp o) {

@@ -3,6 +3,9 @@
 // Rewrites the training step so that every op left is one kernel of
 // kernels/ (or one cuBLASLt call). The groups:
 // - draft_tokens + embed                  -> draft_embed
+// - add(residual, linear)                 -> linear_residual (beta = 1):
+//   first, so that the add a norm follows is gone and the norm reads one
+//   tensor instead of two (the linear's output is never stored)
 // - add (residual) + rms_norm             -> residual_rms_norm
 // - rms_norm (per head) + rope            -> qk_norm_rope
 // - rope_grad + rms_norm_grad             -> qk_norm_rope_grad
@@ -63,6 +66,24 @@ void fuseDraftEmbed(func::FuncOp step) {
     embed.getResult().replaceAllUsesWith(x);
     embed.erase();
     tokens.erase();
+  });
+}
+
+void fuseLinearResidual(func::FuncOp step) {
+  step.walk([](AddOp add) {
+    for (Value side : {add.getRhs(), add.getLhs()}) {
+      auto linear = side.getDefiningOp<LinearOp>();
+      if (!linear || !side.hasOneUse())
+        continue;
+      OpBuilder b(add);
+      Value sum = LinearResidualOp::create(
+          b, add.getLoc(), add.getType(), otherOperand(add, side),
+          linear.getInput(), linear.getWeight());
+      add.getResult().replaceAllUsesWith(sum);
+      add.erase();
+      linear.erase();
+      return;
+    }
   });
 }
 
@@ -302,6 +323,7 @@ void FuseKernelsPass::runOnOperation() {
     if (f.isExternal())
       continue;
     fuseDraftEmbed(f);
+    fuseLinearResidual(f);
     fuseResidualNorm(f);
     fuseQkNormRope(f);
     fuseResidualNormGrad(f);

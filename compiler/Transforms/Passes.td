@@ -126,8 +126,9 @@ def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
   let summary = "Group graph ops into kernels and pick each kernel's template";
   let description = [{
     Rewrites the training step (after `dflash-append-optimizer`) so that
-    each op is one kernel of kernels/ or one cuBLASLt call: residual add and
-    RMS norm, per-head norm and RoPE (and their gradients), the residual
+    each op is one kernel of kernels/ or one cuBLASLt call: a linear layer's
+    output added to the residual stream in the GEMM's epilogue, residual add
+    and RMS norm, per-head norm and RoPE (and their gradients), the residual
     stream's gradient, gradient accumulation into GEMMs (beta = 1), the
     draft embedding gather, lm_head with the cross-entropy and its gradient
     (chunked; logits never materialised for the whole batch) and the whole
@@ -135,12 +136,17 @@ def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
 
     Before:
     ```mlir
+    %o = dflash.linear %a, %wo : ...
     %x1 = dflash.add %x, %o : ...
     %h = dflash.rms_norm %x1, %w {eps = 1.0e-06 : f64} : ...
+    %x2 = dflash.add %x1, %e : ...
+    %h2 = dflash.rms_norm %x2, %w2 {eps = 1.0e-06 : f64} : ...
     ```
-    After:
+    After (`%e` is not a linear layer's output):
     ```mlir
-    %x1, %h = dflash.residual_rms_norm %x, %o, %w {eps = 1.0e-06 : f64} : ...
+    %x1 = dflash.linear_residual %x, %a, %wo : ...
+    %h = dflash.rms_norm %x1, %w {eps = 1.0e-06 : f64} : ...
+    %x2, %h2 = dflash.residual_rms_norm %x1, %e, %w2 {eps = 1.0e-06 : f64} : ...
     ```
   }];
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];

@@ -166,7 +166,7 @@ Choice named(StringRef name, ArrayRef<int64_t> constants = {}) {
 FailureOr<Choice> select(Operation *op) {
   using Result = FailureOr<Choice>;
   return llvm::TypeSwitch<Operation *, Result>(op)
-      .Case<LinearOp, LinearGradInputOp, LinearGradWeightOp,
+      .Case<LinearOp, LinearResidualOp, LinearGradInputOp, LinearGradWeightOp,
             AccumulateLinearGradOp>(
           [](Operation *) -> Result { return named("cublaslt_gemm"); })
       .Case<RmsNormOp, ResidualRmsNormOp>([](Operation *o) -> Result {

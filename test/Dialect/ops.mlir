@@ -91,3 +91,13 @@ func.func @loss(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>,
 func.func @arg_attr(%w: tensor<4x8xbf16> {dflash.arg = #dflash.arg<parameter, "fc.weight">}) {
   return
 }
+
+// CHECK-LABEL: func.func @linear_residual
+func.func @linear_residual(%r: tensor<2x12x16xbf16>, %x: tensor<2x12x64xbf16>,
+                           %w: tensor<16x64xbf16>) -> tensor<2x12x16xbf16> {
+  // CHECK: dflash.linear_residual %{{.*}}, %{{.*}}, %{{.*}} : (tensor<2x12x16xbf16>, tensor<2x12x64xbf16>, tensor<16x64xbf16>) -> tensor<2x12x16xbf16>
+  %y = dflash.linear_residual %r, %x, %w
+      : (tensor<2x12x16xbf16>, tensor<2x12x64xbf16>, tensor<16x64xbf16>)
+      -> tensor<2x12x16xbf16>
+  return %y : tensor<2x12x16xbf16>
+}

@@ -16,6 +16,30 @@ func.func @residual(%x: tensor<4x64xbf16>, %d: tensor<4x64xbf16>, %w: tensor<64x
 
 // -----
 
+// A linear layer's output added to the residual stream becomes one GEMM
+// with the add in its epilogue, so the norm after it reads one tensor; an
+// add whose other side is no linear (or a linear read twice) stays an add
+// for residual_rms_norm.
+// CHECK-LABEL: func.func @linear_residual
+// CHECK: %[[X1:[a-z_0-9]+]] = dflash.linear_residual %arg0, %arg1, %arg2 :
+// CHECK: %[[H1:[a-z_0-9]+]] = dflash.rms_norm %[[X1]], %arg3
+// CHECK: %[[O2:[a-z_0-9]+]] = dflash.linear %[[H1]], %arg2
+// CHECK: %[[X2:[a-z_0-9]+]], %[[H2:[a-z_0-9]+]] = dflash.residual_rms_norm %[[X1]], %[[O2]], %arg3
+// CHECK-NOT: dflash.add
+// CHECK: return %[[X2]], %[[H2]], %[[O2]]
+func.func @linear_residual(%x: tensor<4x64xbf16>, %a: tensor<4x64xbf16>, %wo: tensor<64x64xbf16>, %w: tensor<64xbf16>)
+    -> (tensor<4x64xbf16>, tensor<4x64xbf16>, tensor<4x64xbf16>) {
+  %o = dflash.linear %a, %wo : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  %x1 = dflash.add %x, %o : (tensor<4x64xbf16>, tensor<4x64xbf16>) -> tensor<4x64xbf16>
+  %h1 = dflash.rms_norm %x1, %w {eps = 1.0e-6 : f64} : (tensor<4x64xbf16>, tensor<64xbf16>) -> tensor<4x64xbf16>
+  %o2 = dflash.linear %h1, %wo : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  %x2 = dflash.add %x1, %o2 : (tensor<4x64xbf16>, tensor<4x64xbf16>) -> tensor<4x64xbf16>
+  %h2 = dflash.rms_norm %x2, %w {eps = 1.0e-6 : f64} : (tensor<4x64xbf16>, tensor<64xbf16>) -> tensor<4x64xbf16>
+  return %x2, %h2, %o2 : tensor<4x64xbf16>, tensor<4x64xbf16>, tensor<4x64xbf16>
+}
+
+// -----
+
 // Per-head norm then RoPE, and their gradients.
 // CHECK-LABEL: func.func @qk
 // CHECK: %[[Y:.+]] = dflash.qk_norm_rope %arg0, %arg1, %arg2 {eps = 9.9999999999999995E-7 : f64, theta = 1.000000e+04 : f64}
@@ -51,7 +75,9 @@ func.func @accumulate(%dy1: tensor<4x16xbf16>, %x1: tensor<4x8xbf16>, %dy2: tens
 // TINY: %[[LABELS:[a-z_0-9]+]], %[[W:[a-z_0-9]+]] = dflash.draft_targets
 // TINY-NEXT: %{{.+}}, %[[SEED:[a-z_0-9]+]] = dflash.loss_seed %[[W]]
 // TINY-COUNT-2: dflash.qk_norm_rope
-// TINY: dflash.residual_rms_norm
+// TINY: dflash.linear_residual
+// TINY: dflash.rms_norm
+// TINY: dflash.linear_residual
 // TINY: dflash.lm_head_ce_fused {{.*}}, %[[LABELS]], %[[W]], %[[SEED]]
 // TINY: dflash.rms_norm_grad_residual
 // TINY: dflash.qk_norm_rope_grad

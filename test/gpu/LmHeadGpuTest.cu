@@ -1,7 +1,8 @@
 //===- LmHeadGpuTest.cu - GEMM wrapper, lm_head + CE ----------------------===//
 //
 // CublasLtGemm's three linear-layer products (bf16 and fp32 outputs, beta = 1
-// accumulation) against ref::linear*, before and after timing picks their
+// accumulation, the residual added in linear's epilogue) against
+// ref::linear*, before and after timing picks their
 // algorithms (and planners of one process agree on them), and
 // lm_head_cross_entropy_bf16 (sums, accuracy, hits, dy) against
 // ref::lmHeadCrossEntropy(Grad), over several chunks with a partial last one,
@@ -60,6 +61,20 @@ void gemmCase(int64_t M, int64_t N, int64_t K, uint64_t seed) {
   EXPECT_CLOSE(downloadBf16(dw), refDw, 1e-2, "dw bf16");
   EXPECT_CLOSE(downloadF32(dw32), refDw, 1e-4, "dw fp32");
 
+  // r + x w^T, into another buffer and in place (y = r).
+  Bf16Tensor r = randomBf16(M * N, rng);
+  std::vector<double> refSum(refY);
+  for (size_t i = 0; i < refSum.size(); ++i)
+    refSum[i] += r.values[i];
+  DeviceBuffer<bf16> sum(M * N);
+  poisonAll(sum);
+  gemm.linearResidual(x.ptr(), w.ptr(), r.ptr(), sum.get(), M, N, K, 0);
+  gemm.linearResidual(x.ptr(), w.ptr(), r.ptr(), r.ptr(), M, N, K, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_CLOSE(downloadBf16(sum), refSum, 1e-2, "r + y");
+  EXPECT_CLOSE(bf16ToDoubles(r.dev.download<uint16_t>()), refSum, 1e-2,
+               "r + y in place");
+
   // beta = 1 accumulates a second contribution into the fp32 gradient.
   gemm.linearGradWeight(dy.ptr(), x.ptr(), dw32.get(), M, N, K, 0, 1.f);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
@@ -67,7 +82,8 @@ void gemmCase(int64_t M, int64_t N, int64_t K, uint64_t seed) {
   for (auto &v : twice)
     v *= 2;
   EXPECT_CLOSE(downloadF32(dw32), twice, 1e-4, "dw fp32 accumulated");
-  // The same shapes again reuse the cached plans.
+  // The same shapes again reuse the cached plans (linearResidual shares
+  // linear's).
   EXPECT_EQ(gemm.numPlans(), 4u);
   gemm.linear(x.ptr(), w.ptr(), y.get(), M, N, K, 0);
   EXPECT_EQ(gemm.numPlans(), 4u);

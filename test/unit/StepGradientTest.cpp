@@ -259,6 +259,10 @@ TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
     graphLevel += isa<LmHeadCeOp, LmHeadCeGradOp, AdamWOp, RopeOp>(op);
   });
   EXPECT_EQ(graphLevel, 0);
+  // Two residual adds a layer went into their GEMMs' epilogues.
+  int linearResiduals = 0;
+  fused->walk([&](LinearResidualOp) { ++linearResiduals; });
+  EXPECT_EQ(linearResiduals, 2 * spec.numLayers);
 
   func::FuncOp trainStep = train->lookupSymbol<func::FuncOp>("step");
   func::FuncOp fusedStep = fused->lookupSymbol<func::FuncOp>("step");

@@ -516,6 +516,16 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             rowsOf(o.getInput()), w.getDimSize(0), w.getDimSize(1));
         return success();
       })
+      .Case([&](LinearResidualOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv("    gemm().linearResidual({0}, {1}, {2}, {3}, "
+                            "{4}, {5}, {6}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getResidual()), ptr(o.getResult()),
+                            rowsOf(o.getInput()), w.getDimSize(0),
+                            w.getDimSize(1));
+        return success();
+      })
       .Case([&](LinearGradInputOp o) {
         auto w = tensorOf(o.getWeight());
         os << llvm::formatv("    gemm().linearGradInput({0}, {1}, {2}, {3}, "
