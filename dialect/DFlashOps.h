@@ -32,6 +32,10 @@ llvm::SmallVector<GradientBucketOp> shardedBuckets(AdamWShardedOp op);
 /// (spec `[parallel] shard_optimizer_state`); absent when it is not.
 inline constexpr llvm::StringLiteral kShardOptimizerStateAttrName =
     "dflash.shard_optimizer_state";
+/// Module attribute (unit): recompute the cheap activations in the backward
+/// pass (spec `[memory] recompute_activations`).
+inline constexpr llvm::StringLiteral kRecomputeActivationsAttrName =
+    "dflash.recompute_activations";
 } // namespace mlir::dflash
 
 #endif // DFLASH_DIALECT_DFLASHOPS_H

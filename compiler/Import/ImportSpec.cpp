@@ -165,6 +165,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   if (spec.gpuMemoryGiB > 0)
     (*module)->setAttr("dflash.memory_budget_gib",
                        b.getF64FloatAttr(spec.gpuMemoryGiB));
+  if (spec.recomputeActivations)
+    (*module)->setAttr(kRecomputeActivationsAttrName, b.getUnitAttr());
   b.setInsertionPointToStart(entry);
   auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
 

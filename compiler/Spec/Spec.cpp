@@ -572,7 +572,8 @@ bool SpecReader::readParallel() {
 bool SpecReader::readMemory() {
   if (!enter("memory", false))
     return false;
-  if (!readFloat("gpu_memory_gib", spec.gpuMemoryGiB, false, true))
+  if (!readFloat("gpu_memory_gib", spec.gpuMemoryGiB, false, true) ||
+      !readBool("recompute_activations", spec.recomputeActivations))
     return false;
   return leave();
 }
@@ -732,7 +733,12 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "bucket_mib = " << s.bucketMiB << "\n";
   os << "shard_optimizer_state = " << (s.shardOptimizerState ? "true" : "false")
      << "\n";
-  if (s.gpuMemoryGiB > 0)
-    os << "\n[memory]\ngpu_memory_gib = " << fmtFloat(s.gpuMemoryGiB) << "\n";
+  if (s.gpuMemoryGiB > 0 || s.recomputeActivations) {
+    os << "\n[memory]\n";
+    if (s.gpuMemoryGiB > 0)
+      os << "gpu_memory_gib = " << fmtFloat(s.gpuMemoryGiB) << "\n";
+    if (s.recomputeActivations)
+      os << "recompute_activations = true\n";
+  }
   return os.str();
 }

@@ -61,6 +61,10 @@ struct DrafterSpec : ModelConfig {
 
   // [memory]
   double gpuMemoryGiB = 0; ///< 0: no budget given
+  /// Recompute the cheap row-wise activations (norms, q/k norm + RoPE,
+  /// SwiGLU) in the backward pass instead of keeping them from the forward
+  /// (dflash-recompute-activations).
+  bool recomputeActivations = false;
 
   /// Where each key was written, by dotted path ("attention.layers.2").
   std::map<std::string, SourceLoc> locations;

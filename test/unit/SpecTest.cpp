@@ -273,6 +273,29 @@ struct ErrorCase {
 
 class SpecErrors : public ::testing::TestWithParam<ErrorCase> {};
 
+// [memory] recompute_activations: off by default, read as a bool, kept by
+// the canonical form, refused when it is not a bool.
+TEST(Spec, RecomputeActivations) {
+  SpecError error;
+  auto plain = parseSpec(kBase, "base.toml", error);
+  ASSERT_TRUE(plain) << error.str();
+  EXPECT_FALSE(plain->recomputeActivations);
+  auto on =
+      parseSpec(std::string(kBase) + "[memory]\nrecompute_activations = true\n",
+                "on.toml", error);
+  ASSERT_TRUE(on) << error.str();
+  EXPECT_TRUE(on->recomputeActivations);
+  auto again = parseSpec(printCanonicalSpec(*on), "canonical.toml", error);
+  ASSERT_TRUE(again) << error.str();
+  EXPECT_TRUE(again->recomputeActivations);
+  EXPECT_FALSE(
+      parseSpec(std::string(kBase) + "[memory]\nrecompute_activations = 1\n",
+                "bad.toml", error));
+  EXPECT_NE(error.message.find("memory.recompute_activations"),
+            std::string::npos)
+      << error.str();
+}
+
 TEST_P(SpecErrors, PointsAtTheOffendingEntry) {
   const ErrorCase &c = GetParam();
   std::string text = replaced(c.from, c.to);

@@ -285,6 +285,45 @@ TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
   }
 }
 
+// dflash-recompute-activations computes the norms, q/k norm + RoPE and
+// SwiGLU again for the backward pass: the step must compute the same values
+// (exactly: the clones are the same ops on the same inputs).
+TEST_F(StepTest, RecomputedActivationsComputeTheSameStep) {
+  OwningOpRef<ModuleOp> fused = forward->clone();
+  PassManager pm(&context);
+  buildTrainStepPipeline(pm);
+  pm.addPass(createFuseKernels());
+  ASSERT_TRUE(succeeded(pm.run(*fused)));
+  OwningOpRef<ModuleOp> recomputed = fused->clone();
+  PassManager again(&context);
+  RecomputeActivationsOptions options;
+  options.enabled = true;
+  again.addPass(createRecomputeActivations(options));
+  ASSERT_TRUE(succeeded(again.run(*recomputed)));
+  auto count = [](ModuleOp m) {
+    int n = 0;
+    m.walk([&](Operation *op) {
+      n += isa<RmsNormOp, QkNormRopeOp, SwigluOp>(op);
+    });
+    return n;
+  };
+  // Per layer: its two norms, the q/k norm + RoPE of q, of the draft keys
+  // and of the context keys, and SwiGLU; and the context's hidden norm (the
+  // final norm feeds only the fused lm_head, which is forward).
+  EXPECT_EQ(count(*recomputed) - count(*fused), 6 * spec.numLayers + 1);
+
+  func::FuncOp keptStep = fused->lookupSymbol<func::FuncOp>("step");
+  func::FuncOp againStep = recomputed->lookupSymbol<func::FuncOp>("step");
+  std::vector<HostTensor> args = randomArgs(keptStep, 17);
+  auto expected = StepInterpreter(keptStep, Precision::Storage).run(args);
+  auto actual = StepInterpreter(againStep, Precision::Storage).run(args);
+  ASSERT_TRUE(succeeded(expected));
+  ASSERT_TRUE(succeeded(actual));
+  ASSERT_EQ(expected->size(), actual->size());
+  for (size_t r = 0; r < expected->size(); ++r)
+    EXPECT_EQ((*expected)[r].data, (*actual)[r].data) << "result " << r;
+}
+
 // dflash-shard-optimizer-state moves the optimizer state into one shard
 // per bucket; over one GPU the shard is the bucket's whole flat range and
 // the step must compute exactly what the per-tensor state computes.
