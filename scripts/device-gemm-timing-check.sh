@@ -33,26 +33,7 @@ step() { # name, extra flags
 }
 step q8-timed ""; step q8-first --no-gemm-timing
 step q8-timed2 ""; step q8-first2 --no-gemm-timing
-python3 - $O <<'PY'
-import json, os, statistics as st, sys
-o = sys.argv[1]
-runs = {}
-for n in ["q8-timed", "q8-first", "q8-timed2", "q8-first2"]:
-    p = os.path.join(o, n + ".jsonl")
-    if not os.path.exists(p):
-        print(n, "missing"); continue
-    r = [json.loads(l) for l in open(p) if l.startswith('{"step')]
-    runs[n] = r
-    print("%-10s median step %.1f ms (steps 5..) loss@0 %.5f loss@24 %.5f"
-          % (n, st.median(x["step_ms"] for x in r[5:]), r[0]["loss"], r[-1]["loss"]))
-def diff(a, b, key):
-    return max(abs(x[key] - y[key]) / abs(y[key]) for x, y in zip(runs[a], runs[b]))
-if len(runs) == 4:
-    for key in ["loss", "grad_norm"]:
-        print("%s: timed vs first %.2e; timed vs timed %.2e; first vs first %.2e"
-              % (key, diff("q8-timed", "q8-first", key), diff("q8-timed", "q8-timed2", key),
-                 diff("q8-first", "q8-first2", key)))
-PY
+python3 scripts/compare-step-runs.py $O q8-first q8-first2 q8-timed q8-timed2
 timeout 400 python3 bench/step/torch_step.py --rows 4 --steps 20 --modes compile --masters \
   > $L/torch.txt 2>&1
 echo "torch_step rc=$?"; grep -a -i "ms\|GiB" $L/torch.txt | tail -n 6

@@ -46,24 +46,7 @@ step() { # name, binary
 }
 step kept train-q8; step recomputed train-q8-recompute
 step kept2 train-q8; step recomputed2 train-q8-recompute
-python3 - $O <<'PY'
-import json, os, statistics as st, sys
-o = sys.argv[1]
-runs = {}
-for n in ["kept", "recomputed", "kept2", "recomputed2"]:
-    p = os.path.join(o, n + ".jsonl")
-    if not os.path.exists(p):
-        print(n, "missing"); continue
-    r = [json.loads(l) for l in open(p) if l.startswith('{"step')]
-    runs[n] = r
-    print("%-12s median step %.1f ms (steps 5..) loss@0 %.5f loss@24 %.5f"
-          % (n, st.median(x["step_ms"] for x in r[5:]), r[0]["loss"], r[-1]["loss"]))
-def diff(a, b):
-    return max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(runs[a], runs[b]))
-if len(runs) == 4:
-    print("loss: recomputed vs kept %.2e; kept vs kept %.2e; recomputed vs recomputed %.2e"
-          % (diff("recomputed", "kept"), diff("kept", "kept2"), diff("recomputed", "recomputed2")))
-PY
+python3 scripts/compare-step-runs.py $O kept kept2 recomputed recomputed2
 timeout 400 python3 bench/step/torch_step.py --rows 4 --steps 20 --modes compile --masters \
   > $L/torch.txt 2>&1
 echo "torch_step rc=$?"; grep -a step_ms $L/torch.txt | tail -n 1

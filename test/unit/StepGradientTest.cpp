@@ -46,6 +46,17 @@ protected:
     ASSERT_TRUE(succeeded(pm.run(*backward)));
   }
 
+  /// The results of two forms of one step on the same random inputs.
+  struct TwoRuns {
+    FailureOr<std::vector<HostTensor>> first, second;
+  };
+  TwoRuns runBoth(func::FuncOp first, func::FuncOp second, uint64_t seed,
+                  Precision precision) {
+    std::vector<HostTensor> args = randomArgs(first, seed);
+    return {StepInterpreter(first, precision).run(args),
+            StepInterpreter(second, precision).run(args)};
+  }
+
   /// Random inputs for `step`: anchors distinct and ascending with keep = 0
   /// on two blocks, a loss mask with holes, weights of the scale training
   /// sees (norm weights near 1).
@@ -267,9 +278,7 @@ TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
   func::FuncOp trainStep = train->lookupSymbol<func::FuncOp>("step");
   func::FuncOp fusedStep = fused->lookupSymbol<func::FuncOp>("step");
   ASSERT_EQ(trainStep.getNumArguments(), fusedStep.getNumArguments());
-  std::vector<HostTensor> args = randomArgs(trainStep, 13);
-  auto expected = StepInterpreter(trainStep, Precision::Exact).run(args);
-  auto actual = StepInterpreter(fusedStep, Precision::Exact).run(args);
+  auto [expected, actual] = runBoth(trainStep, fusedStep, 13, Precision::Exact);
   ASSERT_TRUE(succeeded(expected));
   ASSERT_TRUE(succeeded(actual));
   ASSERT_EQ(expected->size(), actual->size());
@@ -314,9 +323,8 @@ TEST_F(StepTest, RecomputedActivationsComputeTheSameStep) {
 
   func::FuncOp keptStep = fused->lookupSymbol<func::FuncOp>("step");
   func::FuncOp againStep = recomputed->lookupSymbol<func::FuncOp>("step");
-  std::vector<HostTensor> args = randomArgs(keptStep, 17);
-  auto expected = StepInterpreter(keptStep, Precision::Storage).run(args);
-  auto actual = StepInterpreter(againStep, Precision::Storage).run(args);
+  auto [expected, actual] =
+      runBoth(keptStep, againStep, 17, Precision::Storage);
   ASSERT_TRUE(succeeded(expected));
   ASSERT_TRUE(succeeded(actual));
   ASSERT_EQ(expected->size(), actual->size());
