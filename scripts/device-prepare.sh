@@ -26,6 +26,7 @@ step() { echo "device-prepare: $*"; }
 if [[ ! -f build-dev/build.ninja ]]; then
   step "configuring build-dev"
   cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DMLIR_DIR=/usr/lib/llvm-22/lib/cmake/mlir -DMLIR_LINK_MLIR_DYLIB=ON \
     -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > /dev/null
 fi
 step "building build-dev"
