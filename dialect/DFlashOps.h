@@ -36,6 +36,10 @@ inline constexpr llvm::StringLiteral kShardOptimizerStateAttrName =
 /// pass (spec `[memory] recompute_activations`).
 inline constexpr llvm::StringLiteral kRecomputeActivationsAttrName =
     "dflash.recompute_activations";
+/// Module attribute (unit): also recompute the MLP's gate and up products
+/// (spec `[memory] recompute_mlp_products`).
+inline constexpr llvm::StringLiteral kRecomputeMlpProductsAttrName =
+    "dflash.recompute_mlp_products";
 } // namespace mlir::dflash
 
 #endif // DFLASH_DIALECT_DFLASHOPS_H

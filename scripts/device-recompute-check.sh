@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# [memory] recompute_activations on the GPU machine, over .device/, in one
-# call:
-# 1. tiny with recomputation against dflash-reference on the tiny problem's
-#    files (10 steps, bf16 storage and fp64; the reference runs the unfused
-#    step, so recomputation must not move the losses past the usual
-#    tolerance), and against tiny without it (the same losses to the bit:
+# [memory] recompute_activations / recompute_mlp_products on the GPU, over
+# .device/, in one call:
+# 1. each tiny trainer of TINY (default: train-tiny train-tiny-recompute)
+#    against dflash-reference on the tiny problem's files (10 steps, bf16
+#    storage and fp64; the reference runs the unfused step, so recomputation
+#    must not move the losses past the usual tolerance), and every one after
+#    the first against the first (the same losses and parameters to the bit:
 #    the clones compute exactly what the kept activations held).
-# 2. qwen3-8b-b16 without and with recomputation, 25 synthetic steps each,
-#    twice, alternating: memory in use after the first step, median step
-#    time, losses against run-to-run noise; then torch.compile of the same
-#    drafter (bench/step/torch_step.py, fp32 masters) in the same call.
-# Needs in .device/bin: train-tiny and train-tiny-recompute (dflashc
-# specs/tiny.toml, and the same with recompute_activations), train-q8 and
-# train-q8-recompute (specs/qwen3-8b-b16.toml, and the same with the key);
-# .device/tiny and .device/ref from scripts/device-prepare.sh. Metrics to
-# $OUT, output to /tmp.
+# 2. each qwen3-8b-b16 trainer of Q8 (NAME:BINARY pairs, default
+#    kept:train-q8 recomputed:train-q8-recompute), STEPS synthetic steps
+#    (default 25), ROUNDS times (default 2), alternating: memory in use after
+#    the first step, median step time; with two rounds of two trainers the
+#    losses against run-to-run noise (scripts/compare-step-runs.py); then,
+#    with TORCH=1 (the default), torch.compile of the same drafter
+#    (bench/step/torch_step.py, fp32 masters).
+# The binaries: dflashc of specs/tiny.toml and specs/qwen3-8b-b16.toml, and
+# of the same with the [memory] keys; .device/tiny and .device/ref from
+# scripts/device-prepare.sh. Metrics to $OUT, output to /tmp.
 set -u
 D=.device
 O=${OUT:-/tmp/dflash-recompute}
@@ -22,31 +24,52 @@ L=/tmp/recompute-logs
 rm -rf "$L"
 mkdir -p "$O" "$L"
 T=$D/tiny
-for b in train-tiny train-tiny-recompute; do
+tiny=(${TINY:-train-tiny train-tiny-recompute})
+for b in "${tiny[@]}"; do
   timeout 100 $D/bin/$b --target $T/target --data $T/data --init $T/init --steps 10 \
     --out /tmp/$b --log $O/$b.jsonl > $L/$b.out 2>&1
   echo "$b rc=$?"
+  for p in "" -exact; do
+    python3 scripts/compare-runs.py --losses $O/$b.jsonl $D/ref/tiny-losses$p.jsonl \
+      --steps 10 --params /tmp/$b/final/model.safetensors \
+      $D/ref/tiny-params$p/model.safetensors --param-tol 5e-2 2>&1 | grep worst | sed "s/^/$b vs reference$p: /"
+  done
+  if [[ $b != "${tiny[0]}" ]]; then
+    python3 scripts/compare-runs.py --losses $O/$b.jsonl $O/${tiny[0]}.jsonl --steps 10 \
+      --loss-tol 0 2>&1 | grep worst | sed "s/^/$b vs ${tiny[0]}: /"
+    cmp -s /tmp/${tiny[0]}/final/model.safetensors /tmp/$b/final/model.safetensors \
+      && echo "$b vs ${tiny[0]} parameters: identical" || echo "$b vs ${tiny[0]} parameters: DIFFERENT"
+  fi
 done
-for p in "" -exact; do
-  python3 scripts/compare-runs.py --losses $O/train-tiny-recompute.jsonl $D/ref/tiny-losses$p.jsonl \
-    --steps 10 --params /tmp/train-tiny-recompute/final/model.safetensors \
-    $D/ref/tiny-params$p/model.safetensors --param-tol 5e-2 2>&1 | grep worst | sed "s/^/reference$p: /"
-done
-python3 scripts/compare-runs.py --losses $O/train-tiny-recompute.jsonl $O/train-tiny.jsonl --steps 10 \
-  --loss-tol 0 2>&1 | grep worst | sed "s/^/recomputed vs kept: /"
-cmp -s /tmp/train-tiny/final/model.safetensors /tmp/train-tiny-recompute/final/model.safetensors \
-  && echo "recomputed vs kept parameters: identical" || echo "recomputed vs kept parameters: DIFFERENT"
-rm -rf /tmp/train-tiny /tmp/train-tiny-recompute
+for b in "${tiny[@]}"; do rm -rf /tmp/$b; done
 
-step() { # name, binary
-  timeout 200 $D/bin/$2 --data synthetic --rows 8 --seed 0 --steps 25 --out /tmp/$1 \
-    --log $O/$1.jsonl > $L/$1.out 2>&1
-  echo "$1 rc=$? $(grep -a 'in use on' $L/$1.out | tail -1 | cut -c1-120)"
-  rm -rf /tmp/$1 # 15 GB of checkpoint
-}
-step kept train-q8; step recomputed train-q8-recompute
-step kept2 train-q8; step recomputed2 train-q8-recompute
-python3 scripts/compare-step-runs.py $O kept kept2 recomputed recomputed2
-timeout 400 python3 bench/step/torch_step.py --rows 4 --steps 20 --modes compile --masters \
-  > $L/torch.txt 2>&1
-echo "torch_step rc=$?"; grep -a step_ms $L/torch.txt | tail -n 1
+q8=(${Q8:-kept:train-q8 recomputed:train-q8-recompute})
+names=()
+for ((r = 1; r <= ${ROUNDS:-2}; ++r)); do
+  for pair in "${q8[@]}"; do
+    n=${pair%%:*}; b=${pair#*:}
+    [[ $r -gt 1 ]] && n=$n$r
+    names+=("$n")
+    timeout 200 $D/bin/$b --data synthetic --rows 8 --seed 0 --steps ${STEPS:-25} --out /tmp/$n \
+      --log $O/$n.jsonl > $L/$n.out 2>&1
+    echo "$n rc=$? $(grep -a 'in use on' $L/$n.out | tail -1 | cut -c1-120)"
+    rm -rf /tmp/$n # 15 GB of checkpoint
+  done
+done
+if [[ ${#names[@]} == 4 ]]; then
+  python3 scripts/compare-step-runs.py $O "${names[0]}" "${names[2]}" "${names[1]}" "${names[3]}"
+else
+  python3 - $O "${names[@]}" <<'PY'
+import json, statistics, sys
+for n in sys.argv[2:]:
+    rows = [json.loads(l) for l in open(f"{sys.argv[1]}/{n}.jsonl") if l.startswith('{"step')]
+    ms = [r["step_ms"] for r in rows[5:] if "step_ms" in r]
+    print(f"{n:14} median step {statistics.median(ms):.1f} ms (steps 5..) "
+          f"loss@0 {rows[0]['loss']:.5f} loss@{len(rows) - 1} {rows[-1]['loss']:.5f}")
+PY
+fi
+if [[ ${TORCH:-1} == 1 ]]; then
+  timeout 400 python3 bench/step/torch_step.py --rows 4 --steps 20 --modes compile --masters \
+    > $L/torch.txt 2>&1
+  echo "torch_step rc=$?"; grep -a step_ms $L/torch.txt | tail -n 1
+fi

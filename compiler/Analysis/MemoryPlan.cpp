@@ -10,6 +10,23 @@ namespace dflash {
 using namespace mlir;
 using namespace mlir::dflash;
 
+/// Whether `op` is the last op that reads `v`, and reads it once: a value
+/// that an op computed into storage of its own (not an argument or an
+/// alias), so that op may write over it.
+static bool isLastReadBy(Value v, Operation *op) {
+  if (isa<BlockArgument>(v) || storageRoot(v) != v)
+    return false;
+  unsigned uses = 0;
+  for (OpOperand &use : v.getUses()) {
+    Operation *user = use.getOwner();
+    if (user == op)
+      ++uses;
+    else if (user->getBlock() != op->getBlock() || !user->isBeforeInBlock(op))
+      return false;
+  }
+  return uses == 1;
+}
+
 int64_t tensorBytes(Type type) {
   auto t = cast<RankedTensorType>(type);
   int64_t bits = t.getElementType().getIntOrFloatBitWidth();
@@ -39,6 +56,14 @@ Value storageRoot(Value v) {
       if (isa<BlockArgument>(r) || !r.hasOneUse())
         return v;
       v = r;
+    } else if (auto grad = dyn_cast<SwigluGradOp>(op)) {
+      // Elementwise, each element read before it is written: the gate's and
+      // the up's gradients over the gate and the up, where this op reads
+      // them last.
+      Value in = result.getResultNumber() == 0 ? grad.getGate() : grad.getUp();
+      if (!isLastReadBy(in, op) || in.getType() != v.getType())
+        return v;
+      v = in;
     } else if (auto adamw = dyn_cast<AdamWMultiOp>(op)) {
       unsigned i = result.getResultNumber();
       unsigned n = adamw.getNumParams();

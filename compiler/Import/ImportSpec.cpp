@@ -167,6 +167,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                        b.getF64FloatAttr(spec.gpuMemoryGiB));
   if (spec.recomputeActivations)
     (*module)->setAttr(kRecomputeActivationsAttrName, b.getUnitAttr());
+  if (spec.recomputeMlpProducts)
+    (*module)->setAttr(kRecomputeMlpProductsAttrName, b.getUnitAttr());
   b.setInsertionPointToStart(entry);
   auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
 

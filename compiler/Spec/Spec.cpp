@@ -573,7 +573,8 @@ bool SpecReader::readMemory() {
   if (!enter("memory", false))
     return false;
   if (!readFloat("gpu_memory_gib", spec.gpuMemoryGiB, false, true) ||
-      !readBool("recompute_activations", spec.recomputeActivations))
+      !readBool("recompute_activations", spec.recomputeActivations) ||
+      !readBool("recompute_mlp_products", spec.recomputeMlpProducts))
     return false;
   return leave();
 }
@@ -733,12 +734,14 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "bucket_mib = " << s.bucketMiB << "\n";
   os << "shard_optimizer_state = " << (s.shardOptimizerState ? "true" : "false")
      << "\n";
-  if (s.gpuMemoryGiB > 0 || s.recomputeActivations) {
+  if (s.gpuMemoryGiB > 0 || s.recomputeActivations || s.recomputeMlpProducts) {
     os << "\n[memory]\n";
     if (s.gpuMemoryGiB > 0)
       os << "gpu_memory_gib = " << fmtFloat(s.gpuMemoryGiB) << "\n";
     if (s.recomputeActivations)
       os << "recompute_activations = true\n";
+    if (s.recomputeMlpProducts)
+      os << "recompute_mlp_products = true\n";
   }
   return os.str();
 }

@@ -65,6 +65,9 @@ struct DrafterSpec : ModelConfig {
   /// SwiGLU) in the backward pass instead of keeping them from the forward
   /// (dflash-recompute-activations).
   bool recomputeActivations = false;
+  /// Also compute the MLP's gate and up products again (two GEMMs a layer)
+  /// before the backward pass reads them (dflash-recompute-activations).
+  bool recomputeMlpProducts = false;
 
   /// Where each key was written, by dotted path ("attention.layers.2").
   std::map<std::string, SourceLoc> locations;

@@ -169,6 +169,13 @@ def RecomputeActivations
     about 1.6 GB a layer. A step without lm_head_ce_fused (the evaluation,
     the online target) has no backward pass and is left as it is.
 
+    With `dflash.recompute_mlp_products` (spec `[memory]
+    recompute_mlp_products`) or `mlp-products=true`, the `linear`s whose
+    result a forward `swiglu` reads (the gate and up projections) are
+    computed again too: two GEMMs a layer instead of two stored [T, I]
+    tensors (about 1.6 GB a layer of qwen3-8b-b16 at 4 rows). A copy that
+    reads another op's copy is moved, with what it reads, before it.
+
     ```mlir
     %a = dflash.swiglu %g, %u : ...
     %y = dflash.linear %a, %w : ...
@@ -188,7 +195,11 @@ def RecomputeActivations
   }];
   let options = [
     Option<"enabled", "enabled", "bool", "false",
-           "Recompute even without the module attribute">
+           "Recompute the cheap activations even without the module "
+           "attribute">,
+    Option<"mlpProducts", "mlp-products", "bool", "false",
+           "Recompute the gate and up products even without the module "
+           "attribute">
   ];
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];
 }

@@ -1,18 +1,26 @@
-//===- RecomputeActivations.cpp - Cheap activations again in backward -----===//
+//===- RecomputeActivations.cpp - Activations again in backward -----------===//
 //
-// Trades one memory-bound pass for one stored tensor: a forward rms_norm,
-// qk_norm_rope or swiglu whose result the backward pass reads is cloned
-// right before its first backward reader, and the backward readers use the
-// clone. The forward pass ends at lm_head_ce_fused (it computes the loss and
+// Trades computation for stored tensors: a forward op whose result the
+// backward pass reads is cloned right before its first backward reader, and
+// the backward readers use the clone. Two kinds of op, each on its own
+// switch:
+// - the cheap ones (rms_norm, qk_norm_rope, swiglu): one memory-bound pass
+//   each, and their inputs are live there already (their own gradients read
+//   them);
+// - the MLP's gate and up products (the linears a swiglu reads): two GEMMs
+//   a layer, for the two largest tensors a layer keeps.
+// A clone reads the clones of its recomputed inputs, which are moved before
+// it where they came later, so the forward values die after the forward
+// pass. The forward pass ends at lm_head_ce_fused (it computes the loss and
 // the first gradient); what follows is the backward pass and the optimizer.
-// The clones' inputs are live there already: the ops' own gradients read
-// them.
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Transforms/Passes.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/DenseMap.h"
+#include "llvm/ADT/SmallPtrSet.h"
 
 namespace dflash {
 #define GEN_PASS_DEF_RECOMPUTEACTIVATIONS
@@ -31,13 +39,25 @@ struct RecomputeActivationsPass
   void runOnOperation() override;
 };
 
-/// Whether an op is worth recomputing: row-wise, one pass over memory, and
-/// its inputs are read by its own gradient anyway.
-bool recomputable(Operation &op) {
-  return isa<RmsNormOp, QkNormRopeOp, SwigluOp>(op);
+/// What to compute again.
+struct Recompute {
+  bool cheap = false;       ///< norms, q/k norm + RoPE, SwiGLU
+  bool mlpProducts = false; ///< the gate and up linears
+};
+
+/// Whether a forward op is one `what` asks for: the cheap ops are row-wise
+/// with their inputs read by their own gradients anyway; an MLP product is
+/// a linear whose result a swiglu reads.
+bool recomputable(Operation &op, Recompute what) {
+  if (isa<RmsNormOp, QkNormRopeOp, SwigluOp>(op))
+    return what.cheap;
+  if (isa<LinearOp>(op) && what.mlpProducts)
+    return llvm::any_of(op.getResult(0).getUsers(),
+                        [](Operation *user) { return isa<SwigluOp>(user); });
+  return false;
 }
 
-void recomputeIn(func::FuncOp f) {
+void recomputeIn(func::FuncOp f, Recompute what) {
   Block &body = f.front();
   Operation *boundary = nullptr;
   for (Operation &op : body)
@@ -51,16 +71,28 @@ void recomputeIn(func::FuncOp f) {
   for (Operation &op : body) {
     if (&op == boundary)
       break;
-    if (recomputable(op))
+    if (recomputable(op, what))
       forward.push_back(&op);
   }
+  llvm::DenseMap<Value, Operation *> cloneOf; // forward result -> its clone
+  llvm::SmallPtrSet<Operation *, 32> clones;
+  // Moves a clone before `point`, and the clones it reads before it.
+  std::function<void(Operation *, Operation *)> hoist = [&](Operation *clone,
+                                                            Operation *point) {
+    if (clone->isBeforeInBlock(point))
+      return;
+    clone->moveBefore(point);
+    for (Value v : clone->getOperands())
+      if (Operation *def = v.getDefiningOp(); def && clones.contains(def))
+        hoist(def, clone);
+  };
   for (Operation *op : forward) {
     Value result = op->getResult(0);
     SmallVector<OpOperand *> backwardUses;
     Operation *first = nullptr;
     for (OpOperand &use : result.getUses()) {
       Operation *user = use.getOwner();
-      if (!boundary->isBeforeInBlock(user))
+      if (!boundary->isBeforeInBlock(user) || clones.contains(user))
         continue;
       backwardUses.push_back(&use);
       if (!first || user->isBeforeInBlock(first))
@@ -70,18 +102,29 @@ void recomputeIn(func::FuncOp f) {
       continue;
     OpBuilder b(first);
     Operation *again = b.clone(*op);
+    clones.insert(again);
+    for (OpOperand &operand : again->getOpOperands())
+      if (auto known = cloneOf.find(operand.get()); known != cloneOf.end()) {
+        hoist(known->second, again);
+        operand.set(known->second->getResult(0));
+      }
     for (OpOperand *use : backwardUses)
       use->set(again->getResult(0));
+    cloneOf[result] = again;
   }
 }
 
 void RecomputeActivationsPass::runOnOperation() {
   ModuleOp module = getOperation();
-  if (!enabled && !module->hasAttr(kRecomputeActivationsAttrName))
+  Recompute what;
+  what.cheap = enabled || module->hasAttr(kRecomputeActivationsAttrName);
+  what.mlpProducts =
+      mlpProducts || module->hasAttr(kRecomputeMlpProductsAttrName);
+  if (!what.cheap && !what.mlpProducts)
     return;
   for (func::FuncOp f : module.getOps<func::FuncOp>())
     if (!f.isExternal())
-      recomputeIn(f);
+      recomputeIn(f, what);
 }
 
 } // namespace

@@ -37,3 +37,26 @@ func.func @step(%dy: tensor<4x16xbf16> {dflash.arg = #dflash.arg<input, "dy">},
   %unused = dflash.linear %x, %x : (tensor<4x8xbf16>, tensor<4x8xbf16>) -> tensor<4x4xbf16>
   return %r : tensor<128xbf16>
 }
+
+// -----
+
+// swiglu_grad writes the gate's gradient over the gate, which it reads last;
+// the up is read again after it, so the up's gradient takes bytes of its own.
+// CHECK-LABEL: module attributes
+// CHECK: dflash.linear %arg0, %arg1 {dflash.offsets = array<i64: [[G:[0-9]+]]>}
+// CHECK: dflash.swiglu_grad {{.*}} {dflash.offsets = array<i64: [[G]], {{[0-9]+}}>}
+// PRINT-NOT: swiglu_grad#0
+// PRINT: slot dflash.swiglu_grad#1
+// PRINT-NOT: swiglu_grad#0
+// PRINT: arena
+func.func @step(%x: tensor<4x64xbf16> {dflash.arg = #dflash.arg<input, "x">},
+                %w: tensor<64x64xbf16> {dflash.arg = #dflash.arg<parameter, "w">},
+                %dy: tensor<4x64xbf16> {dflash.arg = #dflash.arg<input, "dy">})
+    -> (tensor<4x64xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  %g = dflash.linear %x, %w : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  %u = dflash.linear %x, %w : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  %dg, %du = dflash.swiglu_grad %dy, %g, %u : (tensor<4x64xbf16>, tensor<4x64xbf16>, tensor<4x64xbf16>) -> (tensor<4x64xbf16>, tensor<4x64xbf16>)
+  %s = dflash.add %u, %du : (tensor<4x64xbf16>, tensor<4x64xbf16>) -> tensor<4x64xbf16>
+  %t = dflash.add %dg, %s : (tensor<4x64xbf16>, tensor<4x64xbf16>) -> tensor<4x64xbf16>
+  return %t : tensor<4x64xbf16>
+}

@@ -296,6 +296,30 @@ TEST(Spec, RecomputeActivations) {
       << error.str();
 }
 
+// [memory] recompute_mlp_products: the same, on its own switch.
+TEST(Spec, RecomputeMlpProducts) {
+  SpecError error;
+  auto plain = parseSpec(kBase, "base.toml", error);
+  ASSERT_TRUE(plain) << error.str();
+  EXPECT_FALSE(plain->recomputeMlpProducts);
+  auto on = parseSpec(std::string(kBase) +
+                          "[memory]\nrecompute_mlp_products = true\n",
+                      "on.toml", error);
+  ASSERT_TRUE(on) << error.str();
+  EXPECT_TRUE(on->recomputeMlpProducts);
+  EXPECT_FALSE(on->recomputeActivations);
+  auto again = parseSpec(printCanonicalSpec(*on), "canonical.toml", error);
+  ASSERT_TRUE(again) << error.str();
+  EXPECT_TRUE(again->recomputeMlpProducts);
+  EXPECT_FALSE(again->recomputeActivations);
+  EXPECT_FALSE(parseSpec(std::string(kBase) +
+                             "[memory]\nrecompute_mlp_products = \"yes\"\n",
+                         "bad.toml", error));
+  EXPECT_NE(error.message.find("memory.recompute_mlp_products"),
+            std::string::npos)
+      << error.str();
+}
+
 TEST_P(SpecErrors, PointsAtTheOffendingEntry) {
   const ErrorCase &c = GetParam();
   std::string text = replaced(c.from, c.to);

@@ -295,9 +295,15 @@ TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
 }
 
 // dflash-recompute-activations computes the norms, q/k norm + RoPE and
-// SwiGLU again for the backward pass: the step must compute the same values
-// (exactly: the clones are the same ops on the same inputs).
-TEST_F(StepTest, RecomputedActivationsComputeTheSameStep) {
+// SwiGLU again for the backward pass, and with mlp-products the gate and up
+// products: the step must compute the same values (exactly: the clones are
+// the same ops on the same inputs).
+class RecomputeTest
+    : public StepTest,
+      public testing::WithParamInterface<std::pair<bool, bool>> {};
+
+TEST_P(RecomputeTest, ComputesTheSameStep) {
+  auto [cheap, mlpProducts] = GetParam();
   OwningOpRef<ModuleOp> fused = forward->clone();
   PassManager pm(&context);
   buildTrainStepPipeline(pm);
@@ -306,20 +312,27 @@ TEST_F(StepTest, RecomputedActivationsComputeTheSameStep) {
   OwningOpRef<ModuleOp> recomputed = fused->clone();
   PassManager again(&context);
   RecomputeActivationsOptions options;
-  options.enabled = true;
+  options.enabled = cheap;
+  options.mlpProducts = mlpProducts;
   again.addPass(createRecomputeActivations(options));
   ASSERT_TRUE(succeeded(again.run(*recomputed)));
-  auto count = [](ModuleOp m) {
+  auto count = [](ModuleOp m, auto isKind) {
     int n = 0;
-    m.walk([&](Operation *op) {
-      n += isa<RmsNormOp, QkNormRopeOp, SwigluOp>(op);
-    });
+    m.walk([&](Operation *op) { n += isKind(op); });
     return n;
   };
+  auto isCheap = [](Operation *op) {
+    return isa<RmsNormOp, QkNormRopeOp, SwigluOp>(op);
+  };
+  auto isLinear = [](Operation *op) { return isa<LinearOp>(op); };
   // Per layer: its two norms, the q/k norm + RoPE of q, of the draft keys
   // and of the context keys, and SwiGLU; and the context's hidden norm (the
-  // final norm feeds only the fused lm_head, which is forward).
-  EXPECT_EQ(count(*recomputed) - count(*fused), 6 * spec.numLayers + 1);
+  // final norm feeds only the fused lm_head, which is forward). The MLP
+  // products: gate and up, two a layer.
+  EXPECT_EQ(count(*recomputed, isCheap) - count(*fused, isCheap),
+            cheap ? 6 * spec.numLayers + 1 : 0);
+  EXPECT_EQ(count(*recomputed, isLinear) - count(*fused, isLinear),
+            mlpProducts ? 2 * spec.numLayers : 0);
 
   func::FuncOp keptStep = fused->lookupSymbol<func::FuncOp>("step");
   func::FuncOp againStep = recomputed->lookupSymbol<func::FuncOp>("step");
@@ -331,6 +344,15 @@ TEST_F(StepTest, RecomputedActivationsComputeTheSameStep) {
   for (size_t r = 0; r < expected->size(); ++r)
     EXPECT_EQ((*expected)[r].data, (*actual)[r].data) << "result " << r;
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    RecomputedActivations, RecomputeTest,
+    testing::Values(std::make_pair(true, false), std::make_pair(true, true),
+                    std::make_pair(false, true)),
+    [](const testing::TestParamInfo<std::pair<bool, bool>> &info) {
+      return std::string(info.param.first ? "Cheap" : "") +
+             (info.param.second ? "MlpProducts" : "");
+    });
 
 // dflash-shard-optimizer-state moves the optimizer state into one shard
 // per bucket; over one GPU the shard is the bucket's whole flat range and
