@@ -5,6 +5,8 @@
 #include "dialect/DFlashOps.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 
 namespace dflash {
 using namespace mlir;
@@ -116,6 +118,159 @@ int64_t bucketSlotBytes(GradientBucketOp bucket) {
 
 KernelAttr kernelOf(Operation *op) {
   return op->getAttrOfType<KernelAttr>(kKernelAttrName);
+}
+
+namespace {
+
+/// What each arena byte holds: disjoint [start, end) ranges, each with the
+/// thing last written there (a value's content, a workspace, tables).
+class ArenaContents {
+public:
+  void write(int64_t start, int64_t end, const void *what) {
+    if (start >= end)
+      return;
+    split(start);
+    split(end);
+    ranges.erase(ranges.lower_bound(start), ranges.lower_bound(end));
+    ranges[start] = {end, what};
+  }
+  /// The first byte of [start, end) that does not hold `what`, or -1.
+  int64_t firstOther(int64_t start, int64_t end, const void *what) const {
+    auto it = ranges.upper_bound(start);
+    if (it != ranges.begin() && std::prev(it)->second.end > start)
+      --it;
+    for (int64_t at = start; at < end; ++it) {
+      if (it == ranges.end() || it->first > at || it->second.what != what)
+        return at; // never written, or written by something else
+      at = it->second.end;
+    }
+    return -1;
+  }
+
+private:
+  struct Range {
+    int64_t end;
+    const void *what;
+  };
+  void split(int64_t at) {
+    auto it = ranges.upper_bound(at);
+    if (it == ranges.begin())
+      return;
+    --it;
+    if (it->first < at && it->second.end > at) {
+      ranges[at] = {it->second.end, it->second.what};
+      it->second.end = at;
+    }
+  }
+  std::map<int64_t, Range> ranges;
+};
+
+} // namespace
+
+LogicalResult checkPlannedArena(func::FuncOp step) {
+  // A value's content: a view's is its source's, every other result's its
+  // own.
+  llvm::DenseMap<Value, const void *> contentOf;
+  auto content = [&](Value v) -> const void * {
+    auto it = contentOf.find(v);
+    return it == contentOf.end() ? v.getAsOpaquePointer() : it->second;
+  };
+  // The arena range of an op's result, or none (an argument's buffer or an
+  // output buffer).
+  auto rangeOf = [](Value v) -> std::optional<std::pair<int64_t, int64_t>> {
+    auto result = dyn_cast<OpResult>(v);
+    if (!result)
+      return std::nullopt;
+    auto offsets =
+        result.getOwner()->getAttrOfType<DenseI64ArrayAttr>(kOffsetsAttrName);
+    if (!offsets || int64_t(result.getResultNumber()) >= offsets.size())
+      return std::nullopt;
+    int64_t offset = offsets[result.getResultNumber()];
+    if (offset < 0)
+      return std::nullopt;
+    return std::make_pair(offset, offset + tensorBytes(v.getType()));
+  };
+  auto overlap = [](std::pair<int64_t, int64_t> a,
+                    std::pair<int64_t, int64_t> b) {
+    return a.first < b.second && b.first < a.second;
+  };
+  ArenaContents arena;
+  Block &body = step.front();
+  // Tables are written once, at bind, and read by their op at every step.
+  for (Operation &op : body.without_terminator())
+    if (auto at = op.getAttrOfType<IntegerAttr>(kTablesOffsetAttrName))
+      if (KernelAttr kernel = kernelOf(&op))
+        arena.write(at.getInt(), at.getInt() + kernel.getTables(), &op);
+  bool ok = true;
+  for (Operation &op : body.without_terminator()) {
+    SmallVector<std::pair<Value, std::pair<int64_t, int64_t>>> reads;
+    SmallVector<Value> operands(op.getOperands());
+    // On one GPU the optimizer reads an unsharded bucket's bf16 gradients
+    // in place of its fp32 results (the generated step skips the copy).
+    for (Value operand : op.getOperands())
+      if (auto bucket = operand.getDefiningOp<GradientBucketOp>();
+          bucket && !bucket.getShardElementsAttr())
+        operands.push_back(
+            bucket.getGrads()[cast<OpResult>(operand).getResultNumber()]);
+    for (Value operand : operands) {
+      auto range = rangeOf(operand);
+      if (!range)
+        continue;
+      reads.push_back({operand, *range});
+      int64_t bad =
+          arena.firstOther(range->first, range->second, content(operand));
+      if (bad >= 0) {
+        op.emitOpError() << "reads a value whose arena byte " << bad
+                         << " another value was planned over before this "
+                            "read (dflash-plan-memory)";
+        ok = false;
+      }
+    }
+    if (auto at = op.getAttrOfType<IntegerAttr>(kTablesOffsetAttrName))
+      if (KernelAttr kernel = kernelOf(&op);
+          kernel &&
+          arena.firstOther(at.getInt(), at.getInt() + kernel.getTables(),
+                           &op) >= 0) {
+        op.emitOpError("reads kernel tables that a value was planned over");
+        ok = false;
+      }
+    if (auto at = op.getAttrOfType<IntegerAttr>(kWorkspaceOffsetAttrName))
+      if (KernelAttr kernel = kernelOf(&op)) {
+        std::pair<int64_t, int64_t> ws{at.getInt(),
+                                       at.getInt() + kernel.getWorkspace()};
+        bool clash = false;
+        for (auto &read : reads)
+          clash |= overlap(ws, read.second);
+        for (Value r : op.getResults())
+          if (auto range = rangeOf(r))
+            clash |= overlap(ws, *range);
+        if (clash) {
+          op.emitOpError("has a workspace that overlaps its own operands or "
+                         "results (dflash-plan-memory)");
+          ok = false;
+        }
+        arena.write(ws.first, ws.second, &op);
+      }
+    for (Value r : op.getResults()) {
+      auto range = rangeOf(r);
+      if (!range)
+        continue;
+      if (auto reshape = dyn_cast<ReshapeOp>(op)) {
+        contentOf[r] = content(reshape.getInput());
+        continue; // a view writes nothing
+      }
+      for (auto &read : reads)
+        if (overlap(*range, read.second) &&
+            storageRoot(r) != storageRoot(read.first)) {
+          op.emitOpError() << "result " << cast<OpResult>(r).getResultNumber()
+                           << " is planned over an operand it is not "
+                              "written in place of (dflash-plan-memory)";
+          ok = false;
+        }
+      arena.write(range->first, range->second, content(r));
+    }
+  }
+  return success(ok);
 }
 
 } // namespace dflash

@@ -57,6 +57,15 @@ int64_t bucketSlotBytes(mlir::dflash::GradientBucketOp bucket);
 /// The #dflash.kernel of `op`, or null before dflash-select-kernels.
 mlir::dflash::KernelAttr kernelOf(mlir::Operation *op);
 
+/// Replays a planned step in order, tracking which value every arena byte
+/// holds, and fails (with an error at the op) where an op reads a value
+/// whose bytes a later-planned value has overwritten, writes a result over
+/// an operand that is not its in-place source, or uses a workspace that
+/// overlaps its operands or results; kernel tables must hold their bytes
+/// for the whole step. A check of dflash-plan-memory's liveness and in-place
+/// rules, independent of how they decided.
+mlir::LogicalResult checkPlannedArena(mlir::func::FuncOp step);
+
 } // namespace dflash
 
 #endif // DFLASH_COMPILER_ANALYSIS_MEMORYPLAN_H

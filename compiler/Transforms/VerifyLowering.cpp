@@ -1,4 +1,10 @@
 //===- VerifyLowering.cpp - Only translatable ops reach the emitter -------===//
+//
+// Every op of a lowered program must have a kernel and a memory plan, and
+// the plan must hold when the program runs in order (checkPlannedArena: no
+// value is read after another was planned over its bytes).
+//
+//===----------------------------------------------------------------------===//
 
 #include "compiler/Analysis/MemoryPlan.h"
 #include "compiler/Analysis/StepSignature.h"
@@ -53,6 +59,8 @@ struct VerifyLoweringPass
         ok = false;
       }
     }
+    if (ok && failed(checkPlannedArena(sig->func())))
+      ok = false;
     if (!ok)
       signalPassFailure();
   }

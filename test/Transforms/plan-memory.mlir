@@ -1,5 +1,6 @@
 // RUN: dflash-opt %s --dflash-plan-memory --split-input-file | FileCheck %s
 // RUN: dflash-opt %s --dflash-plan-memory --dflash-print-memory-plan --split-input-file -o /dev/null | FileCheck %s --check-prefix=PRINT
+// RUN: dflash-opt %s --dflash-plan-memory --dflash-verify-lowering --split-input-file -o /dev/null
 
 // Three 512-byte values: the third reuses the first's bytes, which are dead
 // by then; the second cannot.

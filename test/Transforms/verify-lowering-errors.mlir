@@ -41,3 +41,28 @@ func.func @step(%x: tensor<4x8xbf16> {dflash.arg = #dflash.arg<input, "x">})
   %y = dflash.add %x, %x {dflash.offsets = array<i64: 0, 64>} : (tensor<4x8xbf16>, tensor<4x8xbf16>) -> tensor<4x8xbf16>
   return %y : tensor<4x8xbf16>
 }
+
+// -----
+
+// A plan that puts %b over %a while the add still reads %a.
+func.func @step(%x: tensor<4x64xbf16> {dflash.arg = #dflash.arg<input, "x">},
+                %w: tensor<64x64xbf16> {dflash.arg = #dflash.arg<parameter, "w">})
+    -> (tensor<4x64xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  %a = dflash.linear %x, %w {dflash.offsets = array<i64: 0>} : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  %b = dflash.linear %x, %w {dflash.offsets = array<i64: 256>} : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  // expected-error @+1 {{'dflash.add' op reads a value whose arena byte 256 another value was planned over before this read (dflash-plan-memory)}}
+  %c = dflash.add %a, %b {dflash.offsets = array<i64: 1024>} : (tensor<4x64xbf16>, tensor<4x64xbf16>) -> tensor<4x64xbf16>
+  return %c : tensor<4x64xbf16>
+}
+
+// -----
+
+// A GEMM planned over its own input, which it is not written in place of.
+func.func @step(%x: tensor<4x64xbf16> {dflash.arg = #dflash.arg<input, "x">},
+                %w: tensor<64x64xbf16> {dflash.arg = #dflash.arg<parameter, "w">})
+    -> (tensor<4x64xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  %a = dflash.linear %x, %w {dflash.offsets = array<i64: 0>} : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  // expected-error @+1 {{'dflash.linear' op result 0 is planned over an operand it is not written in place of (dflash-plan-memory)}}
+  %b = dflash.linear %a, %w {dflash.offsets = array<i64: 0>} : (tensor<4x64xbf16>, tensor<64x64xbf16>) -> tensor<4x64xbf16>
+  return %b : tensor<4x64xbf16>
+}
