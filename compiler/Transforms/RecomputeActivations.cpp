@@ -22,6 +22,8 @@
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/SmallPtrSet.h"
 
+#include <functional>
+
 namespace dflash {
 #define GEN_PASS_DEF_RECOMPUTEACTIVATIONS
 #include "compiler/Transforms/Passes.h.inc"
@@ -92,7 +94,7 @@ void recomputeIn(func::FuncOp f, Recompute what) {
     Operation *first = nullptr;
     for (OpOperand &use : result.getUses()) {
       Operation *user = use.getOwner();
-      if (!boundary->isBeforeInBlock(user) || clones.contains(user))
+      if (!boundary->isBeforeInBlock(user))
         continue;
       backwardUses.push_back(&use);
       if (!first || user->isBeforeInBlock(first))
