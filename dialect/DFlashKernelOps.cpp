@@ -94,6 +94,30 @@ LogicalResult LinearResidualOp::verify() {
   return success();
 }
 
+LogicalResult LinearSwigluOp::verify() {
+  // linear_swiglu C1
+  auto x = tensorOf(getInput()), wg = tensorOf(getGateWeight()),
+       wu = tensorOf(getUpWeight());
+  if (wg.getRank() != 2 || wg.getShape() != wu.getShape())
+    return emitOpError() << "(C1) gate weight " << wg << " and up weight " << wu
+                         << " must be one [F, K] shape";
+  // linear_swiglu C2
+  auto y = tensorOf(getResult());
+  if (x.getRank() < 2 || x.getShape().back() != wg.getDimSize(1) ||
+      y.getShape().drop_back() != x.getShape().drop_back() ||
+      y.getShape().back() != wg.getDimSize(0))
+    return emitOpError() << "(C2) result " << y << ", input " << x
+                         << " and weights " << wg
+                         << " do not form swiglu(input weight^T)";
+  // linear_swiglu C3
+  if (wg.getElementType() != x.getElementType() ||
+      wu.getElementType() != x.getElementType() ||
+      y.getElementType() != x.getElementType())
+    return emitOpError("(C3) input, weights and result must have one element "
+                       "type");
+  return success();
+}
+
 LogicalResult ResidualRmsNormOp::verify() {
   Operation *op = *this;
   // residual_rms_norm C1
@@ -355,6 +379,13 @@ int64_t LinearResidualOp::getFlopCount() {
   int64_t rows = numElements(getInput()) / w.getDimSize(1);
   return 2 * rows * w.getDimSize(0) * w.getDimSize(1) +
          numElements(getResidual());
+}
+int64_t LinearSwigluOp::getFlopCount() {
+  // Both products and the elementwise SwiGLU (SwigluOp's count).
+  auto w = tensorOf(getGateWeight());
+  int64_t rows = numElements(getInput()) / w.getDimSize(1);
+  return 2 * 2 * rows * w.getDimSize(0) * w.getDimSize(1) +
+         5 * numElements(getResult());
 }
 int64_t ResidualRmsNormOp::getFlopCount() {
   return 5 * numElements(getInput());

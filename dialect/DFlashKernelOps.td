@@ -54,6 +54,30 @@ def DFlash_LinearResidualOp : DFlash_PureOp<"linear_residual"> {
       "functional-type(operands, results)";
 }
 
+def DFlash_LinearSwigluOp : DFlash_PureOp<"linear_swiglu"> {
+  let summary = "The MLP's gate and up projections with SwiGLU applied";
+  let description = [{
+    `result = swiglu(linear(input, gate_weight), linear(input, up_weight))`:
+    one GEMM (kernels/SwiGluGemm.cuh) whose epilogue applies SwiGLU to the
+    fp32 products and rounds once, so neither projection is stored. Only
+    where nothing else reads them: the target's forward, never a layer the
+    backward pass differentiates.
+
+    ```mlir
+    %a = dflash.linear_swiglu %h, %wg, %wu
+        : (tensor<4x3072x4096xbf16>, tensor<12288x4096xbf16>,
+           tensor<12288x4096xbf16>) -> tensor<4x3072x12288xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input,
+                       DFlash_FloatTensor:$gate_weight,
+                       DFlash_FloatTensor:$up_weight);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $gate_weight `,` $up_weight attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 def DFlash_ResidualRmsNormOp : DFlash_PureOp<"residual_rms_norm"> {
   let summary = "Residual add and RMS normalisation in one pass";
   let description = [{

@@ -87,6 +87,49 @@ __device__ __forceinline__ void load4d(uint32_t dst, const CUtensorMap *map,
       : "memory");
 }
 
+/// load4d's box copied to the same shared offset (dst, and its completion
+/// to bar's offset) in every CTA of the cluster whose bit is set in ctaMask.
+__device__ __forceinline__ void
+load4dMulticast(uint32_t dst, const CUtensorMap *map, uint32_t bar, int c0,
+                int c1, int c2, int c3, uint16_t ctaMask) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::"
+      "complete_tx::bytes.multicast::cluster [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2], %7;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3), "h"(ctaMask)
+      : "memory");
+}
+
+//===-- Thread block clusters ---------------------------------------------===//
+
+/// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t clusterRank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+/// One arrival on the barrier at shared offset `bar` of the cluster's CTA
+/// `rank` (this CTA's own included), released to the whole cluster.
+__device__ __forceinline__ void arriveInCta(uint32_t bar, uint32_t rank) {
+  asm volatile("{\n.reg .b32 remote;\n"
+               "mapa.shared::cluster.u32 remote, %0, %1;\n"
+               "mbarrier.arrive.release.cluster.shared::cluster.b64 _, "
+               "[remote];\n}\n" ::"r"(bar),
+               "r"(rank)
+               : "memory");
+}
+
+/// Every thread of the cluster waits here for all the others (barrier
+/// initialisation before a peer copies into this CTA; no CTA leaves while a
+/// peer may still arrive on its barriers).
+__device__ __forceinline__ void clusterSync() {
+  asm volatile("barrier.cluster.arrive.release;\n"
+               "barrier.cluster.wait.acquire;\n" ::
+                   : "memory");
+}
+
 /// Adds Bytes of fp32 at shared address src into global memory at dst, one
 /// bulk reduction performed asynchronously (cp.reduce.async.bulk) in this
 /// thread's current bulk group.

@@ -7,7 +7,8 @@
 #   each, alternating (random weights, 4 x 3072 tokens);
 # - train-q8o-{a,b} --data synthetic, 25 steps at 4 rows, twice each,
 #   alternating: medians and the loss noise (scripts/compare-step-runs.py).
-# Needs those four binaries in .device/bin. Logs to $OUT.
+# TRAIN=0 runs the targets only (then only target-features-q8-{a,b} are
+# needed). Needs those four binaries in .device/bin. Logs to $OUT.
 set -u
 D=.device
 O=${OUT:-/tmp/dflash-ab}
@@ -22,6 +23,7 @@ for packed in "" "--packed"; do
     done
   done
 done
+[[ ${TRAIN:-1} == 1 ]] || exit 0
 for round in "" 2; do
   for v in a b; do
     timeout 150 $D/bin/train-q8o-$v --data synthetic --rows 8 --seed 0 --steps 25 \

@@ -18,7 +18,8 @@
 #    --bench, with the GEMM algorithms timing chose and with cuBLASLt's
 #    first choices (--no-gemm-timing), and transformers' forward of the
 #    same layers (0..33, sdpa, bf16) in the same call.
-# CHECK=0 skips 1 and 2, BENCH=0 skips 3.
+# CHECK=0 skips 1 and 2, BENCH=0 skips 3, UNTIMED=0 the --no-gemm-timing
+# runs of 3.
 # Needs in .device/bin: CausalAttentionGpuTest, target-features-tq,
 # target-features-tl (1 and 2), target-features-q8 (3). Logs to $OUT.
 set -u
@@ -93,7 +94,7 @@ fi
 
 if [[ ${BENCH:-1} == 1 ]]; then
 for packed in "" "--packed"; do
-  for gemms in "" "--no-gemm-timing"; do
+  for gemms in "" $([[ ${UNTIMED:-1} == 1 ]] && echo --no-gemm-timing); do
     b=bench$packed$gemms
     timeout 200 $D/bin/target-features-q8 --bench 10 $packed $gemms > $O/$b.json 2> $O/$b.err
     echo "target-features --bench $packed $gemms rc=$? $(cat $O/$b.json)"; tail -n 2 $O/$b.err

@@ -9,16 +9,29 @@
 #                  packed: the same rows packed, test/oracle/pack_rows.py)
 #   .device/ref/   dflash-reference losses and parameters on those files
 #                  (bf16 storage and fp64), and the trainers' manifests
+#   .device/tcfg/  the online checks' target configs (scripts/target-configs)
 # Usage: scripts/device-prepare.sh [--no-qwen]   (qwen3-8b trainers take a
 # few minutes of nvcc each)
+#        scripts/device-prepare.sh --online [SUFFIX]
+#   only the online target's binaries: target-features-{tq,tl} (tiny with
+#   the small random Qwen3 / Llama-3 of tcfg/{qwen3,llama}),
+#   target-features-q8 and train-q8o (qwen3-8b-b16 with the Qwen3-8B-shaped
+#   target of tcfg/q8), each named with SUFFIX (e.g. -b), KernelBench, and
+#   the GPU tests; DFLASHC=path/to/dflashc emits them with another compiler
+#   (an A/B pair from two trees), ONLINE_TARGETS="q8" builds only those
+#   targets' binaries (nothing else).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 D=.device
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
 qwen=1
+online=0
+suffix=
 [[ ${1:-} == --no-qwen ]] && qwen=0
-mkdir -p "$D/bin" "$D/specs" "$D/ref" "$D/gen"
+[[ ${1:-} == --online ]] && online=1 && suffix=${2:-}
+mkdir -p "$D/bin" "$D/specs" "$D/ref" "$D/gen" "$D/tcfg"
+cp -r scripts/target-configs/. "$D/tcfg/"
 
 step() { echo "device-prepare: $*"; }
 
@@ -36,7 +49,7 @@ for t in AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest \
   cp "build-dev/test/gpu/$t" "$D/bin/"
 done
 cp build-dev/bin/dflash-synth "$D/bin/" # scripts/device-run-checks.sh makes data there
-dflashc=build-dev/bin/dflashc
+dflashc=${DFLASHC:-build-dev/bin/dflashc}
 
 # Derived specs: tiny with small buckets (several per step), its ZeRO-1
 # forms for two GPUs and for one, qwen3-8b's ZeRO-1 form for two GPUs.
@@ -65,6 +78,41 @@ trainer() {
   cp "$dir/build/train" "$D/bin/train-$name"
   cp "$dir/manifest.json" "$D/ref/$name-manifest.json"
 }
+# An online-target project: its train and target-features binaries.
+online() {
+  local name=$1 spec=$2 target=$3 dir=$D/gen/$1
+  step "online target $name ($spec --target $target)"
+  rm -rf "$dir"
+  "$dflashc" "$spec" --target "$target" --emit=cuda -o "$dir" > /dev/null
+  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
+  ninja -C "$dir/build" > "$dir.build.log" || { tail -20 "$dir.build.log"; exit 1; }
+  cp "$dir/build/target-features" "$D/bin/target-features-$name$suffix"
+  [[ $name == q8 ]] && cp "$dir/build/train" "$D/bin/train-q8o$suffix"
+  return 0
+}
+if [[ $online == 1 ]]; then
+  if [[ -z ${ONLINE_TARGETS:-} ]]; then
+    step "KernelBench"
+    "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
+      --expt-relaxed-constexpr -lineinfo bench/kernels/KernelBench.cu \
+      -o "$D/bin/KernelBench" -lcublasLt
+    cp build-dev/test/gpu/CausalAttentionGpuTest "$D/bin/"
+  fi
+  for t in ${ONLINE_TARGETS:-tq tl q8}; do
+    case $t in
+      tq) online tq specs/tiny.toml "$D/tcfg/qwen3" ;;
+      tl) online tl specs/tiny.toml "$D/tcfg/llama" ;;
+      q8) online q8 specs/qwen3-8b-b16.toml "$D/tcfg/q8" ;;
+      *) echo "device-prepare: unknown online target '$t' (tq, tl, q8)" >&2; exit 2 ;;
+    esac
+  done
+  rm -rf "$D/gen"
+  du -sh "$D"
+  step "done; carry [\".device\"] (the device tool takes 64 MiB at most)"
+  exit 0
+fi
+
 trainer tiny specs/tiny.toml
 for n in tiny-b1 tiny-zero1 tiny-zero1-one; do trainer "$n" "$D/specs/$n.toml"; done
 if [[ $qwen == 1 ]]; then

@@ -3,7 +3,7 @@
 # PyTorch baselines (torch_reference.py) on this GPU in one go, and prints one
 # comparison table. Logs and JSON lines go to $OUT (or $1, or build-bench/).
 #   [DFLASH_BENCH_ROUNDS=N] bench/kernels/run.sh [outdir] [only]
-#     only: attention|lmhead|memory|gemm|gemm-algorithms|causal
+#     only: attention|lmhead|memory|gemm|gemm-algorithms|causal|swiglu-gemm
 # DFLASH_BENCH_ROUNDS=N runs KernelBench N times (the machine's speed drifts
 # by several percent within minutes) and reports each kernel's median, with
 # the rounds' range; the PyTorch baselines run once, after them.

@@ -179,10 +179,11 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<LinearGradInputOp, LinearGradWeightOp, RmsNormGradOp, RopeGradOp,
                BlockAttentionGradOp, SwigluGradOp, LmHeadCeGradOp>(op))
     result = evalGradient(op);
-  else if (isa<DraftEmbedOp, LinearResidualOp, ResidualRmsNormOp, QkNormRopeOp,
-               QkNormRopeGradOp, RmsNormGradResidualOp, AccumulateLinearGradOp,
-               LossSeedOp, LmHeadCeFusedOp, AdamWMultiOp, AdamWShardedOp,
-               GradientBucketOp>(op))
+  else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
+               ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
+               RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
+               LmHeadCeFusedOp, AdamWMultiOp, AdamWShardedOp, GradientBucketOp>(
+               op))
     result = evalFused(op);
   else
     result = evalForward(op);
@@ -579,6 +580,20 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         const HostTensor &residual = in(o.getResidual());
         for (size_t i = 0; i < r.data.size(); ++i)
           r.data[i] += residual.data[i];
+        return success();
+      })
+      .Case([&](LinearSwigluOp o) {
+        // Both products in double, SwiGLU on them unrounded and the result
+        // rounded once, as the GEMM's epilogue does.
+        auto w = shapeOf(o.getGateWeight());
+        const int64_t m = rows(o.getInput());
+        std::vector<double> gate(size_t(m * w[0])), up(gate.size());
+        ref::linear<double>(ptr(o.getInput()), ptr(o.getGateWeight()),
+                            gate.data(), m, w[0], w[1]);
+        ref::linear<double>(ptr(o.getInput()), ptr(o.getUpWeight()), up.data(),
+                            m, w[0], w[1]);
+        ref::swiglu<double>(gate.data(), up.data(), outPtr(o.getResult()),
+                            int64_t(gate.size()));
         return success();
       })
       .Case([&](AccumulateLinearGradOp o) {

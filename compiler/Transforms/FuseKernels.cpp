@@ -6,6 +6,10 @@
 // - add(residual, linear)                 -> linear_residual (beta = 1):
 //   first, so that the add a norm follows is gone and the norm reads one
 //   tensor instead of two (the linear's output is never stored)
+// - swiglu(linear(x, Wg), linear(x, Wu))  -> linear_swiglu: one GEMM
+//   applies SwiGLU to its fp32 products (kernels/SwiGluGemm.cuh), where
+//   nothing else reads them (the target's MLP; the drafter's backward reads
+//   its own) and the kernel takes the shape
 // - add (residual) + rms_norm             -> residual_rms_norm
 // - rms_norm (per head) + rope            -> qk_norm_rope
 // - rope_grad + rms_norm_grad             -> qk_norm_rope_grad
@@ -23,6 +27,7 @@
 
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Transforms/Passes.h"
+#include "kernels/GemmLimits.h"
 
 #include "mlir/IR/Builders.h"
 
@@ -84,6 +89,29 @@ void fuseLinearResidual(func::FuncOp step) {
       linear.erase();
       return;
     }
+  });
+}
+
+void fuseLinearSwiglu(func::FuncOp step) {
+  step.walk([](SwigluOp swiglu) {
+    auto gate = swiglu.getGate().getDefiningOp<LinearOp>();
+    auto up = swiglu.getUp().getDefiningOp<LinearOp>();
+    if (!gate || !up || gate.getInput() != up.getInput() ||
+        !gate.getResult().hasOneUse() || !up.getResult().hasOneUse())
+      return;
+    auto wg = cast<RankedTensorType>(gate.getWeight().getType());
+    auto wu = cast<RankedTensorType>(up.getWeight().getType());
+    if (wg.getShape() != wu.getShape() || !wg.getElementType().isBF16() ||
+        !kernels::swigluGemmSupportsShape(wg.getDimSize(0), wg.getDimSize(1)))
+      return;
+    OpBuilder b(swiglu);
+    Value y = LinearSwigluOp::create(b, swiglu.getLoc(), swiglu.getType(),
+                                     gate.getInput(), gate.getWeight(),
+                                     up.getWeight());
+    swiglu.getResult().replaceAllUsesWith(y);
+    swiglu.erase();
+    gate.erase();
+    up.erase();
   });
 }
 
@@ -324,6 +352,7 @@ void FuseKernelsPass::runOnOperation() {
       continue;
     fuseDraftEmbed(f);
     fuseLinearResidual(f);
+    fuseLinearSwiglu(f);
     fuseResidualNorm(f);
     fuseQkNormRope(f);
     fuseResidualNormGrad(f);

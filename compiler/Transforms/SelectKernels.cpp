@@ -14,6 +14,7 @@
 #include "compiler/Transforms/Passes.h"
 #include "kernels/AdamWTables.h"
 #include "kernels/AttentionLimits.h"
+#include "kernels/GemmLimits.h"
 #include "kernels/Workspaces.h"
 
 #include "mlir/IR/Builders.h"
@@ -230,6 +231,13 @@ FailureOr<Choice> select(Operation *op) {
       .Case([](BlockAttentionOp o) { return attention(o, false); })
       .Case([](BlockAttentionGradOp o) { return attention(o, true); })
       .Case([](SwigluOp) -> Result { return named("swiglu_fwd_bf16"); })
+      .Case([](LinearSwigluOp o) -> Result {
+        auto w = tensorOf(o.getGateWeight());
+        if (!kernels::swigluGemmSupportsShape(w.getDimSize(0), w.getDimSize(1)))
+          return o.emitOpError() << "has no SwiGLU GEMM for weights " << w
+                                 << ": K must be a multiple of 8 and F even";
+        return named("swiglu_gemm_bf16");
+      })
       .Case([](SwigluGradOp) -> Result { return named("swiglu_bwd_bf16"); })
       .Case([](AddOp) -> Result { return named("add_bf16"); })
       .Case([](DraftEmbedOp o) -> Result {

@@ -1,8 +1,9 @@
 //===- DenseGpuTest.cu - Norm, RoPE, SwiGLU, draft kernels ----------------===//
 //
 // rms_norm (with and without the fused residual add), q/k norm + RoPE,
-// SwiGLU (strided, vector and scalar paths) and the draft bookkeeping kernels
-// against kernels/reference in double on the same bf16-rounded inputs.
+// SwiGLU (strided, vector and scalar paths), the gate/up GEMM with SwiGLU
+// applied and the draft bookkeeping kernels against kernels/reference in
+// double on the same bf16-rounded inputs.
 //
 //===----------------------------------------------------------------------===//
 
@@ -11,6 +12,7 @@
 #include "kernels/QkNormRope.cuh"
 #include "kernels/RmsNorm.cuh"
 #include "kernels/SwiGlu.cuh"
+#include "kernels/SwiGluGemm.cuh"
 #include "kernels/reference/Reference.h"
 #include "test/gpu/GpuTestUtil.h"
 
@@ -192,6 +194,35 @@ void swigluCase(int64_t rows, int64_t I, uint64_t seed) {
   EXPECT_CLOSE(gotDu, refDu, 1e-2, "dup");
 }
 
+/// swiglu_gemm_bf16's two forms (one CTA, and clusters of two sharing the
+/// weight boxes) against silu(x Wg^T) * (x Wu^T) in double (the products
+/// unrounded, as the kernel's fp32 accumulators are): shapes that fill the
+/// 128 x 128 tiles and 64-deep stages, and ones that end mid-tile in every
+/// dimension (an odd count of row tiles leaves a cluster's second CTA
+/// wholly past M).
+template <int Cluster>
+void swigluGemmCase(int64_t M, int64_t F, int64_t K, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "cluster " << Cluster << " M=" << M
+                                  << " F=" << F << " K=" << K);
+  std::mt19937_64 rng(seed);
+  Bf16Tensor x = randomBf16(M * K, rng, 1.0);
+  Bf16Tensor wg = randomBf16(F * K, rng, 2.0 / std::sqrt(double(K)));
+  Bf16Tensor wu = randomBf16(F * K, rng, 1.0 / std::sqrt(double(K)));
+  std::vector<double> g(M * F), u(M * F), ref(M * F);
+  ref::linear(x.values.data(), wg.values.data(), g.data(), M, F, K);
+  ref::linear(x.values.data(), wu.values.data(), u.data(), M, F, K);
+  ref::swiglu(g.data(), u.data(), ref.data(), M * F);
+  DeviceBuffer<bf16> y(M * F);
+  y.poison();
+  ASSERT_TRUE(kernels::swigluGemmSupports(x.ptr(), wg.ptr(), wu.ptr(), y.get(),
+                                          M, F, K));
+  kernels::detail::launchSwiGluGemm<Cluster>(x.ptr(), wg.ptr(), wu.ptr(),
+                                             {y.get(), M, F, K}, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  // One bf16 rounding of y (2^-9 relative) over fp32 sums of K terms.
+  EXPECT_CLOSE(downloadBf16(y), ref, 5e-3, "y");
+}
+
 // The acceptance sums (SEMANTICS.md section 10) against ref::draftAcceptance
 // on random hits, weights with holes (unsupervised and past-the-end slots)
 // and dropped blocks: counts, so exactly equal.
@@ -290,6 +321,45 @@ TEST(Embedding, RowsById) {
 TEST(SwiGlu, VectorAndScalar) {
   swigluCase(37, 96, 10);
   swigluCase(21, 13, 11); // odd width: scalar path
+}
+
+template <int Cluster> void swigluGemmCases() {
+  swigluGemmCase<Cluster>(256, 256, 512,
+                          31); // whole tiles, 8 stages round the ring
+  swigluGemmCase<Cluster>(300, 688, 264, 32);   // every dimension ends mid-tile
+  swigluGemmCase<Cluster>(1, 130, 8, 33);       // one row, one stage of 8 deep
+  swigluGemmCase<Cluster>(2176, 1280, 128, 34); // 170 tiles: CTAs go round
+  swigluGemmCase<Cluster>(640, 384, 2048, 35);  // deep K, 5 row tiles
+}
+
+TEST(SwiGluGemm, WholeAndPartialTiles) { swigluGemmCases<1>(); }
+TEST(SwiGluGemm, ClustersOfTwo) { swigluGemmCases<2>(); }
+
+// The same inputs twice give the same bits (no race between the stages or
+// the two CTAs of a cluster).
+TEST(SwiGluGemm, Deterministic) {
+  const int64_t M = 1000, F = 2048, K = 1024;
+  std::mt19937_64 rng(36);
+  Bf16Tensor x = randomBf16(M * K, rng, 1.0);
+  Bf16Tensor wg = randomBf16(F * K, rng, 2.0 / 32);
+  Bf16Tensor wu = randomBf16(F * K, rng, 1.0 / 32);
+  DeviceBuffer<bf16> a(M * F), b(M * F);
+  a.poison();
+  b.poison();
+  kernels::swiglu_gemm_bf16(x.ptr(), wg.ptr(), wu.ptr(), {a.get(), M, F, K}, 0);
+  kernels::swiglu_gemm_bf16(x.ptr(), wg.ptr(), wu.ptr(), {b.get(), M, F, K}, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(downloadBf16(a), downloadBf16(b));
+}
+
+TEST(SwiGluGemm, RefusesWhatTmaCannotRead) {
+  DeviceBuffer<bf16> b(1024);
+  EXPECT_FALSE(kernels::swigluGemmSupports(b.get(), b.get(), b.get(), b.get(),
+                                           4, 8, 12)); // K % 8
+  EXPECT_FALSE(kernels::swigluGemmSupports(b.get(), b.get(), b.get(), b.get(),
+                                           4, 7, 16)); // odd F
+  EXPECT_FALSE(kernels::swigluGemmSupports(b.get() + 1, b.get(), b.get(),
+                                           b.get(), 4, 8, 16)); // unaligned x
 }
 
 TEST(DraftBlocks, EmbedPositionsTargets) {

@@ -8,17 +8,23 @@
 //   then A: the features agree exactly, moved), and the control, the same
 //   row with one conversation's positions, differs;
 // - causality: changing a later token leaves every earlier feature as is,
-//   and reaches the next position.
+//   and reaches the next position;
+// - dflash-fuse-kernels (linear_residual, linear_swiglu, qk_norm_rope) leaves
+//   the features as they were.
 //
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Import/ImportTarget.h"
 #include "compiler/Interpreter/Interpreter.h"
+#include "compiler/Transforms/Passes.h"
+#include "dialect/DFlashOps.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "mlir/Pass/PassManager.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 
 using namespace mlir;
@@ -81,9 +87,11 @@ protected:
     }
   }
 
-  /// The features [B, S, L*H] of ids and positions ([B, S] each).
+  /// The features [B, S, L*H] of ids and positions ([B, S] each), by `f`
+  /// (the imported graph unless given).
   std::vector<double> run(const std::vector<int32_t> &ids,
-                          const std::vector<int32_t> &positions) {
+                          const std::vector<int32_t> &positions,
+                          func::FuncOp f = nullptr) {
     const int64_t B = spec.rowsPerGpu, S = spec.seqLen;
     std::vector<HostTensor> args;
     for (const std::vector<int32_t> *v : {&ids, &positions}) {
@@ -93,7 +101,7 @@ protected:
       args.push_back(std::move(t));
     }
     args.insert(args.end(), weights.begin(), weights.end());
-    StepInterpreter interpreter(func, Precision::Exact);
+    StepInterpreter interpreter(f ? f : func, Precision::Exact);
     FailureOr<std::vector<HostTensor>> out = interpreter.run(args);
     EXPECT_TRUE(succeeded(out));
     if (failed(out))
@@ -186,6 +194,43 @@ TEST_P(TargetForward, LaterTokensDoNotReachEarlierFeatures) {
   // Row 1 is untouched.
   for (int64_t i = S * width; i < 2 * S * width; ++i)
     ASSERT_EQ(before[size_t(i)], after[size_t(i)]);
+}
+
+// The kernel groups compute the same features: in fp64 the fused ops (the
+// MLP's gate/up GEMM with SwiGLU among them) round nothing the separate ops
+// do not.
+TEST_P(TargetForward, FusedKernelsGiveTheSameFeatures) {
+  OwningOpRef<ModuleOp> fused = module->clone();
+  PassManager pm(&context);
+  pm.addPass(::dflash::createFuseKernels());
+  ASSERT_TRUE(succeeded(pm.run(*fused)));
+  int mlps = 0, swiglus = 0;
+  fused->walk([&](Operation *op) {
+    mlps += isa<mlir::dflash::LinearSwigluOp>(op);
+    swiglus += isa<mlir::dflash::SwigluOp>(op);
+  });
+  // tiny taps layers 1 and 5: layers 0..5 are compiled.
+  EXPECT_EQ(mlps, 6);
+  EXPECT_EQ(swiglus, 0);
+  const int64_t S = spec.seqLen;
+  std::mt19937_64 rng(13);
+  std::uniform_int_distribution<int32_t> token(0, int32_t(spec.vocabSize - 1));
+  std::vector<int32_t> ids(size_t(2 * S)), pos(size_t(2 * S));
+  for (int64_t i = 0; i < 2 * S; ++i) {
+    ids[size_t(i)] = token(rng);
+    pos[size_t(i)] = int32_t(i % 70); // row 0 packs two conversations
+  }
+  std::vector<double> want = run(ids, pos);
+  std::vector<double> got =
+      run(ids, pos, cast<func::FuncOp>(fused->getBody()->front()));
+  ASSERT_EQ(got.size(), want.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  EXPECT_GT(den, 0);
+  EXPECT_LE(std::sqrt(num / den), 1e-12);
 }
 
 INSTANTIATE_TEST_SUITE_P(Decoders, TargetForward,

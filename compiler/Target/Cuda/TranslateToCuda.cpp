@@ -706,6 +706,16 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             ptr(o.getResult()), cols, rowsOf(o.getGate()));
         return success();
       })
+      .Case([&](LinearSwigluOp o) {
+        auto w = tensorOf(o.getGateWeight());
+        os << llvm::formatv("    dflash::kernels::swiglu_gemm_bf16({0}, {1}, "
+                            "{2}, {{{3}, {4}, {5}, {6}}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getGateWeight()),
+                            ptr(o.getUpWeight()), ptr(o.getResult()),
+                            rowsOf(o.getInput()), w.getDimSize(0),
+                            w.getDimSize(1));
+        return success();
+      })
       .Case([&](SwigluGradOp o) {
         int64_t cols = tensorOf(o.getGate()).getShape().back();
         os << llvm::formatv(
@@ -1115,6 +1125,7 @@ FailureOr<std::string> StepEmitter::emit() {
      << "#include \"kernels/LmHeadCrossEntropy.cuh\"\n"
      << "#include \"kernels/StepScalars.cuh\"\n"
      << "#include \"kernels/SwiGlu.cuh\"\n"
+     << "#include \"kernels/SwiGluGemm.cuh\"\n"
      << "#include \"kernels/Workspaces.h\"\n"
      << "#include \"runtime/device/CompiledStep.h\"\n\n"
      << "namespace {\n\n"
