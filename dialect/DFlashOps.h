@@ -40,6 +40,10 @@ inline constexpr llvm::StringLiteral kRecomputeActivationsAttrName =
 /// (spec `[memory] recompute_mlp_products`).
 inline constexpr llvm::StringLiteral kRecomputeMlpProductsAttrName =
     "dflash.recompute_mlp_products";
+/// Module attribute (unit) of the online target's program: its MLPs become
+/// dflash.linear_swiglu (spec `[memory] fuse_target_mlp`).
+inline constexpr llvm::StringLiteral kFuseTargetMlpAttrName =
+    "dflash.fuse_target_mlp";
 } // namespace mlir::dflash
 
 #endif // DFLASH_DIALECT_DFLASHOPS_H

@@ -18,12 +18,12 @@
 // 128B-swizzled. Full barriers carry the copies' bytes; a stage is empty
 // once every consumer warp's products reading it have completed (one arrival
 // per warp after wgmma.wait). Tiles of 128 x 128 outputs go round the CTAs
-// in groups of kGroupRows row tiles (each group's x rows stay in L2 while
-// its column tiles pass). In clusters of two CTAs (two row tiles, one column
-// tile), each CTA copies one of the two weight boxes to both: the weights
-// cross from L2 once per two row tiles, and a stage is empty once both
-// CTAs' consumers have read it. Rows past M, columns past F and K past K load
-// zeros (TMA fills out-of-bounds boxes) and store nothing.
+// in groups of kGroupRows row tiles (each group's x rows, 32 MB at K 4096,
+// stay in L2 while its column tiles pass). In clusters of two CTAs (two row
+// tiles, one column tile), each CTA copies one of the two weight boxes to both:
+// the weights cross from L2 once per two row tiles, and a stage is empty once
+// both CTAs' consumers have read it. Rows past M, columns past F and K past K
+// load zeros (TMA fills out-of-bounds boxes) and store nothing.
 //
 //===----------------------------------------------------------------------===//
 
@@ -76,7 +76,7 @@ template <int Cluster> struct SwiGluGemmConfig {
   static constexpr int kConsumerWarps = kConsumers * wgmma::kWarpgroupWarps;
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
-  static constexpr int kGroupRows = 16; // row tiles a raster group holds
+  static constexpr int kGroupRows = 32; // row tiles a raster group holds
   static constexpr uint32_t kXBytes = kRows * wgmma::kSwizzleRowBytes;
   static constexpr uint32_t kWBytes = 2 * kCols * wgmma::kSwizzleRowBytes;
   static constexpr uint32_t kStageBytes = kXBytes + kWBytes;
@@ -194,12 +194,13 @@ static __global__ void __launch_bounds__(SwiGluGemmConfig<Cluster>::kThreads, 1)
     // Hands stage s back to every CTA whose producer waits on it.
     auto release = [&](int s) {
       __syncwarp();
-      if (lane == 0) {
-        if constexpr (Cluster == 1)
+      // With clusters, lane r arrives on CTA r's barrier: the arrivals go
+      // out side by side, not one after the other.
+      if constexpr (Cluster == 1) {
+        if (lane == 0)
           tma::arrive(empty0 + tma::kBarrierBytes * s);
-        else
-          for (int r = 0; r < Cluster; ++r)
-            tma::arriveInCta(empty0 + tma::kBarrierBytes * s, r);
+      } else if (lane < Cluster) {
+        tma::arriveInCta(empty0 + tma::kBarrierBytes * s, lane);
       }
     };
     // Columns 0..127 of acc are the gate's, 128..255 the up projection's.
@@ -232,10 +233,27 @@ static __global__ void __launch_bounds__(SwiGluGemmConfig<Cluster>::kThreads, 1)
       pin(acc);
       release((it - 1) % C::kStages);
 
-      // SwiGLU on the accumulators; two bf16 a store, rows below M, columns
-      // below F (F is even, so a pair is in or out whole).
+      // SwiGLU on the accumulators; two bf16 a store. A tile wholly inside
+      // y stores without tests (fewer branches: 2.5% of the kernel's time);
+      // an edge tile stores rows below M and columns below F (F is even, so
+      // a pair is in or out whole).
       const int64_t row0 =
           int64_t(rt) * C::kRows + consumer * kM + warp * 16 + lane / 4;
+      if (int64_t(rt + 1) * C::kRows <= args.M &&
+          int64_t(ct + 1) * C::kCols <= args.F) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          __nv_bfloat16 *out = args.y + (row0 + 8 * i) * args.F +
+                               int64_t(ct) * C::kCols + 2 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < C::kCols / 8; ++j) {
+            const int g = 4 * j + 2 * i, up = g + C::kCols / 2;
+            *reinterpret_cast<uint32_t *>(out + 8 * j) = packBf16(
+                fastSilu(acc[g]) * acc[up], fastSilu(acc[g + 1]) * acc[up + 1]);
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int64_t row = row0 + 8 * i;
@@ -315,8 +333,8 @@ void launchSwiGluGemm(const __nv_bfloat16 *x, const __nv_bfloat16 *wGate,
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_swiglu_gemm_bf16_kernel");
 }
 
-/// The form swiglu_gemm_bf16 launches: one CTA (clusters of two ran at 419
-/// against 724 TFLOP/s on the H200, bench/RESULTS.md).
+/// The form swiglu_gemm_bf16 launches: one CTA (clusters of two were no
+/// faster on the H200, bench/RESULTS.md).
 constexpr int kSwiGluGemmCluster = 1;
 
 } // namespace detail

@@ -19,7 +19,8 @@
 #   target of tcfg/q8), each named with SUFFIX (e.g. -b), KernelBench, and
 #   the GPU tests; DFLASHC=path/to/dflashc emits them with another compiler
 #   (an A/B pair from two trees), ONLINE_TARGETS="q8" builds only those
-#   targets' binaries (nothing else).
+#   targets' binaries (nothing else), FUSE_TARGET_MLP=1 compiles them with
+#   `[memory] fuse_target_mlp = true`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -81,6 +82,11 @@ trainer() {
 # An online-target project: its train and target-features binaries.
 online() {
   local name=$1 spec=$2 target=$3 dir=$D/gen/$1
+  if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
+    cp "$spec" "$D/specs/$name-fused.toml"
+    printf '\n[memory]\nfuse_target_mlp = true\n' >> "$D/specs/$name-fused.toml"
+    spec=$D/specs/$name-fused.toml
+  fi
   step "online target $name ($spec --target $target)"
   rm -rf "$dir"
   "$dflashc" "$spec" --target "$target" --emit=cuda -o "$dir" > /dev/null

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The target MLP's gate/up GEMM with SwiGLU in its epilogue
 # (kernels/SwiGluGemm.cuh, dflash.linear_swiglu) on the GPU machine, in one
-# call, over .device/ (scripts/device-prepare.sh --online -b, then
-# ONLINE_TARGETS=q8 DFLASHC=<dflashc of the tree before> ... --online -a):
+# call, over .device/ (FUSE_TARGET_MLP=1 scripts/device-prepare.sh --online
+# -b, then scripts/device-prepare.sh --online -a with ONLINE_TARGETS=q8: the
+# target without the fusion, the default):
 # 1. DenseGpuTest: every case, the SwiGluGemm ones (both forms against a
 #    double reference, odd tiles, determinism) included. The rest of the
 #    call runs only if they pass (a broken kernel could hang the target).

@@ -90,6 +90,8 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
   // The drafter it feeds: the emitter names the pair's programs from it.
   (*module)->setAttr(::dflash::kModelConfigAttrName,
                      ::dflash::modelConfigToAttr(&ctx, spec));
+  if (spec.fuseTargetMlp)
+    (*module)->setAttr(kFuseTargetMlpAttrName, b.getUnitAttr());
 
   unsigned aIds = addArg(t({B, S}, i32), ArgRole::Input, "input_ids");
   unsigned aPositions = addArg(t({B, S}, i32), ArgRole::Input, "position_ids");

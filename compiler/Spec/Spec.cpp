@@ -574,7 +574,8 @@ bool SpecReader::readMemory() {
     return false;
   if (!readFloat("gpu_memory_gib", spec.gpuMemoryGiB, false, true) ||
       !readBool("recompute_activations", spec.recomputeActivations) ||
-      !readBool("recompute_mlp_products", spec.recomputeMlpProducts))
+      !readBool("recompute_mlp_products", spec.recomputeMlpProducts) ||
+      !readBool("fuse_target_mlp", spec.fuseTargetMlp))
     return false;
   return leave();
 }
@@ -734,7 +735,8 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "bucket_mib = " << s.bucketMiB << "\n";
   os << "shard_optimizer_state = " << (s.shardOptimizerState ? "true" : "false")
      << "\n";
-  if (s.gpuMemoryGiB > 0 || s.recomputeActivations || s.recomputeMlpProducts) {
+  if (s.gpuMemoryGiB > 0 || s.recomputeActivations || s.recomputeMlpProducts ||
+      s.fuseTargetMlp) {
     os << "\n[memory]\n";
     if (s.gpuMemoryGiB > 0)
       os << "gpu_memory_gib = " << fmtFloat(s.gpuMemoryGiB) << "\n";
@@ -742,6 +744,8 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
       os << "recompute_activations = true\n";
     if (s.recomputeMlpProducts)
       os << "recompute_mlp_products = true\n";
+    if (s.fuseTargetMlp)
+      os << "fuse_target_mlp = true\n";
   }
   return os.str();
 }

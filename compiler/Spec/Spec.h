@@ -68,6 +68,9 @@ struct DrafterSpec : ModelConfig {
   /// Also compute the MLP's gate and up products again (two GEMMs a layer)
   /// before the backward pass reads them (dflash-recompute-activations).
   bool recomputeMlpProducts = false;
+  /// The online target's MLP as one GEMM with SwiGLU in its epilogue
+  /// (dflash.linear_swiglu): its gate and up products are never stored.
+  bool fuseTargetMlp = false;
 
   /// Where each key was written, by dotted path ("attention.layers.2").
   std::map<std::string, SourceLoc> locations;

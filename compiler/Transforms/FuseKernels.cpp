@@ -9,7 +9,8 @@
 // - swiglu(linear(x, Wg), linear(x, Wu))  -> linear_swiglu: one GEMM
 //   applies SwiGLU to its fp32 products (kernels/SwiGluGemm.cuh), where
 //   nothing else reads them (the target's MLP; the drafter's backward reads
-//   its own) and the kernel takes the shape
+//   its own) and the kernel takes the shape; only when asked (`[memory]
+//   fuse_target_mlp`): it saves memory, not time
 // - add (residual) + rms_norm             -> residual_rms_norm
 // - rms_norm (per head) + rope            -> qk_norm_rope
 // - rope_grad + rms_norm_grad             -> qk_norm_rope_grad
@@ -44,6 +45,7 @@ namespace {
 
 struct FuseKernelsPass
     : public ::dflash::impl::FuseKernelsBase<FuseKernelsPass> {
+  using FuseKernelsBase::FuseKernelsBase;
   void runOnOperation() override;
 };
 
@@ -352,7 +354,8 @@ void FuseKernelsPass::runOnOperation() {
       continue;
     fuseDraftEmbed(f);
     fuseLinearResidual(f);
-    fuseLinearSwiglu(f);
+    if (linearSwiglu || getOperation()->hasAttr(kFuseTargetMlpAttrName))
+      fuseLinearSwiglu(f);
     fuseResidualNorm(f);
     fuseQkNormRope(f);
     fuseResidualNormGrad(f);

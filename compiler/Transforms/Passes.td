@@ -148,7 +148,17 @@ def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
     %h = dflash.rms_norm %x1, %w {eps = 1.0e-06 : f64} : ...
     %x2, %h2 = dflash.residual_rms_norm %x1, %e, %w2 {eps = 1.0e-06 : f64} : ...
     ```
+    With the module's `dflash.fuse_target_mlp` (spec `[memory]
+    fuse_target_mlp`, the online target's program) or `linear-swiglu=true`,
+    `swiglu(linear(x, Wg), linear(x, Wu))` whose products nothing else reads
+    becomes one `dflash.linear_swiglu`. Off by default: on the H200 that GEMM
+    ran 1-2% slower in the target's forward than cuBLASLt's two GEMMs and the
+    SwiGLU pass (bench/RESULTS.md).
   }];
+  let options = [
+    Option<"linearSwiglu", "linear-swiglu", "bool", "false",
+           "Form dflash.linear_swiglu even without the module attribute">
+  ];
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];
 }
 

@@ -56,44 +56,6 @@ func.func @qk(%x: tensor<1x4x2x8xbf16>, %w: tensor<8xbf16>, %p: tensor<1x4xi32>,
 
 // -----
 
-// The MLP's gate and up products that only SwiGLU reads (the target's
-// forward) become one GEMM with SwiGLU in its epilogue; where the backward
-// pass also reads them (the drafter), they stay two GEMMs and a SwiGLU.
-// CHECK-LABEL: func.func @linear_swiglu
-// CHECK: %[[A:[a-z_0-9]+]] = dflash.linear_swiglu %arg0, %arg1, %arg2 : (tensor<4x64xbf16>, tensor<96x64xbf16>, tensor<96x64xbf16>) -> tensor<4x96xbf16>
-// CHECK-NOT: dflash.swiglu
-// CHECK: return %[[A]]
-func.func @linear_swiglu(%x: tensor<4x64xbf16>, %wg: tensor<96x64xbf16>, %wu: tensor<96x64xbf16>) -> tensor<4x96xbf16> {
-  %g = dflash.linear %x, %wg : (tensor<4x64xbf16>, tensor<96x64xbf16>) -> tensor<4x96xbf16>
-  %u = dflash.linear %x, %wu : (tensor<4x64xbf16>, tensor<96x64xbf16>) -> tensor<4x96xbf16>
-  %a = dflash.swiglu %g, %u : (tensor<4x96xbf16>, tensor<4x96xbf16>) -> tensor<4x96xbf16>
-  return %a : tensor<4x96xbf16>
-}
-
-// CHECK-LABEL: func.func @swiglu_products_read_again
-// CHECK-COUNT-2: dflash.linear
-// CHECK: dflash.swiglu
-// CHECK-NOT: dflash.linear_swiglu
-func.func @swiglu_products_read_again(%x: tensor<4x64xbf16>, %wg: tensor<96x64xbf16>, %wu: tensor<96x64xbf16>) -> (tensor<4x96xbf16>, tensor<4x96xbf16>) {
-  %g = dflash.linear %x, %wg : (tensor<4x64xbf16>, tensor<96x64xbf16>) -> tensor<4x96xbf16>
-  %u = dflash.linear %x, %wu : (tensor<4x64xbf16>, tensor<96x64xbf16>) -> tensor<4x96xbf16>
-  %a = dflash.swiglu %g, %u : (tensor<4x96xbf16>, tensor<4x96xbf16>) -> tensor<4x96xbf16>
-  return %a, %g : tensor<4x96xbf16>, tensor<4x96xbf16>
-}
-
-// A K that TMA cannot read in 16-byte rows (12 bf16) keeps cuBLASLt's GEMMs.
-// CHECK-LABEL: func.func @swiglu_unsupported_depth
-// CHECK-NOT: dflash.linear_swiglu
-// CHECK: dflash.swiglu
-func.func @swiglu_unsupported_depth(%x: tensor<4x12xbf16>, %wg: tensor<96x12xbf16>, %wu: tensor<96x12xbf16>) -> tensor<4x96xbf16> {
-  %g = dflash.linear %x, %wg : (tensor<4x12xbf16>, tensor<96x12xbf16>) -> tensor<4x96xbf16>
-  %u = dflash.linear %x, %wu : (tensor<4x12xbf16>, tensor<96x12xbf16>) -> tensor<4x96xbf16>
-  %a = dflash.swiglu %g, %u : (tensor<4x96xbf16>, tensor<4x96xbf16>) -> tensor<4x96xbf16>
-  return %a : tensor<4x96xbf16>
-}
-
-// -----
-
 // Gradient sums become beta = 1 GEMMs into the running sum.
 // CHECK-LABEL: func.func @accumulate
 // CHECK: %[[G1:.+]] = dflash.linear_grad_weight %arg0, %arg1

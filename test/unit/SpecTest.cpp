@@ -296,6 +296,27 @@ TEST(Spec, RecomputeActivations) {
       << error.str();
 }
 
+// [memory] fuse_target_mlp: off by default, kept by the canonical print,
+// a non-bool named with its key.
+TEST(Spec, FuseTargetMlp) {
+  SpecError error;
+  auto plain = parseSpec(kBase, "base.toml", error);
+  ASSERT_TRUE(plain) << error.str();
+  EXPECT_FALSE(plain->fuseTargetMlp);
+  auto on = parseSpec(std::string(kBase) + "[memory]\nfuse_target_mlp = true\n",
+                      "on.toml", error);
+  ASSERT_TRUE(on) << error.str();
+  EXPECT_TRUE(on->fuseTargetMlp);
+  EXPECT_FALSE(on->recomputeMlpProducts);
+  auto again = parseSpec(printCanonicalSpec(*on), "canonical.toml", error);
+  ASSERT_TRUE(again) << error.str();
+  EXPECT_TRUE(again->fuseTargetMlp);
+  EXPECT_FALSE(parseSpec(std::string(kBase) + "[memory]\nfuse_target_mlp = 1\n",
+                         "bad.toml", error));
+  EXPECT_NE(error.message.find("memory.fuse_target_mlp"), std::string::npos)
+      << error.str();
+}
+
 // [memory] recompute_mlp_products: the same, on its own switch.
 TEST(Spec, RecomputeMlpProducts) {
   SpecError error;

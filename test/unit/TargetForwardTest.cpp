@@ -9,8 +9,8 @@
 //   row with one conversation's positions, differs;
 // - causality: changing a later token leaves every earlier feature as is,
 //   and reaches the next position;
-// - dflash-fuse-kernels (linear_residual, linear_swiglu, qk_norm_rope) leaves
-//   the features as they were.
+// - dflash-fuse-kernels (linear_residual, qk_norm_rope and, as `[memory]
+//   fuse_target_mlp` asks, linear_swiglu) leaves the features as they were.
 //
 //===----------------------------------------------------------------------===//
 
@@ -202,7 +202,9 @@ TEST_P(TargetForward, LaterTokensDoNotReachEarlierFeatures) {
 TEST_P(TargetForward, FusedKernelsGiveTheSameFeatures) {
   OwningOpRef<ModuleOp> fused = module->clone();
   PassManager pm(&context);
-  pm.addPass(::dflash::createFuseKernels());
+  ::dflash::FuseKernelsOptions options;
+  options.linearSwiglu = true; // [memory] fuse_target_mlp
+  pm.addPass(::dflash::createFuseKernels(options));
   ASSERT_TRUE(succeeded(pm.run(*fused)));
   int mlps = 0, swiglus = 0;
   fused->walk([&](Operation *op) {
