@@ -102,20 +102,30 @@ __device__ __forceinline__ float fastSilu(float g) {
   return __fdividef(g, 1.f + __expf(-g));
 }
 
-/// Work unit u's row tile (this CTA's, of rank `rank` in its cluster) and
-/// column tile: units are a cluster's row tiles (Cluster of them) by one
-/// column tile, in raster groups of kGroupRows row tiles (each group's x
-/// rows stay in L2 while its column tiles pass).
-template <int Cluster>
+/// Calls tile(rt, ct, first) for each output tile this CTA computes, in the
+/// order its producer and its consumers both walk them: row tile rt, column
+/// tile ct, and `first`, the ring position (stages filled before) of the
+/// tile's first K step. Work units are a cluster's row tiles (Cluster of
+/// them, this CTA's of rank `rank`) by one column tile; they go round the
+/// clusters in raster groups of kGroupRows row tiles (each group's x rows
+/// stay in L2 while its column tiles pass).
+template <int Cluster, typename Tile>
 __device__ __forceinline__ void
-swigluGemmTile(int u, int rowUnits, int colTiles, int rank, int &rt, int &ct) {
-  constexpr int G = SwiGluGemmConfig<Cluster>::kGroupRows / Cluster;
-  const int perGroup = G * colTiles;
-  const int group = u / perGroup, first = group * G;
-  const int rows = min(G, rowUnits - first);
-  const int within = u - group * perGroup;
-  rt = (first + within % rows) * Cluster + rank;
-  ct = within / rows;
+forEachTile(const SwiGluGemmArgs &args, int rank, int depthSteps, Tile tile) {
+  using C = SwiGluGemmConfig<Cluster>;
+  constexpr int G = C::kGroupRows / Cluster;
+  const int rowTiles = int((args.M + C::kRows - 1) / C::kRows);
+  const int rowUnits = (rowTiles + Cluster - 1) / Cluster;
+  const int colTiles = int((args.F + C::kCols - 1) / C::kCols);
+  const int units = rowUnits * colTiles, perGroup = G * colTiles;
+  int first = 0;
+  for (int u = blockIdx.x / Cluster; u < units;
+       u += gridDim.x / Cluster, first += depthSteps) {
+    const int group = u / perGroup, firstRow = group * G;
+    const int rows = min(G, rowUnits - firstRow);
+    const int within = u - group * perGroup;
+    tile((firstRow + within % rows) * Cluster + rank, within / rows, first);
+  }
 }
 
 template <int Cluster>
@@ -132,11 +142,6 @@ static __global__ void __launch_bounds__(SwiGluGemmConfig<Cluster>::kThreads, 1)
 
   const int tid = threadIdx.x, wg = tid / kWarpgroupThreads;
   const int rank = Cluster > 1 ? int(tma::clusterRank()) : 0;
-  const int cluster = blockIdx.x / Cluster, clusters = gridDim.x / Cluster;
-  const int rowTiles = int((args.M + C::kRows - 1) / C::kRows);
-  const int rowUnits = (rowTiles + Cluster - 1) / Cluster;
-  const int colTiles = int((args.F + C::kCols - 1) / C::kCols);
-  const int units = rowUnits * colTiles;
   const int depthSteps = int((args.K + C::kDepth - 1) / C::kDepth);
 
   if (tid == 0) {
@@ -158,34 +163,33 @@ static __global__ void __launch_bounds__(SwiGluGemmConfig<Cluster>::kThreads, 1)
   if (wg == 0) {
     decreaseRegisters<C::kProducerRegisters>();
     if (tid == 0) {
-      int it = 0;
-      for (int u = cluster; u < units; u += clusters) {
-        int rt, ct;
-        swigluGemmTile<Cluster>(u, rowUnits, colTiles, rank, rt, ct);
-        for (int kb = 0; kb < depthSteps; ++kb, ++it) {
-          const int s = it % C::kStages;
-          // A fresh barrier's "previous phase" counts as complete: the
-          // first pass round the ring does not wait.
-          tma::waitParity(empty0 + tma::kBarrierBytes * s,
-                          ((it / C::kStages) & 1) ^ 1);
-          const uint32_t bar = full0 + tma::kBarrierBytes * s;
-          const uint32_t stage = base + s * C::kStageBytes;
-          tma::arriveExpectTx(bar, C::kStageBytes);
-          const int k0 = kb * C::kDepth;
-          tma::load4d(stage, &maps.x, bar, k0, 0, rt * C::kRows, 0);
-          const uint32_t gate = stage + C::kXBytes, up = gate + C::kWBytes / 2;
-          if constexpr (Cluster == 1) {
-            tma::load4d(gate, &maps.wGate, bar, k0, 0, ct * C::kCols, 0);
-            tma::load4d(up, &maps.wUp, bar, k0, 0, ct * C::kCols, 0);
-          } else if (rank == 0) {
-            tma::load4dMulticast(gate, &maps.wGate, bar, k0, 0, ct * C::kCols,
-                                 0, 0b11);
-          } else {
-            tma::load4dMulticast(up, &maps.wUp, bar, k0, 0, ct * C::kCols, 0,
-                                 0b11);
-          }
-        }
-      }
+      forEachTile<Cluster>(
+          args, rank, depthSteps, [&](int rt, int ct, int first) {
+            for (int kb = 0; kb < depthSteps; ++kb) {
+              const int it = first + kb, s = it % C::kStages;
+              // A fresh barrier's "previous phase" counts as complete: the
+              // first pass round the ring does not wait.
+              tma::waitParity(empty0 + tma::kBarrierBytes * s,
+                              ((it / C::kStages) & 1) ^ 1);
+              const uint32_t bar = full0 + tma::kBarrierBytes * s;
+              const uint32_t stage = base + s * C::kStageBytes;
+              tma::arriveExpectTx(bar, C::kStageBytes);
+              const int k0 = kb * C::kDepth;
+              tma::load4d(stage, &maps.x, bar, k0, 0, rt * C::kRows, 0);
+              const uint32_t gate = stage + C::kXBytes,
+                             up = gate + C::kWBytes / 2;
+              if constexpr (Cluster == 1) {
+                tma::load4d(gate, &maps.wGate, bar, k0, 0, ct * C::kCols, 0);
+                tma::load4d(up, &maps.wUp, bar, k0, 0, ct * C::kCols, 0);
+              } else if (rank == 0) {
+                tma::load4dMulticast(gate, &maps.wGate, bar, k0, 0,
+                                     ct * C::kCols, 0, 0b11);
+              } else {
+                tma::load4dMulticast(up, &maps.wUp, bar, k0, 0, ct * C::kCols,
+                                     0, 0b11);
+              }
+            }
+          });
     }
   } else {
     increaseRegisters<C::kConsumerRegisters>();
@@ -205,72 +209,74 @@ static __global__ void __launch_bounds__(SwiGluGemmConfig<Cluster>::kThreads, 1)
     };
     // Columns 0..127 of acc are the gate's, 128..255 the up projection's.
     float acc[2 * C::kCols / 2];
-    int it = 0;
-    for (int u = cluster; u < units; u += clusters) {
-      int rt, ct;
-      swigluGemmTile<Cluster>(u, rowUnits, colTiles, rank, rt, ct);
-      for (int kb = 0; kb < depthSteps; ++kb, ++it) {
-        const int s = it % C::kStages;
-        tma::waitParity(full0 + tma::kBarrierBytes * s, (it / C::kStages) & 1);
-        const uint32_t stage = base + s * C::kStageBytes;
-        const uint32_t xLo =
-            descLo(stage + consumer * kM * kSwizzleRowBytes, kKMajorLbo);
-        const uint32_t wLo = descLo(stage + C::kXBytes, kKMajorLbo);
-        fence();
+    forEachTile<Cluster>(
+        args, rank, depthSteps, [&](int rt, int ct, int first) {
+          for (int kb = 0; kb < depthSteps; ++kb) {
+            const int it = first + kb, s = it % C::kStages;
+            tma::waitParity(full0 + tma::kBarrierBytes * s,
+                            (it / C::kStages) & 1);
+            const uint32_t stage = base + s * C::kStageBytes;
+            const uint32_t xLo =
+                descLo(stage + consumer * kM * kSwizzleRowBytes, kKMajorLbo);
+            const uint32_t wLo = descLo(stage + C::kXBytes, kKMajorLbo);
+            fence();
 #pragma unroll
-        for (int kk = 0; kk < C::kDepth / kK; ++kk)
-          Wgmma<2 * C::kCols, Major::K, Major::K>::ss(
-              acc, descOf(xLo + kMajorStep(kk, C::kRows)),
-              descOf(wLo + kMajorStep(kk, 2 * C::kCols)), kb > 0 || kk > 0);
-        commit();
-        // The stage before this one is read: hand it back.
-        wait<1>();
-        pin(acc);
-        if (kb > 0)
-          release((it - 1) % C::kStages);
-      }
-      wait<0>();
-      pin(acc);
-      release((it - 1) % C::kStages);
-
-      // SwiGLU on the accumulators; two bf16 a store. A tile wholly inside
-      // y stores without tests (fewer branches: 2.5% of the kernel's time);
-      // an edge tile stores rows below M and columns below F (F is even, so
-      // a pair is in or out whole).
-      const int64_t row0 =
-          int64_t(rt) * C::kRows + consumer * kM + warp * 16 + lane / 4;
-      if (int64_t(rt + 1) * C::kRows <= args.M &&
-          int64_t(ct + 1) * C::kCols <= args.F) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          __nv_bfloat16 *out = args.y + (row0 + 8 * i) * args.F +
-                               int64_t(ct) * C::kCols + 2 * (lane % 4);
-#pragma unroll
-          for (int j = 0; j < C::kCols / 8; ++j) {
-            const int g = 4 * j + 2 * i, up = g + C::kCols / 2;
-            *reinterpret_cast<uint32_t *>(out + 8 * j) = packBf16(
-                fastSilu(acc[g]) * acc[up], fastSilu(acc[g + 1]) * acc[up + 1]);
+            for (int kk = 0; kk < C::kDepth / kK; ++kk)
+              Wgmma<2 * C::kCols, Major::K, Major::K>::ss(
+                  acc, descOf(xLo + kMajorStep(kk, C::kRows)),
+                  descOf(wLo + kMajorStep(kk, 2 * C::kCols)), kb > 0 || kk > 0);
+            commit();
+            // The stage before this one is read: hand it back.
+            wait<1>();
+            pin(acc);
+            if (kb > 0)
+              release((it - 1) % C::kStages);
           }
-        }
-        continue;
-      }
+          wait<0>();
+          pin(acc);
+          release((first + depthSteps - 1) % C::kStages);
+
+          // SwiGLU on the accumulators; two bf16 a store. A tile wholly inside
+          // y stores without tests (fewer branches: 2.5% of the kernel's time);
+          // an edge tile stores rows below M and columns below F (F is even, so
+          // a pair is in or out whole).
+          const int64_t row0 =
+              int64_t(rt) * C::kRows + consumer * kM + warp * 16 + lane / 4;
+          if (int64_t(rt + 1) * C::kRows <= args.M &&
+              int64_t(ct + 1) * C::kCols <= args.F) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int64_t row = row0 + 8 * i;
-        if (row >= args.M)
-          continue;
-        __nv_bfloat16 *out = args.y + row * args.F;
+            for (int i = 0; i < 2; ++i) {
+              __nv_bfloat16 *out = args.y + (row0 + 8 * i) * args.F +
+                                   int64_t(ct) * C::kCols + 2 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < C::kCols / 8; ++j) {
-          const int64_t col = int64_t(ct) * C::kCols + 8 * j + 2 * (lane % 4);
-          if (col >= args.F)
-            continue;
-          const int g = 4 * j + 2 * i, up = g + C::kCols / 2;
-          *reinterpret_cast<uint32_t *>(out + col) = packBf16(
-              fastSilu(acc[g]) * acc[up], fastSilu(acc[g + 1]) * acc[up + 1]);
-        }
-      }
-    }
+              for (int j = 0; j < C::kCols / 8; ++j) {
+                const int g = 4 * j + 2 * i, up = g + C::kCols / 2;
+                *reinterpret_cast<uint32_t *>(out + 8 * j) =
+                    packBf16(fastSilu(acc[g]) * acc[up],
+                             fastSilu(acc[g + 1]) * acc[up + 1]);
+              }
+            }
+            return;
+          }
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int64_t row = row0 + 8 * i;
+            if (row >= args.M)
+              continue;
+            __nv_bfloat16 *out = args.y + row * args.F;
+#pragma unroll
+            for (int j = 0; j < C::kCols / 8; ++j) {
+              const int64_t col =
+                  int64_t(ct) * C::kCols + 8 * j + 2 * (lane % 4);
+              if (col >= args.F)
+                continue;
+              const int g = 4 * j + 2 * i, up = g + C::kCols / 2;
+              *reinterpret_cast<uint32_t *>(out + col) =
+                  packBf16(fastSilu(acc[g]) * acc[up],
+                           fastSilu(acc[g + 1]) * acc[up + 1]);
+            }
+          }
+        });
   }
   // No CTA leaves while its peer may still arrive on its barriers.
   if constexpr (Cluster > 1)
