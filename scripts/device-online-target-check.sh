@@ -15,11 +15,13 @@
 #    transformers itself run in bf16 on the same conversations.
 # 3. Throughput of the Qwen3-8B-shaped target (.device/tcfg/q8, random
 #    weights) at 4 x 3072 tokens, unpacked and packed, by target-features
-#    --bench, with the GEMM algorithms timing chose and with cuBLASLt's
-#    first choices (--no-gemm-timing), and transformers' forward of the
-#    same layers (0..33, sdpa, bf16) in the same call.
+#    --bench, with the GEMM algorithms timing chose, with cuBLASLt's first
+#    choices (--no-gemm-timing) and launched op by op (--no-graph), and
+#    transformers' forward of the same layers (0..33, sdpa, bf16) in the
+#    same call.
 # CHECK=0 skips 1 and 2, BENCH=0 skips 3, UNTIMED=0 the --no-gemm-timing
-# runs of 3.
+# runs of 3, EAGER=0 its --no-graph runs (the program launched op by op; by
+# default --bench replays it as one CUDA graph, as train does).
 # Needs in .device/bin: CausalAttentionGpuTest, target-features-tq,
 # target-features-tl (1 and 2), target-features-q8 (3). Logs to $OUT.
 set -u
@@ -94,7 +96,8 @@ fi
 
 if [[ ${BENCH:-1} == 1 ]]; then
 for packed in "" "--packed"; do
-  for gemms in "" $([[ ${UNTIMED:-1} == 1 ]] && echo --no-gemm-timing); do
+  for gemms in "" $([[ ${UNTIMED:-1} == 1 ]] && echo --no-gemm-timing) \
+      $([[ ${EAGER:-1} == 1 ]] && echo --no-graph); do
     b=bench$packed$gemms
     timeout 200 $D/bin/target-features-q8 --bench 10 $packed $gemms > $O/$b.json 2> $O/$b.err
     echo "target-features --bench $packed $gemms rc=$? $(cat $O/$b.json)"; tail -n 2 $O/$b.err

@@ -27,6 +27,7 @@ struct Options {
   int bench = 0; ///< timed batches on random weights; 0: features
   bool packed = false;
   bool noGemmTiming = false;
+  bool noGraph = false; ///< --bench: launch op by op, not as one CUDA graph
   int device = 0;
 };
 
@@ -161,6 +162,21 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
       }
     if (Status s = upload(); !s.ok())
       return s;
+    // As train replays it: one CUDA graph (its GEMMs timed at the capture),
+    // unless --no-graph (each op launched, and profiled with DFLASH_PROFILE).
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t graphExec = nullptr;
+    if (!o.noGraph)
+      if (Status s = captureProgramGraph(*program, *device, "the online target",
+                                         graph, graphExec);
+          !s.ok())
+        return s;
+    auto launch = [&]() -> Status {
+      if (o.noGraph)
+        return enqueue();
+      return cudaCallStatus(cudaGraphLaunch(graphExec, stream),
+                            "launching the online target's graph");
+    };
     cudaEvent_t start, stop;
     if (Status s = cudaCallStatus(cudaEventCreate(&start), "cudaEventCreate");
         !s.ok())
@@ -173,7 +189,7 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
       if (Status s = cudaCallStatus(cudaEventRecord(start, stream), "event");
           !s.ok())
         return s;
-      if (Status s = enqueue(); !s.ok())
+      if (Status s = launch(); !s.ok())
         return s;
       if (Status s = cudaCallStatus(cudaEventRecord(stop, stream), "event");
           !s.ok())
@@ -188,6 +204,16 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
       if (i >= 3)
         ms.push_back(t);
     }
+    if (graphExec)
+      if (Status s = cudaCallStatus(cudaGraphExecDestroy(graphExec),
+                                    "cudaGraphExecDestroy");
+          !s.ok())
+        return s;
+    if (graph)
+      if (Status s =
+              cudaCallStatus(cudaGraphDestroy(graph), "cudaGraphDestroy");
+          !s.ok())
+        return s;
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
     DeviceMemory memory;
@@ -195,11 +221,13 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
       return s;
     const kernels::GemmTimingSummary &gemms = device->gemmTimingSummary();
     std::printf("{\"rows\": %lld, \"seq_len\": %lld, \"packed\": %s, "
-                "\"ms\": %.3f, \"tokens_per_s\": %.0f, \"tflops\": %.1f, "
+                "\"graph\": %s, \"ms\": %.3f, \"tokens_per_s\": %.0f, "
+                "\"tflops\": %.1f, "
                 "\"gemm_shapes_timed\": %d, \"gemm_shapes_faster\": %d, "
                 "\"arena_gib\": %.2f, \"buffers_gib\": %.2f, "
                 "\"device_used_gib\": %.2f}\n",
-                (long long)B, (long long)S, o.packed ? "true" : "false", median,
+                (long long)B, (long long)S, o.packed ? "true" : "false",
+                o.noGraph ? "false" : "true", median,
                 double(B * S) / (median * 1e-3),
                 program->flopsPerStep() / (median * 1e-3) / 1e12,
                 gemms.timed + gemms.agreed, gemms.faster,
@@ -276,6 +304,10 @@ int dflash::rt::targetFeaturesMain(int argc, char **argv,
                "tokens (default: one conversation a row)");
   app.add_option("--device", o.device, "CUDA device (default 0)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--no-graph", o.noGraph,
+               "with --bench: launch the program op by op instead of as one "
+               "CUDA graph, as train replays it (DFLASH_PROFILE=1 then times "
+               "each op)");
   app.add_flag("--no-gemm-timing", o.noGemmTiming,
                "run every GEMM with cuBLASLt's first heuristic choice instead "
                "of timing its candidates at the first batch");
