@@ -233,9 +233,12 @@ FailureOr<Choice> select(Operation *op) {
       .Case([](SwigluOp) -> Result { return named("swiglu_fwd_bf16"); })
       .Case([](LinearSwigluOp o) -> Result {
         auto w = tensorOf(o.getGateWeight());
-        if (!kernels::swigluGemmSupportsShape(w.getDimSize(0), w.getDimSize(1)))
-          return o.emitOpError() << "has no SwiGLU GEMM for weights " << w
-                                 << ": K must be a multiple of 8 and F even";
+        if (!w.getElementType().isBF16() ||
+            !kernels::swigluGemmSupportsShape(w.getDimSize(0), w.getDimSize(1)))
+          return o.emitOpError()
+                 << "has no SwiGLU GEMM for weights " << w
+                 << ": the target's 'intermediate_size' must be even and "
+                    "'hidden_size' a multiple of 8, in bf16";
         return named("swiglu_gemm_bf16");
       })
       .Case([](SwigluGradOp) -> Result { return named("swiglu_bwd_bf16"); })

@@ -87,3 +87,16 @@ func.func @step(%q: tensor<1x128x1x64xbf16> {dflash.arg = #dflash.arg<input, "q"
       -> (tensor<1x128x1x64xbf16>, tensor<1x128x1xf32>)
   return %o : tensor<1x128x1x64xbf16>
 }
+
+// -----
+
+// The SwiGLU GEMM reads weight rows with TMA (K a multiple of 8) and stores
+// output pairs (F even).
+func.func @step(%x: tensor<4x12xbf16> {dflash.arg = #dflash.arg<input, "input_ids">},
+                %wg: tensor<96x12xbf16> {dflash.arg = #dflash.arg<frozen, "wg">},
+                %wu: tensor<96x12xbf16> {dflash.arg = #dflash.arg<frozen, "wu">})
+    -> (tensor<4x96xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+1 {{has no SwiGLU GEMM for weights 'tensor<96x12xbf16>': the target's 'intermediate_size' must be even and 'hidden_size' a multiple of 8, in bf16}}
+  %y = dflash.linear_swiglu %x, %wg, %wu : (tensor<4x12xbf16>, tensor<96x12xbf16>, tensor<96x12xbf16>) -> tensor<4x96xbf16>
+  return %y : tensor<4x96xbf16>
+}
