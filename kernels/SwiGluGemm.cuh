@@ -66,7 +66,6 @@ namespace detail {
 /// the weights cross from L2 once per pair of row tiles.
 template <int Cluster> struct SwiGluGemmConfig {
   static_assert(Cluster == 1 || Cluster == 2, "clusters of 1 or 2 CTAs");
-  static constexpr int kCluster = Cluster;
   static constexpr int kConsumers = 2;                 // warpgroups of 64 rows
   static constexpr int kRows = kConsumers * wgmma::kM; // x rows of a tile
   static constexpr int kCols = 128;                    // outputs of a tile

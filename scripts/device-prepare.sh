@@ -17,7 +17,7 @@
 #   the small random Qwen3 / Llama-3 of tcfg/{qwen3,llama}),
 #   target-features-q8 and train-q8o (qwen3-8b-b16 with the Qwen3-8B-shaped
 #   target of tcfg/q8), each named with SUFFIX (e.g. -b), KernelBench, and
-#   the GPU tests; DFLASHC=path/to/dflashc emits them with another compiler
+#   the GPU tests the online checks run; DFLASHC=path/to/dflashc emits them with another compiler
 #   (an A/B pair from two trees), ONLINE_TARGETS="q8" builds only those
 #   targets' binaries (nothing else), FUSE_TARGET_MLP=1 compiles them with
 #   `[memory] fuse_target_mlp = true`.
@@ -28,9 +28,9 @@ D=.device
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
 qwen=1
 online=0
-suffix=
+binSuffix=
 [[ ${1:-} == --no-qwen ]] && qwen=0
-[[ ${1:-} == --online ]] && online=1 && suffix=${2:-}
+[[ ${1:-} == --online ]] && online=1 && binSuffix=${2:-}
 mkdir -p "$D/bin" "$D/specs" "$D/ref" "$D/gen" "$D/tcfg"
 cp -r scripts/target-configs/. "$D/tcfg/"
 
@@ -45,11 +45,19 @@ if [[ ! -f build-dev/build.ninja ]]; then
 fi
 step "building build-dev"
 ninja -C build-dev > "$D/build-dev.log" || { tail -20 "$D/build-dev.log"; exit 1; }
-for t in AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest \
-         RuntimeTrainerTest GeneratedStepThreadsTest; do
+# The online mode carries only the tests its checks run: with every test
+# beside the online binaries, .device outgrows what the device tool carries.
+if [[ $online == 1 ]]; then
+  tests="DenseGpuTest CausalAttentionGpuTest"
+else
+  tests="AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest
+         RuntimeTrainerTest GeneratedStepThreadsTest"
+  cp build-dev/bin/dflash-synth "$D/bin/" # scripts/device-run-checks.sh makes data there
+fi
+[[ -n ${ONLINE_TARGETS:-} ]] && tests=
+for t in $tests; do
   cp "build-dev/test/gpu/$t" "$D/bin/"
 done
-cp build-dev/bin/dflash-synth "$D/bin/" # scripts/device-run-checks.sh makes data there
 dflashc=${DFLASHC:-build-dev/bin/dflashc}
 
 # Derived specs: tiny with small buckets (several per step), its ZeRO-1
@@ -66,16 +74,22 @@ sed 's/^name = .*/name = "qwen3-8b-zero1"/' specs/qwen3-8b-b16.toml > "$D/specs/
 printf '\n[parallel]\ngpus_per_node = 2\nshard_optimizer_state = true\n' \
   >> "$D/specs/qwen3-8b-zero1.toml"
 
-# One trainer: emit its sources, build them without MPI, keep the binary
-# and the manifest (FLOPs per step).
-trainer() {
-  local name=$1 spec=$2 dir=$D/gen/$1
-  step "trainer $name ($spec)"
+# Emits the trainer project of `dflashc ARGS...` into $D/gen/NAME and builds
+# it without MPI: project NAME ARGS...
+project() {
+  local dir=$D/gen/$1
+  shift
   rm -rf "$dir"
-  "$dflashc" "$spec" --emit=cuda -o "$dir" > /dev/null
+  "$dflashc" "$@" --emit=cuda -o "$dir" > /dev/null
   cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
   ninja -C "$dir/build" > "$dir.build.log" || { tail -20 "$dir.build.log"; exit 1; }
+}
+# One trainer: keep the binary and the manifest (FLOPs per step).
+trainer() {
+  local name=$1 spec=$2 dir=$D/gen/$1
+  step "trainer $name ($spec)"
+  project "$name" "$spec"
   cp "$dir/build/train" "$D/bin/train-$name"
   cp "$dir/manifest.json" "$D/ref/$name-manifest.json"
 }
@@ -88,13 +102,9 @@ online() {
     spec=$D/specs/$name-fused.toml
   fi
   step "online target $name ($spec --target $target)"
-  rm -rf "$dir"
-  "$dflashc" "$spec" --target "$target" --emit=cuda -o "$dir" > /dev/null
-  cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
-  ninja -C "$dir/build" > "$dir.build.log" || { tail -20 "$dir.build.log"; exit 1; }
-  cp "$dir/build/target-features" "$D/bin/target-features-$name$suffix"
-  [[ $name == q8 ]] && cp "$dir/build/train" "$D/bin/train-q8o$suffix"
+  project "$name" "$spec" --target "$target"
+  cp "$dir/build/target-features" "$D/bin/target-features-$name$binSuffix"
+  [[ $name == q8 ]] && cp "$dir/build/train" "$D/bin/train-q8o$binSuffix"
   return 0
 }
 if [[ $online == 1 ]]; then
@@ -103,7 +113,6 @@ if [[ $online == 1 ]]; then
     "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
       --expt-relaxed-constexpr -lineinfo bench/kernels/KernelBench.cu \
       -o "$D/bin/KernelBench" -lcublasLt
-    cp build-dev/test/gpu/CausalAttentionGpuTest "$D/bin/"
   fi
   for t in ${ONLINE_TARGETS:-tq tl q8}; do
     case $t in

@@ -34,7 +34,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <random>
 #include <set>
@@ -142,6 +141,26 @@ template <typename T> T *deviceAlloc(size_t count) {
   T *p = nullptr;
   DFLASH_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
   return p;
+}
+
+/// n bf16 values of device memory, on the host.
+std::vector<bf16> downloadBf16(const bf16 *d, size_t n) {
+  std::vector<bf16> h(n);
+  DFLASH_CUDA_CHECK(
+      cudaMemcpy(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+/// ||a - b|| / ||b|| (||a - b|| where b is all zeros).
+double relativeDifference(const std::vector<bf16> &a,
+                          const std::vector<bf16> &b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 __global__ void fillRandomBf16(bf16 *p, size_t n, uint64_t seed, float scale) {
@@ -444,24 +463,10 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   // Context kernel on wgmma (launches 1 and 3 as above). First its outputs
   // at these shapes against the mma.sync backward's (relative L2 difference).
   if (!fwdOnly) {
-    auto fetch = [](const bf16 *d, size_t n) {
-      std::vector<bf16> h(n);
-      DFLASH_CUDA_CHECK(
-          cudaMemcpy(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
-      return h;
-    };
-    auto relDiff = [](const std::vector<bf16> &a, const std::vector<bf16> &b) {
-      double num = 0, den = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
-        num += (x - y) * (x - y);
-        den += y * y;
-      }
-      return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    };
     mma_sync_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-    auto q0 = fetch(dq, qn), k0 = fetch(dck, cn), v0 = fetch(dcv, cn);
+    auto q0 = downloadBf16(dq, qn), k0 = downloadBf16(dck, cn),
+         v0 = downloadBf16(dcv, cn);
     // Poisoned (NaN) first: a row the wgmma backward leaves unwritten shows.
     for (bf16 *p : {dq, dck, dcv})
       DFLASH_CUDA_CHECK(
@@ -470,8 +475,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("attention bwd %s B=%d: wgmma (default) vs mma.sync relative "
                 "diff dq %.3g dck %.3g dcv %.3g\n",
-                kind, B, relDiff(fetch(dq, qn), q0),
-                relDiff(fetch(dck, cn), k0), relDiff(fetch(dcv, cn), v0));
+                kind, B, relativeDifference(downloadBf16(dq, qn), q0),
+                relativeDifference(downloadBf16(dck, cn), k0),
+                relativeDifference(downloadBf16(dcv, cn), v0));
   }
   // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down,
   // (row, kv head) pairs per launch group. The default runs first and last:
@@ -871,33 +877,15 @@ void swigluGemm(CublasLtGemm &gemm) {
                    }});
   forms[0].run();
   gemm.timeCandidates(0);
-  auto download = [&](bf16 *p) {
-    std::vector<uint16_t> h(M * F);
-    DFLASH_CUDA_CHECK(
-        cudaMemcpy(h.data(), p, M * F * 2, cudaMemcpyDeviceToHost));
-    return h;
-  };
-  auto val = [](uint16_t h) {
-    uint32_t w = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &w, 4);
-    return double(f);
-  };
-  const std::vector<uint16_t> ref = download(y0);
+  const std::vector<bf16> ref = downloadBf16(y0, M * F);
   for (size_t i = 1; i < forms.size(); ++i) {
     DFLASH_CUDA_CHECK(cudaMemset(forms[i].y, 0xFF, M * F * 2));
     forms[i].run();
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<uint16_t> got = download(forms[i].y);
-    double num = 0, den = 0;
-    for (size_t e = 0; e < got.size(); ++e) {
-      double d = val(got[e]) - val(ref[e]);
-      num += d * d;
-      den += val(ref[e]) * val(ref[e]);
-    }
     std::printf("swiglu gemm: %s vs cuBLASLt + swiglu relative difference "
                 "%.3e\n",
-                forms[i].name, std::sqrt(num / den));
+                forms[i].name,
+                relativeDifference(downloadBf16(forms[i].y, M * F), ref));
   }
   const double flops = 2.0 * M * (2 * F) * K;
   const std::string shape = "gate+up+swiglu 12288x12288x4096 [";
