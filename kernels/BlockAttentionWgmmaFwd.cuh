@@ -64,20 +64,27 @@ template <int D, int BS, int NH, int NKV> struct WgmmaFwdConfig {
       kQBytes + 4 * kBufBytes + wgmma::kSwizzleAtomBytes;
 };
 
-/// Scales, masks and exponentiates one tile of scores in place (online
-/// softmax: m, l updated, in log2 units of scaled scores; alpha is what O
-/// must be multiplied by before this tile's P V). NK keys.
+/// How far, in log2 units of scaled scores, a row's maximum may rise above
+/// the reference m its exponentials are taken against before m moves and O
+/// and l are rescaled (lazy rescaling): p stays below 2^8, far inside fp32
+/// and bf16 range, and O and l share the reference, so O / l is the same
+/// function. After a row's first tiles its maximum seldom rises that far,
+/// so most tiles skip the 64 multiplies of O a thread.
+constexpr float kLazyRescaleLog2 = 8.f;
+
+/// Masks and exponentiates one tile of scores in place (online softmax: m,
+/// the reference maximum in log2 units of scaled scores, and l updated;
+/// alpha is what this thread's rows of O must be multiplied by before this
+/// tile's P V). Returns whether any row of the warp moved its reference
+/// (uniform per warp): only then does O need the multiply. The scale is
+/// folded into the exponent, one FFMA a score. NK keys.
 template <int NK, typename Visible>
-__device__ __forceinline__ void wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
-                                             float (&l)[2], float (&alpha)[2],
-                                             float scaleLog2, bool whole,
-                                             Visible visible, int lane) {
+__device__ __forceinline__ bool
+wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2], float (&l)[2],
+             float (&alpha)[2], float scaleLog2, bool whole, Visible visible,
+             int lane) {
   // One branch per tile (whole is uniform per warpgroup), not per element.
-  if (whole) {
-#pragma unroll
-    for (int k = 0; k < NK / 2; ++k)
-      s[k] *= scaleLog2;
-  } else {
+  if (!whole) {
 #pragma unroll
     for (int j = 0; j < NK / 8; ++j)
 #pragma unroll
@@ -85,10 +92,10 @@ __device__ __forceinline__ void wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float &v = s[4 * j + 2 * i + e];
-          v = visible(i, j * 8 + 2 * (lane & 3) + e) ? v * scaleLog2
-                                                     : -INFINITY;
+          v = visible(i, j * 8 + 2 * (lane & 3) + e) ? v : -INFINITY;
         }
   }
+  bool moved = false;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     float mx = -INFINITY;
@@ -97,23 +104,31 @@ __device__ __forceinline__ void wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
       mx = fmaxf(mx, fmaxf(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float mNew = fmaxf(m[i], mx);
+    // scaleLog2 > 0: the scaled maximum is the maximum of the scaled
+    // scores, and -inf (a row that sees nothing yet) stays -inf.
+    const float mTile = mx * scaleLog2;
+    alpha[i] = 1.f;
+    // m = -inf: the first tile the row sees always moves it (alpha 0).
+    if (mTile > m[i] + kLazyRescaleLog2) {
+      alpha[i] = exp2Approx(m[i] - mTile);
+      m[i] = mTile;
+      moved = true;
+    }
     // A row that has seen nothing keeps m = -inf: exponentiate against 0 so
     // masked entries give 0, not NaN.
-    float mUse = mNew == -INFINITY ? 0.f : mNew;
-    alpha[i] = exp2Approx(m[i] - mUse);
-    m[i] = mNew;
+    const float mUse = m[i] == -INFINITY ? 0.f : m[i];
     float sum = 0.f;
 #pragma unroll
     for (int j = 0; j < NK / 8; ++j) {
-      float p0 = exp2Approx(s[4 * j + 2 * i] - mUse);
-      float p1 = exp2Approx(s[4 * j + 2 * i + 1] - mUse);
+      float p0 = exp2Approx(fmaf(s[4 * j + 2 * i], scaleLog2, -mUse));
+      float p1 = exp2Approx(fmaf(s[4 * j + 2 * i + 1], scaleLog2, -mUse));
       s[4 * j + 2 * i] = p0;
       s[4 * j + 2 * i + 1] = p1;
       sum += p0 + p1;
     }
     l[i] = l[i] * alpha[i] + sum;
   }
+  return __any_sync(0xffffffffu, moved);
 }
 
 /// O += P V for one sub-tile (P packed from the scores: two adjacent n8
@@ -161,10 +176,11 @@ wgmmaAttendTile(uint32_t qAddr, uint32_t kAddr, uint32_t vAddr,
   float alpha[2];
   wait<0>();
   pin(s);
-  wgmmaSoftmax<NK>(s, m, l, alpha, scaleLog2, whole, visible, lane);
+  if (wgmmaSoftmax<NK>(s, m, l, alpha, scaleLog2, whole, visible, lane)) {
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i)
-    o[i] *= alpha[i & 2 ? 1 : 0];
+    for (int i = 0; i < D / 2; ++i)
+      o[i] *= alpha[i & 2 ? 1 : 0];
+  }
   wgmmaPV<D, NK, BR>(s, vAddr, o);
   wait<0>();
   pin(o);

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Attention forwards before (-a) and after (-b) a change to kernels/, side
+# by side in one call on the GPU machine, over .device/bin:
+# - the changed tree's CausalAttentionGpuTest and AttentionGpuTest (the
+#   drafter's forward shares the wgmma tile code);
+# - KernelBench-{a,b} "causal,attention-fwd" twice each, alternating (the
+#   target's causal forward unpacked and packed, the drafter's forwards);
+#   VARIANTS="a b c" adds builds, ONLY="causal" narrows the sections;
+# - PyTorch's SDPA / varlen attention on the same causal rows
+#   (bench/kernels/torch_reference.py --only causal);
+# - with target-features-q8-{a,b} present, scripts/device-ab-check.sh's
+#   target rounds (TRAIN=0).
+# Build KernelBench-a from a worktree of the old tree (bench/kernels/run.sh's
+# nvcc line), target-features-q8-a with DFLASHC wrapping dflashc
+# --source-dir OLD_TREE (scripts/device-prepare.sh --online -a). Logs to $OUT.
+set -u
+D=.device
+O=${OUT:-/tmp/dflash-attention-ab}
+mkdir -p "$O"
+nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+for t in CausalAttentionGpuTest AttentionGpuTest; do
+  [[ -x $D/bin/$t ]] || continue
+  timeout 240 $D/bin/$t > /tmp/$t.txt 2>&1
+  echo "$t rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' /tmp/$t.txt | tr '\n' ' ')"
+  grep -a "FAILED \]" /tmp/$t.txt | head -n 5
+done
+for round in 1 2; do
+  for v in ${VARIANTS:-a b}; do
+    timeout 240 $D/bin/KernelBench-$v $O/kernels-$v$round.jsonl ${ONLY:-causal,attention-fwd} \
+      > /tmp/kernels-$v$round.log 2>&1
+    echo "KernelBench-$v round $round rc=$?"
+    grep -a -E "causal|fwd" /tmp/kernels-$v$round.log | grep -a -v "mt[12] kt\|mma.sync" | cut -c1-100
+  done
+done
+timeout 240 python3 bench/kernels/torch_reference.py --out $O/torch.jsonl --only causal \
+  > /tmp/torch.log 2>&1
+echo "torch_reference causal rc=$?"; grep -a -i "causal" /tmp/torch.log | tail -n 4
+if [[ -x $D/bin/target-features-q8-a && -x $D/bin/target-features-q8-b ]]; then
+  OUT=$O TRAIN=0 bash scripts/device-ab-check.sh
+fi
