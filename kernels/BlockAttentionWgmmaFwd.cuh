@@ -79,10 +79,10 @@ constexpr float kLazyRescaleLog2 = 8.f;
 /// (uniform per warp): only then does O need the multiply. The scale is
 /// folded into the exponent, one FFMA a score. NK keys.
 template <int NK, typename Visible>
-__device__ __forceinline__ bool
-wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2], float (&l)[2],
-             float (&alpha)[2], float scaleLog2, bool whole, Visible visible,
-             int lane) {
+__device__ __forceinline__ bool wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
+                                             float (&l)[2], float (&alpha)[2],
+                                             float scaleLog2, bool whole,
+                                             Visible visible, int lane) {
   // One branch per tile (whole is uniform per warpgroup), not per element.
   if (!whole) {
 #pragma unroll
