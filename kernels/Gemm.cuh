@@ -60,15 +60,6 @@ static __global__ void fillGemmScratch(__nv_bfloat16 *p, size_t n,
 }
 } // namespace detail
 
-/// What timing found for one planned shape (CublasLtGemm::timings()).
-struct GemmCandidateTimes {
-  std::string shape;     ///< "linear M 12288 N 4096 K 4096" style
-  double flops = 0;      ///< 2 m n k
-  std::vector<float> ms; ///< median per candidate, heuristic order;
-                         ///< negative: the candidate failed to run
-  int chosen = 0;        ///< index into ms
-};
-
 class CublasLtGemm {
 public:
   /// Plans for the current device (its name and multiprocessor count key
@@ -153,9 +144,12 @@ public:
   /// each, interleaved so that the clock's drift under the power cap falls on
   /// all alike, after one warm-up launch each. A plan keeps the heuristic's
   /// first algorithm unless another's median is at least `margin` faster, so
-  /// that near-ties do not flip between runs. Synchronises the stream.
-  /// Returns how many plans changed algorithm. A plan whose scratch does not
-  /// fit in free memory keeps its first candidate.
+  /// that near-ties do not flip between runs. The GPU is not warmed to its
+  /// power-capped clock first: candidates ranked there made the target's
+  /// forward no faster (bench/RESULTS.md, "GEMM timing at the sustained
+  /// clock"). Synchronises the stream. Returns how many plans changed
+  /// algorithm. A plan whose scratch does not fit in free memory keeps its
+  /// first candidate.
   int timeCandidates(cudaStream_t stream, int rounds = 7,
                      float margin = 0.02f) {
     const auto start = std::chrono::steady_clock::now();

@@ -13,7 +13,8 @@ set -u
 D=.device
 O=${OUT:-/tmp/dflash-ab}
 mkdir -p "$O"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+source "$(dirname "$0")/device-common.sh"
+gpu_info
 for packed in "" "--packed"; do
   for round in 1 2; do
     for v in a b; do

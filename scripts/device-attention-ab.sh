@@ -17,12 +17,11 @@ set -u
 D=.device
 O=${OUT:-/tmp/dflash-attention-ab}
 mkdir -p "$O"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+source "$(dirname "$0")/device-common.sh"
+gpu_info
 for t in CausalAttentionGpuTest AttentionGpuTest; do
   [[ -x $D/bin/$t ]] || continue
-  timeout 240 $D/bin/$t > /tmp/$t.txt 2>&1
-  echo "$t rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' /tmp/$t.txt | tr '\n' ' ')"
-  grep -a "FAILED \]" /tmp/$t.txt | head -n 5
+  run_gpu_test $D/bin/$t /tmp
 done
 for round in 1 2; do
   for v in ${VARIANTS:-a b}; do

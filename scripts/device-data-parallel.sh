@@ -8,6 +8,7 @@
 # the sharded step against the unsharded one after 1 and 2 steps. Logs go
 # to $OUT; a table is printed last.
 set -u
+source "$(dirname "$0")/device-common.sh"
 D=.device
 O=${OUT:-/tmp/dflash-data-parallel}
 mkdir -p "$O"
@@ -33,8 +34,7 @@ compare() { # label a b [steps]: final parameters and per-step losses
 }
 
 if [[ $gpus -ge 2 ]]; then
-  timeout 300 "$D/bin/RuntimeTrainerTest" > "$O/RuntimeTrainerTest.log" 2>&1
-  record "RuntimeTrainerTest ($gpus GPUs)" "rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED)' "$O/RuntimeTrainerTest.log" | tr '\n' ' ')"
+  record "RuntimeTrainerTest ($gpus GPUs)" "$(run_gpu_test "$D/bin/RuntimeTrainerTest" "$O" 300 0)"
   train dp2 train-tiny-b1 --gpus 0,1 --steps 20
   train dp2e train-tiny-b1 --gpus 0,1 --steps 20 --no-graph
   compare "tiny, 2 GPUs, graph vs eager" dp2 dp2e

@@ -18,10 +18,9 @@ O=${OUT:-/tmp/dflash-gemm-timing}
 L=/tmp/gemm-timing-logs
 rm -rf "$L"
 mkdir -p "$O" "$L"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
-timeout 200 $D/bin/LmHeadGpuTest > $L/LmHeadGpuTest.txt 2>&1
-echo "LmHeadGpuTest rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' $L/LmHeadGpuTest.txt | tr '\n' ' ')"
-grep -a "FAILED\|Failure" $L/LmHeadGpuTest.txt | head -n 8
+source "$(dirname "$0")/device-common.sh"
+gpu_info
+run_gpu_test $D/bin/LmHeadGpuTest $L 200
 
 OUT=$L/target CHECK=0 bash scripts/device-online-target-check.sh 2>&1 | grep -a -v "^ *$"
 

@@ -9,9 +9,10 @@
 set -u
 O=${OUT:-/tmp/o}; D=.device
 export NCCL_NVLS_ENABLE=0
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+source "$(dirname "$0")/device-common.sh"
+gpu_info
 for t in LmHeadGpuTest DenseGpuTest; do
-  timeout 120 $D/bin/$t > $O/$t.txt 2>&1; echo "$t rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' $O/$t.txt | tr '\n' ' ')"
+  run_gpu_test $D/bin/$t $O 120
 done
 for v in tiny-old tiny-new; do
   b=train-tiny; [[ $v == tiny-new ]] && b=train-tinyn

@@ -21,7 +21,8 @@ O=${OUT:-/tmp/dflash-online-8b}
 W=/tmp/online-8b
 mkdir -p "$O"
 rm -rf $W && mkdir -p $W/tokens
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+source "$(dirname "$0")/device-common.sh"
+gpu_info
 timeout 420 python3 - $D $W <<'PY' 2>&1 | grep -v "Writing\|Loading\|deprecated"
 import json, os, subprocess, sys, time
 import numpy as np

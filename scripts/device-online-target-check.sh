@@ -28,11 +28,10 @@ set -u
 D=.device
 O=${OUT:-/tmp/dflash-online-target}
 mkdir -p "$O"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+source "$(dirname "$0")/device-common.sh"
+gpu_info
 if [[ ${CHECK:-1} == 1 ]]; then
-timeout 120 $D/bin/CausalAttentionGpuTest > $O/CausalAttentionGpuTest.txt 2>&1
-echo "CausalAttentionGpuTest rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' $O/CausalAttentionGpuTest.txt | tr '\n' ' ')"
-grep -a "FAILED\|rel err\|Failure" $O/CausalAttentionGpuTest.txt | head -n 8
+run_gpu_test $D/bin/CausalAttentionGpuTest $O 120
 
 W=/tmp/online-target
 rm -rf $W && mkdir -p $W

@@ -10,11 +10,10 @@ set -u
 D=.device
 O=${OUT:-/tmp/dflash-online-kernels}
 mkdir -p "$O"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+source "$(dirname "$0")/device-common.sh"
+gpu_info
 for t in DenseGpuTest CausalAttentionGpuTest; do
-  timeout 180 $D/bin/$t > $O/$t.txt 2>&1
-  echo "$t rc=$? $(grep -a -E '^\[  (PASSED|FAILED) ' $O/$t.txt | tr '\n' ' ')"
-  grep -a "FAILED \]" $O/$t.txt | head -n 5
+  run_gpu_test $D/bin/$t $O 180
 done
 timeout 180 $D/bin/KernelBench $O/kernels.jsonl causal > $O/kernels.log 2>&1
 echo "KernelBench causal rc=$?"; grep -a "causal" $O/kernels.log

@@ -14,7 +14,8 @@ mkdir -p "$O"
 export NCCL_NVLS_ENABLE=0
 steps=${STEPS:-30}
 gpus=$(nvidia-smi -L | wc -l)
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
+source "$(dirname "$0")/device-common.sh"
+gpu_info
 
 run() { # name binary args...
   local name=$1 bin=$2; shift 2

@@ -22,12 +22,9 @@ set -u
 D=.device
 O=${OUT:-/tmp/dflash-swiglu-gemm}
 mkdir -p "$O"
-nvidia-smi --query-gpu=name,clocks.sm,temperature.gpu --format=csv,noheader
-timeout 300 $D/bin/DenseGpuTest > $O/DenseGpuTest.txt 2>&1
-rc=$?
-echo "DenseGpuTest rc=$rc $(grep -a -E '^\[  (PASSED|FAILED) ' $O/DenseGpuTest.txt | tr '\n' ' ')"
-grep -a -E "FAILED \]|Failure|rel err" $O/DenseGpuTest.txt | head -n 12
-[[ $rc == 0 ]] || { echo "device-swiglu-gemm-check: DenseGpuTest failed; stopping"; exit 1; }
+source "$(dirname "$0")/device-common.sh"
+gpu_info
+run_gpu_test $D/bin/DenseGpuTest $O 300 12 || { echo "device-swiglu-gemm-check: DenseGpuTest failed; stopping"; exit 1; }
 timeout 200 $D/bin/KernelBench $O/kernels.jsonl swiglu-gemm > $O/kernels.log 2>&1
 echo "KernelBench swiglu-gemm rc=$?"; grep -a -E "gate\+up|swiglu gemm|gemm 8192|clock" $O/kernels.log
 [[ ${AB:-1} == 1 ]] && OUT=$O TRAIN=0 scripts/device-ab-check.sh

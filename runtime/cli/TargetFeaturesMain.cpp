@@ -220,6 +220,15 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     if (Status s = device->memory(memory); !s.ok())
       return s;
     const kernels::GemmTimingSummary &gemms = device->gemmTimingSummary();
+    // Which algorithm each timed shape runs, for comparing machines.
+    for (const kernels::GemmCandidateTimes &t : device->gemmTimings()) {
+      const int c = t.chosen;
+      std::fprintf(stderr,
+                   "target-features: %s: candidate %d of %zu, %.3f ms, %.1f "
+                   "TFLOP/s (first %.3f ms)\n",
+                   t.shape.c_str(), c + 1, t.ms.size(), t.ms[size_t(c)],
+                   t.flops / (double(t.ms[size_t(c)]) * 1e-3) / 1e12, t.ms[0]);
+    }
     std::printf("{\"rows\": %lld, \"seq_len\": %lld, \"packed\": %s, "
                 "\"graph\": %s, \"ms\": %.3f, \"tokens_per_s\": %.0f, "
                 "\"tflops\": %.1f, "

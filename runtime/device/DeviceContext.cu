@@ -204,6 +204,10 @@ const kernels::GemmTimingSummary &DeviceContext::gemmTimingSummary() const {
   return gemmPlanner->timingSummary();
 }
 
+std::vector<kernels::GemmCandidateTimes> DeviceContext::gemmTimings() const {
+  return gemmPlanner->timings();
+}
+
 Status
 dflash::rt::captureProgramGraph(StepProgram &program, DeviceContext &device,
                                 const std::string &what, cudaGraph_t &graph,

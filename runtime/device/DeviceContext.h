@@ -130,6 +130,8 @@ public:
   /// call it after every eager launch of a program.
   Status timeNewGemmShapes(bool *changed = nullptr);
   const kernels::GemmTimingSummary &gemmTimingSummary() const;
+  /// Every shape this device's planner timed: candidates' medians, choice.
+  std::vector<kernels::GemmCandidateTimes> gemmTimings() const;
 
 private:
   DeviceContext() = default;
