@@ -163,7 +163,7 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     if (Status s = upload(); !s.ok())
       return s;
     // As train replays it: one CUDA graph (its GEMMs timed at the capture),
-    // unless --no-graph (each op launched, and profiled with DFLASH_PROFILE).
+    // unless --no-graph (each op launched). DFLASH_PROFILE times either.
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t graphExec = nullptr;
     if (!o.noGraph)
@@ -174,8 +174,7 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     auto launch = [&]() -> Status {
       if (o.noGraph)
         return enqueue();
-      return cudaCallStatus(cudaGraphLaunch(graphExec, stream),
-                            "launching the online target's graph");
+      return launchProgram(*program, graphExec, stream, "the online target");
     };
     cudaEvent_t start, stop;
     if (Status s = cudaCallStatus(cudaEventCreate(&start), "cudaEventCreate");
@@ -315,8 +314,8 @@ int dflash::rt::targetFeaturesMain(int argc, char **argv,
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-graph", o.noGraph,
                "with --bench: launch the program op by op instead of as one "
-               "CUDA graph, as train replays it (DFLASH_PROFILE=1 then times "
-               "each op)");
+               "CUDA graph, as train replays it (DFLASH_PROFILE=1 times each "
+               "op either way)");
   app.add_flag("--no-gemm-timing", o.noGemmTiming,
                "run every GEMM with cuBLASLt's first heuristic choice instead "
                "of timing its candidates at the first batch");

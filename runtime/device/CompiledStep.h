@@ -99,6 +99,7 @@ public:
               const DeviceResources &resources,
               const StepHyper &hyper) override;
   Status enqueue(cudaStream_t stream) final;
+  void beforeReplay() final { profiler.beforeReplay(); }
 
 protected:
   /// The launch sequence of one step (generated).

@@ -208,6 +208,16 @@ std::vector<kernels::GemmCandidateTimes> DeviceContext::gemmTimings() const {
   return gemmPlanner->timings();
 }
 
+Status dflash::rt::launchProgram(StepProgram &program,
+                                 cudaGraphExec_t graphExec, cudaStream_t stream,
+                                 const std::string &what) {
+  if (!graphExec)
+    return program.enqueue(stream);
+  program.beforeReplay();
+  return cudaCallStatus(cudaGraphLaunch(graphExec, stream),
+                        "cudaGraphLaunch of " + what);
+}
+
 Status
 dflash::rt::captureProgramGraph(StepProgram &program, DeviceContext &device,
                                 const std::string &what, cudaGraph_t &graph,

@@ -68,6 +68,12 @@ Status captureProgramGraph(StepProgram &program, DeviceContext &device,
                            cudaGraphExec_t &graphExec,
                            const std::function<Status()> &afterCapture = {});
 
+/// Runs `program` once on `stream`: a replay of `graphExec` (made by
+/// captureProgramGraph), or, when it is null, its ops launched eagerly.
+/// Launch errors are the caller's to check with cudaGetLastError.
+Status launchProgram(StepProgram &program, cudaGraphExec_t graphExec,
+                     cudaStream_t stream, const std::string &what);
+
 class DeviceContext {
 public:
   /// Makes `device` current on the calling thread, then creates the stream,

@@ -1,11 +1,13 @@
 //===- StepProfiler.h - Per-kernel times of eager steps ---------*- C++ -*-===//
 //
-// With DFLASH_PROFILE=1 in the environment and `train --no-graph`, the
-// generated step brackets each of its ops with CUDA events and, when the
-// program ends, prints the median time of every op over the profiled steps
-// and a total by op kind, to stderr. Without the variable begin()/end() are a
-// branch each. Graph replays are not profiled: events inside a capture do
-// not time the replay.
+// With DFLASH_PROFILE=1 in the environment, the generated programs bracket
+// each of their ops with CUDA events and, when a program ends, print the
+// median time of every op over the profiled steps and a total by op kind, to
+// stderr. Eager steps record the events as they launch; a captured graph
+// holds them as event-record nodes (cudaEventRecordExternal), so its replays
+// time the ops as train runs them, and each replay's times are collected
+// before the next (beforeReplay). Without the variable begin()/end() are a
+// branch each.
 //
 //===----------------------------------------------------------------------===//
 
@@ -40,8 +42,9 @@ public:
     collect();
     std::map<std::string, double> byKind;
     double total = 0;
-    std::fprintf(stderr, "profile: median ms per op over %zu eager steps\n",
-                 samples.empty() ? size_t(0) : samples[0].size());
+    std::fprintf(stderr, "profile: median ms per op over %zu %s\n",
+                 samples.empty() ? size_t(0) : samples[0].size(),
+                 graph ? "graph replays" : "eager steps");
     for (size_t i = 0; i < names.size(); ++i) {
       std::vector<float> &t = samples[i];
       if (t.empty())
@@ -63,7 +66,8 @@ public:
   }
 
   /// Collects the previous step's times (it has finished: the runtime waits
-  /// for each step's metrics) and starts a new step.
+  /// for each step's metrics) and starts a new step: launched now, or
+  /// captured into a graph when `stream` is capturing (its replays record).
   void beginStep(cudaStream_t stream) {
     if (!enabled)
       return;
@@ -75,15 +79,27 @@ public:
     } else {
       collect();
     }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &capture);
+    capturing = capture == cudaStreamCaptureStatusActive;
+    graph = graph || capturing;
+    recorded = !capturing; // a capture runs nothing until replayed
+  }
+  /// Before each replay of a graph captured from this program: collects the
+  /// previous replay's times (waiting for it) and counts on the next.
+  void beforeReplay() {
+    if (!enabled || events.empty())
+      return;
+    collect();
     recorded = true;
   }
   void begin(size_t op, cudaStream_t stream) {
     if (enabled)
-      cudaEventRecord(events[2 * op], stream);
+      record(events[2 * op], stream);
   }
   void end(size_t op, cudaStream_t stream) {
     if (enabled)
-      cudaEventRecord(events[2 * op + 1], stream);
+      record(events[2 * op + 1], stream);
   }
 
 private:
@@ -91,6 +107,17 @@ private:
   std::vector<cudaEvent_t> events;
   std::vector<std::vector<float>> samples;
   bool enabled = false, recorded = false;
+  bool capturing = false; ///< the step being issued is a graph's capture
+  bool graph = false;     ///< some step was captured: samples are replays
+
+  void record(cudaEvent_t event, cudaStream_t stream) {
+    // Inside a capture a plain record only orders streams; External makes
+    // it a node that records (with its time) at every replay.
+    if (capturing)
+      cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal);
+    else
+      cudaEventRecord(event, stream);
+  }
 
   void collect() {
     if (!recorded)

@@ -96,6 +96,9 @@ public:
   /// Fails when a call it makes fails (launch errors are the caller's to
   /// check with cudaGetLastError).
   virtual Status enqueue(cudaStream_t stream) = 0;
+  /// Called before each replay of a graph captured from enqueue()
+  /// (launchProgram): DFLASH_PROFILE's per-op times of the replay before.
+  virtual void beforeReplay() {}
 };
 
 /// Defined by the generated step.cu.

@@ -226,15 +226,12 @@ Status TargetServer::enqueue(const FeatureRequest &request,
         !s.ok())
       return s;
   }
-  if (graphExec) {
-    if (Status s = check(cudaGraphLaunch(graphExec, stream), "cudaGraphLaunch");
-        !s.ok())
-      return s;
-  } else if (Status s = program->enqueue(stream); !s.ok()) {
-    failure = Status::error(where + ": " + s.message());
-    return failure;
-  } else if (Status s = context->timeNewGemmShapes(); !s.ok()) {
-    failure = Status::error(where + ": " + s.message());
+  // Eager launches plan their GEMMs as they go: time the new shapes after.
+  Status launched = launchProgram(*program, graphExec, stream, "the target");
+  if (launched.ok() && !graphExec)
+    launched = context->timeNewGemmShapes();
+  if (!launched.ok()) {
+    failure = Status::error(where + ": " + launched.message());
     return failure;
   }
   if (Status s = check(cudaGetLastError(), "launching the target"); !s.ok())

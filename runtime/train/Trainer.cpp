@@ -912,9 +912,8 @@ Status Trainer::step(StepMetrics &metrics) {
   // The online target's features, then the step that reads them.
   if (targetProgram) {
     if (Status s =
-            useGraph ? cudaCallStatus(cudaGraphLaunch(targetGraphExec, stream),
-                                      where + ": cudaGraphLaunch of the target")
-                     : targetProgram->enqueue(stream);
+            launchProgram(*targetProgram, useGraph ? targetGraphExec : nullptr,
+                          stream, "the target");
         !s.ok())
       return Status::error(where + ": " + s.message());
     if (Status s = cudaCallStatus(cudaGetLastError(),
@@ -927,10 +926,9 @@ Status Trainer::step(StepMetrics &metrics) {
       return s;
   }
   if (useGraph) {
-    if (Status s = cudaCallStatus(cudaGraphLaunch(graphExec, stream),
-                                  where + ": cudaGraphLaunch");
+    if (Status s = launchProgram(program, graphExec, stream, "the step");
         !s.ok())
-      return s;
+      return Status::error(where + ": " + s.message());
   } else {
     if (Status s = program.enqueue(stream); !s.ok())
       return Status::error(where + ": " + s.message());

@@ -13,7 +13,8 @@
 // go through DeviceResources::allReduceSum (NCCL), the gradients on a second
 // stream inside the captured graph, as in the generated step.
 //
-// Checks: graph replay equals eager execution bit for bit; a checkpoint
+// Checks: DFLASH_PROFILE times the ops of graph replays (StepProfiler);
+// graph replay equals eager execution bit for bit; a checkpoint
 // resumed continues exactly like an uninterrupted run; a non-finite loss
 // stops the run without touching the last checkpoint; SIGINT saves and exits
 // with 130; two trainers on two threads of one GPU capture (one of them while
@@ -38,6 +39,7 @@
 #include "runtime/cli/TrainMain.h"
 #include "runtime/data/Synthetic.h"
 #include "runtime/device/DeviceContext.h"
+#include "runtime/device/StepProfiler.h"
 #include "runtime/train/InitialParameters.h"
 #include "runtime/train/TargetServer.h"
 #include "runtime/train/Trainer.h"
@@ -54,6 +56,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +66,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 using namespace dflash;
@@ -857,6 +861,80 @@ TEST(RuntimeDevice, ErrorsBecomeMessages) {
                                   "device 0"),
             std::string::npos)
       << tooBig.message();
+}
+
+/// A dependent chain of `reps` multiply-adds per element: time that grows
+/// with `reps`.
+__global__ void multiplyAddChain(float *x, int n, int reps) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n)
+    return;
+  float v = x[i];
+  for (int r = 0; r < reps; ++r)
+    v = v * 0.999f + 1e-3f;
+  x[i] = v;
+}
+
+/// The median ms the profiler's report gives `name`, or -1.
+double profiledMs(const std::string &report, const std::string &name) {
+  std::istringstream lines(report);
+  for (std::string line; std::getline(lines, line);) {
+    double ms = 0;
+    char rest[128] = {};
+    if (std::sscanf(line.c_str(), "profile: %lf ms  %127[^\n]", &ms, rest) ==
+            2 &&
+        name == rest)
+      return ms;
+  }
+  return -1;
+}
+
+TEST(RuntimeDevice, ProfilerTimesGraphReplays) {
+  // DFLASH_PROFILE with a graph: the events around each op are nodes of the
+  // capture, so every replay times the ops, and the report says so.
+  ASSERT_EQ(setenv("DFLASH_PROFILE", "1", 1), 0);
+  const int n = 1 << 20;
+  float *x = nullptr;
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graphExec = nullptr;
+  DFLASH_CUDA_CHECK(cudaStreamCreate(&stream));
+  DFLASH_CUDA_CHECK(cudaMalloc(&x, n * sizeof(float)));
+  DFLASH_CUDA_CHECK(cudaMemset(x, 0, n * sizeof(float)));
+  testing::internal::CaptureStderr();
+  {
+    StepProfiler profiler({"test.chain short", "test.chain long"});
+    DFLASH_CUDA_CHECK(
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    profiler.beginStep(stream);
+    for (int op = 0; op < 2; ++op) {
+      profiler.begin(size_t(op), stream);
+      multiplyAddChain<<<n / 256, 256, 0, stream>>>(x, n, op ? 16000 : 2000);
+      profiler.end(size_t(op), stream);
+    }
+    DFLASH_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    DFLASH_CUDA_CHECK(cudaGraphInstantiate(&graphExec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      profiler.beforeReplay();
+      DFLASH_CUDA_CHECK(cudaGraphLaunch(graphExec, stream));
+    }
+    DFLASH_CUDA_CHECK(cudaStreamSynchronize(stream));
+  } // the report is printed here
+  const std::string report = testing::internal::GetCapturedStderr();
+  unsetenv("DFLASH_PROFILE");
+  DFLASH_CUDA_CHECK(cudaGraphExecDestroy(graphExec));
+  DFLASH_CUDA_CHECK(cudaGraphDestroy(graph));
+  DFLASH_CUDA_CHECK(cudaFree(x));
+  DFLASH_CUDA_CHECK(cudaStreamDestroy(stream));
+  EXPECT_NE(report.find("median ms per op over 3 graph replays"),
+            std::string::npos)
+      << report;
+  const double shortMs = profiledMs(report, "test.chain short");
+  const double longMs = profiledMs(report, "test.chain long");
+  EXPECT_GT(shortMs, 0) << report;
+  // Eight times the chain: well over twice the time, if the replays' events
+  // bracket their own op.
+  EXPECT_GT(longMs, 2 * shortMs) << report;
 }
 
 TEST(RuntimeTrainer, GraphReplayEqualsEager) {
