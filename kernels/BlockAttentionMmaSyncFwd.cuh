@@ -41,6 +41,27 @@ struct BlockAttentionFwdWarps {
       (kPadRows + 4 * kBufRows) * D * sizeof(bf16) + 4 * kPadRows * 4;
 };
 
+/// O = 0, m = -inf, l = 0: a warp's MT m-tiles of rows before their first
+/// tile.
+template <int D, int MT>
+__device__ __forceinline__ void clearAttentionRows(float (&o)[MT][D / 8][4],
+                                                   float (&m)[MT][2],
+                                                   float (&l)[MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      m[mt][i] = -INFINITY;
+      l[mt][i] = 0.f;
+    }
+  }
+}
+
 /// One K/V tile of the forward for MT m-tiles of one warp: scores, mask,
 /// online softmax, P V. qf holds Q when MT == 1; otherwise Q fragments come
 /// from the warp's rows of sQ (row0 on).
@@ -250,22 +271,8 @@ __launch_bounds__((BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kThreads),
 
   const int row0 = warp * WR;
   uint32_t qf[D / 16][4];
-  float o[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[mt][dt][e] = 0.f;
-  float m[MT][2], l[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m[mt][i] = -INFINITY;
-      l[mt][i] = 0.f;
-    }
+  float o[MT][D / 8][4], m[MT][2], l[MT][2];
+  clearAttentionRows<D, MT>(o, m, l);
   // Context tiles this warp's rows all see whole skip the mask.
   int warpLoMax = INT_MIN, warpHiMin = INT_MAX;
 

@@ -186,6 +186,77 @@ wgmmaAttendTile(uint32_t qAddr, uint32_t kAddr, uint32_t vAddr,
   pin(o);
 }
 
+/// O = 0, m = -inf, l = 0: a warpgroup's rows before their first tile.
+template <int D>
+__device__ __forceinline__ void wgmmaClearRows(float (&o)[D / 2], float (&m)[2],
+                                               float (&l)[2]) {
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    o[i] = 0.f;
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.f;
+}
+
+/// Issues the TMA copies of one key tile into a stage: KT keys from key j0
+/// of kv head `head` of batch row b, K and V, one box per d panel, on the
+/// stage's transaction barrier. K panels PANEL_ROWS rows apart.
+template <int D, int KT, int PANEL_ROWS>
+__device__ __forceinline__ void
+issueKeyValueTile(uint32_t kStage, uint32_t vStage, const CUtensorMap *kMap,
+                  const CUtensorMap *vMap, uint32_t bar, int head, int j0,
+                  int b) {
+  using namespace wgmma;
+  tma::arriveExpectTx(bar, 2u * KT * D * 2);
+#pragma unroll
+  for (int p = 0; p < D / kPanelCols; ++p) {
+    const uint32_t off = uint32_t(p) * PANEL_ROWS * kSwizzleRowBytes;
+    tma::load4d(kStage + off, kMap, bar, p * kPanelCols, head, j0, b);
+    tma::load4d(vStage + off, vMap, bar, p * kPanelCols, head, j0, b);
+  }
+}
+
+/// After a warp's products of tile `it` have completed (wgmmaAttendTile
+/// waits): counts the warp out of the tile's stage; the last of the CTA's
+/// WARPS warps out refills that stage with tile it + STAGES, if there is
+/// one (refill(it + STAGES)).
+template <int WARPS, int STAGES, typename Refill>
+__device__ __forceinline__ void
+releaseStage(int *released, int it, int numTiles, int lane, Refill refill) {
+  const int s = it % STAGES;
+  __syncwarp();
+  if (lane == 0 && atomicAdd(&released[s], 1) == WARPS - 1) {
+    released[s] = 0;
+    if (it + STAGES < numTiles)
+      refill(it + STAGES);
+  }
+}
+
+/// Normalises this thread's two rows of O (sums over the quad of l) and
+/// stages them as bf16 in rows warpRow + lane / 4 + 8 i of a ROWS-row
+/// swizzled tile (only this warp's part of its warpgroup's finished wgmma
+/// read those rows). `sum` returns the rows' sums (0: an empty row, stored
+/// as zeros).
+template <int D, int ROWS>
+__device__ __forceinline__ void
+wgmmaStageNormalisedRows(const float (&o)[D / 2], const float (&l)[2],
+                         bf16 *tile, int warpRow, int lane, float (&sum)[2]) {
+  using namespace wgmma;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    sum[i] = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
+    sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+    const float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
+    const int r = warpRow + lane / 4 + 8 * i;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const int col = j * 8 + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t *>(tile + tileOffset<ROWS>(r, col >> 3) +
+                                    (col & 7)) =
+          packBf16(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+    }
+  }
+}
+
 /// The shapes the TMA forward loads (GQA rows of a block: a box of G heads
 /// by BS positions is the block's 64 query rows in order r = k * G + hh).
 struct WgmmaFwdMaps {
@@ -207,7 +278,6 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   constexpr int G = T::G, BR = C::kBufRows, NKD = C::kDraftKeys;
   constexpr int kChunks = D / 8, kRows = C::kRows, kPanels = D / kPanelCols;
   constexpr int kWarps = C::kThreads / kWarpThreads;
-  constexpr uint32_t kTileBytes = 2u * KT * D * 2;
   constexpr uint32_t kFirstBytes = uint32_t(C::kQBytes) + 2u * NKD * D * 2;
   extern __shared__ unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t full[C::kStages];
@@ -242,17 +312,11 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   const uint32_t bar0 = smemAddress(&full[0]); // stage s: + kBarrierBytes s
   // Context tile it (>= 1) into stage it & 1: K and V, one box per d panel.
   auto issueContextTile = [&](int it) {
-    int s = it & 1, j0 = lo + (it - 1) * KT;
-    uint32_t bar = bar0 + tma::kBarrierBytes * s;
-    tma::arriveExpectTx(bar, kTileBytes);
-#pragma unroll
-    for (int p = 0; p < kPanels; ++p) {
-      uint32_t off = s * kStageBytes + p * kPanelBytes;
-      tma::load4d(kBase + off, &maps.contextKeys, bar, p * kPanelCols, g, j0,
-                  b);
-      tma::load4d(vBase + off, &maps.contextValues, bar, p * kPanelCols, g, j0,
-                  b);
-    }
+    const int s = it & 1;
+    issueKeyValueTile<D, KT, BR>(
+        kBase + s * kStageBytes, vBase + s * kStageBytes, &maps.contextKeys,
+        &maps.contextValues, bar0 + tma::kBarrierBytes * s, g,
+        lo + (it - 1) * KT, b);
   };
   if (tid == 0) {
     tma::barrierInit(bar0, 1);
@@ -293,24 +357,12 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   const int blockLoMax = contextKeysBegin<WINDOW>(anchor, BS - 1, start);
   const int blockLoMin = contextKeysBegin<WINDOW>(anchor, 0, start);
 
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i)
-    o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[D / 2], m[2], l[2];
+  wgmmaClearRows<D>(o, m, l);
   const uint32_t qAddr = qBase + wg * kM * kSwizzleRowBytes;
-
-  // This warp's products have completed (wgmmaAttendTile waits): release
-  // stage s of tile it; the last of the CTA's warps refills it with tile
-  // it + 2.
   auto release = [&](int it) {
-    const int s = it & 1;
-    __syncwarp();
-    if (lane == 0 && atomicAdd(&released[s], 1) == kWarps - 1) {
-      released[s] = 0;
-      if (it + C::kStages < numTiles)
-        issueContextTile(it + C::kStages);
-    }
+    releaseStage<kWarps, C::kStages>(released, it, numTiles, lane,
+                                     issueContextTile);
   };
   // Tile 0: Q and the draft keys (stage 0).
   tma::waitParity(bar0, 0);
@@ -350,23 +402,11 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   // bytes at a time. keep = 0 rows: l = 0 gives out 0 and lse -inf.
   if (wg >= nCount)
     return;
-  float lseRow[2];
-  const int rowBase = wg * kM + warp * 16;
+  float sum[2], lseRow[2];
+  wgmmaStageNormalisedRows<D, kRows>(o, l, sQ, wg * kM + warp * 16, lane, sum);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float sum = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    float inv = sum > 0.f ? 1.f / sum : 0.f;
-    lseRow[i] = sum > 0.f ? (m[i] + __log2f(sum)) * T::kLn2 : -INFINITY;
-    int r = rowBase + lane / 4 + 8 * i;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      int col = j * 8 + 2 * (lane & 3);
-      *reinterpret_cast<uint32_t *>(sQ + tileOffset<kRows>(r, col >> 3) +
-                                    (col & 7)) =
-          packBf16(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-    }
-  }
+  for (int i = 0; i < 2; ++i)
+    lseRow[i] = sum[i] > 0.f ? (m[i] + __log2f(sum[i])) * T::kLn2 : -INFINITY;
   __syncwarp();
   auto rowIndex = [&](int rr) -> int64_t { // into [B, Q, nh]
     int k = rr / G, hh = rr % G;

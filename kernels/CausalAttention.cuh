@@ -135,7 +135,6 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
   constexpr int KT = C::KT, G = NH / NKV, kRows = C::kRows;
   constexpr int kChunks = D / 8, kPanels = D / kPanelCols;
   constexpr int kWarps = C::kThreads / kWarpThreads;
-  constexpr uint32_t kTileBytes = 2u * KT * D * 2;
   extern __shared__ unsigned char smemRaw[];
   __shared__ __align__(8) uint64_t bars[C::kStages + 1]; // stages, then Q
   __shared__ int released[C::kStages];
@@ -147,7 +146,6 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
   const uint32_t kBase = qBase + uint32_t(C::kQBytes);
   constexpr uint32_t kStageBytes = uint32_t(C::kBufBytes);
   const uint32_t vBase = kBase + C::kStages * kStageBytes;
-  constexpr uint32_t kPanelBytes = uint32_t(KT) * kSwizzleRowBytes;
 
   const int tid = threadIdx.x, wg = tid / kWarpgroupThreads,
             warp = (tid / kWarpThreads) % kWarpgroupWarps,
@@ -183,15 +181,10 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
   // Key tile it into stage it & 1: K and V, one box per d panel (keys past
   // S load zeros; no row sees them).
   auto issueTile = [&](int it) {
-    int s = it & 1, j0 = lo + it * KT;
-    uint32_t bar = bar0 + tma::kBarrierBytes * s;
-    tma::arriveExpectTx(bar, kTileBytes);
-#pragma unroll
-    for (int p = 0; p < kPanels; ++p) {
-      uint32_t off = s * kStageBytes + p * kPanelBytes;
-      tma::load4d(kBase + off, &maps.k, bar, p * kPanelCols, kvh, j0, b);
-      tma::load4d(vBase + off, &maps.v, bar, p * kPanelCols, kvh, j0, b);
-    }
+    const int s = it & 1;
+    issueKeyValueTile<D, KT, KT>(
+        kBase + s * kStageBytes, vBase + s * kStageBytes, &maps.k, &maps.v,
+        bar0 + tma::kBarrierBytes * s, kvh, lo + it * KT, b);
   };
   if (tid == 0) {
     issueTile(0);
@@ -212,25 +205,9 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
     rowC[i] = row < S ? row - pos[row] : INT_MIN;
   }
 
-  float o[D / 2];
-#pragma unroll
-  for (int i = 0; i < D / 2; ++i)
-    o[i] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  float o[D / 2], m[2], l[2];
+  wgmmaClearRows<D>(o, m, l);
   const uint32_t qAddr = qBase + wg * kM * kSwizzleRowBytes;
-
-  // This warp's products have completed (wgmmaAttendTile waits): release
-  // stage s of tile it; the last of the CTA's warps refills it with tile
-  // it + 2.
-  auto release = [&](int it) {
-    const int s = it & 1;
-    __syncwarp();
-    if (lane == 0 && atomicAdd(&released[s], 1) == kWarps - 1) {
-      released[s] = 0;
-      if (it + C::kStages < numTiles)
-        issueTile(it + C::kStages);
-    }
-  };
   tma::waitParity(qBar, 0);
   for (int it = 0; it < numTiles; ++it) {
     const int s = it & 1;
@@ -251,29 +228,16 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
                                         kCausalScaleLog2<D>, whole, visible,
                                         lane);
     }
-    release(it);
+    releaseStage<kWarps, C::kStages>(released, it, numTiles, lane, issueTile);
   }
 
-  // Normalise; stage the warp's 16 rows in its own rows of sQ (only this
-  // warp's part of the warpgroup's finished wgmma read them), then store 16
-  // bytes at a time, rows below S.
+  // Normalise; stage the warp's 16 rows in its own rows of sQ, then store
+  // 16 bytes at a time, rows below S.
   if (!mine)
     return;
   const int warpRow = wg * kM + warp * 16; // in the CTA's tile
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    float sum = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    float inv = sum > 0.f ? 1.f / sum : 0.f;
-    int r = warpRow + lane / 4 + 8 * i;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      int col = j * 8 + 2 * (lane & 3);
-      *reinterpret_cast<uint32_t *>(sQ + tileOffset<kRows>(r, col >> 3) +
-                                    (col & 7)) =
-          packBf16(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-    }
-  }
+  float sum[2];
+  wgmmaStageNormalisedRows<D, kRows>(o, l, sQ, warpRow, lane, sum);
   __syncwarp();
   for (int idx = lane; idx < 16 * kChunks; idx += 32) {
     int rr = warpRow + idx / kChunks, c = idx % kChunks;
@@ -366,22 +330,8 @@ static __global__ void __launch_bounds__((CausalMmaSyncConfig<D>::kThreads),
     }
 
   uint32_t qf[D / 16][4]; // unused: MT = 2 reads Q fragments from sQ
-  float o[MT][D / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[mt][dt][e] = 0.f;
-  float m[MT][2], l[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      m[mt][i] = -INFINITY;
-      l[mt][i] = 0.f;
-    }
+  float o[MT][D / 8][4], m[MT][2], l[MT][2];
+  clearAttentionRows<D, MT>(o, m, l);
 
   for (int it = 0; it < numTiles; ++it) {
     cpAsyncWait<0>();
