@@ -848,6 +848,42 @@ void causal() {
 /// (after 2 s of all three, then alternating, median of 15 each), as inside
 /// the target forward; the outputs differ by the products' bf16 rounding
 /// only.
+/// The median ms of each of `runs` at the sustained (power-capped) clock the
+/// programs run at: 2 s of all of them first, then `rounds` of each,
+/// alternating, so that the clock's drift falls on all alike.
+std::vector<double> sustainedMs(const std::vector<std::function<void()>> &runs,
+                                int rounds = 15) {
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+             .count() < 2.0) {
+    for (const auto &run : runs)
+      run();
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  cudaEvent_t e0, e1;
+  DFLASH_CUDA_CHECK(cudaEventCreate(&e0));
+  DFLASH_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<std::vector<float>> ms(runs.size());
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < runs.size(); ++i) {
+      DFLASH_CUDA_CHECK(cudaEventRecord(e0));
+      runs[i]();
+      DFLASH_CUDA_CHECK(cudaEventRecord(e1));
+      DFLASH_CUDA_CHECK(cudaEventSynchronize(e1));
+      float t = 0;
+      DFLASH_CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+      ms[i].push_back(t);
+    }
+  DFLASH_CUDA_CHECK(cudaEventDestroy(e0));
+  DFLASH_CUDA_CHECK(cudaEventDestroy(e1));
+  std::vector<double> medians;
+  for (auto &t : ms) {
+    std::sort(t.begin(), t.end());
+    medians.push_back(t[t.size() / 2]);
+  }
+  return medians;
+}
+
 void swigluGemm(CublasLtGemm &gemm) {
   const int64_t M = 12288, F = 12288, K = 4096;
   bf16 *x = deviceAlloc<bf16>(M * K), *wg = deviceAlloc<bf16>(F * K),
@@ -861,7 +897,6 @@ void swigluGemm(CublasLtGemm &gemm) {
     const char *name;
     bf16 *y;
     std::function<void()> run;
-    std::vector<float> sustained;
   };
   std::vector<Form> forms;
   forms.push_back({"cuBLASLt", y0, [&] {
@@ -893,37 +928,106 @@ void swigluGemm(CublasLtGemm &gemm) {
     const double ms = timeMs(f.run);
     report(shape + f.name + "]", ms, "TFLOP/s", flops / (ms * 1e9), "rested");
   }
-  // Sustained: 2 s of all forms first, then alternate.
-  const auto start = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-             .count() < 2.0) {
-    for (Form &f : forms)
-      f.run();
-    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  cudaEvent_t e0, e1;
-  DFLASH_CUDA_CHECK(cudaEventCreate(&e0));
-  DFLASH_CUDA_CHECK(cudaEventCreate(&e1));
-  for (int r = 0; r < 15; ++r)
-    for (Form &f : forms) {
-      DFLASH_CUDA_CHECK(cudaEventRecord(e0));
-      f.run();
-      DFLASH_CUDA_CHECK(cudaEventRecord(e1));
-      DFLASH_CUDA_CHECK(cudaEventSynchronize(e1));
-      float ms = 0;
-      DFLASH_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-      f.sustained.push_back(ms);
-    }
-  DFLASH_CUDA_CHECK(cudaEventDestroy(e0));
-  DFLASH_CUDA_CHECK(cudaEventDestroy(e1));
-  for (Form &f : forms) {
-    std::sort(f.sustained.begin(), f.sustained.end());
-    const double ms = f.sustained[f.sustained.size() / 2];
-    report(shape + f.name + "]", ms, "TFLOP/s", flops / (ms * 1e9),
-           "sustained");
-  }
+  std::vector<std::function<void()>> runs;
+  for (Form &f : forms)
+    runs.push_back(f.run);
+  const std::vector<double> sustained = sustainedMs(runs);
+  for (size_t i = 0; i < forms.size(); ++i)
+    report(shape + forms[i].name + "]", sustained[i], "TFLOP/s",
+           flops / (sustained[i] * 1e9), "sustained");
   for (void *p : {(void *)x, (void *)wg, (void *)wu, (void *)g, (void *)u,
                   (void *)y0, (void *)y1, (void *)y2})
+    DFLASH_CUDA_CHECK(cudaFree(p));
+}
+
+/// The target MLP of one layer (gate, up, SwiGLU, down + residual) at 4 x
+/// 3072 tokens, as the program runs it (one stream) against its rows split
+/// in two halves on two streams, the second half's GEMMs started once the
+/// first half's gate and up are done, so that one half's memory-bound
+/// SwiGLU runs beside the other half's GEMMs. "halves, one stream" is the
+/// split's own cost. Sustained clock; the outputs compared. Each stream's
+/// GEMMs have a planner and workspace of their own, as concurrent GEMMs must.
+void mlpOverlap(cublasLtHandle_t lt, size_t wsBytes) {
+  void *ws[2] = {deviceAlloc<char>(wsBytes), deviceAlloc<char>(wsBytes)};
+  CublasLtGemm planner0(lt, ws[0], wsBytes), planner1(lt, ws[1], wsBytes);
+  const int64_t M = 12288, F = 12288, H = 4096, half = M / 2;
+  bf16 *x = deviceAlloc<bf16>(M * H), *wg = deviceAlloc<bf16>(F * H),
+       *wu = deviceAlloc<bf16>(F * H), *wd = deviceAlloc<bf16>(H * F),
+       *g = deviceAlloc<bf16>(M * F), *u = deviceAlloc<bf16>(M * F),
+       *y = deviceAlloc<bf16>(M * F), *r = deviceAlloc<bf16>(M * H),
+       *out = deviceAlloc<bf16>(M * H);
+  randomBf16(x, M * H, 51);
+  randomBf16(wg, F * H, 52, 2.f / 64);
+  randomBf16(wu, F * H, 53, 1.f / 64);
+  randomBf16(wd, H * F, 54, 1.f / 110);
+  randomBf16(r, M * H, 55);
+  cudaStream_t side[2];
+  cudaEvent_t fork, upDone, joined[2];
+  for (cudaStream_t &st : side)
+    DFLASH_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  DFLASH_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  DFLASH_CUDA_CHECK(cudaEventCreateWithFlags(&upDone, cudaEventDisableTiming));
+  for (cudaEvent_t &e : joined)
+    DFLASH_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  // Rows [r0, r0 + rows) of the MLP on `st`; `afterUp` between up and SwiGLU.
+  auto rowsOf = [&](int64_t r0, int64_t rows, cudaStream_t st,
+                    const std::function<void()> &afterUp) {
+    CublasLtGemm &gemm = st == side[1] ? planner1 : planner0;
+    gemm.linear(x + r0 * H, wg, g + r0 * F, rows, F, H, st);
+    gemm.linear(x + r0 * H, wu, u + r0 * F, rows, F, H, st);
+    if (afterUp)
+      afterUp();
+    swiglu_fwd_bf16({g + r0 * F, F}, {u + r0 * F, F}, {y + r0 * F, F}, rows, F,
+                    st);
+    gemm.linearResidual(y + r0 * F, wd, r + r0 * H, out + r0 * H, rows, H, F,
+                        st);
+  };
+  std::vector<const char *> names = {"one stream", "halves, one stream",
+                                     "halves, two streams"};
+  std::vector<std::function<void()>> runs = {
+      [&] { rowsOf(0, M, 0, {}); },
+      [&] {
+        rowsOf(0, half, 0, {});
+        rowsOf(half, half, 0, {});
+      },
+      [&] {
+        DFLASH_CUDA_CHECK(cudaEventRecord(fork, 0));
+        DFLASH_CUDA_CHECK(cudaStreamWaitEvent(side[0], fork, 0));
+        rowsOf(0, half, side[0], [&] {
+          DFLASH_CUDA_CHECK(cudaEventRecord(upDone, side[0]));
+        });
+        DFLASH_CUDA_CHECK(cudaStreamWaitEvent(side[1], upDone, 0));
+        rowsOf(half, half, side[1], {});
+        for (int i = 0; i < 2; ++i) {
+          DFLASH_CUDA_CHECK(cudaEventRecord(joined[i], side[i]));
+          DFLASH_CUDA_CHECK(cudaStreamWaitEvent(0, joined[i], 0));
+        }
+      }};
+  for (const auto &run : runs) // plan every shape, then time the candidates
+    run();
+  planner0.timeCandidates(0);
+  planner1.timeCandidates(0); // agrees with planner0 (same kind of GPU)
+  std::vector<std::vector<bf16>> results;
+  for (const auto &run : runs) {
+    DFLASH_CUDA_CHECK(cudaMemset(out, 0xFF, M * H * 2));
+    run();
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    results.push_back(downloadBf16(out, M * H));
+  }
+  for (size_t i = 1; i < runs.size(); ++i)
+    std::printf("mlp overlap: %s vs one stream relative difference %.3e\n",
+                names[i], relativeDifference(results[i], results[0]));
+  const double flops = 2.0 * M * H * F * 3;
+  const std::vector<double> ms = sustainedMs(runs);
+  for (size_t i = 0; i < runs.size(); ++i)
+    report(std::string("target mlp 12288x4096x12288 [") + names[i] + "]", ms[i],
+           "TFLOP/s", flops / (ms[i] * 1e9), "sustained");
+  for (cudaStream_t st : side)
+    DFLASH_CUDA_CHECK(cudaStreamDestroy(st));
+  for (cudaEvent_t e : {fork, upDone, joined[0], joined[1]})
+    DFLASH_CUDA_CHECK(cudaEventDestroy(e));
+  for (void *p : {(void *)x, (void *)wg, (void *)wu, (void *)wd, (void *)g,
+                  (void *)u, (void *)y, (void *)r, (void *)out, ws[0], ws[1]})
     DFLASH_CUDA_CHECK(cudaFree(p));
 }
 
@@ -979,6 +1083,8 @@ int main(int argc, char **argv) {
     causal();
   if (want("swiglu-gemm"))
     swigluGemm(gemm);
+  if (want("mlp-overlap"))
+    mlpOverlap(lt, wsBytes);
   if (want("memory"))
     memoryBound(copyGbs);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
