@@ -993,9 +993,8 @@ void mlpOverlap(cublasLtHandle_t lt, size_t wsBytes) {
       [&] {
         DFLASH_CUDA_CHECK(cudaEventRecord(fork, 0));
         DFLASH_CUDA_CHECK(cudaStreamWaitEvent(side[0], fork, 0));
-        rowsOf(0, half, side[0], [&] {
-          DFLASH_CUDA_CHECK(cudaEventRecord(upDone, side[0]));
-        });
+        rowsOf(0, half, side[0],
+               [&] { DFLASH_CUDA_CHECK(cudaEventRecord(upDone, side[0])); });
         DFLASH_CUDA_CHECK(cudaStreamWaitEvent(side[1], upDone, 0));
         rowsOf(half, half, side[1], {});
         for (int i = 0; i < 2; ++i) {
