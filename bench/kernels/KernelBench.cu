@@ -12,7 +12,9 @@
 // Attention FLOPs count visible (query head, key) pairs only: 4 d per pair
 // forward (QK^T and PV), 2.5 times that backward (the usual convention).
 // The section "causal" times the target model's causal attention forward
-// (kernels/CausalAttention.cuh) at the Qwen3-8B shape, unpacked and packed.
+// (kernels/CausalAttention.cuh) at the Qwen3-8B shape, unpacked and packed;
+// "swiglu-gemm" and "mlp-overlap" the target MLP's forms at the sustained
+// clock (sustainedMs).
 //
 //===----------------------------------------------------------------------===//
 
