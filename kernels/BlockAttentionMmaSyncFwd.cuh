@@ -41,25 +41,32 @@ struct BlockAttentionFwdWarps {
       (kPadRows + 4 * kBufRows) * D * sizeof(bf16) + 4 * kPadRows * 4;
 };
 
+/// Zeroes MT m-tiles of N n8 accumulator tiles (mma.sync's C fragments).
+template <int MT, int N>
+__device__ __forceinline__ void zeroAccumulators(float (&c)[MT][N][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        c[mt][n][e] = 0.f;
+}
+
 /// O = 0, m = -inf, l = 0: a warp's MT m-tiles of rows before their first
 /// tile.
 template <int D, int MT>
 __device__ __forceinline__ void clearAttentionRows(float (&o)[MT][D / 8][4],
                                                    float (&m)[MT][2],
                                                    float (&l)[MT][2]) {
+  zeroAccumulators(o);
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < D / 8; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o[mt][dt][e] = 0.f;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       m[mt][i] = -INFINITY;
       l[mt][i] = 0.f;
     }
-  }
 }
 
 /// One K/V tile of the forward for MT m-tiles of one warp: scores, mask,
@@ -72,13 +79,7 @@ attendTile(const uint32_t (&qf)[D / 16][4], const bf16 *sQ, int row0,
            float (&m)[MT][2], float (&l)[MT][2], float scaleLog2,
            bool wholeTile, Visible visible, int lane) {
   float s[MT][NK / 8][4];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NK / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        s[mt][nt][e] = 0.f;
+  zeroAccumulators(s);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     uint32_t a[MT][4];
