@@ -37,8 +37,55 @@ public:
   StepProfiler &operator=(const StepProfiler &) = delete;
 
   ~StepProfiler() {
+    if (enabled && !events.empty())
+      report();
+    for (cudaEvent_t e : events)
+      if (e)
+        cudaEventDestroy(e); // at exit: nothing to report a failure to
+  }
+
+  /// Collects the previous step's times (it has finished: the runtime waits
+  /// for each step's metrics) and starts a new step: launched now, or
+  /// captured into a graph when `stream` is capturing (its replays record).
+  void beginStep(cudaStream_t stream) {
+    if (!enabled)
+      return;
+    if (events.empty()) {
+      events.resize(2 * names.size(), nullptr);
+      samples.resize(names.size());
+      for (cudaEvent_t &e : events)
+        if (!ok(cudaEventCreate(&e), "cudaEventCreate"))
+          return;
+    } else {
+      collect();
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (!ok(cudaStreamIsCapturing(stream, &capture), "cudaStreamIsCapturing"))
+      return;
+    capturing = capture == cudaStreamCaptureStatusActive;
+    graph = graph || capturing;
+    recorded = !capturing; // a capture runs nothing until replayed
+  }
+  /// Before each replay of a graph captured from this program: collects the
+  /// previous replay's times (waiting for it) and counts on the next.
+  void beforeReplay() {
     if (!enabled || events.empty())
       return;
+    collect();
+    recorded = true;
+  }
+  void begin(size_t op, cudaStream_t stream) {
+    if (enabled)
+      record(events[2 * op], stream);
+  }
+  void end(size_t op, cudaStream_t stream) {
+    if (enabled)
+      record(events[2 * op + 1], stream);
+  }
+
+private:
+  /// Prints the medians (stderr), each op and each op kind.
+  void report() {
     collect();
     std::map<std::string, double> byKind;
     double total = 0;
@@ -65,44 +112,6 @@ public:
     std::fprintf(stderr, "profile: %8.3f ms  all ops\n", total);
   }
 
-  /// Collects the previous step's times (it has finished: the runtime waits
-  /// for each step's metrics) and starts a new step: launched now, or
-  /// captured into a graph when `stream` is capturing (its replays record).
-  void beginStep(cudaStream_t stream) {
-    if (!enabled)
-      return;
-    if (events.empty()) {
-      events.resize(2 * names.size());
-      samples.resize(names.size());
-      for (cudaEvent_t &e : events)
-        cudaEventCreate(&e);
-    } else {
-      collect();
-    }
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(stream, &capture);
-    capturing = capture == cudaStreamCaptureStatusActive;
-    graph = graph || capturing;
-    recorded = !capturing; // a capture runs nothing until replayed
-  }
-  /// Before each replay of a graph captured from this program: collects the
-  /// previous replay's times (waiting for it) and counts on the next.
-  void beforeReplay() {
-    if (!enabled || events.empty())
-      return;
-    collect();
-    recorded = true;
-  }
-  void begin(size_t op, cudaStream_t stream) {
-    if (enabled)
-      record(events[2 * op], stream);
-  }
-  void end(size_t op, cudaStream_t stream) {
-    if (enabled)
-      record(events[2 * op + 1], stream);
-  }
-
-private:
   std::vector<std::string> names;
   std::vector<cudaEvent_t> events;
   std::vector<std::vector<float>> samples;
@@ -113,10 +122,22 @@ private:
   void record(cudaEvent_t event, cudaStream_t stream) {
     // Inside a capture a plain record only orders streams; External makes
     // it a node that records (with its time) at every replay.
-    if (capturing)
-      cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal);
-    else
-      cudaEventRecord(event, stream);
+    ok(capturing
+           ? cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)
+           : cudaEventRecord(event, stream),
+       "cudaEventRecord");
+  }
+
+  /// A failed call stops the profile (with a message), never the run: its
+  /// error is cleared so that the runtime's own checks do not see it.
+  bool ok(cudaError_t status, const char *what) {
+    if (status == cudaSuccess)
+      return true;
+    (void)cudaGetLastError();
+    std::fprintf(stderr, "profile: %s failed (%s); DFLASH_PROFILE stops\n",
+                 what, cudaGetErrorString(status));
+    enabled = false;
+    return false;
   }
 
   void collect() {
@@ -124,10 +145,14 @@ private:
       return;
     for (size_t i = 0; i < names.size(); ++i) {
       float ms = 0;
+      // An op whose events this step did not record has no sample; the
+      // failed query's error is cleared for the runtime's own checks.
       if (cudaEventSynchronize(events[2 * i + 1]) == cudaSuccess &&
           cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]) ==
               cudaSuccess)
         samples[i].push_back(ms);
+      else
+        (void)cudaGetLastError();
     }
     recorded = false;
   }
