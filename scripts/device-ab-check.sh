@@ -10,11 +10,8 @@
 # TRAIN=0 runs the targets only (then only target-features-q8-{a,b} are
 # needed). Needs those four binaries in .device/bin. Logs to $OUT.
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-ab}
-mkdir -p "$O"
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/dflash-ab
 for packed in "" "--packed"; do
   for round in 1 2; do
     for v in a b; do

@@ -14,11 +14,8 @@
 # nvcc line), target-features-q8-a with DFLASHC wrapping dflashc
 # --source-dir OLD_TREE (scripts/device-prepare.sh --online -a). Logs to $OUT.
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-attention-ab}
-mkdir -p "$O"
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/dflash-attention-ab
 for t in CausalAttentionGpuTest AttentionGpuTest; do
   [[ -x $D/bin/$t ]] || continue
   run_gpu_test $D/bin/$t /tmp

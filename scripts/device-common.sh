@@ -1,6 +1,16 @@
 # Sourced by the device scripts (scripts/device-*.sh) for what they share;
 # runs nothing itself.
 
+# device_start DEFAULT_LOG_DIR: every device script's start. D is .device
+# (scripts/device-prepare.sh's), O the log directory ($OUT, else the default;
+# made), then the card's line.
+device_start() {
+  D=.device
+  O=${OUT:-$1}
+  mkdir -p "$O"
+  gpu_info
+}
+
 # gpu_info: the card, its clock and temperature (the first line of a log, so
 # that a number is read against the machine that gave it).
 gpu_info() {

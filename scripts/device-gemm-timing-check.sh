@@ -13,13 +13,11 @@
 # (dflashc specs/qwen3-8b-b16.toml --target .device/tcfg/q8: its step on
 # synthetic rows is the offline step). Metrics to $OUT, output to /tmp.
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-gemm-timing}
+source "$(dirname "$0")/device-common.sh"
+device_start /tmp/dflash-gemm-timing
 L=/tmp/gemm-timing-logs
 rm -rf "$L"
-mkdir -p "$O" "$L"
-source "$(dirname "$0")/device-common.sh"
-gpu_info
+mkdir -p "$L"
 run_gpu_test $D/bin/LmHeadGpuTest $L 200
 
 OUT=$L/target CHECK=0 bash scripts/device-online-target-check.sh 2>&1 | grep -a -v "^ *$"

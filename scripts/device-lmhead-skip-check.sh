@@ -7,10 +7,9 @@
 # rows_per_gpu = 1), each pair built from main and from the branch; and
 # device-eval-check.sh's inputs. Logs to $OUT.
 set -u
-O=${OUT:-/tmp/o}; D=.device
 export NCCL_NVLS_ENABLE=0
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/o
 for t in LmHeadGpuTest DenseGpuTest; do
   run_gpu_test $D/bin/$t $O 120
 done

@@ -16,13 +16,10 @@
 #    step time, the target's share and the device memory of both together.
 # Logs to $OUT; the checkpoint and the run are deleted afterwards.
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-online-8b}
-W=/tmp/online-8b
-mkdir -p "$O"
-rm -rf $W && mkdir -p $W/tokens
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/dflash-online-8b
+W=/tmp/online-8b
+rm -rf $W && mkdir -p $W/tokens
 timeout 420 python3 - $D $W <<'PY' 2>&1 | grep -v "Writing\|Loading\|deprecated"
 import json, os, subprocess, sys, time
 import numpy as np

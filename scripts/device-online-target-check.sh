@@ -25,11 +25,8 @@
 # Needs in .device/bin: CausalAttentionGpuTest, target-features-tq,
 # target-features-tl (1 and 2), target-features-q8 (3). Logs to $OUT.
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-online-target}
-mkdir -p "$O"
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/dflash-online-target
 if [[ ${CHECK:-1} == 1 ]]; then
 run_gpu_test $D/bin/CausalAttentionGpuTest $O 120
 

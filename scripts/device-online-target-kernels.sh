@@ -7,11 +7,8 @@
 # SDPA / varlen attention on the same rows (bench/kernels/torch_reference.py
 # --only causal). Logs to $OUT.
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-online-kernels}
-mkdir -p "$O"
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/dflash-online-kernels
 for t in DenseGpuTest CausalAttentionGpuTest; do
   run_gpu_test $D/bin/$t $O 180
 done

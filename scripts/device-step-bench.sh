@@ -8,14 +8,11 @@
 #   quick to generate), TORCH (1: run the PyTorch baselines, torch.compile
 #   with bf16 parameters updated directly and with fp32 masters)
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-step-bench}
-mkdir -p "$O"
 export NCCL_NVLS_ENABLE=0
 steps=${STEPS:-30}
 gpus=$(nvidia-smi -L | wc -l)
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/dflash-step-bench
 
 run() { # name binary args...
   local name=$1 bin=$2; shift 2

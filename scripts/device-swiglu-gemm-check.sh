@@ -19,11 +19,8 @@
 #    BENCH=1 (default), target-features-q8 beside transformers' forward.
 # Logs to $OUT.
 set -u
-D=.device
-O=${OUT:-/tmp/dflash-swiglu-gemm}
-mkdir -p "$O"
 source "$(dirname "$0")/device-common.sh"
-gpu_info
+device_start /tmp/dflash-swiglu-gemm
 run_gpu_test $D/bin/DenseGpuTest $O 300 12 || { echo "device-swiglu-gemm-check: DenseGpuTest failed; stopping"; exit 1; }
 timeout 200 $D/bin/KernelBench $O/kernels.jsonl swiglu-gemm > $O/kernels.log 2>&1
 echo "KernelBench swiglu-gemm rc=$?"; grep -a -E "gate\+up|swiglu gemm|gemm 8192|clock" $O/kernels.log

@@ -842,14 +842,6 @@ void causal() {
     cudaFree(p);
 }
 
-/// The target MLP's gate/up GEMM with SwiGLU applied (kernels/SwiGluGemm.cuh,
-/// one CTA and clusters of two) against what it replaces: cuBLASLt's gate
-/// and up products (each shape's fastest candidate, as the planner times
-/// them) and the SwiGLU pass, at the Qwen3-8B target's shape (12288 tokens,
-/// I 12288, H 4096). Timed rested (the cool-down) and at the sustained clock
-/// (after 2 s of all three, then alternating, median of 15 each), as inside
-/// the target forward; the outputs differ by the products' bf16 rounding
-/// only.
 /// The median ms of each of `runs` at the sustained (power-capped) clock the
 /// programs run at: 2 s of all of them first, then `rounds` of each,
 /// alternating, so that the clock's drift falls on all alike.
@@ -886,6 +878,14 @@ std::vector<double> sustainedMs(const std::vector<std::function<void()>> &runs,
   return medians;
 }
 
+/// The target MLP's gate/up GEMM with SwiGLU applied (kernels/SwiGluGemm.cuh,
+/// one CTA and clusters of two) against what it replaces: cuBLASLt's gate
+/// and up products (each shape's fastest candidate, as the planner times
+/// them) and the SwiGLU pass, at the Qwen3-8B target's shape (12288 tokens,
+/// I 12288, H 4096). Timed rested (the cool-down) and at the sustained clock
+/// (after 2 s of all three, then alternating, median of 15 each), as inside
+/// the target forward; the outputs differ by the products' bf16 rounding
+/// only.
 void swigluGemm(CublasLtGemm &gemm) {
   const int64_t M = 12288, F = 12288, K = 4096;
   bf16 *x = deviceAlloc<bf16>(M * K), *wg = deviceAlloc<bf16>(F * K),
