@@ -10,4 +10,4 @@ add_executable(ReferenceTest
   ReferenceStepTest.cpp
 )
 target_link_libraries(ReferenceTest PRIVATE DFlashReference GTest::gtest_main)
-gtest_discover_tests(ReferenceTest)
+dflash_discover_tests(ReferenceTest)
