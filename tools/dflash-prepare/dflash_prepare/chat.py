@@ -41,6 +41,7 @@ REASONS = {
     "unknown-role": "unknown role",
     "no-assistant-turn": "no assistant turn",
     "template-error": "chat template failed",
+    "no-spans": "assistant spans not found in the render",
     "over-long": "over-long (--max-length)",
     "too-few-supervised": "fewer than 2 consecutive supervised tokens",
 }
@@ -142,16 +143,21 @@ def normalise(record, reasoning="keep"):
         if role is None:
             raise BadConversation("unknown-role",
                                   f"turn {index} has unknown role '{raw_role}'")
-        content = _content_text(turn.get(text_key, turn.get("content")), index)
+        raw = turn.get(text_key, turn.get("content"))
+        content = _content_text(raw, index)
         message = {"role": role, "content": content}
+        if role == "assistant" and raw is None and turn.get("tool_calls"):
+            # An OpenAI tool-call turn: the null goes to the template as it
+            # is (DeepSeek's tells tool-call turns by it), "" where it fails.
+            message["content"] = None
         if role == "assistant":
             thought = turn.get("reasoning_content", turn.get("reasoning"))
             if thought is not None and not isinstance(thought, str):
                 raise BadConversation("malformed-conversation",
                                       f"turn {index}: reasoning_content is not a string")
             if reasoning == "drop":
-                message["content"] = _THINK.sub("", content).lstrip() \
-                    if "<think>" in content else content
+                if message["content"] and "<think>" in content:
+                    message["content"] = _THINK.sub("", content).lstrip()
             elif thought:
                 message["reasoning_content"] = thought
             calls = turn.get("tool_calls")

@@ -72,8 +72,19 @@ def build_parser():
     tokens.add_argument("--last-turn-only", action="store_true",
                         help="supervise only each conversation's last assistant turn")
     tokens.add_argument("--reasoning", choices=["keep", "drop"], default="keep",
-                        help="keep or drop the assistant's reasoning "
-                        "(reasoning_content, <think>...</think>) (default: keep)")
+                        help="keep the assistant's reasoning (reasoning_content, "
+                        "<think>...</think>) where the template renders it, and "
+                        "supervise it; or drop it from the data (default: keep)")
+    tokens.add_argument("--supervise-prefill", action="store_true",
+                        help="also supervise template text that a serving engine "
+                        "writes into the prompt after the role header (Qwen3's empty "
+                        "<think></think> before an answer without reasoning, which "
+                        "enable_thinking=False prefills); not supervised by default")
+    tokens.add_argument("--end-of-turn", action="append", metavar="TOKEN",
+                        help="the text that ends an assistant turn, supervised with it "
+                        "(repeatable; default: the tokenizer's eos token, "
+                        "generation_config.json's and the usual end-of-turn tokens "
+                        "the tokenizer has, such as <|im_end|> and <|eot_id|>)")
     tokens.add_argument("--pack", action="store_true",
                         help="pack several conversations into each row "
                         "(first-fit-decreasing), with position_ids")

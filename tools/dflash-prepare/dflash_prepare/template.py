@@ -1,49 +1,19 @@
 """Token ids and loss masks from the tokenizer's own chat template.
 
 A conversation is rendered to text once with the template and tokenized once
-(with character offsets); the assistant parts are character spans of that
-text, and a token is supervised iff its characters overlap a span. The spans
-come from one of two places:
-
-- `generation` markers: a template with `{% generation %}...{% endgeneration
-  %}` says itself what the assistant generates. The template is rendered with
-  each marker replaced by a sentinel character, the sentinels give the spans,
-  and the text without them must equal the plain render.
-- prefixes: otherwise assistant turn i spans from the end of the render of
-  messages[:i] with the generation prompt to the end of the render of
-  messages[:i+1], cut after the last end-of-sequence token in it when only
-  whitespace follows (the newline after `<|im_end|>` is the template's, not
-  the model's). This needs the prefix property (each of those renders is a
-  prefix of the next and of the whole); a template without it is refused.
+(with character offsets). Its assistant spans come from that one render
+(`spans`), and a token is supervised iff its characters overlap a span.
 """
 import hashlib
+import json
 import os
-import re
 
 import numpy as np
 
+from . import spans as spans_module
 from .errors import UserError, require, warn
-
-_OPEN = "\ue000"
-_CLOSE = "\ue001"
-_GENERATION = re.compile(r"\{%(-?)\s*(generation|endgeneration)\s*(-?)%\}")
-
-
-def has_generation_markers(template):
-    return bool(_GENERATION.search(template or ""))
-
-
-def _sentinel_template(template):
-    """The template with each generation tag replaced by an `if true` block
-    that prints a sentinel, keeping the tags' whitespace control."""
-    def replace(match):
-        left, kind, right = match.groups()
-        if kind == "generation":
-            return (f"{{%{left} if true %}}{{{{ '{_OPEN}' }}}}"
-                    f"{{% if true {right}%}}")
-        return (f"{{%{left} endif %}}{{{{ '{_CLOSE}' }}}}"
-                f"{{% endif {right}%}}")
-    return _GENERATION.sub(replace, template)
+from .render import (TemplateFailure, TokenizerRenderer,  # noqa: F401 (callers)
+                     has_generation_markers, token_text)
 
 
 def template_sha256(template):
@@ -79,125 +49,90 @@ def chat_template_of(tokenizer, directory):
     return template
 
 
-class TemplateFailure(Exception):
-    """The template could not render one conversation (it is dropped)."""
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
-class PrefixPropertyError(UserError):
-    """The template does not render conversations incrementally."""
-
-
-def _first_difference(a, b):
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def end_of_turn_tokens(directory):
+    """The strings that end an assistant turn, from a tokenizer directory's
+    files: the eos token, generation_config.json's eos tokens, and the
+    usual end-of-turn tokens the tokenizer has as added tokens."""
+    config = _read_json(os.path.join(directory, "tokenizer_config.json")) or {}
+    added = {}
+    for key, entry in (config.get("added_tokens_decoder") or {}).items():
+        if isinstance(entry, dict) and token_text(entry) and str(key).isdigit():
+            added[int(key)] = token_text(entry)
+    for entry in (_read_json(os.path.join(directory, "tokenizer.json")) or {}).get(
+            "added_tokens") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("id"), int) and token_text(entry):
+            added.setdefault(entry["id"], token_text(entry))
+    tokens = []
+    eos = token_text(config.get("eos_token"))
+    if eos:
+        tokens.append(eos)
+    generation = _read_json(os.path.join(directory, "generation_config.json")) or {}
+    ids = generation.get("eos_token_id")
+    for i in (ids if isinstance(ids, list) else [ids]):
+        if isinstance(i, int) and i in added:
+            tokens.append(added[i])
+    present = set(added.values())
+    tokens += [t for t in spans_module.KNOWN_END_OF_TURN if t in present]
+    return tuple(dict.fromkeys(tokens))
 
 
 class Encoded:
-    def __init__(self, ids, mask):
-        self.ids = ids    # np.int32 [n]
-        self.mask = mask  # np.uint8 [n]
+    def __init__(self, ids, mask, spans, messages):
+        self.ids = ids            # np.int32 [n]
+        self.mask = mask          # np.uint8 [n]
+        self.spans = spans        # spans.Spans: the render and its spans
+        self.messages = messages  # the messages as rendered
+
+
+def _content_null_as_empty(messages):
+    """The messages with a null assistant content as "" (for templates that
+    cannot take the null of an OpenAI tool-call turn), or None where no
+    content is null."""
+    if not any(m.get("content", "") is None for m in messages):
+        return None
+    return [dict(m, content="") if m.get("content", "") is None else m for m in messages]
 
 
 class ChatEncoder:
     """Encodes normalised conversations with one tokenizer's template."""
 
-    def __init__(self, tokenizer, template, tokenizer_dir, last_turn_only=False):
+    def __init__(self, tokenizer, renderer, settings):
         self.tokenizer = tokenizer
-        self.template = template
-        self.tokenizer_dir = tokenizer_dir
-        self.last_turn_only = last_turn_only
-        self.method = "generation-markers" if has_generation_markers(template) else "prefixes"
-        self.sentinel_template = _sentinel_template(template) \
-            if self.method == "generation-markers" else None
-        eos = getattr(tokenizer, "eos_token", None)
-        self.stop_text = eos if isinstance(eos, str) and eos else None
+        self.renderer = renderer
+        self.settings = settings
 
-    def render(self, messages, generation_prompt, tools=None, template=None):
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, tokenize=False,
-                add_generation_prompt=generation_prompt,
-                chat_template=template or self.template)
-        except Exception as error:  # jinja2 errors, the template's own raise_exception
-            raise TemplateFailure(str(error).strip().splitlines()[0]
-                                  if str(error).strip() else type(error).__name__) from None
-        if not isinstance(text, str):
-            raise TemplateFailure(f"the template rendered a {type(text).__name__}")
-        return text
-
-    def _marker_spans(self, conversation, text):
-        marked = self.render(conversation.messages, False, conversation.tools,
-                             self.sentinel_template)
-        if marked.replace(_OPEN, "").replace(_CLOSE, "") != text:
-            raise UserError(f"{self.tokenizer_dir}: the chat template renders "
-                            "differently once its generation markers are located "
-                            f"(first seen on {conversation.where}); cannot build "
-                            "loss masks from them")
-        spans, start, removed = [], None, 0
-        for index, char in enumerate(marked):
-            if char == _OPEN:
-                start = index - removed
-                removed += 1
-            elif char == _CLOSE:
-                if start is not None:
-                    spans.append((start, index - removed))
-                start = None
-                removed += 1
-        if self.last_turn_only:
-            spans = spans[-1:]
-        return spans
-
-    def _refuse(self, conversation, turn, what, a, b):
-        at = _first_difference(a, b)
-        context = lambda s: repr(s[max(0, at - 30):at + 30])
-        raise PrefixPropertyError(
-            f"{self.tokenizer_dir}: the chat template does not render "
-            f"conversations incrementally ({conversation.where}, turn {turn}: {what}; "
-            f"they differ at character {at}: {context(a)} vs {context(b)}). Loss "
-            "masks from prefixes need that; use a template with {% generation %} "
-            "markers, or --last-turn-only (only the last turn's prefix is "
-            "needed), or --reasoning drop where the template drops earlier "
-            "turns' reasoning")
-
-    def _prefix_spans(self, conversation, text):
+    def spans(self, conversation):
+        """(messages as rendered, spans.Spans); TemplateFailure or
+        spans.NoSpans for a conversation that cannot be used."""
         messages = conversation.messages
-        turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-        if self.last_turn_only:
-            turns = turns[-1:]
-        spans = []
-        for i in turns:
-            before = self.render(messages[:i], True, conversation.tools)
-            through = self.render(messages[:i + 1], False, conversation.tools)
-            if not through.startswith(before):
-                self._refuse(conversation, i, "the render up to the assistant "
-                             "prompt is not a prefix of the render with the turn",
-                             before, through)
-            if not text.startswith(through):
-                self._refuse(conversation, i, "the render through this turn is "
-                             "not a prefix of the whole conversation's", through, text)
-            start, end = len(before), len(through)
-            if self.stop_text:
-                tail = through[start:end]
-                cut = tail.rfind(self.stop_text)
-                if cut >= 0 and not tail[cut + len(self.stop_text):].strip():
-                    end = start + cut + len(self.stop_text)
-            spans.append((start, end))
-        return spans
+        try:
+            return messages, spans_module.find_spans(self.renderer, messages,
+                                                     conversation.tools, self.settings)
+        except TemplateFailure as failure:
+            # Only where the null itself is what the template cannot take
+            # (Qwen3 looks for </think> in it): any other failure stands.
+            retry = _content_null_as_empty(messages) if "NoneType" in str(failure) else None
+            if retry is None:
+                raise
+            return retry, spans_module.find_spans(self.renderer, retry,
+                                                  conversation.tools, self.settings)
 
     def encode(self, conversation):
-        text = self.render(conversation.messages, False, conversation.tools)
-        if self.method == "generation-markers":
-            spans = self._marker_spans(conversation, text)
-        else:
-            spans = self._prefix_spans(conversation, text)
-        encoding = self.tokenizer(text, add_special_tokens=False,
+        messages, found = self.spans(conversation)
+        encoding = self.tokenizer(found.text, add_special_tokens=False,
                                   return_offsets_mapping=True)
         ids = np.asarray(encoding["input_ids"], dtype=np.int64)
         offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-        return Encoded(ids.astype(np.int32), spans_to_mask(offsets, spans))
+        return Encoded(ids.astype(np.int32), spans_to_mask(offsets, found.spans),
+                       found, messages)
 
 
 def spans_to_mask(offsets, spans):

@@ -1,8 +1,10 @@
 """`dflash-prepare tokens`: chat JSONL -> token shards."""
+import collections
+import json
 import os
 import sys
 
-from . import chat, packing, progress, shards, template
+from . import chat, packing, progress, shards, spans, template
 from .errors import UserError, note, warn
 from .spec import load_spec
 
@@ -45,6 +47,60 @@ def token_shard_metadata(spec, settings):
     return meta
 
 
+class Encodings:
+    """The kept conversations' (ids, mask) and what was counted on the way."""
+
+    def __init__(self):
+        self.sequences = []
+        self.truncated = 0
+        self.mask_hits, self.first_hit = 0, None
+        self.methods = collections.Counter()  # span method -> conversations
+        self.turns = collections.Counter()    # present, supervised, without_end
+
+
+def encode_conversations(encoder, conversations, drops, spec, max_length, over_long):
+    """Encodes each conversation; one that cannot be used goes into `drops`
+    with its reason (never the end of the run). Returns Encodings."""
+    result = Encodings()
+    for conversation in conversations:
+        try:
+            encoded = encoder.encode(conversation)
+        except template.TemplateFailure as failure:
+            drops.add("template-error", conversation.where, f"chat template: {failure}")
+            continue
+        except spans.NoSpans as failure:
+            drops.add("no-spans", conversation.where, str(failure))
+            continue
+        ids, mask = encoded.ids, encoded.mask
+        if len(ids) > max_length:
+            if over_long == "drop":
+                drops.add("over-long", conversation.where,
+                          f"{len(ids)} tokens, more than --max-length {max_length}")
+                continue
+            ids, mask = ids[:max_length], mask[:max_length]
+            result.truncated += 1
+        if not packing.has_anchor_candidate(mask):
+            drops.add("too-few-supervised", conversation.where,
+                      f"{int(mask.sum())} supervised token(s), no two consecutive"
+                      + (" after truncation" if len(encoded.ids) > len(ids) else ""))
+            continue
+        outside = ids >= spec.vocab_size
+        if outside.any():
+            raise UserError(f"{conversation.where}: encodes to token "
+                            f"{int(ids[outside][0])}, outside {spec.path} "
+                            f"[target] vocab_size {spec.vocab_size}")
+        hits = int((ids == spec.mask_token_id).sum())
+        if hits:
+            result.mask_hits += hits
+            result.first_hit = result.first_hit or conversation.where
+        found = encoded.spans
+        result.methods[found.method] += 1
+        result.turns.update(present=found.turns, supervised=found.supervised,
+                            without_end=found.without_end)
+        result.sequences.append((ids, mask))
+    return result
+
+
 def run(args):
     spec = load_spec(args.spec)
     seq_len = args.seq_len or spec.seq_len
@@ -69,6 +125,7 @@ def run(args):
     options = {
         "seq_len": seq_len, "max_length": max_length, "over_long": args.over_long,
         "last_turn_only": args.last_turn_only, "reasoning": args.reasoning,
+        "supervise_prefill": args.supervise_prefill, "end_of_turn": args.end_of_turn,
         "pack": args.pack, "seed": args.seed, "rows_per_shard": args.rows_per_shard,
     }
     identity = {
@@ -95,49 +152,30 @@ def run(args):
 
     tokenizer = template.load_tokenizer(tokenizer_dir)
     chat_template = template.chat_template_of(tokenizer, tokenizer_dir)
-    encoder = template.ChatEncoder(tokenizer, chat_template, tokenizer_dir,
-                                   args.last_turn_only)
+    end_of_turn = tuple(args.end_of_turn or template.end_of_turn_tokens(tokenizer_dir))
+    if not end_of_turn:
+        warn(f"{tokenizer_dir}: no end-of-turn token found (no eos token, nor a usual "
+             "one among its added tokens): turns are supervised without one; name it "
+             "with --end-of-turn")
+    encoder = template.ChatEncoder(
+        tokenizer, template.TokenizerRenderer(tokenizer, chat_template),
+        spans.SpanSettings(end_of_turn, args.last_turn_only, args.supervise_prefill))
     for line in template.check_mask_token(tokenizer, spec, tokenizer_dir):
         note(line)
-    note(f"loss masks from the template's "
-         f"{'generation markers' if encoder.method == 'generation-markers' else 'prefix renders (no generation markers)'}")
+    note("loss masks from the one full render of each conversation"
+         + (" (the template's generation markers)"
+            if template.has_generation_markers(chat_template) else "")
+         + "; end of turn: " + ", ".join(end_of_turn or ("none",)))
 
-    sequences, truncated = [], 0
-    mask_hits, first_hit = 0, None
-    for conversation in conversations:
-        try:
-            encoded = encoder.encode(conversation)
-        except template.TemplateFailure as failure:
-            drops.add("template-error", conversation.where, f"chat template: {failure}")
-            continue
-        ids, mask = encoded.ids, encoded.mask
-        if len(ids) > max_length:
-            if args.over_long == "drop":
-                drops.add("over-long", conversation.where,
-                          f"{len(ids)} tokens, more than --max-length {max_length}")
-                continue
-            ids, mask = ids[:max_length], mask[:max_length]
-            truncated += 1
-        if not packing.has_anchor_candidate(mask):
-            drops.add("too-few-supervised", conversation.where,
-                      f"{int(mask.sum())} supervised token(s), no two consecutive"
-                      + (" after truncation" if len(encoded.ids) > len(ids) else ""))
-            continue
-        outside = ids >= spec.vocab_size
-        if outside.any():
-            raise UserError(f"{conversation.where}: encodes to token "
-                            f"{int(ids[outside][0])}, outside {spec.path} "
-                            f"[target] vocab_size {spec.vocab_size}")
-        hits = int((ids == spec.mask_token_id).sum())
-        if hits:
-            mask_hits += hits
-            first_hit = first_hit or conversation.where
-        sequences.append((ids, mask))
+    encoded = encode_conversations(encoder, conversations, drops, spec, max_length,
+                                   args.over_long)
+    sequences, truncated, methods, turns = (encoded.sequences, encoded.truncated,
+                                            encoded.methods, encoded.turns)
     _report_drops(drops)
-    if mask_hits:
+    if encoded.mask_hits:
         raise UserError(f"{spec.path}: [drafter] mask_token_id {spec.mask_token_id} "
-                        f"is produced by the tokenizer on the data ({mask_hits} times, "
-                        f"first in {first_hit}); the drafter could not tell it from "
+                        f"is produced by the tokenizer on the data ({encoded.mask_hits} "
+                        f"times, first in {encoded.first_hit}); the drafter could not tell it from "
                         "a masked slot: pick a token the tokenizer never produces")
     if not sequences:
         raise UserError(f"no conversation left to write ({drops.total()} dropped)")
@@ -155,8 +193,10 @@ def run(args):
         "tokenizer_vocab_size": len(tokenizer),
         "chat_template": chat_template,
         "chat_template_sha256": template.template_sha256(chat_template),
-        "loss_mask_from": encoder.method,
+        "loss_mask_from": json.dumps(dict(sorted(methods.items()))),
+        "end_of_turn": json.dumps(list(end_of_turn), ensure_ascii=False),
         "last_turn_only": "true" if args.last_turn_only else "false",
+        "supervise_prefill": "true" if args.supervise_prefill else "false",
         "reasoning": args.reasoning,
         "max_length": max_length,
         "over_long": args.over_long,
@@ -195,6 +235,11 @@ def run(args):
         "shards": count,
         "tokens": tokens,
         "supervised_tokens": supervised,
+        "supervised_share": supervised / float(max(tokens, 1)),
+        "assistant_turns": turns["present"],
+        "supervised_turns": turns["supervised"],
+        "turns_without_end_of_turn": turns["without_end"],
+        "spans_from": dict(sorted(methods.items())),
         "fill": tokens / float(len(rows) * seq_len),
     }
     manifest.save(complete=True, report=report)
@@ -202,11 +247,17 @@ def run(args):
     note(f"dropped {dropped} of {lines_read}" + (": " if dropped else "") +
          ", ".join(f"{chat.REASONS[r]} {n}" for r, n in drops.as_dict().items()) +
          (f"; truncated {truncated} over-long (--over-long truncate)" if truncated else ""))
+    note(f"assistant turns: {turns['present']} in the {len(sequences)} conversations "
+         f"kept, {turns['supervised']} supervised"
+         + (" (--last-turn-only)" if args.last_turn_only else "")
+         + (f", {turns['without_end']} of them without an end-of-turn token after them"
+            if turns["without_end"] else "")
+         + "; spans from " + ", ".join(f"{m} {n}" for m, n in sorted(methods.items())))
     note(f"wrote {written} shard(s)" + (f", kept {kept} complete from an earlier run" if kept else "")
          + f": {len(rows)} rows of {seq_len} tokens, {len(sequences)} conversations"
          + (" packed" if args.pack else ", one per row")
          + f", {tokens} tokens ({100.0 * report['fill']:.1f}% of the row slots), "
-           f"{supervised} supervised")
+           f"{supervised} supervised ({100.0 * report['supervised_share']:.1f}%)")
     print(f"tokens: {args.out}: {len(rows)} rows in {count} shards, "
           f"{len(sequences)} conversations, {dropped} dropped")
     sys.stdout.flush()

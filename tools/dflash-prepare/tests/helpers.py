@@ -2,6 +2,7 @@
 shard builders, and what the optional packages allow."""
 import importlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -138,3 +139,26 @@ def run_tool(script, *args, env=None, python=None):
     result = subprocess.run([python or sys.executable, script, *args],
                             capture_output=True, text=True, env=full_env, timeout=600)
     return result.returncode, result.stdout, result.stderr
+
+
+class PieceTokenizer:
+    """A stand-in fast tokenizer (no transformers): special tokens whole,
+    then words, single whitespace characters and single other characters,
+    with character offsets."""
+
+    def __init__(self, specials):
+        self.vocab = {s: i for i, s in enumerate(specials)}
+        self.pieces = re.compile("|".join(re.escape(s) for s in
+                                          sorted(specials, key=len, reverse=True))
+                                 + r"|\w+|\s|[^\w\s]")
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        ids, offsets = [], []
+        for match in self.pieces.finditer(text):
+            ids.append(self.vocab.setdefault(match.group(), len(self.vocab)))
+            offsets.append(match.span())
+        assert "".join(text[s:e] for s, e in offsets) == text
+        return {"input_ids": ids, "offset_mapping": offsets}
+
+    def pieces_of(self, text):
+        return [m.group() for m in self.pieces.finditer(text)]

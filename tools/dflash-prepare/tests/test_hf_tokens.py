@@ -11,7 +11,7 @@ import numpy as np
 
 from helpers import HAS_HF, PREPARE, run_tool
 
-from dflash_prepare import chat, packing, shards, template, toy
+from dflash_prepare import chat, packing, shards, spans, template, toy
 
 # Hand-written turns of every kind: system, user, assistant with reasoning,
 # a tool call and its result, and plain answers.
@@ -94,8 +94,9 @@ class RealTokenizerTest(unittest.TestCase):
         return path
 
     def encoder(self, chat_template=toy.QWEN_STYLE_TEMPLATE, last_turn_only=False):
-        return template.ChatEncoder(self.tokenizer, chat_template, self.tokenizer_dir,
-                                    last_turn_only)
+        return template.ChatEncoder(
+            self.tokenizer, template.TokenizerRenderer(self.tokenizer, chat_template),
+            spans.SpanSettings(template.end_of_turn_tokens(self.tokenizer_dir), last_turn_only))
 
     def test_saved_tokenizer(self):
         self.assertLessEqual(len(self.tokenizer), 1000)
@@ -113,7 +114,7 @@ class RealTokenizerTest(unittest.TestCase):
         for index, messages in enumerate(CONVERSATIONS):
             conversation = chat.Conversation(messages, f"hand:{index}")
             encoded = encoder.encode(conversation)
-            text = encoder.render(messages, False)
+            text = encoder.renderer.render(messages)
             # The expected spans, found in the rendered text independently.
             spans, at = [], 0
             for message in messages:
@@ -151,11 +152,12 @@ class RealTokenizerTest(unittest.TestCase):
             self.assertEqual(list(ours.ids), list(out["input_ids"]))
             self.assertEqual(list(ours.mask), list(out["assistant_masks"]))
 
-    def test_prefixes_give_the_markers_mask(self):
+    def test_sentinels_give_the_markers_mask(self):
         for messages in CONVERSATIONS:
             conversation = chat.Conversation(messages, "hand")
             a = self.encoder().encode(conversation)
             b = self.encoder(toy.QWEN_STYLE_TEMPLATE_PLAIN).encode(conversation)
+            self.assertEqual((a.spans.method, b.spans.method), ("generation-markers", "sentinels"))
             np.testing.assert_array_equal(a.ids, b.ids)
             np.testing.assert_array_equal(a.mask, b.mask)
             last_a = self.encoder(last_turn_only=True).encode(conversation)
@@ -167,12 +169,14 @@ class RealTokenizerTest(unittest.TestCase):
             expected[:last_start] = 0
             np.testing.assert_array_equal(last_a.mask, expected)
 
-    def test_template_without_prefix_property_is_refused(self):
-        encoder = self.encoder(toy.QWEN_STYLE_TEMPLATE_LAST_REASONING)
-        with self.assertRaises(template.PrefixPropertyError) as caught:
-            encoder.encode(chat.Conversation(CONVERSATIONS[0], "hand:0"))
-        self.assertIn("does not render conversations incrementally (hand:0, turn 2",
-                      str(caught.exception))
+    def test_template_that_rewrites_history(self):
+        # Earlier turns' reasoning is dropped from the render: still read
+        # from the one full render, the reasoning left out of the mask.
+        encoded = self.encoder(toy.QWEN_STYLE_TEMPLATE_LAST_REASONING).encode(
+            chat.Conversation(CONVERSATIONS[0], "hand:0"))
+        self.assertEqual(encoded.spans.method, "sentinels")
+        supervised = [encoded.spans.text[s:e] for s, e in encoded.spans.spans]
+        self.assertEqual(supervised, ["green blue red<|im_end|>", "CAT DOG<|im_end|>"])
 
     def fitting(self, data, length):
         """How many conversations of `data` encode to at most `length` tokens."""
@@ -214,7 +218,8 @@ class RealTokenizerTest(unittest.TestCase):
         self.assertIn(f"dropped {data}:{good + 4}: ", stderr)
         self.assertIn("more than --max-length 256", stderr)
         fitting = self.fitting(data, 256)
-        self.assertIn("loss masks from the template's generation markers", stderr)
+        self.assertIn("loss masks from the one full render of each conversation (the "
+                      "template's generation markers); end of turn: <|im_end|>", stderr)
         self.assertIn("mask_token_id 1023: an embedding row past the tokenizer's", stderr)
         over = good + 1 - fitting
         self.assertIn(f"dropped {3 + over} of {good + 4}: malformed json line 1, unknown role 1, "
@@ -233,7 +238,7 @@ class RealTokenizerTest(unittest.TestCase):
         self.assertEqual(meta["chat_template_sha256"],
                          template.template_sha256(toy.QWEN_STYLE_TEMPLATE))
         self.assertEqual(meta["tokenizer_vocab_size"], str(len(self.tokenizer)))
-        self.assertEqual(meta["loss_mask_from"], "generation-markers")
+        self.assertEqual(json.loads(meta["loss_mask_from"]), {"generation-markers": fitting})
         self.assertEqual((meta["target"], meta["target_layer_ids"], meta["seq_len"]),
                          ("test/toy-qwen3", "[0, 2]", "256"))
 

@@ -1,64 +1,17 @@
-"""template.py's spans and masks with a stand-in tokenizer (no transformers):
-it renders the toy Qwen-style templates in Python, as jinja would, and
-splits text into words, single characters and special tokens."""
-import re
+"""template.py's and spans.py's masks on the toy Qwen-style templates,
+rendered with jinja2 (as transformers renders them) and split by a
+stand-in tokenizer (no transformers)."""
 import unittest
 
 import numpy as np
 
-from helpers import TempDir
+from helpers import PieceTokenizer, TempDir
 
-from dflash_prepare import chat, template, toy
+from dflash_prepare import chat, render, spans, template, toy
 from dflash_prepare.errors import UserError
 
 SPECIAL = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
-PIECES = re.compile("|".join(re.escape(s) for s in SPECIAL) + r"|\w+|\s|[^\w\s]")
-
-
-class FakeTokenizer:
-    eos_token = "<|im_end|>"
-    mask_token_id = None
-    mask_token = None
-    all_special_ids = [0, 1, 2]
-
-    def __init__(self):
-        self.vocab = {s: i for i, s in enumerate(SPECIAL)}
-        self.added_tokens_decoder = {i: s for i, s in enumerate(SPECIAL)}
-
-    def __len__(self):
-        return 60
-
-    def convert_ids_to_tokens(self, i):
-        return {v: k for k, v in self.vocab.items()}.get(i, f"t{i}")
-
-    def apply_chat_template(self, messages, tools=None, tokenize=False,
-                            add_generation_prompt=False, chat_template=None):
-        marked = "\ue000" in chat_template
-        last_only = "loop.last" in chat_template
-        open_, close = ("\ue000", "\ue001") if marked else ("", "")
-        text = ""
-        for index, m in enumerate(messages):
-            if m["role"] == "assistant":
-                text += "<|im_start|>assistant\n" + open_
-                if m.get("reasoning_content") and (not last_only or index == len(messages) - 1):
-                    text += "<think>\n" + m["reasoning_content"] + "\n</think>\n\n"
-                text += m["content"] + "<|im_end|>" + close + "\n"
-            else:
-                if m["role"] == "bad":
-                    raise ValueError("Unknown role in template")
-                text += "<|im_start|>" + m["role"] + "\n" + m["content"] + "<|im_end|>\n"
-        if add_generation_prompt:
-            text += "<|im_start|>assistant\n"
-        return text
-
-    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
-        ids, offsets = [], []
-        for match in PIECES.finditer(text):
-            ids.append(self.vocab.setdefault(match.group(), len(self.vocab)))
-            offsets.append(match.span())
-        assert "".join(text[s:e] for s, e in offsets) == text
-        return {"input_ids": ids, "offset_mapping": offsets}
-
+SPECIAL_TOKENS = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
 
 CONVERSATION = [
     {"role": "system", "content": "be brief"},
@@ -69,52 +22,70 @@ CONVERSATION = [
     {"role": "assistant", "content": "hi again"},
 ]
 
+# A template that refuses a role of its own accord (raise_exception).
+REFUSING_TEMPLATE = ("{%- if messages[0].role == 'bad' %}"
+                     "{{- raise_exception('Unknown role in template') }}{%- endif %}"
+                     + toy.QWEN_STYLE_TEMPLATE)
 
-def supervised_text(tokenizer, text, encoded):
-    pieces = [m.group() for m in PIECES.finditer(text)]
-    assert len(pieces) == len(encoded.ids)
-    return "".join(p for p, m in zip(pieces, encoded.mask) if m)
+
+class FakeTokenizer:
+    """What check_mask_token reads of a tokenizer."""
+    eos_token = "<|im_end|>"
+    mask_token_id = None
+    mask_token = None
+    all_special_ids = [0, 1, 2]
+    added_tokens_decoder = {i: s for i, s in enumerate(SPECIAL)}
+
+    def __len__(self):
+        return 60
+
+    def convert_ids_to_tokens(self, i):
+        return SPECIAL[i] if i < len(SPECIAL) else f"t{i}"
 
 
 class TemplateTest(TempDir):
     def encode(self, chat_template, messages=CONVERSATION, last_turn_only=False):
-        tokenizer = FakeTokenizer()
-        encoder = template.ChatEncoder(tokenizer, chat_template, "tok", last_turn_only)
-        conversation = chat.Conversation(messages, "chat.jsonl:1")
-        encoded = encoder.encode(conversation)
-        text = encoder.render(messages, False)
-        return encoder, encoded, supervised_text(tokenizer, text, encoded)
+        tokenizer = PieceTokenizer(SPECIAL)
+        renderer = render.JinjaRenderer(chat_template, SPECIAL_TOKENS)
+        settings = spans.SpanSettings(["<|im_end|>"], last_turn_only)
+        encoder = template.ChatEncoder(tokenizer, renderer, settings)
+        encoded = encoder.encode(chat.Conversation(messages, "chat.jsonl:1"))
+        pieces = tokenizer.pieces_of(encoded.spans.text)
+        self.assertEqual(len(pieces), len(encoded.ids))
+        supervised = "".join(p for p, m in zip(pieces, encoded.mask) if m)
+        return encoded, supervised
 
-    def test_markers_and_prefixes_supervise_the_same_tokens(self):
+    def test_markers_and_sentinels_supervise_the_same_tokens(self):
         expected = "<think>\neasy\n</think>\n\nhi there<|im_end|>hi again<|im_end|>"
-        marked, a, text_a = self.encode(toy.QWEN_STYLE_TEMPLATE)
-        plain, b, text_b = self.encode(toy.QWEN_STYLE_TEMPLATE_PLAIN)
-        self.assertEqual(marked.method, "generation-markers")
-        self.assertEqual(plain.method, "prefixes")
+        a, text_a = self.encode(toy.QWEN_STYLE_TEMPLATE)
+        b, text_b = self.encode(toy.QWEN_STYLE_TEMPLATE_PLAIN)
+        self.assertEqual(a.spans.method, "generation-markers")
+        self.assertEqual(b.spans.method, "sentinels")
         self.assertEqual(text_a, expected)
         np.testing.assert_array_equal(a.ids, b.ids)
         np.testing.assert_array_equal(a.mask, b.mask)
+        self.assertEqual((b.spans.turns, b.spans.supervised, b.spans.without_end), (2, 2, 0))
 
     def test_last_turn_only(self):
         for chat_template in (toy.QWEN_STYLE_TEMPLATE, toy.QWEN_STYLE_TEMPLATE_PLAIN):
-            _, _, text = self.encode(chat_template, last_turn_only=True)
+            encoded, text = self.encode(chat_template, last_turn_only=True)
             self.assertEqual(text, "hi again<|im_end|>")
+            self.assertEqual((encoded.spans.turns, encoded.spans.supervised), (2, 1))
 
-    def test_a_template_without_the_prefix_property_is_refused(self):
-        with self.assertRaises(template.PrefixPropertyError) as caught:
-            self.encode(toy.QWEN_STYLE_TEMPLATE_LAST_REASONING)
-        message = str(caught.exception)
-        self.assertIn("tok: the chat template does not render conversations incrementally", message)
-        self.assertIn("chat.jsonl:1, turn 2", message)
-        self.assertIn("--last-turn-only", message)
-        # Only the last turn's prefix is needed then, and it holds.
-        _, _, text = self.encode(toy.QWEN_STYLE_TEMPLATE_LAST_REASONING, last_turn_only=True)
-        self.assertEqual(text, "hi again<|im_end|>")
+    def test_a_template_that_rewrites_history(self):
+        # Reasoning is shown on the last turn only, so no partial render is a
+        # prefix of the whole one; the spans come from the full render.
+        encoded, text = self.encode(toy.QWEN_STYLE_TEMPLATE_LAST_REASONING)
+        self.assertEqual(encoded.spans.method, "sentinels")
+        self.assertEqual(text, "hi there<|im_end|>hi again<|im_end|>")
+        last = CONVERSATION[:-1] + [dict(CONVERSATION[-1], reasoning_content="hm")]
+        _, text = self.encode(toy.QWEN_STYLE_TEMPLATE_LAST_REASONING, last)
+        self.assertEqual(text, "hi there<|im_end|><think>\nhm\n</think>\n\nhi again<|im_end|>")
 
     def test_template_failure_is_per_conversation(self):
         with self.assertRaises(template.TemplateFailure) as caught:
-            self.encode(toy.QWEN_STYLE_TEMPLATE, [{"role": "bad", "content": "x"},
-                                                  {"role": "assistant", "content": "y"}])
+            self.encode(REFUSING_TEMPLATE, [{"role": "bad", "content": "x"},
+                                            {"role": "assistant", "content": "y"}])
         self.assertIn("Unknown role in template", str(caught.exception))
 
     def test_spans_to_mask_overlap_rule(self):
@@ -124,10 +95,13 @@ class TemplateTest(TempDir):
                                       [1, 0, 0, 0, 1])
         np.testing.assert_array_equal(template.spans_to_mask(offsets, [(3, 3)]), [0] * 5)
 
-    def test_sentinel_template_keeps_whitespace_control(self):
-        marked = template._sentinel_template("a {%- generation -%} b {%- endgeneration %} c")
-        self.assertEqual(marked, "a {%- if true %}{{ '\ue000' }}{% if true -%} b "
-                                 "{%- endif %}{{ '\ue001' }}{% endif %} c")
+    def test_generation_markers_keep_whitespace_control(self):
+        marked = render.replace_generation_markers(
+            "a {%- generation -%} b {%- endgeneration %} c", "<", ">")
+        self.assertEqual(marked, "a {%- if true %}{{ '<' }}{% if true -%} b "
+                                 "{%- endif %}{{ '>' }}{% endif %} c")
+        plain = render.JinjaRenderer(marked, {}).render([])
+        self.assertEqual(plain, "a<b> c")
 
     def test_mask_token_checks(self):
         spec = self.spec
