@@ -179,19 +179,20 @@ def _render_marked(renderer, messages, tools, template=None):
 
 
 class _Pieces:
-    """Wraps the generated text of assistant messages in sentinel pairs."""
+    """Wraps the generated text of assistant messages in sentinel pairs, and
+    the content of the others in fences (pairs that bound the turns)."""
 
     def __init__(self):
         self.turn_of = []   # piece k -> index of its message
-        self.what = []      # piece k -> what it is, for messages
+        self.fence = []     # piece k -> whether it is another message's content
 
-    def wrap(self, text, turn, what, empty=False):
+    def wrap(self, text, turn, empty=False, fence=False):
         core = text.strip()
         if not core and not empty:
             return text
         k = len(self.turn_of)
         self.turn_of.append(turn)
-        self.what.append(f"turn {turn}'s {what}")
+        self.fence.append(fence)
         lead = len(text) - len(text.lstrip()) if core else len(text)
         tail = lead + len(core)
         return (text[:lead] + chr(PIECE_BASE + 2 * k) + core +
@@ -203,13 +204,12 @@ class _Pieces:
         them."""
         end = text.find("</think>")
         if end < 0:
-            return self.wrap(text, turn, "content", empty)
+            return self.wrap(text, turn, empty)
         begin = text.rfind("<think>", 0, end)
         head, opening = (text[:begin], "<think>") if begin >= 0 else ("", "")
         thought = text[begin + len("<think>"):end] if begin >= 0 else text[:end]
-        return (self.wrap(head, turn, "content") + opening +
-                self.wrap(thought, turn, "inline reasoning") + "</think>" +
-                self.wrap(text[end + len("</think>"):], turn, "content"))
+        return (self.wrap(head, turn) + opening + self.wrap(thought, turn) + "</think>" +
+                self.wrap(text[end + len("</think>"):], turn))
 
     def tool_call(self, call, turn):
         if not isinstance(call, dict):
@@ -220,7 +220,7 @@ class _Pieces:
             holder = call["function"] = dict(call["function"])
         for key in ("name", "arguments"):
             if isinstance(holder.get(key), str):
-                holder[key] = self.wrap(holder[key], turn, f"tool call {key}")
+                holder[key] = self.wrap(holder[key], turn)
         return call
 
     def message(self, message, turn, empty):
@@ -228,13 +228,18 @@ class _Pieces:
         zero-width piece."""
         marked = dict(message)
         if isinstance(message.get("reasoning_content"), str):
-            marked["reasoning_content"] = self.wrap(message["reasoning_content"], turn,
-                                                    "reasoning_content")
+            marked["reasoning_content"] = self.wrap(message["reasoning_content"], turn)
         if isinstance(message.get("content"), str):
             marked["content"] = self.content(message["content"], turn, empty)
         if isinstance(message.get("tool_calls"), list):
             marked["tool_calls"] = [self.tool_call(c, turn) for c in message["tool_calls"]]
         return marked
+
+    def fenced(self, message, index):
+        """A system, user or tool message with its content fenced."""
+        if not isinstance(message.get("content"), str):
+            return message
+        return dict(message, content=self.wrap(message["content"], index, fence=True))
 
 
 def _variants(template):
@@ -311,13 +316,16 @@ def _turn_end(text, last, bound, following, settings):
     return best[1]
 
 
-def _following_text(messages, turn):
-    """The stripped content of the message after `turn`, unless it is the
-    assistant's."""
+def _following_text(messages, turn, settings):
+    """The start of the next message's content, unless it is the assistant's:
+    stripped, up to an end-of-turn token in it, at most 32 characters."""
     if turn + 1 < len(messages) and messages[turn + 1].get("role") != "assistant":
         content = messages[turn + 1].get("content")
         if isinstance(content, str):
-            return content.strip()
+            head = content.strip()[:32]
+            for token in settings.end_of_turn:
+                head = head.split(token)[0]
+            return head
     return ""
 
 
@@ -335,47 +343,64 @@ def _sentinel_spans(renderer, messages, tools, text, settings):
     choices = [set(empty), {i for i in empty if not messages[i].get("tool_calls")}, set()]
     choices = [c for n, c in enumerate(choices) if c not in choices[:n]]
     failure = None
-    for zero_width in choices:
-        pieces = _Pieces()
-        marked_messages = [pieces.message(m, i, i in zero_width) if i in turns else m
-                           for i, m in enumerate(messages)]
-        if len(pieces.turn_of) > MAX_PIECES:
-            raise _Mismatch(f"{len(pieces.turn_of)} pieces, more than the "
-                            f"{MAX_PIECES} sentinel pairs")
-        marked = _render_marked(renderer, marked_messages, tools)
-        try:
-            plain, found = _strip_pieces(marked, len(pieces.turn_of))
-        except _Mismatch as mismatch:
-            failure = mismatch
-            continue
-        if plain != text:
-            failure = _Mismatch("the template renders differently with the "
-                                f"sentinels ({_difference(plain, text)})")
-            continue
-        return _spans_of_pieces(renderer, messages, tools, text, pieces, found, settings)
+    # The other messages' content fenced first, so that a turn's end-of-turn
+    # token is looked for only before the next message's text; unfenced where
+    # that changes the render (Qwen3 reads a user's <tool_response>).
+    for fenced in (True, False):
+        for zero_width in choices:
+            pieces = _Pieces()
+            marked_messages = [
+                pieces.message(m, i, i in zero_width) if i in turns else
+                pieces.fenced(m, i) if fenced else m for i, m in enumerate(messages)]
+            if len(pieces.turn_of) > MAX_PIECES:
+                raise _Mismatch(f"{len(pieces.turn_of)} pieces, more than the "
+                                f"{MAX_PIECES} sentinel pairs")
+            marked = _render_marked(renderer, marked_messages, tools)
+            try:
+                plain, found = _strip_pieces(marked, len(pieces.turn_of))
+            except _Mismatch as mismatch:
+                failure = mismatch
+                continue
+            if plain != text:
+                failure = _Mismatch("the template renders differently with the "
+                                    f"sentinels ({_difference(plain, text)})")
+                continue
+            return _spans_of_pieces(renderer, messages, tools, text, pieces, found,
+                                    settings)
     raise failure
 
 
 def _spans_of_pieces(renderer, messages, tools, text, pieces, found, settings):
-    bounds = {}
+    bounds, fences = {}, []
     for k, (start, end) in found.items():
+        if pieces.fence[k]:
+            fences.append((start, end))
+            continue
         turn = pieces.turn_of[k]
         first, last = bounds.get(turn, (start, end))
         bounds[turn] = (min(first, start), max(last, end))
+    fences.sort()
     order = sorted(bounds)
     for a, b in zip(order, order[1:]):
         if bounds[a][1] > bounds[b][0]:
             raise _Mismatch(f"turn {a}'s text and turn {b}'s interleave in the render")
+    for turn in order:
+        first, last = bounds[turn]
+        if any(first < e and s < last for s, e in fences):
+            raise _Mismatch(f"another message's text lies inside turn {turn}'s")
     headers = _headers(renderer, messages, tools, text)
     last_turn = _assistant_turns(messages)[-1]
     spans, lower, without_end = [], 0, 0
     for n, turn in enumerate(order):
         first, last = bounds[turn]
-        bound = bounds[order[n + 1]][0] if n + 1 < len(order) else len(text)
+        # Between the text of the messages around it, and the turns around it.
+        lower = max([lower] + [e for s, e in fences if e <= first])
+        bound = min([bounds[order[n + 1]][0] if n + 1 < len(order) else len(text)] +
+                    [s for s, e in fences if s >= last])
         start = _turn_start(text, lower, first, headers,
                             lambda turn=turn: _prompt_ends(renderer, messages, tools, turn, text),
                             settings)
-        end = _turn_end(text, last, bound, _following_text(messages, turn), settings)
+        end = _turn_end(text, last, bound, _following_text(messages, turn, settings), settings)
         lower = last if end is None else end
         if settings.last_turn_only and turn != last_turn:
             continue
