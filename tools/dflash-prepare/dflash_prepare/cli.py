@@ -1,5 +1,6 @@
 """The command line: `dflash-prepare tokens|features|check`."""
 import argparse
+import os
 import sys
 
 from .errors import PROG, CheckFailed, UserError
@@ -88,6 +89,9 @@ def build_parser():
     tokens.add_argument("--pack", action="store_true",
                         help="pack several conversations into each row "
                         "(first-fit-decreasing), with position_ids")
+    tokens.add_argument("--workers", type=_positive, default=min(8, os.cpu_count() or 1),
+                        metavar="N", help="processes that render and tokenize; the "
+                        "output is the same for any N (default: the cores, at most 8)")
     tokens.add_argument("--seed", type=_non_negative, default=0,
                         help="seed of the packing order's ties (default: 0)")
     tokens.add_argument("--rows-per-shard", type=_positive, default=1024, metavar="N",

@@ -1,6 +1,7 @@
 """`dflash-prepare tokens`: chat JSONL -> token shards."""
 import collections
 import json
+import multiprocessing
 import os
 import sys
 
@@ -58,18 +59,50 @@ class Encodings:
         self.turns = collections.Counter()    # present, supervised, without_end
 
 
-def encode_conversations(encoder, conversations, drops, spec, max_length, over_long):
-    """Encodes each conversation; one that cannot be used goes into `drops`
-    with its reason (never the end of the run). Returns Encodings."""
+# The encoder of the worker processes (inherited through fork).
+_WORKER_ENCODER = None
+
+
+def _encode_one(conversation):
+    """What a worker sends back: (Encoded without its text, None, None), or
+    (None, drop reason, why)."""
+    try:
+        encoded = _WORKER_ENCODER.encode(conversation)
+    except template.TemplateFailure as failure:
+        return None, "template-error", f"chat template: {failure}"
+    except spans.NoSpans as failure:
+        return None, "no-spans", str(failure)
+    encoded.spans.text = None
+    encoded.messages = None
+    return encoded, None, None
+
+
+def _encodings(encoder, conversations, workers):
+    """Each conversation's _encode_one result, in order, from `workers`
+    processes (1: this one)."""
+    global _WORKER_ENCODER
+    _WORKER_ENCODER = encoder
+    if workers <= 1 or len(conversations) < 2 * workers:
+        yield from map(_encode_one, conversations)
+        return
+    # fork: the workers inherit the tokenizer and the template; each tokenizes
+    # on its own thread only.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    context = multiprocessing.get_context("fork")
+    with context.Pool(workers) as pool:
+        yield from pool.imap(_encode_one, conversations, chunksize=32)
+
+
+def encode_conversations(encoder, conversations, drops, spec, max_length, over_long,
+                         workers=1):
+    """Encodes each conversation (in `workers` processes); one that cannot be
+    used goes into `drops` with its reason (never the end of the run).
+    Returns Encodings, the same for any number of workers."""
     result = Encodings()
-    for conversation in conversations:
-        try:
-            encoded = encoder.encode(conversation)
-        except template.TemplateFailure as failure:
-            drops.add("template-error", conversation.where, f"chat template: {failure}")
-            continue
-        except spans.NoSpans as failure:
-            drops.add("no-spans", conversation.where, str(failure))
+    for conversation, (encoded, reason, why) in zip(
+            conversations, _encodings(encoder, conversations, workers)):
+        if encoded is None:
+            drops.add(reason, conversation.where, why)
             continue
         ids, mask = encoded.ids, encoded.mask
         if len(ids) > max_length:
@@ -168,7 +201,7 @@ def run(args):
          + "; end of turn: " + ", ".join(end_of_turn or ("none",)))
 
     encoded = encode_conversations(encoder, conversations, drops, spec, max_length,
-                                   args.over_long)
+                                   args.over_long, args.workers)
     sequences, truncated, methods, turns = (encoded.sequences, encoded.truncated,
                                             encoded.methods, encoded.turns)
     _report_drops(drops)

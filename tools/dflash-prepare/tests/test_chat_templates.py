@@ -163,6 +163,25 @@ class RealTemplateDropsTest(TempDir):
                 self.assertEqual(encoded.turns["present"], kept_turns)
                 self.assertLessEqual(encoded.turns["supervised"], kept_turns)
 
+    def test_workers_give_the_same_encodings(self):
+        path = self.write_file("chat.jsonl", "".join(
+            json.dumps({"messages": m}, ensure_ascii=False) + "\n"
+            for m in chat_cases.generate(120, seed=3) + list(QWEN3_UNREADABLE.values())))
+        spec = self.spec
+        spec.vocab_size, spec.mask_token_id = 1 << 20, (1 << 20) - 1
+        results = []
+        for workers in (1, 3):
+            drops = chat.Drops()
+            conversations = list(chat.read_conversations([path], drops))
+            encoded = tokens.encode_conversations(encoder_for("qwen3"), conversations, drops,
+                                                  spec, 1 << 20, "drop", workers)
+            # The stand-in tokenizer numbers pieces as it meets them (in each
+            # process): the lengths and masks are what must agree.
+            results.append(([(len(i), list(m)) for i, m in encoded.sequences],
+                            drops.as_dict(), dict(encoded.turns), dict(encoded.methods)))
+        self.assertEqual(results[0], results[1])
+        self.assertEqual(results[0][1].get("no-spans"), 2)
+
     def test_a_template_failure_is_a_counted_drop(self):
         # DeepSeek-V3's template adds the arguments to a string: an object
         # there fails that one conversation.
