@@ -4,7 +4,7 @@
 
 #include "runtime/data/BatchLoader.h"
 #include "runtime/data/FeatureShard.h"
-#include "runtime/train/InitialParameters.h"
+#include "runtime/data/InitialParameters.h"
 #include "schema/Parameters.h"
 
 #include <CLI/CLI.hpp>

@@ -4,9 +4,9 @@
 
 #include "runtime/data/FeatureShard.h"
 #include "runtime/device/DeviceContext.h"
+#include "runtime/device/StepBuffers.h"
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
-#include "runtime/train/StepBuffers.h"
 #include "runtime/train/TargetServer.h"
 
 #include <CLI/CLI.hpp>

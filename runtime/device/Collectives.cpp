@@ -80,9 +80,12 @@ Status dflash::rt::createCollectiveId(CollectiveId &id) {
 #endif
 }
 
-Status Collectives::create(const std::vector<int> &devices, int64_t firstRank,
-                           int64_t worldSize, const CollectiveId &id,
+Status Collectives::create(const CollectivePlacement &placement,
+                           const CollectiveId &id,
                            std::vector<std::unique_ptr<Collectives>> &created) {
+  const std::vector<int> &devices = placement.devices;
+  const int64_t firstRank = placement.firstRank;
+  const int64_t worldSize = placement.worldSize;
   created.clear();
   if (devices.empty() || firstRank < 0 || worldSize > INT_MAX ||
       firstRank + int64_t(devices.size()) > worldSize)

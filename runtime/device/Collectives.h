@@ -33,8 +33,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/train/TrainerSetup.h"
-
 #include <cuda_runtime.h>
 
 struct ncclComm; // nccl.h: ncclComm_t is `struct ncclComm *`
@@ -61,15 +59,23 @@ struct CollectiveId {
 /// Makes a fresh id (on one process; the others receive it).
 Status createCollectiveId(CollectiveId &id);
 
+/// Where this process's GPUs sit in a run: devices[i] is rank firstRank + i
+/// of worldSize.
+struct CollectivePlacement {
+  std::vector<int> devices;
+  int64_t firstRank = 0;
+  int64_t worldSize = 1;
+};
+
 /// One rank's NCCL communicator.
 class Collectives {
 public:
-  /// Creates the communicators of this process's GPUs: devices[i] becomes
-  /// rank firstRank + i of worldSize. Called from one thread; blocks until
-  /// every rank of the run has joined (the other processes make the same
-  /// call with the same id).
-  static Status create(const std::vector<int> &devices, int64_t firstRank,
-                       int64_t worldSize, const CollectiveId &id,
+  /// Creates the communicators of this process's GPUs, one a device of
+  /// `placement`. Called from one thread; blocks until every rank of the
+  /// run has joined (the other processes make the same call with the same
+  /// id).
+  static Status create(const CollectivePlacement &placement,
+                       const CollectiveId &id,
                        std::vector<std::unique_ptr<Collectives>> &created);
 
   Collectives(const Collectives &) = delete;

@@ -18,9 +18,9 @@
 #define DFLASH_RUNTIME_COMPILEDSTEP_H
 
 #include "kernels/AdamW.cuh"
+#include "runtime/device/OptimizerShards.h"
 #include "runtime/device/StepProfiler.h"
 #include "runtime/device/StepProgram.h"
-#include "runtime/train/OptimizerShards.h"
 
 #include <cstdint>
 #include <string>

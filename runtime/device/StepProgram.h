@@ -18,8 +18,8 @@
 #ifndef DFLASH_RUNTIME_STEPPROGRAM_H
 #define DFLASH_RUNTIME_STEPPROGRAM_H
 
-#include "runtime/train/OptimizerShards.h"
-#include "runtime/train/StepBuffers.h"
+#include "runtime/device/OptimizerShards.h"
+#include "runtime/device/StepBuffers.h"
 #include "schema/ModelConfig.h"
 #include "schema/StepBuffers.h"
 

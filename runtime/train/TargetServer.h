@@ -25,8 +25,8 @@
 #define DFLASH_RUNTIME_TRAIN_TARGETSERVER_H
 
 #include "runtime/device/DeviceContext.h"
+#include "runtime/device/StepBuffers.h"
 #include "runtime/device/StepProgram.h"
-#include "runtime/train/StepBuffers.h"
 
 #include <condition_variable>
 #include <cstdint>

@@ -24,8 +24,8 @@
 #include "runtime/data/BatchLoader.h"
 #include "runtime/data/Prefetch.h"
 #include "runtime/device/DeviceContext.h"
+#include "runtime/device/StepBuffers.h"
 #include "runtime/device/StepProgram.h"
-#include "runtime/train/StepBuffers.h"
 #include "runtime/train/TrainerSetup.h"
 #include "schema/Parameters.h"
 

@@ -200,9 +200,9 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
         return Status::error("sending the NCCL id to every node: " +
                              s.message());
     std::vector<std::unique_ptr<Collectives>> comms;
-    if (Status s = Collectives::create(layout.gpus, layout.firstRank(),
-                                       layout.worldSize(), id, comms);
-        !s.ok())
+    const CollectivePlacement placement{layout.gpus, layout.firstRank(),
+                                        layout.worldSize()};
+    if (Status s = Collectives::create(placement, id, comms); !s.ok())
       return s;
     // The workers are idle: the next job's hand-over orders these writes
     // before their reads.

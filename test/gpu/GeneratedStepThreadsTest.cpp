@@ -8,9 +8,9 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/data/InitialParameters.h"
 #include "runtime/data/Synthetic.h"
 #include "runtime/device/DeviceContext.h"
-#include "runtime/train/InitialParameters.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
 

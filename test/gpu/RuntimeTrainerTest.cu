@@ -37,10 +37,10 @@
 #include "kernels/Bf16.h"
 #include "kernels/CudaCheck.cuh"
 #include "runtime/cli/TrainMain.h"
+#include "runtime/data/InitialParameters.h"
 #include "runtime/data/Synthetic.h"
 #include "runtime/device/DeviceContext.h"
 #include "runtime/device/StepProfiler.h"
-#include "runtime/train/InitialParameters.h"
 #include "runtime/train/TargetServer.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
@@ -1705,7 +1705,7 @@ TEST(RuntimeCollectives, ReduceScatterAndAllGatherInPlace) {
   CollectiveId id;
   ASSERT_TRUE(createCollectiveId(id).ok());
   std::vector<std::unique_ptr<Collectives>> comms;
-  Status s = Collectives::create(devices, 0, world, id, comms);
+  Status s = Collectives::create({devices, 0, world}, id, comms);
   ASSERT_TRUE(s.ok()) << s.message();
 
   const size_t shard = size_t(std::uniform_int_distribution<int>(1, 5000)(rng));
@@ -1812,7 +1812,7 @@ TEST(RuntimeCollectives, AnAbortedCommunicatorReportsTheCollective) {
     CollectiveId id;
     ASSERT_TRUE(createCollectiveId(id).ok());
     std::vector<std::unique_ptr<Collectives>> comms;
-    Status s = Collectives::create({0}, 0, 1, id, comms);
+    Status s = Collectives::create({{0}, 0, 1}, id, comms);
     ASSERT_TRUE(s.ok()) << s.message();
     comms[0]->abort();
     float data[4] = {};

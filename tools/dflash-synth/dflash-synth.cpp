@@ -8,9 +8,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Spec/Spec.h"
-#include "runtime/data/Synthetic.h"
 #include "schema/ModelConfig.h"
 #include "schema/Parameters.h"
+#include "tools/dflash-synth/SyntheticFiles.h"
 
 #include <CLI/CLI.hpp>
 

@@ -13,20 +13,20 @@
 #include "runtime/cli/PrepareRun.h"
 #include "runtime/cli/TargetFeaturesMain.h"
 #include "runtime/cli/TrainOptions.h"
+#include "runtime/data/InitialParameters.h"
 #include "runtime/data/Prefetch.h"
-#include "runtime/data/Synthetic.h"
 #include "runtime/device/Collectives.h"
 #include "runtime/device/DeviceContext.h"
+#include "runtime/device/StepBuffers.h"
 #include "runtime/io/Safetensors.h"
-#include "runtime/train/InitialParameters.h"
 #include "runtime/train/Progress.h"
 #include "runtime/train/RunLayout.h"
-#include "runtime/train/StepBuffers.h"
 #include "runtime/train/Trainer.h"
 #include "runtime/train/TrainerGroup.h"
 #include "schema/Parameters.h"
 #include "test/unit/runtime/RuntimeTestSupport.h"
 #include "test/unit/runtime/StepProgramTestSupport.h"
+#include "tools/dflash-synth/SyntheticFiles.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
 //===- FeatureShardTest.cpp - Feature shard validation and rows -----------===//
 
 #include "runtime/data/FeatureShard.h"
-#include "runtime/data/Synthetic.h"
 #include "test/unit/runtime/RuntimeTestSupport.h"
+#include "tools/dflash-synth/SyntheticFiles.h"
 
 #include <gtest/gtest.h>
 

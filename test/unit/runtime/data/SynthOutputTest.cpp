@@ -8,10 +8,10 @@
 
 #include "compiler/Spec/Spec.h"
 #include "runtime/data/FeatureShard.h"
+#include "runtime/data/InitialParameters.h"
 #include "runtime/data/Synthetic.h"
 #include "runtime/io/Checkpoint.h"
 #include "runtime/io/TargetWeights.h"
-#include "runtime/train/InitialParameters.h"
 #include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>

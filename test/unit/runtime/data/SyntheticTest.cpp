@@ -1,11 +1,11 @@
 //===- SyntheticTest.cpp - The synthetic problem --------------------------===//
 
-#include "runtime/data/Synthetic.h"
 #include "kernels/Bf16.h"
 #include "runtime/data/AnchorSampler.h"
+#include "runtime/data/InitialParameters.h"
 #include "runtime/io/Checkpoint.h"
-#include "runtime/train/InitialParameters.h"
 #include "test/unit/runtime/RuntimeTestSupport.h"
+#include "tools/dflash-synth/SyntheticFiles.h"
 
 #include <gtest/gtest.h>
 

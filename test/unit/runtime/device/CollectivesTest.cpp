@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/device/Collectives.h"
+#include "runtime/train/TrainerSetup.h"
 
 #include <gtest/gtest.h>
 
@@ -104,9 +105,9 @@ TEST(RuntimeCollectives, NvlinkMulticastIsOffUnlessTheUserSetIt) {
 TEST(RuntimeCollectives, RanksMustFitTheWorld) {
   CollectiveId id;
   std::vector<std::unique_ptr<Collectives>> created;
-  Status s = Collectives::create({0, 1}, 1, 2, id, created);
+  Status s = Collectives::create({{0, 1}, 1, 2}, id, created);
   EXPECT_EQ(s.message(), "ranks 1..2 do not fit a world of 2");
   EXPECT_TRUE(created.empty());
-  s = Collectives::create({}, 0, 1, id, created);
+  s = Collectives::create({{}, 0, 1}, id, created);
   EXPECT_FALSE(s.ok());
 }

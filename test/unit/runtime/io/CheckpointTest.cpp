@@ -3,15 +3,15 @@
 #include "runtime/io/Checkpoint.h"
 #include "compiler/Spec/Spec.h"
 #include "kernels/Bf16.h"
+#include "runtime/data/InitialParameters.h"
 #include "runtime/data/Rng.h"
-#include "runtime/data/Synthetic.h"
 #include "runtime/io/AtomicWrite.h"
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
-#include "runtime/train/InitialParameters.h"
 #include "schema/ModelConfig.h"
 #include "schema/Parameters.h"
 #include "test/unit/runtime/RuntimeTestSupport.h"
+#include "tools/dflash-synth/SyntheticFiles.h"
 
 #include <nlohmann/json.hpp>
 

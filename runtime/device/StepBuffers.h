@@ -6,10 +6,10 @@
 //
 //===----------------------------------------------------------------------===//
 
-#ifndef DFLASH_RUNTIME_TRAIN_STEPBUFFERS_H
-#define DFLASH_RUNTIME_TRAIN_STEPBUFFERS_H
+#ifndef DFLASH_RUNTIME_DEVICE_STEPBUFFERS_H
+#define DFLASH_RUNTIME_DEVICE_STEPBUFFERS_H
 
-#include "runtime/train/OptimizerShards.h"
+#include "runtime/device/OptimizerShards.h"
 #include "schema/ModelConfig.h"
 #include "schema/Status.h"
 #include "schema/StepBuffers.h"
@@ -112,4 +112,4 @@ StepHyper stepHyperFor(const ModelConfig &config, double lr,
 
 } // namespace dflash::rt
 
-#endif // DFLASH_RUNTIME_TRAIN_STEPBUFFERS_H
+#endif // DFLASH_RUNTIME_DEVICE_STEPBUFFERS_H

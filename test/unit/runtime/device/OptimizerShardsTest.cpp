@@ -13,7 +13,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/train/OptimizerShards.h"
+#include "runtime/device/OptimizerShards.h"
 #include "schema/StepBuffers.h"
 
 #include <gtest/gtest.h>

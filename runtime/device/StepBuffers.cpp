@@ -1,6 +1,6 @@
 //===- StepBuffers.cpp - A step program's buffers, bound by role ----------===//
 
-#include "runtime/train/StepBuffers.h"
+#include "runtime/device/StepBuffers.h"
 
 #include "schema/Parameters.h"
 

@@ -1,6 +1,6 @@
 //===- InitialParameters.cpp - The drafter's weights at step 0 -----------===//
 
-#include "runtime/train/InitialParameters.h"
+#include "runtime/data/InitialParameters.h"
 
 #include "kernels/Bf16.h"
 #include "runtime/data/Rng.h"

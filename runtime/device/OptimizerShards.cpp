@@ -1,6 +1,6 @@
 //===- OptimizerShards.cpp - Each GPU's share of the optimizer state ------===//
 
-#include "runtime/train/OptimizerShards.h"
+#include "runtime/device/OptimizerShards.h"
 
 #include <algorithm>
 
