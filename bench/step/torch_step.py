@@ -21,7 +21,6 @@ amount of context; --anchor-layout uniform draws them over the whole row.
 
 import argparse
 import json
-import math
 import time
 
 import torch

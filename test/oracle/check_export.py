@@ -12,7 +12,6 @@ import os
 import struct
 import sys
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,16 +1,14 @@
 """Rewrites dflash-synth feature shards with the tool's own writer, adding
 the tensors a packed shard has (position_ids = arange(S): one conversation
 a row, the same rows; num_tokens = S):
-  repack_synth.py IN_DIR OUT_DIR"""
+  repack_synth.py IN_DIR OUT_DIR
+dflash_prepare is imported from PYTHONPATH, which lit sets."""
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tools", "dflash-prepare"))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dflash_prepare import shards  # noqa: E402
+from dflash_prepare import shards
 
 source, out = sys.argv[1], sys.argv[2]
 os.makedirs(out, exist_ok=True)

@@ -2,18 +2,14 @@
   token_shard.py SPEC OUT_DIR [--rows R] [--break REASON]
 REASON: vocab (a token outside the vocabulary in row 1), candidate (row 0
 without two consecutive supervised tokens), positions (row 0's positions
-jump)."""
+jump). dflash_prepare is imported from PYTHONPATH, which lit sets."""
 import argparse
 import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "tools", "dflash-prepare"))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from dflash_prepare import packing, shards  # noqa: E402
-from dflash_prepare.spec import load_spec  # noqa: E402
+from dflash_prepare import packing, shards
+from dflash_prepare.spec import load_spec
 
 parser = argparse.ArgumentParser()
 parser.add_argument("spec")

@@ -28,7 +28,10 @@ FORMAT = "dflash-feature-shard"
 
 def read_target_config(directory, spec):
     """The target's config.json, checked against the spec without loading
-    the model: hidden size, vocabulary and layer count must agree."""
+    the model: hidden size, vocabulary, layer count and tying must agree.
+    The same checks, in the same order and naming the same fields, as
+    dflashc's (compiler/Import/TargetConfig.cpp, checkTargetAgainstSpec);
+    test/Prepare/target-config-contract.test holds the two together."""
     path = os.path.join(directory, "config.json")
     if not os.path.isdir(directory):
         raise UserError(f"{directory}: target directory does not exist")
@@ -43,17 +46,42 @@ def read_target_config(directory, spec):
     if not isinstance(config, dict):
         raise UserError(f"{path}: not a json object")
     # Multimodal targets keep the language model's fields in text_config.
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text, prefix = config, ""
+    if isinstance(config.get("text_config"), dict):
+        text, prefix = config["text_config"], "text_config."
+
+    def integer(key):
+        value = text.get(key)
+        if value is None:
+            raise UserError(f"{path}: has no '{prefix}{key}'")
+        # json has one number type: 4096.0 is the integer 4096, as for dflashc.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise UserError(f"{path}: '{prefix}{key}' is {json.dumps(value)}, "
+                            "not an integer")
+        return value
+
+    values = {key: integer(key)
+              for key in ("hidden_size", "num_hidden_layers", "vocab_size")}
+    # Absent or null: untied, the default of dflashc and of the Qwen3 and
+    # Llama configs of transformers.
+    tied = text.get("tie_word_embeddings")
+    if tied is not None and not isinstance(tied, bool):
+        raise UserError(f"{path}: '{prefix}tie_word_embeddings' is "
+                        f"{json.dumps(tied)}, not true or false")
     checks = (("hidden_size", spec.hidden_size, "hidden_size"),
               ("vocab_size", spec.vocab_size, "vocab_size"),
               ("num_hidden_layers", spec.target_num_layers, "num_layers"))
     for key, expected, spec_key in checks:
-        value = text.get(key)
-        if value is None:
-            raise UserError(f"{path}: has no '{key}'")
-        if value != expected:
-            raise UserError(f"{path}: '{key}' is {value} but {spec.path} "
+        if values[key] != expected:
+            raise UserError(f"{path}: '{key}' is {values[key]} but {spec.path} "
                             f"[target] {spec_key} is {expected}")
+    if bool(tied) != spec.tie_word_embeddings:
+        shown = json.dumps(bool(tied)) + (" (absent)" if tied is None else "")
+        raise UserError(f"{path}: 'tie_word_embeddings' is {shown} but {spec.path} "
+                        f"[target] tie_word_embeddings is "
+                        f"{json.dumps(spec.tie_word_embeddings)}")
     return config
 
 

@@ -2,6 +2,8 @@
 
 dflashc is the authority on a spec; this reader takes only the keys that fix
 the data's shapes and checks them as far as the data depends on them.
+test/Prepare/spec-contract.test holds every field here, defaults included,
+to what `dflashc SPEC --emit=spec` resolves.
 """
 import dataclasses
 from fractions import Fraction

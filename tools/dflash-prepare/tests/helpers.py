@@ -1,6 +1,8 @@
-"""Shared pieces of the dflash-prepare tests: import paths, small specs,
-shard builders, and what the optional packages allow."""
+"""Shared pieces of the dflash-prepare tests: the checkout's packages, small
+specs, shard builders, and what the optional packages allow. Import it
+before dflash_prepare or dflash_plot."""
 import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -15,9 +17,25 @@ PLOT_DIR = os.path.join(ROOT, "tools", "dflash-plot")
 SPECS = os.path.join(ROOT, "specs")
 PREPARE = os.path.join(TOOL_DIR, "dflash-prepare")
 PLOT = os.path.join(PLOT_DIR, "dflash-plot")
-for path in (TOOL_DIR, PLOT_DIR):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+
+
+def import_from_checkout(name, directory):
+    """Imports package `name` from `directory` by its location, as the
+    launchers do: the tests run this checkout's code whether or not the
+    tools are installed, and sys.path is left as it is. A package already
+    imported is kept."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(directory, name, "__init__.py"))
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+import_from_checkout("dflash_prepare", TOOL_DIR)
+import_from_checkout("dflash_plot", PLOT_DIR)
 
 import numpy as np  # noqa: E402
 

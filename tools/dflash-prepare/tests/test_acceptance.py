@@ -3,7 +3,7 @@ import unittest
 
 import numpy as np
 
-import helpers  # noqa: F401  (import paths)
+import helpers  # noqa: F401  (imports the checkout's dflash_prepare)
 
 from dflash_prepare import acceptance
 

@@ -5,7 +5,7 @@ import unittest
 from collections import namedtuple
 from unittest import mock
 
-from helpers import SPECS, TempDir, conversation, token_tensors
+from helpers import SMALL_SPEC, SPECS, TempDir, conversation, token_tensors
 
 from dflash_prepare import features, packing, shards
 from dflash_prepare.cli import main
@@ -39,6 +39,39 @@ class TargetConfigTest(TempDir):
                              f"{self.path('target', 'config.json')}: '{field}' is {value} "
                              f"but {self.spec_path} [target] {spec_key} is "
                              f"{getattr(self.spec, {'num_layers': 'target_num_layers'}.get(spec_key, spec_key))}")
+
+    def test_tying_must_agree(self):
+        config = self.path("target", "config.json")
+        with self.assertRaises(UserError) as caught:
+            features.read_target_config(self.target(tie_word_embeddings=True), self.spec)
+        self.assertEqual(str(caught.exception),
+                         f"{config}: 'tie_word_embeddings' is true but {self.spec_path} "
+                         "[target] tie_word_embeddings is false")
+        features.read_target_config(self.target(tie_word_embeddings=None), self.spec)
+        # Absent is untied, as for dflashc: a tied spec refuses it.
+        tied_path = self.write_spec(SMALL_SPEC.format(seq_len=self.seq_len).replace(
+            "layer_ids = [0, 2]", "layer_ids = [0, 2]\ntie_word_embeddings = true"), "tied.toml")
+        tied = load_spec(tied_path)
+        features.read_target_config(self.target(tie_word_embeddings=True), tied)
+        with self.assertRaises(UserError) as caught:
+            features.read_target_config(self.target(), tied)
+        self.assertEqual(str(caught.exception),
+                         f"{config}: 'tie_word_embeddings' is false (absent) but {tied_path} "
+                         "[target] tie_word_embeddings is true")
+
+    def test_mistyped_and_missing_fields_are_named(self):
+        config = self.path("target", "config.json")
+        features.read_target_config(self.target(hidden_size=8.0), self.spec)  # json: 8.0 is 8
+        for fields, message in (
+                ({"hidden_size": "8"}, "'hidden_size' is \"8\", not an integer"),
+                ({"vocab_size": True}, "'vocab_size' is true, not an integer"),
+                ({"tie_word_embeddings": "yes"},
+                 "'tie_word_embeddings' is \"yes\", not true or false"),
+                ({"text_config": {"hidden_size": 8, "num_hidden_layers": 4}},
+                 "has no 'text_config.vocab_size'")):
+            with self.assertRaises(UserError) as caught:
+                features.read_target_config(self.target(**fields), self.spec)
+            self.assertEqual(str(caught.exception), f"{config}: {message}")
 
     def test_missing_target(self):
         with self.assertRaises(UserError) as caught:
