@@ -1,40 +1,73 @@
 #!/usr/bin/env bash
-# Prepares, on a machine without a GPU, what the device scripts
-# (scripts/device-*.sh) run on the GPU machine, under .device/ (git-ignored;
-# carry it with the device tool's `carry`):
-#   .device/bin/   GPU test binaries and trainers (no MPI: the GPU machine
-#                  has none), train-<name> for each spec below
-#   .device/specs/ the derived specs the multi-GPU checks compile
-#   .device/tiny/  a synthetic tiny problem as files (target, data, init;
-#                  packed: the same rows packed, test/oracle/pack_rows.py)
-#   .device/ref/   dflash-reference losses and parameters on those files
-#                  (bf16 storage and fp64), and the trainers' manifests
-#   .device/tcfg/  the online checks' target configs (scripts/target-configs)
-# Usage: scripts/device-prepare.sh [--no-qwen]   (qwen3-8b trainers take a
-# few minutes of nvcc each)
-#        scripts/device-prepare.sh --online [SUFFIX]
-#   only the online target's binaries: target-features-{tq,tl} (tiny with
-#   the small random Qwen3 / Llama-3 of tcfg/{qwen3,llama}),
-#   target-features-q8 and train-q8o (qwen3-8b-b16 with the Qwen3-8B-shaped
-#   target of tcfg/q8), each named with SUFFIX (e.g. -b), KernelBench, and
-#   the GPU tests the online checks run; DFLASHC=path/to/dflashc emits them with another compiler
-#   (an A/B pair from two trees), ONLINE_TARGETS="q8" builds only those
-#   targets' binaries (nothing else), FUSE_TARGET_MLP=1 compiles them with
-#   `[memory] fuse_target_mlp = true`.
+# Prepares, on a machine without a GPU, what the device checks run on the
+# GPU machine, under .device/ (git-ignored; carry it with the device tool's
+# `carry`, 64 MiB at most):
+#   .device/bin/    GPU test binaries, trainers (no MPI: the GPU machine has
+#                   none), online-target binaries, KernelBench
+#   .device/specs/  the derived specs (spec_for below)
+#   .device/tiny/   a synthetic tiny problem as files; tiny/packed: the same
+#                   rows packed (test/oracle/pack_rows.py)
+#   .device/ref/    dflash-reference results on those files, the trainers'
+#                   manifests (FLOPs per step)
+#   .device/tcfg/   the online targets' configs (scripts/target-configs)
+#   .device/target/ target_oracle.py's checkpoints and their CPU features
+#   .device/commit  the tree's commit (the GPU machine gets no .git)
+# Usage:
+#   scripts/device-prepare.sh --items ITEM...   what device-check suites need
+#       (scripts/device/device-check --prepare SUITE... names them); the
+#       items and the files each leaves are in scripts/device/products.toml:
+#       test:NAME tool:NAME trainer:NAME online:NAME kernelbench data:tiny
+#       ref:tiny-eval ref:tiny-tau target-oracle
+#   scripts/device-prepare.sh [--no-qwen]       the GPU tests, the tiny and
+#       qwen3-8b trainers and the tiny problem (qwen3-8b trainers take a few
+#       minutes of nvcc each; --no-qwen leaves them out)
+#   scripts/device-prepare.sh --online [SUFFIX] the online target's binaries,
+#       each named with SUFFIX (e.g. -b, for bench/ab/ab-check.sh),
+#       KernelBench and the tests the online suites run
+# Environment: DFLASHC=path/to/dflashc emits with another compiler (an A/B
+# pair from two trees), ONLINE_TARGETS="q8" (--online) builds only those
+# targets' binaries, FUSE_TARGET_MLP=1 compiles the online targets with
+# `[memory] fuse_target_mlp = true`, NVCC, PYTHON.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 D=.device
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
-qwen=1
-online=0
+python=${PYTHON:-/usr/bin/python3}
 binSuffix=
-[[ ${1:-} == --no-qwen ]] && qwen=0
-[[ ${1:-} == --online ]] && online=1 && binSuffix=${2:-}
-mkdir -p "$D/bin" "$D/specs" "$D/ref" "$D/gen" "$D/tcfg"
-cp -r scripts/target-configs/. "$D/tcfg/"
 
 step() { echo "device-prepare: $*"; }
+die() { echo "device-prepare: error: $*" >&2; exit 2; }
+
+items=()
+case ${1:-} in
+  --items)
+    shift
+    (($# > 0)) || die "--items needs at least one item (scripts/device/products.toml)"
+    items=("$@") ;;
+  --online)
+    binSuffix=${2:-}
+    if [[ -n ${ONLINE_TARGETS:-} ]]; then
+      for t in $ONLINE_TARGETS; do items+=("online:$t"); done
+    else
+      items=(test:DenseGpuTest test:CausalAttentionGpuTest kernelbench online:tq online:tl online:q8)
+    fi ;;
+  "" | --no-qwen)
+    items=(test:AttentionGpuTest test:DenseGpuTest test:LmHeadGpuTest test:AdamWGpuTest
+           test:RuntimeTrainerTest test:GeneratedStepThreadsTest tool:dflash-synth
+           trainer:tiny trainer:tiny-b1 trainer:tiny-zero1 trainer:tiny-zero1-one data:tiny
+           ref:tiny-eval ref:tiny-tau)
+    [[ ${1:-} == --no-qwen ]] || items+=(trainer:qwen3-8b trainer:qwen3-8b-zero1) ;;
+  *) die "unknown option '$1' (--items ITEM..., --no-qwen, --online [SUFFIX])" ;;
+esac
+
+mkdir -p "$D/bin" "$D/specs" "$D/ref" "$D/gen" "$D/tcfg"
+cp -r scripts/target-configs/. "$D/tcfg/"
+# The commit the results are measured at (device-check's result lines).
+if commit=$(git rev-parse --short HEAD 2> /dev/null); then
+  [[ -z $(git status --porcelain 2> /dev/null) ]] || commit="$commit+changes"
+  echo "$commit" > "$D/commit"
+fi
 
 # The compiler and the GPU tests, built without MPI.
 if [[ ! -f build-dev/build.ninja ]]; then
@@ -45,34 +78,45 @@ if [[ ! -f build-dev/build.ninja ]]; then
 fi
 step "building build-dev"
 ninja -C build-dev > "$D/build-dev.log" || { tail -20 "$D/build-dev.log"; exit 1; }
-# The online mode carries only the tests its checks run: with every test
-# beside the online binaries, .device outgrows what the device tool carries.
-if [[ $online == 1 ]]; then
-  tests="DenseGpuTest CausalAttentionGpuTest"
-else
-  tests="AttentionGpuTest DenseGpuTest LmHeadGpuTest AdamWGpuTest
-         RuntimeTrainerTest GeneratedStepThreadsTest"
-  cp build-dev/bin/dflash-synth "$D/bin/" # scripts/device-run-checks.sh makes data there
-fi
-[[ -n ${ONLINE_TARGETS:-} ]] && tests=
-for t in $tests; do
-  cp "build-dev/test/gpu/$t" "$D/bin/"
-done
 dflashc=${DFLASHC:-build-dev/bin/dflashc}
 
-# Derived specs: tiny with small buckets (several per step), its ZeRO-1
-# forms for two GPUs and for one, qwen3-8b's ZeRO-1 form for two GPUs.
-sed 's/^name = .*/name = "tiny-b1"/' specs/tiny.toml > "$D/specs/tiny-b1.toml"
-printf '\n[parallel]\nbucket_mib = 1\n' >> "$D/specs/tiny-b1.toml"
-sed 's/^name = .*/name = "tiny-zero1"/' specs/tiny.toml > "$D/specs/tiny-zero1.toml"
-printf '\n[parallel]\ngpus_per_node = 2\nbucket_mib = 1\nshard_optimizer_state = true\n' \
-  >> "$D/specs/tiny-zero1.toml"
-sed 's/^name = .*/name = "tiny-zero1-one"/' specs/tiny.toml > "$D/specs/tiny-zero1-one.toml"
-printf '\n[parallel]\nbucket_mib = 1\nshard_optimizer_state = true\n' \
-  >> "$D/specs/tiny-zero1-one.toml"
-sed 's/^name = .*/name = "qwen3-8b-zero1"/' specs/qwen3-8b-b16.toml > "$D/specs/qwen3-8b-zero1.toml"
-printf '\n[parallel]\ngpus_per_node = 2\nshard_optimizer_state = true\n' \
-  >> "$D/specs/qwen3-8b-zero1.toml"
+# spec_for NAME: the spec of trainer NAME, derived specs written into
+# $D/specs (a TOML table may appear once, so each form appends its own).
+spec_for() {
+  local name=$1 base rows form out
+  case $name in
+    tiny) echo specs/tiny.toml; return ;;
+    qwen3-8b) echo specs/qwen3-8b-b16.toml; return ;;
+    tiny-*) base=specs/tiny.toml ;;
+    qwen3-8b-*) base=specs/qwen3-8b-b16.toml ;;
+    *) die "no trainer '$name' (scripts/device/products.toml)" ;;
+  esac
+  out=$D/specs/$name.toml
+  form=${name#tiny-}
+  [[ $base == specs/qwen3-8b-b16.toml ]] && form=${name#qwen3-8b-}
+  rows=
+  if [[ $form =~ ^(.*)-?rows-([0-9]+)$ ]]; then
+    rows=${BASH_REMATCH[2]}
+    form=${BASH_REMATCH[1]%-}
+  fi
+  sed "s/^name = .*/name = \"$name\"/" "$base" > "$out"
+  [[ -n $rows ]] && sed -i "s/^rows_per_gpu = .*/rows_per_gpu = $rows/" "$out"
+  case $form in
+    "") ;;
+    b1) printf '\n[parallel]\nbucket_mib = 1\n' >> "$out" ;;
+    zero1)
+      if [[ $base == specs/tiny.toml ]]; then
+        printf '\n[parallel]\ngpus_per_node = 2\nbucket_mib = 1\nshard_optimizer_state = true\n' >> "$out"
+      else
+        printf '\n[parallel]\ngpus_per_node = 2\nshard_optimizer_state = true\n' >> "$out"
+      fi ;;
+    zero1-one) printf '\n[parallel]\nbucket_mib = 1\nshard_optimizer_state = true\n' >> "$out" ;;
+    recompute) printf '\n[memory]\nrecompute_activations = true\n' >> "$out" ;;
+    mlp) printf '\n[memory]\nrecompute_activations = true\nrecompute_mlp_products = true\n' >> "$out" ;;
+    *) die "no trainer '$name' (scripts/device/products.toml)" ;;
+  esac
+  echo "$out"
+}
 
 # Emits the trainer project of `dflashc ARGS...` into $D/gen/NAME and builds
 # it without MPI: project NAME ARGS...
@@ -87,15 +131,22 @@ project() {
 }
 # One trainer: keep the binary and the manifest (FLOPs per step).
 trainer() {
-  local name=$1 spec=$2 dir=$D/gen/$1
+  local name=$1 spec
+  spec=$(spec_for "$name")
   step "trainer $name ($spec)"
   project "$name" "$spec"
-  cp "$dir/build/train" "$D/bin/train-$name"
-  cp "$dir/manifest.json" "$D/ref/$name-manifest.json"
+  cp "$D/gen/$name/build/train" "$D/bin/train-$name"
+  cp "$D/gen/$name/manifest.json" "$D/ref/$name-manifest.json"
 }
-# An online-target project: its train and target-features binaries.
+# An online-target project: its target-features and train binaries.
 online() {
-  local name=$1 spec=$2 target=$3 dir=$D/gen/$1
+  local name=$1 spec target
+  case $name in
+    tq) spec=specs/tiny.toml target=$D/tcfg/qwen3 ;;
+    tl) spec=specs/tiny.toml target=$D/tcfg/llama ;;
+    q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
+    *) die "no online target '$name' (tq, tl, q8)" ;;
+  esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"
     printf '\n[memory]\nfuse_target_mlp = true\n' >> "$D/specs/$name-fused.toml"
@@ -103,54 +154,66 @@ online() {
   fi
   step "online target $name ($spec --target $target)"
   project "$name" "$spec" --target "$target"
-  cp "$dir/build/target-features" "$D/bin/target-features-$name$binSuffix"
-  [[ $name == q8 ]] && cp "$dir/build/train" "$D/bin/train-q8o$binSuffix"
-  return 0
+  cp "$D/gen/$name/build/target-features" "$D/bin/target-features-$name$binSuffix"
+  cp "$D/gen/$name/build/train" "$D/bin/train-${name}o$binSuffix"
 }
-if [[ $online == 1 ]]; then
-  if [[ -z ${ONLINE_TARGETS:-} ]]; then
-    step "KernelBench"
-    "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
-      --expt-relaxed-constexpr -lineinfo bench/kernels/KernelBench.cu \
-      -o "$D/bin/KernelBench" -lcublasLt
-  fi
-  for t in ${ONLINE_TARGETS:-tq tl q8}; do
-    case $t in
-      tq) online tq specs/tiny.toml "$D/tcfg/qwen3" ;;
-      tl) online tl specs/tiny.toml "$D/tcfg/llama" ;;
-      q8) online q8 specs/qwen3-8b-b16.toml "$D/tcfg/q8" ;;
-      *) echo "device-prepare: unknown online target '$t' (tq, tl, q8)" >&2; exit 2 ;;
-    esac
-  done
-  rm -rf "$D/gen"
-  du -sh "$D"
-  step "done; carry [\".device\"] (the device tool takes 64 MiB at most)"
-  exit 0
-fi
+reference() { # reference OUT_JSONL ARGS...: dflash-reference specs/tiny.toml ARGS
+  local out=$1
+  shift
+  build-dev/bin/dflash-reference specs/tiny.toml "$@" > "$out"
+}
 
-trainer tiny specs/tiny.toml
-for n in tiny-b1 tiny-zero1 tiny-zero1-one; do trainer "$n" "$D/specs/$n.toml"; done
-if [[ $qwen == 1 ]]; then
-  trainer qwen3-8b specs/qwen3-8b-b16.toml
-  trainer qwen3-8b-zero1 "$D/specs/qwen3-8b-zero1.toml"
-fi
-
-# The tiny problem as files, and the CPU reference's 10 steps on them.
-step "synthetic tiny problem and the CPU reference"
-build-dev/bin/dflash-synth specs/tiny.toml "$D/tiny" > /dev/null
-for p in storage exact; do
-  suffix=$([[ $p == exact ]] && echo -exact || true)
-  build-dev/bin/dflash-reference specs/tiny.toml --target "$D/tiny/target" \
-    --data "$D/tiny/data" --init "$D/tiny/init" --steps 10 --precision "$p" \
-    --save "$D/ref/tiny-params$suffix" > "$D/ref/tiny-losses$suffix.jsonl"
+for item in "${items[@]}"; do
+  case $item in
+    test:*)
+      [[ -f build-dev/test/gpu/${item#test:} ]] || die "no GPU test build-dev/test/gpu/${item#test:}"
+      cp "build-dev/test/gpu/${item#test:}" "$D/bin/" ;;
+    tool:*)
+      [[ -f build-dev/bin/${item#tool:} ]] || die "no tool build-dev/bin/${item#tool:}"
+      cp "build-dev/bin/${item#tool:}" "$D/bin/" ;;
+    trainer:*) trainer "${item#trainer:}" ;;
+    online:*) online "${item#online:}" ;;
+    kernelbench)
+      step "KernelBench"
+      "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
+        --expt-relaxed-constexpr -lineinfo bench/kernels/KernelBench.cu \
+        -o "$D/bin/KernelBench" -lcublasLt ;;
+    data:tiny)
+      # The tiny problem as files and the CPU reference's 10 steps on them,
+      # then the same rows packed (conversations restarting at columns 40
+      # and 90) and the reference on those.
+      step "synthetic tiny problem and the CPU reference"
+      rm -rf "$D/tiny"
+      build-dev/bin/dflash-synth specs/tiny.toml "$D/tiny" > /dev/null
+      for p in storage exact; do
+        suffix=$([[ $p == exact ]] && echo -exact || true)
+        reference "$D/ref/tiny-losses$suffix.jsonl" --target "$D/tiny/target" \
+          --data "$D/tiny/data" --init "$D/tiny/init" --steps 10 --precision "$p" \
+          --save "$D/ref/tiny-params$suffix"
+      done
+      "$python" test/oracle/pack_rows.py "$D/tiny/data" "$D/tiny/packed" 40 90
+      reference "$D/ref/tiny-packed-losses.jsonl" --target "$D/tiny/target" \
+        --data "$D/tiny/packed" --init "$D/tiny/init" --steps 10 --precision storage \
+        --save "$D/ref/tiny-packed-params" ;;
+    ref:tiny-eval)
+      step "CPU reference: 10 synthetic steps and an evaluation of 20 rows"
+      reference "$D/ref/tiny-eval-10.jsonl" --data synthetic --rows 64 --steps 10 --eval-rows 20 ;;
+    ref:tiny-tau)
+      step "CPU reference: 200 synthetic steps"
+      reference "$D/ref/tiny-synthetic-200.jsonl" --data synthetic --rows 64 --steps 200 ;;
+    target-oracle)
+      # target_oracle.py's random checkpoints (two rows of 12 tokens, row 0
+      # packing two conversations) and the CPU graph's exact features.
+      for kind in qwen3 llama; do
+        rm -rf "$D/target/$kind" && mkdir -p "$D/target/$kind"
+        "$python" test/Reference/target_oracle.py make "$kind" "$D/target/$kind"
+        build-dev/bin/dflash-target-features test/Reference/Inputs/small-online.toml \
+          --target "$D/target/$kind" --rows "$D/target/$kind/tokens.safetensors" \
+          --precision=exact -o "$D/target/$kind/features.safetensors"
+      done ;;
+    *) die "unknown item '$item' (scripts/device/products.toml)" ;;
+  esac
 done
-# The same rows packed (conversations restarting at columns 40 and 90) and
-# the reference on them, for scripts/device-packing-check.sh (a python3
-# with numpy: Debian's, or $PYTHON).
-"${PYTHON:-/usr/bin/python3}" test/oracle/pack_rows.py "$D/tiny/data" "$D/tiny/packed" 40 90
-build-dev/bin/dflash-reference specs/tiny.toml --target "$D/tiny/target" \
-  --data "$D/tiny/packed" --init "$D/tiny/init" --steps 10 --precision storage \
-  --save "$D/ref/tiny-packed-params" > "$D/ref/tiny-packed-losses.jsonl"
 rm -rf "$D/gen"
 du -sh "$D"
 step "done; carry [\".device\"] (the device tool takes 64 MiB at most)"

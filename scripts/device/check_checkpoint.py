@@ -4,7 +4,7 @@ SEMANTICS.md section 6 lists, with its shape and dtype, through
 safetensors.torch.load_file, and config.json through
 transformers.Qwen3Config.from_pretrained. Exits 1 on any mismatch.
 
-  check-checkpoint.py DIR
+  check_checkpoint.py DIR
 """
 import json
 import sys

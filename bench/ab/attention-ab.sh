@@ -8,13 +8,15 @@
 #   VARIANTS="a b c" adds builds, ONLY="causal" narrows the sections;
 # - PyTorch's SDPA / varlen attention on the same causal rows
 #   (bench/kernels/torch_reference.py --only causal);
-# - with target-features-q8-{a,b} present, scripts/device-ab-check.sh's
+# - with target-features-q8-{a,b} present, bench/ab/ab-check.sh's
 #   target rounds (TRAIN=0).
+# Used for: bench/RESULTS.md "lazy softmax rescale in the wgmma forwards",
+# "One copy of the wgmma forwards' shared steps".
 # Build KernelBench-a from a worktree of the old tree (bench/kernels/run.sh's
 # nvcc line), target-features-q8-a with DFLASHC wrapping dflashc
 # --source-dir OLD_TREE (scripts/device-prepare.sh --online -a). Logs to $OUT.
 set -u
-source "$(dirname "$0")/device-common.sh"
+source "$(dirname "$0")/common.sh"
 device_start /tmp/dflash-attention-ab
 for t in CausalAttentionGpuTest AttentionGpuTest; do
   [[ -x $D/bin/$t ]] || continue
@@ -32,5 +34,5 @@ timeout 240 python3 bench/kernels/torch_reference.py --out $O/torch.jsonl --only
   > /tmp/torch.log 2>&1
 echo "torch_reference causal rc=$?"; grep -a -i "causal" /tmp/torch.log | tail -n 4
 if [[ -x $D/bin/target-features-q8-a && -x $D/bin/target-features-q8-b ]]; then
-  OUT=$O TRAIN=0 bash scripts/device-ab-check.sh
+  OUT=$O TRAIN=0 bash bench/ab/ab-check.sh
 fi

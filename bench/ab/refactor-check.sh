@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over .device/ (built on the CPU machine): the
 # trainers of two commits side by side, to show that a restructuring changed
-# no behaviour. .device/bin holds train-tiny-old/-new and train-q8-old/-new
+# no behaviour (bench/RESULTS.md "Restructuring check", "Packed rows",
+# "Acceptance length in the step", "Per-position accuracy"). .device/bin holds train-tiny-old/-new and train-q8-old/-new
 # (qwen3-8b-b16) and the GPU test binaries; .device/tiny is a dflash-synth
 # problem. Prints a table; logs go to $OUT.
 #   tiny: the same files, seed and steps: losses and final parameters must
@@ -30,13 +31,7 @@ tiny old; rc_old=$?
 tiny new; rc_new=$?
 record "tiny rc old/new" "$rc_old / $rc_new"
 # The step's numbers as written (timing fields differ between any two runs).
-losses() {
-  python3 -c "import json,sys
-for l in open(sys.argv[1]):
-    if l.startswith('{'):
-        r = json.loads(l)
-        print(r['step'], repr(r['loss']), repr(r['acc']), repr(r['grad_norm']), repr(r['lr']))" "$1"
-}
+losses() { python3 scripts/device/measurements.py fields "$1" step loss acc grad_norm lr; }
 losses "$O/tiny-old.jsonl" > "$O/tiny-old.losses"
 losses "$O/tiny-new.jsonl" > "$O/tiny-new.losses"
 cmp -s "$O/tiny-old.losses" "$O/tiny-new.losses" && same=identical || same=DIFFERENT
@@ -52,15 +47,7 @@ q8() {
     2> "$O/q8-$tag.err"
   local rc=$?
   rm -rf "/tmp/q8-$tag"
-  python3 - "$O/q8-$tag.jsonl" "$rc" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-steady = sorted(r["step_ms"] for r in rows[3:]) or [float("nan")]
-print("rc=%s steps %d median step %.1f ms (min %.1f) loss %.4f -> %.4f" %
-      (sys.argv[2], len(rows), steady[len(steady) // 2], steady[0],
-       rows[0]["loss"] if rows else float("nan"),
-       rows[-1]["loss"] if rows else float("nan")))
-PY
+  echo "rc=$rc $(python3 scripts/device/measurements.py steps "$O" "q8-$tag" 2>&1)"
 }
 record "qwen3-8b old" "$(q8 old old1)"
 record "qwen3-8b new" "$(q8 new new1)"

@@ -1,7 +1,8 @@
-# Sourced by the device scripts (scripts/device-*.sh) for what they share;
-# runs nothing itself.
+# Sourced by the A/B scripts of bench/ab (two trees' builds side by side on
+# the GPU machine) for what they share; runs nothing itself. The checks that
+# judge one tree are scripts/device/device-check's suites.
 
-# device_start DEFAULT_LOG_DIR: every device script's start. D is .device
+# device_start DEFAULT_LOG_DIR: every A/B script's start. D is .device
 # (scripts/device-prepare.sh's), O the log directory ($OUT, else the default;
 # made), then the card's line.
 device_start() {

@@ -6,11 +6,15 @@
 # - target-features-q8-{a,b} --bench 10, unpacked and packed rows, twice
 #   each, alternating (random weights, 4 x 3072 tokens);
 # - train-q8o-{a,b} --data synthetic, 25 steps at 4 rows, twice each,
-#   alternating: medians and the loss noise (scripts/compare-step-runs.py).
+#   alternating: medians and the loss noise (scripts/device/measurements.py
+#   compare-steps).
 # TRAIN=0 runs the targets only (then only target-features-q8-{a,b} are
-# needed). Needs those four binaries in .device/bin. Logs to $OUT.
+# needed). Needs those four binaries in .device/bin (scripts/device-prepare.sh
+# --online -a in the old tree, --online -b in the new). Logs to $OUT.
+# Used for: bench/RESULTS.md "GEMM timing with each plan's own beta", "The
+# target MLP's gate/up GEMM with SwiGLU in its epilogue".
 set -u
-source "$(dirname "$0")/device-common.sh"
+source "$(dirname "$0")/common.sh"
 device_start /tmp/dflash-ab
 for packed in "" "--packed"; do
   for round in 1 2; do
@@ -30,4 +34,4 @@ for round in "" 2; do
     rm -rf /tmp/ab-$v # 15 GB of checkpoint
   done
 done
-python3 scripts/compare-step-runs.py $O a a2 b b2
+python3 scripts/device/measurements.py compare-steps $O a a2 b b2

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a copy of a feature shard directory with NaN features in chosen rows.
 
-    poison-rows.py IN_DIR OUT_DIR ROW [ROW ...]
+    poison_rows.py IN_DIR OUT_DIR ROW [ROW ...]
 
 ROW counts rows across the shards in file-name order (0-based); each poisoned
 row gets one NaN in its hidden_states. Prints the rows as the trainer names
@@ -12,7 +12,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "tools", "dflash-prepare"))
+                                "..", "..", "tools", "dflash-prepare"))
 from dflash_prepare import shards  # noqa: E402
 
 

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""Random Hugging Face targets, token rows, and the compiled target's
+features against transformers, for the online suites of device-check.
+
+  hf_targets.py small-features DEVICE WORK
+      a small random Qwen3 and a Llama-3 with rope scaling (DEVICE/tcfg/
+      {qwen3,llama}, tiny's shapes) saved with save_pretrained, 6 rows of
+      128 tokens (4 packed), target-features-{tq,tl} on them, and each
+      conversation alone through transformers in fp32 (the reference) and
+      in bf16 (its own noise floor)
+  hf_targets.py q8-target DEVICE WORK [--features]
+      the random Qwen3-8B-shaped target (DEVICE/tcfg/q8) in WORK/t8 and a
+      token shard of 8 rows of 3072 in WORK/tokens; --features: also
+      target-features-q8's features of rows 0..3 against transformers
+  hf_targets.py q8-forward DEVICE
+      transformers' forward of the Qwen3-8B-shaped target's tapped layers
+      (0..33, sdpa, bf16) on 4 x 3072 tokens, timed
+  hf_targets.py oracle DIR
+      test/Reference/target_oracle.py's checkpoints in DIR/{qwen3,llama}
+      through transformers against dflash-target-features' CPU features
+  hf_targets.py random-decoder CONFIG_DIR OUT_DIR SEED
+      a small random decoder of CONFIG_DIR/config.json, saved in OUT_DIR
+
+Each prints one JSON line per target: the relative errors (whole tensor and
+worst token) that the suite's checks hold against their limits. Needs torch,
+transformers and safetensors (the GPU machine's python3).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def packed_positions(rng, rows, seq, is_packed, length):
+    """position_ids [rows, seq]: row r holds conversations of length(rng)
+    tokens end to end where is_packed(r), else one conversation."""
+    pos = np.zeros((rows, seq), dtype=np.int32)
+    for r in range(rows):
+        t = 0
+        while t < seq:
+            n = min(length(rng) if is_packed(r) else seq, seq - t)
+            pos[r, t:t + n] = np.arange(n)
+            t += n
+    return pos
+
+
+def conversation_features(model, ids, pos, taps, rows, like):
+    """The reference: each conversation of rows 0..rows-1 alone from
+    position 0 through `model` (tap l is hidden_states[l + 1]), the taps
+    concatenated, in float32 on the CPU, shaped like `like`."""
+    import torch
+    out = torch.zeros_like(like)
+    seq = ids.shape[1]
+    for r in range(rows):
+        starts = [t for t in range(seq) if pos[r, t] == 0] + [seq]
+        for s, e in zip(starts, starts[1:]):
+            with torch.no_grad():
+                result = model(input_ids=torch.as_tensor(ids[r:r + 1, s:e]).long().to(model.device),
+                               output_hidden_states=True)
+            out[r, s:e] = torch.cat([result.hidden_states[l + 1][0] for l in taps],
+                                    -1).float().cpu()
+    return out
+
+
+def relative_errors(got, ref):
+    """(whole tensor, worst token) relative errors of got against ref."""
+    whole = ((got - ref).norm() / ref.norm()).item()
+    token = ((got - ref).norm(dim=-1) / ref.norm(dim=-1)).max().item()
+    return whole, token
+
+
+def save_random_decoder(config_dir, out_dir, seed):
+    """A small random decoder of config_dir's config.json (bf16), its
+    weights wider than the default init so that every layer changes the
+    residual stream, saved with save_pretrained. Returns (config, model)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(seed)
+    cfg = AutoConfig.from_pretrained(config_dir)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08 if "embed" not in name else 0.5)
+            else:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return cfg, model
+
+
+def make_q8_target(config_dir, out_dir):
+    """A random Qwen3-8B-shaped model (bf16, on the GPU) saved in 5 GB
+    shards with model.safetensors.index.json: layers 0..34 (the last tap,
+    33, must not be the model's last layer, whose hidden_states entry
+    transformers gives after the final norm); its config.json then says 36,
+    as the spec does (layers 34 and 35 are never read)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained(config_dir)
+    cfg.num_hidden_layers = 35
+    if getattr(cfg, "layer_types", None):  # transformers 5 checks it against the count
+        cfg.layer_types = cfg.layer_types[:35]
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="5GB")
+    with open(os.path.join(out_dir, "config.json")) as f:
+        saved = json.load(f)
+    saved["num_hidden_layers"] = 36
+    if "layer_types" in saved:
+        saved["layer_types"] = saved["layer_types"][:1] * 36
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(saved, f)
+    return cfg, model
+
+
+def write_q8_tokens(path, vocab_size, rows=8, seq=3072):
+    """A token shard of qwen3-8b-b16's shape: random ids, the even rows
+    packed with conversations of 64 to 1536 tokens, the odd rows one
+    conversation each. Returns (ids, pos)."""
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, vocab_size, size=(rows, seq)).astype(np.int32)
+    pos = packed_positions(rng, rows, seq, lambda r: r % 2 == 0,
+                           lambda g: int(g.integers(64, 1537)))
+    meta = {"format": "dflash-token-shard", "format_version": "1", "target": "Qwen/Qwen3-8B",
+            "target_layer_ids": "[1, 9, 17, 25, 33]", "hidden_size": "4096",
+            "seq_len": str(seq), "packed": "true"}
+    save_file({"input_ids": ids, "position_ids": pos,
+               "loss_mask": np.ones((rows, seq), dtype=np.uint8),
+               "num_tokens": np.full((rows,), seq, dtype=np.int32)}, path, meta)
+    return ids, pos
+
+
+def small_features(device, work):
+    import torch
+    import safetensors.torch
+    from safetensors.numpy import save_file
+    from transformers import AutoModelForCausalLM
+    taps = [1, 5]  # specs/tiny.toml's spread rule over 8 layers
+    failed = False
+    for kind, binary in [("qwen3", "target-features-tq"), ("llama", "target-features-tl")]:
+        folder = os.path.join(work, kind)
+        cfg, _ = save_random_decoder(os.path.join(device, "tcfg", kind), folder, seed=3)
+        rng = np.random.default_rng(4)
+        seq, rows = 128, 6
+        ids = rng.integers(0, cfg.vocab_size, size=(rows, seq)).astype(np.int32)
+        pos = packed_positions(rng, rows, seq, lambda r: r < 4,
+                               lambda g: int(g.choice([1, 2, 7, 30, 64, 90])))
+        tokens = os.path.join(folder, "tokens.safetensors")
+        save_file({"input_ids": ids, "position_ids": pos,
+                   "loss_mask": np.ones((rows, seq), dtype=np.uint8)}, tokens,
+                  {"format": "dflash-token-shard", "format_version": "1"})
+        features = os.path.join(folder, "features.safetensors")
+        rc = subprocess.run([os.path.join(device, "bin", binary), "--target", folder, "--rows",
+                             tokens, "-o", features]).returncode
+        if rc != 0:
+            print(f"hf_targets: {binary} exited {rc}", file=sys.stderr)
+            failed = True
+            continue
+        got = safetensors.torch.load_file(features)["hidden_states"].float()
+        references = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).cuda().eval()
+            references[dtype] = conversation_features(model, ids, pos, taps, rows, got)
+            name = type(model).__name__
+            del model
+        whole, token = relative_errors(got, references[torch.float32])
+        whole16, token16 = relative_errors(references[torch.bfloat16], references[torch.float32])
+        print(json.dumps({"target": kind, "model": name, "whole": whole, "worst_token": token,
+                          "whole_bf16": whole16, "worst_token_bf16": token16}), flush=True)
+    return 1 if failed else 0
+
+
+def q8_target(device, work, features):
+    from safetensors.torch import load_file
+    start = time.time()
+    cfg, model = make_q8_target(os.path.join(device, "tcfg", "q8"), os.path.join(work, "t8"))
+    os.makedirs(os.path.join(work, "tokens"), exist_ok=True)
+    shard = os.path.join(work, "tokens", "shard-00000.safetensors")
+    ids, pos = write_q8_tokens(shard, cfg.vocab_size)
+    print(f"hf_targets: the target and the token shard saved in {time.time() - start:.0f} s",
+          file=sys.stderr)
+    if not features:
+        return 0
+    out = os.path.join(work, "features.safetensors")
+    rc = subprocess.run([os.path.join(device, "bin", "target-features-q8"), "--target",
+                         os.path.join(work, "t8"), "--rows", shard, "-o", out]).returncode
+    if rc != 0:
+        print(f"hf_targets: target-features-q8 exited {rc}", file=sys.stderr)
+        return 1
+    rows, taps = 4, [1, 9, 17, 25, 33]
+    got = load_file(out)["hidden_states"][:rows].float()
+    ref16 = conversation_features(model, ids, pos, taps, rows, got)
+    ref = conversation_features(model.float(), ids, pos, taps, rows, got)
+    whole, token = relative_errors(got, ref)
+    whole16, token16 = relative_errors(ref16, ref)
+    print(json.dumps({"target": "q8", "whole": whole, "worst_token": token,
+                      "whole_bf16": whole16, "worst_token_bf16": token16,
+                      "seconds": round(time.time() - start)}), flush=True)
+    return 0
+
+
+def q8_forward(device):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.from_pretrained(os.path.join(device, "tcfg", "q8"))
+    cfg.num_hidden_layers = 34  # layers 0..33: the last tap is 33
+    cfg._attn_implementation = "sdpa"
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).model.eval()
+    ids = torch.randint(0, cfg.vocab_size, (4, 3072), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    times = []
+    with torch.no_grad():
+        for _ in range(8):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model(input_ids=ids, output_hidden_states=True)
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - start) * 1e3)
+    ms = sorted(times[3:])[len(times[3:]) // 2]
+    print(json.dumps({"mode": "transformers sdpa bf16, 34 layers", "ms": round(ms, 2),
+                      "tokens_per_s": round(4 * 3072 / ms * 1e3),
+                      "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}))
+    return 0
+
+
+def oracle(folder):
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    taps = [1, 2]  # test/Reference/Inputs/small-online.toml
+    for kind in ("qwen3", "llama"):
+        d = os.path.join(folder, kind)
+        model = AutoModelForCausalLM.from_pretrained(d).float().eval()
+        rows = load_file(os.path.join(d, "tokens.safetensors"))
+        got = load_file(os.path.join(d, "features.safetensors"))["hidden_states"].float()
+        ids, pos = rows["input_ids"].long().numpy(), rows["position_ids"].long().numpy()
+        ref = conversation_features(model, ids, pos, taps, ids.shape[0], got)
+        _, token = relative_errors(got, ref)
+        print(json.dumps({"target": kind, "model": type(model).__name__, "worst_token": token}))
+    return 0
+
+
+def main(argv):
+    if len(argv) == 3 and argv[0] == "small-features":
+        return small_features(argv[1], argv[2])
+    if len(argv) in (3, 4) and argv[0] == "q8-target" and argv[3:] in ([], ["--features"]):
+        return q8_target(argv[1], argv[2], argv[3:] == ["--features"])
+    if len(argv) == 2 and argv[0] == "q8-forward":
+        return q8_forward(argv[1])
+    if len(argv) == 2 and argv[0] == "oracle":
+        return oracle(argv[1])
+    if len(argv) == 4 and argv[0] == "random-decoder":
+        save_random_decoder(argv[1], argv[2], int(argv[3]))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
