@@ -40,4 +40,12 @@ private:
 
 } // namespace dflash
 
+/// Returns the Status of `expr` from the enclosing function when it is an
+/// error; the way a failure is passed up unchanged.
+#define DFLASH_RETURN_IF_ERROR(expr)                                           \
+  do {                                                                         \
+    if (::dflash::Status dflashStatus_ = (expr); !dflashStatus_.ok())          \
+      return dflashStatus_;                                                    \
+  } while (false)
+
 #endif // DFLASH_SCHEMA_STATUS_H

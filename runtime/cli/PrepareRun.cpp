@@ -36,8 +36,7 @@ static Status settleResumedRun(const TrainOptions &o, const std::string &ckpt,
                                RunSettings &run) {
   RunSettings stored;
   bool found = false;
-  if (Status s = readRunSettings(ckpt, stored, found); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readRunSettings(ckpt, stored, found));
   std::string file = ckpt + "/" + kRunSettingsFile;
   if (!found) {
     if (!o.givenTotalSteps)
@@ -100,21 +99,17 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   std::vector<std::vector<uint16_t>> params;
   if (!o.resume.empty()) {
     std::string ckpt;
-    if (Status s = resolveCheckpoint(o.resume, ckpt); !s.ok())
-      return s;
-    if (Status s = settleResumedRun(o, ckpt, settings); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(resolveCheckpoint(o.resume, ckpt));
+    DFLASH_RETURN_IF_ERROR(settleResumedRun(o, ckpt, settings));
     TrainingState state;
-    if (Status s = loadTrainingState(ckpt, config, state); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(loadTrainingState(ckpt, config, state));
     if (state.worldSize() != settings.worldSize)
       return Status::error(
           "--gpus: " + ckpt + "/" + kTrainingStateFile +
           " holds the state of " + std::to_string(state.worldSize()) +
           " GPUs but this run has " + std::to_string(settings.worldSize) +
           "; resume on the same number of GPUs");
-    if (Status s = loadCheckpoint(ckpt, config, params); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(loadCheckpoint(ckpt, config, params));
     if (state.step >= o.steps)
       return Status::error(ckpt + " is at step " + std::to_string(state.step) +
                            "; --steps " + std::to_string(o.steps) +
@@ -142,8 +137,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
       onlineTarget ? ShardContents::Tokens : ShardContents::Features;
   if (synthetic) {
     run.synthetic = std::make_unique<SyntheticProblem>();
-    if (Status s = run.synthetic->init(config, settings.seed); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(run.synthetic->init(config, settings.seed));
     auto rows = std::make_unique<SyntheticRowSource>(
         *run.synthetic, settings.syntheticRows, /*pinAnchors=*/false);
     // Rows made on the fly cannot keep up with a GPU step at full size;
@@ -153,8 +147,7 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     run.rows = std::move(rows);
   } else {
     auto reader = std::make_unique<FeatureShardReader>();
-    if (Status s = reader->open(o.data, config, contents); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(reader->open(o.data, config, contents));
     if (reader->numRows() == 0)
       return Status::error(
           o.data + ": no usable rows (" +
@@ -220,9 +213,8 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
 
   // Frozen weights.
   if (!o.target.empty()) {
-    if (Status s = loadTargetWeights(o.target, config, run.loadedTarget);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        loadTargetWeights(o.target, config, run.loadedTarget));
     run.inputs.target = &run.loadedTarget;
   } else if (synthetic) {
     run.inputs.target = &run.synthetic->target();
@@ -238,18 +230,15 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     for (const BufferSpec &b : *onlineTarget)
       if (b.role == BufferRole::Frozen)
         wanted.push_back({b.name, b.shape});
-    if (Status s = loadFrozenTensors(o.target, wanted, "the online target",
-                                     run.targetProgramWeights);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(loadFrozenTensors(
+        o.target, wanted, "the online target", run.targetProgramWeights));
     run.inputs.targetProgramWeights = &run.targetProgramWeights;
   }
 
   // Initial parameters of a fresh run.
   if (o.resume.empty()) {
     if (!o.init.empty()) {
-      if (Status s = loadCheckpoint(o.init, config, params); !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(loadCheckpoint(o.init, config, params));
     } else if (synthetic) {
       params = run.synthetic->initialParameters();
     } else {

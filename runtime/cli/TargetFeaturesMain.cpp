@@ -54,13 +54,11 @@ Status fillRandomWeights(const std::vector<BufferSpec> &specs,
     const std::vector<uint16_t> &src = norm ? ones : pattern;
     const size_t total = b.bytes(), chunk = src.size() * 2;
     for (size_t at = 0; at < total; at += chunk)
-      if (Status s = cudaCallStatus(
-              cudaMemcpy(static_cast<char *>(buffers[size_t(index)]) + at,
-                         src.data(), std::min(chunk, total - at),
-                         cudaMemcpyHostToDevice),
-              "uploading random weights to '" + b.name + "'");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+          cudaMemcpy(static_cast<char *>(buffers[size_t(index)]) + at,
+                     src.data(), std::min(chunk, total - at),
+                     cudaMemcpyHostToDevice),
+          "uploading random weights to '" + b.name + "'"));
   }
   return Status::success();
 }
@@ -72,8 +70,7 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
                          "(dflashc SPEC --target DIR builds one in)");
   const std::vector<BufferSpec> &specs = program->buffers();
   TargetBufferMap map;
-  if (Status s = mapTargetBuffers(specs, map); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(mapTargetBuffers(specs, map));
   const BufferSpec &ids = specs[size_t(map.inputIds)];
   const BufferSpec &features = specs[size_t(map.features)];
   const int64_t B = ids.shape[0], S = ids.shape[1];
@@ -86,60 +83,44 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     std::vector<FrozenTensor> wanted;
     for (int index : map.frozen)
       wanted.push_back({specs[size_t(index)].name, specs[size_t(index)].shape});
-    if (Status s =
-            loadFrozenTensors(o.target, wanted, "the target program", weights);
-        !s.ok())
-      return s;
-    if (Status s = rowsIn.open(o.rows); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        loadFrozenTensors(o.target, wanted, "the target program", weights));
+    DFLASH_RETURN_IF_ERROR(rowsIn.open(o.rows));
     const int64_t V = specs[size_t(map.frozen[0])].shape[0];
-    if (Status s = readTokenRows(rowsIn, S, V, tokens); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(readTokenRows(rowsIn, S, V, tokens));
   }
 
   std::unique_ptr<DeviceContext> device;
-  if (Status s = DeviceContext::create(o.device, program->gemmWorkspaceBytes(),
-                                       device);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      DeviceContext::create(o.device, program->gemmWorkspaceBytes(), device));
   device->setGemmTiming(!o.noGemmTiming);
-  if (Status s = device->allocate(specs, program->arenaBytes()); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(device->allocate(specs, program->arenaBytes()));
   const std::vector<void *> &buffers = device->buffers();
   if (o.bench) {
-    if (Status s = fillRandomWeights(specs, buffers, map); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(fillRandomWeights(specs, buffers, map));
   } else {
-    if (Status s = uploadTargetWeights(specs, map, buffers, weights); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(uploadTargetWeights(specs, map, buffers, weights));
     weights.clear();
   }
-  if (Status s = program->bind(buffers, device->arena(), device->resources(),
-                               StepHyper{});
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(program->bind(buffers, device->arena(),
+                                       device->resources(), StepHyper{}));
   cudaStream_t stream = device->stream();
   const size_t tokenBytes = size_t(B * S) * 4;
   std::vector<int32_t> batchIds(size_t(B * S)), batchPositions(size_t(B * S));
   auto upload = [&]() -> Status {
-    if (Status s = cudaCallStatus(
-            cudaMemcpyAsync(buffers[size_t(map.inputIds)], batchIds.data(),
-                            tokenBytes, cudaMemcpyHostToDevice, stream),
-            "copying input_ids");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(buffers[size_t(map.inputIds)], batchIds.data(),
+                        tokenBytes, cudaMemcpyHostToDevice, stream),
+        "copying input_ids"));
     return cudaCallStatus(cudaMemcpyAsync(buffers[size_t(map.positionIds)],
                                           batchPositions.data(), tokenBytes,
                                           cudaMemcpyHostToDevice, stream),
                           "copying position_ids");
   };
   auto enqueue = [&]() -> Status {
-    if (Status s = program->enqueue(stream); !s.ok())
-      return s;
-    if (Status s =
-            cudaCallStatus(cudaGetLastError(), "launching the target program");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(program->enqueue(stream));
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaGetLastError(), "launching the target program"));
     // The first launch planned the GEMMs: time them for the next ones.
     return device->timeNewGemmShapes();
   };
@@ -160,64 +141,48 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
         batchIds[size_t(b * S + t)] = token(rng);
         batchPositions[size_t(b * S + t)] = int32_t(t - start);
       }
-    if (Status s = upload(); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(upload());
     // As train replays it: one CUDA graph (its GEMMs timed at the capture),
     // unless --no-graph (each op launched). DFLASH_PROFILE times either.
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t graphExec = nullptr;
     if (!o.noGraph)
-      if (Status s = captureProgramGraph(*program, *device, "the online target",
-                                         graph, graphExec);
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(captureProgramGraph(
+          *program, *device, "the online target", graph, graphExec));
     auto launch = [&]() -> Status {
       if (o.noGraph)
         return enqueue();
       return launchProgram(*program, graphExec, stream, "the online target");
     };
     cudaEvent_t start, stop;
-    if (Status s = cudaCallStatus(cudaEventCreate(&start), "cudaEventCreate");
-        !s.ok())
-      return s;
-    if (Status s = cudaCallStatus(cudaEventCreate(&stop), "cudaEventCreate");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaEventCreate(&start), "cudaEventCreate"));
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaEventCreate(&stop), "cudaEventCreate"));
     std::vector<float> ms;
     for (int i = 0; i < o.bench + 3; ++i) {
-      if (Status s = cudaCallStatus(cudaEventRecord(start, stream), "event");
-          !s.ok())
-        return s;
-      if (Status s = launch(); !s.ok())
-        return s;
-      if (Status s = cudaCallStatus(cudaEventRecord(stop, stream), "event");
-          !s.ok())
-        return s;
-      if (Status s = device->synchronize("the target program"); !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(
+          cudaCallStatus(cudaEventRecord(start, stream), "event"));
+      DFLASH_RETURN_IF_ERROR(launch());
+      DFLASH_RETURN_IF_ERROR(
+          cudaCallStatus(cudaEventRecord(stop, stream), "event"));
+      DFLASH_RETURN_IF_ERROR(device->synchronize("the target program"));
       float t = 0;
-      if (Status s = cudaCallStatus(cudaEventElapsedTime(&t, start, stop),
-                                    "cudaEventElapsedTime");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+          cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime"));
       if (i >= 3)
         ms.push_back(t);
     }
     if (graphExec)
-      if (Status s = cudaCallStatus(cudaGraphExecDestroy(graphExec),
-                                    "cudaGraphExecDestroy");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaGraphExecDestroy(graphExec),
+                                            "cudaGraphExecDestroy"));
     if (graph)
-      if (Status s =
-              cudaCallStatus(cudaGraphDestroy(graph), "cudaGraphDestroy");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(
+          cudaCallStatus(cudaGraphDestroy(graph), "cudaGraphDestroy"));
     std::sort(ms.begin(), ms.end());
     const double median = ms[ms.size() / 2];
     DeviceMemory memory;
-    if (Status s = device->memory(memory); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(device->memory(memory));
     const kernels::GemmTimingSummary &gemms = device->gemmTimingSummary();
     // Which algorithm each timed shape runs, for comparing machines.
     for (const kernels::GemmCandidateTimes &t : device->gemmTimings()) {
@@ -256,24 +221,18 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
       std::memcpy(&batchPositions[size_t(b * S)],
                   &tokens.positions[size_t(r * S)], S * 4);
     }
-    if (Status s = upload(); !s.ok())
-      return s;
-    if (Status s = enqueue(); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(upload());
+    DFLASH_RETURN_IF_ERROR(enqueue());
     const int64_t n = std::min(B, R - r0);
-    if (Status s = cudaCallStatus(
-            cudaMemcpyAsync(
-                &out[size_t(r0 * S * width)], buffers[size_t(map.features)],
-                size_t(n * S * width) * 2, cudaMemcpyDeviceToHost, stream),
-            "copying the features back");
-        !s.ok())
-      return s;
-    if (Status s = device->synchronize("the target program"); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(
+            &out[size_t(r0 * S * width)], buffers[size_t(map.features)],
+            size_t(n * S * width) * 2, cudaMemcpyDeviceToHost, stream),
+        "copying the features back"));
+    DFLASH_RETURN_IF_ERROR(device->synchronize("the target program"));
   }
-  if (Status s = writeFeatureShard(o.out, rowsIn, out, width, o.target);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      writeFeatureShard(o.out, rowsIn, out, width, o.target));
   std::fprintf(stderr,
                "target-features: wrote %s: hidden_states [%lld, %lld, "
                "%lld] on %s\n",

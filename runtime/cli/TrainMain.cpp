@@ -120,9 +120,8 @@ const char *signalName(int signal) {
 /// numbered node * gpusPerNode + local index.
 Status checkSameGpuCount(ProcessGroup &processes, int64_t gpus) {
   std::vector<int64_t> counts(size_t(processes.size()));
-  if (Status s = processes.allGather(&gpus, sizeof(gpus), counts.data());
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      processes.allGather(&gpus, sizeof(gpus), counts.data()));
   auto gpuCount = [](int64_t n) {
     return std::to_string(n) + (n == 1 ? " GPU" : " GPUs");
   };

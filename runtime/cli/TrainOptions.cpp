@@ -371,27 +371,22 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
       return Status::error("--rows applies only to --data synthetic");
   }
   if (!o.target.empty())
-    if (Status s = checkDirectory("--target", o.target); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(checkDirectory("--target", o.target));
   if (!o.init.empty() && !o.resume.empty())
     return Status::error("--init and --resume exclude each other: a resumed "
                          "run continues from its checkpoint's weights");
   if (!o.init.empty())
-    if (Status s = checkDirectory("--init", o.init); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(checkDirectory("--init", o.init));
   if (!o.resume.empty())
-    if (Status s = checkDirectory("--resume", o.resume); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(checkDirectory("--resume", o.resume));
 
   if (o.out.empty())
     return Status::error("--out is empty");
-  if (Status s = checkWritableDirectory("--out", o.out); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(checkWritableDirectory("--out", o.out));
   std::error_code ec;
   if (o.resume.empty() && fs::exists(o.out + "/" + kLatestFile, ec)) {
     // A live run there is named first: resuming it would be refused too.
-    if (Status s = DirectoryLock::checkFree(o.out); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(DirectoryLock::checkFree(o.out));
     return Status::error("--out " + o.out + " already holds a run (" + o.out +
                          "/" + kLatestFile + "); continue it with --resume " +
                          o.out + " or choose another --out");
@@ -443,8 +438,7 @@ Status dflash::rt::lockOutputDirectory(const TrainOptions &o,
     // The resumed checkpoint's output directory (the checkpoint's parent,
     // or the directory itself when it is given), unless it is ours.
     std::string checkpoint;
-    if (Status s = resolveCheckpoint(o.resume, checkpoint); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(resolveCheckpoint(o.resume, checkpoint));
     for (const fs::path &dir :
          {fs::path(o.resume), fs::path(checkpoint).parent_path()}) {
       if (dir.empty() || !fs::is_directory(dir, ec))

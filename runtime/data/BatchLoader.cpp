@@ -75,8 +75,7 @@ Status BatchLoader::seek(const DataPosition &position,
 }
 
 Status BatchLoader::next(HostBatch &batch) {
-  if (Status s = validate(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(validate());
   const int64_t B = config.rowsPerGpu, S = config.seqLen;
   const int64_t N = config.anchorsPerRow, W = config.contextWidth();
   const int64_t global = worldSize * B;
@@ -105,8 +104,7 @@ Status BatchLoader::next(HostBatch &batch) {
     }
     const bool knownBad = row < 0 || knownBadRows.count(row) != 0;
     if (!knownBad) {
-      if (Status s = source.readRow(row, out); !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(source.readRow(row, out));
       // A NaN or inf feature would poison every gradient of the step.
       const uint16_t *h = out.hiddenStates;
       int64_t bad = -1;

@@ -370,17 +370,14 @@ static Status readI32Rows(const SafetensorsFile &shard, const std::string &name,
 Status dflash::rt::readTokenRows(const SafetensorsFile &shard, int64_t seqLen,
                                  int64_t vocab, TokenRows &out) {
   std::vector<int64_t> shape, positionShape;
-  if (Status s = readI32Rows(shard, "input_ids", seqLen, out.ids, shape);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      readI32Rows(shard, "input_ids", seqLen, out.ids, shape));
   out.rows = shape[0];
   out.seqLen = shape[1];
   const int64_t S = out.seqLen;
   if (shard.find("position_ids")) {
-    if (Status s =
-            readI32Rows(shard, "position_ids", S, out.positions, positionShape);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        readI32Rows(shard, "position_ids", S, out.positions, positionShape));
     if (positionShape != shape)
       return Status::error(shard.path() + ": position_ids " +
                            shapeString(positionShape) + " and input_ids " +

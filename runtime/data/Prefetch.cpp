@@ -95,8 +95,7 @@ Status BatchPrefetcher::start(int64_t batchLimit) {
   if (worker.joinable())
     return Status::error("the batch prefetcher is started twice");
   for (Slot &slot : slots)
-    if (Status s = allocateSlot(slot); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(allocateSlot(slot));
   {
     std::lock_guard<std::mutex> lock(mutex);
     freeSlots.clear();

@@ -70,8 +70,7 @@ static Status ncclStatus(ncclResult_t result, const std::string &what,
 Status dflash::rt::createCollectiveId(CollectiveId &id) {
 #ifdef DFLASH_HAVE_NCCL
   ncclUniqueId made;
-  if (Status s = ncclStatus(ncclGetUniqueId(&made), "ncclGetUniqueId"); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(ncclStatus(ncclGetUniqueId(&made), "ncclGetUniqueId"));
   std::memcpy(id.bytes.data(), &made, sizeof(made));
   return Status::success();
 #else
@@ -103,9 +102,8 @@ Status Collectives::create(const CollectivePlacement &placement,
   std::vector<ncclComm_t> comms(devices.size(), nullptr);
   // One thread creates every local rank: inside a group, so that NCCL does
   // not wait in the first ncclCommInitRank for the ranks created after it.
-  if (Status s = ncclStatus(ncclGroupStart(), what + ": ncclGroupStart");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      ncclStatus(ncclGroupStart(), what + ": ncclGroupStart"));
   Status status;
   for (size_t i = 0; i < devices.size() && status.ok(); ++i) {
     cudaError_t set = cudaSetDevice(devices[i]);
@@ -348,22 +346,16 @@ Status dflash::rt::joinProcessGroup(std::unique_ptr<ProcessGroup> &group) {
 #ifdef DFLASH_HAVE_MPI
   int provided = 0;
   // Only the main thread of each process calls MPI.
-  if (Status s = mpiStatus(
-          MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
-          "MPI_Init_thread");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(mpiStatus(
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided),
+      "MPI_Init_thread"));
   // Errors come back as codes, to be reported like every other failure.
   (void)MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int rank = 0, size = 1;
-  if (Status s =
-          mpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
-      !s.ok())
-    return s;
-  if (Status s =
-          mpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      mpiStatus(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank"));
+  DFLASH_RETURN_IF_ERROR(
+      mpiStatus(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size"));
   group = std::make_unique<MpiProcessGroup>(rank, size);
   return Status::success();
 #else

@@ -51,24 +51,19 @@ Status CompiledStep::bind(const std::vector<void *> &buffers, void *arenaBase,
   // An evaluation program has no optimizer: only its buffers and arena.
   if (!t.hasOptimizer())
     return Status::success();
-  if (Status s = t.sharded ? bindShards() : bindWholeState(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(t.sharded ? bindShards() : bindWholeState());
 
   if (reducesGradients() && (res.allReduceSum || res.reduceScatterSum)) {
-    if (Status s = cudaStatus(
-            cudaStreamCreateWithFlags(&commStream, cudaStreamNonBlocking),
-            "creating the communication stream");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaStatus(
+        cudaStreamCreateWithFlags(&commStream, cudaStreamNonBlocking),
+        "creating the communication stream"));
     const size_t buckets = size_t(std::max<int64_t>(t.numBuckets, 1));
     for (std::vector<cudaEvent_t> *events : {&bucketReady, &bucketDone}) {
       events->assign(buckets, nullptr);
       for (cudaEvent_t &e : *events)
-        if (Status s =
-                cudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-                           "creating the bucket events");
-            !s.ok())
-          return s;
+        DFLASH_RETURN_IF_ERROR(
+            cudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                       "creating the bucket events"));
     }
   }
   return Status::success();
@@ -100,20 +95,16 @@ Status CompiledStep::uploadTables(
   adamwState = reinterpret_cast<kernels::AdamWStepState *>(base + l.state);
   adamwTablesF32 = adamwTables;
   adamwTablesF32.tensors = tensorTable + numTensors;
-  if (Status s = cudaStatus(cudaMemcpy(tensorTable, tensors.data(),
-                                       tensors.size() * sizeof(tensors[0]),
-                                       cudaMemcpyHostToDevice),
-                            "writing the optimizer's tensor table");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaStatus(
+      cudaMemcpy(tensorTable, tensors.data(),
+                 tensors.size() * sizeof(tensors[0]), cudaMemcpyHostToDevice),
+      "writing the optimizer's tensor table"));
   if (!tensorsF32.empty())
-    if (Status s =
-            cudaStatus(cudaMemcpy(tensorTable + numTensors, tensorsF32.data(),
-                                  tensorsF32.size() * sizeof(tensorsF32[0]),
-                                  cudaMemcpyHostToDevice),
-                       "writing the optimizer's tensor table");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaStatus(cudaMemcpy(tensorTable + numTensors, tensorsF32.data(),
+                              tensorsF32.size() * sizeof(tensorsF32[0]),
+                              cudaMemcpyHostToDevice),
+                   "writing the optimizer's tensor table"));
   return cudaStatus(cudaMemcpy(chunkTable, chunks.data(),
                                chunks.size() * sizeof(chunks[0]),
                                cudaMemcpyHostToDevice),
@@ -191,8 +182,7 @@ Status CompiledStep::bindShards() {
     gathers.push_back({grads(k), size_t(bucket.shardElements) * 2});
   }
   chunks = kernels::buildAdamWChunks(lengths);
-  if (Status s = uploadTables(tensors, {}); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(uploadTables(tensors, {}));
   squareSum = adamwTables.normAndClip + 2;
   return Status::success();
 }

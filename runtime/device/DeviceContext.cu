@@ -58,30 +58,21 @@ Status DeviceContext::create(int device, size_t gemmWorkspaceBytes,
   std::unique_ptr<DeviceContext> made(new DeviceContext());
   made->deviceIndex = device;
   const std::string where = " on device " + std::to_string(device);
-  if (Status s = made->makeCurrent(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(made->makeCurrent());
   cudaDeviceProp props;
-  if (Status s = cudaCallStatus(cudaGetDeviceProperties(&props, device),
-                                "cudaGetDeviceProperties" + where);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaGetDeviceProperties(&props, device),
+                                        "cudaGetDeviceProperties" + where));
   made->deviceName = props.name;
-  if (Status s = cudaCallStatus(
-          cudaStreamCreateWithFlags(&made->mainStream, cudaStreamNonBlocking),
-          "cudaStreamCreateWithFlags" + where);
-      !s.ok())
-    return s;
-  if (Status s = cublasCallStatus(cublasLtCreate(&made->cublasLt),
-                                  "cublasLtCreate" + where);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaStreamCreateWithFlags(&made->mainStream, cudaStreamNonBlocking),
+      "cudaStreamCreateWithFlags" + where));
+  DFLASH_RETURN_IF_ERROR(cublasCallStatus(cublasLtCreate(&made->cublasLt),
+                                          "cublasLtCreate" + where));
   if (gemmWorkspaceBytes > 0) {
-    if (Status s = cudaCallStatus(
-            cudaMalloc(&made->workspace, gemmWorkspaceBytes),
-            "cudaMalloc of the " + formatBytes(gemmWorkspaceBytes) +
-                " cuBLASLt workspace" + where);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaMalloc(&made->workspace, gemmWorkspaceBytes),
+                       "cudaMalloc of the " + formatBytes(gemmWorkspaceBytes) +
+                           " cuBLASLt workspace" + where));
     made->workspaceSize = gemmWorkspaceBytes;
   }
   made->gemmPlanner = std::make_unique<kernels::CublasLtGemm>(
@@ -128,26 +119,21 @@ Status DeviceContext::allocate(const std::vector<BufferSpec> &specs,
   for (size_t i = 0; i < specs.size(); ++i) {
     // A zero-sized buffer still gets a distinct, valid pointer.
     size_t bytes = specs[i].bytes() ? specs[i].bytes() : 256;
-    if (Status s = cudaCallStatus(cudaMalloc(&bufferPointers[i], bytes),
-                                  "cudaMalloc of buffer '" + specs[i].name +
-                                      "' (" + formatBytes(bytes) + ")" + where);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaMalloc(&bufferPointers[i], bytes),
+                       "cudaMalloc of buffer '" + specs[i].name + "' (" +
+                           formatBytes(bytes) + ")" + where));
     bufferSize += bytes;
     // Moments start at zero and metrics must not show garbage: zero them all.
-    if (Status s = cudaCallStatus(
-            cudaMemsetAsync(bufferPointers[i], 0, bytes, mainStream),
-            "cudaMemsetAsync of buffer '" + specs[i].name + "'" + where);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemsetAsync(bufferPointers[i], 0, bytes, mainStream),
+        "cudaMemsetAsync of buffer '" + specs[i].name + "'" + where));
   }
   arenaSize = arenaBytes;
-  if (Status s = cudaCallStatus(
-          cudaMalloc(&arenaPointer, arenaBytes ? arenaBytes : 256),
-          "cudaMalloc of the " + formatBytes(arenaBytes) + " activation arena" +
-              where);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaMalloc(&arenaPointer, arenaBytes ? arenaBytes : 256),
+                     "cudaMalloc of the " + formatBytes(arenaBytes) +
+                         " activation arena" + where));
   return synchronize("zeroing the step buffers" + where);
 }
 
@@ -172,8 +158,7 @@ DeviceResources DeviceContext::resources() {
 }
 
 Status DeviceContext::memory(DeviceMemory &info) const {
-  if (Status s = makeCurrent(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(makeCurrent());
   return cudaCallStatus(cudaMemGetInfo(&info.freeBytes, &info.totalBytes),
                         "cudaMemGetInfo on device " +
                             std::to_string(deviceIndex));
@@ -190,8 +175,7 @@ Status DeviceContext::timeNewGemmShapes(bool *changed) {
     *changed = false;
   if (gemmPlanner->untimedPlans() == 0)
     return Status::success();
-  if (Status s = makeCurrent(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(makeCurrent());
   const int moved = gemmPlanner->timeCandidates(mainStream);
   if (changed)
     *changed = moved > 0;
@@ -225,11 +209,9 @@ dflash::rt::captureProgramGraph(StepProgram &program, DeviceContext &device,
                                 const std::function<Status()> &afterCapture) {
   cudaStream_t stream = device.stream();
   auto capture = [&]() -> Status {
-    if (Status s = cudaCallStatus(
-            cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
-            "cudaStreamBeginCapture");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+        "cudaStreamBeginCapture"));
     Status enqueued = program.enqueue(stream);
     cudaError_t ended = cudaStreamEndCapture(stream, &graph);
     if (!enqueued.ok())
@@ -238,22 +220,17 @@ dflash::rt::captureProgramGraph(StepProgram &program, DeviceContext &device,
                                      " as a CUDA graph (try --no-graph to "
                                      "run it eagerly)");
   };
-  if (Status s = capture(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(capture());
   bool changed = false;
-  if (Status s = device.timeNewGemmShapes(&changed); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(device.timeNewGemmShapes(&changed));
   if (changed) { // the graph holds the heuristic's algorithms: once more
-    if (Status s = cudaCallStatus(cudaGraphDestroy(graph), "cudaGraphDestroy");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaGraphDestroy(graph), "cudaGraphDestroy"));
     graph = nullptr;
-    if (Status s = capture(); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(capture());
   }
   if (afterCapture)
-    if (Status s = afterCapture(); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(afterCapture());
   return cudaCallStatus(cudaGraphInstantiate(&graphExec, graph, 0),
                         "cudaGraphInstantiate of " + what);
 }

@@ -81,8 +81,7 @@ Status claimDataBuffer(const BufferChecker &check, int i, const BufferSpec &b,
                        std::vector<int> &param) {
   switch (b.role) {
   case BufferRole::Input: {
-    if (Status s = check.member(i, kNumStepInputs, "a step input"); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(check.member(i, kNumStepInputs, "a step input"));
     StepInput input = StepInput(b.index);
     std::initializer_list<DType> flag = {DType::U8, DType::BOOL};
     std::initializer_list<DType> exact = {dtypeOf(input)};
@@ -91,17 +90,14 @@ Status claimDataBuffer(const BufferChecker &check, int i, const BufferSpec &b,
                        shapeOf(input, c));
   }
   case BufferRole::Frozen:
-    if (Status s = check.member(i, kNumFrozenWeights, "a frozen weight");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        check.member(i, kNumFrozenWeights, "a frozen weight"));
     return check.claim(i, frozen[size_t(b.index)], {DType::BF16},
                        {c.vocabSize, c.hiddenSize});
   case BufferRole::Parameter:
-    if (Status s = check.member(i, int64_t(table.size()),
-                                "a trainable tensor of "
-                                "the config");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(check.member(i, int64_t(table.size()),
+                                        "a trainable tensor of "
+                                        "the config"));
     return check.claim(i, param[size_t(b.index)], {DType::BF16},
                        table[size_t(b.index)].shape);
   default:
@@ -191,8 +187,7 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
   m.counters.fill(-1);
   m.namedMetrics.fill(-1);
   if (shards)
-    if (Status s = mapShardLayout(*shards, table, m); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(mapShardLayout(*shards, table, m));
 
   for (int i = 0; i < int(buffers.size()); ++i) {
     const BufferSpec &b = buffers[size_t(i)];
@@ -272,10 +267,8 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
       return status;
   }
 
-  if (Status s = checkDataBuffers("step program", c, table, m.inputs, m.frozen,
-                                  m.param);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      checkDataBuffers("step program", c, table, m.inputs, m.frozen, m.param));
   for (int k = 0; k < kNumStepCounters; ++k)
     if (m.counters[size_t(k)] < 0)
       return Status::error("step program: has no counter buffer '" +
@@ -340,10 +333,8 @@ Status dflash::rt::mapEvalBuffers(const std::vector<BufferSpec> &buffers,
     if (!status.ok())
       return status;
   }
-  if (Status s = checkDataBuffers("evaluation program", c, table, m.inputs,
-                                  m.frozen, m.param);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(checkDataBuffers("evaluation program", c, table,
+                                          m.inputs, m.frozen, m.param));
   for (int k = 0; k < kNumForwardSums; ++k)
     if (m.sums[size_t(k)] < 0)
       return Status::error("evaluation program: has no metric buffer '" +

@@ -447,8 +447,7 @@ Status dflash::rt::loadTrainingState(const std::string &dir,
   if (!status.ok())
     return status;
   std::vector<RngState> rngStates;
-  if (Status s = readRngStates(file, rngStates); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readRngStates(file, rngStates));
   if (step < 0)
     return Status::error(file.path() + ": tensor 'step' is negative (" +
                          std::to_string(step) + ")");

@@ -170,9 +170,8 @@ Status MetricsLog::open(const std::string &path, int64_t firstStep) {
     std::string text;
     // A missing log is fine: the earlier run may have logged elsewhere.
     if (readTextFile(path, text).ok()) {
-      if (Status s = writeFileAtomically(path, linesBefore(text, firstStep));
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(
+          writeFileAtomically(path, linesBefore(text, firstStep)));
     }
   }
   file = std::fopen(path.c_str(), firstStep > 0 ? "a" : "w");

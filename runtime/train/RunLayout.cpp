@@ -51,8 +51,7 @@ Status dflash::rt::readRunSettings(const std::string &checkpointDir,
   if (!found)
     return Status::success();
   std::string text;
-  if (Status s = readTextFile(path, text); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readTextFile(path, text));
   nlohmann::json json = nlohmann::json::parse(text, nullptr, false);
   if (json.is_discarded() || !json.is_object())
     return Status::error(path + ": not a json object");
@@ -109,8 +108,7 @@ Status dflash::rt::readBestEvalTau(const std::string &outDir, double &tau,
   if (!fs::exists(path, ec))
     return Status::success();
   std::string text;
-  if (Status s = readTextFile(path, text); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readTextFile(path, text));
   nlohmann::json value = nlohmann::json::parse(text, nullptr, false);
   auto it = value.is_object() ? value.find("eval_tau") : value.end();
   if (it == value.end() || !it->is_number())
@@ -147,8 +145,7 @@ Status dflash::rt::resolveCheckpoint(const std::string &path,
         path + ": neither a training checkpoint (no " + kTrainingStateFile +
         ") nor an output directory with a '" + kLatestFile + "' file");
   std::string name;
-  if (Status s = readTextFile(latestPath, name); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readTextFile(latestPath, name));
   while (!name.empty() && std::isspace((unsigned char)name.back()))
     name.pop_back();
   if (name.empty() || name.find('/') != std::string::npos)

@@ -110,18 +110,14 @@ Status TargetServer::setUp(
   if (!program)
     return Status::error("this trainer was compiled without an online target");
   const std::vector<BufferSpec> &specs = program->buffers();
-  if (Status s = mapTargetBuffers(specs, map); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(mapTargetBuffers(specs, map));
   featureBuffer = specs[size_t(map.features)];
   tokenBuffer = specs[size_t(map.inputIds)];
   // Checked before the GPU is touched; uploadTargetWeights checks again.
-  if (Status s = checkTargetWeights(specs, map, weights); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(checkTargetWeights(specs, map, weights));
 
-  if (Status s =
-          DeviceContext::create(gpu, program->gemmWorkspaceBytes(), context);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      DeviceContext::create(gpu, program->gemmWorkspaceBytes(), context));
   context->setGemmTiming(options.timeGemms);
   name = context->name();
   // Copy engines write into the drafters' memory directly where the GPUs
@@ -130,50 +126,38 @@ Status TargetServer::setUp(
     if (peer == gpu)
       continue;
     int canAccess = 0;
-    if (Status s =
-            cudaCallStatus(cudaDeviceCanAccessPeer(&canAccess, gpu, peer),
-                           "cudaDeviceCanAccessPeer");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaDeviceCanAccessPeer(&canAccess, gpu, peer),
+                       "cudaDeviceCanAccessPeer"));
     if (!canAccess)
       continue;
     cudaError_t enabled = cudaDeviceEnablePeerAccess(peer, 0);
     if (enabled == cudaErrorPeerAccessAlreadyEnabled)
       (void)cudaGetLastError();
-    else if (Status s = cudaCallStatus(enabled, "enabling peer access to "
-                                                "device " +
-                                                    std::to_string(peer));
-             !s.ok())
-      return s;
+    else
+      DFLASH_RETURN_IF_ERROR(cudaCallStatus(enabled, "enabling peer access to "
+                                                     "device " +
+                                                         std::to_string(peer)));
   }
-  if (Status s = context->allocate(specs, program->arenaBytes()); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(context->allocate(specs, program->arenaBytes()));
   const std::vector<void *> &buffers = context->buffers();
-  if (Status s = uploadTargetWeights(specs, map, buffers, weights); !s.ok())
-    return s;
-  if (Status s = program->bind(buffers, context->arena(), context->resources(),
-                               StepHyper{});
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(uploadTargetWeights(specs, map, buffers, weights));
+  DFLASH_RETURN_IF_ERROR(program->bind(buffers, context->arena(),
+                                       context->resources(), StepHyper{}));
 
   slots.assign(clientDevices.size(), Client());
   for (Client &c : slots) {
-    if (Status s = cudaCallStatus(
-            cudaEventCreateWithFlags(&c.delivered, cudaEventDisableTiming),
-            "cudaEventCreateWithFlags");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaEventCreateWithFlags(&c.delivered, cudaEventDisableTiming),
+        "cudaEventCreateWithFlags"));
     for (cudaEvent_t *e : {&c.start[0], &c.start[1], &c.end[0], &c.end[1]})
-      if (Status s = cudaCallStatus(cudaEventCreate(e), "cudaEventCreate");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(
+          cudaCallStatus(cudaEventCreate(e), "cudaEventCreate"));
   }
 
   if (options.useGraph)
-    if (Status s = captureProgramGraph(*program, *context, "the online target",
-                                       graph, graphExec);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(captureProgramGraph(
+        *program, *context, "the online target", graph, graphExec));
   return context->memory(memoryAfterSetUp);
 }
 
@@ -204,27 +188,22 @@ Status TargetServer::enqueue(const FeatureRequest &request,
       failure = s;
     return s;
   };
-  if (Status s = check(cudaMemcpyAsync(buffers[size_t(map.inputIds)],
-                                       request.inputIds, tokenBuffer.bytes(),
-                                       cudaMemcpyHostToDevice, stream),
-                       "copying input_ids");
-      !s.ok())
-    return s;
-  if (Status s = check(cudaMemcpyAsync(buffers[size_t(map.positionIds)],
-                                       request.positionIds, tokenBuffer.bytes(),
-                                       cudaMemcpyHostToDevice, stream),
-                       "copying position_ids");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(check(
+      cudaMemcpyAsync(buffers[size_t(map.inputIds)], request.inputIds,
+                      tokenBuffer.bytes(), cudaMemcpyHostToDevice, stream),
+      "copying input_ids"));
+  DFLASH_RETURN_IF_ERROR(check(
+      cudaMemcpyAsync(buffers[size_t(map.positionIds)], request.positionIds,
+                      tokenBuffer.bytes(), cudaMemcpyHostToDevice, stream),
+      "copying position_ids"));
   int slot = -1;
   ticket = -1;
   if (request.timed) {
     ticket = c.nextTicket++;
     slot = int(ticket % 2);
     c.ticketOf[slot] = ticket;
-    if (Status s = check(cudaEventRecord(c.start[slot], stream), "event");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        check(cudaEventRecord(c.start[slot], stream), "event"));
   }
   // Eager launches plan their GEMMs as they go: time the new shapes after.
   Status launched = launchProgram(*program, graphExec, stream, "the target");
@@ -234,30 +213,23 @@ Status TargetServer::enqueue(const FeatureRequest &request,
     failure = Status::error(where + ": " + launched.message());
     return failure;
   }
-  if (Status s = check(cudaGetLastError(), "launching the target"); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(check(cudaGetLastError(), "launching the target"));
   if (slot >= 0)
-    if (Status s = check(cudaEventRecord(c.end[slot], stream), "event");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        check(cudaEventRecord(c.end[slot], stream), "event"));
   // The drafter's buffer may still hold the features its running step
   // reads: the copy waits for the drafter to be done with them.
   if (request.destinationFree)
-    if (Status s =
-            check(cudaStreamWaitEvent(stream, request.destinationFree, 0),
-                  "waiting for the drafter's buffer");
-        !s.ok())
-      return s;
-  if (Status s = check(cudaMemcpyPeerAsync(request.destination,
-                                           request.destinationDevice,
-                                           buffers[size_t(map.features)], gpu,
-                                           featureBuffer.bytes(), stream),
-                       "copying the features to device " +
-                           std::to_string(request.destinationDevice));
-      !s.ok())
-    return s;
-  if (Status s = check(cudaEventRecord(c.delivered, stream), "event"); !s.ok())
-    return s;
+    DFLASH_RETURN_IF_ERROR(
+        check(cudaStreamWaitEvent(stream, request.destinationFree, 0),
+              "waiting for the drafter's buffer"));
+  DFLASH_RETURN_IF_ERROR(
+      check(cudaMemcpyPeerAsync(request.destination, request.destinationDevice,
+                                buffers[size_t(map.features)], gpu,
+                                featureBuffer.bytes(), stream),
+            "copying the features to device " +
+                std::to_string(request.destinationDevice)));
+  DFLASH_RETURN_IF_ERROR(check(cudaEventRecord(c.delivered, stream), "event"));
   delivered = c.delivered;
   return Status::success();
 }
@@ -300,14 +272,11 @@ Status dflash::rt::uploadTargetWeights(
     const std::vector<BufferSpec> &specs, const TargetBufferMap &map,
     const std::vector<void *> &buffers,
     const std::vector<std::vector<uint16_t>> &weights) {
-  if (Status s = checkTargetWeights(specs, map, weights); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(checkTargetWeights(specs, map, weights));
   for (size_t k = 0; k < weights.size(); ++k)
-    if (Status s = cudaCallStatus(
-            cudaMemcpy(buffers[size_t(map.frozen[k])], weights[k].data(),
-                       weights[k].size() * 2, cudaMemcpyHostToDevice),
-            "uploading '" + specs[size_t(map.frozen[k])].name + "'");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpy(buffers[size_t(map.frozen[k])], weights[k].data(),
+                   weights[k].size() * 2, cudaMemcpyHostToDevice),
+        "uploading '" + specs[size_t(map.frozen[k])].name + "'"));
   return Status::success();
 }

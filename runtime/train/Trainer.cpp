@@ -103,12 +103,10 @@ Status Trainer::upload(int index, const void *data, size_t bytes) {
     return Status::error("buffer '" + spec.name + "' needs " +
                          std::to_string(spec.bytes()) + " bytes but " +
                          std::to_string(bytes) + " were given");
-  if (Status s = cudaCallStatus(
-          cudaMemcpyAsync(device.buffers()[size_t(index)], data, bytes,
-                          cudaMemcpyHostToDevice, device.stream()),
-          "copying '" + spec.name + "' to the device");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaMemcpyAsync(device.buffers()[size_t(index)], data, bytes,
+                      cudaMemcpyHostToDevice, device.stream()),
+      "copying '" + spec.name + "' to the device"));
   // The sources are often temporaries of the caller: wait until they are
   // read.
   return device.synchronize("copying '" + spec.name + "' to the device");
@@ -131,10 +129,8 @@ Status Trainer::readParams(std::vector<std::vector<uint16_t>> &params) {
   params.assign(table.size(), {});
   for (size_t t = 0; t < table.size(); ++t) {
     params[t].resize(size_t(table[t].numel()));
-    if (Status s =
-            download(map.param[t], params[t].data(), params[t].size() * 2);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        download(map.param[t], params[t].data(), params[t].size() * 2));
   }
   return device.synchronize("copying the parameters to the host");
 }
@@ -167,17 +163,14 @@ Status Trainer::uploadShards(const std::vector<std::vector<uint16_t>> &params,
         bf16ToFloats(params[t].data() + from, master.data() + to, length);
       }
     }
-    if (Status s = upload(map.shardMaster[k], master.data(), count * 4);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        upload(map.shardMaster[k], master.data(), count * 4));
     // Fresh moments are the zeros of allocate().
     if (resume) {
-      if (Status s = upload(map.shardMoment1[k], moment1.data(), count * 4);
-          !s.ok())
-        return s;
-      if (Status s = upload(map.shardMoment2[k], moment2.data(), count * 4);
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(
+          upload(map.shardMoment1[k], moment1.data(), count * 4));
+      DFLASH_RETURN_IF_ERROR(
+          upload(map.shardMoment2[k], moment2.data(), count * 4));
     }
   }
   return Status::success();
@@ -214,15 +207,12 @@ Status Trainer::init(const TrainerInputs &inputs) {
     return Status::error(
         "the run needs 1 <= steps (" + std::to_string(options.finalStep) +
         ") <= total steps (" + std::to_string(options.run.totalSteps) + ")");
-  if (Status s = device.makeCurrent(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(device.makeCurrent());
   shards = program.optimizerShards();
-  if (Status s = mapStepBuffers(program.buffers(), config, shards, map);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      mapStepBuffers(program.buffers(), config, shards, map));
   if (shards)
-    if (Status s = checkShardWorld(*shards, world); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(checkShardWorld(*shards, world));
 
   // Host data against the config (the loaders check it too; this guards
   // callers that build inputs themselves).
@@ -258,32 +248,27 @@ Status Trainer::init(const TrainerInputs &inputs) {
                          std::to_string(config.vocabSize) + " x " +
                          std::to_string(config.hiddenSize) + " elements");
 
-  if (Status s = device.allocate(program.buffers(), program.arenaBytes());
-      !s.ok())
-    return s;
-  if (Status s = device.memory(afterAllocation); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      device.allocate(program.buffers(), program.arenaBytes()));
+  DFLASH_RETURN_IF_ERROR(device.memory(afterAllocation));
 
   // Frozen weights; a tied target fills an lm_head buffer with the
   // embedding should the step have one.
-  if (Status s = upload(map.frozenWeight(FrozenWeight::Embed),
-                        inputs.target->embed.data(), frozenElements * 2);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(upload(map.frozenWeight(FrozenWeight::Embed),
+                                inputs.target->embed.data(),
+                                frozenElements * 2));
   if (map.frozenWeight(FrozenWeight::LmHead) >= 0)
-    if (Status s = upload(map.frozenWeight(FrozenWeight::LmHead),
-                          inputs.target->lmHeadData(), frozenElements * 2);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(upload(map.frozenWeight(FrozenWeight::LmHead),
+                                  inputs.target->lmHeadData(),
+                                  frozenElements * 2));
 
   // Parameters, fp32 masters (the bf16 values widened, or the resumed
   // ones), Adam moments (zero from allocate(), or the resumed ones).
   std::vector<float> widened;
   for (size_t t = 0; t < table.size(); ++t) {
     const std::vector<uint16_t> &param = inputs.params[t];
-    if (Status s = upload(map.param[t], param.data(), param.size() * 2);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        upload(map.param[t], param.data(), param.size() * 2));
     if (map.sharded)
       continue; // the state goes into this rank's shards below
     const float *master;
@@ -294,44 +279,33 @@ Status Trainer::init(const TrainerInputs &inputs) {
       bf16ToFloats(param.data(), widened.data(), param.size());
       master = widened.data();
     }
-    if (Status s = upload(map.master[t], master, param.size() * 4); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(upload(map.master[t], master, param.size() * 4));
     if (inputs.resume) {
-      if (Status s = upload(map.moment1[t], inputs.resume->adamM[t].data(),
-                            param.size() * 4);
-          !s.ok())
-        return s;
-      if (Status s = upload(map.moment2[t], inputs.resume->adamV[t].data(),
-                            param.size() * 4);
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(upload(
+          map.moment1[t], inputs.resume->adamM[t].data(), param.size() * 4));
+      DFLASH_RETURN_IF_ERROR(upload(
+          map.moment2[t], inputs.resume->adamV[t].data(), param.size() * 4));
     }
   }
 
   if (map.sharded)
-    if (Status s = uploadShards(inputs.params,
-                                inputs.resume ? &*inputs.resume : nullptr);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        uploadShards(inputs.params, inputs.resume ? &*inputs.resume : nullptr));
 
   // Pinned host scalars: counters in, metrics out.
-  if (Status s = cudaCallStatus(
-          cudaHostAlloc(reinterpret_cast<void **>(&hostCounters),
-                        2 * sizeof(int32_t), cudaHostAllocDefault),
-          "cudaHostAlloc of the step counters");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaHostAlloc(reinterpret_cast<void **>(&hostCounters),
+                                   2 * sizeof(int32_t), cudaHostAllocDefault),
+                     "cudaHostAlloc of the step counters"));
   size_t metricFloats = 0;
   for (int index : map.metrics) {
     metricOffsets.push_back(metricFloats);
     metricFloats += size_t(shapeNumel(program.buffers()[size_t(index)].shape));
   }
-  if (Status s = cudaCallStatus(
-          cudaHostAlloc(reinterpret_cast<void **>(&hostMetrics),
-                        metricFloats * sizeof(float), cudaHostAllocDefault),
-          "cudaHostAlloc of the step metrics");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaHostAlloc(reinterpret_cast<void **>(&hostMetrics),
+                    metricFloats * sizeof(float), cudaHostAllocDefault),
+      "cudaHostAlloc of the step metrics"));
   if (options.run.totalSteps > INT32_MAX)
     return Status::error("total steps " +
                          std::to_string(options.run.totalSteps) +
@@ -339,35 +313,26 @@ Status Trainer::init(const TrainerInputs &inputs) {
   completedSteps = inputs.resume ? inputs.resume->step : 0;
   hostCounters[0] = int32_t(completedSteps);
   hostCounters[1] = int32_t(options.run.totalSteps);
-  if (Status s =
-          upload(map.counter(StepCounter::TotalSteps), &hostCounters[1], 4);
-      !s.ok())
-    return s;
-  if (Status s = upload(map.counter(StepCounter::Step), &hostCounters[0], 4);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      upload(map.counter(StepCounter::TotalSteps), &hostCounters[1], 4));
+  DFLASH_RETURN_IF_ERROR(
+      upload(map.counter(StepCounter::Step), &hostCounters[0], 4));
 
   // copiesDone times the step without its input copies, too.
   for (cudaEvent_t *event : {&stepStart, &stepEnd, &copiesDone})
-    if (Status s = cudaCallStatus(cudaEventCreate(event), "cudaEventCreate");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaEventCreate(event), "cudaEventCreate"));
   for (cudaEvent_t *event : {&metricsDone})
-    if (Status s = cudaCallStatus(
-            cudaEventCreateWithFlags(event, cudaEventDisableTiming),
-            "cudaEventCreateWithFlags");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaEventCreateWithFlags(event, cudaEventDisableTiming),
+                       "cudaEventCreateWithFlags"));
 
-  if (Status s = program.bind(
-          device.buffers(), device.arena(), device.resources(),
-          stepHyperFor(config, options.run.lr, options.run.warmupRatio));
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(program.bind(
+      device.buffers(), device.arena(), device.resources(),
+      stepHyperFor(config, options.run.lr, options.run.warmupRatio)));
 
   if (inputs.evalRows)
-    if (Status s = bindEvalProgram(*inputs.evalRows); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(bindEvalProgram(*inputs.evalRows));
   if (featureServer) {
     const BufferSpec &features =
         program.buffers()[size_t(map.input(StepInput::TargetHidden))];
@@ -385,8 +350,7 @@ Status Trainer::init(const TrainerInputs &inputs) {
                            shapeString(features.shape) + " and tokens " +
                            shapeString(ids.shape));
   } else if (inputs.targetProgram) {
-    if (Status s = bindTargetProgram(inputs); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(bindTargetProgram(inputs));
   }
 
   // Data: this rank's batches in BatchLoader order, from the resumed
@@ -395,29 +359,21 @@ Status Trainer::init(const TrainerInputs &inputs) {
   loader = std::make_unique<BatchLoader>(*rows, config, options.run.seed,
                                          options.rank, world);
   loader->setMaxBadRows(options.maxBadRows);
-  if (Status s = loader->validate(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(loader->validate());
   if (inputs.resume)
-    if (Status s = loader->seek(inputs.resume->data,
-                                inputs.resume->anchorRngState(options.rank));
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(loader->seek(
+        inputs.resume->data, inputs.resume->anchorRngState(options.rank)));
   dataPosition = loader->position();
   anchorRng = loader->anchorRngState();
   prefetcher = std::make_unique<BatchPrefetcher>(
       *loader, config, HostMemory::Pinned, options.prefetchSlots);
-  if (Status s = prefetcher->start(options.finalStep - completedSteps); !s.ok())
-    return s;
-  if (Status s = cudaCallStatus(
-          cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking),
-          "creating the input copy stream");
-      !s.ok())
-    return s;
-  if (Status s = cudaCallStatus(
-          cudaEventCreateWithFlags(&stagedReady, cudaEventDisableTiming),
-          "cudaEventCreateWithFlags");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(prefetcher->start(options.finalStep - completedSteps));
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaStreamCreateWithFlags(&copyStream, cudaStreamNonBlocking),
+      "creating the input copy stream"));
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaEventCreateWithFlags(&stagedReady, cudaEventDisableTiming),
+      "cudaEventCreateWithFlags"));
   for (int index : map.inputs) {
     void *buffer = nullptr;
     // The online target writes target_hidden on the device.
@@ -426,11 +382,9 @@ Status Trainer::init(const TrainerInputs &inputs) {
       continue;
     }
     size_t bytes = program.buffers()[size_t(index)].bytes();
-    if (Status s = cudaCallStatus(cudaMalloc(&buffer, bytes),
-                                  "allocating " + std::to_string(bytes) +
-                                      " bytes of input staging");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMalloc(&buffer, bytes),
+        "allocating " + std::to_string(bytes) + " bytes of input staging"));
     staging.push_back(buffer);
   }
 
@@ -476,8 +430,7 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
                          evalProgram->config().name + "' but the step of '" +
                          config.name + "'");
   const std::vector<BufferSpec> &specs = evalProgram->buffers();
-  if (Status s = mapEvalBuffers(specs, config, evalMap); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(mapEvalBuffers(specs, config, evalMap));
   {
     BatchLoader probe(rows, config, options.run.seed, options.rank,
                       options.run.worldSize);
@@ -493,21 +446,16 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
   }
   evalSumBytes = floats * sizeof(float);
   evalArenaBytes = std::max<size_t>(evalProgram->arenaBytes(), 256);
-  if (Status s = cudaCallStatus(cudaMalloc(&evalArena, evalArenaBytes),
-                                "allocating the evaluation arena of " +
-                                    std::to_string(evalArenaBytes) + " bytes");
-      !s.ok())
-    return s;
-  if (Status s = cudaCallStatus(
-          cudaMalloc(reinterpret_cast<void **>(&evalSums), evalSumBytes),
-          "allocating the evaluation sums");
-      !s.ok())
-    return s;
-  if (Status s = cudaCallStatus(
-          cudaEventCreateWithFlags(&evalDone, cudaEventDisableTiming),
-          "cudaEventCreateWithFlags");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaMalloc(&evalArena, evalArenaBytes),
+                                        "allocating the evaluation arena of " +
+                                            std::to_string(evalArenaBytes) +
+                                            " bytes"));
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaMalloc(reinterpret_cast<void **>(&evalSums), evalSumBytes),
+      "allocating the evaluation sums"));
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaEventCreateWithFlags(&evalDone, cudaEventDisableTiming),
+      "cudaEventCreateWithFlags"));
   // The step's own inputs, frozen weights and parameters.
   const std::vector<void *> &stepBuffers = device.buffers();
   std::vector<void *> pointers(specs.size(), nullptr);
@@ -532,11 +480,9 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
       break;
     }
   }
-  if (Status s = evalProgram->bind(
-          pointers, evalArena, device.resources(),
-          stepHyperFor(config, options.run.lr, options.run.warmupRatio));
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(evalProgram->bind(
+      pointers, evalArena, device.resources(),
+      stepHyperFor(config, options.run.lr, options.run.warmupRatio)));
   evalRows = &rows;
   return Status::success();
 }
@@ -572,18 +518,15 @@ Status Trainer::bindTargetProgram(const TrainerInputs &inputs) {
         continue;
       }
       void *buffer = nullptr;
-      if (Status s = cudaCallStatus(cudaMalloc(&buffer, b.bytes()),
-                                    "allocating the target's '" + b.name +
-                                        "' (" + formatBytes(b.bytes()) + ")");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaMalloc(&buffer, b.bytes()),
+                                            "allocating the target's '" +
+                                                b.name + "' (" +
+                                                formatBytes(b.bytes()) + ")"));
       targetWeights.push_back(buffer);
-      if (Status s =
-              cudaCallStatus(cudaMemcpy(buffer, weights[frozen].data(),
-                                        b.bytes(), cudaMemcpyHostToDevice),
-                             "uploading the target's '" + b.name + "'");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(
+          cudaCallStatus(cudaMemcpy(buffer, weights[frozen].data(), b.bytes(),
+                                    cudaMemcpyHostToDevice),
+                         "uploading the target's '" + b.name + "'"));
       ++frozen;
       bound.push_back(buffer);
       continue;
@@ -604,18 +547,14 @@ Status Trainer::bindTargetProgram(const TrainerInputs &inputs) {
                          " were loaded");
   void *arena = device.arena();
   if (targetProgram->arenaBytes() > device.arenaBytes()) {
-    if (Status s = cudaCallStatus(
-            cudaMalloc(&targetArena, targetProgram->arenaBytes()),
-            "allocating the online target's arena (" +
-                formatBytes(targetProgram->arenaBytes()) + ")");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaMalloc(&targetArena, targetProgram->arenaBytes()),
+                       "allocating the online target's arena (" +
+                           formatBytes(targetProgram->arenaBytes()) + ")"));
     arena = targetArena;
   }
-  if (Status s =
-          cudaCallStatus(cudaEventCreate(&targetDone), "cudaEventCreate");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaEventCreate(&targetDone), "cudaEventCreate"));
   return targetProgram->bind(bound, arena, device.resources(), StepHyper{});
 }
 
@@ -656,13 +595,11 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
       if ((targetProgram || featureServer) &&
           StepInput(k) == StepInput::TargetHidden)
         continue; // the online target writes it below
-      if (Status s = cudaCallStatus(
-              cudaMemcpyAsync(device.buffers()[size_t(map.inputs[size_t(k)])],
-                              sources[k], spec.bytes(), cudaMemcpyHostToDevice,
-                              stream),
-              where + ": copying '" + spec.name + "' to the device");
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+          cudaMemcpyAsync(device.buffers()[size_t(map.inputs[size_t(k)])],
+                          sources[k], spec.bytes(), cudaMemcpyHostToDevice,
+                          stream),
+          where + ": copying '" + spec.name + "' to the device"));
     }
     if (targetProgram)
       if (Status s = targetProgram->enqueue(stream); !s.ok())
@@ -680,25 +617,18 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     }
     if (Status s = evalProgram->enqueue(stream); !s.ok())
       return Status::error(where + ": " + s.message());
-    if (Status s = cudaCallStatus(cudaGetLastError(),
-                                  where + ": launching the evaluation");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaGetLastError(), where + ": launching the evaluation"));
     if (Status s = device.timeNewGemmShapes(); !s.ok())
       return Status::error(where + ": " + s.message());
-    if (Status s = cudaCallStatus(
-            cudaMemcpyAsync(host.data(), evalSums, evalSumBytes,
-                            cudaMemcpyDeviceToHost, stream),
-            where + ": copying the evaluation sums from the device");
-        !s.ok())
-      return s;
-    if (Status s = cudaCallStatus(cudaEventRecord(evalDone, stream),
-                                  where + ": cudaEventRecord");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(host.data(), evalSums, evalSumBytes,
+                        cudaMemcpyDeviceToHost, stream),
+        where + ": copying the evaluation sums from the device"));
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaEventRecord(evalDone, stream),
+                                          where + ": cudaEventRecord"));
     // The slot goes back (to be refilled) once its copies are done.
-    if (Status s = waitForStep(evalDone, where); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(waitForStep(evalDone, where));
     for (size_t i = 0; i < host.size(); ++i)
       total[i] += double(host[i]);
     for (int64_t row : batch->rows)
@@ -722,11 +652,9 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
 
 Status Trainer::captureGraph() {
   if (targetProgram)
-    if (Status s =
-            captureProgramGraph(*targetProgram, device, "the online target",
-                                targetGraph, targetGraphExec);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(captureProgramGraph(*targetProgram, device,
+                                               "the online target", targetGraph,
+                                               targetGraphExec));
   // An all-reduce the step asked for while capturing and NCCL refused.
   return captureProgramGraph(program, device, "the step", graph, graphExec,
                              [this] { return collectivesStatus(); });
@@ -768,15 +696,13 @@ Status Trainer::waitForStep(cudaEvent_t event, const std::string &what) {
 
 Status Trainer::stageNextBatch() {
   PrefetchedBatch *batch = nullptr;
-  if (Status s = prefetcher->acquire(batch); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(prefetcher->acquire(batch));
   BatchLease lease(*prefetcher, batch);
   // The staging buffers are free once the last step copied them out (before
   // the first step the event has not been recorded and the wait is a no-op).
-  if (Status s = cudaCallStatus(cudaStreamWaitEvent(copyStream, copiesDone, 0),
-                                "ordering the input copies");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaStreamWaitEvent(copyStream, copiesDone, 0),
+                     "ordering the input copies"));
   const auto sources = batch->inputs();
   const auto &indices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i) {
@@ -786,23 +712,17 @@ Status Trainer::stageNextBatch() {
     if (featureServer && StepInput(i) == StepInput::TargetHidden) {
       // The target computes them from this batch's tokens while the step
       // runs, and copies them in once the step has its own copy.
-      if (Status s = requestFeatures(sources, staging[i], copiesDone,
-                                     copyStream, stagedTicket);
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(requestFeatures(sources, staging[i], copiesDone,
+                                             copyStream, stagedTicket));
       continue;
     }
-    if (Status s =
-            cudaCallStatus(cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
-                                           cudaMemcpyHostToDevice, copyStream),
-                           "copying '" + spec.name + "' to the device");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaMemcpyAsync(staging[i], sources[i], spec.bytes(),
+                                       cudaMemcpyHostToDevice, copyStream),
+                       "copying '" + spec.name + "' to the device"));
   }
-  if (Status s = cudaCallStatus(cudaEventRecord(stagedReady, copyStream),
-                                "cudaEventRecord");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaEventRecord(stagedReady, copyStream), "cudaEventRecord"));
   staged = batch;
   lease.keep();
   return Status::success();
@@ -822,8 +742,7 @@ Status Trainer::requestFeatures(
   request.destinationFree = destinationFree;
   request.timed = destinationFree != nullptr;
   cudaEvent_t delivered = nullptr;
-  if (Status s = featureServer->submit(request, delivered, ticket); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(featureServer->submit(request, delivered, ticket));
   return cudaCallStatus(cudaStreamWaitEvent(waiter, delivered, 0),
                         "waiting for the online target's features");
 }
@@ -850,8 +769,7 @@ Status Trainer::prepareStep() {
 }
 
 Status Trainer::step(StepMetrics &metrics) {
-  if (Status s = prepareStep(); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(prepareStep());
   const std::string where = "step " + std::to_string(completedSteps);
   PrefetchedBatch *batch = staged;
   staged = nullptr;
@@ -871,43 +789,33 @@ Status Trainer::step(StepMetrics &metrics) {
   cudaStream_t stream = device.stream();
   const std::vector<void *> &buffers = device.buffers();
   const std::vector<BufferSpec> &specs = program.buffers();
-  if (Status s = cudaCallStatus(cudaEventRecord(stepStart, stream),
-                                where + ": cudaEventRecord");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaEventRecord(stepStart, stream),
+                                        where + ": cudaEventRecord"));
   // The batch was staged on the device while the previous step ran.
-  if (Status s = cudaCallStatus(cudaStreamWaitEvent(stream, stagedReady, 0),
-                                where + ": waiting for the staged batch");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaStreamWaitEvent(stream, stagedReady, 0),
+                     where + ": waiting for the staged batch"));
   const auto &inputIndices = map.inputs; // StepInput order
   for (size_t i = 0; i < staging.size(); ++i)
-    if (Status s =
-            !staging[i]
-                ? Status::success()
-                : cudaCallStatus(
-                      cudaMemcpyAsync(buffers[size_t(inputIndices[i])],
-                                      staging[i],
-                                      specs[size_t(inputIndices[i])].bytes(),
-                                      cudaMemcpyDeviceToDevice, stream),
-                      where + ": copying '" +
-                          specs[size_t(inputIndices[i])].name + "' into place");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        !staging[i]
+            ? Status::success()
+            : cudaCallStatus(
+                  cudaMemcpyAsync(buffers[size_t(inputIndices[i])], staging[i],
+                                  specs[size_t(inputIndices[i])].bytes(),
+                                  cudaMemcpyDeviceToDevice, stream),
+                  where + ": copying '" + specs[size_t(inputIndices[i])].name +
+                      "' into place"));
   // The previous step's copy of this pinned scalar has completed: every
   // step ends with a wait for its metrics.
   hostCounters[0] = int32_t(completedSteps);
-  if (Status s = cudaCallStatus(
-          cudaMemcpyAsync(buffers[size_t(map.counter(StepCounter::Step))],
-                          &hostCounters[0], sizeof(int32_t),
-                          cudaMemcpyHostToDevice, stream),
-          where + ": copying the step counter to the device");
-      !s.ok())
-    return s;
-  if (Status s = cudaCallStatus(cudaEventRecord(copiesDone, stream),
-                                where + ": cudaEventRecord");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaMemcpyAsync(buffers[size_t(map.counter(StepCounter::Step))],
+                      &hostCounters[0], sizeof(int32_t), cudaMemcpyHostToDevice,
+                      stream),
+      where + ": copying the step counter to the device"));
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaEventRecord(copiesDone, stream),
+                                        where + ": cudaEventRecord"));
 
   // The online target's features, then the step that reads them.
   if (targetProgram) {
@@ -916,14 +824,10 @@ Status Trainer::step(StepMetrics &metrics) {
                           stream, "the target");
         !s.ok())
       return Status::error(where + ": " + s.message());
-    if (Status s = cudaCallStatus(cudaGetLastError(),
-                                  where + ": launching the target");
-        !s.ok())
-      return s;
-    if (Status s = cudaCallStatus(cudaEventRecord(targetDone, stream),
-                                  where + ": cudaEventRecord");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaGetLastError(), where + ": launching the target"));
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaEventRecord(targetDone, stream),
+                                          where + ": cudaEventRecord"));
   }
   if (useGraph) {
     if (Status s = launchProgram(program, graphExec, stream, "the step");
@@ -932,10 +836,8 @@ Status Trainer::step(StepMetrics &metrics) {
   } else {
     if (Status s = program.enqueue(stream); !s.ok())
       return Status::error(where + ": " + s.message());
-    if (Status s =
-            cudaCallStatus(cudaGetLastError(), where + ": launching the step");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaGetLastError(), where + ": launching the step"));
     if (Status s = collectivesStatus(); !s.ok())
       return Status::error(where + ": " + s.message());
     collectivesWarm = true;
@@ -944,53 +846,41 @@ Status Trainer::step(StepMetrics &metrics) {
     if (Status s = device.timeNewGemmShapes(); !s.ok())
       return Status::error(where + ": " + s.message());
   }
-  if (Status s = cudaCallStatus(cudaEventRecord(stepEnd, stream),
-                                where + ": cudaEventRecord");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaEventRecord(stepEnd, stream),
+                                        where + ": cudaEventRecord"));
   for (size_t m = 0; m < map.metrics.size(); ++m) {
     int index = map.metrics[m];
-    if (Status s = cudaCallStatus(
-            cudaMemcpyAsync(
-                hostMetrics + metricOffsets[m], buffers[size_t(index)],
-                specs[size_t(index)].bytes(), cudaMemcpyDeviceToHost, stream),
-            where + ": copying metric '" + specs[size_t(index)].name +
-                "' from the device");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(hostMetrics + metricOffsets[m], buffers[size_t(index)],
+                        specs[size_t(index)].bytes(), cudaMemcpyDeviceToHost,
+                        stream),
+        where + ": copying metric '" + specs[size_t(index)].name +
+            "' from the device"));
   }
-  if (Status s = cudaCallStatus(cudaEventRecord(metricsDone, stream),
-                                where + ": cudaEventRecord");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaEventRecord(metricsDone, stream),
+                                        where + ": cudaEventRecord"));
 
   // This batch's pinned slot was copied out before the previous step ended;
   // free it for the prefetch thread, then stage the next batch so that its
   // transfer overlaps this step.
-  if (Status s = cudaCallStatus(cudaEventSynchronize(stagedReady),
-                                where + ": copying the batch to the device");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaEventSynchronize(stagedReady),
+                     where + ": copying the batch to the device"));
   DataPosition positionAfter = batch->positionAfter;
   Rng::State rngAfter = batch->anchorRngAfter;
   std::vector<std::string> skippedNow = batch->skippedRows;
   lease.release();
   if (completedSteps + 1 < options.finalStep) // the last step stages nothing
     stagingError = stageNextBatch();
-  if (Status s = waitForStep(metricsDone, where + ": running the step");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      waitForStep(metricsDone, where + ": running the step"));
   float elapsedMs = 0, computeMs = 0;
-  if (Status s =
-          cudaCallStatus(cudaEventElapsedTime(&elapsedMs, stepStart, stepEnd),
-                         where + ": cudaEventElapsedTime");
-      !s.ok())
-    return s;
-  if (Status s =
-          cudaCallStatus(cudaEventElapsedTime(&computeMs, copiesDone, stepEnd),
-                         where + ": cudaEventElapsedTime");
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaEventElapsedTime(&elapsedMs, stepStart, stepEnd),
+                     where + ": cudaEventElapsedTime"));
+  DFLASH_RETURN_IF_ERROR(
+      cudaCallStatus(cudaEventElapsedTime(&computeMs, copiesDone, stepEnd),
+                     where + ": cudaEventElapsedTime"));
 
   // Metric buffers as doubles: their first value, or all of them.
   std::vector<std::vector<double>> values(program.buffers().size());
@@ -1016,11 +906,9 @@ Status Trainer::step(StepMetrics &metrics) {
   metrics.computeMs = computeMs;
   if (targetProgram) {
     float targetMs = 0;
-    if (Status s = cudaCallStatus(
-            cudaEventElapsedTime(&targetMs, copiesDone, targetDone),
-            where + ": cudaEventElapsedTime");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaEventElapsedTime(&targetMs, copiesDone, targetDone),
+                       where + ": cudaEventElapsedTime"));
     metrics.targetMs = targetMs;
   } else if (featureServer) {
     // Delivered before this step started, so timed by now.
@@ -1035,8 +923,7 @@ Status Trainer::step(StepMetrics &metrics) {
   }
   setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());
   if (afterFirstStep.totalBytes == 0)
-    if (Status s = device.memory(afterFirstStep); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(device.memory(afterFirstStep));
 
   if (!metrics.finite()) {
     // The optimizer has applied the bad update in place: nothing on the
@@ -1111,14 +998,11 @@ Status Trainer::readOptimizerState(TrainingState &state) {
     const size_t count = size_t(bucket.shardElements);
     for (int r = 0; r < 3; ++r) {
       values[r].resize(count);
-      if (Status s = download(slots[r][k], values[r].data(), count * 4);
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(
+          download(slots[r][k], values[r].data(), count * 4));
     }
-    if (Status s = device.synchronize("copying optimizer shard '" +
-                                      shardBufferName(k) + "' to the host");
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(device.synchronize(
+        "copying optimizer shard '" + shardBufferName(k) + "' to the host"));
     for (const ShardPiece &piece : shardPieces(bucket, options.rank)) {
       const size_t t = map.shardTensors[k][piece.tensor];
       for (int r = 0; r < 3; ++r)
@@ -1134,16 +1018,14 @@ Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
   if (!initialised)
     return Status::error("the trainer is not initialised");
   std::vector<ParamInfo> table = parameterTable(config);
-  if (Status s = readParams(params); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readParams(params));
   state = TrainingState();
   for (auto *group : {&state.master, &state.adamM, &state.adamV}) {
     group->assign(table.size(), {});
     for (size_t t = 0; t < table.size(); ++t)
       (*group)[t].assign(size_t(table[t].numel()), 0.0f);
   }
-  if (Status s = readOptimizerState(state); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readOptimizerState(state));
   state.step = completedSteps;
   state.data = dataPosition;
   state.rngState = anchorRng;
@@ -1176,8 +1058,7 @@ Status Trainer::saveCheckpoint(std::string &dir,
             fullStateProblem(*assembled, parameterTable(config));
         !problem.empty())
       return Status::error("the assembled optimizer state to save: " + problem);
-    if (Status s = readParams(params); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(readParams(params));
   } else if (Status s = readState(params, own); !s.ok()) {
     return s;
   }
@@ -1233,15 +1114,13 @@ Status Trainer::exportDrafter(
     return Status::error("no output directory to export the drafter to");
   // Only the parameters: every rank holds all of them, sharded or not.
   std::vector<std::vector<uint16_t>> params;
-  if (Status s = readParams(params); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readParams(params));
   std::vector<const uint16_t *> paramPointers;
   for (const std::vector<uint16_t> &p : params)
     paramPointers.push_back(p.data());
   std::string target = options.outDir + "/" + name;
-  if (Status s = exportCheckpoint(target, config, paramPointers, extraFiles);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      exportCheckpoint(target, config, paramPointers, extraFiles));
   dir = target;
   return Status::success();
 }

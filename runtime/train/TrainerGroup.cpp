@@ -191,8 +191,7 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     disableNvlinkMulticastByDefault();
     CollectiveId id;
     if (layout.node == 0)
-      if (Status s = createCollectiveId(id); !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(createCollectiveId(id));
     if (layout.processes)
       if (Status s =
               layout.processes->broadcast(id.bytes.data(), id.bytes.size(), 0);
@@ -202,8 +201,7 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     std::vector<std::unique_ptr<Collectives>> comms;
     const CollectivePlacement placement{layout.gpus, layout.firstRank(),
                                         layout.worldSize()};
-    if (Status s = Collectives::create(placement, id, comms); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(Collectives::create(placement, id, comms));
     // The workers are idle: the next job's hand-over orders these writes
     // before their reads.
     for (size_t i = 0; i < workers.size(); ++i)
@@ -223,21 +221,17 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
       for (size_t r = k; r < workers.size(); r += targets)
         clients.push_back(workers[r]->gpu);
       std::unique_ptr<TargetServer> server;
-      if (Status s = TargetServer::create(
-              layout.targetGpus[k], inputs.targetProgram,
-              *inputs.targetProgramWeights, clients,
-              TargetServerOptions{options.useGraph, options.timeGemms}, server);
-          !s.ok())
-        return s;
+      DFLASH_RETURN_IF_ERROR(TargetServer::create(
+          layout.targetGpus[k], inputs.targetProgram,
+          *inputs.targetProgramWeights, clients,
+          TargetServerOptions{options.useGraph, options.timeGemms}, server));
       servers.push_back(std::move(server));
     }
   }
 
   status = runOnWorkers([&](Worker &w) -> Status {
-    if (Status s = DeviceContext::create(w.gpu, w.program->gemmWorkspaceBytes(),
-                                         w.device);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(DeviceContext::create(
+        w.gpu, w.program->gemmWorkspaceBytes(), w.device));
     w.device->setGemmTiming(options.timeGemms);
     w.device->attachCollectives(w.collectives.get());
     TrainerOptions mine = options;
@@ -272,13 +266,11 @@ Status TrainerGroup::readState(int local,
 
 Status TrainerGroup::readFullState(std::vector<std::vector<uint16_t>> &params,
                                    TrainingState &state) {
-  if (Status s = readState(0, params, state); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(readState(0, params, state));
   if (!partialState)
     return Status::success();
   TrainingState assembled;
-  if (Status s = assembleOptimizerState(assembled); !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(assembleOptimizerState(assembled));
   state.master = std::move(assembled.master);
   state.adamM = std::move(assembled.adamM);
   state.adamV = std::move(assembled.adamV);
@@ -417,26 +409,21 @@ Status TrainerGroup::saveCheckpoint(std::string &dir) {
   // the one an unsharded run would write.
   TrainingState assembled;
   if (partialState)
-    if (Status s = assembleOptimizerState(assembled); !s.ok())
-      return s;
-  if (Status s = runOnWorkers(
-          [&](Worker &w) {
-            return w.trainer->saveCheckpoint(
-                saved, states, partialState ? &assembled : nullptr);
-          },
-          /*only=*/0);
-      !s.ok())
-    return s;
+    DFLASH_RETURN_IF_ERROR(assembleOptimizerState(assembled));
+  DFLASH_RETURN_IF_ERROR(runOnWorkers(
+      [&](Worker &w) {
+        return w.trainer->saveCheckpoint(saved, states,
+                                         partialState ? &assembled : nullptr);
+      },
+      /*only=*/0));
   lastCheckpoint = dir = saved;
   return Status::success();
 }
 
 Status TrainerGroup::evaluate(const TrainerHooks &hooks, bool writesFiles,
                               double &bestTau) {
-  if (Status s =
-          runOnWorkers([](Worker &w) { return w.trainer->evaluate(w.eval); });
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(
+      runOnWorkers([](Worker &w) { return w.trainer->evaluate(w.eval); }));
   // The figures are every GPU's (the program all-reduces its sums); the
   // rows are those of this process's GPUs, or with several processes the
   // held-out set's.
@@ -447,18 +434,15 @@ Status TrainerGroup::evaluate(const TrainerHooks &hooks, bool writesFiles,
   if (layout.nodes > 1 && evalRows)
     metrics.rows = evalRows->numRows();
   if (hooks.onEval)
-    if (Status s = hooks.onEval(metrics); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(hooks.onEval(metrics));
   if (!(metrics.tau > bestTau))
     return Status::success();
   bestTau = metrics.tau;
   if (!writesFiles)
     return Status::success();
   std::string dir;
-  if (Status s = runOnWorkers(
-          [&](Worker &w) { return w.trainer->exportBest(metrics, dir); }, 0);
-      !s.ok())
-    return s;
+  DFLASH_RETURN_IF_ERROR(runOnWorkers(
+      [&](Worker &w) { return w.trainer->exportBest(metrics, dir); }, 0));
   if (hooks.onNote) {
     char tau[32];
     std::snprintf(tau, sizeof(tau), "%.3f", metrics.tau);
@@ -483,8 +467,7 @@ Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
   double bestTau = -1;
   if (evaluates && !options.outDir.empty() && firstStep > 0) {
     bool found = false;
-    if (Status s = readBestEvalTau(options.outDir, bestTau, found); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(readBestEvalTau(options.outDir, bestTau, found));
     if (!found)
       bestTau = -1;
   }
@@ -499,8 +482,7 @@ Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
     if (!writesFiles)
       return Status::success();
     std::string dir;
-    if (Status s = saveCheckpoint(dir); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(saveCheckpoint(dir));
     if (hooks.onNote)
       hooks.onNote("saved checkpoint " + dir);
     return Status::success();

@@ -83,18 +83,15 @@ Status loadProblem(const ReferenceOptions &options, const ModelConfig &config,
                    uint64_t seed, Problem &problem) {
   bool synthetic = options.data == "synthetic";
   if (synthetic) {
-    if (Status s = problem.synthetic.init(config, seed); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(problem.synthetic.init(config, seed));
     problem.rows = std::make_unique<rt::SyntheticRowSource>(
         problem.synthetic, options.syntheticRows, /*pinAnchors=*/false);
   } else {
     auto reader = std::make_unique<rt::FeatureShardReader>();
-    if (Status s =
-            reader->open(options.data, config,
-                         options.onlineTarget ? rt::ShardContents::Tokens
-                                              : rt::ShardContents::Features);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(reader->open(options.data, config,
+                                        options.onlineTarget
+                                            ? rt::ShardContents::Tokens
+                                            : rt::ShardContents::Features));
     problem.rows = std::move(reader);
     if (options.targetDir.empty())
       return Status::error(
@@ -103,10 +100,8 @@ Status loadProblem(const ReferenceOptions &options, const ModelConfig &config,
   }
   problem.target = synthetic ? &problem.synthetic.target() : nullptr;
   if (!options.targetDir.empty()) {
-    if (Status s = rt::loadTargetWeights(options.targetDir, config,
-                                         problem.loadedTarget);
-        !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(
+        rt::loadTargetWeights(options.targetDir, config, problem.loadedTarget));
     problem.target = &problem.loadedTarget;
   }
   if (!options.initDir.empty())
@@ -397,8 +392,7 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
   std::map<std::string, std::vector<double>> sums;
   rt::HostBatch batch;
   for (int64_t g = 0; g < loader.batchesPerPass(); ++g) {
-    if (Status s = loader.next(batch); !s.ok())
-      return s;
+    DFLASH_RETURN_IF_ERROR(loader.next(batch));
     setInputs(state, batch);
     auto args = bindArguments(*sig, state, 0, 0, 0.0);
     if (failed(args))
