@@ -110,6 +110,27 @@ private:
   std::thread worker;
 };
 
+/// Hands a prefetched batch back on every path out of a step.
+class BatchLease {
+public:
+  BatchLease(BatchPrefetcher &prefetcher, PrefetchedBatch *batch)
+      : prefetcher(prefetcher), batch(batch) {}
+  BatchLease(const BatchLease &) = delete;
+  BatchLease &operator=(const BatchLease &) = delete;
+  ~BatchLease() { release(); }
+  void release() {
+    if (batch)
+      prefetcher.release(batch);
+    batch = nullptr;
+  }
+  /// The batch outlives this lease (its owner releases it later).
+  void keep() { batch = nullptr; }
+
+private:
+  BatchPrefetcher &prefetcher;
+  PrefetchedBatch *batch;
+};
+
 } // namespace dflash::rt
 
 #endif // DFLASH_RUNTIME_PREFETCH_H

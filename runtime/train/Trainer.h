@@ -141,6 +141,13 @@ public:
   const DeviceMemory &memoryAfterFirstStep() const { return afterFirstStep; }
 
 private:
+  // init(), in order.
+  Status checkInputs(const TrainerInputs &inputs);
+  Status uploadWeightsAndState(const TrainerInputs &inputs);
+  Status createStepScalars(const TrainerInputs &inputs);
+  Status bindPrograms(const TrainerInputs &inputs);
+  Status startData(const TrainerInputs &inputs);
+
   Status upload(int index, const void *data, size_t bytes);
   Status download(int index, void *data, size_t bytes);
   /// Every parameter tensor, downloaded (every rank holds all of them).
