@@ -6,7 +6,7 @@
 #                   none), online-target binaries, KernelBench
 #   .device/specs/  the derived specs (spec_for below)
 #   .device/tiny/   a synthetic tiny problem as files; tiny/packed: the same
-#                   rows packed (test/oracle/pack_rows.py)
+#                   rows packed (test/Oracle/Inputs/pack_rows.py)
 #   .device/ref/    dflash-reference results on those files, the trainers'
 #                   manifests (FLOPs per step)
 #   .device/tcfg/   the online targets' configs (scripts/target-configs)
@@ -191,7 +191,7 @@ for item in "${items[@]}"; do
           --data "$D/tiny/data" --init "$D/tiny/init" --steps 10 --precision "$p" \
           --save "$D/ref/tiny-params$suffix"
       done
-      "$python" test/oracle/pack_rows.py "$D/tiny/data" "$D/tiny/packed" 40 90
+      "$python" test/Oracle/Inputs/pack_rows.py "$D/tiny/data" "$D/tiny/packed" 40 90
       reference "$D/ref/tiny-packed-losses.jsonl" --target "$D/tiny/target" \
         --data "$D/tiny/packed" --init "$D/tiny/init" --steps 10 --precision storage \
         --save "$D/ref/tiny-packed-params" ;;

@@ -10,9 +10,13 @@ from lit.llvm import llvm_config
 config.name = "dflash"
 config.test_format = lit.formats.ShTest(not llvm_config.use_lit_shell)
 config.suffixes = [".mlir", ".toml", ".test"]
-config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "unit", "gpu", "oracle", "Inputs", "compile-spec.sh"]
+config.excludes = ["CMakeLists.txt", "lit.cfg.py", "lit.site.cfg.py", "unit", "gpu", "Inputs", "compile-spec.sh"]
 config.test_source_root = os.path.dirname(__file__)
 config.test_exec_root = os.path.join(config.dflash_obj_root, "test")
+
+# Captured FileCheck variables die at each CHECK-LABEL: a case cannot lean
+# on a value matched in another.
+config.environment["FILECHECK_OPTS"] = "--enable-var-scope"
 
 config.substitutions.append(("%specs", os.path.join(config.dflash_src_root, "specs")))
 config.substitutions.append(("%src", config.dflash_src_root))
