@@ -16,6 +16,7 @@
 #include "kernels/AttentionLimits.h"
 #include "kernels/GemmLimits.h"
 #include "kernels/Workspaces.h"
+#include "schema/KernelEntryPoints.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -145,13 +146,13 @@ FailureOr<Choice> attention(Operation *op, bool backward) {
   Choice c;
   c.constants = {D, BS, NH, NKV, window, causal};
   if (!backward) {
-    c.name = "block_attention_fwd_bf16";
+    c.name = ::dflash::kernel_names::kBlockAttentionFwd;
     return c;
   }
   const int64_t B = q.getDimSize(0), N = q.getDimSize(1) / BS;
   if (failed(checkAttentionBwdSharedMemory(op, D, BS, NH, NKV, N)))
     return failure();
-  c.name = "block_attention_bwd_bf16";
+  c.name = ::dflash::kernel_names::kBlockAttentionBwd;
   c.workspace =
       int64_t(kernels::blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N));
   return c;
@@ -168,19 +169,20 @@ FailureOr<Choice> select(Operation *op) {
   using Result = FailureOr<Choice>;
   return llvm::TypeSwitch<Operation *, Result>(op)
       .Case<LinearOp, LinearResidualOp, LinearGradInputOp, LinearGradWeightOp,
-            AccumulateLinearGradOp>(
-          [](Operation *) -> Result { return named("cublaslt_gemm"); })
+            AccumulateLinearGradOp>([](Operation *) -> Result {
+        return named(::dflash::kernel_names::kCublasLtGemm);
+      })
       .Case<RmsNormOp, ResidualRmsNormOp>([](Operation *o) -> Result {
         int64_t H = tensorOf(o->getOperand(0)).getShape().back();
         if (failed(checkNormWidth(o, H)))
           return failure();
-        return named("rms_norm_fwd_bf16", {H});
+        return named(::dflash::kernel_names::kRmsNormFwd, {H});
       })
       .Case<RmsNormGradOp, RmsNormGradResidualOp>([](Operation *o) -> Result {
         int64_t H = tensorOf(o->getOperand(1)).getShape().back();
         if (failed(checkNormWidth(o, H)))
           return failure();
-        Choice c = named("rms_norm_bwd_bf16", {H});
+        Choice c = named(::dflash::kernel_names::kRmsNormBwd, {H});
         c.workspace = int64_t(kernels::rmsNormBwdWorkspaceBytes(H));
         return c;
       })
@@ -190,9 +192,9 @@ FailureOr<Choice> select(Operation *op) {
         int64_t heads = x.getDimSize(2), D = x.getDimSize(3);
         if (failed(checkHeadDimForRope(o, D)))
           return failure();
-        Choice c =
-            named(backward ? "qk_norm_rope_bwd_bf16" : "qk_norm_rope_fwd_bf16",
-                  {D, heads});
+        Choice c = named(backward ? ::dflash::kernel_names::kQkNormRopeBwd
+                                  : ::dflash::kernel_names::kQkNormRopeFwd,
+                         {D, heads});
         if (backward)
           c.workspace = int64_t(kernels::qkNormRopeBwdWorkspaceBytes(D));
         return c;
@@ -207,7 +209,7 @@ FailureOr<Choice> select(Operation *op) {
                  << "has no RoPE kernel for head dim " << D
                  << ": the target's 'head_dim' must be a multiple of 16, at "
                     "most 512";
-        return named("rope_fwd_bf16", {D, heads});
+        return named(::dflash::kernel_names::kRopeFwd, {D, heads});
       })
       .Case([](CausalAttentionOp o) -> Result {
         auto q = tensorOf(o.getQuery()), k = tensorOf(o.getKeys());
@@ -217,7 +219,7 @@ FailureOr<Choice> select(Operation *op) {
           return o.emitOpError()
                  << "has no causal attention kernel for head dim " << D
                  << ": the target's 'head_dim' must be 64 or 128";
-        return named("causal_attention_fwd_bf16", {D, NH, NKV});
+        return named(::dflash::kernel_names::kCausalAttentionFwd, {D, NH, NKV});
       })
       .Case([](EmbedOp o) -> Result {
         // A target's token embedding (the drafter's is draft_embed).
@@ -225,12 +227,16 @@ FailureOr<Choice> select(Operation *op) {
         if (H % 8 != 0)
           return o.emitOpError() << "has no embedding kernel for rows of " << H
                                  << ": 'hidden_size' must be a multiple of 8";
-        return named("embed_rows_bf16");
+        return named(::dflash::kernel_names::kEmbedRows);
       })
-      .Case([](ConcatLastOp) -> Result { return named("copy_columns"); })
+      .Case([](ConcatLastOp) -> Result {
+        return named(::dflash::kernel_names::kCopyColumns);
+      })
       .Case([](BlockAttentionOp o) { return attention(o, false); })
       .Case([](BlockAttentionGradOp o) { return attention(o, true); })
-      .Case([](SwigluOp) -> Result { return named("swiglu_fwd_bf16"); })
+      .Case([](SwigluOp) -> Result {
+        return named(::dflash::kernel_names::kSwigluFwd);
+      })
       .Case([](LinearSwigluOp o) -> Result {
         auto w = tensorOf(o.getGateWeight());
         if (!w.getElementType().isBF16() ||
@@ -239,25 +245,36 @@ FailureOr<Choice> select(Operation *op) {
                  << "has no SwiGLU GEMM for weights " << w
                  << ": the target's 'intermediate_size' must be even and "
                     "'hidden_size' a multiple of 8, in bf16";
-        return named("swiglu_gemm_bf16");
+        return named(::dflash::kernel_names::kSwigluGemm);
       })
-      .Case([](SwigluGradOp) -> Result { return named("swiglu_bwd_bf16"); })
-      .Case([](AddOp) -> Result { return named("add_bf16"); })
+      .Case([](SwigluGradOp) -> Result {
+        return named(::dflash::kernel_names::kSwigluBwd);
+      })
+      .Case([](AddOp) -> Result { return named(::dflash::kernel_names::kAdd); })
       .Case([](DraftEmbedOp o) -> Result {
         int64_t H = tensorOf(o.getTable()).getDimSize(1);
         if (H % 8 != 0)
           return o.emitOpError()
                  << "has no draft-embedding kernel for rows of " << H
                  << ": 'drafter.hidden_size' must be a multiple of 8";
-        return named("draft_embed_bf16", {H});
+        return named(::dflash::kernel_names::kDraftEmbed, {H});
       })
-      .Case([](DraftPositionsOp) -> Result { return named("draft_positions"); })
-      .Case([](DraftTargetsOp) -> Result { return named("draft_targets"); })
+      .Case([](DraftPositionsOp) -> Result {
+        return named(::dflash::kernel_names::kDraftPositions);
+      })
+      .Case([](DraftTargetsOp) -> Result {
+        return named(::dflash::kernel_names::kDraftTargets);
+      })
       .Case([](DraftAcceptanceOp o) -> Result {
-        return named("draft_acceptance_f32", {int64_t(o.getBlockSize())});
+        return named(::dflash::kernel_names::kDraftAcceptance,
+                     {int64_t(o.getBlockSize())});
       })
-      .Case([](LossSeedOp) -> Result { return named("loss_seed_f32"); })
-      .Case([](LossStatsOp) -> Result { return named("loss_stats_f32"); })
+      .Case([](LossSeedOp) -> Result {
+        return named(::dflash::kernel_names::kLossSeed);
+      })
+      .Case([](LossStatsOp) -> Result {
+        return named(::dflash::kernel_names::kLossStats);
+      })
       .Case<LmHeadCeFusedOp, LmHeadCeOp>([](auto o) -> Result {
         // The forward alone (an evaluation program's) is the same kernel
         // without the dX GEMM.
@@ -266,19 +283,21 @@ FailureOr<Choice> select(Operation *op) {
         int64_t V = table.getDimSize(0), H = table.getDimSize(1);
         int64_t blockSize = lmHeadSkippedSlotPeriod(o, rows, H);
         int64_t computed = kernels::lmHeadComputedRows(rows, blockSize);
-        Choice c = named("lm_head_cross_entropy_bf16",
+        Choice c = named(::dflash::kernel_names::kLmHeadCrossEntropy,
                          {kernels::lmHeadChunkRows(computed, V), blockSize});
         c.workspace = int64_t(
             kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize));
         return c;
       })
-      .Case(
-          [](GradientBucketOp) -> Result { return named("convert_bf16_f32"); })
+      .Case([](GradientBucketOp) -> Result {
+        return named(::dflash::kernel_names::kConvertBf16F32);
+      })
       .Case([](AdamWMultiOp o) -> Result {
         int64_t chunks = 0;
         for (Value p : o.getParams())
           chunks += kernels::adamwChunkCount(tensorOf(p).getNumElements());
-        Choice c = named("adamw_multi_tensor_step", {o.getNumParams(), chunks});
+        Choice c = named(::dflash::kernel_names::kAdamWMultiTensor,
+                         {o.getNumParams(), chunks});
         c.tables = kernels::adamwTableLayout(o.getNumParams(), chunks).bytes;
         return c;
       })
@@ -288,7 +307,8 @@ FailureOr<Choice> select(Operation *op) {
         for (GradientBucketOp bucket : shardedBuckets(o))
           chunks +=
               kernels::adamwChunkCount(bucket.getShardElementsAttr().getInt());
-        Choice c = named("adamw_sharded", {o.getNumParams(), chunks});
+        Choice c = named(::dflash::kernel_names::kAdamWSharded,
+                         {o.getNumParams(), chunks});
         c.tables = kernels::adamwTableLayout(o.getNumParams(), chunks).bytes;
         return c;
       })

@@ -22,6 +22,7 @@
 #include "compiler/Target/Cuda/Manifest.h"
 #include "dialect/DFlashOps.h"
 #include "kernels/Workspaces.h"
+#include "schema/KernelEntryPoints.h"
 #include "schema/Parameters.h"
 #include "schema/StepBuffers.h"
 
@@ -155,34 +156,6 @@ BufferRole bufferRole(ArgRole role) {
   }
 }
 
-/// How a templated kernel is instantiated: the labels of its constants in
-/// wrapper names, which of them are bools, and template arguments that
-/// follow the constants.
-struct TemplateForm {
-  StringRef kernel;
-  std::vector<const char *> labels;
-  int boolAt = -1;
-  const char *trailing = "";
-};
-const TemplateForm kTemplates[] = {
-    {"rms_norm_fwd_bf16", {"h"}},
-    {"rms_norm_bwd_bf16", {"h"}, -1, ", __nv_bfloat16"},
-    {"qk_norm_rope_fwd_bf16", {"d", "h"}},
-    {"qk_norm_rope_bwd_bf16", {"d", "h"}, -1, ", __nv_bfloat16"},
-    {"block_attention_fwd_bf16", {"d", "bs", "nh", "nkv", "w", "causal"}, 5},
-    {"block_attention_bwd_bf16", {"d", "bs", "nh", "nkv", "w", "causal"}, 5},
-    {"draft_embed_bf16", {"h"}},
-    {"rope_fwd_bf16", {"d", "h"}},
-    {"causal_attention_fwd_bf16", {"d", "nh", "nkv"}},
-};
-
-const TemplateForm *templateFormOf(StringRef kernel) {
-  for (const TemplateForm &f : kTemplates)
-    if (f.kernel == kernel)
-      return &f;
-  return nullptr;
-}
-
 /// The wrappers of kernel template instantiations that kernels.cu holds,
 /// shared by the programs of a trainer (the step and the evaluation), so
 /// that each instantiation is compiled once.
@@ -258,10 +231,9 @@ private:
            bufferName.lookup(cast<BlockArgument>(arg).getArgNumber());
   }
 
-  /// The wrapper of `kernel`'s template instantiation, declared once;
-  /// `signature` is its parameter list, `arguments` what it forwards.
-  std::string wrapper(KernelAttr kernel, const std::string &signature,
-                      const std::string &arguments);
+  /// The wrapper of `kernel`'s template instantiation (its form:
+  /// schema/KernelEntryPoints.h), declared once.
+  std::string wrapper(KernelAttr kernel);
 
   LogicalResult emitOp(Operation *op);
   LogicalResult emitKernel(Operation *op, KernelAttr kernel);
@@ -353,25 +325,27 @@ std::string StepEmitter::workspace(Operation *op, StringRef type) {
   return "at<" + type.str() + ">(slot::" + workspaceSlot.lookup(op) + ")";
 }
 
-std::string StepEmitter::wrapper(KernelAttr kernel,
-                                 const std::string &signature,
-                                 const std::string &arguments) {
-  const TemplateForm *form = templateFormOf(kernel.getName());
+std::string StepEmitter::wrapper(KernelAttr kernel) {
+  const KernelTemplate *form = kernelTemplate(kernel.getName().str());
   ArrayRef<int64_t> constants = kernel.getConstants().asArrayRef();
   std::string name = kernel.getName().str(), args;
   for (auto [i, c] : llvm::enumerate(constants)) {
     bool isBool = form && int(i) == form->boolAt;
-    const char *label = form && i < form->labels.size() ? form->labels[i] : "";
-    name += isBool ? (c ? std::string("_") + label : std::string())
-                   : "_" + std::string(label) + std::to_string(c);
+    std::string label(form && i < form->labels.size() ? form->labels[i] : "");
+    name += isBool ? (c ? "_" + label : std::string())
+                   : "_" + label + std::to_string(c);
     args += (i ? ", " : "") +
             (isBool ? std::string(c ? "true" : "false") : std::to_string(c));
   }
-  if (form)
+  std::string parameters, arguments;
+  if (form) {
     args += form->trailing;
+    parameters = form->parameters;
+    arguments = form->arguments;
+  }
   if (wrappers.names.insert(name).second) {
-    wrappers.decls += "void " + name + "(" + signature + ");\n";
-    wrappers.defs += "void " + name + "(" + signature +
+    wrappers.decls += "void " + name + "(" + parameters + ");\n";
+    wrappers.defs += "void " + name + "(" + parameters +
                      ") {\n  dflash::kernels::" + kernel.getName().str() + "<" +
                      args + ">(" + arguments + ");\n}\n\n";
   }
@@ -380,12 +354,7 @@ std::string StepEmitter::wrapper(KernelAttr kernel,
 
 void StepEmitter::emitNorm(KernelAttr kernel, Value input, Value delta,
                            Value weight, Value sum, Value result, double eps) {
-  std::string name =
-      wrapper(kernel,
-              "const __nv_bfloat16 *x, const __nv_bfloat16 *delta, const "
-              "__nv_bfloat16 *w, __nv_bfloat16 *xSum, __nv_bfloat16 *y, "
-              "int64_t rows, float eps, cudaStream_t stream",
-              "x, delta, w, xSum, y, rows, eps, stream");
+  std::string name = wrapper(kernel);
   os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, stream);\n",
                       name, ptr(input), delta ? ptr(delta) : "nullptr",
                       ptr(weight), sum ? ptr(sum) : "nullptr", ptr(result),
@@ -396,13 +365,7 @@ void StepEmitter::emitNormGrad(Operation *op, KernelAttr kernel,
                                Value residualGrad) {
   Value grad = op->getOperand(0), input = op->getOperand(1),
         weight = op->getOperand(2);
-  std::string name =
-      wrapper(kernel,
-              "const __nv_bfloat16 *dy, const __nv_bfloat16 *x, const "
-              "__nv_bfloat16 *w, const __nv_bfloat16 *dResidual, "
-              "__nv_bfloat16 *dx, __nv_bfloat16 *dw, int64_t rows, float eps, "
-              "float *workspace, cudaStream_t stream",
-              "dy, x, w, dResidual, dx, dw, rows, eps, workspace, stream");
+  std::string name = wrapper(kernel);
   double eps = op->getAttrOfType<FloatAttr>("eps").getValueAsDouble();
   os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, "
                       "stream);\n",
@@ -417,10 +380,7 @@ void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
   os << "    {\n";
   if (!backward) {
     auto o = cast<BlockAttentionOp>(op);
-    std::string name = wrapper(kernel,
-                               "const dflash::kernels::BlockAttentionFwdArgs "
-                               "&args, cudaStream_t stream",
-                               "args, stream");
+    std::string name = wrapper(kernel);
     os << "      dflash::kernels::BlockAttentionFwdArgs a{};\n"
        << llvm::formatv("      a.q = {0};\n      a.contextKeys = {1};\n"
                         "      a.contextValues = {2};\n"
@@ -438,10 +398,7 @@ void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
        << "      " << name << "(a, stream);\n";
   } else {
     auto o = cast<BlockAttentionGradOp>(op);
-    std::string name = wrapper(kernel,
-                               "const dflash::kernels::BlockAttentionBwdArgs "
-                               "&args, cudaStream_t stream",
-                               "args, stream");
+    std::string name = wrapper(kernel);
     ArrayRef<int64_t> c = kernel.getConstants().asArrayRef();
     auto q = tensorOf(o.getQuery());
     os << "      dflash::kernels::BlockAttentionBwdArgs a{};\n"
@@ -587,12 +544,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](QkNormRopeOp o) {
         auto x = tensorOf(o.getInput());
-        std::string name =
-            wrapper(kernel,
-                    "const __nv_bfloat16 *x, const __nv_bfloat16 *w, const "
-                    "int32_t *pos, __nv_bfloat16 *y, int64_t rows, float eps, "
-                    "float theta, cudaStream_t stream",
-                    "x, w, pos, y, rows, eps, theta, stream");
+        std::string name = wrapper(kernel);
         os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, "
                             "stream);\n",
                             name, ptr(o.getInput()), ptr(o.getWeight()),
@@ -604,13 +556,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](QkNormRopeGradOp o) {
         auto x = tensorOf(o.getInput());
-        std::string name = wrapper(
-            kernel,
-            "const __nv_bfloat16 *dy, const __nv_bfloat16 *x, const "
-            "__nv_bfloat16 *w, const int32_t *pos, __nv_bfloat16 *dx, "
-            "__nv_bfloat16 *dw, int64_t rows, float eps, float theta, "
-            "float *workspace, cudaStream_t stream",
-            "dy, x, w, pos, dx, dw, rows, eps, theta, workspace, stream");
+        std::string name = wrapper(kernel);
         os << llvm::formatv(
             "    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, "
             "stream);\n",
@@ -623,12 +569,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case<RopeOp, ScaledRopeOp>([&](auto o) {
         auto x = tensorOf(o.getInput());
-        std::string name = wrapper(
-            kernel,
-            "const __nv_bfloat16 *x, const int32_t *pos, __nv_bfloat16 *y, "
-            "int64_t rows, dflash::kernels::RopeFrequencies freq, "
-            "cudaStream_t stream",
-            "x, pos, y, rows, freq, stream");
+        std::string name = wrapper(kernel);
         std::string freq =
             "{" + formatFloat(o.getTheta().convertToDouble()) + "}";
         if constexpr (std::is_same_v<decltype(o), ScaledRopeOp>)
@@ -647,11 +588,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](CausalAttentionOp o) {
         auto q = tensorOf(o.getQuery());
-        std::string name =
-            wrapper(kernel,
-                    "const dflash::kernels::CausalAttentionFwdArgs "
-                    "&args, cudaStream_t stream",
-                    "args, stream");
+        std::string name = wrapper(kernel);
         os << "    {\n"
            << "      dflash::kernels::CausalAttentionFwdArgs a{};\n"
            << llvm::formatv("      a.q = {0};\n      a.k = {1};\n"
@@ -734,14 +671,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
         return success();
       })
       .Case([&](DraftEmbedOp o) {
-        std::string name =
-            wrapper(kernel,
-                    "const __nv_bfloat16 *embed, const int32_t *ids, const "
-                    "int32_t *anchors, const uint8_t *keep, __nv_bfloat16 "
-                    "*out, dflash::kernels::DraftBlocksShape shape, int mask, "
-                    "cudaStream_t stream",
-                    "embed, ids, anchors, keep, out, nullptr, shape, mask, "
-                    "stream");
+        std::string name = wrapper(kernel);
         os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, kBlocks, {6}, "
                             "stream);\n",
                             name, ptr(o.getTable()), ptr(o.getInputIds()),

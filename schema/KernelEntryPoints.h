@@ -1,0 +1,147 @@
+//===- KernelEntryPoints.h - The kernels generated code calls --*- C++ -*-===//
+//
+// One schema for the kernel entry points, read by dflash-select-kernels
+// (which names each fused group's kernel) and by the CUDA printer (which
+// calls it): the kernel names as constants, and for each kernel template
+// that kernels.cu instantiates, how its wrapper is named and what it takes.
+// Plain C++: no MLIR, no CUDA.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef DFLASH_SCHEMA_KERNELENTRYPOINTS_H
+#define DFLASH_SCHEMA_KERNELENTRYPOINTS_H
+
+#include <array>
+#include <string_view>
+
+namespace dflash::kernel_names {
+inline constexpr std::string_view kCublasLtGemm = "cublaslt_gemm";
+inline constexpr std::string_view kRmsNormFwd = "rms_norm_fwd_bf16";
+inline constexpr std::string_view kRmsNormBwd = "rms_norm_bwd_bf16";
+inline constexpr std::string_view kQkNormRopeFwd = "qk_norm_rope_fwd_bf16";
+inline constexpr std::string_view kQkNormRopeBwd = "qk_norm_rope_bwd_bf16";
+inline constexpr std::string_view kRopeFwd = "rope_fwd_bf16";
+inline constexpr std::string_view kCausalAttentionFwd =
+    "causal_attention_fwd_bf16";
+inline constexpr std::string_view kBlockAttentionFwd =
+    "block_attention_fwd_bf16";
+inline constexpr std::string_view kBlockAttentionBwd =
+    "block_attention_bwd_bf16";
+inline constexpr std::string_view kEmbedRows = "embed_rows_bf16";
+inline constexpr std::string_view kCopyColumns = "copy_columns";
+inline constexpr std::string_view kSwigluFwd = "swiglu_fwd_bf16";
+inline constexpr std::string_view kSwigluGemm = "swiglu_gemm_bf16";
+inline constexpr std::string_view kSwigluBwd = "swiglu_bwd_bf16";
+inline constexpr std::string_view kAdd = "add_bf16";
+inline constexpr std::string_view kDraftEmbed = "draft_embed_bf16";
+inline constexpr std::string_view kDraftPositions = "draft_positions";
+inline constexpr std::string_view kDraftTargets = "draft_targets";
+inline constexpr std::string_view kDraftAcceptance = "draft_acceptance_f32";
+inline constexpr std::string_view kLossSeed = "loss_seed_f32";
+inline constexpr std::string_view kLossStats = "loss_stats_f32";
+inline constexpr std::string_view kLmHeadCrossEntropy =
+    "lm_head_cross_entropy_bf16";
+inline constexpr std::string_view kConvertBf16F32 = "convert_bf16_f32";
+inline constexpr std::string_view kAdamWMultiTensor = "adamw_multi_tensor_step";
+inline constexpr std::string_view kAdamWSharded = "adamw_sharded";
+} // namespace dflash::kernel_names
+
+namespace dflash {
+
+/// A kernel template of dflash::kernels that kernels.cu instantiates once per
+/// set of constants, behind a plain function (its wrapper): named
+/// `<name>_<label><constant>...`, with `parameters` as its parameter list,
+/// forwarding `arguments` to `name<constants..., trailing>`.
+struct KernelTemplate {
+  std::string_view name;
+  /// The labels of its constants in the wrapper's name, in order ("" past
+  /// the last).
+  std::array<std::string_view, 6> labels;
+  /// The constant that is a bool (named by its label alone when true), or -1.
+  int boolAt = -1;
+  /// Template arguments after the constants.
+  std::string_view trailing;
+  std::string_view parameters;
+  std::string_view arguments;
+};
+
+inline constexpr KernelTemplate kKernelTemplates[] = {
+    {kernel_names::kRmsNormFwd,
+     {"h"},
+     -1,
+     "",
+     "const __nv_bfloat16 *x, const __nv_bfloat16 *delta, const "
+     "__nv_bfloat16 *w, __nv_bfloat16 *xSum, __nv_bfloat16 *y, int64_t rows, "
+     "float eps, cudaStream_t stream",
+     "x, delta, w, xSum, y, rows, eps, stream"},
+    {kernel_names::kRmsNormBwd,
+     {"h"},
+     -1,
+     ", __nv_bfloat16",
+     "const __nv_bfloat16 *dy, const __nv_bfloat16 *x, const __nv_bfloat16 "
+     "*w, const __nv_bfloat16 *dResidual, __nv_bfloat16 *dx, __nv_bfloat16 "
+     "*dw, int64_t rows, float eps, float *workspace, cudaStream_t stream",
+     "dy, x, w, dResidual, dx, dw, rows, eps, workspace, stream"},
+    {kernel_names::kQkNormRopeFwd,
+     {"d", "h"},
+     -1,
+     "",
+     "const __nv_bfloat16 *x, const __nv_bfloat16 *w, const int32_t *pos, "
+     "__nv_bfloat16 *y, int64_t rows, float eps, float theta, cudaStream_t "
+     "stream",
+     "x, w, pos, y, rows, eps, theta, stream"},
+    {kernel_names::kQkNormRopeBwd,
+     {"d", "h"},
+     -1,
+     ", __nv_bfloat16",
+     "const __nv_bfloat16 *dy, const __nv_bfloat16 *x, const __nv_bfloat16 "
+     "*w, const int32_t *pos, __nv_bfloat16 *dx, __nv_bfloat16 *dw, int64_t "
+     "rows, float eps, float theta, float *workspace, cudaStream_t stream",
+     "dy, x, w, pos, dx, dw, rows, eps, theta, workspace, stream"},
+    {kernel_names::kBlockAttentionFwd,
+     {"d", "bs", "nh", "nkv", "w", "causal"},
+     5,
+     "",
+     "const dflash::kernels::BlockAttentionFwdArgs &args, cudaStream_t stream",
+     "args, stream"},
+    {kernel_names::kBlockAttentionBwd,
+     {"d", "bs", "nh", "nkv", "w", "causal"},
+     5,
+     "",
+     "const dflash::kernels::BlockAttentionBwdArgs &args, cudaStream_t stream",
+     "args, stream"},
+    {kernel_names::kDraftEmbed,
+     {"h"},
+     -1,
+     "",
+     "const __nv_bfloat16 *embed, const int32_t *ids, const int32_t *anchors, "
+     "const uint8_t *keep, __nv_bfloat16 *out, "
+     "dflash::kernels::DraftBlocksShape shape, int mask, cudaStream_t stream",
+     "embed, ids, anchors, keep, out, nullptr, shape, mask, stream"},
+    {kernel_names::kRopeFwd,
+     {"d", "h"},
+     -1,
+     "",
+     "const __nv_bfloat16 *x, const int32_t *pos, __nv_bfloat16 *y, int64_t "
+     "rows, dflash::kernels::RopeFrequencies freq, cudaStream_t stream",
+     "x, pos, y, rows, freq, stream"},
+    {kernel_names::kCausalAttentionFwd,
+     {"d", "nh", "nkv"},
+     -1,
+     "",
+     "const dflash::kernels::CausalAttentionFwdArgs &args, cudaStream_t "
+     "stream",
+     "args, stream"},
+};
+
+/// The template entry of `name`, or nullptr for a kernel called directly.
+constexpr const KernelTemplate *kernelTemplate(std::string_view name) {
+  for (const KernelTemplate &t : kKernelTemplates)
+    if (t.name == name)
+      return &t;
+  return nullptr;
+}
+
+} // namespace dflash
+
+#endif // DFLASH_SCHEMA_KERNELENTRYPOINTS_H
