@@ -1,0 +1,501 @@
+//===- LaunchPrinter.cpp - One kernel launch an op --------------------------===//
+
+#include "compiler/Target/Cuda/StepEmitter.h"
+
+#include "compiler/Analysis/FlopCount.h"
+#include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/ModelConfigAttr.h"
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Target/Cuda/Manifest.h"
+#include "dialect/DFlashOps.h"
+#include "kernels/Workspaces.h"
+#include "schema/KernelEntryPoints.h"
+#include "schema/Parameters.h"
+#include "schema/StepBuffers.h"
+
+#include "llvm/ADT/StringSet.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/raw_ostream.h"
+#include "compiler/Target/Cuda/CudaText.h"
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace dflash::cuda_printer {
+
+std::string StepEmitter::wrapper(KernelAttr kernel) {
+  const KernelTemplate *form = kernelTemplate(kernel.getName().str());
+  ArrayRef<int64_t> constants = kernel.getConstants().asArrayRef();
+  std::string name = kernel.getName().str(), args;
+  for (auto [i, c] : llvm::enumerate(constants)) {
+    bool isBool = form && int(i) == form->boolAt;
+    std::string label(form && i < form->labels.size() ? form->labels[i] : "");
+    name += isBool ? (c ? "_" + label : std::string())
+                   : "_" + label + std::to_string(c);
+    args += (i ? ", " : "") +
+            (isBool ? std::string(c ? "true" : "false") : std::to_string(c));
+  }
+  std::string parameters, arguments;
+  if (form) {
+    args += form->trailing;
+    parameters = form->parameters;
+    arguments = form->arguments;
+  }
+  if (wrappers.names.insert(name).second) {
+    wrappers.decls += "void " + name + "(" + parameters + ");\n";
+    wrappers.defs += "void " + name + "(" + parameters +
+                     ") {\n  dflash::kernels::" + kernel.getName().str() + "<" +
+                     args + ">(" + arguments + ");\n}\n\n";
+  }
+  return name;
+}
+
+void StepEmitter::emitNorm(KernelAttr kernel, Value input, Value delta,
+                           Value weight, Value sum, Value result, double eps) {
+  std::string name = wrapper(kernel);
+  os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, stream);\n",
+                      name, ptr(input), delta ? ptr(delta) : "nullptr",
+                      ptr(weight), sum ? ptr(sum) : "nullptr", ptr(result),
+                      rowsOf(input), formatFloat(eps));
+}
+
+void StepEmitter::emitNormGrad(Operation *op, KernelAttr kernel,
+                               Value residualGrad) {
+  Value grad = op->getOperand(0), input = op->getOperand(1),
+        weight = op->getOperand(2);
+  std::string name = wrapper(kernel);
+  double eps = op->getAttrOfType<FloatAttr>("eps").getValueAsDouble();
+  os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, "
+                      "stream);\n",
+                      name, ptr(grad), ptr(input), ptr(weight),
+                      residualGrad ? ptr(residualGrad) : "nullptr",
+                      ptr(op->getResult(0)), ptr(op->getResult(1)),
+                      rowsOf(input), formatFloat(eps), workspace(op, "float"));
+}
+
+void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
+                                bool backward) {
+  os << "    {\n";
+  if (!backward) {
+    auto o = cast<BlockAttentionOp>(op);
+    std::string name = wrapper(kernel);
+    os << "      dflash::kernels::BlockAttentionFwdArgs a{};\n"
+       << llvm::formatv("      a.q = {0};\n      a.contextKeys = {1};\n"
+                        "      a.contextValues = {2};\n"
+                        "      a.draftKeys = {3};\n"
+                        "      a.draftValues = {4};\n      a.anchors = {5};\n"
+                        "      a.keep = {6};\n      a.positionIds = {7};\n"
+                        "      a.out = {8};\n      a.lse = {9};\n",
+                        ptr(o.getQuery()), ptr(o.getContextKeys()),
+                        ptr(o.getContextValues()), ptr(o.getDraftKeys()),
+                        ptr(o.getDraftValues()), ptr(o.getAnchors()),
+                        ptr(o.getKeep()), ptr(o.getPositionIds()),
+                        ptr(o.getResult()), ptr(o.getLse()))
+       << "      a.B = kBlocks.B;\n      a.S = kBlocks.S;\n"
+          "      a.N = kBlocks.N;\n"
+       << "      " << name << "(a, stream);\n";
+  } else {
+    auto o = cast<BlockAttentionGradOp>(op);
+    std::string name = wrapper(kernel);
+    ArrayRef<int64_t> c = kernel.getConstants().asArrayRef();
+    auto q = tensorOf(o.getQuery());
+    os << "      dflash::kernels::BlockAttentionBwdArgs a{};\n"
+       << llvm::formatv(
+              "      a.dOut = {0};\n      a.q = {1};\n"
+              "      a.contextKeys = {2};\n      a.contextValues = {3};\n"
+              "      a.draftKeys = {4};\n      a.draftValues = {5};\n"
+              "      a.anchors = {6};\n      a.keep = {7};\n"
+              "      a.positionIds = {8};\n"
+              "      a.out = {9};\n      a.lse = {10};\n",
+              ptr(o.getGrad()), ptr(o.getQuery()), ptr(o.getContextKeys()),
+              ptr(o.getContextValues()), ptr(o.getDraftKeys()),
+              ptr(o.getDraftValues()), ptr(o.getAnchors()), ptr(o.getKeep()),
+              ptr(o.getPositionIds()), ptr(o.getOutput()), ptr(o.getLse()))
+       << llvm::formatv(
+              "      a.dq = {0};\n      a.dContextKeys = {1};\n"
+              "      a.dContextValues = {2};\n      a.dDraftKeys = {3};\n"
+              "      a.dDraftValues = {4};\n",
+              ptr(o.getQueryGrad()), ptr(o.getContextKeysGrad()),
+              ptr(o.getContextValuesGrad()), ptr(o.getDraftKeysGrad()),
+              ptr(o.getDraftValuesGrad()))
+       << "      a.dqAccum = " << workspace(op, "float") << ";\n"
+       << llvm::formatv("      a.dOutDotOut = a.dqAccum + "
+                        "dflash::kernels::blockAttentionBwdDotOffset({0}, "
+                        "{1}, {2}, {3}, {4});\n",
+                        c[0], c[1], c[2], q.getDimSize(0),
+                        q.getDimSize(1) / c[1])
+       << "      a.B = kBlocks.B;\n      a.S = kBlocks.S;\n"
+          "      a.N = kBlocks.N;\n"
+       << "      " << name << "(a, stream);\n";
+  }
+  os << "    }\n";
+}
+
+LogicalResult StepEmitter::emitOp(Operation *op) {
+  std::string where = describeLoc(op->getLoc());
+  os << "    // " << op->getName().getStringRef();
+  if (!where.empty())
+    os << " (" << where << ")";
+  os << "\n";
+  if (isa<ReshapeOp>(op))
+    return success(); // a view: nothing runs
+  if (auto reduce = dyn_cast<AllReduceOp>(op)) {
+    // In place; the identity on one GPU.
+    for (Value v : reduce.getInputs())
+      os << llvm::formatv("    allReduce({0}, {1}, stream);\n", ptr(v),
+                          tensorOf(v).getNumElements());
+    return success();
+  }
+  KernelAttr kernel = kernelOf(op);
+  if (!kernel)
+    return op->emitOpError("has no dflash.kernel: run dflash-select-kernels "
+                           "before translation to CUDA");
+  size_t index = opNames.size();
+  std::string name = op->getName().getStringRef().str();
+  if (auto loc = dyn_cast<NameLoc>(op->getLoc()))
+    name += " " + loc.getName().getValue().str();
+  opNames.push_back(name);
+  os << "    begin(" << index << ", stream);\n";
+  LogicalResult result = emitKernel(op, kernel);
+  os << "    end(" << index << ", stream);\n";
+  return result;
+}
+
+LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](LinearOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv(
+            "    gemm().linear({0}, {1}, {2}, {3}, {4}, {5}, stream);\n",
+            ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getResult()),
+            rowsOf(o.getInput()), w.getDimSize(0), w.getDimSize(1));
+        return success();
+      })
+      .Case([&](LinearResidualOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv("    gemm().linearResidual({0}, {1}, {2}, {3}, "
+                            "{4}, {5}, {6}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getResidual()), ptr(o.getResult()),
+                            rowsOf(o.getInput()), w.getDimSize(0),
+                            w.getDimSize(1));
+        return success();
+      })
+      .Case([&](LinearGradInputOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv("    gemm().linearGradInput({0}, {1}, {2}, {3}, "
+                            "{4}, {5}, stream);\n",
+                            ptr(o.getGrad()), ptr(o.getWeight()),
+                            ptr(o.getResult()), rowsOf(o.getGrad()),
+                            w.getDimSize(0), w.getDimSize(1));
+        return success();
+      })
+      .Case([&](LinearGradWeightOp o) {
+        auto dw = tensorOf(o.getResult());
+        os << llvm::formatv("    gemm().linearGradWeight({0}, {1}, {2}, "
+                            "{3}, {4}, {5}, stream);\n",
+                            ptr(o.getGrad()), ptr(o.getInput()),
+                            ptr(o.getResult()), rowsOf(o.getGrad()),
+                            dw.getDimSize(0), dw.getDimSize(1));
+        return success();
+      })
+      .Case([&](AccumulateLinearGradOp o) {
+        std::string acc = ptr(o.getAccumulator()), out = ptr(o.getResult());
+        if (acc != out)
+          os << llvm::formatv("    copy({0}, {1}, {2}, stream, \"copy "
+                              "accumulator\");\n",
+                              out, acc, tensorBytes(o.getResult().getType()));
+        if (o.getWeightGrad()) {
+          auto dw = tensorOf(o.getResult());
+          os << llvm::formatv("    gemm().linearGradWeight({0}, {1}, {2}, "
+                              "{3}, {4}, {5}, stream, 1.f);\n",
+                              ptr(o.getGrad()), ptr(o.getOperand()), out,
+                              rowsOf(o.getGrad()), dw.getDimSize(0),
+                              dw.getDimSize(1));
+        } else {
+          auto w = tensorOf(o.getOperand());
+          os << llvm::formatv("    gemm().linearGradInput({0}, {1}, {2}, "
+                              "{3}, {4}, {5}, stream, 1.f);\n",
+                              ptr(o.getGrad()), ptr(o.getOperand()), out,
+                              rowsOf(o.getGrad()), w.getDimSize(0),
+                              w.getDimSize(1));
+        }
+        return success();
+      })
+      .Case([&](RmsNormOp o) {
+        emitNorm(kernel, o.getInput(), Value(), o.getWeight(), Value(),
+                 o.getResult(), o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](ResidualRmsNormOp o) {
+        emitNorm(kernel, o.getInput(), o.getDelta(), o.getWeight(), o.getSum(),
+                 o.getResult(), o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](RmsNormGradOp o) {
+        emitNormGrad(o, kernel, Value());
+        return success();
+      })
+      .Case([&](RmsNormGradResidualOp o) {
+        emitNormGrad(o, kernel, o.getResidualGrad());
+        return success();
+      })
+      .Case([&](QkNormRopeOp o) {
+        auto x = tensorOf(o.getInput());
+        std::string name = wrapper(kernel);
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, "
+                            "stream);\n",
+                            name, ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getPositions()), ptr(o.getResult()),
+                            x.getDimSize(0) * x.getDimSize(1),
+                            formatFloat(o.getEps().convertToDouble()),
+                            formatFloat(o.getTheta().convertToDouble()));
+        return success();
+      })
+      .Case([&](QkNormRopeGradOp o) {
+        auto x = tensorOf(o.getInput());
+        std::string name = wrapper(kernel);
+        os << llvm::formatv(
+            "    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {10}, "
+            "stream);\n",
+            name, ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getWeight()),
+            ptr(o.getPositions()), ptr(o.getInputGrad()),
+            ptr(o.getWeightGrad()), x.getDimSize(0) * x.getDimSize(1),
+            formatFloat(o.getEps().convertToDouble()),
+            formatFloat(o.getTheta().convertToDouble()), workspace(o, "float"));
+        return success();
+      })
+      .Case<RopeOp, ScaledRopeOp>([&](auto o) {
+        auto x = tensorOf(o.getInput());
+        std::string name = wrapper(kernel);
+        std::string freq =
+            "{" + formatFloat(o.getTheta().convertToDouble()) + "}";
+        if constexpr (std::is_same_v<decltype(o), ScaledRopeOp>)
+          freq = llvm::formatv(
+              "{{{0}, {1}, {2}, {3}, {4}}",
+              formatFloat(o.getTheta().convertToDouble()),
+              formatFloat(o.getFactor().convertToDouble()),
+              formatFloat(o.getLowFreqFactor().convertToDouble()),
+              formatFloat(o.getHighFreqFactor().convertToDouble()),
+              formatFloat(double(o.getOriginalMaxPositions())));
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, stream);\n", name,
+                            ptr(o.getInput()), ptr(o.getPositions()),
+                            ptr(o.getResult()),
+                            x.getDimSize(0) * x.getDimSize(1), freq);
+        return success();
+      })
+      .Case([&](CausalAttentionOp o) {
+        auto q = tensorOf(o.getQuery());
+        std::string name = wrapper(kernel);
+        os << "    {\n"
+           << "      dflash::kernels::CausalAttentionFwdArgs a{};\n"
+           << llvm::formatv("      a.q = {0};\n      a.k = {1};\n"
+                            "      a.v = {2};\n      a.positionIds = {3};\n"
+                            "      a.out = {4};\n      a.B = {5};\n"
+                            "      a.S = {6};\n",
+                            ptr(o.getQuery()), ptr(o.getKeys()),
+                            ptr(o.getValues()), ptr(o.getPositionIds()),
+                            ptr(o.getResult()), q.getDimSize(0),
+                            q.getDimSize(1))
+           << "      " << name << "(a, stream);\n    }\n";
+        return success();
+      })
+      .Case([&](EmbedOp o) {
+        auto table = tensorOf(o.getTable());
+        os << llvm::formatv(
+            "    dflash::kernels::embed_rows_bf16({0}, {1}, "
+            "{2}, {3}, {4}, stream);\n",
+            ptr(o.getTable()), ptr(o.getIds()), ptr(o.getResult()),
+            tensorOf(o.getIds()).getNumElements(), table.getDimSize(1));
+        return success();
+      })
+      .Case([&](ConcatLastOp o) {
+        // Each input is a column band of the result: one strided copy each.
+        const int64_t elt = tensorBytes(o.getResult().getType()) /
+                            tensorOf(o.getResult()).getNumElements();
+        const int64_t pitch = tensorOf(o.getResult()).getShape().back() * elt;
+        int64_t column = 0;
+        for (Value in : o.getInputs()) {
+          const int64_t width = tensorOf(in).getShape().back() * elt;
+          os << llvm::formatv("    copyColumns(reinterpret_cast<char *>({0}) + "
+                              "{1}, {2}, {3}, {4}, {5}, stream);\n",
+                              ptr(o.getResult()), column, pitch, ptr(in), width,
+                              rowsOf(in));
+          column += width;
+        }
+        return success();
+      })
+      .Case([&](BlockAttentionOp o) {
+        emitAttention(o, kernel, false);
+        return success();
+      })
+      .Case([&](BlockAttentionGradOp o) {
+        emitAttention(o, kernel, true);
+        return success();
+      })
+      .Case([&](SwigluOp o) {
+        int64_t cols = tensorOf(o.getGate()).getShape().back();
+        os << llvm::formatv("    dflash::kernels::swiglu_fwd_bf16({{{0}, {3}}, "
+                            "{{{1}, {3}}, {{{2}, {3}}, {4}, {3}, stream);\n",
+                            ptr(o.getGate()), ptr(o.getUp()),
+                            ptr(o.getResult()), cols, rowsOf(o.getGate()));
+        return success();
+      })
+      .Case([&](LinearSwigluOp o) {
+        auto w = tensorOf(o.getGateWeight());
+        os << llvm::formatv("    dflash::kernels::swiglu_gemm_bf16({0}, {1}, "
+                            "{2}, {{{3}, {4}, {5}, {6}}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getGateWeight()),
+                            ptr(o.getUpWeight()), ptr(o.getResult()),
+                            rowsOf(o.getInput()), w.getDimSize(0),
+                            w.getDimSize(1));
+        return success();
+      })
+      .Case([&](SwigluGradOp o) {
+        int64_t cols = tensorOf(o.getGate()).getShape().back();
+        os << llvm::formatv(
+            "    dflash::kernels::swiglu_bwd_bf16({{{0}, {5}}, {{{1}, {5}}, "
+            "{{{2}, {5}}, {{{3}, {5}}, {{{4}, {5}}, {6}, {5}, stream);\n",
+            ptr(o.getGrad()), ptr(o.getGate()), ptr(o.getUp()),
+            ptr(o.getGateGrad()), ptr(o.getUpGrad()), cols,
+            rowsOf(o.getGate()));
+        return success();
+      })
+      .Case([&](AddOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::add_bf16({0}, {1}, {2}, {3}, stream);\n",
+            ptr(o.getLhs()), ptr(o.getRhs()), ptr(o.getResult()),
+            tensorOf(o.getResult()).getNumElements());
+        return success();
+      })
+      .Case([&](DraftEmbedOp o) {
+        std::string name = wrapper(kernel);
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, kBlocks, {6}, "
+                            "stream);\n",
+                            name, ptr(o.getTable()), ptr(o.getInputIds()),
+                            ptr(o.getAnchors()), ptr(o.getKeep()),
+                            ptr(o.getResult()), o.getMaskTokenId());
+        return success();
+      })
+      .Case([&](DraftPositionsOp o) {
+        os << llvm::formatv("    dflash::kernels::draft_positions({0}, {1}, "
+                            "{2}, kBlocks, stream);\n",
+                            ptr(o.getAnchors()), ptr(o.getPositionIds()),
+                            ptr(o.getResult()));
+        return success();
+      })
+      .Case([&](DraftTargetsOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::draft_targets({0}, {1}, {2}, {3}, {4}, {5}, "
+            "{6}, kBlocks, {7}, stream);\n",
+            ptr(o.getInputIds()), ptr(o.getLossMask()), ptr(o.getAnchors()),
+            ptr(o.getKeep()), ptr(o.getPositionIds()), ptr(o.getLabels()),
+            ptr(o.getWeights()), doubleText(o.getGamma().convertToDouble()));
+        return success();
+      })
+      .Case([&](LossSeedOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::sum_f32({0}, {1}, {2}, stream);\n"
+            "    allReduce({2}, 1, stream);\n"
+            "    dflash::kernels::reciprocal_f32({2}, {3}, stream);\n",
+            ptr(o.getWeights()), tensorOf(o.getWeights()).getNumElements(),
+            ptr(o.getWeightSum()), ptr(o.getLossSumGrad()));
+        return success();
+      })
+      .Case<LmHeadCeFusedOp, LmHeadCeOp>([&](auto o) {
+        auto w = tensorOf(o.getWeight());
+        // Without the gradient (an evaluation's): no seed, no dX.
+        std::string seed = "nullptr", dy = "nullptr";
+        if constexpr (std::is_same_v<decltype(o), LmHeadCeFusedOp>) {
+          seed = ptr(o.getLossSumGrad());
+          dy = ptr(o.getInputGrad());
+        }
+        os << "    {\n"
+           << "      dflash::kernels::LmHeadCrossEntropyArgs a{};\n"
+           << llvm::formatv("      a.y = {0};\n      a.lmHead = {1};\n"
+                            "      a.labels = {2};\n      a.weights = {3};\n"
+                            "      a.dLossSum = {4};\n      a.dy = {5};\n"
+                            "      a.hits = {6};\n",
+                            ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getLabels()), ptr(o.getWeights()), seed, dy,
+                            ptr(o.getHits()))
+           << llvm::formatv("      a.rows = {0};\n      a.V = {1};\n"
+                            "      a.H = {2};\n      a.chunkRows = {3};\n"
+                            "      a.blockSize = {4};\n",
+                            rowsOf(o.getInput()), w.getDimSize(0),
+                            w.getDimSize(1), kernel.getConstants()[0],
+                            kernel.getConstants()[1])
+           << "      dflash::kernels::useLmHeadWorkspace(a, "
+           << workspace(o, "char") << ");\n"
+           << "      dflash::kernels::lm_head_cross_entropy_bf16(gemm(), a, "
+              "stream);\n";
+        Value sums[] = {o.getLossSum(), o.getWeightSum(), o.getCorrect(),
+                        o.getCount()};
+        for (int i = 0; i < 4; ++i)
+          os << llvm::formatv("      copy({0}, a.sums + {1}, 4, stream, "
+                              "\"copy loss sums\");\n",
+                              ptr(sums[i]), i);
+        os << "    }\n";
+        return success();
+      })
+      .Case([&](LossStatsOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::loss_stats_f32({0}, {1}, {2}, "
+            "{3}, {4}, {5}, {6}, {7}, {8}, {9}, stream);\n",
+            ptr(o.getLossSum()), ptr(o.getWeightSum()), ptr(o.getCorrect()),
+            ptr(o.getCount()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()),
+            ptr(o.getLoss()), ptr(o.getAcc()), ptr(o.getTau()),
+            ptr(o.getLossSumGrad()));
+        return success();
+      })
+      .Case([&](DraftAcceptanceOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::draft_acceptance_f32<{0}>({1}, "
+            "{2}, {3}, {4}, {5}, {6}, {7}, kBlocks, stream);\n",
+            o.getBlockSize(), ptr(o.getHits()), ptr(o.getWeights()),
+            ptr(o.getKeep()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()),
+            ptr(o.getPositionHits()), ptr(o.getPositionCounts()));
+        return success();
+      })
+      .Case([&](GradientBucketOp o) {
+        // fp32 copies, then one in-place collective on the communication
+        // stream while the backward pass goes on (CompiledStep::reduceBucket).
+        size_t k = numBuckets++;
+        const bool sharded = bool(o.getShardElementsAttr());
+        os << "    if (reducesGradients()) {\n";
+        for (auto [g, r] : llvm::zip(o.getGrads(), o.getResults()))
+          os << llvm::formatv("      dflash::kernels::convert_bf16_f32({0}, "
+                              "{1}, {2}, stream);\n",
+                              ptr(g), ptr(r), tensorOf(r).getNumElements());
+        int64_t count =
+            sharded ? o.getShardElementsAttr().getInt() : bucketFlatElements(o);
+        os << llvm::formatv("      reduceBucket({0}, {1}, {2}, stream);\n"
+                            "    }\n",
+                            k, ptr(o.getResult(0)), count);
+        return success();
+      })
+      .Case([&](AdamWMultiOp o) {
+        optimizer = o;
+        optimizerKernel = kernel;
+        os << llvm::formatv("    optimizerStep({0}, {1}, {2}, {3}, stream);\n",
+                            ptr(o.getStep()), ptr(o.getTotal()),
+                            ptr(o.getLrValue()), ptr(o.getGradNorm()));
+        return success();
+      })
+      .Case([&](AdamWShardedOp o) {
+        shardedOptimizer = o;
+        optimizerKernel = kernel;
+        os << llvm::formatv("    optimizerStep({0}, {1}, {2}, {3}, stream);\n",
+                            ptr(o.getStep()), ptr(o.getTotal()),
+                            ptr(o.getLrValue()), ptr(o.getGradNorm()));
+        return success();
+      })
+      .Default([&](Operation *other) {
+        return other->emitOpError("has no CUDA translation");
+      });
+}
+
+} // namespace dflash::cuda_printer
