@@ -1,4 +1,4 @@
-//===- KernelEntryPoints.h - The kernels generated code calls --*- C++ -*-===//
+//===- KernelEntryPoints.h - The kernels generated code calls ---*- C++ -*-===//
 //
 // One schema for the kernel entry points, read by dflash-select-kernels
 // (which names each fused group's kernel) and by the CUDA printer (which

@@ -1,5 +1,4 @@
-//===- Trainer.cpp - One GPU's trainer: its buffers and init
-//----------------===//
+//===- Trainer.cpp - One GPU's trainer: its buffers and init --------------===//
 
 #include "runtime/train/Trainer.h"
 

@@ -1,4 +1,4 @@
-//===- TrainerPrograms.cpp - The evaluation and target programs -------------===//
+//===- TrainerPrograms.cpp - The evaluation and target programs -----------===//
 
 #include "runtime/train/Trainer.h"
 

@@ -1,4 +1,4 @@
-//===- TrainerState.cpp - Checkpoints, resume state, exports ----------------===//
+//===- TrainerState.cpp - Checkpoints, resume state, exports --------------===//
 
 #include "runtime/train/Trainer.h"
 

@@ -1,4 +1,4 @@
-//===- TrainerStep.cpp - One training step on one GPU -----------------------===//
+//===- TrainerStep.cpp - One training step on one GPU ---------------------===//
 
 #include "runtime/train/Trainer.h"
 

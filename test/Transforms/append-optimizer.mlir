@@ -1,6 +1,6 @@
-// RUN: dflashc %specs/tiny.toml --emit=graph | dflash-opt --dflash-generate-backward --dflash-append-optimizer | FileCheck %s
+// RUN: dflash-opt %S/Inputs/mini-graph.mlir --dflash-generate-backward --dflash-append-optimizer | FileCheck %s --check-prefix=MINI
 // RUN: dflashc %specs/tiny.toml --emit=train | FileCheck %s
-// RUN: dflashc %specs/tiny.toml --emit=graph | dflash-opt --dflash-train-step | FileCheck %s
+// RUN: dflash-opt %S/Inputs/mini-graph.mlir --dflash-train-step | FileCheck %s --check-prefix=MINI
 
 // The forward sums (the loss's and the acceptance's) are all-reduced once,
 // right after them; their statistics seed the backward pass (no
@@ -33,3 +33,34 @@
 // CHECK: %[[LR:.+]] = dflash.lr_schedule %[[STEP]], %[[TOTAL]] {lr = 3.000000e-03 : f64, warmup_ratio = 4.000000e-02 : f64}
 // CHECK-COUNT-25: dflash.adamw {{.*}}, %[[STEP]], %[[LR]], %[[CLIP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64}
 // CHECK: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7 :
+
+// The same on the one-layer drafter of Inputs/mini.toml (14 trainable
+// tensors, blocks of 4).
+// MINI-LABEL: func.func @step(
+// MINI-NOT: loss_sum_grad
+// MINI-SAME: {dflash.arg = #dflash.arg<master, "fc.weight">}
+// MINI-SAME: {dflash.arg = #dflash.arg<moment1, "fc.weight">}
+// MINI-SAME: {dflash.arg = #dflash.arg<moment2, "fc.weight">}
+// MINI-SAME: %[[STEP:[a-z0-9]+]]: tensor<i32> {dflash.arg = #dflash.arg<counter, "step">}
+// MINI-SAME: %[[TOTAL:[a-z0-9]+]]: tensor<i32> {dflash.arg = #dflash.arg<counter, "total_steps">}
+// MINI-SAME: -> (tensor<32x32xbf16> {dflash.arg = #dflash.arg<parameter, "fc.weight">}
+// MINI-SAME: tensor<32x32xf32> {dflash.arg = #dflash.arg<master, "fc.weight">}
+// MINI-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "loss">}
+// MINI-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "acc">}
+// MINI-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "grad_norm">}
+// MINI-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "lr">}
+// MINI-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "tau">}
+// MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_hits">}
+// MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
+// MINI: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
+// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// MINI-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
+// MINI-NEXT: %[[LOSS:[a-z_0-9]+]], %[[ACC:[a-z_0-9]+]], %[[TAU:[a-z_0-9]+]], %[[SEED:[a-z_0-9]+]] = dflash.loss_stats %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5
+// MINI: dflash.lm_head_ce_grad {{.*}}, %[[SEED]]
+// MINI: dflash.convert {{.*}} : (tensor<32x32xbf16>) -> tensor<32x32xf32>
+// MINI: %[[G:.+]]:14 = dflash.all_reduce
+// MINI: %[[NORM:.+]] = dflash.global_norm %[[G]]#0,
+// MINI: %[[CLIP:.+]] = dflash.clip_coefficient %[[NORM]] {max_norm = 1.000000e+00 : f64}
+// MINI: %[[LR:.+]] = dflash.lr_schedule %[[STEP]], %[[TOTAL]] {lr = 6.000000e-04 : f64, warmup_ratio = 4.000000e-02 : f64}
+// MINI-COUNT-14: dflash.adamw {{.*}}, %[[STEP]], %[[LR]], %[[CLIP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64}
+// MINI: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7 :

@@ -1,5 +1,5 @@
 // RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt --dflash-bucket-gradients="bucket-mib=1" | FileCheck %s
-// RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt --dflash-bucket-gradients | FileCheck %s --check-prefix=ONE
+// RUN: dflash-opt %S/Inputs/mini-fused.mlir --dflash-bucket-gradients | FileCheck %s --check-prefix=ONE
 
 // 1 MiB buckets of fp32: the tiny drafter's 1.3 M parameters need several,
 // each right after its last gradient, filled in the order the backward pass

@@ -1,7 +1,7 @@
-// RUN: dflashc %specs/tiny.toml --emit=graph | dflash-opt --dflash-make-eval-program | FileCheck %s
+// RUN: dflash-opt %S/Inputs/mini-graph.mlir --dflash-make-eval-program | FileCheck %s --check-prefix=MINI
 // RUN: dflashc %specs/tiny.toml --emit=graph --program=eval | FileCheck %s
 // RUN: dflashc %specs/tiny.toml --emit=planned --program=eval | FileCheck %s --check-prefix=PLANNED
-// RUN: dflashc %specs/tiny.toml --emit=train | not dflash-opt --dflash-make-eval-program 2>&1 | FileCheck %s --check-prefix=TRAINED
+// RUN: not dflash-opt %S/Inputs/mini-train.mlir --dflash-make-eval-program 2>&1 | FileCheck %s --check-prefix=TRAINED
 
 // The evaluation program is the forward graph under another name, its eight
 // sums all-reduced once at the end; nothing is differentiated or updated.
@@ -26,3 +26,15 @@
 
 // A module past the forward graph is refused.
 // TRAINED: error: @step returns {{[0-9]+}} results but the forward graph returns the 8 forward sums: make the evaluation program from dflashc --emit=graph
+
+// The same on the one-layer drafter of Inputs/mini.toml (blocks of 4).
+// MINI-LABEL: func.func @eval(
+// MINI-SAME: {dflash.arg = #dflash.arg<parameter, "fc.weight">}
+// MINI-NOT: master
+// MINI-SAME: -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}
+// MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
+// MINI-NOT: _grad
+// MINI: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
+// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// MINI-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
+// MINI-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7 :

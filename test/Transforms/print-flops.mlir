@@ -1,11 +1,11 @@
-// RUN: dflashc %specs/tiny.toml --emit=train | dflash-opt --dflash-print-flops -o /dev/null | FileCheck %s
+// RUN: dflash-opt %S/Inputs/mini-train.mlir --dflash-print-flops -o /dev/null | FileCheck %s
 // RUN: dflashc %specs/qwen3-8b-b16.toml --emit=train | dflash-opt --dflash-print-flops -o /dev/null | FileCheck %s --check-prefix=QWEN
 
-// tiny: 2 rows x 96 draft slots; lm_head 1024 x 256:
-// forward lm_head_ce = 2 * 192 * 1024 * 256, its gradient twice that.
+// Inputs/mini.toml: 1 row x 12 draft slots (3 blocks of 4); lm_head 64 x 32:
+// forward lm_head_ce = 2 * 12 * 64 * 32, its gradient twice that.
 // CHECK: flops forward dflash.linear
-// CHECK: flops forward dflash.lm_head_ce 100663296
-// CHECK: flops backward dflash.lm_head_ce_grad 201326592
+// CHECK: flops forward dflash.lm_head_ce 49152
+// CHECK: flops backward dflash.lm_head_ce_grad 98304
 // CHECK: flops optimizer dflash.adamw
 // CHECK: flops total forward={{[0-9]+}} backward={{[0-9]+}} optimizer={{[0-9]+}} step={{[0-9]+}}
 

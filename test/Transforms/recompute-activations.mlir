@@ -1,11 +1,12 @@
-// RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt --dflash-recompute-activations=enabled=true | FileCheck %s
+// RUN: dflash-opt %S/Inputs/mini-fused.mlir --dflash-recompute-activations=enabled=true | FileCheck %s
+// RUN: dflash-opt %S/Inputs/mini-fused.mlir --dflash-recompute-activations | FileCheck %s --check-prefix=OFF-MINI
 // RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt --dflash-recompute-activations | FileCheck %s --check-prefix=OFF
 // RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt --dflash-recompute-activations=enabled=true --dflash-select-kernels --dflash-plan-memory --dflash-print-memory-plan -o /dev/null 2>&1 | FileCheck %s --check-prefix=PLAN-ON
 // RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt --dflash-select-kernels --dflash-plan-memory --dflash-print-memory-plan -o /dev/null 2>&1 | FileCheck %s --check-prefix=PLAN-OFF
-// RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt '--dflash-recompute-activations=enabled=true mlp-products=true' | FileCheck %s --check-prefix=MLP
+// RUN: dflash-opt %S/Inputs/mini-fused.mlir '--dflash-recompute-activations=enabled=true mlp-products=true' | FileCheck %s --check-prefix=MLP
 // RUN: dflashc %specs/tiny.toml --emit=fused | dflash-opt '--dflash-recompute-activations=enabled=true mlp-products=true' --dflash-select-kernels --dflash-plan-memory --dflash-print-memory-plan -o /dev/null 2>&1 | FileCheck %s --check-prefix=PLAN-MLP
 
-// tiny's last layer: its SwiGLU is computed again after the fused lm_head,
+// The last layer (of Inputs/mini.toml's one): its SwiGLU is computed again after the fused lm_head,
 // right before the down projection's weight gradient reads it; its
 // post-attention norm before the gate/up weight gradients; its q/k norm +
 // RoPE before the attention's backward.
@@ -23,6 +24,8 @@
 // option, nothing is recomputed: one swiglu a layer.
 // OFF-COUNT-2: dflash.swiglu %
 // OFF-NOT: dflash.swiglu %
+// OFF-MINI-COUNT-1: dflash.swiglu %
+// OFF-MINI-NOT: dflash.swiglu %
 
 // The arena shrinks by 16% (qwen3-8b-b16's by 33%: 24.69 -> 16.45 GB; with
 // the MLP products by 55%, to 11.06 GB).

@@ -1,4 +1,4 @@
-//===- CudaText.cpp - C++ text of IR values ---------------------------------===//
+//===- CudaText.cpp - C++ text of IR values -------------------------------===//
 
 #include "compiler/Target/Cuda/CudaText.h"
 

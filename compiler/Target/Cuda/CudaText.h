@@ -1,4 +1,4 @@
-//===- CudaText.h - C++ text of IR values --------------------------*- C++ -*-===//
+//===- CudaText.h - C++ text of IR values -----------------------*- C++ -*-===//
 //
 // The CUDA printer's small text helpers: literals, identifiers, types.
 //

@@ -1,4 +1,4 @@
-//===- ProgramTables.cpp - A program's buffers, slots and tables ------------===//
+//===- ProgramTables.cpp - A program's buffers, slots and tables ----------===//
 
 #include "compiler/Target/Cuda/StepEmitter.h"
 
@@ -13,12 +13,12 @@
 #include "schema/Parameters.h"
 #include "schema/StepBuffers.h"
 
+#include "compiler/Target/Cuda/CudaText.h"
 #include "llvm/ADT/StringSet.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
-#include "compiler/Target/Cuda/CudaText.h"
 
 using namespace mlir;
 using namespace mlir::dflash;

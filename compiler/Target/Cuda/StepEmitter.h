@@ -1,4 +1,4 @@
-//===- StepEmitter.h - Prints one program --------------------------*- C++ -*-===//
+//===- StepEmitter.h - Prints one program -----------------------*- C++ -*-===//
 //
 // The printer of one program (step.cu, eval.cu or target.cu) from its
 // planned module: ProgramTables.cpp names its buffers and arena slots and
