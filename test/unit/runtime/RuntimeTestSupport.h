@@ -1,26 +1,42 @@
-//===- RuntimeTestSupport.h - Configs, files, rows --------------*- C++ -*-===//
+//===- RuntimeTestSupport.h - Configs, files, rows, buffers -----*- C++ -*-===//
 //
-// What the runtime tests (test/unit/Runtime*, test/gpu/RuntimeTrainerTest)
-// share: the small drafters they run, a temporary directory per test, whole
-// files read back, and the row-by-row comparison of two row sources. Host
-// code only, so that the runtime tests built without CUDA can include it.
+// What the runtime tests (test/unit/runtime, test/gpu's runtime tests) share:
+// the small drafters they run, a temporary directory per test, whole files
+// read back, the row-by-row comparison of two row sources, a child process
+// holding an output directory's lock, a seed per run, the buffer list of a
+// compiled step (per tensor or sharded per bucket, ZeRO-1), and, in
+// `trainhost`, what the tests of train's host side (command line,
+// preparation, metrics, checkpoints) share. Host code only, so that the
+// runtime tests built without CUDA can include it.
 //
 //===----------------------------------------------------------------------===//
 
 #ifndef DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 #define DFLASH_TEST_UNIT_RUNTIMETESTSUPPORT_H
 
+#include "runtime/cli/TrainOptions.h"
+#include "runtime/data/InitialParameters.h"
+#include "runtime/data/Rng.h"
 #include "runtime/data/RowSource.h"
+#include "runtime/device/OptimizerShards.h"
+#include "runtime/io/Checkpoint.h"
 #include "runtime/io/DirectoryLock.h"
+#include "runtime/train/RunLayout.h"
 #include "schema/ModelConfig.h"
+#include "schema/Parameters.h"
+#include "schema/StepBuffers.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
+#include <random>
 #include <string>
 #include <sys/wait.h>
 #include <system_error>
@@ -178,6 +194,189 @@ inline void killAndReap(pid_t child) {
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
 }
+
+/// A fresh seed per run (DFLASH_TEST_SEED=<n> repeats one), printed with
+/// any failure.
+inline uint64_t testSeed() {
+  if (const char *given = std::getenv("DFLASH_TEST_SEED"))
+    return std::strtoull(given, nullptr, 10);
+  return std::random_device{}();
+}
+
+/// Every buffer a compiled step of `c` has, in the compiler's order: inputs,
+/// frozen weights (no lm_head when tied), parameters, their fp32 masters and
+/// Adam moments, counters, metrics.
+inline std::vector<BufferSpec> stepBuffers(const ModelConfig &c) {
+  std::vector<BufferSpec> buffers;
+  for (int k = 0; k < kNumStepInputs; ++k) {
+    StepInput input = StepInput(k);
+    buffers.push_back({nameOf(input), BufferRole::Input, dtypeOf(input),
+                       shapeOf(input, c), k});
+  }
+  for (int k = 0; k < kNumFrozenWeights; ++k)
+    if (!(FrozenWeight(k) == FrozenWeight::LmHead && c.tieWordEmbeddings))
+      buffers.push_back({nameOf(FrozenWeight(k)),
+                         BufferRole::Frozen,
+                         DType::BF16,
+                         {c.vocabSize, c.hiddenSize},
+                         k});
+  std::vector<ParamInfo> table = parameterTable(c);
+  for (size_t t = 0; t < table.size(); ++t)
+    buffers.push_back({table[t].name, BufferRole::Parameter, DType::BF16,
+                       table[t].shape, int64_t(t)});
+  for (size_t t = 0; t < table.size(); ++t)
+    for (BufferRole role :
+         {BufferRole::Master, BufferRole::Moment1, BufferRole::Moment2})
+      buffers.push_back(
+          {table[t].name, role, DType::F32, table[t].shape, int64_t(t)});
+  for (int k = 0; k < kNumStepCounters; ++k)
+    buffers.push_back(
+        {nameOf(StepCounter(k)), BufferRole::Counter, DType::I32, {}, k});
+  for (int k = 0; k < kNumStepMetrics; ++k)
+    buffers.push_back({nameOf(StepMetric(k)), BufferRole::Metric, DType::F32,
+                       isPerPosition(StepMetric(k))
+                           ? std::vector<int64_t>{c.blockSize}
+                           : std::vector<int64_t>{},
+                       k});
+  return buffers;
+}
+
+/// A shard layout of `c`'s optimizer state over `worldSize` ranks: the
+/// trainable tensors in parameterTable order, cut into `buckets` buckets of
+/// consecutive tensors (at least one each); every tensor starts at a
+/// multiple of `alignElements` of its bucket (gaps between them), and every
+/// shard has ceil(flat / worldSize) elements rounded up to 64, plus
+/// `extraShard` (padding at the end).
+inline rt::OptimizerShardLayout shardLayout(const ModelConfig &c,
+                                            int64_t worldSize, size_t buckets,
+                                            int64_t alignElements = 64,
+                                            int64_t extraShard = 0) {
+  std::vector<ParamInfo> table = parameterTable(c);
+  rt::OptimizerShardLayout layout;
+  layout.worldSize = worldSize;
+  buckets = std::max<size_t>(1, std::min(buckets, table.size()));
+  layout.buckets.resize(buckets);
+  for (size_t t = 0; t < table.size(); ++t) {
+    rt::ShardedBucket &bucket = layout.buckets[t * buckets / table.size()];
+    int64_t end = bucket.tensors.empty() ? 0
+                                         : bucket.tensors.back().offset +
+                                               bucket.tensors.back().numel;
+    int64_t offset = (end + alignElements - 1) / alignElements * alignElements;
+    bucket.tensors.push_back(
+        {table[t].name, offset, table[t].numel(), int64_t(t)});
+  }
+  for (rt::ShardedBucket &bucket : layout.buckets) {
+    int64_t flat = bucket.tensors.back().offset + bucket.tensors.back().numel;
+    int64_t shard = (flat + worldSize - 1) / worldSize;
+    bucket.shardElements = (shard + 63) / 64 * 64 + extraShard;
+  }
+  return layout;
+}
+
+/// The buffers of a compiled step of `c` whose optimizer state is sharded
+/// as `layout`: stepBuffers(c) with the per-tensor master and moments
+/// replaced by one F32 [S_k] master, moment1 and moment2 buffer per bucket,
+/// named "bucket.<k>".
+inline std::vector<BufferSpec>
+shardedStepBuffers(const ModelConfig &c,
+                   const rt::OptimizerShardLayout &layout) {
+  std::vector<BufferSpec> buffers;
+  for (BufferSpec &b : stepBuffers(c)) {
+    if (b.role == BufferRole::Master || b.role == BufferRole::Moment1 ||
+        b.role == BufferRole::Moment2)
+      continue;
+    if (b.role == BufferRole::Counter && b.index == int64_t(StepCounter::Step))
+      for (size_t k = 0; k < layout.buckets.size(); ++k)
+        for (BufferRole role :
+             {BufferRole::Master, BufferRole::Moment1, BufferRole::Moment2})
+          buffers.push_back({shardBufferName(k),
+                             role,
+                             DType::F32,
+                             {layout.buckets[k].shardElements},
+                             int64_t(k)});
+    buffers.push_back(std::move(b));
+  }
+  return buffers;
+}
+
+/// The tests of train's host side, split by unit from what was one test of
+/// `train` without a GPU: their drafter, their directories, their command
+/// lines and the checkpoints their resumes start from. A namespace of its
+/// own: other runtime tests have a smallConfig() of their own.
+namespace trainhost {
+
+/// The one-layer drafter, named "trainmain" (the help text shows the
+/// name), with the defaults the command line reads: seed 7, lr 3e-3,
+/// warmup ratio 0.04, 50 steps.
+inline ModelConfig smallConfig() {
+  ModelConfig c = oneLayerDrafterConfig();
+  c.name = "trainmain";
+  c.seed = 7;
+  c.lr = 3e-3;
+  c.warmupRatio = 0.04;
+  c.totalSteps = 50;
+  return c;
+}
+
+/// Named after these tests, like the run directories it holds.
+struct TrainMainTempDir : TempDir {
+  TrainMainTempDir() : TempDir("dflash-trainmain") {}
+};
+
+/// argv for the parser; the strings live in the vector.
+class Args {
+public:
+  Args(std::initializer_list<std::string> items) : strings(items) {
+    strings.insert(strings.begin(), "train");
+    for (std::string &s : strings)
+      pointers.push_back(s.data());
+    pointers.push_back(nullptr);
+  }
+  int argc() const { return int(strings.size()); }
+  char **argv() { return pointers.data(); }
+
+private:
+  std::vector<std::string> strings;
+  std::vector<char *> pointers;
+};
+
+inline rt::CommandLineAction parse(Args args, rt::TrainOptions &options,
+                                   std::string &text,
+                                   const ModelConfig &config = smallConfig()) {
+  return rt::parseTrainCommandLine(args.argc(), args.argv(), config, options,
+                                   text);
+}
+
+/// Saves a small training checkpoint of `config` at `step` the way the
+/// trainer does (model, state, run settings), for resume tests; the state
+/// holds the anchor Rng of `ranks` ranks.
+inline void writeTrainingCheckpoint(const std::string &dir,
+                                    const ModelConfig &config, int64_t step,
+                                    const rt::RunSettings *run,
+                                    int64_t ranks = 1) {
+  std::vector<std::vector<uint16_t>> params = rt::initialParameters(config, 1);
+  rt::TrainingState state;
+  std::vector<const uint16_t *> pointers;
+  for (const auto &p : params) {
+    pointers.push_back(p.data());
+    state.master.emplace_back(p.size(), 0.5f);
+    state.adamM.emplace_back(p.size(), 0.0f);
+    state.adamV.emplace_back(p.size(), 0.0f);
+  }
+  state.step = step;
+  state.rngState = rt::Rng(3).state();
+  for (int64_t r = 1; r < ranks; ++r)
+    state.otherRankRngStates.push_back(rt::Rng(uint64_t(3 + r)).state());
+  state.data = {0, 4};
+  ASSERT_TRUE(
+      rt::saveTrainingCheckpoint(dir, config, pointers, state.ref()).ok());
+  if (run) {
+    ASSERT_TRUE(
+        rt::writeRunSettings(dir + "/" + rt::kRunSettingsFile, *run).ok());
+  }
+}
+
+} // namespace trainhost
 
 } // namespace dflash::runtimetest
 

@@ -15,6 +15,7 @@
 
 #include "runtime/device/OptimizerShards.h"
 #include "schema/StepBuffers.h"
+#include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
 
@@ -25,14 +26,9 @@
 
 using namespace dflash;
 using namespace dflash::rt;
+using dflash::runtimetest::testSeed;
 
 namespace {
-
-uint64_t testSeed() {
-  if (const char *given = std::getenv("DFLASH_TEST_SEED"))
-    return std::strtoull(given, nullptr, 10);
-  return std::random_device{}();
-}
 
 int64_t uniform(std::mt19937_64 &rng, int64_t lo, int64_t hi) {
   return std::uniform_int_distribution<int64_t>(lo, hi)(rng);

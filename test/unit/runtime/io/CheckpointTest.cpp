@@ -25,6 +25,7 @@
 using namespace dflash;
 using namespace dflash::rt;
 using namespace dflash::runtimetest;
+using namespace dflash::runtimetest::trainhost;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -553,6 +554,54 @@ TEST(RuntimeCheckpoint, TrainingStateRejectsCorruptFiles) {
   EXPECT_EQ(loadTrainingState(out, c, loaded).message(),
             file + ": metadata 'format' is not 'dflash-training-state'");
   EXPECT_EQ(loaded.step, 0); // untouched
+}
+
+// A data-parallel run's state: every rank's anchor Rng (the checkpoints of
+// train's host-side tests, trainhost::writeTrainingCheckpoint).
+TEST(TrainCheckpoints, EveryRanksAnchorRngRoundTrips) {
+  TrainMainTempDir dir;
+  ModelConfig c = smallConfig();
+  std::string two = dir.path + "/two", one = dir.path + "/one";
+  writeTrainingCheckpoint(two, c, 7, nullptr, /*ranks=*/2);
+  writeTrainingCheckpoint(one, c, 7, nullptr);
+  TrainingState loaded;
+  Status s = loadTrainingState(two, c, loaded);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(loaded.worldSize(), 2);
+  EXPECT_EQ(loaded.anchorRngState(0), Rng(3).state());
+  EXPECT_EQ(loaded.anchorRngState(1), Rng(4).state());
+  EXPECT_EQ(loaded.data.row, 4);
+  // Rank r's state is row r of an I64 [ranks, 4] tensor; one rank keeps
+  // the [4] of the checkpoints written before data parallelism.
+  SafetensorsFile file;
+  ASSERT_TRUE(file.open(two + "/" + kTrainingStateFile).ok());
+  ASSERT_NE(file.find("rng_state"), nullptr);
+  EXPECT_EQ(file.find("rng_state")->shape, (std::vector<int64_t>{2, 4}));
+  SafetensorsFile single;
+  ASSERT_TRUE(single.open(one + "/" + kTrainingStateFile).ok());
+  EXPECT_EQ(single.find("rng_state")->shape, std::vector<int64_t>{4});
+  ASSERT_TRUE(loadTrainingState(one, c, loaded).ok());
+  EXPECT_EQ(loaded.worldSize(), 1);
+  EXPECT_TRUE(loaded.otherRankRngStates.empty());
+
+  // A rank whose state cannot be restored names its row.
+  std::vector<std::vector<uint16_t>> params = initialParameters(c, 1);
+  std::vector<const uint16_t *> pointers;
+  TrainingState broken;
+  for (const auto &p : params) {
+    pointers.push_back(p.data());
+    broken.master.emplace_back(p.size(), 0.0f);
+    broken.adamM.emplace_back(p.size(), 0.0f);
+    broken.adamV.emplace_back(p.size(), 0.0f);
+  }
+  broken.rngState = Rng(1).state();
+  broken.otherRankRngStates = {Rng(2).state(), Rng::State{}};
+  std::string bad = dir.path + "/bad";
+  ASSERT_TRUE(saveTrainingCheckpoint(bad, c, pointers, broken.ref()).ok());
+  s = loadTrainingState(bad, c, loaded);
+  EXPECT_EQ(s.message(), bad + "/" + kTrainingStateFile +
+                             ": tensor 'rng_state' row 2: random generator "
+                             "state is all zero");
 }
 
 //===----------------------------------------------------------------------===//
