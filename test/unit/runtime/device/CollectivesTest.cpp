@@ -4,7 +4,7 @@
 // count, the missing-MPI error of a multi-process launch, the NVLink
 // multicast default, and rank checks made before NCCL is called. The NCCL
 // and MPI calls themselves need GPUs and a launcher: they are covered by
-// test/gpu/RuntimeTrainerTest.cu and docs/runtime.md.
+// test/gpu/runtime/device/CollectivesGpuTest.cpp and docs/runtime.md.
 //
 //===----------------------------------------------------------------------===//
 
