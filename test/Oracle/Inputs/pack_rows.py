@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                "..", "..", "tools", "dflash-prepare"))
+                                "..", "..", "..", "tools", "dflash-prepare"))
 from dflash_prepare import shards  # noqa: E402
 
 
