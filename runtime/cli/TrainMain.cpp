@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <unistd.h>
 
@@ -346,21 +347,30 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
   TrainerOutcome outcome;
   Status status = group.run(hooks, outcome);
   progress.finish();
-  // The rows this process's GPUs skipped, on every way out of the run.
-  std::vector<std::string> skipped;
-  for (int local = 0; local < group.localRanks(); ++local) {
-    const std::vector<std::string> &rows = group.trainer(local).skippedRows();
-    skipped.insert(skipped.end(), rows.begin(), rows.end());
-  }
+  // The rows this process's GPUs skipped, on every way out of the run:
+  // each named once, however many ranks met it; those a resumed state knew
+  // were skipped unread and are only counted.
+  std::map<int64_t, std::string> skipped;
+  for (int local = 0; local < group.localRanks(); ++local)
+    for (const SkippedRow &row : group.trainer(local).skippedRows())
+      skipped.emplace(row.row, row.what);
+  const size_t restored =
+      group.localRanks() > 0 ? group.trainer(0).restoredBadRows().size() : 0;
   if (!skipped.empty()) {
     std::string list;
-    for (const std::string &row : skipped)
-      list += "\n  " + row;
+    for (const auto &[row, what] : skipped)
+      list += "\n  " + what;
     std::fprintf(stderr,
-                 "train: skipped %zu row%s with non-finite features "
-                 "(each trained as an empty row):%s\n",
+                 "train: skipped %zu row%s with non-finite features (each "
+                 "trained as an empty row):%s\n",
                  skipped.size(), skipped.size() == 1 ? "" : "s", list.c_str());
   }
+  if (restored > 0 && leader)
+    std::fprintf(stderr,
+                 "train: %zu row%s the resumed checkpoint knew as bad %s "
+                 "skipped unread (named by the run that met them)\n",
+                 restored, restored == 1 ? "" : "s",
+                 restored == 1 ? "is" : "are");
   if (!status.ok())
     return failRun(status.message());
   if (outcome.stoppedBySignal) {

@@ -124,7 +124,7 @@ Status BatchLoader::next(HostBatch &batch) {
             (maxBadRows == 1 ? " is" : " are") +
             " skipped: check the data, or raise --max-bad-rows)");
       knownBadRows.insert(row);
-      batch.skippedRows.push_back(what);
+      batch.skippedRows.push_back({row, what});
     }
     // An empty row in its place: nothing supervised, nothing kept.
     std::fill(out.inputIds, out.inputIds + S, 0);

@@ -33,6 +33,13 @@
 
 namespace dflash::rt {
 
+/// A row skipped for non-finite features: its source row and its name
+/// (RowSource::describeRow, with the first bad value's position).
+struct SkippedRow {
+  int64_t row = -1;
+  std::string what;
+};
+
 /// The inputs of one step on one rank, row-major.
 struct HostBatch {
   std::vector<int32_t> inputIds;      ///< [B, S]
@@ -46,7 +53,7 @@ struct HostBatch {
   std::vector<int64_t> rows;
   /// The rows of this batch skipped for non-finite features (their slots
   /// hold empty rows), as BatchLoader names them.
-  std::vector<std::string> skippedRows;
+  std::vector<SkippedRow> skippedRows;
 
   void resize(const ModelConfig &config);
 };
@@ -76,6 +83,12 @@ public:
   void setMaxBadRows(int64_t limit) { maxBadRows = limit; }
   /// The distinct rows skipped so far.
   int64_t badRowsSeen() const { return badRows; }
+  /// Rows known to be bad before this loader started (a resumed run's,
+  /// TrainingState::badRows): skipped without being read, counted or named.
+  /// Call before next().
+  void addKnownBadRows(const std::vector<int64_t> &sourceRows) {
+    knownBadRows.insert(sourceRows.begin(), sourceRows.end());
+  }
 
   /// Reads the rows once in source order, the last global batch padded
   /// with empty rows (see the top of this file); call before next().

@@ -46,7 +46,7 @@ struct PrefetchedBatch {
   int32_t *positionIds = nullptr;   ///< [B, S]
   std::vector<int64_t> rows;        ///< source row of each batch row
   /// Rows skipped for non-finite features (HostBatch::skippedRows).
-  std::vector<std::string> skippedRows;
+  std::vector<SkippedRow> skippedRows;
   /// The loader's state after this batch.
   DataPosition positionAfter;
   Rng::State anchorRngAfter{};

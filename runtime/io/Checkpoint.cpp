@@ -264,6 +264,7 @@ TrainingStateRef TrainingState::ref() const {
   state.rngState = rngState;
   state.otherRankRngStates = otherRankRngStates;
   state.data = data;
+  state.badRows = badRows;
   for (const std::vector<float> &values : master)
     state.master.push_back(values.data());
   for (const std::vector<float> &values : adamM)
@@ -325,6 +326,10 @@ Status dflash::rt::writeTrainingCheckpointFiles(
   tensors.push_back({"step", DType::I64, {1}, &step});
   tensors.push_back({"rng_state", DType::I64, rngShape, rngWords.data()});
   tensors.push_back({"data_position", DType::I64, {2}, position});
+  tensors.push_back({"bad_rows",
+                     DType::I64,
+                     {int64_t(state.badRows.size())},
+                     state.badRows.data()});
   std::map<std::string, std::string> metadata = {
       {"format", kStateFormat},
       {"version", kStateVersion},
@@ -370,6 +375,30 @@ static Status readInt64s(const SafetensorsFile &file, const std::string &name,
   if (status.ok())
     std::memcpy(out, view->data, size_t(count) * sizeof(int64_t));
   return status;
+}
+
+/// Tensor 'bad_rows': I64 [n], distinct non-negative source rows. A state
+/// written before it existed has none.
+static Status readBadRows(const SafetensorsFile &file,
+                          std::vector<int64_t> &rows) {
+  rows.clear();
+  const TensorView *view = file.find("bad_rows");
+  if (!view)
+    return Status::success();
+  if (view->dtype != DType::I64 || view->shape.size() != 1)
+    return Status::error(file.path() + ": tensor 'bad_rows' has dtype " +
+                         dtypeName(view->dtype) + " and shape " +
+                         shapeString(view->shape) + " but must be I64 [n]");
+  rows.resize(size_t(view->shape[0]));
+  if (!rows.empty())
+    std::memcpy(rows.data(), view->data, rows.size() * sizeof(int64_t));
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] < 0 || (i > 0 && rows[i] <= rows[i - 1]))
+      return Status::error(file.path() + ": tensor 'bad_rows' entry " +
+                           std::to_string(i) + " (" + std::to_string(rows[i]) +
+                           ") is negative or not above the one before; the "
+                           "rows must be distinct and ascending");
+  return Status::success();
 }
 
 /// The anchor Rng states of tensor 'rng_state': [4] for one rank, [R, 4]
@@ -421,7 +450,8 @@ Status dflash::rt::loadTrainingState(const std::string &dir,
 
   TrainingState loaded;
   std::vector<ParamInfo> table = parameterTable(config);
-  std::set<std::string> names = {"step", "rng_state", "data_position"};
+  std::set<std::string> names = {"step", "rng_state", "data_position",
+                                 "bad_rows"};
   for (const StateGroup &group : kStateGroups) {
     std::vector<std::vector<float>> &buffers = loaded.*group.target;
     buffers.resize(table.size());
@@ -458,6 +488,7 @@ Status dflash::rt::loadTrainingState(const std::string &dir,
   loaded.rngState = rngStates.front();
   loaded.otherRankRngStates.assign(rngStates.begin() + 1, rngStates.end());
   loaded.data = {position[0], position[1]};
+  DFLASH_RETURN_IF_ERROR(readBadRows(file, loaded.badRows));
   state = std::move(loaded);
   return Status::success();
 }

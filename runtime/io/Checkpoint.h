@@ -69,6 +69,9 @@ struct TrainingStateRef {
   /// one GPU.
   std::vector<RngState> otherRankRngStates;
   DataPosition data; ///< the same on every rank
+  /// The source rows skipped so far for non-finite features, ascending: a
+  /// resumed run skips them without counting or naming them again.
+  std::vector<int64_t> badRows;
   std::vector<const float *> master, adamM, adamV;
 };
 
@@ -78,6 +81,7 @@ struct TrainingState {
   RngState rngState{};
   std::vector<RngState> otherRankRngStates;
   DataPosition data;
+  std::vector<int64_t> badRows; ///< TrainingStateRef::badRows
   std::vector<std::vector<float>> master, adamM, adamV;
   TrainingStateRef ref() const;
 

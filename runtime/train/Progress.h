@@ -66,8 +66,11 @@ struct StepMetrics {
   double contextTokensPerS = 0;
   double draftTokensPerS = 0;
   double tflops = 0;
-  /// Rows skipped for non-finite features so far, over every rank.
+  /// Distinct rows skipped for non-finite features so far, over every rank,
+  /// those a resumed state knew included.
   int64_t skippedRows = 0;
+  /// The source rows this step skipped for the first time (one rank's).
+  std::vector<int64_t> badRowsNow;
 
   /// Whether loss and grad_norm are finite (the run stops otherwise).
   bool finite() const;

@@ -371,9 +371,18 @@ Status Trainer::startData(const TrainerInputs &inputs) {
                                          options.rank, world);
   loader->setMaxBadRows(options.maxBadRows);
   DFLASH_RETURN_IF_ERROR(loader->validate());
-  if (inputs.resume)
+  if (inputs.resume) {
     DFLASH_RETURN_IF_ERROR(loader->seek(
         inputs.resume->data, inputs.resume->anchorRngState(options.rank)));
+    for (int64_t row : inputs.resume->badRows)
+      if (row >= rows->numRows())
+        return Status::error(
+            "the resumed state's bad row " + std::to_string(row) +
+            " is past the data's " + std::to_string(rows->numRows()) +
+            " rows: the checkpoint was written for other data");
+    restored = inputs.resume->badRows;
+    loader->addKnownBadRows(restored);
+  }
   dataPosition = loader->position();
   anchorRng = loader->anchorRngState();
   prefetcher = std::make_unique<BatchPrefetcher>(

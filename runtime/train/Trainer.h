@@ -94,10 +94,13 @@ public:
   /// state in rank order (a rank knows only its own). `assembled`, when
   /// given, supplies the masters and moments to save instead of this rank's
   /// (full tensors, e.g. TrainerGroup's assembly of every rank's shards);
-  /// a rank that holds only its shards of the state needs it.
+  /// a rank that holds only its shards of the state needs it. `badRows`,
+  /// when given, are the run's known bad rows (every rank's) instead of
+  /// this trainer's (knownBadRows()).
   Status saveCheckpoint(std::string &dir,
                         const std::vector<Rng::State> &rankRngStates = {},
-                        const TrainingState *assembled = nullptr);
+                        const TrainingState *assembled = nullptr,
+                        const std::vector<int64_t> *badRows = nullptr);
   /// Exports `<outDir>/final`.
   Status exportFinal(std::string &dir);
   /// Exports `<outDir>/best`: the drafter now, with `metrics` (its
@@ -129,8 +132,13 @@ public:
   /// completed step: what a checkpoint taken now stores.
   const DataPosition &position() const { return dataPosition; }
   const Rng::State &anchorRngState() const { return anchorRng; }
-  /// The rows skipped for non-finite features by the steps done so far.
-  const std::vector<std::string> &skippedRows() const { return skipped; }
+  /// The rows skipped for non-finite features by the steps done so far
+  /// (each named once; not those a resumed state knew).
+  const std::vector<SkippedRow> &skippedRows() const { return skipped; }
+  /// The rows the resumed state knew as bad (TrainingState::badRows).
+  const std::vector<int64_t> &restoredBadRows() const { return restored; }
+  /// Those and the ones skipped since, ascending: what a checkpoint stores.
+  std::vector<int64_t> knownBadRows() const;
   /// Whether the last step's loss or grad_norm was not finite.
   bool nonFinite() const { return poisoned; }
   /// Whether the last step failed only because another rank failed.
@@ -210,7 +218,8 @@ private:
   /// device state is unusable.
   bool aborted = false, abortedByPeer = false;
   std::string lastCheckpoint;
-  std::vector<std::string> skipped;
+  std::vector<SkippedRow> skipped;
+  std::vector<int64_t> restored;
 
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graphExec = nullptr;

@@ -148,6 +148,10 @@ Status TrainerGroup::init(const TrainerInputs &inputs) {
     return Status::error(
         "the run settings say " + std::to_string(options.run.worldSize) +
         " GPUs but the group has " + std::to_string(layout.worldSize()));
+  badRows.clear();
+  if (inputs.resume)
+    badRows.insert(inputs.resume->badRows.begin(),
+                   inputs.resume->badRows.end());
 
   for (size_t i = 0; i < layout.gpus.size(); ++i) {
     auto w = std::make_unique<Worker>();
@@ -267,6 +271,7 @@ Status TrainerGroup::readState(int local,
 Status TrainerGroup::readFullState(std::vector<std::vector<uint16_t>> &params,
                                    TrainingState &state) {
   DFLASH_RETURN_IF_ERROR(readState(0, params, state));
+  state.badRows = knownBadRows();
   if (!partialState)
     return Status::success();
   TrainingState assembled;
@@ -296,8 +301,10 @@ Status TrainerGroup::assembleOptimizerState(TrainingState &state) {
 namespace {
 /// The words one process contributes to the per-step exchange: its stop
 /// signal, then per local rank its step and compute times, anchor Rng and
-/// skipped-row count.
-constexpr size_t kWordsPerRank = 7;
+/// the source rows it skipped for the first time in this step (at most one
+/// a batch row, the unused words kNoRow).
+constexpr size_t kFixedWordsPerRank = 6;
+constexpr uint64_t kNoRow = ~uint64_t(0);
 
 uint64_t doubleBits(double value) {
   uint64_t bits;
@@ -320,30 +327,36 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
   // show as null.
   std::vector<double> stepMs(world, std::nan("")),
       computeMs(world, std::nan(""));
-  std::vector<int64_t> skipped(world, 0);
   rankRngStates.resize(world);
+  const size_t batchRows =
+      size_t(workers.front()->program->config().rowsPerGpu);
+  const size_t wordsPerRank = kFixedWordsPerRank + batchRows;
+  std::vector<std::vector<int64_t>> badRowsNow(world);
   for (std::unique_ptr<Worker> &w : workers) {
     size_t rank = first + size_t(w->local);
     stepMs[rank] = w->metrics.stepMs;
     computeMs[rank] = w->metrics.computeMs;
-    skipped[rank] = w->metrics.skippedRows;
+    badRowsNow[rank] = w->metrics.badRowsNow;
     rankRngStates[rank] = w->trainer->anchorRngState();
   }
   // Over several processes, only after a step that went well everywhere:
   // a process whose step failed ends the whole run instead.
   if (layout.processes && layout.nodes > 1 && stepOk) {
     const size_t local = workers.size();
-    const size_t perProcess = 1 + kWordsPerRank * local;
+    const size_t perProcess = 1 + wordsPerRank * local;
     std::vector<uint64_t> mine(perProcess),
         all(perProcess * size_t(layout.nodes));
     mine[0] = uint64_t(hooks.stopSignal ? hooks.stopSignal->load() : 0);
     for (size_t i = 0; i < local; ++i) {
-      uint64_t *words = &mine[1 + kWordsPerRank * i];
+      uint64_t *words = &mine[1 + wordsPerRank * i];
       words[0] = doubleBits(stepMs[first + i]);
       words[1] = doubleBits(computeMs[first + i]);
       for (size_t k = 0; k < 4; ++k)
         words[2 + k] = rankRngStates[first + i][k];
-      words[6] = uint64_t(skipped[first + i]);
+      const std::vector<int64_t> &rows = badRowsNow[first + i];
+      for (size_t b = 0; b < batchRows; ++b)
+        words[kFixedWordsPerRank + b] =
+            b < rows.size() ? uint64_t(rows[b]) : kNoRow;
     }
     if (Status s = layout.processes->allGather(
             mine.data(), mine.size() * sizeof(uint64_t), all.data());
@@ -356,13 +369,17 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
       if (words[0] != 0 && agreedStop == 0)
         agreedStop = int(words[0]);
       for (size_t i = 0; i < local; ++i) {
-        const uint64_t *rankWords = words + 1 + kWordsPerRank * i;
+        const uint64_t *rankWords = words + 1 + wordsPerRank * i;
         size_t rank = node * local + i;
         stepMs[rank] = bitsDouble(rankWords[0]);
         computeMs[rank] = bitsDouble(rankWords[1]);
         for (size_t k = 0; k < 4; ++k)
           rankRngStates[rank][k] = rankWords[2 + k];
-        skipped[rank] = int64_t(rankWords[6]);
+        badRowsNow[rank].clear();
+        for (size_t b = 0; b < batchRows; ++b)
+          if (rankWords[kFixedWordsPerRank + b] != kNoRow)
+            badRowsNow[rank].push_back(
+                int64_t(rankWords[kFixedWordsPerRank + b]));
       }
     }
   }
@@ -394,9 +411,11 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
   for (double ms : targetGpuMs)
     metrics.targetMs = std::max(metrics.targetMs, ms);
   metrics.rankStepMs = stepMs;
-  metrics.skippedRows = 0;
-  for (int64_t count : skipped)
-    metrics.skippedRows += count;
+  // A row counts once, whichever ranks met it and whenever.
+  for (const std::vector<int64_t> &rows : badRowsNow)
+    badRows.insert(rows.begin(), rows.end());
+  metrics.skippedRows = int64_t(badRows.size());
+  metrics.badRowsNow.clear();
   setThroughput(metrics, workers.front()->program->config(), layout.worldSize(),
                 flopsPerStep);
   return Status::success();
@@ -404,6 +423,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
 
 Status TrainerGroup::saveCheckpoint(std::string &dir) {
   std::vector<Rng::State> states = rankRngStates;
+  const std::vector<int64_t> known = knownBadRows();
   std::string saved;
   // Sharded: the state of every rank, assembled, so that the checkpoint is
   // the one an unsharded run would write.
@@ -412,8 +432,8 @@ Status TrainerGroup::saveCheckpoint(std::string &dir) {
     DFLASH_RETURN_IF_ERROR(assembleOptimizerState(assembled));
   DFLASH_RETURN_IF_ERROR(runOnWorkers(
       [&](Worker &w) {
-        return w.trainer->saveCheckpoint(saved, states,
-                                         partialState ? &assembled : nullptr);
+        return w.trainer->saveCheckpoint(
+            saved, states, partialState ? &assembled : nullptr, &known);
       },
       /*only=*/0));
   lastCheckpoint = dir = saved;

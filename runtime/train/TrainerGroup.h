@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -86,6 +87,11 @@ public:
   Status readFullState(std::vector<std::vector<uint16_t>> &params,
                        TrainingState &state);
   int64_t stepsDone() const { return completedSteps; }
+  /// Every rank's known bad rows, ascending: those the resumed state knew
+  /// and those any rank skipped since. What a checkpoint stores.
+  std::vector<int64_t> knownBadRows() const {
+    return {badRows.begin(), badRows.end()};
+  }
 
 private:
   struct Worker;
@@ -125,6 +131,8 @@ private:
   int64_t completedSteps = 0;
   /// Every rank's anchor Rng state after the last step, in rank order.
   std::vector<Rng::State> rankRngStates;
+  /// TrainerGroup::knownBadRows; gatherStep adds every rank's.
+  std::set<int64_t> badRows;
   std::string lastCheckpoint;
   double flopsPerStep = 0;
   const RowSource *evalRows = nullptr; ///< held-out rows, if any

@@ -89,6 +89,15 @@ Status Trainer::readOptimizerState(TrainingState &state) {
   return Status::success();
 }
 
+std::vector<int64_t> Trainer::knownBadRows() const {
+  std::vector<int64_t> rows = restored;
+  for (const SkippedRow &row : skipped)
+    rows.push_back(row.row);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
 Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
                           TrainingState &state) {
   if (!initialised)
@@ -105,12 +114,14 @@ Status Trainer::readState(std::vector<std::vector<uint16_t>> &params,
   state.step = completedSteps;
   state.data = dataPosition;
   state.rngState = anchorRng;
+  state.badRows = knownBadRows();
   return Status::success();
 }
 
 Status Trainer::saveCheckpoint(std::string &dir,
                                const std::vector<Rng::State> &rankRngStates,
-                               const TrainingState *assembled) {
+                               const TrainingState *assembled,
+                               const std::vector<int64_t> *badRows) {
   if (poisoned)
     return Status::error("the device state is not finite and is not saved");
   if (aborted)
@@ -145,6 +156,7 @@ Status Trainer::saveCheckpoint(std::string &dir,
   state.data = dataPosition;
   state.rngState = anchorRng;
   state.otherRankRngStates.clear();
+  state.badRows = badRows ? *badRows : knownBadRows();
   if (world > 1) {
     state.rngState = rankRngStates.front();
     state.otherRankRngStates.assign(rankRngStates.begin() + 1,

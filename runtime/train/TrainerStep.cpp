@@ -238,7 +238,7 @@ Status Trainer::step(StepMetrics &metrics) {
                      where + ": copying the batch to the device"));
   DataPosition positionAfter = batch->positionAfter;
   Rng::State rngAfter = batch->anchorRngAfter;
-  std::vector<std::string> skippedNow = batch->skippedRows;
+  std::vector<SkippedRow> skippedNow = batch->skippedRows;
   lease.release();
   if (completedSteps + 1 < options.finalStep) // the last step stages nothing
     stagingError = stageNextBatch();
@@ -311,6 +311,8 @@ Status Trainer::step(StepMetrics &metrics) {
   dataPosition = positionAfter;
   anchorRng = rngAfter;
   skipped.insert(skipped.end(), skippedNow.begin(), skippedNow.end());
-  metrics.skippedRows = int64_t(skipped.size());
+  metrics.skippedRows = int64_t(restored.size() + skipped.size());
+  for (const SkippedRow &row : skippedNow)
+    metrics.badRowsNow.push_back(row.row);
   return Status::success();
 }

@@ -437,16 +437,21 @@ class SuiteRun:
             if not text:
                 problems.append(f"no line with '{check['lines_with']}'")
         problems += [f"no '{s}'" for s in check.get("contains", []) if s not in text]
+        problems += [f"'{s}' is there" for s in check.get("lacks", []) if s in text]
         result = ""
         if "names_from" in check:
             names = [l.strip() for l in _read(self.path(check["names_from"], where)).splitlines()
                      if l.strip()]
             suffix = check.get("suffix", "")
             named = [n for n in names if n + suffix in text]
-            wanted = check.get("at_least", len(names))
             result = f"{len(named)} of {len(names)} names found"
-            if len(named) < wanted or not names:
-                problems.append(f"{result}, {wanted} wanted")
+            if check.get("none_named"):
+                if named or not names:
+                    problems.append(f"{result}, none wanted")
+            else:
+                wanted = check.get("at_least", len(names))
+                if len(named) < wanted or not names:
+                    problems.append(f"{result}, {wanted} wanted")
         return (not problems, "; ".join(problems) or result or "found", None, None)
 
     def judge_curve(self, a, b, check):

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include <cstring>
+#include <map>
 #include <set>
 
 using namespace dflash;
@@ -44,6 +45,7 @@ public:
   int64_t numRows() const override { return rows; }
   bool hasPinnedAnchors() const override { return false; }
   Status readRow(int64_t index, const RowBuffers &out) const override {
+    ++readCounts[index];
     for (int64_t t = 0; t < config.seqLen; ++t) {
       out.inputIds[t] = int32_t(index);
       out.lossMask[t] = 1;
@@ -58,11 +60,17 @@ public:
   std::string describeRow(int64_t index) const override {
     return "shard-7.safetensors row " + std::to_string(index);
   }
+  /// How often row `index` was read.
+  int64_t reads(int64_t index) const {
+    auto it = readCounts.find(index);
+    return it == readCounts.end() ? 0 : it->second;
+  }
 
 private:
   ModelConfig config;
   int64_t rows;
   std::vector<int64_t> poisoned;
+  mutable std::map<int64_t, int64_t> readCounts;
 };
 
 std::vector<int64_t> rowsOf(BatchLoader &loader) {
@@ -167,8 +175,10 @@ TEST(RuntimeBatchLoader, SkipsNonFiniteRowsUpToTheLimit) {
       for (int64_t n = 0; n < c.anchorsPerRow && bad; ++n)
         EXPECT_EQ(batch.keep[size_t(b * c.anchorsPerRow + n)], 0);
     }
-    named.insert(named.end(), batch.skippedRows.begin(),
-                 batch.skippedRows.end());
+    for (const SkippedRow &row : batch.skippedRows) {
+      EXPECT_TRUE(row.row == 2 || row.row == 5 || row.row == 6) << row.row;
+      named.push_back(row.what);
+    }
   }
   // The third bad row of the epoch stops the run, naming it.
   ASSERT_FALSE(s.ok());
@@ -208,6 +218,33 @@ TEST(RuntimeBatchLoader, CountsEachBadRowOnceAcrossEpochs) {
   EXPECT_EQ(loader.position().epoch, 2);
   EXPECT_EQ(loader.badRowsSeen(), 2);
   EXPECT_EQ(named, 2u);
+}
+
+// Rows a resumed state knew as bad are skipped unread: not read, counted or
+// named, and not against the limit (0 here: a new bad row would fail).
+TEST(RuntimeBatchLoader, KnownBadRowsAreSkippedUnread) {
+  ModelConfig c = smallConfig();
+  CountingSource source(c, 8, /*poisoned=*/{2, 5});
+  BatchLoader loader(source, c, 1);
+  loader.setMaxBadRows(0);
+  loader.addKnownBadRows({2, 5});
+  HostBatch batch;
+  int64_t emptied = 0;
+  for (int i = 0; i < 8; ++i) { // two epochs
+    ASSERT_TRUE(loader.next(batch).ok()) << "batch " << i;
+    EXPECT_TRUE(batch.skippedRows.empty());
+    for (int64_t b = 0; b < c.rowsPerGpu; ++b) {
+      const int64_t row = batch.rows[size_t(b)];
+      if (row != 2 && row != 5)
+        continue;
+      ++emptied;
+      for (int64_t t = 0; t < c.seqLen; ++t)
+        EXPECT_EQ(batch.lossMask[size_t(b * c.seqLen + t)], 0);
+    }
+  }
+  EXPECT_EQ(emptied, 4);
+  EXPECT_EQ(loader.badRowsSeen(), 0);
+  EXPECT_EQ(source.reads(2) + source.reads(5), 0);
 }
 
 // An evaluation reads every row exactly once, in source order, over its

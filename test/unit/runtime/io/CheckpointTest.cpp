@@ -511,6 +511,58 @@ TEST(RuntimeCheckpoint, TrainingStateRoundTrip) {
   EXPECT_EQ(loaded.master, state.master);
   EXPECT_EQ(loaded.adamM, state.adamM);
   EXPECT_EQ(loaded.adamV, state.adamV);
+  EXPECT_EQ(loaded.badRows, state.badRows);
+}
+
+// The known bad rows: none, some, and a file from before they were saved
+// (no tensor: none); out of order or negative is refused, naming the entry.
+TEST(RuntimeCheckpoint, TrainingStateBadRows) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  auto params = initialParameters(c, 1);
+  TrainingState state = sampleState(c);
+  std::string out = dir / "ckpt";
+  std::string file = out + "/training/state.safetensors";
+  TrainingState loaded;
+  for (std::vector<int64_t> rows :
+       {std::vector<int64_t>{}, std::vector<int64_t>{0, 7, 1000000007}}) {
+    state.badRows = rows;
+    ASSERT_TRUE(
+        saveTrainingCheckpoint(out, c, pointers(params), state.ref()).ok());
+    Status s = loadTrainingState(out, c, loaded);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(loaded.badRows, rows);
+  }
+
+  // Without the tensor, as written before it existed.
+  {
+    SafetensorsFile saved;
+    ASSERT_TRUE(saved.open(file).ok());
+    std::vector<TensorData> tensors;
+    for (const TensorView &view : saved.tensors())
+      if (view.name != "bad_rows")
+        tensors.push_back({view.name, view.dtype, view.shape, view.data});
+    std::string old = dir / "old.safetensors";
+    ASSERT_TRUE(writeSafetensors(old, tensors, saved.metadata()).ok());
+    saved = SafetensorsFile();
+    fs::rename(old, file);
+  }
+  loaded.badRows = {3};
+  ASSERT_TRUE(loadTrainingState(out, c, loaded).ok());
+  EXPECT_TRUE(loaded.badRows.empty());
+
+  for (std::vector<int64_t> rows :
+       {std::vector<int64_t>{4, 4}, std::vector<int64_t>{-1}}) {
+    state.badRows = rows;
+    ASSERT_TRUE(
+        saveTrainingCheckpoint(out, c, pointers(params), state.ref()).ok());
+    EXPECT_EQ(loadTrainingState(out, c, loaded).message(),
+              file + ": tensor 'bad_rows' entry " +
+                  std::to_string(rows.size() - 1) + " (" +
+                  std::to_string(rows.back()) +
+                  ") is negative or not above the one before; the rows must "
+                  "be distinct and ascending");
+  }
 }
 
 TEST(RuntimeCheckpoint, TrainingStateRejectsCorruptFiles) {
