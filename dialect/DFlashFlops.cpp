@@ -22,6 +22,7 @@ int64_t DraftTargetsOp::getFlopCount() { return 0; }
 int64_t DraftAcceptanceOp::getFlopCount() { return 0; }
 int64_t EmbedOp::getFlopCount() { return 0; }
 int64_t ReshapeOp::getFlopCount() { return 0; }
+int64_t RowSliceOp::getFlopCount() { return 0; }
 
 int64_t LinearOp::getFlopCount() {
   auto w = cast<RankedTensorType>(getWeight().getType());

@@ -248,6 +248,30 @@ LogicalResult ReshapeOp::verify() {
                                getResult());
 }
 
+LogicalResult RowSliceOp::verify() {
+  RankedTensorType in = tensorType(getInput()), out = tensorType(getResult());
+  // row_slice C1
+  if (in.getRank() < 1 || in.getRank() != out.getRank())
+    return emitOpError() << "(C1) input has rank " << in.getRank()
+                         << " and the result rank " << out.getRank()
+                         << ": both must have the same rank, at least 1";
+  // row_slice C2
+  for (int64_t d = 1; d < in.getRank(); ++d)
+    if (in.getDimSize(d) != out.getDimSize(d))
+      return emitOpError() << "(C2) dimension " << d << " is "
+                           << in.getDimSize(d) << " in the input but "
+                           << out.getDimSize(d) << " in the result";
+  // row_slice C3
+  int64_t offset = getOffset(), rows = out.getDimSize(0);
+  if (offset < 0 || rows < 1 || offset + rows > in.getDimSize(0))
+    return emitOpError() << "(C3) rows [" << offset << ", " << offset + rows
+                         << ") are not inside the input's " << in.getDimSize(0)
+                         << " rows";
+  // row_slice C4
+  return expectSameElementType(*this, "C4", "input", getInput(), "result",
+                               getResult());
+}
+
 LogicalResult RopeOp::verify() {
   Operation *op = *this;
   // rope C1

@@ -217,6 +217,26 @@ def DFlash_ReshapeOp : DFlash_PureOp<"reshape", [DFlash_Differentiable]> {
       "$input attr-dict `:` functional-type(operands, results)";
 }
 
+def DFlash_RowSliceOp : DFlash_PureOp<"row_slice"> {
+  let summary = "Rows [offset, offset + n) of a tensor, as a view";
+  let description = [{
+    The micro-batch `offset / n` of a step's rows (gradient accumulation,
+    `[training] gradient_accumulation`): the result is the `n` rows of its
+    leading dimension starting at `offset`, the other dimensions whole.
+    Row-major, so the rows are contiguous: the lowering reads them in
+    place, and nothing runs.
+
+    ```mlir
+    %ids1 = dflash.row_slice %ids {offset = 2 : i64}
+        : (tensor<8x3072xi32>) -> tensor<2x3072xi32>
+    ```
+  }];
+  let arguments = (ins AnyRankedTensor:$input, I64Attr:$offset);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat =
+      "$input attr-dict `:` functional-type(operands, results)";
+}
+
 def DFlash_RopeOp : DFlash_PureOp<"rope", [DFlash_Differentiable]> {
   let summary = "Rotary position embedding, rotate-half form";
   let description = [{

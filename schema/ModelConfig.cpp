@@ -28,6 +28,7 @@ Status dflash::validateModelConfig(const ModelConfig &c) {
       {"seq_len", c.seqLen},
       {"anchors_per_row", c.anchorsPerRow},
       {"rows_per_gpu", c.rowsPerGpu},
+      {"gradient_accumulation", c.gradientAccumulation},
   };
   for (const Positive &p : positives)
     if (p.value <= 0)

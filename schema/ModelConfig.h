@@ -49,7 +49,14 @@ struct ModelConfig {
   // Training ([training]).
   int64_t seqLen = 3072;
   int64_t anchorsPerRow = 512;
+  /// Rows of one micro-batch on one GPU: what a forward and backward pass
+  /// holds at once.
   int64_t rowsPerGpu = 4;
+  /// Micro-batches per optimizer step (gradient accumulation): a step reads
+  /// rowsPerStep() rows per GPU and runs the forward and backward pass on
+  /// rowsPerGpu of them at a time, its gradients summed, then one
+  /// all-reduce and one AdamW update.
+  int64_t gradientAccumulation = 1;
   double gamma = 0; ///< loss decay; 0 disables
   int64_t seed = 0;
   double initStd = 0.02;
@@ -70,6 +77,8 @@ struct ModelConfig {
   int64_t qDim() const { return numHeads * headDim; }
   int64_t kvDim() const { return numKvHeads * headDim; }
   int64_t draftLength() const { return anchorsPerRow * blockSize; } ///< Q
+  /// Rows per GPU that one optimizer step reads: every micro-batch's.
+  int64_t rowsPerStep() const { return rowsPerGpu * gradientAccumulation; }
   bool layerSlides(int64_t layer) const {
     return layerWindows[size_t(layer)] > 0;
   }
@@ -105,6 +114,7 @@ void forEachModelConfigField(Config &c, Visitor &&visit) {
   DFLASH_FIELD("seq_len", seqLen);
   DFLASH_FIELD("anchors_per_row", anchorsPerRow);
   DFLASH_FIELD("rows_per_gpu", rowsPerGpu);
+  DFLASH_FIELD("gradient_accumulation", gradientAccumulation);
   DFLASH_FIELD("gamma", gamma);
   DFLASH_FIELD("seed", seed);
   DFLASH_FIELD("init_std", initStd);

@@ -83,7 +83,7 @@ std::optional<ForwardSum> dflash::parseForwardSum(std::string_view name) {
 DType dflash::dtypeOf(StepInput input) { return kInputDTypes[int(input)]; }
 
 std::vector<int64_t> dflash::shapeOf(StepInput input, const ModelConfig &c) {
-  const int64_t B = c.rowsPerGpu, S = c.seqLen, N = c.anchorsPerRow;
+  const int64_t B = c.rowsPerStep(), S = c.seqLen, N = c.anchorsPerRow;
   switch (input) {
   case StepInput::InputIds:
   case StepInput::LossMask:

@@ -52,6 +52,10 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   os << "  step       " << s.rowsPerGpu << " rows/GPU x " << s.seqLen
      << " context, " << s.anchorsPerRow << " anchors -> " << s.draftLength()
      << " draft slots/row, gamma " << llvm::format("%g", s.gamma) << "\n";
+  if (s.gradientAccumulation > 1)
+    os << "  accumulate " << s.gradientAccumulation << " micro-batches of "
+       << s.rowsPerGpu << " rows per optimizer step (" << s.rowsPerStep()
+       << " rows/GPU)\n";
   os << "  layers     ";
   for (int64_t i = 0; i < s.numLayers; ++i) {
     const int64_t window = s.layerWindows[size_t(i)];

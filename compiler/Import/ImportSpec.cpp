@@ -172,91 +172,153 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   b.setInsertionPointToStart(entry);
   auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
 
-  // 1. Context features, shared by every layer.
-  Location fcLoc = loc("target.layer_ids", "fc");
-  Value ctx = rmsNorm(linear(arg(aHidden), arg(aFc), fcLoc), arg(aHiddenNorm),
-                      loc("drafter", "hidden_norm"));
+  // One micro-batch's forward graph: B rows of the inputs (the whole step
+  // without accumulation), its labels and weights when the step computed
+  // them; its forward sums.
+  auto microBatch = [&](Value ids, Value mask, Value hidden, Value anchors,
+                        Value keep, Value positions, Value embed, Value head,
+                        Value stepLabels,
+                        Value stepWeights) -> SmallVector<Value> {
+    // 1. Context features, shared by every layer.
+    Location fcLoc = loc("target.layer_ids", "fc");
+    Value ctx = rmsNorm(linear(hidden, arg(aFc), fcLoc), arg(aHiddenNorm),
+                        loc("drafter", "hidden_norm"));
 
-  // 2-3. Draft stream and positions; labels and loss weights.
-  Location blockLoc = loc("drafter.block_size", "draft_blocks");
-  Value noiseIds = DraftTokensOp::create(
-      b, loc("drafter.mask_token_id", "draft_tokens"), t({B, Q}, i32),
-      arg(aIds), arg(aAnchors), arg(aKeep), b.getI64IntegerAttr(bs),
-      b.getI64IntegerAttr(spec.maskTokenId));
-  Value x = EmbedOp::create(b, loc("target", "embed"), t({B, Q, H}, bf16()),
-                            arg(aEmbed), noiseIds);
-  Value draftPos =
-      DraftPositionsOp::create(b, blockLoc, t({B, Q}, i32), arg(aAnchors),
-                               arg(aPositions), b.getI64IntegerAttr(bs));
-  Value ctxPos = arg(aPositions);
-  auto targets = DraftTargetsOp::create(
-      b, loc("training.gamma", "draft_targets"), t({B, Q}, i32), t({B, Q}, f32),
-      arg(aIds), arg(aMask), arg(aAnchors), arg(aKeep), arg(aPositions),
-      b.getI64IntegerAttr(bs), b.getF64FloatAttr(spec.gamma));
+    // 2-3. Draft stream and positions; labels and loss weights.
+    Location blockLoc = loc("drafter.block_size", "draft_blocks");
+    Value noiseIds = DraftTokensOp::create(
+        b, loc("drafter.mask_token_id", "draft_tokens"), t({B, Q}, i32), ids,
+        anchors, keep, b.getI64IntegerAttr(bs),
+        b.getI64IntegerAttr(spec.maskTokenId));
+    Value x = EmbedOp::create(b, loc("target", "embed"), t({B, Q, H}, bf16()),
+                              embed, noiseIds);
+    Value draftPos =
+        DraftPositionsOp::create(b, blockLoc, t({B, Q}, i32), anchors,
+                                 positions, b.getI64IntegerAttr(bs));
+    Value ctxPos = positions;
+    Value labels = stepLabels, weights = stepWeights;
+    if (!labels) {
+      auto targets = DraftTargetsOp::create(
+          b, loc("training.gamma", "draft_targets"), t({B, Q}, i32),
+          t({B, Q}, f32), ids, mask, anchors, keep, positions,
+          b.getI64IntegerAttr(bs), b.getF64FloatAttr(spec.gamma));
+      labels = targets.getLabels();
+      weights = targets.getWeights();
+    }
 
-  // 4. Layers.
-  for (int64_t i = 0; i < spec.numLayers; ++i) {
-    auto la = [&](LayerParam which) { return layerArg(i, which); };
-    std::string p = "layers." + std::to_string(i) + ".";
-    std::string key = layerKey(i);
-    Location attnLoc = loc(key, p + "self_attn");
-    Location mlpLoc = loc(key, p + "mlp");
+    // 4. Layers.
+    for (int64_t i = 0; i < spec.numLayers; ++i) {
+      auto la = [&](LayerParam which) { return layerArg(i, which); };
+      std::string p = "layers." + std::to_string(i) + ".";
+      std::string key = layerKey(i);
+      Location attnLoc = loc(key, p + "self_attn");
+      Location mlpLoc = loc(key, p + "mlp");
 
-    Value h = rmsNorm(x, arg(la(LayerParam::InputNorm)),
-                      loc(key, p + "input_layernorm"));
-    Value q = reshape(linear(h, arg(la(LayerParam::QProj)), attnLoc),
-                      {B, Q, nh, d}, attnLoc);
-    q = rope(rmsNorm(q, arg(la(LayerParam::QNorm)), attnLoc), draftPos,
-             attnLoc);
-    auto keys = [&](Value src, int64_t rows, Value pos) {
-      Value k = reshape(linear(src, arg(la(LayerParam::KProj)), attnLoc),
-                        {B, rows, nkv, d}, attnLoc);
-      return rope(rmsNorm(k, arg(la(LayerParam::KNorm)), attnLoc), pos,
-                  attnLoc);
+      Value h = rmsNorm(x, arg(la(LayerParam::InputNorm)),
+                        loc(key, p + "input_layernorm"));
+      Value q = reshape(linear(h, arg(la(LayerParam::QProj)), attnLoc),
+                        {B, Q, nh, d}, attnLoc);
+      q = rope(rmsNorm(q, arg(la(LayerParam::QNorm)), attnLoc), draftPos,
+               attnLoc);
+      auto keys = [&](Value src, int64_t rows, Value pos) {
+        Value k = reshape(linear(src, arg(la(LayerParam::KProj)), attnLoc),
+                          {B, rows, nkv, d}, attnLoc);
+        return rope(rmsNorm(k, arg(la(LayerParam::KNorm)), attnLoc), pos,
+                    attnLoc);
+      };
+      auto values = [&](Value src, int64_t rows) {
+        return reshape(linear(src, arg(la(LayerParam::VProj)), attnLoc),
+                       {B, rows, nkv, d}, attnLoc);
+      };
+      Value kc = keys(ctx, S, ctxPos), vc = values(ctx, S);
+      Value kd = keys(h, Q, draftPos), vd = values(h, Q);
+
+      bool sliding = spec.layerSlides(i);
+      IntegerAttr window =
+          sliding ? b.getI64IntegerAttr(spec.layerWindows[size_t(i)]) : nullptr;
+      UnitAttr causal = sliding ? b.getUnitAttr() : nullptr;
+      auto attn = BlockAttentionOp::create(
+          b, attnLoc, TypeRange{q.getType(), t({B, Q, nh}, f32)}, q, kc, vc, kd,
+          vd, anchors, keep, positions, b.getI64IntegerAttr(bs), window,
+          causal);
+      Value o = reshape(attn.getResult(), {B, Q, nh * d}, attnLoc);
+      x = AddOp::create(b, attnLoc, x.getType(), x,
+                        linear(o, arg(la(LayerParam::OProj)), attnLoc));
+
+      Value h2 = rmsNorm(x, arg(la(LayerParam::PostNorm)),
+                         loc(key, p + "post_attention_layernorm"));
+      Value g = linear(h2, arg(la(LayerParam::GateProj)), mlpLoc);
+      Value u = linear(h2, arg(la(LayerParam::UpProj)), mlpLoc);
+      Value s = SwigluOp::create(b, mlpLoc, g.getType(), g, u);
+      x = AddOp::create(b, mlpLoc, x.getType(), x,
+                        linear(s, arg(la(LayerParam::DownProj)), mlpLoc));
+    }
+
+    // 5. Final norm, lm_head and the weighted cross-entropy.
+    Value y = rmsNorm(x, arg(aNorm), loc("drafter", "norm"));
+    auto ce = LmHeadCeOp::create(b, loc("target.vocab_size", "lm_head_ce"),
+                                 scalar, scalar, scalar, scalar, t({B, Q}, i8),
+                                 y, head, labels, weights);
+    // What greedy verification would accept (SEMANTICS.md section 10).
+    auto accepted = DraftAcceptanceOp::create(
+        b, blockLoc, scalar, scalar, t({bs}, f32), t({bs}, f32), ce.getHits(),
+        weights, keep, b.getI64IntegerAttr(bs));
+    // In ForwardSum order.
+    return {ce.getLossSum(),
+            ce.getWeightSum(),
+            ce.getCorrect(),
+            ce.getCount(),
+            accepted.getRunSum(),
+            accepted.getKeptBlocks(),
+            accepted.getPositionHits(),
+            accepted.getPositionCounts()};
+  };
+
+  // With gradient accumulation the step's rows are K micro-batches of B
+  // rows (row slices of the inputs, read in place); each runs the whole
+  // forward graph, and the step's sums are theirs added up. The labels and
+  // loss weights of every row come first, in one op: the backward pass's
+  // seed 1/sum(w) needs the weights of every micro-batch.
+  const int64_t K = spec.gradientAccumulation;
+  Location accumulationLoc =
+      loc("training.gradient_accumulation", "micro_batch");
+  DraftTargetsOp stepTargets;
+  if (K > 1)
+    stepTargets = DraftTargetsOp::create(
+        b, loc("training.gamma", "draft_targets"), t({K * B, Q}, i32),
+        t({K * B, Q}, f32), arg(aIds), arg(aMask), arg(aAnchors), arg(aKeep),
+        arg(aPositions), b.getI64IntegerAttr(bs),
+        b.getF64FloatAttr(spec.gamma));
+  SmallVector<Value> stepSums;
+  for (int64_t m = 0; m < K; ++m) {
+    // Rows [m B, (m + 1) B) of a step-wide value.
+    auto rows = [&](Value v) -> Value {
+      if (K == 1)
+        return v;
+      auto type = cast<RankedTensorType>(v.getType());
+      SmallVector<int64_t> shape(type.getShape());
+      shape[0] = B;
+      return RowSliceOp::create(
+          b, accumulationLoc,
+          RankedTensorType::get(shape, type.getElementType()), v,
+          b.getI64IntegerAttr(m * B));
     };
-    auto values = [&](Value src, int64_t rows) {
-      return reshape(linear(src, arg(la(LayerParam::VProj)), attnLoc),
-                     {B, rows, nkv, d}, attnLoc);
-    };
-    Value kc = keys(ctx, S, ctxPos), vc = values(ctx, S);
-    Value kd = keys(h, Q, draftPos), vd = values(h, Q);
-
-    bool sliding = spec.layerSlides(i);
-    IntegerAttr window =
-        sliding ? b.getI64IntegerAttr(spec.layerWindows[size_t(i)]) : nullptr;
-    UnitAttr causal = sliding ? b.getUnitAttr() : nullptr;
-    auto attn = BlockAttentionOp::create(
-        b, attnLoc, TypeRange{q.getType(), t({B, Q, nh}, f32)}, q, kc, vc, kd,
-        vd, arg(aAnchors), arg(aKeep), arg(aPositions), b.getI64IntegerAttr(bs),
-        window, causal);
-    Value o = reshape(attn.getResult(), {B, Q, nh * d}, attnLoc);
-    x = AddOp::create(b, attnLoc, x.getType(), x,
-                      linear(o, arg(la(LayerParam::OProj)), attnLoc));
-
-    Value h2 = rmsNorm(x, arg(la(LayerParam::PostNorm)),
-                       loc(key, p + "post_attention_layernorm"));
-    Value g = linear(h2, arg(la(LayerParam::GateProj)), mlpLoc);
-    Value u = linear(h2, arg(la(LayerParam::UpProj)), mlpLoc);
-    Value s = SwigluOp::create(b, mlpLoc, g.getType(), g, u);
-    x = AddOp::create(b, mlpLoc, x.getType(), x,
-                      linear(s, arg(la(LayerParam::DownProj)), mlpLoc));
+    Value ids = rows(arg(aIds)), mask = rows(arg(aMask));
+    Value hidden = rows(arg(aHidden)), anchors = rows(arg(aAnchors));
+    Value keep = rows(arg(aKeep)), positions = rows(arg(aPositions));
+    SmallVector<Value> sums = microBatch(
+        ids, mask, hidden, anchors, keep, positions, arg(aEmbed), arg(aHead),
+        stepTargets ? rows(stepTargets.getLabels()) : Value(),
+        stepTargets ? rows(stepTargets.getWeights()) : Value());
+    if (m == 0) {
+      stepSums = sums;
+      continue;
+    }
+    for (auto [total, part] : llvm::zip(stepSums, sums))
+      total = AddOp::create(b, accumulationLoc, total.getType(), total, part);
   }
-
-  // 5. Final norm, lm_head and the weighted cross-entropy.
-  Value y = rmsNorm(x, arg(aNorm), loc("drafter", "norm"));
-  auto ce = LmHeadCeOp::create(
-      b, loc("target.vocab_size", "lm_head_ce"), scalar, scalar, scalar, scalar,
-      t({B, Q}, i8), y, arg(aHead), targets.getLabels(), targets.getWeights());
-  // What greedy verification would accept (SEMANTICS.md section 10).
-  auto accepted = DraftAcceptanceOp::create(
-      b, blockLoc, scalar, scalar, t({bs}, f32), t({bs}, f32), ce.getHits(),
-      targets.getWeights(), arg(aKeep), b.getI64IntegerAttr(bs));
   // In ForwardSum order.
-  func::ReturnOp::create(
-      b, specLoc,
-      ValueRange{ce.getLossSum(), ce.getWeightSum(), ce.getCorrect(),
-                 ce.getCount(), accepted.getRunSum(), accepted.getKeptBlocks(),
-                 accepted.getPositionHits(), accepted.getPositionCounts()});
+  func::ReturnOp::create(b, specLoc, stepSums);
   return module;
 }
 

@@ -77,7 +77,7 @@ private:
 };
 
 OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
-  const int64_t B = spec.rowsPerGpu, S = spec.seqLen;
+  const int64_t B = spec.rowsPerStep(), S = spec.seqLen;
   const int64_t H = target.hiddenSize, I = target.intermediateSize;
   const int64_t nh = target.numHeads, nkv = target.numKvHeads;
   const int64_t d = target.headDim, V = target.vocabSize;

@@ -261,6 +261,16 @@ LogicalResult Evaluator::evalForward(Operation *op) {
         out(o.getResult()).data = in(o.getInput()).data;
         return success();
       })
+      .Case([&](RowSliceOp o) {
+        const std::vector<double> &from = in(o.getInput()).data;
+        auto type = cast<RankedTensorType>(o.getResult().getType());
+        size_t n = size_t(type.getNumElements());
+        size_t rowElems = n / size_t(type.getDimSize(0));
+        auto begin =
+            from.begin() + std::ptrdiff_t(size_t(o.getOffset()) * rowElems);
+        out(o.getResult()).data.assign(begin, begin + std::ptrdiff_t(n));
+        return success();
+      })
       .Case([&](RopeOp o) {
         auto x = shapeOf(o.getInput());
         ref::rope<double>(ptr(o.getInput()),

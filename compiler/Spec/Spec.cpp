@@ -510,6 +510,8 @@ bool SpecReader::readTraining() {
   if (!readInt("seq_len", spec.seqLen, false, 2, 1 << 20) ||
       !readInt("anchors_per_row", spec.anchorsPerRow, false, 1, 1 << 20) ||
       !readInt("rows_per_gpu", spec.rowsPerGpu, false, 1, 1 << 16) ||
+      !readInt("gradient_accumulation", spec.gradientAccumulation, false, 1,
+               1 << 12) ||
       !readFloat("gamma", spec.gamma, false, true, /*allowZero=*/true) ||
       !readInt("seed", spec.seed, false, 0,
                std::numeric_limits<int64_t>::max()) ||
@@ -716,6 +718,7 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "seq_len = " << s.seqLen << "\n";
   os << "anchors_per_row = " << s.anchorsPerRow << "\n";
   os << "rows_per_gpu = " << s.rowsPerGpu << "\n";
+  os << "gradient_accumulation = " << s.gradientAccumulation << "\n";
   os << "gamma = " << fmtFloat(s.gamma)
      << (s.gammaDefaulted ? "  # default for this block size" : "") << "\n";
   os << "seed = " << s.seed << "\n";

@@ -64,30 +64,24 @@ void AppendOptimizerPass::runOnOperation() {
     }
     sums.push_back(ret.getOperand(*i));
   }
-  Operation *lossOp = sums[0].getDefiningOp();
-  if (!lossOp || llvm::any_of(ArrayRef(sums).take_front(4), [&](Value v) {
-        return v.getDefiningOp() != lossOp;
-      })) {
-    step.emitError("the forward sums must all come from one dflash.lm_head_ce");
-    return signalPassFailure();
-  }
-  Operation *acceptanceOp = sums[4].getDefiningOp();
-  if (!acceptanceOp ||
-      llvm::any_of(
-          ArrayRef(sums).drop_front(4),
-          [&](Value v) { return v.getDefiningOp() != acceptanceOp; }) ||
-      acceptanceOp->getBlock() != lossOp->getBlock() ||
-      acceptanceOp->isBeforeInBlock(lossOp)) {
-    step.emitError("run_sum, kept_blocks, position_hits and position_counts "
-                   "must come from one dflash.draft_acceptance after the "
-                   "dflash.lm_head_ce");
-    return signalPassFailure();
+  // The sums are all known after the last op that defines one (the loss
+  // and acceptance ops, or with gradient accumulation the adds of every
+  // micro-batch's).
+  Operation *lastSum = nullptr;
+  for (Value v : sums) {
+    Operation *def = v.getDefiningOp();
+    if (!def || def->getBlock() != &step.front()) {
+      step.emitError("the forward sums must be computed by ops of @step");
+      return signalPassFailure();
+    }
+    if (!lastSum || lastSum->isBeforeInBlock(def))
+      lastSum = def;
   }
 
   // Global sums, then the seed of the backward pass.
   OpBuilder b(ctx);
-  b.setInsertionPointAfter(acceptanceOp);
-  Location loc = lossOp->getLoc();
+  b.setInsertionPointAfter(lastSum);
+  Location loc = sums[0].getDefiningOp()->getLoc();
   Type scalar = RankedTensorType::get({}, Float32Type::get(ctx));
   auto reduced = AllReduceOp::create(b, loc, ValueRange(sums).getTypes(), sums);
   auto stats = LossStatsOp::create(b, loc, scalar, scalar, scalar, scalar,

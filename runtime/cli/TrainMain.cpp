@@ -235,15 +235,20 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
       std::fprintf(stderr, "train: %s\n", message.c_str());
   };
   note(config.name + ": " + std::to_string(numParameters(config)) +
-       " trainable parameters; " + std::to_string(config.rowsPerGpu) +
-       " rows x " + std::to_string(config.seqLen) + " tokens per GPU and step");
+       " trainable parameters; " + std::to_string(config.rowsPerStep()) +
+       " rows x " + std::to_string(config.seqLen) + " tokens per GPU and step" +
+       (config.gradientAccumulation > 1
+            ? ", in " + std::to_string(config.gradientAccumulation) +
+                  " micro-steps of " + std::to_string(config.rowsPerGpu) +
+                  " rows (gradient accumulation)"
+            : std::string()));
   if (world > 1 || options.nccl)
     note("data parallel over " + std::to_string(world) + " GPU" +
          (world > 1 ? "s" : "") +
          (nodes > 1 ? " (" + std::to_string(nodes) + " nodes x " +
                           std::to_string(options.gpus.size()) + ")"
                     : std::string()) +
-         " with NCCL: " + std::to_string(world * config.rowsPerGpu) +
+         " with NCCL: " + std::to_string(world * config.rowsPerStep()) +
          " rows per step");
   if (!run.resumedFrom.empty())
     note("resuming " + run.resumedFrom + " at step " +

@@ -77,9 +77,14 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
 
   CLI::App app("Trains the '" + config.name +
                    "' DFlash drafter, compiled by dflashc: " +
-                   std::to_string(config.rowsPerGpu) + " rows of " +
-                   std::to_string(config.seqLen) + " tokens per GPU, " +
-                   std::to_string(config.anchorsPerRow) + " blocks of " +
+                   std::to_string(config.rowsPerStep()) + " rows of " +
+                   std::to_string(config.seqLen) + " tokens per GPU" +
+                   (config.gradientAccumulation > 1
+                        ? " (" + std::to_string(config.gradientAccumulation) +
+                              " micro-batches of " +
+                              std::to_string(config.rowsPerGpu) + ")"
+                        : std::string()) +
+                   ", " + std::to_string(config.anchorsPerRow) + " blocks of " +
                    std::to_string(config.blockSize) + " draft tokens per row.",
                "train");
   app.get_formatter()->column_width(34);

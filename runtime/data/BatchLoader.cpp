@@ -14,7 +14,7 @@ static_assert(std::is_same_v<Rng::State, RngState>,
               "Checkpoint.h's RngState must be Rng::State");
 
 void HostBatch::resize(const ModelConfig &c) {
-  const size_t B = size_t(c.rowsPerGpu), S = size_t(c.seqLen);
+  const size_t B = size_t(c.rowsPerStep()), S = size_t(c.seqLen);
   const size_t N = size_t(c.anchorsPerRow);
   inputIds.assign(B * S, 0);
   lossMask.assign(B * S, 0);
@@ -31,19 +31,19 @@ BatchLoader::BatchLoader(const RowSource &source, const ModelConfig &config,
     : source(source), config(config), seed(seed), rank(rank),
       worldSize(worldSize),
       anchorRng(Rng::forStream(seed, kAnchorStream + uint64_t(rank))),
-      sampler(config.rowsPerGpu, config.seqLen, config.anchorsPerRow) {}
+      sampler(config.rowsPerStep(), config.seqLen, config.anchorsPerRow) {}
 
 int64_t BatchLoader::batchesPerPass() const {
-  const int64_t global = worldSize * config.rowsPerGpu;
+  const int64_t global = worldSize * config.rowsPerStep();
   return (source.numRows() + global - 1) / global;
 }
 
 Status BatchLoader::validate() const {
-  int64_t need = evaluation ? 1 : worldSize * config.rowsPerGpu;
+  int64_t need = evaluation ? 1 : worldSize * config.rowsPerStep();
   if (source.numRows() < need)
     return Status::error("the data has " + std::to_string(source.numRows()) +
                          " rows but one step needs " + std::to_string(need) +
-                         " (" + std::to_string(config.rowsPerGpu) +
+                         " (" + std::to_string(config.rowsPerStep()) +
                          " rows per GPU x " + std::to_string(worldSize) +
                          " GPUs)");
   if (rank < 0 || rank >= worldSize)
@@ -76,7 +76,7 @@ Status BatchLoader::seek(const DataPosition &position,
 
 Status BatchLoader::next(HostBatch &batch) {
   DFLASH_RETURN_IF_ERROR(validate());
-  const int64_t B = config.rowsPerGpu, S = config.seqLen;
+  const int64_t B = config.rowsPerStep(), S = config.seqLen;
   const int64_t N = config.anchorsPerRow, W = config.contextWidth();
   const int64_t global = worldSize * B;
   if (evaluation && pos.row >= source.numRows())

@@ -18,8 +18,8 @@ struct SlotLayout {
   size_t inputIds, lossMask, hiddenStates, anchors, keep, positionIds;
   static size_t round(size_t bytes) { return (bytes + 255) / 256 * 256; }
   explicit SlotLayout(const ModelConfig &c) {
-    size_t rowsTimesSeq = size_t(c.rowsPerGpu) * size_t(c.seqLen);
-    size_t anchorSlots = size_t(c.rowsPerGpu) * size_t(c.anchorsPerRow);
+    size_t rowsTimesSeq = size_t(c.rowsPerStep()) * size_t(c.seqLen);
+    size_t anchorSlots = size_t(c.rowsPerStep()) * size_t(c.anchorsPerRow);
     inputIds = round(rowsTimesSeq * sizeof(int32_t));
     lossMask = round(rowsTimesSeq);
     hiddenStates =
@@ -112,7 +112,7 @@ Status BatchPrefetcher::start(int64_t batchLimit) {
 
 void BatchPrefetcher::produce() {
   HostBatch host;
-  const size_t B = size_t(config.rowsPerGpu), S = size_t(config.seqLen);
+  const size_t B = size_t(config.rowsPerStep()), S = size_t(config.seqLen);
   const size_t N = size_t(config.anchorsPerRow);
   const size_t W = size_t(config.contextWidth());
   for (int64_t started = 0;; ++started) {

@@ -27,7 +27,7 @@ void dflash::rt::setThroughput(StepMetrics &m, const ModelConfig &config,
     m.contextTokensPerS = m.draftTokensPerS = m.tflops = 0;
     return;
   }
-  double rows = double(config.rowsPerGpu) * double(worldSize);
+  double rows = double(config.rowsPerStep()) * double(worldSize);
   m.contextTokensPerS = rows * double(config.seqLen) / seconds;
   m.draftTokensPerS = rows * double(config.draftLength()) / seconds;
   m.tflops = flopsPerStep / seconds / 1e12;

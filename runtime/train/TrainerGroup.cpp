@@ -329,7 +329,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
       computeMs(world, std::nan(""));
   rankRngStates.resize(world);
   const size_t batchRows =
-      size_t(workers.front()->program->config().rowsPerGpu);
+      size_t(workers.front()->program->config().rowsPerStep());
   const size_t wordsPerRank = kFixedWordsPerRank + batchRows;
   std::vector<std::vector<int64_t>> badRowsNow(world);
   for (std::unique_ptr<Worker> &w : workers) {

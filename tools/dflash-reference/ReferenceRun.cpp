@@ -462,8 +462,8 @@ int ::dflash::runReference(const ReferenceOptions &options,
     if (options.data == "synthetic" || options.targetDir.empty())
       return fail("--online-target needs --target DIR (the target's "
                   "checkpoint) and --data (token or feature shards)");
-    if (Status s = target.load(ctx, *spec, options.targetDir, config.rowsPerGpu,
-                               config.seqLen);
+    if (Status s = target.load(ctx, *spec, options.targetDir,
+                               config.rowsPerStep(), config.seqLen);
         !s.ok())
       return fail(s.message());
   }

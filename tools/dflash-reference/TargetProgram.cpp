@@ -23,6 +23,7 @@ Status TargetProgram::load(mlir::MLIRContext &context, const DrafterSpec &spec,
   target = *config;
   DrafterSpec shaped = spec;
   shaped.rowsPerGpu = rows;
+  shaped.gradientAccumulation = 1; // `rows` are all the step's
   shaped.seqLen = seqLen;
   module = importTarget(context, shaped, target);
   if (!module)

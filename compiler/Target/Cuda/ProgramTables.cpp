@@ -322,7 +322,7 @@ FailureOr<std::string> StepEmitter::emit() {
   }
 
   // The draft-block kernels' shapes.
-  const int64_t B = config.rowsPerGpu, S = config.seqLen,
+  const int64_t B = config.rowsPerStep(), S = config.seqLen,
                 N = config.anchorsPerRow;
   double flops = double(FlopCount::of(step).step());
   std::string profileNames;
