@@ -88,6 +88,13 @@ static __global__ void add_bf16_kernel(const __nv_bfloat16 *a,
     out[i] = __float2bfloat16(__bfloat162float(a[i]) + __bfloat162float(b[i]));
 }
 
+static __global__ void add_f32_kernel(const float *a, const float *b,
+                                      float *out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
 static __global__ void convert_bf16_f32_kernel(const __nv_bfloat16 *in,
                                                float *out, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
@@ -145,6 +152,16 @@ inline void add_bf16(const __nv_bfloat16 *a, const __nv_bfloat16 *b,
   detail::add_bf16_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), 256, 0,
                             stream>>>(a, b, out, n);
   DFLASH_CUDA_CHECK_LAUNCH("add_bf16");
+}
+
+/// out = a + b in fp32: the micro-batches' forward sums (gradient
+/// accumulation).
+inline void add_f32(const float *a, const float *b, float *out, int64_t n,
+                    cudaStream_t stream) {
+  int64_t blocks = (n + 255) / 256;
+  detail::add_f32_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), 256, 0,
+                           stream>>>(a, b, out, n);
+  DFLASH_CUDA_CHECK_LAUNCH("add_f32");
 }
 
 } // namespace dflash::kernels

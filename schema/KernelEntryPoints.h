@@ -33,6 +33,7 @@ inline constexpr std::string_view kSwigluFwd = "swiglu_fwd_bf16";
 inline constexpr std::string_view kSwigluGemm = "swiglu_gemm_bf16";
 inline constexpr std::string_view kSwigluBwd = "swiglu_bwd_bf16";
 inline constexpr std::string_view kAdd = "add_bf16";
+inline constexpr std::string_view kAddF32 = "add_f32";
 inline constexpr std::string_view kDraftEmbed = "draft_embed_bf16";
 inline constexpr std::string_view kDraftPositions = "draft_positions";
 inline constexpr std::string_view kDraftTargets = "draft_targets";

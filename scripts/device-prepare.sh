@@ -113,6 +113,8 @@ spec_for() {
     zero1-one) printf '\n[parallel]\nbucket_mib = 1\nshard_optimizer_state = true\n' >> "$out" ;;
     recompute) printf '\n[memory]\nrecompute_activations = true\n' >> "$out" ;;
     mlp) printf '\n[memory]\nrecompute_activations = true\nrecompute_mlp_products = true\n' >> "$out" ;;
+    k[0-9]*) # gradient accumulation: K micro-batches of rows_per_gpu rows
+      sed -i "s/^rows_per_gpu = \(.*\)$/rows_per_gpu = \1\ngradient_accumulation = ${form#k}/" "$out" ;;
     *) die "no trainer '$name' (scripts/device/products.toml)" ;;
   esac
   echo "$out"
@@ -195,6 +197,13 @@ for item in "${items[@]}"; do
       reference "$D/ref/tiny-packed-losses.jsonl" --target "$D/tiny/target" \
         --data "$D/tiny/packed" --init "$D/tiny/init" --steps 10 --precision storage \
         --save "$D/ref/tiny-packed-params" ;;
+    ref:tiny-rows-8)
+      # The CPU reference of 8 rows a step (fp64) on the tiny files: what
+      # 4 micro-batches of 2 rows must match (suite accumulation).
+      step "CPU reference: 10 steps of 8 rows on the tiny files"
+      build-dev/bin/dflash-reference "$(spec_for tiny-rows-8)" --target "$D/tiny/target" \
+        --data "$D/tiny/data" --init "$D/tiny/init" --steps 10 --precision exact \
+        --save "$D/ref/tiny-rows-8-params-exact" > "$D/ref/tiny-rows-8-losses-exact.jsonl" ;;
     ref:tiny-eval)
       step "CPU reference: 10 synthetic steps and an evaluation of 20 rows"
       reference "$D/ref/tiny-eval-10.jsonl" --data synthetic --rows 64 --steps 10 --eval-rows 20 ;;

@@ -35,61 +35,77 @@ int64_t tensorBytes(Type type) {
   return t.getNumElements() * std::max<int64_t>(1, bits / 8);
 }
 
-Value storageRoot(Value v) {
-  while (true) {
-    auto result = dyn_cast<OpResult>(v);
-    if (!result)
-      return v;
-    Operation *op = result.getOwner();
-    if (auto reshape = dyn_cast<ReshapeOp>(op)) {
-      v = reshape.getInput();
-    } else if (auto reduce = dyn_cast<AllReduceOp>(op)) {
-      // Collectives sum in place.
-      v = reduce.getInputs()[result.getResultNumber()];
-    } else if (auto acc = dyn_cast<AccumulateLinearGradOp>(op)) {
-      // beta = 1 GEMM into the accumulator, when nothing else reads it.
-      Value a = acc.getAccumulator();
-      if (isa<BlockArgument>(a) || !a.hasOneUse())
-        return v;
-      v = a;
-    } else if (auto sum = dyn_cast<LinearResidualOp>(op)) {
-      // The same into the residual.
-      Value r = sum.getResidual();
-      if (isa<BlockArgument>(r) || !r.hasOneUse())
-        return v;
-      v = r;
-    } else if (auto grad = dyn_cast<SwigluGradOp>(op)) {
-      // Elementwise, each element read before it is written: the gate's and
-      // the up's gradients over the gate and the up, where this op reads
-      // them last.
-      Value in = result.getResultNumber() == 0 ? grad.getGate() : grad.getUp();
-      if (!isLastReadBy(in, op) || in.getType() != v.getType())
-        return v;
-      v = in;
-    } else if (auto adamw = dyn_cast<AdamWMultiOp>(op)) {
-      unsigned i = result.getResultNumber();
-      unsigned n = adamw.getNumParams();
-      if (i >= 4 * n)
-        return v;
-      ValueRange groups[] = {adamw.getParams(), adamw.getMasters(),
-                             adamw.getMoment1(), adamw.getMoment2()};
-      v = groups[i / n][i % n];
-    } else if (auto sharded = dyn_cast<AdamWShardedOp>(op)) {
-      unsigned i = result.getResultNumber();
-      unsigned n = sharded.getNumParams(), k = sharded.getNumBuckets();
-      if (i >= n + 3 * k)
-        return v;
-      if (i < n) {
-        v = sharded.getParams()[i];
-      } else {
-        ValueRange groups[] = {sharded.getMasters(), sharded.getMoment1(),
-                               sharded.getMoment2()};
-        v = groups[(i - n) / k][(i - n) % k];
-      }
-    } else {
-      return v;
-    }
+/// The value `v` is a view of or is written over, one step; `v` itself
+/// when it has storage of its own.
+static Value storageSource(Value v) {
+  auto result = dyn_cast<OpResult>(v);
+  if (!result)
+    return v;
+  Operation *op = result.getOwner();
+  if (auto reshape = dyn_cast<ReshapeOp>(op))
+    return reshape.getInput();
+  if (auto slice = dyn_cast<RowSliceOp>(op))
+    return slice.getInput(); // at viewByteOffset
+  if (auto reduce = dyn_cast<AllReduceOp>(op))
+    return reduce.getInputs()[result.getResultNumber()]; // in place
+  if (auto acc = dyn_cast<AccumulateLinearGradOp>(op)) {
+    // beta = 1 GEMM into the accumulator, when nothing else reads it.
+    Value a = acc.getAccumulator();
+    return isa<BlockArgument>(a) || !a.hasOneUse() ? v : a;
   }
+  if (auto sum = dyn_cast<LinearResidualOp>(op)) {
+    // The same into the residual.
+    Value r = sum.getResidual();
+    return isa<BlockArgument>(r) || !r.hasOneUse() ? v : r;
+  }
+  if (auto grad = dyn_cast<SwigluGradOp>(op)) {
+    // Elementwise, each element read before it is written: the gate's and
+    // the up's gradients over the gate and the up, where this op reads
+    // them last.
+    Value in = result.getResultNumber() == 0 ? grad.getGate() : grad.getUp();
+    return !isLastReadBy(in, op) || in.getType() != v.getType() ? v : in;
+  }
+  if (auto adamw = dyn_cast<AdamWMultiOp>(op)) {
+    unsigned i = result.getResultNumber();
+    unsigned n = adamw.getNumParams();
+    if (i >= 4 * n)
+      return v;
+    ValueRange groups[] = {adamw.getParams(), adamw.getMasters(),
+                           adamw.getMoment1(), adamw.getMoment2()};
+    return groups[i / n][i % n];
+  }
+  if (auto sharded = dyn_cast<AdamWShardedOp>(op)) {
+    unsigned i = result.getResultNumber();
+    unsigned n = sharded.getNumParams(), k = sharded.getNumBuckets();
+    if (i >= n + 3 * k)
+      return v;
+    if (i < n)
+      return sharded.getParams()[i];
+    ValueRange groups[] = {sharded.getMasters(), sharded.getMoment1(),
+                           sharded.getMoment2()};
+    return groups[(i - n) / k][(i - n) % k];
+  }
+  return v;
+}
+
+Value storageRoot(Value v) {
+  for (Value source = storageSource(v); source != v;
+       source = storageSource(v))
+    v = source;
+  return v;
+}
+
+int64_t viewByteOffset(Value v) {
+  int64_t bytes = 0;
+  for (Value source = storageSource(v); source != v;
+       source = storageSource(v)) {
+    if (auto slice = v.getDefiningOp<RowSliceOp>()) {
+      auto rows = cast<RankedTensorType>(source.getType());
+      bytes += slice.getOffset() * (tensorBytes(rows) / rows.getDimSize(0));
+    }
+    v = source; // views and in-place results start where their source does
+  }
+  return bytes;
 }
 
 SmallVector<int64_t> bucketResultOffsets(GradientBucketOp bucket) {
@@ -255,8 +271,8 @@ LogicalResult checkPlannedArena(func::FuncOp step) {
       auto range = rangeOf(r);
       if (!range)
         continue;
-      if (auto reshape = dyn_cast<ReshapeOp>(op)) {
-        contentOf[r] = content(reshape.getInput());
+      if (isa<ReshapeOp, RowSliceOp>(op)) {
+        contentOf[r] = content(op.getOperand(0));
         continue; // a view writes nothing
       }
       for (auto &read : reads)

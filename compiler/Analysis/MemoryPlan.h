@@ -40,6 +40,10 @@ int64_t tensorBytes(mlir::Type type);
 /// results the value they are written over (possibly an argument).
 mlir::Value storageRoot(mlir::Value v);
 
+/// Where `v` starts in its storage root's bytes: 0, or for a row slice
+/// (a micro-batch's rows) the bytes of the rows before it.
+int64_t viewByteOffset(mlir::Value v);
+
 /// Byte offsets of a gradient bucket's results inside its one slot, in
 /// result order: each starts 256-byte aligned, so a kernel may read any of
 /// them with vector loads.

@@ -260,15 +260,6 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   };
   if (emitStage >= EmitStage::Train && !compileTrainStep(*module))
     return fail("compiling the training step of '" + inputFile + "' failed");
-  // Accumulation is defined up to the training step (the CPU reference runs
-  // it); its kernels (one seed over every micro-batch, the micro-batches'
-  // forward and backward interleaved) are not written yet.
-  if (emitStage >= EmitStage::Fused && spec->gradientAccumulation > 1)
-    return fail(inputFile + ": '[training] gradient_accumulation' = " +
-                std::to_string(spec->gradientAccumulation) +
-                " compiles up to --emit=train (dflash-reference runs it); "
-                "lowering it to kernels is not implemented yet: set it to 1 "
-                "for --emit=fused, planned and cuda");
   if (emitStage >= EmitStage::Fused) {
     mlir::PassManager pm(&context);
     if (failed(mlir::applyPassManagerCLOptions(pm)))

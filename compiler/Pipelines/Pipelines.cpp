@@ -13,6 +13,7 @@ void dflash::buildTrainStepPipeline(mlir::OpPassManager &pm) {
 void dflash::buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
                                          double budgetGiB) {
   pm.addPass(createFuseKernels());
+  pm.addPass(createInterleaveMicroBatches());
   pm.addPass(createRecomputeActivations());
   pm.addPass(createBucketGradients());
   pm.addPass(createShardOptimizerState());

@@ -18,7 +18,9 @@
 // - add(g, linear_grad_*)                 -> accumulate_linear_grad (beta=1)
 // - lm_head_ce + lm_head_ce_grad          -> loss_seed + lm_head_ce_fused:
 //   the seed 1/sum(w) only needs the weights, so it is computed first and
-//   the logits of each chunk are made once, for the loss and the gradient
+//   the logits of each chunk are made once, for the loss and the gradient;
+//   micro-batches (gradient accumulation) share one seed over the step's
+//   weights, of which theirs are row slices
 // - convert, all_reduce, global_norm, clip_coefficient, lr_schedule and
 //   one adamw per parameter               -> adamw_multi
 // Each rewrite needs the intermediate values to have no other use, so no
@@ -166,8 +168,10 @@ void fuseQkNormRope(func::FuncOp step) {
 void fuseResidualNormGrad(func::FuncOp step) {
   step.walk([](AddOp add) {
     for (Value side : {add.getLhs(), add.getRhs()}) {
+      // The norm's input gradient (not its weight's, which micro-batches
+      // add up with gradient accumulation).
       auto normGrad = side.getDefiningOp<RmsNormGradOp>();
-      if (!normGrad || !normGrad.getInputGrad().hasOneUse())
+      if (!normGrad || side != normGrad.getInputGrad() || !side.hasOneUse())
         continue;
       Value residual = otherOperand(add, side);
       // The residual gradient must exist before the norm's gradient op.
@@ -220,6 +224,7 @@ void fuseGradientAccumulation(func::FuncOp step) {
 LogicalResult fuseLmHead(func::FuncOp step) {
   SmallVector<LmHeadCeOp> losses;
   step.walk([&](LmHeadCeOp op) { losses.push_back(op); });
+  llvm::DenseMap<Value, LossSeedOp> seeds; // by the weights they sum
   for (LmHeadCeOp loss : losses) {
     LmHeadCeGradOp grad;
     for (Operation *user : loss.getInput().getUsers())
@@ -230,17 +235,24 @@ LogicalResult fuseLmHead(func::FuncOp step) {
           grad = g;
     if (!grad)
       continue;
-    // The seed right after the loss weights exist.
-    Operation *weightsDef = loss.getWeights().getDefiningOp();
+    // The seed right after the loss weights exist. With gradient
+    // accumulation each micro-batch's weights are rows of the step's: one
+    // seed over all of them, shared by every micro-batch's loss.
+    Value stepWeights = loss.getWeights();
+    if (auto rows = stepWeights.getDefiningOp<RowSliceOp>())
+      stepWeights = rows.getInput();
+    Operation *weightsDef = stepWeights.getDefiningOp();
     if (!weightsDef)
       return loss.emitOpError("needs its loss weights computed by an op, not "
                               "passed as an argument: the loss seed is placed "
                               "right after them");
     OpBuilder b(weightsDef->getContext());
-    b.setInsertionPointAfter(weightsDef);
     Type scalar = RankedTensorType::get({}, b.getF32Type());
-    auto seed =
-        LossSeedOp::create(b, loss.getLoc(), scalar, scalar, loss.getWeights());
+    LossSeedOp &seed = seeds[stepWeights];
+    if (!seed) {
+      b.setInsertionPointAfter(weightsDef);
+      seed = LossSeedOp::create(b, loss.getLoc(), scalar, scalar, stepWeights);
+    }
     b.setInsertionPoint(loss);
     auto fused = LmHeadCeFusedOp::create(
         b, loss.getLoc(), scalar, scalar, scalar, scalar,

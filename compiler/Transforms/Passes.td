@@ -162,6 +162,35 @@ def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
   let dependentDialects = ["::mlir::dflash::DFlashDialect"];
 }
 
+def InterleaveMicroBatches
+    : Pass<"dflash-interleave-micro-batches", "mlir::ModuleOp"> {
+  let summary = "Run each micro-batch's forward and backward before the "
+                "next (gradient accumulation)";
+  let description = [{
+    After `dflash-fuse-kernels`, for a step of K > 1 micro-batches (spec
+    `[training] gradient_accumulation`; the importer cuts the inputs with
+    `dflash.row_slice`): reorders the step so that micro-batch K-1 runs its
+    forward and backward pass first, then K-2, down to 0, each one's
+    activations dead before the next starts. What reads no micro-batch (the
+    step's labels and weights, the loss seed over all of them) comes first;
+    every other op goes with the latest micro-batch it reads, so the adds
+    of the gradients and of the forward sums, and the optimizer, go with
+    micro-batch 0. A stable sort: within a micro-batch the order is the one
+    the ops had. A step without row slices is left as it is.
+
+    ```mlir
+    %w = ... draft_targets (all rows)
+    %f0 = ... forward of rows 0-1      %seed = dflash.loss_seed %w
+    %f1 = ... forward of rows 2-3      %f1 = ... forward of rows 2-3
+    %s = dflash.add %s0, %s1           %g1 = ... backward of rows 2-3
+    %g1 = ... backward of rows 2-3     %f0 = ... forward of rows 0-1
+    %g0 = ... backward of rows 0-1     %s = dflash.add %s0, %s1
+    %g = accumulate %g1 ...            %g0 = ... backward, into %g1
+    ```
+  }];
+  let dependentDialects = ["::mlir::dflash::DFlashDialect"];
+}
+
 def RecomputeActivations
     : Pass<"dflash-recompute-activations", "mlir::ModuleOp"> {
   let summary = "Recompute cheap activations in the backward pass instead "

@@ -8,6 +8,9 @@
 // straight-line program. A target program's results take no arena bytes:
 // the op that makes one writes it straight into its output buffer (buffer
 // numArgs + k, after the arguments), encoded like an argument's storage.
+// A view (reshape, a micro-batch's row slice) uses its source's bytes from
+// where it starts; only its offset in the arena is recorded, and a view of
+// an argument is the argument's buffer (the emitter adds the rows before).
 //
 //===----------------------------------------------------------------------===//
 
@@ -203,7 +206,7 @@ void PlanMemoryPass::runOnOperation() {
         offsets.push_back(-out->second - 1);
       else
         offsets.push_back(slots[slotOf[root]].offset +
-                          offsetInSlot.lookup(root));
+                          offsetInSlot.lookup(root) + viewByteOffset(r));
     }
     op.setAttr(kOffsetsAttrName, b.getDenseI64ArrayAttr(offsets));
   }

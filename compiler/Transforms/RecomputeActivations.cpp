@@ -13,6 +13,8 @@
 // it where they came later, so the forward values die after the forward
 // pass. The forward pass ends at lm_head_ce_fused (it computes the loss and
 // the first gradient); what follows is the backward pass and the optimizer.
+// With gradient accumulation each micro-batch has its own lm_head_ce_fused,
+// which ends the forward ops after the one before it.
 //
 //===----------------------------------------------------------------------===//
 
@@ -61,20 +63,19 @@ bool recomputable(Operation &op, Recompute what) {
 
 void recomputeIn(func::FuncOp f, Recompute what) {
   Block &body = f.front();
-  Operation *boundary = nullptr;
-  for (Operation &op : body)
-    if (isa<LmHeadCeFusedOp>(op)) {
-      boundary = &op;
-      break;
-    }
-  if (!boundary)
-    return;
-  SmallVector<Operation *> forward;
+  // Each forward op with the lm_head_ce_fused that ends its forward pass:
+  // the next one (one per micro-batch with gradient accumulation, which
+  // dflash-interleave-micro-batches has put after its forward).
+  SmallVector<std::pair<Operation *, Operation *>> forward;
+  SmallVector<Operation *> pending;
   for (Operation &op : body) {
-    if (&op == boundary)
-      break;
-    if (recomputable(op, what))
-      forward.push_back(&op);
+    if (isa<LmHeadCeFusedOp>(op)) {
+      for (Operation *p : pending)
+        forward.push_back({p, &op});
+      pending.clear();
+    } else if (recomputable(op, what)) {
+      pending.push_back(&op);
+    }
   }
   llvm::DenseMap<Value, Operation *> cloneOf; // forward result -> its clone
   llvm::SmallPtrSet<Operation *, 32> clones;
@@ -88,7 +89,7 @@ void recomputeIn(func::FuncOp f, Recompute what) {
       if (Operation *def = v.getDefiningOp(); def && clones.contains(def))
         hoist(def, clone);
   };
-  for (Operation *op : forward) {
+  for (auto [op, boundary] : forward) {
     Value result = op->getResult(0);
     SmallVector<OpOperand *> backwardUses;
     Operation *first = nullptr;

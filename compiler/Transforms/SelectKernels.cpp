@@ -250,7 +250,17 @@ FailureOr<Choice> select(Operation *op) {
       .Case([](SwigluGradOp) -> Result {
         return named(::dflash::kernel_names::kSwigluBwd);
       })
-      .Case([](AddOp) -> Result { return named(::dflash::kernel_names::kAdd); })
+      .Case([](AddOp o) -> Result {
+        // bf16 activations and gradients; fp32 forward sums (the
+        // micro-batches' of gradient accumulation).
+        Type element = tensorOf(o.getResult()).getElementType();
+        if (element.isF32())
+          return named(::dflash::kernel_names::kAddF32);
+        if (!element.isBF16())
+          return o.emitOpError() << "has no add kernel for " << element
+                                 << " elements (bf16 or f32)";
+        return named(::dflash::kernel_names::kAdd);
+      })
       .Case([](DraftEmbedOp o) -> Result {
         int64_t H = tensorOf(o.getTable()).getDimSize(1);
         if (H % 8 != 0)

@@ -165,6 +165,14 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
                  "Metrics file, one JSON line per step (default: "
                  "<out>/metrics.jsonl)")
       ->type_name("FILE");
+  app.add_option("--accumulate", options.accumulate,
+                 "Micro-batches of rows_per_gpu rows whose gradients add up "
+                 "before each optimizer step (gradient accumulation). Shapes "
+                 "are static: it must be the spec's [training] "
+                 "gradient_accumulation, which this trainer was compiled "
+                 "with (" +
+                     std::to_string(config.gradientAccumulation) + ")")
+      ->type_name("K");
   CLI::Option *rows = app.add_option(
       "--rows", options.rows,
       "Rows of the synthetic data set (only with --data synthetic)");
@@ -293,6 +301,16 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
   if (o.rows < 1)
     return Status::error("--rows must be at least 1 (got " +
                          std::to_string(o.rows) + ")");
+  if (o.accumulate != 0 && o.accumulate != config.gradientAccumulation)
+    return Status::error(
+        "--accumulate " + std::to_string(o.accumulate) +
+        ": this trainer was compiled for " +
+        std::to_string(config.gradientAccumulation) + " micro-batch" +
+        (config.gradientAccumulation == 1 ? "" : "es") + " of " +
+        std::to_string(config.rowsPerGpu) +
+        " rows per optimizer step, and its shapes are static; set "
+        "[training] gradient_accumulation = " +
+        std::to_string(o.accumulate) + " in the spec and compile it again");
   if (o.evalEvery < 0)
     return Status::error("--eval-every must not be negative (got " +
                          std::to_string(o.evalEvery) + ")");

@@ -34,6 +34,9 @@ struct TrainOptions {
   int64_t totalSteps = 0;     ///< --total-steps; 0: not given
   int64_t saveEvery = 0;      ///< --save-every; 0: only at the end
   int64_t rows = 256;         ///< --rows of synthetic data
+  /// --accumulate: micro-batches per optimizer step; 0: not given (the
+  /// compiled gradient_accumulation, the only one its static shapes run).
+  int64_t accumulate = 0;
   int64_t progressEvery = 10; ///< --progress-every (plain output)
   /// --max-bad-rows: rows with non-finite features each GPU may skip.
   int64_t maxBadRows = 8;

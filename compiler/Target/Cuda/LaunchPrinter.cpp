@@ -53,6 +53,16 @@ std::string StepEmitter::wrapper(KernelAttr kernel) {
   return name;
 }
 
+std::string StepEmitter::blocks(Value perBlock) {
+  int64_t rows = tensorOf(perBlock).getDimSize(0);
+  if (rows == config.rowsPerGpu)
+    return "kBlocks";
+  // The step's rows, K micro-batches of kBlocks.B (gradient accumulation).
+  return llvm::formatv("dflash::kernels::DraftBlocksShape{{{0}, kBlocks.S, "
+                       "kBlocks.N, kBlocks.bs}",
+                       rows);
+}
+
 void StepEmitter::emitNorm(KernelAttr kernel, Value input, Value delta,
                            Value weight, Value sum, Value result, double eps) {
   std::string name = wrapper(kernel);
@@ -94,8 +104,8 @@ void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
                         ptr(o.getDraftValues()), ptr(o.getAnchors()),
                         ptr(o.getKeep()), ptr(o.getPositionIds()),
                         ptr(o.getResult()), ptr(o.getLse()))
-       << "      a.B = kBlocks.B;\n      a.S = kBlocks.S;\n"
-          "      a.N = kBlocks.N;\n"
+       << "      a.B = " << tensorOf(o.getAnchors()).getDimSize(0)
+       << ";\n      a.S = kBlocks.S;\n      a.N = kBlocks.N;\n"
        << "      " << name << "(a, stream);\n";
   } else {
     auto o = cast<BlockAttentionGradOp>(op);
@@ -127,8 +137,8 @@ void StepEmitter::emitAttention(Operation *op, KernelAttr kernel,
                         "{1}, {2}, {3}, {4});\n",
                         c[0], c[1], c[2], q.getDimSize(0),
                         q.getDimSize(1) / c[1])
-       << "      a.B = kBlocks.B;\n      a.S = kBlocks.S;\n"
-          "      a.N = kBlocks.N;\n"
+       << "      a.B = " << tensorOf(o.getAnchors()).getDimSize(0)
+       << ";\n      a.S = kBlocks.S;\n      a.N = kBlocks.N;\n"
        << "      " << name << "(a, stream);\n";
   }
   os << "    }\n";
@@ -140,7 +150,7 @@ LogicalResult StepEmitter::emitOp(Operation *op) {
   if (!where.empty())
     os << " (" << where << ")";
   os << "\n";
-  if (isa<ReshapeOp>(op))
+  if (isa<ReshapeOp, RowSliceOp>(op))
     return success(); // a view: nothing runs
   if (auto reduce = dyn_cast<AllReduceOp>(op)) {
     // In place; the identity on one GPU.
@@ -366,34 +376,36 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](AddOp o) {
         os << llvm::formatv(
-            "    dflash::kernels::add_bf16({0}, {1}, {2}, {3}, stream);\n",
-            ptr(o.getLhs()), ptr(o.getRhs()), ptr(o.getResult()),
-            tensorOf(o.getResult()).getNumElements());
+            "    dflash::kernels::{0}({1}, {2}, {3}, {4}, stream);\n",
+            kernel.getName().str(), ptr(o.getLhs()), ptr(o.getRhs()),
+            ptr(o.getResult()), tensorOf(o.getResult()).getNumElements());
         return success();
       })
       .Case([&](DraftEmbedOp o) {
         std::string name = wrapper(kernel);
-        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, kBlocks, {6}, "
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, "
                             "stream);\n",
                             name, ptr(o.getTable()), ptr(o.getInputIds()),
                             ptr(o.getAnchors()), ptr(o.getKeep()),
-                            ptr(o.getResult()), o.getMaskTokenId());
+                            ptr(o.getResult()), blocks(o.getAnchors()),
+                            o.getMaskTokenId());
         return success();
       })
       .Case([&](DraftPositionsOp o) {
         os << llvm::formatv("    dflash::kernels::draft_positions({0}, {1}, "
-                            "{2}, kBlocks, stream);\n",
+                            "{2}, {3}, stream);\n",
                             ptr(o.getAnchors()), ptr(o.getPositionIds()),
-                            ptr(o.getResult()));
+                            ptr(o.getResult()), blocks(o.getAnchors()));
         return success();
       })
       .Case([&](DraftTargetsOp o) {
         os << llvm::formatv(
             "    dflash::kernels::draft_targets({0}, {1}, {2}, {3}, {4}, {5}, "
-            "{6}, kBlocks, {7}, stream);\n",
+            "{6}, {7}, {8}, stream);\n",
             ptr(o.getInputIds()), ptr(o.getLossMask()), ptr(o.getAnchors()),
             ptr(o.getKeep()), ptr(o.getPositionIds()), ptr(o.getLabels()),
-            ptr(o.getWeights()), doubleText(o.getGamma().convertToDouble()));
+            ptr(o.getWeights()), blocks(o.getAnchors()),
+            doubleText(o.getGamma().convertToDouble()));
         return success();
       })
       .Case([&](LossSeedOp o) {
@@ -454,10 +466,11 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       .Case([&](DraftAcceptanceOp o) {
         os << llvm::formatv(
             "    dflash::kernels::draft_acceptance_f32<{0}>({1}, "
-            "{2}, {3}, {4}, {5}, {6}, {7}, kBlocks, stream);\n",
+            "{2}, {3}, {4}, {5}, {6}, {7}, {8}, stream);\n",
             o.getBlockSize(), ptr(o.getHits()), ptr(o.getWeights()),
             ptr(o.getKeep()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()),
-            ptr(o.getPositionHits()), ptr(o.getPositionCounts()));
+            ptr(o.getPositionHits()), ptr(o.getPositionCounts()),
+            blocks(o.getKeep()));
         return success();
       })
       .Case([&](GradientBucketOp o) {

@@ -95,11 +95,19 @@ LogicalResult StepEmitter::nameSlots() {
 std::string StepEmitter::ptr(Value v) {
   std::string type = cType(tensorOf(v).getElementType());
   Value root = storageRoot(v);
+  std::string base;
   if (auto arg = dyn_cast<BlockArgument>(root))
-    return "at<" + type + ">(" + bufferRef(arg) + ")";
-  if (auto it = outputBuffer.find(root); it != outputBuffer.end())
-    return "at<" + type + ">(buffer::" + it->second + ")";
-  return "at<" + type + ">(slot::" + slotName.lookup(root) + ")";
+    base = "at<" + type + ">(" + bufferRef(arg) + ")";
+  else if (auto it = outputBuffer.find(root); it != outputBuffer.end())
+    base = "at<" + type + ">(buffer::" + it->second + ")";
+  else
+    base = "at<" + type + ">(slot::" + slotName.lookup(root) + ")";
+  // A micro-batch's rows of a step-wide value.
+  int64_t offset = viewByteOffset(v);
+  if (offset == 0)
+    return base;
+  int64_t elementBytes = tensorBytes(v.getType()) / tensorOf(v).getNumElements();
+  return "(" + base + " + " + std::to_string(offset / elementBytes) + ")";
 }
 
 std::string StepEmitter::workspace(Operation *op, StringRef type) {
@@ -321,8 +329,9 @@ FailureOr<std::string> StepEmitter::emit() {
            << "@" << step.getSymName() << " has an optimizer op";
   }
 
-  // The draft-block kernels' shapes.
-  const int64_t B = config.rowsPerStep(), S = config.seqLen,
+  // The draft-block kernels' shapes: a micro-batch's rows (the step's
+  // without gradient accumulation).
+  const int64_t B = config.rowsPerGpu, S = config.seqLen,
                 N = config.anchorsPerRow;
   double flops = double(FlopCount::of(step).step());
   std::string profileNames;

@@ -117,6 +117,10 @@ private:
   /// schema/KernelEntryPoints.h), declared once.
   std::string wrapper(KernelAttr kernel);
 
+  /// The draft-block shape of an op whose `perBlock` operand is [B, N]:
+  /// kBlocks for a micro-batch's rows, else one of the same blocks.
+  std::string blocks(Value perBlock);
+
   LogicalResult emitOp(Operation *op);
   LogicalResult emitKernel(Operation *op, KernelAttr kernel);
   void emitNorm(KernelAttr kernel, Value input, Value delta, Value weight,

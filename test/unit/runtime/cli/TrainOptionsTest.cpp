@@ -273,6 +273,30 @@ TEST(TrainValidation, AcceptsAGoodCommandLine) {
   EXPECT_TRUE(fs::is_directory(dir.path + "/o"));
 }
 
+TEST(TrainValidation, AccumulateMustBeTheCompiledOne) {
+  // The trainer's shapes are static: only the spec's K runs.
+  TrainMainTempDir dir;
+  ModelConfig c = smallConfig();
+  c.gradientAccumulation = 4;
+  EXPECT_EQ(validationError({"--data", "synthetic", "--accumulate", "4",
+                             "--out", dir.path + "/a"},
+                            c),
+            "");
+  std::string error = validationError(
+      {"--data", "synthetic", "--accumulate", "2", "--out", dir.path + "/b"},
+      c);
+  EXPECT_NE(error.find("--accumulate 2: this trainer was compiled for 4 "
+                       "micro-batches of " +
+                       std::to_string(c.rowsPerGpu) + " rows"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("gradient_accumulation = 2"), std::string::npos)
+      << error;
+  EXPECT_NE(validationError({"--data", "synthetic", "--accumulate", "4",
+                             "--out", dir.path + "/c"}),
+            "");
+}
+
 TEST(TrainValidation, NamesTheBadOption) {
   TrainMainTempDir dir;
   std::string out = dir.path + "/out";
