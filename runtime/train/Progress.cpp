@@ -22,6 +22,7 @@ bool StepMetrics::finite() const {
 
 void dflash::rt::setThroughput(StepMetrics &m, const ModelConfig &config,
                                int64_t worldSize, double flopsPerStep) {
+  m.microSteps = config.gradientAccumulation;
   double seconds = m.stepMs / 1e3;
   if (!(seconds > 0)) {
     m.contextTokensPerS = m.draftTokensPerS = m.tflops = 0;
@@ -264,10 +265,17 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
   else if (m.targetMs > 0)
     std::snprintf(target, sizeof(target), " (target %.1f, drafter %.1f)",
                   m.targetMs, m.computeMs - m.targetMs);
-  char head[160], tail[384];
-  std::snprintf(
-      head, sizeof(head), "step %lld/%lld  loss %.4f  acc %.4f  tau %.2f",
-      (long long)stepsDone, (long long)finalStep, m.loss, m.acc, m.tau);
+  // With gradient accumulation, the micro-batches done too.
+  char micro[64] = "";
+  if (m.microSteps > 1)
+    std::snprintf(micro, sizeof(micro), " (micro-step %lld/%lld)",
+                  (long long)(stepsDone * m.microSteps),
+                  (long long)(finalStep * m.microSteps));
+  char head[224], tail[384];
+  std::snprintf(head, sizeof(head),
+                "step %lld/%lld%s  loss %.4f  acc %.4f  tau %.2f",
+                (long long)stepsDone, (long long)finalStep, micro, m.loss,
+                m.acc, m.tau);
   std::snprintf(tail, sizeof(tail),
                 "  %s tok/s  draft %s tok/s  %.1f ms/step%s%s%s  ETA %s",
                 formatRate(m.contextTokensPerS).c_str(),

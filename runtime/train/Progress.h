@@ -51,6 +51,9 @@ struct StepMetrics {
   /// [k - 1]: the accuracy at block position k = 1 .. bs - 1 (NaN where no
   /// slot at k was supervised); empty when not reported.
   std::vector<double> accByPosition;
+  /// Micro-batches a step ran, their gradients added up (gradient
+  /// accumulation; 1 without).
+  int64_t microSteps = 1;
   double stepMs = 0;    ///< input copies and the step (slowest rank)
   double computeMs = 0; ///< the step alone, without the input copies
   /// The online target's GPU time (0 without one). On the drafter's GPU:
@@ -100,7 +103,8 @@ void setEvalFigures(EvalMetrics &metrics,
                     const std::array<const double *, kNumForwardSums> &sums,
                     int64_t bs);
 
-/// Sets the throughput fields of `metrics` from its stepMs.
+/// Sets the throughput fields of `metrics` from its stepMs, and its
+/// microSteps from the config.
 void setThroughput(StepMetrics &metrics, const ModelConfig &config,
                    int64_t worldSize, double flopsPerStep);
 

@@ -57,6 +57,25 @@ protected:
             StepInterpreter(second, precision).run(args)};
   }
 
+  /// Every result of the second run within 1e-9 of the first's, relative
+  /// to its norm (fp64: the two differ only in the order of sums).
+  static void expectSameResults(const TwoRuns &runs) {
+    ASSERT_TRUE(succeeded(runs.first));
+    ASSERT_TRUE(succeeded(runs.second));
+    const std::vector<HostTensor> &want = *runs.first, &got = *runs.second;
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t r = 0; r < want.size(); ++r) {
+      double err = 0, ref = 0;
+      for (size_t i = 0; i < want[r].data.size(); ++i) {
+        double d = want[r].data[i] - got[r].data[i];
+        err += d * d;
+        ref += want[r].data[i] * want[r].data[i];
+      }
+      EXPECT_LE(std::sqrt(err), 1e-9 * std::max(1.0, std::sqrt(ref)))
+          << "result " << r;
+    }
+  }
+
   /// Random inputs for `step`: anchors distinct and ascending with keep = 0
   /// on two blocks, a loss mask with holes, weights of the scale training
   /// sees (norm weights near 1).
@@ -68,7 +87,8 @@ protected:
         StepSignature::get(step->getParentOfType<ModuleOp>());
     EXPECT_TRUE(succeeded(sig));
     std::vector<HostTensor> args;
-    const int64_t B = spec.rowsPerGpu, S = spec.seqLen, N = spec.anchorsPerRow;
+    const int64_t B = spec.rowsPerStep(), S = spec.seqLen,
+                  N = spec.anchorsPerRow;
     for (unsigned i = 0; i < step.getNumArguments(); ++i) {
       auto type = cast<RankedTensorType>(step.getArgument(i).getType());
       HostTensor t(
@@ -278,20 +298,48 @@ TEST_F(StepTest, FusedKernelsComputeTheSameStep) {
   func::FuncOp trainStep = train->lookupSymbol<func::FuncOp>("step");
   func::FuncOp fusedStep = fused->lookupSymbol<func::FuncOp>("step");
   ASSERT_EQ(trainStep.getNumArguments(), fusedStep.getNumArguments());
-  auto [expected, actual] = runBoth(trainStep, fusedStep, 13, Precision::Exact);
-  ASSERT_TRUE(succeeded(expected));
-  ASSERT_TRUE(succeeded(actual));
-  ASSERT_EQ(expected->size(), actual->size());
-  for (size_t r = 0; r < expected->size(); ++r) {
-    double err = 0, ref = 0;
-    for (size_t i = 0; i < (*expected)[r].data.size(); ++i) {
-      double d = (*expected)[r].data[i] - (*actual)[r].data[i];
-      err += d * d;
-      ref += (*expected)[r].data[i] * (*expected)[r].data[i];
-    }
-    EXPECT_LE(std::sqrt(err), 1e-9 * std::max(1.0, std::sqrt(ref)))
-        << "result " << r;
-  }
+  expectSameResults(runBoth(trainStep, fusedStep, 13, Precision::Exact));
+}
+
+// Gradient accumulation lowered: 4 micro-batches of 2 rows, fused (one
+// loss seed), interleaved (each micro-batch's forward and backward before
+// the next), their cheap activations recomputed and their gradients
+// bucketed, compute the training step of 8 rows at once: the same inputs,
+// the same results up to the order of the sums (fp64).
+TEST_F(StepTest, AccumulatedMicroBatchesComputeTheStepOfAllTheirRows) {
+  DrafterSpec whole = spec, micro = spec;
+  whole.rowsPerGpu = 8;
+  micro.rowsPerGpu = 2;
+  micro.gradientAccumulation = 4;
+  auto trainStep = [&](const DrafterSpec &s) {
+    OwningOpRef<ModuleOp> m = importSpec(context, s);
+    EXPECT_TRUE(m);
+    PassManager pm(&context);
+    buildTrainStepPipeline(pm);
+    EXPECT_TRUE(succeeded(pm.run(*m)));
+    return m;
+  };
+  OwningOpRef<ModuleOp> expected = trainStep(whole);
+  OwningOpRef<ModuleOp> lowered = trainStep(micro);
+  PassManager pm(&context);
+  pm.addPass(createFuseKernels());
+  pm.addPass(createInterleaveMicroBatches());
+  RecomputeActivationsOptions recompute;
+  recompute.enabled = true;
+  pm.addPass(createRecomputeActivations(recompute));
+  pm.addPass(createBucketGradients());
+  ASSERT_TRUE(succeeded(pm.run(*lowered)));
+  int seeds = 0, heads = 0;
+  lowered->walk([&](LossSeedOp) { ++seeds; });
+  lowered->walk([&](LmHeadCeFusedOp) { ++heads; });
+  EXPECT_EQ(seeds, 1);
+  EXPECT_EQ(heads, 4);
+
+  spec = whole; // randomArgs: 8 rows a step
+  func::FuncOp a = expected->lookupSymbol<func::FuncOp>("step");
+  func::FuncOp b = lowered->lookupSymbol<func::FuncOp>("step");
+  ASSERT_EQ(a.getFunctionType(), b.getFunctionType());
+  expectSameResults(runBoth(a, b, 29, Precision::Exact));
 }
 
 // dflash-recompute-activations computes the norms, q/k norm + RoPE and

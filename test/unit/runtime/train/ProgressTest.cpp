@@ -119,6 +119,22 @@ TEST(TrainMetrics, EveryRanksStepTime) {
   EXPECT_EQ(parsed["rank_step_ms"], nlohmann::json::array({80.0}));
 }
 
+// With gradient accumulation the line counts the micro-batches too; the
+// step, the schedule and the log count optimizer steps.
+TEST(TrainMetrics, MicroStepsOfGradientAccumulation) {
+  StepMetrics m = sampleMetrics();
+  ModelConfig config;
+  config.gradientAccumulation = 4;
+  setThroughput(m, config, 1, 1e12);
+  EXPECT_EQ(m.microSteps, 4);
+  std::string line = progressLine(m, 13, 200, 185);
+  EXPECT_EQ(line.rfind("step 13/200 (micro-step 52/800)  loss 2.5000", 0), 0u)
+      << line;
+  config.gradientAccumulation = 1;
+  setThroughput(m, config, 1, 1e12);
+  EXPECT_EQ(progressLine(m, 13, 200, 185).find("micro"), std::string::npos);
+}
+
 // Both sides' busy time, so that a user can balance the split: on the
 // drafter's GPU the target is a share of the step; on its own GPUs it is
 // beside it, and the drafter's wait for its features shows.
