@@ -89,8 +89,7 @@ static Value storageSource(Value v) {
 }
 
 Value storageRoot(Value v) {
-  for (Value source = storageSource(v); source != v;
-       source = storageSource(v))
+  for (Value source = storageSource(v); source != v; source = storageSource(v))
     v = source;
   return v;
 }

@@ -51,8 +51,7 @@ FailureOr<int64_t> positionOf(RowSliceOp slice, int64_t &numMicroBatches) {
       (numMicroBatches && numMicroBatches != total / rows))
     return slice.emitOpError()
            << "takes rows [" << offset << ", " << offset + rows << ") of "
-           << total
-           << ": the micro-batches of a step must be equal row blocks";
+           << total << ": the micro-batches of a step must be equal row blocks";
   numMicroBatches = total / rows;
   return numMicroBatches - 1 - offset / rows;
 }

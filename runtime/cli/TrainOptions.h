@@ -24,16 +24,16 @@ struct TrainOptions {
   std::string target; ///< --target: the target's HF directory
   std::string data;   ///< --data: "synthetic" or shards
   std::string out = "./dflash-out";
-  std::string resume;         ///< --resume: checkpoint or output directory
-  std::string init;           ///< --init: exported drafter checkpoint
-  std::string log;            ///< --log; empty: <out>/metrics.jsonl
-  std::string evalData;       ///< --eval-data: held-out shards, "synthetic"
-  int64_t evalEvery = 0;      ///< --eval-every; 0: after the last step only
-  int64_t evalRows = 64;      ///< --eval-rows of --eval-data synthetic
-  int64_t steps = 0;          ///< --steps: stop after this many in total
-  int64_t totalSteps = 0;     ///< --total-steps; 0: not given
-  int64_t saveEvery = 0;      ///< --save-every; 0: only at the end
-  int64_t rows = 256;         ///< --rows of synthetic data
+  std::string resume;     ///< --resume: checkpoint or output directory
+  std::string init;       ///< --init: exported drafter checkpoint
+  std::string log;        ///< --log; empty: <out>/metrics.jsonl
+  std::string evalData;   ///< --eval-data: held-out shards, "synthetic"
+  int64_t evalEvery = 0;  ///< --eval-every; 0: after the last step only
+  int64_t evalRows = 64;  ///< --eval-rows of --eval-data synthetic
+  int64_t steps = 0;      ///< --steps: stop after this many in total
+  int64_t totalSteps = 0; ///< --total-steps; 0: not given
+  int64_t saveEvery = 0;  ///< --save-every; 0: only at the end
+  int64_t rows = 256;     ///< --rows of synthetic data
   /// --accumulate: micro-batches per optimizer step; 0: not given (the
   /// compiled gradient_accumulation, the only one its static shapes run).
   int64_t accumulate = 0;

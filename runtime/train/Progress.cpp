@@ -272,10 +272,9 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
                   (long long)(stepsDone * m.microSteps),
                   (long long)(finalStep * m.microSteps));
   char head[224], tail[384];
-  std::snprintf(head, sizeof(head),
-                "step %lld/%lld%s  loss %.4f  acc %.4f  tau %.2f",
-                (long long)stepsDone, (long long)finalStep, micro, m.loss,
-                m.acc, m.tau);
+  std::snprintf(
+      head, sizeof(head), "step %lld/%lld%s  loss %.4f  acc %.4f  tau %.2f",
+      (long long)stepsDone, (long long)finalStep, micro, m.loss, m.acc, m.tau);
   std::snprintf(tail, sizeof(tail),
                 "  %s tok/s  draft %s tok/s  %.1f ms/step%s%s%s  ETA %s",
                 formatRate(m.contextTokensPerS).c_str(),

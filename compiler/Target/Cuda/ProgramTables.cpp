@@ -106,7 +106,8 @@ std::string StepEmitter::ptr(Value v) {
   int64_t offset = viewByteOffset(v);
   if (offset == 0)
     return base;
-  int64_t elementBytes = tensorBytes(v.getType()) / tensorOf(v).getNumElements();
+  int64_t elementBytes =
+      tensorBytes(v.getType()) / tensorOf(v).getNumElements();
   return "(" + base + " + " + std::to_string(offset / elementBytes) + ")";
 }
 
