@@ -440,5 +440,6 @@ def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {
 include "dialect/DFlashGradientOps.td"
 include "dialect/DFlashOptimizerOps.td"
 include "dialect/DFlashKernelOps.td"
+include "dialect/DFlashMoeOps.td"
 
 #endif // DFLASH_OPS_TD

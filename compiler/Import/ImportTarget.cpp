@@ -3,7 +3,8 @@
 // Writes the target decoder of config.json as `func.func @target`: the
 // token embedding, then each decoder layer up to the last tapped one
 // (pre-norm causal GQA attention with q/k norms where the model has them
-// and RoPE, optionally Llama-3-scaled; pre-norm SwiGLU MLP; residual adds),
+// and RoPE, optionally Llama-3-scaled; pre-norm SwiGLU MLP, or Qwen3-MoE's
+// routed experts where the layer is sparse; residual adds),
 // returning the residual stream after each tapped layer side by side: the
 // step's `target_hidden` [B, S, L*H] (SEMANTICS.md section 1). Weights are
 // frozen arguments named as in the Hugging Face checkpoint.
@@ -63,6 +64,42 @@ private:
   Value reshape(Value x, ArrayRef<int64_t> shape, Location l) {
     return ::dflash::import::reshape(b, l, x, shape);
   }
+  Value denseMlp(Value h, Value gate, Value up, Value down, Location l) {
+    Value g = linear(h, gate, l), u = linear(h, up, l);
+    Value act = SwigluOp::create(b, l, g.getType(), g, u);
+    return linear(act, down, l);
+  }
+  /// Qwen3-MoE's sparse MLP over the T = B*S tokens: the router's top-k
+  /// experts, the T*k routed rows grouped by expert through each expert's
+  /// SwiGLU MLP, and back to the tokens weighted by the router.
+  Value sparseMlp(Value h, Value router, Value gate, Value up, Value down,
+                  Location l) {
+    auto shape = cast<RankedTensorType>(h.getType()).getShape();
+    const int64_t T = shape[0] * shape[1], H = shape[2];
+    const int64_t E = target.numExperts, k = target.numExpertsPerToken;
+    const int64_t I = target.moeIntermediateSize;
+    Type i32 = b.getI32Type();
+    Value tokens = reshape(h, {T, H}, l);
+    Value logits = linear(tokens, router, l);
+    auto route = MoeRouteOp::create(
+        b, l, t({T, k}, bf16()), t({T, k}, i32), logits, b.getI64IntegerAttr(k),
+        b.getStringAttr("softmax_topk"),
+        target.normTopkProb ? b.getUnitAttr() : UnitAttr());
+    auto rows =
+        MoePermuteOp::create(b, l, t({T * k, H}, bf16()), t({E + 1}, i32),
+                             t({T * k}, i32), tokens, route.getExperts());
+    auto grouped = [&](Value x, Value w, int64_t n) -> Value {
+      return GroupedLinearOp::create(b, l, t({T * k, n}, bf16()), x, w,
+                                     rows.getOffsets());
+    };
+    Value g = grouped(rows.getPermuted(), gate, I);
+    Value u = grouped(rows.getPermuted(), up, I);
+    Value act = SwigluOp::create(b, l, g.getType(), g, u);
+    Value y =
+        MoeUnpermuteOp::create(b, l, t({T, H}, bf16()), grouped(act, down, H),
+                               rows.getSource(), route.getWeights());
+    return reshape(y, shape, l);
+  }
   Value rope(Value x, Value positions, Location l) {
     if (!target.ropeScaling)
       return RopeOp::create(b, l, x.getType(), x, positions,
@@ -99,7 +136,10 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
       addArg(t({V, H}, bf16()), ArgRole::Frozen, "model.embed_tokens.weight");
   struct LayerArgs {
     unsigned inputNorm, q, k, v, o, qNorm, kNorm, postNorm, gate, up, down;
+    bool sparse; ///< a mixture-of-experts MLP: router, stacked experts
+    unsigned router;
   };
+  const int64_t E = target.numExperts, I2 = target.moeIntermediateSize;
   SmallVector<LayerArgs> layers;
   for (int64_t i = 0; i <= lastTap; ++i) {
     std::string p = "model.layers." + std::to_string(i) + ".";
@@ -117,9 +157,19 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
       a.kNorm = frozen({d}, "self_attn.k_norm");
     }
     a.postNorm = frozen({H}, "post_attention_layernorm");
-    a.gate = frozen({I, H}, "mlp.gate_proj");
-    a.up = frozen({I, H}, "mlp.up_proj");
-    a.down = frozen({H, I}, "mlp.down_proj");
+    a.sparse = target.sparseLayer(i);
+    if (a.sparse) {
+      // Each expert's three weights, stacked over the experts (the loader
+      // reads experts.<j>.gate_proj.weight and the rest into them).
+      a.router = frozen({E, H}, "mlp.gate");
+      a.gate = frozen({E, I2, H}, "mlp.experts.gate_proj");
+      a.up = frozen({E, I2, H}, "mlp.experts.up_proj");
+      a.down = frozen({E, H, I2}, "mlp.experts.down_proj");
+    } else {
+      a.gate = frozen({I, H}, "mlp.gate_proj");
+      a.up = frozen({I, H}, "mlp.up_proj");
+      a.down = frozen({H, I}, "mlp.down_proj");
+    }
     layers.push_back(a);
   }
 
@@ -159,9 +209,10 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
                       linear(reshape(o, {B, S, nh * d}, attn), arg(a.o), attn));
     Value h2 =
         rmsNorm(x, arg(a.postNorm), loc(p + ".post_attention_layernorm"));
-    Value gate = linear(h2, arg(a.gate), mlp), up = linear(h2, arg(a.up), mlp);
-    Value act = SwigluOp::create(b, mlp, gate.getType(), gate, up);
-    x = AddOp::create(b, mlp, x.getType(), x, linear(act, arg(a.down), mlp));
+    Value y = a.sparse ? sparseMlp(h2, arg(a.router), arg(a.gate), arg(a.up),
+                                   arg(a.down), mlp)
+                       : denseMlp(h2, arg(a.gate), arg(a.up), arg(a.down), mlp);
+    x = AddOp::create(b, mlp, x.getType(), x, y);
     if (std::find(spec.targetLayerIds.begin(), spec.targetLayerIds.end(), i) !=
         spec.targetLayerIds.end())
       taps.push_back(x);

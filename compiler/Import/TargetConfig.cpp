@@ -141,6 +141,55 @@ bool readRope(ConfigReader &r, TargetModelConfig &config) {
   return true;
 }
 
+/// The experts of a Qwen3-MoE config: how many, how many a token, their
+/// width, and which layers stay dense.
+bool readExperts(ConfigReader &r, TargetModelConfig &config) {
+  const json::Object &o = r.object;
+  if (!r.positive("num_experts", config.numExperts) ||
+      !r.positive("num_experts_per_tok", config.numExpertsPerToken) ||
+      !r.positive("moe_intermediate_size", config.moeIntermediateSize) ||
+      !r.positive("decoder_sparse_step", config.decoderSparseStep, 1) ||
+      !r.boolean("norm_topk_prob", config.normTopkProb))
+    return false;
+  // The MoE kernels route among at most this many experts.
+  constexpr int64_t kMaxExperts = 512;
+  if (config.numExperts > kMaxExperts)
+    return r.fail("num_experts",
+                  "is " + std::to_string(config.numExperts) + ": at most " +
+                      std::to_string(kMaxExperts) + " experts are supported");
+  if (config.numExpertsPerToken > config.numExperts)
+    return r.fail("num_experts_per_tok",
+                  "(" + std::to_string(config.numExpertsPerToken) +
+                      ") must be at most 'num_experts' (" +
+                      std::to_string(config.numExperts) + ")");
+  if (const json::Value *shared = o.get("shared_expert_intermediate_size");
+      shared && shared->getAsInteger().value_or(0) != 0)
+    return r.fail("shared_expert_intermediate_size",
+                  "is set: a shared expert is not compiled for Qwen3-MoE "
+                  "(the model has none)");
+  if (std::optional<llvm::StringRef> scoring = o.getString("scoring_func");
+      scoring && *scoring != "softmax")
+    return r.fail("scoring_func", "is '" + scoring->str() +
+                                      "': the router of a Qwen3-MoE target "
+                                      "scores with softmax");
+  if (const json::Value *dense = o.get("mlp_only_layers");
+      dense && dense->kind() != json::Value::Null) {
+    const json::Array *list = dense->getAsArray();
+    if (!list)
+      return r.fail("mlp_only_layers", "must be a list of layer indices");
+    for (size_t i = 0; i < list->size(); ++i) {
+      std::optional<int64_t> layer = (*list)[i].getAsInteger();
+      if (!layer || *layer < 0 || *layer >= config.numLayers)
+        return r.fail("mlp_only_layers", "entry " + std::to_string(i) +
+                                             " must be a layer index in [0, " +
+                                             std::to_string(config.numLayers) +
+                                             ")");
+      config.mlpOnlyLayers.push_back(*layer);
+    }
+  }
+  return true;
+}
+
 } // namespace
 
 std::optional<TargetModelConfig>
@@ -181,12 +230,13 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
     return std::nullopt;
   }
   config.modelType = type->str();
-  if (config.modelType != "qwen3" && config.modelType != "llama") {
-    std::string why = "only dense Qwen3 ('qwen3') and Llama-3 ('llama') "
-                      "decoders can be compiled as the target";
+  if (config.modelType != "qwen3" && config.modelType != "llama" &&
+      config.modelType != "qwen3_moe") {
+    std::string why = "the target must be a Qwen3 ('qwen3'), Qwen3-MoE "
+                      "('qwen3_moe') or Llama-3 ('llama') decoder";
     if (root->get("num_experts") || root->get("num_local_experts") ||
         llvm::StringRef(config.modelType).contains("moe"))
-      why = "a mixture-of-experts target cannot be compiled: " + why;
+      why = "this mixture-of-experts target cannot be compiled yet: " + why;
     r.fail("model_type", "is '" + config.modelType + "': " + why);
     return std::nullopt;
   }
@@ -238,7 +288,9 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
   if (!r.positive("head_dim", config.headDim,
                   config.hiddenSize / config.numHeads))
     return std::nullopt;
-  config.qkNorm = config.modelType == "qwen3";
+  config.qkNorm = config.modelType != "llama";
+  if (config.modelType == "qwen3_moe" && !readExperts(r, config))
+    return std::nullopt;
   return config;
 }
 

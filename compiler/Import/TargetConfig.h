@@ -17,9 +17,11 @@
 
 #include "compiler/Spec/Spec.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace dflash {
 
@@ -36,7 +38,7 @@ struct Llama3RopeScaling {
 /// The target decoder the compiler builds, as read from config.json.
 struct TargetModelConfig {
   std::string configPath; ///< DIR/config.json as given
-  std::string modelType;  ///< "qwen3" or "llama"
+  std::string modelType;  ///< "qwen3", "qwen3_moe" or "llama"
   int64_t hiddenSize = 0;
   int64_t intermediateSize = 0;
   int64_t numLayers = 0;
@@ -52,6 +54,23 @@ struct TargetModelConfig {
   /// before RoPE; Llama does not.
   bool qkNorm = false;
 
+  /// A Qwen3-MoE target ('qwen3_moe'): the MLP of layer i is sparse, E
+  /// experts of moeIntermediateSize with numExpertsPerToken routed per
+  /// token, unless sparseLayer(i) says it is dense (intermediateSize).
+  int64_t numExperts = 0; ///< 0: a dense decoder
+  int64_t numExpertsPerToken = 0;
+  int64_t moeIntermediateSize = 0;
+  /// The chosen experts' weights are divided by their sum.
+  bool normTopkProb = false;
+  int64_t decoderSparseStep = 1;
+  std::vector<int64_t> mlpOnlyLayers;
+
+  bool sparseLayer(int64_t i) const {
+    return numExperts > 0 &&
+           std::find(mlpOnlyLayers.begin(), mlpOnlyLayers.end(), i) ==
+               mlpOnlyLayers.end() &&
+           (i + 1) % decoderSparseStep == 0;
+  }
   int64_t qDim() const { return numHeads * headDim; }
   int64_t kvDim() const { return numKvHeads * headDim; }
 };

@@ -125,6 +125,8 @@ private:
   }
 
   LogicalResult evalForward(Operation *op);
+  /// A mixture-of-experts target's routing, grouping and expert GEMMs.
+  LogicalResult evalMoe(Operation *op);
   LogicalResult evalGradient(Operation *op);
   LogicalResult evalOptimizer(Operation *op);
   /// The ops of dflash-fuse-kernels, as the compositions they replace.
@@ -179,6 +181,8 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<LinearGradInputOp, LinearGradWeightOp, RmsNormGradOp, RopeGradOp,
                BlockAttentionGradOp, SwigluGradOp, LmHeadCeGradOp>(op))
     result = evalGradient(op);
+  else if (isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp, MoeUnpermuteOp>(op))
+    result = evalMoe(op);
   else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
                ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
                RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
@@ -194,6 +198,65 @@ LogicalResult Evaluator::eval(Operation *op) {
       roundToStorage(env.find(r)->second,
                      cast<RankedTensorType>(r.getType()).getElementType());
   return success();
+}
+
+LogicalResult Evaluator::evalMoe(Operation *op) {
+  auto indices = [&](Value v) { return asIndices(in(v)); };
+  auto writeIndices = [&](Value v, const std::vector<int32_t> &ix) {
+    HostTensor &t = out(v);
+    for (size_t i = 0; i < ix.size(); ++i)
+      t.data[i] = ix[i];
+  };
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](MoeRouteOp o) {
+        auto s = shapeOf(o.getLogits());
+        int64_t k = int64_t(o.getTopK());
+        std::vector<int32_t> experts(size_t(s[0] * k));
+        ref::moeRoute(ptr(o.getLogits()), outPtr(o.getWeights()),
+                      experts.data(), s[0], s[1], k, o.getNormalize());
+        writeIndices(o.getExperts(), experts);
+        return success();
+      })
+      .Case([&](MoePermuteOp o) -> LogicalResult {
+        auto x = shapeOf(o.getInput()), e = shapeOf(o.getExperts());
+        int64_t E = shapeOf(o.getOffsets())[0] - 1;
+        std::vector<int32_t> experts = indices(o.getExperts());
+        for (int32_t id : experts)
+          if (id < 0 || id >= E)
+            return o.emitOpError()
+                   << "routes a token to expert " << id << " of " << E;
+        std::vector<int32_t> offsets(size_t(E + 1)), source(experts.size());
+        ref::moePermute(ptr(o.getInput()), experts.data(),
+                        outPtr(o.getPermuted()), offsets.data(), source.data(),
+                        x[0], x[1], e[1], E);
+        writeIndices(o.getOffsets(), offsets);
+        writeIndices(o.getSource(), source);
+        return success();
+      })
+      .Case([&](GroupedLinearOp o) -> LogicalResult {
+        auto w = shapeOf(o.getWeight());
+        std::vector<int32_t> offsets = indices(o.getOffsets());
+        if (offsets.front() != 0 || offsets.back() != shapeOf(o.getInput())[0])
+          return o.emitOpError("has offsets that do not cover its rows");
+        for (size_t e = 0; e + 1 < offsets.size(); ++e)
+          if (offsets[e + 1] < offsets[e])
+            return o.emitOpError("has offsets that are not ascending");
+        ref::groupedLinear(ptr(o.getInput()), ptr(o.getWeight()),
+                           offsets.data(), outPtr(o.getResult()), w[0], w[1],
+                           w[2]);
+        return success();
+      })
+      .Case([&](MoeUnpermuteOp o) {
+        auto w = shapeOf(o.getWeights());
+        std::vector<int32_t> source = indices(o.getSource());
+        ref::moeUnpermute(ptr(o.getPermuted()), source.data(),
+                          ptr(o.getWeights()), outPtr(o.getResult()), w[0],
+                          lastDim(o.getPermuted()), w[1]);
+        return success();
+      })
+      .Default([](Operation *other) {
+        return other->emitOpError("is not a mixture-of-experts op");
+      });
 }
 
 LogicalResult Evaluator::evalForward(Operation *op) {

@@ -322,6 +322,13 @@ FailureOr<Choice> select(Operation *op) {
         c.tables = kernels::adamwTableLayout(o.getNumParams(), chunks).bytes;
         return c;
       })
+      .Case<MoeRouteOp, MoePermuteOp, GroupedLinearOp, MoeUnpermuteOp>(
+          [](Operation *o) -> Result {
+            return o->emitOpError()
+                   << "has no CUDA kernel yet: a mixture-of-experts target "
+                      "compiles up to --emit=graph and runs on the CPU "
+                      "reference (dflash-target-features)";
+          })
       .Default([](Operation *) -> Result { return Choice(); });
 }
 

@@ -229,6 +229,34 @@ template <typename T>
 void adamw(T *master, const T *grad, T *m, T *v, int64_t n, int64_t t,
            double scale, const AdamWConfig &config);
 
+//===----------------------------------------------------------------------===//
+// Mixture of experts (a Qwen3-MoE target's sparse MLP)
+//===----------------------------------------------------------------------===//
+
+/// Softmax over the E logits of each of T tokens (double), then the k
+/// largest probabilities (ties: the lower expert first), divided by their
+/// sum when `normalize`: weights [T, k] and experts [T, k], by descending
+/// weight.
+void moeRoute(const double *logits, double *weights, int32_t *experts,
+              int64_t T, int64_t E, int64_t k, bool normalize);
+
+/// Groups the T*k routed rows by expert (ascending, then by t*k + j):
+/// permuted [T*k, H] = x[t] for slot t*k + j, offsets [E + 1], source
+/// [T*k] = the slot of each permuted row. Experts outside [0, E) are a
+/// caller error (moeRoute makes none).
+void moePermute(const double *x, const int32_t *experts, double *permuted,
+                int32_t *offsets, int32_t *source, int64_t T, int64_t H,
+                int64_t k, int64_t E);
+
+/// y[r] = x[r] @ w[e]^T for r in [offsets[e], offsets[e + 1]); w [E, N, K].
+void groupedLinear(const double *x, const double *w, const int32_t *offsets,
+                   double *y, int64_t E, int64_t N, int64_t K);
+
+/// y[t] = sum_j weights[t, j] * permuted[p], source[p] = t*k + j.
+void moeUnpermute(const double *permuted, const int32_t *source,
+                  const double *weights, double *y, int64_t T, int64_t H,
+                  int64_t k);
+
 } // namespace dflash::ref
 
 #endif // DFLASH_KERNELS_REFERENCE_REFERENCE_H

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
 
 using namespace dflash;
@@ -151,6 +153,44 @@ Status dflash::rt::loadTargetWeights(const std::string &dir,
   return status;
 }
 
+/// A mixture-of-experts layer's stacked expert weight [E, N, K], named
+/// "<layer>.mlp.experts.<proj>.weight", from the checkpoint's one tensor per
+/// expert, "<layer>.mlp.experts.<j>.<proj>.weight" [N, K] (the Hugging Face
+/// layout), expert j at row block j. False when `name` is not of that form.
+static bool stackedExpertName(const std::string &name, std::string &before,
+                              std::string &after) {
+  const std::string experts = ".mlp.experts.";
+  size_t at = name.find(experts);
+  if (at == std::string::npos)
+    return false;
+  before = name.substr(0, at + experts.size());
+  after = name.substr(at + experts.size());
+  return !after.empty() && !std::isdigit((unsigned char)after[0]);
+}
+
+static Status
+loadStackedExperts(ShardedSafetensors &tensors, const FrozenTensor &wanted,
+                   const std::string &before, const std::string &after,
+                   const std::string &needer, std::vector<uint16_t> &out) {
+  const std::vector<int64_t> one(wanted.shape.begin() + 1, wanted.shape.end());
+  const size_t perExpert = size_t(shapeNumel(one));
+  out.assign(size_t(shapeNumel(wanted.shape)), 0);
+  std::vector<uint16_t> expert;
+  for (int64_t j = 0; j < wanted.shape[0]; ++j) {
+    std::string name = before + std::to_string(j) + "." + after;
+    const TensorView *view = nullptr;
+    DFLASH_RETURN_IF_ERROR(tensors.find(name, view));
+    if (!view)
+      return Status::error(
+          tensors.directory() + ": has neither '" + wanted.name + "' nor '" +
+          name + "' (expert " + std::to_string(j) + " of " +
+          std::to_string(wanted.shape[0]) + "), which " + needer + " needs");
+    DFLASH_RETURN_IF_ERROR(copyAsBf16(tensors, *view, one, needer, expert));
+    std::copy(expert.begin(), expert.end(), out.begin() + j * perExpert);
+  }
+  return Status::success();
+}
+
 Status dflash::rt::loadFrozenTensors(const std::string &dir,
                                      const std::vector<FrozenTensor> &wanted,
                                      const std::string &needer,
@@ -165,10 +205,16 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
     status = tensors.find(wanted[i].name, view);
     if (!status.ok())
       return status;
-    if (!view)
+    std::string before, after;
+    if (!view && wanted[i].shape.size() == 3 &&
+        stackedExpertName(wanted[i].name, before, after))
+      status =
+          loadStackedExperts(tensors, wanted[i], before, after, needer, out[i]);
+    else if (!view)
       return Status::error(dir + ": has no tensor '" + wanted[i].name +
                            "', which " + needer + " needs");
-    status = copyAsBf16(tensors, *view, wanted[i].shape, needer, out[i]);
+    else
+      status = copyAsBf16(tensors, *view, wanted[i].shape, needer, out[i]);
     if (!status.ok())
       return status;
   }

@@ -55,7 +55,9 @@ struct FrozenTensor {
 /// F32 rounded, out[i] for wanted[i]. Errors name the directory or the shard
 /// and the tensor: a tensor the model lacks, a wrong shape or dtype, an index
 /// that points to a missing or broken shard. `needer` completes them ("the
-/// target program").
+/// target program"). A mixture-of-experts layer's stacked expert weight
+/// "<layer>.mlp.experts.<proj>.weight" [E, N, K] that the checkpoint lacks
+/// is read from its experts' "<layer>.mlp.experts.<j>.<proj>.weight" [N, K].
 Status loadFrozenTensors(const std::string &dir,
                          const std::vector<FrozenTensor> &wanted,
                          const std::string &needer,

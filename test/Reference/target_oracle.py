@@ -9,8 +9,11 @@
                                    (two rows of 12 tokens: row 0 packs a
                                    conversation of 5 and one of 7, row 1 is
                                    one conversation)
-                                   for KIND qwen3 (q/k norms) or llama
-                                   (Llama-3 rope scaling, no q/k norms);
+                                   for KIND qwen3 (q/k norms), qwen3_moe
+                                   (its sparse MLPs, one expert tensor per
+                                   expert as Hugging Face saves them) or
+                                   llama (Llama-3 rope scaling, no q/k
+                                   norms);
                                    DROP: a tensor left out of the checkpoint
   target_oracle.py check DIR OUT   recomputes target_hidden from those files
                                    in float64 and compares it with OUT's
@@ -49,6 +52,17 @@ CONFIGS = {
                                   "high_freq_factor": 4.0,
                                   "original_max_position_embeddings": 64}},
 }
+# Qwen3-MoE: 8 experts of 32, 2 a token, renormalised; layer 0 dense.
+CONFIGS["qwen3_moe"] = dict(CONFIGS["qwen3"], model_type="qwen3_moe", num_experts=8,
+                            num_experts_per_tok=2, moe_intermediate_size=32,
+                            norm_topk_prob=True, decoder_sparse_step=1,
+                            mlp_only_layers=[0])
+
+
+def sparse_layer(config, i):
+    return config.get("num_experts", 0) > 0 and \
+        i not in config.get("mlp_only_layers", []) and \
+        (i + 1) % config.get("decoder_sparse_step", 1) == 0
 
 
 def bf16_exact(x):
@@ -112,11 +126,20 @@ def weight_shapes(config):
                        p + "self_attn.k_proj.weight": (nkv * d, H),
                        p + "self_attn.v_proj.weight": (nkv * d, H),
                        p + "self_attn.o_proj.weight": (H, nh * d),
-                       p + "post_attention_layernorm.weight": (H,),
-                       p + "mlp.gate_proj.weight": (I, H),
-                       p + "mlp.up_proj.weight": (I, H),
-                       p + "mlp.down_proj.weight": (H, I)})
-        if config["model_type"] == "qwen3":
+                       p + "post_attention_layernorm.weight": (H,)})
+        if sparse_layer(config, i):
+            E, I2 = config["num_experts"], config["moe_intermediate_size"]
+            shapes[p + "mlp.gate.weight"] = (E, H)
+            for j in range(E):
+                e = p + "mlp.experts.%d." % j
+                shapes.update({e + "gate_proj.weight": (I2, H),
+                               e + "up_proj.weight": (I2, H),
+                               e + "down_proj.weight": (H, I2)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (I, H),
+                           p + "mlp.up_proj.weight": (I, H),
+                           p + "mlp.down_proj.weight": (H, I)})
+        if config["model_type"] != "llama":
             shapes[p + "self_attn.q_norm.weight"] = (d,)
             shapes[p + "self_attn.k_norm.weight"] = (d,)
     return shapes
@@ -181,6 +204,29 @@ def rope(x, pos, inv):
     return x * cos + rotated * sin
 
 
+def swiglu_mlp(g, p, h):
+    gate, up = h @ g(p + "gate_proj.weight").T, h @ g(p + "up_proj.weight").T
+    return (gate / (1 + np.exp(-gate)) * up) @ g(p + "down_proj.weight").T
+
+
+def sparse_mlp(config, g, p, h):
+    """Qwen3-MoE: softmax over the experts, the top k (ties: lower index),
+    renormalised when norm_topk_prob, each token through its experts."""
+    k = config["num_experts_per_tok"]
+    logits = h @ g(p + "mlp.gate.weight").T
+    prob = np.exp(logits - logits.max(-1, keepdims=True))
+    prob /= prob.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = sorted(range(prob.shape[1]), key=lambda e: (-prob[t, e], e))[:k]
+        weights = prob[t, chosen]
+        if config.get("norm_topk_prob"):
+            weights = weights / weights.sum()
+        for e, weight in zip(chosen, weights):
+            out[t] += weight * swiglu_mlp(g, p + "mlp.experts.%d." % e, h[t:t + 1])[0]
+    return out
+
+
 def forward(config, w, ids, pos):
     H, nh = config["hidden_size"], config["num_attention_heads"]
     nkv = config["num_key_value_heads"]
@@ -201,7 +247,7 @@ def forward(config, w, ids, pos):
         q = (h @ g(p + "self_attn.q_proj.weight").T).reshape(S, nh, d)
         k = (h @ g(p + "self_attn.k_proj.weight").T).reshape(S, nkv, d)
         v = (h @ g(p + "self_attn.v_proj.weight").T).reshape(S, nkv, d)
-        if config["model_type"] == "qwen3":
+        if config["model_type"] != "llama":
             q = rms_norm(q, g(p + "self_attn.q_norm.weight"), eps)
             k = rms_norm(k, g(p + "self_attn.k_norm.weight"), eps)
         q, k = rope(q, pos, inv), rope(k, pos, inv)
@@ -215,9 +261,10 @@ def forward(config, w, ids, pos):
             out[:, head] = prob @ v[:, kv]
         x = x + out.reshape(S, nh * d) @ g(p + "self_attn.o_proj.weight").T
         h2 = rms_norm(x, g(p + "post_attention_layernorm.weight"), eps)
-        gate = h2 @ g(p + "mlp.gate_proj.weight").T
-        up = h2 @ g(p + "mlp.up_proj.weight").T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ g(p + "mlp.down_proj.weight").T
+        if sparse_layer(config, i):
+            x = x + sparse_mlp(config, g, p, h2)
+        else:
+            x = x + swiglu_mlp(g, p + "mlp.", h2)
         if i in TAPS:
             taps.append(x)
     return np.concatenate(taps, -1)

@@ -1,0 +1,150 @@
+//===- DFlashMoeOps.cpp - Verifiers and FLOPs of the MoE ops --------------===//
+//
+// The numbered constraints of docs/dialect.md's mixture-of-experts section;
+// each message starts with its constraint.
+//
+//===----------------------------------------------------------------------===//
+
+#include "dialect/DFlashOps.h"
+
+using namespace mlir;
+using namespace mlir::dflash;
+
+namespace {
+
+RankedTensorType tensorOf(Value v) {
+  return cast<RankedTensorType>(v.getType());
+}
+
+/// "(Cn) what must be [d0, d1, ...] but is <type>" unless `v` has `shape`.
+LogicalResult expectDims(Operation *op, StringRef c, StringRef what, Value v,
+                         ArrayRef<int64_t> shape) {
+  if (tensorOf(v).getShape() == shape)
+    return success();
+  InFlightDiagnostic d = op->emitOpError() << "(" << c << ") " << what
+                                           << " must be [";
+  llvm::interleaveComma(shape, d);
+  return d << "] but is " << v.getType();
+}
+
+LogicalResult expectRank(Operation *op, StringRef c, StringRef what, Value v,
+                         int64_t rank) {
+  if (tensorOf(v).getRank() == rank)
+    return success();
+  return op->emitOpError() << "(" << c << ") " << what << " must have rank "
+                           << rank << " but is " << v.getType();
+}
+
+} // namespace
+
+LogicalResult MoeRouteOp::verify() {
+  Operation *op = *this;
+  // moe_route C1
+  if (failed(expectRank(op, "C1", "logits", getLogits(), 2)))
+    return failure();
+  int64_t T = tensorOf(getLogits()).getDimSize(0);
+  int64_t E = tensorOf(getLogits()).getDimSize(1);
+  // moe_route C2
+  int64_t k = getTopK();
+  if (k < 1 || k > E)
+    return emitOpError() << "(C2) top_k is " << k << " but must be in [1, "
+                         << E << "] (the experts)";
+  // moe_route C3
+  if (getScoring() != "softmax_topk")
+    return emitOpError() << "(C3) scoring is '" << getScoring()
+                         << "': only 'softmax_topk' (softmax over every "
+                            "expert, then the top k) is defined";
+  // moe_route C4
+  if (failed(expectDims(op, "C4", "weights", getWeights(), {T, k})) ||
+      failed(expectDims(op, "C4", "experts", getExperts(), {T, k})))
+    return failure();
+  return success();
+}
+
+LogicalResult MoePermuteOp::verify() {
+  Operation *op = *this;
+  // moe_permute C1
+  if (failed(expectRank(op, "C1", "input", getInput(), 2)) ||
+      failed(expectRank(op, "C1", "experts", getExperts(), 2)) ||
+      failed(expectRank(op, "C1", "offsets", getOffsets(), 1)))
+    return failure();
+  auto x = tensorOf(getInput()), e = tensorOf(getExperts());
+  int64_t T = x.getDimSize(0), H = x.getDimSize(1), k = e.getDimSize(1);
+  // moe_permute C2
+  if (e.getDimSize(0) != T)
+    return emitOpError() << "(C2) experts has " << e.getDimSize(0)
+                         << " rows but input has " << T << " tokens";
+  // moe_permute C3
+  if (failed(expectDims(op, "C3", "permuted", getPermuted(), {T * k, H})) ||
+      failed(expectDims(op, "C3", "source", getSource(), {T * k})))
+    return failure();
+  if (tensorOf(getPermuted()).getElementType() != x.getElementType())
+    return emitOpError() << "(C3) permuted must have input's element type";
+  // moe_permute C4
+  if (tensorOf(getOffsets()).getDimSize(0) < 2)
+    return emitOpError() << "(C4) offsets must have at least 2 entries "
+                            "(one expert and the end)";
+  return success();
+}
+
+LogicalResult GroupedLinearOp::verify() {
+  Operation *op = *this;
+  // grouped_linear C1
+  if (failed(expectRank(op, "C1", "input", getInput(), 2)) ||
+      failed(expectRank(op, "C1", "weight", getWeight(), 3)) ||
+      failed(expectRank(op, "C1", "offsets", getOffsets(), 1)))
+    return failure();
+  auto x = tensorOf(getInput()), w = tensorOf(getWeight());
+  int64_t R = x.getDimSize(0), E = w.getDimSize(0), N = w.getDimSize(1);
+  // grouped_linear C2
+  if (w.getDimSize(2) != x.getDimSize(1))
+    return emitOpError() << "(C2) weight " << w << " must have the input's "
+                         << x.getDimSize(1) << " columns in its last dimension";
+  // grouped_linear C3
+  if (failed(expectDims(op, "C3", "offsets", getOffsets(), {E + 1})))
+    return failure();
+  // grouped_linear C4
+  if (failed(expectDims(op, "C4", "result", getResult(), {R, N})))
+    return failure();
+  if (w.getElementType() != x.getElementType() ||
+      tensorOf(getResult()).getElementType() != x.getElementType())
+    return emitOpError() << "(C4) input, weight and result must share an "
+                            "element type";
+  return success();
+}
+
+LogicalResult MoeUnpermuteOp::verify() {
+  Operation *op = *this;
+  // moe_unpermute C1
+  if (failed(expectRank(op, "C1", "permuted", getPermuted(), 2)) ||
+      failed(expectRank(op, "C1", "weights", getWeights(), 2)))
+    return failure();
+  auto ys = tensorOf(getPermuted()), w = tensorOf(getWeights());
+  int64_t T = w.getDimSize(0), k = w.getDimSize(1), H = ys.getDimSize(1);
+  // moe_unpermute C2
+  if (ys.getDimSize(0) != T * k)
+    return emitOpError() << "(C2) permuted has " << ys.getDimSize(0)
+                         << " rows but weights route " << T << " tokens to "
+                         << k << " experts (" << T * k << " rows)";
+  if (failed(expectDims(op, "C2", "source", getSource(), {T * k})))
+    return failure();
+  // moe_unpermute C3
+  if (failed(expectDims(op, "C3", "result", getResult(), {T, H})))
+    return failure();
+  if (tensorOf(getResult()).getElementType() != ys.getElementType())
+    return emitOpError() << "(C3) result must have permuted's element type";
+  return success();
+}
+
+// Routing and the permutations move data; the grouped GEMM does the work,
+// counted over the T*k rows that are routed (the active experts).
+int64_t MoeRouteOp::getFlopCount() { return 0; }
+int64_t MoePermuteOp::getFlopCount() { return 0; }
+int64_t MoeUnpermuteOp::getFlopCount() {
+  return 2 * tensorOf(getPermuted()).getNumElements();
+}
+int64_t GroupedLinearOp::getFlopCount() {
+  auto w = tensorOf(getWeight());
+  return 2 * tensorOf(getInput()).getDimSize(0) * w.getDimSize(1) *
+         w.getDimSize(2);
+}
