@@ -47,8 +47,13 @@ int64_t rowsOf(Value v) {
 /// weights, and H a multiple of 8 (the row gather's 16-byte copies).
 template <typename LmHeadOp>
 int64_t lmHeadSkippedSlotPeriod(LmHeadOp op, int64_t rows, int64_t H) {
-  auto targets = op.getWeights().template getDefiningOp<DraftTargetsOp>();
-  if (!targets || targets.getWeights() != op.getWeights())
+  // With gradient accumulation the weights are a micro-batch's rows of the
+  // step's: whole rows of whole blocks, so the period holds in them too.
+  Value weights = op.getWeights();
+  if (auto slice = weights.template getDefiningOp<RowSliceOp>())
+    weights = slice.getInput();
+  auto targets = weights.template getDefiningOp<DraftTargetsOp>();
+  if (!targets || targets.getWeights() != weights)
     return 0;
   int64_t bs = targets.getBlockSize();
   if (bs < 2 || rows % bs != 0 || H % 8 != 0 ||
