@@ -21,8 +21,8 @@ LogicalResult expectDims(Operation *op, StringRef c, StringRef what, Value v,
                          ArrayRef<int64_t> shape) {
   if (tensorOf(v).getShape() == shape)
     return success();
-  InFlightDiagnostic d = op->emitOpError() << "(" << c << ") " << what
-                                           << " must be [";
+  InFlightDiagnostic d = op->emitOpError()
+                         << "(" << c << ") " << what << " must be [";
   llvm::interleaveComma(shape, d);
   return d << "] but is " << v.getType();
 }
@@ -47,8 +47,8 @@ LogicalResult MoeRouteOp::verify() {
   // moe_route C2
   int64_t k = getTopK();
   if (k < 1 || k > E)
-    return emitOpError() << "(C2) top_k is " << k << " but must be in [1, "
-                         << E << "] (the experts)";
+    return emitOpError() << "(C2) top_k is " << k << " but must be in [1, " << E
+                         << "] (the experts)";
   // moe_route C3
   if (getScoring() != "softmax_topk")
     return emitOpError() << "(C3) scoring is '" << getScoring()
