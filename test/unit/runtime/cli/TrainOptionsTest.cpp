@@ -140,7 +140,8 @@ TEST(TrainCommandLine, HelpListsOptionsWithDefaults) {
         "--rows",        "--gpus",         "--no-graph",
         "--nccl",        "--max-bad-rows", "N=8",
         "0.003",         "0.04",           "./dflash-out",
-        "256",           "'trainmain'",    "SIGINT"})
+        "256",           "'trainmain'",    "SIGINT",
+        "--accumulate"})
     EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n"
                                                       << text;
 }
