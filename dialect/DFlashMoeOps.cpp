@@ -87,30 +87,50 @@ LogicalResult MoePermuteOp::verify() {
   return success();
 }
 
-LogicalResult GroupedLinearOp::verify() {
-  Operation *op = *this;
+/// grouped_linear's constraints (C1-C4), which grouped_linear_swiglu's
+/// gate and up weights each meet.
+static LogicalResult verifyGroupedLinear(Operation *op, Value input,
+                                         Value weight, Value offsets,
+                                         Value result) {
   // grouped_linear C1
-  if (failed(expectRank(op, "C1", "input", getInput(), 2)) ||
-      failed(expectRank(op, "C1", "weight", getWeight(), 3)) ||
-      failed(expectRank(op, "C1", "offsets", getOffsets(), 1)))
+  if (failed(expectRank(op, "C1", "input", input, 2)) ||
+      failed(expectRank(op, "C1", "weight", weight, 3)) ||
+      failed(expectRank(op, "C1", "offsets", offsets, 1)))
     return failure();
-  auto x = tensorOf(getInput()), w = tensorOf(getWeight());
+  auto x = tensorOf(input), w = tensorOf(weight);
   int64_t R = x.getDimSize(0), E = w.getDimSize(0), N = w.getDimSize(1);
   // grouped_linear C2
   if (w.getDimSize(2) != x.getDimSize(1))
-    return emitOpError() << "(C2) weight " << w << " must have the input's "
-                         << x.getDimSize(1) << " columns in its last dimension";
+    return op->emitOpError()
+           << "(C2) weight " << w << " must have the input's "
+           << x.getDimSize(1) << " columns in its last dimension";
   // grouped_linear C3
-  if (failed(expectDims(op, "C3", "offsets", getOffsets(), {E + 1})))
+  if (failed(expectDims(op, "C3", "offsets", offsets, {E + 1})))
     return failure();
   // grouped_linear C4
-  if (failed(expectDims(op, "C4", "result", getResult(), {R, N})))
+  if (failed(expectDims(op, "C4", "result", result, {R, N})))
     return failure();
   if (w.getElementType() != x.getElementType() ||
-      tensorOf(getResult()).getElementType() != x.getElementType())
-    return emitOpError() << "(C4) input, weight and result must share an "
-                            "element type";
+      tensorOf(result).getElementType() != x.getElementType())
+    return op->emitOpError() << "(C4) input, weight and result must share an "
+                                "element type";
   return success();
+}
+
+LogicalResult GroupedLinearOp::verify() {
+  return verifyGroupedLinear(*this, getInput(), getWeight(), getOffsets(),
+                             getResult());
+}
+
+LogicalResult GroupedLinearSwigluOp::verify() {
+  // grouped_linear_swiglu C1
+  if (getGateWeight().getType() != getUpWeight().getType())
+    return emitOpError() << "(C1) gate weight " << getGateWeight().getType()
+                         << " and up weight " << getUpWeight().getType()
+                         << " must be one [E, N, K] type";
+  // grouped_linear_swiglu C2
+  return verifyGroupedLinear(*this, getInput(), getGateWeight(), getOffsets(),
+                             getResult());
 }
 
 LogicalResult MoeUnpermuteOp::verify() {
@@ -147,4 +167,11 @@ int64_t GroupedLinearOp::getFlopCount() {
   auto w = tensorOf(getWeight());
   return 2 * tensorOf(getInput()).getDimSize(0) * w.getDimSize(1) *
          w.getDimSize(2);
+}
+int64_t GroupedLinearSwigluOp::getFlopCount() {
+  // Both products and the elementwise SwiGLU (SwigluOp's count).
+  auto w = tensorOf(getGateWeight());
+  return 2 * 2 * tensorOf(getInput()).getDimSize(0) * w.getDimSize(1) *
+             w.getDimSize(2) +
+         5 * tensorOf(getResult()).getNumElements();
 }

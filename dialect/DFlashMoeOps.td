@@ -80,6 +80,32 @@ def DFlash_GroupedLinearOp : DFlash_PureOp<"grouped_linear"> {
       "functional-type(operands, results)";
 }
 
+def DFlash_GroupedLinearSwigluOp : DFlash_PureOp<"grouped_linear_swiglu"> {
+  let summary = "The experts' gate and up projections with SwiGLU applied";
+  let description = [{
+    `swiglu(grouped_linear(x, gate_weight, offsets), grouped_linear(x,
+    up_weight, offsets))` as one grouped GEMM whose epilogue applies SwiGLU
+    to the fp32 products and rounds once (kernels/Moe.cuh): neither
+    product is stored. dflash-fuse-kernels forms it where nothing else
+    reads the two products (a target's sparse MLP, inference only).
+
+    ```mlir
+    %a = dflash.grouped_linear_swiglu %xs, %w_gate, %w_up, %offsets
+        : (tensor<98304x2048xbf16>, tensor<128x768x2048xbf16>,
+           tensor<128x768x2048xbf16>, tensor<129xi32>)
+        -> tensor<98304x768xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input,
+                       DFlash_FloatTensor:$gate_weight,
+                       DFlash_FloatTensor:$up_weight,
+                       DFlash_IndexTensor:$offsets);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $gate_weight `,` $up_weight `,` $offsets attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 def DFlash_MoeUnpermuteOp : DFlash_PureOp<"moe_unpermute"> {
   let summary = "The experts' rows back to their tokens, weighted and summed";
   let description = [{

@@ -114,6 +114,27 @@ constexpr size_t lmHeadCrossEntropyWorkspaceBytes(int64_t rows, int64_t vocab,
          (blockSize >= 2 ? 2 * lmHeadGatherBytes(chunkRows, hidden) : 0);
 }
 
+/// Routed rows (t * k + j) moe_permute_bf16 counts in one CTA: each row's
+/// rank among its chunk's rows of the same expert is found by comparing it
+/// with the rows before it, so the grouping is stable and deterministic.
+constexpr int64_t kMoePermuteChunkRows = 1024;
+constexpr int64_t moePermuteChunks(int64_t routedRows) {
+  return (routedRows + kMoePermuteChunkRows - 1) / kMoePermuteChunkRows;
+}
+/// moe_permute_bf16's int32 workspace: each chunk's row count of each
+/// expert [chunks, E] (then where the chunk's rows of it start), and each
+/// routed row's rank within its chunk and expert [T * k].
+constexpr size_t moePermuteWorkspaceBytes(int64_t routedRows, int64_t E) {
+  return (size_t(moePermuteChunks(routedRows)) * size_t(E) +
+          size_t(routedRows)) *
+         sizeof(int32_t);
+}
+/// moe_unpermute_bf16's int32 workspace: the permuted row of each routed
+/// row t * k + j (the inverse of `source`) [T * k].
+constexpr size_t moeUnpermuteWorkspaceBytes(int64_t routedRows) {
+  return size_t(routedRows) * sizeof(int32_t);
+}
+
 } // namespace dflash::kernels
 
 #endif // DFLASH_KERNELS_WORKSPACES_H

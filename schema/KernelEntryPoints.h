@@ -32,6 +32,12 @@ inline constexpr std::string_view kCopyColumns = "copy_columns";
 inline constexpr std::string_view kSwigluFwd = "swiglu_fwd_bf16";
 inline constexpr std::string_view kSwigluGemm = "swiglu_gemm_bf16";
 inline constexpr std::string_view kSwigluBwd = "swiglu_bwd_bf16";
+inline constexpr std::string_view kMoeRoute = "moe_route_bf16";
+inline constexpr std::string_view kMoePermute = "moe_permute_bf16";
+inline constexpr std::string_view kGroupedLinear = "grouped_linear_bf16";
+inline constexpr std::string_view kGroupedLinearSwiglu =
+    "grouped_linear_swiglu_bf16";
+inline constexpr std::string_view kMoeUnpermute = "moe_unpermute_bf16";
 inline constexpr std::string_view kAdd = "add_bf16";
 inline constexpr std::string_view kAddF32 = "add_f32";
 inline constexpr std::string_view kDraftEmbed = "draft_embed_bf16";

@@ -50,7 +50,7 @@ case ${1:-} in
     if [[ -n ${ONLINE_TARGETS:-} ]]; then
       for t in $ONLINE_TARGETS; do items+=("online:$t"); done
     else
-      items=(test:DenseGpuTest test:CausalAttentionGpuTest kernelbench online:tq online:tl online:q8)
+      items=(test:DenseGpuTest test:CausalAttentionGpuTest test:MoeGpuTest kernelbench online:tq online:tl online:tm online:q8)
     fi ;;
   "" | --no-qwen)
     items=(test:AttentionGpuTest test:DenseGpuTest test:LmHeadGpuTest test:AdamWGpuTest
@@ -146,8 +146,10 @@ online() {
   case $name in
     tq) spec=specs/tiny.toml target=$D/tcfg/qwen3 ;;
     tl) spec=specs/tiny.toml target=$D/tcfg/llama ;;
+    tm) spec=specs/tiny.toml target=$D/tcfg/qwen3moe ;;
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
-    *) die "no online target '$name' (tq, tl, q8)" ;;
+    a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
+    *) die "no online target '$name' (tq, tl, tm, q8, a3b)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"

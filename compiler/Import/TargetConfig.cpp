@@ -145,7 +145,11 @@ bool readRope(ConfigReader &r, TargetModelConfig &config) {
 /// width, and which layers stay dense.
 bool readExperts(ConfigReader &r, TargetModelConfig &config) {
   const json::Object &o = r.object;
-  if (!r.positive("num_experts", config.numExperts) ||
+  // transformers 5.8 writes the count as num_local_experts.
+  const char *countField = !o.get("num_experts") && o.get("num_local_experts")
+                               ? "num_local_experts"
+                               : "num_experts";
+  if (!r.positive(countField, config.numExperts) ||
       !r.positive("num_experts_per_tok", config.numExpertsPerToken) ||
       !r.positive("moe_intermediate_size", config.moeIntermediateSize) ||
       !r.positive("decoder_sparse_step", config.decoderSparseStep, 1) ||
@@ -154,13 +158,13 @@ bool readExperts(ConfigReader &r, TargetModelConfig &config) {
   // The MoE kernels route among at most this many experts.
   constexpr int64_t kMaxExperts = 512;
   if (config.numExperts > kMaxExperts)
-    return r.fail("num_experts",
-                  "is " + std::to_string(config.numExperts) + ": at most " +
-                      std::to_string(kMaxExperts) + " experts are supported");
+    return r.fail(countField, "is " + std::to_string(config.numExperts) +
+                                  ": at most " + std::to_string(kMaxExperts) +
+                                  " experts are supported");
   if (config.numExpertsPerToken > config.numExperts)
     return r.fail("num_experts_per_tok",
                   "(" + std::to_string(config.numExpertsPerToken) +
-                      ") must be at most 'num_experts' (" +
+                      ") must be at most '" + countField + "' (" +
                       std::to_string(config.numExperts) + ")");
   if (const json::Value *shared = o.get("shared_expert_intermediate_size");
       shared && shared->getAsInteger().value_or(0) != 0)

@@ -181,7 +181,8 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<LinearGradInputOp, LinearGradWeightOp, RmsNormGradOp, RopeGradOp,
                BlockAttentionGradOp, SwigluGradOp, LmHeadCeGradOp>(op))
     result = evalGradient(op);
-  else if (isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp, MoeUnpermuteOp>(op))
+  else if (isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp, GroupedLinearSwigluOp,
+               MoeUnpermuteOp>(op))
     result = evalMoe(op);
   else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
                ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
@@ -202,6 +203,18 @@ LogicalResult Evaluator::eval(Operation *op) {
 
 LogicalResult Evaluator::evalMoe(Operation *op) {
   auto indices = [&](Value v) { return asIndices(in(v)); };
+  // A grouped GEMM's offsets: ascending from 0 to its rows.
+  auto groupOffsets =
+      [&](Operation *o, Value input,
+          Value offsetsValue) -> FailureOr<std::vector<int32_t>> {
+    std::vector<int32_t> offsets = indices(offsetsValue);
+    if (offsets.front() != 0 || offsets.back() != shapeOf(input)[0])
+      return o->emitOpError("has offsets that do not cover its rows");
+    for (size_t e = 0; e + 1 < offsets.size(); ++e)
+      if (offsets[e + 1] < offsets[e])
+        return o->emitOpError("has offsets that are not ascending");
+    return offsets;
+  };
   auto writeIndices = [&](Value v, const std::vector<int32_t> &ix) {
     HostTensor &t = out(v);
     for (size_t i = 0; i < ix.size(); ++i)
@@ -235,15 +248,31 @@ LogicalResult Evaluator::evalMoe(Operation *op) {
       })
       .Case([&](GroupedLinearOp o) -> LogicalResult {
         auto w = shapeOf(o.getWeight());
-        std::vector<int32_t> offsets = indices(o.getOffsets());
-        if (offsets.front() != 0 || offsets.back() != shapeOf(o.getInput())[0])
-          return o.emitOpError("has offsets that do not cover its rows");
-        for (size_t e = 0; e + 1 < offsets.size(); ++e)
-          if (offsets[e + 1] < offsets[e])
-            return o.emitOpError("has offsets that are not ascending");
+        FailureOr<std::vector<int32_t>> offsets =
+            groupOffsets(o, o.getInput(), o.getOffsets());
+        if (failed(offsets))
+          return failure();
         ref::groupedLinear(ptr(o.getInput()), ptr(o.getWeight()),
-                           offsets.data(), outPtr(o.getResult()), w[0], w[1],
+                           offsets->data(), outPtr(o.getResult()), w[0], w[1],
                            w[2]);
+        return success();
+      })
+      .Case([&](GroupedLinearSwigluOp o) -> LogicalResult {
+        // Both products in double, SwiGLU on them unrounded and the result
+        // rounded once, as the grouped GEMM's epilogue does.
+        auto w = shapeOf(o.getGateWeight());
+        FailureOr<std::vector<int32_t>> offsets =
+            groupOffsets(o, o.getInput(), o.getOffsets());
+        if (failed(offsets))
+          return failure();
+        const size_t n = size_t(shapeOf(o.getInput())[0] * w[1]);
+        std::vector<double> gate(n), up(n);
+        ref::groupedLinear(ptr(o.getInput()), ptr(o.getGateWeight()),
+                           offsets->data(), gate.data(), w[0], w[1], w[2]);
+        ref::groupedLinear(ptr(o.getInput()), ptr(o.getUpWeight()),
+                           offsets->data(), up.data(), w[0], w[1], w[2]);
+        ref::swiglu<double>(gate.data(), up.data(), outPtr(o.getResult()),
+                            int64_t(n));
         return success();
       })
       .Case([&](MoeUnpermuteOp o) {

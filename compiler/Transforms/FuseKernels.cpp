@@ -11,6 +11,10 @@
 //   nothing else reads them (the target's MLP; the drafter's backward reads
 //   its own) and the kernel takes the shape; only when asked (`[memory]
 //   fuse_target_mlp`): it saves memory, not time
+// - swiglu(grouped_linear(x, Wg), grouped_linear(x, Wu))
+//                                         -> grouped_linear_swiglu: the
+//   same for a mixture-of-experts' experts, always (both are our kernels;
+//   kernels/Moe.cuh), where the grouped GEMM takes the shape
 // - add (residual) + rms_norm             -> residual_rms_norm
 // - rms_norm (per head) + rope            -> qk_norm_rope
 // - rope_grad + rms_norm_grad             -> qk_norm_rope_grad
@@ -112,6 +116,30 @@ void fuseLinearSwiglu(func::FuncOp step) {
     Value y = LinearSwigluOp::create(b, swiglu.getLoc(), swiglu.getType(),
                                      gate.getInput(), gate.getWeight(),
                                      up.getWeight());
+    swiglu.getResult().replaceAllUsesWith(y);
+    swiglu.erase();
+    gate.erase();
+    up.erase();
+  });
+}
+
+void fuseGroupedLinearSwiglu(func::FuncOp step) {
+  step.walk([](SwigluOp swiglu) {
+    auto gate = swiglu.getGate().getDefiningOp<GroupedLinearOp>();
+    auto up = swiglu.getUp().getDefiningOp<GroupedLinearOp>();
+    if (!gate || !up || gate.getInput() != up.getInput() ||
+        gate.getOffsets() != up.getOffsets() || !gate.getResult().hasOneUse() ||
+        !up.getResult().hasOneUse())
+      return;
+    auto w = cast<RankedTensorType>(gate.getWeight().getType());
+    if (w != up.getWeight().getType() || !w.getElementType().isBF16() ||
+        !kernels::groupedGemmSupportsShape(w.getDimSize(0), w.getDimSize(1),
+                                           w.getDimSize(2)))
+      return;
+    OpBuilder b(swiglu);
+    Value y = GroupedLinearSwigluOp::create(
+        b, swiglu.getLoc(), swiglu.getType(), gate.getInput(), gate.getWeight(),
+        up.getWeight(), gate.getOffsets());
     swiglu.getResult().replaceAllUsesWith(y);
     swiglu.erase();
     gate.erase();
@@ -368,6 +396,7 @@ void FuseKernelsPass::runOnOperation() {
     fuseLinearResidual(f);
     if (linearSwiglu || getOperation()->hasAttr(kFuseTargetMlpAttrName))
       fuseLinearSwiglu(f);
+    fuseGroupedLinearSwiglu(f);
     fuseResidualNorm(f);
     fuseQkNormRope(f);
     fuseResidualNormGrad(f);

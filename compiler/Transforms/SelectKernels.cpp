@@ -84,6 +84,16 @@ LogicalResult checkNormWidth(Operation *op, int64_t H) {
                               "of 8";
 }
 
+/// The MoE row copies move 16-byte vectors of bf16 rows.
+LogicalResult checkMoeRows(Operation *op, int64_t H) {
+  if (H % 8 == 0 && tensorOf(op->getResult(0)).getElementType().isBF16())
+    return success();
+  return op->emitOpError() << "has no mixture-of-experts kernel for rows of "
+                           << H
+                           << ": 'hidden_size' must be a multiple of 8, "
+                              "in bf16";
+}
+
 /// q/k norm + RoPE: D/16 lanes per head, each 8 dims of each half.
 LogicalResult checkHeadDimForRope(Operation *op, int64_t D) {
   if (D % 16 == 0 && D <= 512)
@@ -327,13 +337,51 @@ FailureOr<Choice> select(Operation *op) {
         c.tables = kernels::adamwTableLayout(o.getNumParams(), chunks).bytes;
         return c;
       })
-      .Case<MoeRouteOp, MoePermuteOp, GroupedLinearOp, MoeUnpermuteOp>(
-          [](Operation *o) -> Result {
-            return o->emitOpError()
-                   << "has no CUDA kernel yet: a mixture-of-experts target "
-                      "compiles up to --emit=graph and runs on the CPU "
-                      "reference (dflash-target-features)";
-          })
+      .Case([](MoeRouteOp o) -> Result {
+        auto logits = tensorOf(o.getLogits());
+        int64_t E = logits.getDimSize(1), k = o.getTopK();
+        if (!logits.getElementType().isBF16() ||
+            E > kernels::kGroupedGemmMaxExperts || k > kernels::kMoeMaxTopK)
+          return o.emitOpError()
+                 << "has no routing kernel for " << E << " experts, top " << k
+                 << ": the target's 'num_experts' must be at most "
+                 << kernels::kGroupedGemmMaxExperts
+                 << " and 'num_experts_per_tok' at most "
+                 << kernels::kMoeMaxTopK << ", in bf16";
+        return named(::dflash::kernel_names::kMoeRoute);
+      })
+      .Case([](MoePermuteOp o) -> Result {
+        auto x = tensorOf(o.getInput());
+        int64_t E = tensorOf(o.getOffsets()).getDimSize(0) - 1;
+        if (failed(checkMoeRows(o, x.getDimSize(1))))
+          return failure();
+        Choice c = named(::dflash::kernel_names::kMoePermute);
+        c.workspace = int64_t(kernels::moePermuteWorkspaceBytes(
+            tensorOf(o.getSource()).getDimSize(0), E));
+        return c;
+      })
+      .Case<GroupedLinearOp, GroupedLinearSwigluOp>([](auto o) -> Result {
+        auto w = tensorOf(o->getOperand(1));
+        if (!w.getElementType().isBF16() ||
+            !kernels::groupedGemmSupportsShape(w.getDimSize(0), w.getDimSize(1),
+                                               w.getDimSize(2)))
+          return o.emitOpError()
+                 << "has no grouped GEMM for expert weights " << w
+                 << ": the target's 'moe_intermediate_size' must be even, "
+                    "'hidden_size' a multiple of 8 and 'num_experts' at most "
+                 << kernels::kGroupedGemmMaxExperts << ", in bf16";
+        return named(isa<GroupedLinearSwigluOp>(o.getOperation())
+                         ? ::dflash::kernel_names::kGroupedLinearSwiglu
+                         : ::dflash::kernel_names::kGroupedLinear);
+      })
+      .Case([](MoeUnpermuteOp o) -> Result {
+        if (failed(checkMoeRows(o, tensorOf(o.getResult()).getDimSize(1))))
+          return failure();
+        Choice c = named(::dflash::kernel_names::kMoeUnpermute);
+        c.workspace = int64_t(kernels::moeUnpermuteWorkspaceBytes(
+            tensorOf(o.getSource()).getDimSize(0)));
+        return c;
+      })
       .Default([](Operation *) -> Result { return Choice(); });
 }
 

@@ -156,7 +156,11 @@ Status dflash::rt::loadTargetWeights(const std::string &dir,
 /// A mixture-of-experts layer's stacked expert weight [E, N, K], named
 /// "<layer>.mlp.experts.<proj>.weight", from the checkpoint's one tensor per
 /// expert, "<layer>.mlp.experts.<j>.<proj>.weight" [N, K] (the Hugging Face
-/// layout), expert j at row block j. False when `name` is not of that form.
+/// layout), expert j at row block j, or from transformers 5's fused tensors
+/// (save_original_format=False, and Qwen3.5's checkpoints): gate and up as
+/// one "<layer>.mlp.experts.gate_up_proj" [E, 2N, K] (the gate's rows
+/// first), down as "<layer>.mlp.experts.down_proj" [E, N, K]. False when
+/// `name` is not of that form.
 static bool stackedExpertName(const std::string &name, std::string &before,
                               std::string &after) {
   const std::string experts = ".mlp.experts.";
@@ -176,15 +180,34 @@ loadStackedExperts(ShardedSafetensors &tensors, const FrozenTensor &wanted,
   const size_t perExpert = size_t(shapeNumel(one));
   out.assign(size_t(shapeNumel(wanted.shape)), 0);
   std::vector<uint16_t> expert;
+  // transformers 5's fused layout, when the checkpoint has it.
+  const std::string proj = after.substr(0, after.find('.'));
+  const bool halves = proj == "gate_proj" || proj == "up_proj";
+  const std::string fusedName = before + (halves ? "gate_up_proj" : proj);
+  const TensorView *fused = nullptr;
+  DFLASH_RETURN_IF_ERROR(tensors.find(fusedName, fused));
+  if (fused) {
+    std::vector<int64_t> shape = wanted.shape;
+    if (halves)
+      shape[1] *= 2;
+    DFLASH_RETURN_IF_ERROR(copyAsBf16(tensors, *fused, shape, needer, expert));
+    const size_t half = halves && proj == "up_proj" ? perExpert : 0;
+    for (int64_t j = 0; j < wanted.shape[0]; ++j) {
+      auto from = expert.begin() + j * (halves ? 2 : 1) * perExpert + half;
+      std::copy(from, from + perExpert, out.begin() + j * perExpert);
+    }
+    return Status::success();
+  }
   for (int64_t j = 0; j < wanted.shape[0]; ++j) {
     std::string name = before + std::to_string(j) + "." + after;
     const TensorView *view = nullptr;
     DFLASH_RETURN_IF_ERROR(tensors.find(name, view));
     if (!view)
-      return Status::error(
-          tensors.directory() + ": has neither '" + wanted.name + "' nor '" +
-          name + "' (expert " + std::to_string(j) + " of " +
-          std::to_string(wanted.shape[0]) + "), which " + needer + " needs");
+      return Status::error(tensors.directory() + ": has neither '" +
+                           wanted.name + "', '" + fusedName + "' nor '" + name +
+                           "' (expert " + std::to_string(j) + " of " +
+                           std::to_string(wanted.shape[0]) + "), which " +
+                           needer + " needs");
     DFLASH_RETURN_IF_ERROR(copyAsBf16(tensors, *view, one, needer, expert));
     std::copy(expert.begin(), expert.end(), out.begin() + j * perExpert);
   }

@@ -2,12 +2,15 @@
 """Random Hugging Face targets, token rows, and the compiled target's
 features against transformers, for the online suites of device-check.
 
-  hf_targets.py small-features DEVICE WORK
-      a small random Qwen3 and a Llama-3 with rope scaling (DEVICE/tcfg/
-      {qwen3,llama}, tiny's shapes) saved with save_pretrained, 6 rows of
-      128 tokens (4 packed), target-features-{tq,tl} on them, and each
-      conversation alone through transformers in fp32 (the reference) and
-      in bf16 (its own noise floor)
+  hf_targets.py small-features DEVICE WORK [KIND...]
+      a small random Qwen3, a Llama-3 with rope scaling and a Qwen3-MoE
+      (DEVICE/tcfg/{qwen3,llama,qwen3moe}, tiny's shapes; KIND picks some)
+      saved with save_pretrained, 6 rows of 128 tokens (4 packed),
+      target-features-{tq,tl,tm} on them, and each conversation alone
+      through transformers in fp32 (the reference) and in bf16 (its own
+      noise floor); for the MoE also the share of tokens whose top-k
+      experts transformers' bf16 forward chooses differently from its fp32
+      one, and the layout save_pretrained wrote the experts in
   hf_targets.py q8-target DEVICE WORK [--features]
       the random Qwen3-8B-shaped target (DEVICE/tcfg/q8) in WORK/t8 and a
       token shard of 8 rows of 3072 in WORK/tokens; --features: also
@@ -15,6 +18,9 @@ features against transformers, for the online suites of device-check.
   hf_targets.py q8-forward DEVICE
       transformers' forward of the Qwen3-8B-shaped target's tapped layers
       (0..33, sdpa, bf16) on 4 x 3072 tokens, timed
+  hf_targets.py forward DEVICE CONFIG LAYERS [--compile]
+      the same for DEVICE/tcfg/CONFIG's first LAYERS layers, eager or under
+      torch.compile
   hf_targets.py oracle DIR
       test/Reference/target_oracle.py's checkpoints in DIR/{qwen3,llama}
       through transformers against dflash-target-features' CPU features
@@ -84,7 +90,7 @@ def save_random_decoder(config_dir, out_dir, seed):
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() >= 2:  # transformers 5 keeps a MoE's experts as [E, ...]
                 p.normal_(0, 0.08 if "embed" not in name else 0.5)
             else:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
@@ -136,14 +142,53 @@ def write_q8_tokens(path, vocab_size, rows=8, seq=3072):
     return ids, pos
 
 
-def small_features(device, work):
+SMALL_TARGETS = {"qwen3": "target-features-tq", "llama": "target-features-tl",
+                 "qwen3moe": "target-features-tm"}
+
+
+def router_choices(model, ids, pos, rows):
+    """Each sparse layer's top-k experts of every token of rows 0..rows-1,
+    each conversation alone (transformers' router logits)."""
+    import torch
+    k = model.config.num_experts_per_tok
+    chosen = []
+    seq = ids.shape[1]
+    for r in range(rows):
+        starts = [t for t in range(seq) if pos[r, t] == 0] + [seq]
+        for s, e in zip(starts, starts[1:]):
+            with torch.no_grad():
+                out = model(input_ids=torch.as_tensor(ids[r:r + 1, s:e]).long().to(model.device),
+                            output_router_logits=True)
+            chosen.append(torch.stack([l.float().topk(k, dim=-1).indices.sort(-1).values
+                                       for l in out.router_logits]).cpu())
+    return torch.cat(chosen, dim=1)  # [layers, tokens, k]
+
+
+def expert_layout(folder):
+    """How save_pretrained stored the experts: per expert or fused."""
+    from safetensors import safe_open
+    import glob
+    names = []
+    for path in glob.glob(os.path.join(folder, "*.safetensors")):
+        with safe_open(path, "pt") as f:
+            names += list(f.keys())
+    if any(n.endswith("mlp.experts.gate_up_proj") for n in names):
+        return "fused (experts.gate_up_proj, experts.down_proj)"
+    if any(".mlp.experts.0.gate_proj.weight" in n for n in names):
+        return "per expert (experts.J.gate_proj.weight ...)"
+    return "no experts found"
+
+
+def small_features(device, work, kinds):
     import torch
     import safetensors.torch
+    import transformers
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
     taps = [1, 5]  # specs/tiny.toml's spread rule over 8 layers
     failed = False
-    for kind, binary in [("qwen3", "target-features-tq"), ("llama", "target-features-tl")]:
+    for kind in kinds or SMALL_TARGETS:
+        binary = SMALL_TARGETS[kind]
         folder = os.path.join(work, kind)
         cfg, _ = save_random_decoder(os.path.join(device, "tcfg", kind), folder, seed=3)
         rng = np.random.default_rng(4)
@@ -163,16 +208,29 @@ def small_features(device, work):
             failed = True
             continue
         got = safetensors.torch.load_file(features)["hidden_states"].float()
-        references = {}
+        references, routes = {}, {}
         for dtype in (torch.float32, torch.bfloat16):
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).cuda().eval()
             references[dtype] = conversation_features(model, ids, pos, taps, rows, got)
+            if kind == "qwen3moe":
+                try:
+                    routes[dtype] = router_choices(model, ids, pos, rows)
+                except Exception as e:  # the features still count
+                    print(f"hf_targets: no router logits from transformers: {e}",
+                          file=sys.stderr)
             name = type(model).__name__
             del model
         whole, token = relative_errors(got, references[torch.float32])
         whole16, token16 = relative_errors(references[torch.bfloat16], references[torch.float32])
-        print(json.dumps({"target": kind, "model": name, "whole": whole, "worst_token": token,
-                          "whole_bf16": whole16, "worst_token_bf16": token16}), flush=True)
+        line = {"target": kind, "model": name, "transformers": transformers.__version__,
+                "whole": whole, "worst_token": token,
+                "whole_bf16": whole16, "worst_token_bf16": token16}
+        if len(routes) == 2:
+            differ = (routes[torch.float32] != routes[torch.bfloat16]).any(-1)
+            line["topk_differ_pct"] = 100 * differ.float().mean().item()
+        if kind == "qwen3moe":
+            line["expert_layout"] = expert_layout(folder)
+        print(json.dumps(line), flush=True)
     return 1 if failed else 0
 
 
@@ -205,27 +263,40 @@ def q8_target(device, work, features):
     return 0
 
 
-def q8_forward(device):
+def forward_bench(device, config_name, layers, compiled=False):
+    """transformers' forward of DEVICE/tcfg/CONFIG's first `layers` layers
+    (random weights, bf16, sdpa) on 4 x 3072 tokens, timed (median of 5
+    after 3 warm-up); `compiled`: under torch.compile."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = AutoConfig.from_pretrained(os.path.join(device, "tcfg", "q8"))
-    cfg.num_hidden_layers = 34  # layers 0..33: the last tap is 33
+    cfg = AutoConfig.from_pretrained(os.path.join(device, "tcfg", config_name))
+    cfg.num_hidden_layers = layers
+    if getattr(cfg, "layer_types", None):
+        cfg.layer_types = cfg.layer_types[:layers]
     cfg._attn_implementation = "sdpa"
     with torch.device("cuda"):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).model.eval()
     ids = torch.randint(0, cfg.vocab_size, (4, 3072), device="cuda")
+    run = torch.compile(model) if compiled else model
     torch.cuda.reset_peak_memory_stats()
     times = []
+    start_all = time.perf_counter()
     with torch.no_grad():
         for _ in range(8):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            model(input_ids=ids, output_hidden_states=True)
+            run(input_ids=ids, output_hidden_states=True)
             torch.cuda.synchronize()
             times.append((time.perf_counter() - start) * 1e3)
     ms = sorted(times[3:])[len(times[3:]) // 2]
-    print(json.dumps({"mode": "transformers sdpa bf16, 34 layers", "ms": round(ms, 2),
+    experts = getattr(cfg, "_experts_implementation", None)
+    mode = "transformers sdpa bf16%s, %d layers%s" % (
+        ", torch.compile" if compiled else "", layers,
+        ", experts %s" % experts if experts else "")
+    print(json.dumps({"mode": mode, "ms": round(ms, 2),
                       "tokens_per_s": round(4 * 3072 / ms * 1e3),
+                      "first_s": round(times[0] / 1e3, 1),
+                      "total_s": round(time.perf_counter() - start_all, 1),
                       "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}))
     return 0
 
@@ -247,12 +318,14 @@ def oracle(folder):
 
 
 def main(argv):
-    if len(argv) == 3 and argv[0] == "small-features":
-        return small_features(argv[1], argv[2])
+    if len(argv) >= 3 and argv[0] == "small-features" and set(argv[3:]) <= set(SMALL_TARGETS):
+        return small_features(argv[1], argv[2], argv[3:])
     if len(argv) in (3, 4) and argv[0] == "q8-target" and argv[3:] in ([], ["--features"]):
         return q8_target(argv[1], argv[2], argv[3:] == ["--features"])
     if len(argv) == 2 and argv[0] == "q8-forward":
-        return q8_forward(argv[1])
+        return forward_bench(argv[1], "q8", 34)  # layers 0..33: the last tap is 33
+    if len(argv) in (4, 5) and argv[0] == "forward" and argv[4:] in ([], ["--compile"]):
+        return forward_bench(argv[1], argv[2], int(argv[3]), argv[4:] == ["--compile"])
     if len(argv) == 2 and argv[0] == "oracle":
         return oracle(argv[1])
     if len(argv) == 4 and argv[0] == "random-decoder":

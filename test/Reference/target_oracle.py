@@ -11,9 +11,13 @@
                                    one conversation)
                                    for KIND qwen3 (q/k norms), qwen3_moe
                                    (its sparse MLPs, one expert tensor per
-                                   expert as Hugging Face saves them) or
-                                   llama (Llama-3 rope scaling, no q/k
-                                   norms);
+                                   expert as Hugging Face saves them),
+                                   qwen3_moe_fused (the same model in
+                                   transformers 5's fused layout:
+                                   experts.gate_up_proj [E, 2I, H],
+                                   experts.down_proj [E, H, I], and
+                                   num_local_experts) or llama (Llama-3
+                                   rope scaling, no q/k norms);
                                    DROP: a tensor left out of the checkpoint
   target_oracle.py check DIR OUT   recomputes target_hidden from those files
                                    in float64 and compares it with OUT's
@@ -57,10 +61,16 @@ CONFIGS["qwen3_moe"] = dict(CONFIGS["qwen3"], model_type="qwen3_moe", num_expert
                             num_experts_per_tok=2, moe_intermediate_size=32,
                             norm_topk_prob=True, decoder_sparse_step=1,
                             mlp_only_layers=[0])
+CONFIGS["qwen3_moe_fused"] = {("num_local_experts" if k == "num_experts" else k): v
+                              for k, v in CONFIGS["qwen3_moe"].items()}
+
+
+def expert_count(config):
+    return config.get("num_experts", config.get("num_local_experts", 0))
 
 
 def sparse_layer(config, i):
-    return config.get("num_experts", 0) > 0 and \
+    return expert_count(config) > 0 and \
         i not in config.get("mlp_only_layers", []) and \
         (i + 1) % config.get("decoder_sparse_step", 1) == 0
 
@@ -128,7 +138,7 @@ def weight_shapes(config):
                        p + "self_attn.o_proj.weight": (H, nh * d),
                        p + "post_attention_layernorm.weight": (H,)})
         if sparse_layer(config, i):
-            E, I2 = config["num_experts"], config["moe_intermediate_size"]
+            E, I2 = expert_count(config), config["moe_intermediate_size"]
             shapes[p + "mlp.gate.weight"] = (E, H)
             for j in range(E):
                 e = p + "mlp.experts.%d." % j
@@ -157,6 +167,8 @@ def make(kind, out, drop=None):
                 rng.standard_normal(shape)
         if name != drop:
             weights[name] = ("F32", bf16_exact(w))
+    if kind.endswith("_fused"):
+        weights = fuse_experts(config, weights)
     with open(out + "/config.json", "w") as f:
         json.dump(config, f)
     write_safetensors(out + "/model.safetensors", weights)
@@ -173,6 +185,37 @@ def make(kind, out, drop=None):
                        "position_ids": ("I32", pos),
                        "num_tokens": ("I32", np.array([12, 12], dtype=np.int32))},
                       metadata)
+
+
+def fuse_experts(config, weights):
+    """transformers 5's layout: each sparse layer's experts as
+    mlp.experts.gate_up_proj [E, 2I, H] (gate rows first) and
+    mlp.experts.down_proj [E, H, I]."""
+    out = {}
+    for i in range(max(TAPS) + 1):
+        p = "model.layers.%d.mlp.experts." % i
+        if not sparse_layer(config, i):
+            continue
+        E = expert_count(config)
+        take = lambda j, proj: weights.pop(p + "%d.%s.weight" % (j, proj))[1]
+        out[p + "gate_up_proj"] = ("F32", np.stack(
+            [np.concatenate([take(j, "gate_proj"), take(j, "up_proj")]) for j in range(E)]))
+        out[p + "down_proj"] = ("F32", np.stack([take(j, "down_proj") for j in range(E)]))
+    weights.update(out)
+    return weights
+
+
+def unfuse_experts(w):
+    """The per-expert tensors of a fused checkpoint (fuse_experts' inverse)."""
+    for name in [n for n in w if n.endswith("mlp.experts.gate_up_proj")]:
+        p = name[:-len("gate_up_proj")]
+        gate_up, down = w.pop(name), w.pop(p + "down_proj")
+        half = gate_up.shape[1] // 2
+        for j in range(gate_up.shape[0]):
+            w[p + "%d.gate_proj.weight" % j] = gate_up[j, :half]
+            w[p + "%d.up_proj.weight" % j] = gate_up[j, half:]
+            w[p + "%d.down_proj.weight" % j] = down[j]
+    return w
 
 
 def rms_norm(x, w, eps):
@@ -272,7 +315,7 @@ def forward(config, w, ids, pos):
 
 def check(directory, features_path):
     config = json.load(open(directory + "/config.json"))
-    w = read_safetensors(directory + "/model.safetensors")
+    w = unfuse_experts(read_safetensors(directory + "/model.safetensors"))
     rows = read_safetensors(directory + "/tokens.safetensors")
     got = read_safetensors(features_path)["hidden_states"].astype(np.float64)
     worst = 0.0

@@ -364,6 +364,59 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             w.getDimSize(1));
         return success();
       })
+      .Case([&](MoeRouteOp o) {
+        auto logits = tensorOf(o.getLogits());
+        os << llvm::formatv("    dflash::kernels::moe_route_bf16({0}, {1}, "
+                            "{2}, {3}, {4}, {5}, {6}, stream);\n",
+                            ptr(o.getLogits()), ptr(o.getWeights()),
+                            ptr(o.getExperts()), logits.getDimSize(0),
+                            logits.getDimSize(1), o.getTopK(),
+                            o.getNormalize() ? "true" : "false");
+        return success();
+      })
+      .Case([&](MoePermuteOp o) {
+        auto x = tensorOf(o.getInput());
+        os << llvm::formatv(
+            "    dflash::kernels::moe_permute_bf16({0}, {1}, {2}, {3}, {4}, "
+            "{5}, {6}, {7}, {8}, {9}, stream);\n",
+            ptr(o.getInput()), ptr(o.getExperts()), ptr(o.getPermuted()),
+            ptr(o.getOffsets()), ptr(o.getSource()), x.getDimSize(0),
+            x.getDimSize(1), tensorOf(o.getExperts()).getDimSize(1),
+            tensorOf(o.getOffsets()).getDimSize(0) - 1,
+            workspace(o, "int32_t"));
+        return success();
+      })
+      .Case([&](GroupedLinearOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv("    dflash::kernels::grouped_linear_bf16({0}, "
+                            "{1}, {2}, {3}, {4}, {5}, {6}, {7}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getOffsets()), ptr(o.getResult()),
+                            rowsOf(o.getInput()), w.getDimSize(0),
+                            w.getDimSize(1), w.getDimSize(2));
+        return success();
+      })
+      .Case([&](GroupedLinearSwigluOp o) {
+        auto w = tensorOf(o.getGateWeight());
+        os << llvm::formatv(
+            "    dflash::kernels::grouped_linear_swiglu_bf16({0}, {1}, {2}, "
+            "{3}, {4}, {5}, {6}, {7}, {8}, stream);\n",
+            ptr(o.getInput()), ptr(o.getGateWeight()), ptr(o.getUpWeight()),
+            ptr(o.getOffsets()), ptr(o.getResult()), rowsOf(o.getInput()),
+            w.getDimSize(0), w.getDimSize(1), w.getDimSize(2));
+        return success();
+      })
+      .Case([&](MoeUnpermuteOp o) {
+        auto w = tensorOf(o.getWeights());
+        os << llvm::formatv(
+            "    dflash::kernels::moe_unpermute_bf16({0}, {1}, {2}, {3}, {4}, "
+            "{5}, {6}, {7}, stream);\n",
+            ptr(o.getPermuted()), ptr(o.getSource()), ptr(o.getWeights()),
+            ptr(o.getResult()), w.getDimSize(0),
+            tensorOf(o.getResult()).getDimSize(1), w.getDimSize(1),
+            workspace(o, "int32_t"));
+        return success();
+      })
       .Case([&](SwigluGradOp o) {
         int64_t cols = tensorOf(o.getGate()).getShape().back();
         os << llvm::formatv(

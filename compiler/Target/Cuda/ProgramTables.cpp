@@ -346,6 +346,12 @@ FailureOr<std::string> StepEmitter::emit() {
       });
 
   const bool eval = sig.isEval(), target = sig.isTarget();
+  // Only a mixture-of-experts target's program instantiates its kernels.
+  bool hasMoe = false;
+  step.walk([&](Operation *op) {
+    hasMoe |= isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp,
+                  GroupedLinearSwigluOp, MoeUnpermuteOp>(op);
+  });
   const std::string specFile = specFileOf(module);
   const char *className = target ? "GeneratedTarget"
                           : eval ? "GeneratedEval"
@@ -372,6 +378,7 @@ FailureOr<std::string> StepEmitter::emit() {
      << "#include \"kernels/Embedding.cuh\"\n"
      << "#include \"kernels/Gemm.cuh\"\n"
      << "#include \"kernels/LmHeadCrossEntropy.cuh\"\n"
+     << (hasMoe ? "#include \"kernels/Moe.cuh\"\n" : "")
      << "#include \"kernels/StepScalars.cuh\"\n"
      << "#include \"kernels/SwiGlu.cuh\"\n"
      << "#include \"kernels/SwiGluGemm.cuh\"\n"
