@@ -88,7 +88,7 @@ TEST(MoeRoute, MatchesTheReference) {
   routeCase(777, 128, 8, true, 2);
   routeCase(300, 128, 8, false, 3);
   routeCase(64, 512, 32, true, 4);
-  routeCase(50, 40, 40, false, 5); // every expert chosen
+  routeCase(50, 32, 32, false, 5); // every expert chosen
 }
 
 struct Grouping {
