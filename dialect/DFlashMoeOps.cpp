@@ -6,44 +6,19 @@
 //===----------------------------------------------------------------------===//
 
 #include "dialect/DFlashOps.h"
+#include "dialect/VerifyHelpers.h"
 
 using namespace mlir;
 using namespace mlir::dflash;
-
-namespace {
-
-RankedTensorType tensorOf(Value v) {
-  return cast<RankedTensorType>(v.getType());
-}
-
-/// "(Cn) what must be [d0, d1, ...] but is <type>" unless `v` has `shape`.
-LogicalResult expectDims(Operation *op, StringRef c, StringRef what, Value v,
-                         ArrayRef<int64_t> shape) {
-  if (tensorOf(v).getShape() == shape)
-    return success();
-  InFlightDiagnostic d = op->emitOpError()
-                         << "(" << c << ") " << what << " must be [";
-  llvm::interleaveComma(shape, d);
-  return d << "] but is " << v.getType();
-}
-
-LogicalResult expectRank(Operation *op, StringRef c, StringRef what, Value v,
-                         int64_t rank) {
-  if (tensorOf(v).getRank() == rank)
-    return success();
-  return op->emitOpError() << "(" << c << ") " << what << " must have rank "
-                           << rank << " but is " << v.getType();
-}
-
-} // namespace
+using namespace mlir::dflash::verify;
 
 LogicalResult MoeRouteOp::verify() {
   Operation *op = *this;
   // moe_route C1
   if (failed(expectRank(op, "C1", "logits", getLogits(), 2)))
     return failure();
-  int64_t T = tensorOf(getLogits()).getDimSize(0);
-  int64_t E = tensorOf(getLogits()).getDimSize(1);
+  int64_t T = tensorType(getLogits()).getDimSize(0);
+  int64_t E = tensorType(getLogits()).getDimSize(1);
   // moe_route C2
   int64_t k = getTopK();
   if (k < 1 || k > E)
@@ -55,8 +30,8 @@ LogicalResult MoeRouteOp::verify() {
                          << "': only 'softmax_topk' (softmax over every "
                             "expert, then the top k) is defined";
   // moe_route C4
-  if (failed(expectDims(op, "C4", "weights", getWeights(), {T, k})) ||
-      failed(expectDims(op, "C4", "experts", getExperts(), {T, k})))
+  if (failed(expectShape(op, "C4", "weights", getWeights(), {T, k})) ||
+      failed(expectShape(op, "C4", "experts", getExperts(), {T, k})))
     return failure();
   return success();
 }
@@ -68,20 +43,20 @@ LogicalResult MoePermuteOp::verify() {
       failed(expectRank(op, "C1", "experts", getExperts(), 2)) ||
       failed(expectRank(op, "C1", "offsets", getOffsets(), 1)))
     return failure();
-  auto x = tensorOf(getInput()), e = tensorOf(getExperts());
+  auto x = tensorType(getInput()), e = tensorType(getExperts());
   int64_t T = x.getDimSize(0), H = x.getDimSize(1), k = e.getDimSize(1);
   // moe_permute C2
   if (e.getDimSize(0) != T)
     return emitOpError() << "(C2) experts has " << e.getDimSize(0)
                          << " rows but input has " << T << " tokens";
   // moe_permute C3
-  if (failed(expectDims(op, "C3", "permuted", getPermuted(), {T * k, H})) ||
-      failed(expectDims(op, "C3", "source", getSource(), {T * k})))
+  if (failed(expectShape(op, "C3", "permuted", getPermuted(), {T * k, H})) ||
+      failed(expectShape(op, "C3", "source", getSource(), {T * k})))
     return failure();
-  if (tensorOf(getPermuted()).getElementType() != x.getElementType())
+  if (tensorType(getPermuted()).getElementType() != x.getElementType())
     return emitOpError() << "(C3) permuted must have input's element type";
   // moe_permute C4
-  if (tensorOf(getOffsets()).getDimSize(0) < 2)
+  if (tensorType(getOffsets()).getDimSize(0) < 2)
     return emitOpError() << "(C4) offsets must have at least 2 entries "
                             "(one expert and the end)";
   return success();
@@ -97,7 +72,7 @@ static LogicalResult verifyGroupedLinear(Operation *op, Value input,
       failed(expectRank(op, "C1", "weight", weight, 3)) ||
       failed(expectRank(op, "C1", "offsets", offsets, 1)))
     return failure();
-  auto x = tensorOf(input), w = tensorOf(weight);
+  auto x = tensorType(input), w = tensorType(weight);
   int64_t R = x.getDimSize(0), E = w.getDimSize(0), N = w.getDimSize(1);
   // grouped_linear C2
   if (w.getDimSize(2) != x.getDimSize(1))
@@ -105,13 +80,13 @@ static LogicalResult verifyGroupedLinear(Operation *op, Value input,
            << "(C2) weight " << w << " must have the input's "
            << x.getDimSize(1) << " columns in its last dimension";
   // grouped_linear C3
-  if (failed(expectDims(op, "C3", "offsets", offsets, {E + 1})))
+  if (failed(expectShape(op, "C3", "offsets", offsets, {E + 1})))
     return failure();
   // grouped_linear C4
-  if (failed(expectDims(op, "C4", "result", result, {R, N})))
+  if (failed(expectShape(op, "C4", "result", result, {R, N})))
     return failure();
   if (w.getElementType() != x.getElementType() ||
-      tensorOf(result).getElementType() != x.getElementType())
+      tensorType(result).getElementType() != x.getElementType())
     return op->emitOpError() << "(C4) input, weight and result must share an "
                                 "element type";
   return success();
@@ -139,19 +114,19 @@ LogicalResult MoeUnpermuteOp::verify() {
   if (failed(expectRank(op, "C1", "permuted", getPermuted(), 2)) ||
       failed(expectRank(op, "C1", "weights", getWeights(), 2)))
     return failure();
-  auto ys = tensorOf(getPermuted()), w = tensorOf(getWeights());
+  auto ys = tensorType(getPermuted()), w = tensorType(getWeights());
   int64_t T = w.getDimSize(0), k = w.getDimSize(1), H = ys.getDimSize(1);
   // moe_unpermute C2
   if (ys.getDimSize(0) != T * k)
     return emitOpError() << "(C2) permuted has " << ys.getDimSize(0)
                          << " rows but weights route " << T << " tokens to "
                          << k << " experts (" << T * k << " rows)";
-  if (failed(expectDims(op, "C2", "source", getSource(), {T * k})))
+  if (failed(expectShape(op, "C2", "source", getSource(), {T * k})))
     return failure();
   // moe_unpermute C3
-  if (failed(expectDims(op, "C3", "result", getResult(), {T, H})))
+  if (failed(expectShape(op, "C3", "result", getResult(), {T, H})))
     return failure();
-  if (tensorOf(getResult()).getElementType() != ys.getElementType())
+  if (tensorType(getResult()).getElementType() != ys.getElementType())
     return emitOpError() << "(C3) result must have permuted's element type";
   return success();
 }
@@ -161,17 +136,17 @@ LogicalResult MoeUnpermuteOp::verify() {
 int64_t MoeRouteOp::getFlopCount() { return 0; }
 int64_t MoePermuteOp::getFlopCount() { return 0; }
 int64_t MoeUnpermuteOp::getFlopCount() {
-  return 2 * tensorOf(getPermuted()).getNumElements();
+  return 2 * tensorType(getPermuted()).getNumElements();
 }
 int64_t GroupedLinearOp::getFlopCount() {
-  auto w = tensorOf(getWeight());
-  return 2 * tensorOf(getInput()).getDimSize(0) * w.getDimSize(1) *
+  auto w = tensorType(getWeight());
+  return 2 * tensorType(getInput()).getDimSize(0) * w.getDimSize(1) *
          w.getDimSize(2);
 }
 int64_t GroupedLinearSwigluOp::getFlopCount() {
   // Both products and the elementwise SwiGLU (SwigluOp's count).
-  auto w = tensorOf(getGateWeight());
-  return 2 * 2 * tensorOf(getInput()).getDimSize(0) * w.getDimSize(1) *
+  auto w = tensorType(getGateWeight());
+  return 2 * 2 * tensorType(getInput()).getDimSize(0) * w.getDimSize(1) *
              w.getDimSize(2) +
-         5 * tensorOf(getResult()).getNumElements();
+         5 * tensorType(getResult()).getNumElements();
 }

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "dialect/DFlashOps.h"
+#include "dialect/VerifyHelpers.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -19,75 +20,7 @@ using namespace mlir::dflash;
 #define GET_OP_CLASSES
 #include "dialect/DFlashOps.cpp.inc"
 
-namespace {
-
-std::string shapeString(ArrayRef<int64_t> shape) {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  os << "[";
-  llvm::interleave(shape, os, "x");
-  os << "]";
-  return s;
-}
-
-/// A double as "%g" writes it ("-1", "1e-06"), for messages.
-std::string formatDouble(double v) {
-  std::string s;
-  llvm::raw_string_ostream(s) << llvm::format("%g", v);
-  return s;
-}
-
-RankedTensorType tensorType(Value v) {
-  return cast<RankedTensorType>(v.getType());
-}
-
-/// Emits "(Cn) <what> must have shape [..] but has [..]" unless `v` has
-/// exactly `shape`.
-LogicalResult expectShape(Operation *op, StringRef c, StringRef what, Value v,
-                          ArrayRef<int64_t> shape) {
-  ArrayRef<int64_t> actual = tensorType(v).getShape();
-  if (actual == shape)
-    return success();
-  return op->emitOpError() << "(" << c << ") " << what << " must have shape "
-                           << shapeString(shape) << " but has "
-                           << shapeString(actual);
-}
-
-LogicalResult expectRank(Operation *op, StringRef c, StringRef what, Value v,
-                         int64_t rank) {
-  int64_t actual = tensorType(v).getRank();
-  if (actual == rank)
-    return success();
-  return op->emitOpError() << "(" << c << ") " << what << " must have rank "
-                           << rank << " but has rank " << actual;
-}
-
-LogicalResult expectSameType(Operation *op, StringRef c, StringRef what,
-                             Value a, StringRef whatB, Value b) {
-  if (a.getType() == b.getType())
-    return success();
-  return op->emitOpError() << "(" << c << ") " << what << " (" << a.getType()
-                           << ") and " << whatB << " (" << b.getType()
-                           << ") must have the same type";
-}
-
-LogicalResult expectSameElementType(Operation *op, StringRef c, StringRef what,
-                                    Value a, StringRef whatB, Value b) {
-  if (tensorType(a).getElementType() == tensorType(b).getElementType())
-    return success();
-  return op->emitOpError() << "(" << c << ") " << what << " and " << whatB
-                           << " must have the same element type";
-}
-
-LogicalResult expectAtLeast(Operation *op, StringRef c, StringRef what,
-                            int64_t value, int64_t min) {
-  if (value >= min)
-    return success();
-  return op->emitOpError() << "(" << c << ") " << what << " is " << value
-                           << " but must be at least " << min;
-}
-
-} // namespace
+using namespace mlir::dflash::verify;
 
 //===----------------------------------------------------------------------===//
 // Draft-block bookkeeping

@@ -19,7 +19,7 @@ func.func @route_scoring(%l: tensor<16x8xbf16>) {
 // -----
 
 func.func @route_results(%l: tensor<16x8xbf16>) {
-  // expected-error @+1 {{(C4) experts must be [16, 2] but is 'tensor<16x3xi32>'}}
+  // expected-error @+1 {{(C4) experts must have shape [16x2] but has [16x3]}}
   %w, %e = dflash.moe_route %l {top_k = 2 : i64, scoring = "softmax_topk"} : (tensor<16x8xbf16>) -> (tensor<16x2xbf16>, tensor<16x3xi32>)
   return
 }
@@ -27,7 +27,7 @@ func.func @route_results(%l: tensor<16x8xbf16>) {
 // -----
 
 func.func @permute_rows(%x: tensor<16x32xbf16>, %e: tensor<16x2xi32>) {
-  // expected-error @+1 {{(C3) permuted must be [32, 32] but is 'tensor<16x32xbf16>'}}
+  // expected-error @+1 {{(C3) permuted must have shape [32x32] but has [16x32]}}
   %p, %o, %s = dflash.moe_permute %x, %e : (tensor<16x32xbf16>, tensor<16x2xi32>) -> (tensor<16x32xbf16>, tensor<9xi32>, tensor<32xi32>)
   return
 }
@@ -51,7 +51,7 @@ func.func @grouped_columns(%x: tensor<32x32xbf16>, %w: tensor<8x64x16xbf16>, %o:
 // -----
 
 func.func @grouped_offsets(%x: tensor<32x32xbf16>, %w: tensor<8x64x32xbf16>, %o: tensor<8xi32>) {
-  // expected-error @+1 {{(C3) offsets must be [9] but is 'tensor<8xi32>'}}
+  // expected-error @+1 {{(C3) offsets must have shape [9] but has [8]}}
   %y = dflash.grouped_linear %x, %w, %o : (tensor<32x32xbf16>, tensor<8x64x32xbf16>, tensor<8xi32>) -> tensor<32x64xbf16>
   return
 }
@@ -67,7 +67,7 @@ func.func @unpermute_rows(%p: tensor<30x32xbf16>, %s: tensor<32xi32>, %w: tensor
 // -----
 
 func.func @unpermute_result(%p: tensor<32x32xbf16>, %s: tensor<32xi32>, %w: tensor<16x2xbf16>) {
-  // expected-error @+1 {{(C3) result must be [16, 32] but is 'tensor<16x16xbf16>'}}
+  // expected-error @+1 {{(C3) result must have shape [16x32] but has [16x16]}}
   %y = dflash.moe_unpermute %p, %s, %w : (tensor<32x32xbf16>, tensor<32xi32>, tensor<16x2xbf16>) -> tensor<16x16xbf16>
   return
 }
