@@ -26,6 +26,7 @@
 #include "kernels/DraftBlocks.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/LmHeadCrossEntropy.cuh"
+#include "kernels/Moe.cuh"
 #include "kernels/QkNormRope.cuh"
 #include "kernels/RmsNorm.cuh"
 #include "kernels/SwiGlu.cuh"
@@ -942,6 +943,56 @@ void swigluGemm(CublasLtGemm &gemm) {
     DFLASH_CUDA_CHECK(cudaFree(p));
 }
 
+/// The Qwen3-30B-A3B expert GEMMs of one layer at 4 x 3072 tokens, 8 of 128
+/// experts a token (98304 routed rows), against dense GEMMs of the same total
+/// size: the grouped SwiGLU GEMM (gate and up, I 768, K 2048) against the
+/// dense SwiGLU GEMM of [98304 x 768 x 2048], and the grouped down GEMM (N
+/// 2048, K 768) against cuBLASLt's [98304 x 2048 x 768]; the routing balanced
+/// (768 rows an expert) and uneven (256 and 1280 in turn). Rested clock.
+void groupedGemm(CublasLtGemm &gemm) {
+  const int64_t E = 128, M = 98304, H = 2048, I = 768;
+  bf16 *x = deviceAlloc<bf16>(M * H), *wg = deviceAlloc<bf16>(E * I * H),
+       *wu = deviceAlloc<bf16>(E * I * H), *wd = deviceAlloc<bf16>(E * H * I),
+       *a = deviceAlloc<bf16>(M * I), *y = deviceAlloc<bf16>(M * H);
+  randomBf16(x, M * H, 61);
+  randomBf16(wg, E * I * H, 62, 2.f / 45);
+  randomBf16(wu, E * I * H, 63, 1.f / 45);
+  randomBf16(wd, E * H * I, 64, 1.f / 28);
+  int32_t *offsets = deviceAlloc<int32_t>(E + 1);
+  auto route = [&](bool uneven) {
+    std::vector<int32_t> h(E + 1, 0);
+    for (int64_t e = 0; e < E; ++e)
+      h[e + 1] = h[e] + int32_t(uneven ? (e % 2 ? 1280 : 256) : M / E);
+    DFLASH_CUDA_CHECK(cudaMemcpy(offsets, h.data(), h.size() * 4,
+                                 cudaMemcpyHostToDevice));
+  };
+  const double upFlops = 2.0 * M * (2 * I) * H, downFlops = 2.0 * M * H * I;
+  for (bool uneven : {false, true}) {
+    route(uneven);
+    const std::string how = uneven ? "uneven" : "balanced";
+    double ms = timeMs([&] {
+      grouped_linear_swiglu_bf16(x, wg, wu, offsets, a, M, E, I, H, 0);
+    });
+    report("moe gate+up grouped 98304x768x2048 [" + how + "]", ms, "TFLOP/s",
+           upFlops / (ms * 1e9), "rested");
+    ms = timeMs(
+        [&] { grouped_linear_bf16(a, wd, offsets, y, M, E, H, I, 0); });
+    report("moe down grouped 98304x2048x768 [" + how + "]", ms, "TFLOP/s",
+           downFlops / (ms * 1e9), "rested");
+  }
+  double ms = timeMs([&] { swiglu_gemm_bf16(x, wg, wu, {a, M, I, H}, 0); });
+  report("moe gate+up dense 98304x768x2048 [swiglu gemm]", ms, "TFLOP/s",
+         upFlops / (ms * 1e9), "rested");
+  gemm.linear(a, wd, y, M, H, I, 0);
+  gemm.timeCandidates(0);
+  ms = timeMs([&] { gemm.linear(a, wd, y, M, H, I, 0); });
+  report("moe down dense 98304x2048x768 [cuBLASLt]", ms, "TFLOP/s",
+         downFlops / (ms * 1e9), "rested");
+  for (void *p : {(void *)x, (void *)wg, (void *)wu, (void *)wd, (void *)a,
+                  (void *)y, (void *)offsets})
+    DFLASH_CUDA_CHECK(cudaFree(p));
+}
+
 /// The target MLP of one layer (gate, up, SwiGLU, down + residual) at 4 x
 /// 3072 tokens, as the program runs it (one stream) against its rows split
 /// in two halves on two streams, the second half's GEMMs started once the
@@ -1084,6 +1135,8 @@ int main(int argc, char **argv) {
     causal();
   if (want("swiglu-gemm"))
     swigluGemm(gemm);
+  if (want("grouped-gemm"))
+    groupedGemm(gemm);
   if (want("mlp-overlap"))
     mlpOverlap(lt, wsBytes);
   if (want("memory"))
