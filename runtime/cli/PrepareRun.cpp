@@ -212,7 +212,16 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   }
 
   // Frozen weights.
-  if (!o.target.empty()) {
+  if (o.randomTargetWeights) {
+    if (!online)
+      return Status::error("--random-target-weights stands in for an online "
+                           "target's weights: this trainer has no online "
+                           "target, or --data holds features");
+    std::fprintf(stderr, "train: --random-target-weights: the target's "
+                         "weights are random; time and memory only\n");
+    randomTargetWeights(config, run.loadedTarget);
+    run.inputs.target = &run.loadedTarget;
+  } else if (!o.target.empty()) {
     DFLASH_RETURN_IF_ERROR(
         loadTargetWeights(o.target, config, run.loadedTarget));
     run.inputs.target = &run.loadedTarget;
@@ -230,8 +239,11 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
     for (const BufferSpec &b : *onlineTarget)
       if (b.role == BufferRole::Frozen)
         wanted.push_back({b.name, b.shape});
-    DFLASH_RETURN_IF_ERROR(loadFrozenTensors(
-        o.target, wanted, "the online target", run.targetProgramWeights));
+    if (o.randomTargetWeights)
+      randomFrozenTensors(wanted, run.targetProgramWeights);
+    else
+      DFLASH_RETURN_IF_ERROR(loadFrozenTensors(
+          o.target, wanted, "the online target", run.targetProgramWeights));
     run.inputs.targetProgramWeights = &run.targetProgramWeights;
   }
 

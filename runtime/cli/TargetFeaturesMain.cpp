@@ -31,23 +31,13 @@ struct Options {
   int device = 0;
 };
 
-/// Random bf16 values of a decoder's scale: norms near 1, matrices
-/// N(0, 0.02); one pattern of 16M values, repeated (the timing does not
-/// depend on the values, only on their being finite).
+/// Random bf16 values of a decoder's scale (randomWeightPattern, norms 1),
+/// uploaded straight into the frozen buffers.
 Status fillRandomWeights(const std::vector<BufferSpec> &specs,
                          const std::vector<void *> &buffers,
                          const TargetBufferMap &map) {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.f, 0.02f);
-  std::vector<uint16_t> pattern(size_t(1) << 24);
-  auto bf16 = [](float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-  };
-  for (uint16_t &v : pattern)
-    v = bf16(normal(rng));
-  std::vector<uint16_t> ones(size_t(1) << 16, bf16(1.f));
+  const std::vector<uint16_t> &pattern = randomWeightPattern();
+  std::vector<uint16_t> ones(size_t(1) << 16, kBf16One);
   for (int index : map.frozen) {
     const BufferSpec &b = specs[size_t(index)];
     const bool norm = b.shape.size() == 1;

@@ -215,6 +215,12 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
                "of timing its candidates at the first step and keeping the "
                "fastest (a run then repeats another run of this flag bit for "
                "bit where the step itself is deterministic)");
+  app.add_flag("--random-target-weights", options.randomTargetWeights,
+               "Timing only: the online target's weights, and the embedding "
+               "and lm_head, are random instead of read from --target (which "
+               "is then not needed), so the features, the losses and the "
+               "checkpoints mean nothing; for a target's step time and memory "
+               "without its checkpoint");
   app.footer(
       "The first SIGINT or SIGTERM finishes the current step, saves a "
       "checkpoint and exits with 128 + the signal; a second one quits at "
@@ -337,6 +343,14 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
     return Status::error("--eval-data synthetic evaluates the synthetic "
                          "problem, but --data " +
                          o.data + " is feature shards: give held-out shards");
+  if (o.randomTargetWeights && o.data == "synthetic")
+    return Status::error("--random-target-weights stands in for an online "
+                         "target's weights, which need token shards in "
+                         "--data; the synthetic problem has its own target");
+  if (o.randomTargetWeights && !o.target.empty())
+    return Status::error("--random-target-weights reads no weights: leave "
+                         "out --target " +
+                         o.target);
   if (o.progressEvery < 1)
     return Status::error("--progress-every must be at least 1");
   if (o.maxBadRows < 0)
@@ -361,7 +375,7 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
       return Status::error("--target-gpus runs the online target, which "
                            "needs token shards in --data; the synthetic "
                            "problem carries its features");
-    if (o.target.empty())
+    if (o.target.empty() && !o.randomTargetWeights)
       return Status::error("--target-gpus needs --target DIR, the online "
                            "target's Hugging Face directory");
     if (!o.gpus.empty() && o.targetGpus.size() > o.gpus.size())
@@ -385,7 +399,7 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
     std::error_code ec;
     if (!fs::exists(o.data, ec))
       return Status::error("--data " + o.data + ": no such file or directory");
-    if (o.target.empty())
+    if (o.target.empty() && !o.randomTargetWeights)
       return Status::error("--data " + o.data +
                            " needs --target DIR for the frozen embedding and "
                            "lm_head (and, for token shards, the online "

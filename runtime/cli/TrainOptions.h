@@ -49,7 +49,10 @@ struct TrainOptions {
   std::vector<int> targetGpus;
   bool noGraph = false;      ///< --no-graph
   bool noGemmTiming = false; ///< --no-gemm-timing
-  bool nccl = false;         ///< --nccl: collectives even on one GPU
+  /// --random-target-weights: timing runs of an online target too large
+  /// for a checkpoint at hand
+  bool randomTargetWeights = false;
+  bool nccl = false; ///< --nccl: collectives even on one GPU
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <random>
 
 using namespace dflash;
 using namespace dflash::rt;
@@ -242,4 +243,48 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
       return status;
   }
   return Status::success();
+}
+
+const std::vector<uint16_t> &dflash::rt::randomWeightPattern() {
+  static const std::vector<uint16_t> pattern = [] {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.f, 0.02f);
+    std::vector<uint16_t> p(size_t(1) << 24);
+    for (uint16_t &v : p)
+      v = floatToBf16(normal(rng));
+    return p;
+  }();
+  return pattern;
+}
+
+/// `count` values of the pattern, repeated.
+static void fillFromPattern(std::vector<uint16_t> &out, size_t count) {
+  const std::vector<uint16_t> &pattern = randomWeightPattern();
+  out.resize(count);
+  for (size_t at = 0; at < count; at += pattern.size())
+    std::copy_n(pattern.begin(), std::min(pattern.size(), count - at),
+                out.begin() + at);
+}
+
+void dflash::rt::randomFrozenTensors(const std::vector<FrozenTensor> &wanted,
+                                     std::vector<std::vector<uint16_t>> &out) {
+  out.assign(wanted.size(), {});
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const size_t count = size_t(shapeNumel(wanted[i].shape));
+    if (wanted[i].shape.size() == 1)
+      out[i].assign(count, kBf16One);
+    else
+      fillFromPattern(out[i], count);
+  }
+}
+
+void dflash::rt::randomTargetWeights(const ModelConfig &config,
+                                     TargetWeights &weights) {
+  weights.vocabSize = config.vocabSize;
+  weights.hiddenSize = config.targetHiddenSize;
+  weights.tied = config.tieWordEmbeddings;
+  const size_t count = size_t(config.vocabSize * config.targetHiddenSize);
+  fillFromPattern(weights.embed, count);
+  if (!weights.tied)
+    fillFromPattern(weights.lmHead, count);
 }

@@ -63,6 +63,20 @@ Status loadFrozenTensors(const std::string &dir,
                          const std::string &needer,
                          std::vector<std::vector<uint16_t>> &out);
 
+/// Random bf16 values of a decoder's scale, for timing runs only (the speed
+/// of a step does not depend on the values, only on their being finite):
+/// N(0, 0.02), one pattern of 16M values that matrices repeat.
+const std::vector<uint16_t> &randomWeightPattern();
+/// bf16 1.0, what norm weights (rank 1) get in a timing run.
+constexpr uint16_t kBf16One = 0x3F80;
+
+/// Random stand-ins for `wanted` (randomWeightPattern repeated; rank-1
+/// tensors 1.0), out[i] for wanted[i]: `train --random-target-weights`.
+void randomFrozenTensors(const std::vector<FrozenTensor> &wanted,
+                         std::vector<std::vector<uint16_t>> &out);
+/// The same for the embedding and lm_head the drafter reads.
+void randomTargetWeights(const ModelConfig &config, TargetWeights &weights);
+
 } // namespace dflash::rt
 
 #endif // DFLASH_RUNTIME_TARGETWEIGHTS_H

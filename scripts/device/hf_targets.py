@@ -21,6 +21,9 @@ features against transformers, for the online suites of device-check.
   hf_targets.py forward DEVICE CONFIG LAYERS [--compile]
       the same for DEVICE/tcfg/CONFIG's first LAYERS layers, eager or under
       torch.compile
+  hf_targets.py a3b-tokens WORK
+      a token shard of qwen3-coder-30b-a3b-b16's shape (8 rows of 3072, the
+      even rows packed) in WORK/tokens
   hf_targets.py oracle DIR
       test/Reference/target_oracle.py's checkpoints in DIR/{qwen3,llama}
       through transformers against dflash-target-features' CPU features
@@ -124,18 +127,23 @@ def make_q8_target(config_dir, out_dir):
     return cfg, model
 
 
-def write_q8_tokens(path, vocab_size, rows=8, seq=3072):
-    """A token shard of qwen3-8b-b16's shape: random ids, the even rows
-    packed with conversations of 64 to 1536 tokens, the odd rows one
-    conversation each. Returns (ids, pos)."""
+Q8_SHARD = {"target": "Qwen/Qwen3-8B", "target_layer_ids": "[1, 9, 17, 25, 33]",
+            "hidden_size": "4096"}
+A3B_SHARD = {"target": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
+             "target_layer_ids": "[1, 7, 14, 20, 26, 32, 39, 45]", "hidden_size": "2048"}
+
+
+def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD):
+    """A token shard of qwen3-8b-b16's shape (or `spec`'s target): random
+    ids, the even rows packed with conversations of 64 to 1536 tokens, the
+    odd rows one conversation each. Returns (ids, pos)."""
     from safetensors.numpy import save_file
     rng = np.random.default_rng(1)
     ids = rng.integers(0, vocab_size, size=(rows, seq)).astype(np.int32)
     pos = packed_positions(rng, rows, seq, lambda r: r % 2 == 0,
                            lambda g: int(g.integers(64, 1537)))
-    meta = {"format": "dflash-token-shard", "format_version": "1", "target": "Qwen/Qwen3-8B",
-            "target_layer_ids": "[1, 9, 17, 25, 33]", "hidden_size": "4096",
-            "seq_len": str(seq), "packed": "true"}
+    meta = dict(spec, format="dflash-token-shard", format_version="1", seq_len=str(seq),
+                packed="true")
     save_file({"input_ids": ids, "position_ids": pos,
                "loss_mask": np.ones((rows, seq), dtype=np.uint8),
                "num_tokens": np.full((rows,), seq, dtype=np.int32)}, path, meta)
@@ -326,6 +334,11 @@ def main(argv):
         return forward_bench(argv[1], "q8", 34)  # layers 0..33: the last tap is 33
     if len(argv) in (4, 5) and argv[0] == "forward" and argv[4:] in ([], ["--compile"]):
         return forward_bench(argv[1], argv[2], int(argv[3]), argv[4:] == ["--compile"])
+    if len(argv) == 2 and argv[0] == "a3b-tokens":
+        os.makedirs(os.path.join(argv[1], "tokens"), exist_ok=True)
+        write_q8_tokens(os.path.join(argv[1], "tokens", "shard-00000.safetensors"), 151936,
+                        spec=A3B_SHARD)
+        return 0
     if len(argv) == 2 and argv[0] == "oracle":
         return oracle(argv[1])
     if len(argv) == 4 and argv[0] == "random-decoder":

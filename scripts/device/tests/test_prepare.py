@@ -64,7 +64,7 @@ case $1 in
 esac
 """
 TESTS = ["AttentionGpuTest", "CausalAttentionGpuTest", "DenseGpuTest", "LmHeadGpuTest",
-         "AdamWGpuTest", "RuntimeTrainerTest", "GeneratedStepThreadsTest"]
+         "AdamWGpuTest", "MoeGpuTest", "RuntimeTrainerTest", "GeneratedStepThreadsTest"]
 
 
 def executable(path, text):

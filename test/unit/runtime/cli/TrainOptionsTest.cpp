@@ -132,16 +132,19 @@ TEST(TrainCommandLine, HelpListsOptionsWithDefaults) {
   TrainOptions o;
   std::string text;
   ASSERT_EQ(parse({"--help"}, o, text), CommandLineAction::ShowHelp);
-  for (const char *expected :
-       {"--target",      "--data",         "--steps",
-        "--total-steps", "--lr",           "--warmup-ratio",
-        "--save-every",  "--out",          "--resume",
-        "--init",        "--seed",         "--log",
-        "--rows",        "--gpus",         "--no-graph",
-        "--nccl",        "--max-bad-rows", "N=8",
-        "0.003",         "0.04",           "./dflash-out",
-        "256",           "'trainmain'",    "SIGINT",
-        "--accumulate"})
+  for (const char *expected : {"--target",       "--data",
+                               "--steps",        "--total-steps",
+                               "--lr",           "--warmup-ratio",
+                               "--save-every",   "--out",
+                               "--resume",       "--init",
+                               "--seed",         "--log",
+                               "--rows",         "--gpus",
+                               "--no-graph",     "--nccl",
+                               "--max-bad-rows", "N=8",
+                               "0.003",          "0.04",
+                               "./dflash-out",   "256",
+                               "'trainmain'",    "SIGINT",
+                               "--accumulate",   "--random-target-weights"})
     EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n"
                                                       << text;
 }
@@ -317,6 +320,11 @@ TEST(TrainValidation, NamesTheBadOption) {
       {{"--data", file, "--target", dir.path, "--target-gpus", "2,3", "--gpus",
         "0"},
        "--target-gpus lists 2 devices for 1 drafter GPUs"},
+      {{"--data", "synthetic", "--random-target-weights"},
+       "--random-target-weights stands in for an online target's weights, "
+       "which need token shards"},
+      {{"--data", dir.path, "--target", dir.path, "--random-target-weights"},
+       "--random-target-weights reads no weights: leave out --target"},
       {{"--data", "synthetic", "--max-bad-rows", "-1"},
        "--max-bad-rows must be at least 0"},
       {{"--data", "synthetic", "--total-steps", "10", "--steps", "20"},
