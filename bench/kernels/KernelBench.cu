@@ -963,8 +963,8 @@ void groupedGemm(CublasLtGemm &gemm) {
     std::vector<int32_t> h(E + 1, 0);
     for (int64_t e = 0; e < E; ++e)
       h[e + 1] = h[e] + int32_t(uneven ? (e % 2 ? 1280 : 256) : M / E);
-    DFLASH_CUDA_CHECK(cudaMemcpy(offsets, h.data(), h.size() * 4,
-                                 cudaMemcpyHostToDevice));
+    DFLASH_CUDA_CHECK(
+        cudaMemcpy(offsets, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
   };
   const double upFlops = 2.0 * M * (2 * I) * H, downFlops = 2.0 * M * H * I;
   for (bool uneven : {false, true}) {
@@ -975,8 +975,7 @@ void groupedGemm(CublasLtGemm &gemm) {
     });
     report("moe gate+up grouped 98304x768x2048 [" + how + "]", ms, "TFLOP/s",
            upFlops / (ms * 1e9), "rested");
-    ms = timeMs(
-        [&] { grouped_linear_bf16(a, wd, offsets, y, M, E, H, I, 0); });
+    ms = timeMs([&] { grouped_linear_bf16(a, wd, offsets, y, M, E, H, I, 0); });
     report("moe down grouped 98304x2048x768 [" + how + "]", ms, "TFLOP/s",
            downFlops / (ms * 1e9), "rested");
   }
