@@ -57,21 +57,39 @@ def packed_positions(rng, rows, seq, is_packed, length):
     return pos
 
 
-def conversation_features(model, ids, pos, taps, rows, like):
-    """The reference: each conversation of rows 0..rows-1 alone from
-    position 0 through `model` (tap l is hidden_states[l + 1]), the taps
-    concatenated, in float32 on the CPU, shaped like `like`."""
+def each_conversation(model, ids, pos, rows, **outputs):
+    """(row, start, end, model output) for each conversation of rows
+    0..rows-1, run alone from position 0 through `model` with `outputs`."""
     import torch
-    out = torch.zeros_like(like)
     seq = ids.shape[1]
     for r in range(rows):
         starts = [t for t in range(seq) if pos[r, t] == 0] + [seq]
         for s, e in zip(starts, starts[1:]):
             with torch.no_grad():
-                result = model(input_ids=torch.as_tensor(ids[r:r + 1, s:e]).long().to(model.device),
-                               output_hidden_states=True)
-            out[r, s:e] = torch.cat([result.hidden_states[l + 1][0] for l in taps],
-                                    -1).float().cpu()
+                yield r, s, e, model(
+                    input_ids=torch.as_tensor(ids[r:r + 1, s:e]).long().to(model.device),
+                    **outputs)
+
+
+def conversation_features(model, ids, pos, taps, rows, like, routes=None):
+    """The reference: each conversation of rows 0..rows-1 alone from
+    position 0 through `model` (tap l is hidden_states[l + 1]), the taps
+    concatenated, in float32 on the CPU, shaped like `like`. With a list
+    `routes` (a mixture-of-experts model), the same forward also appends
+    each sparse layer's sorted top-k experts of the conversation's tokens,
+    [layers, tokens, k]."""
+    import torch
+    out = torch.zeros_like(like)
+    outputs = {"output_hidden_states": True}
+    if routes is not None:
+        outputs["output_router_logits"] = True
+    for r, s, e, result in each_conversation(model, ids, pos, rows, **outputs):
+        out[r, s:e] = torch.cat([result.hidden_states[l + 1][0] for l in taps],
+                                -1).float().cpu()
+        if routes is not None:
+            k = model.config.num_experts_per_tok
+            routes.append(torch.stack([l.float().topk(k, dim=-1).indices.sort(-1).values
+                                       for l in result.router_logits]).cpu())
     return out
 
 
@@ -154,24 +172,6 @@ SMALL_TARGETS = {"qwen3": "target-features-tq", "llama": "target-features-tl",
                  "qwen3moe": "target-features-tm"}
 
 
-def router_choices(model, ids, pos, rows):
-    """Each sparse layer's top-k experts of every token of rows 0..rows-1,
-    each conversation alone (transformers' router logits)."""
-    import torch
-    k = model.config.num_experts_per_tok
-    chosen = []
-    seq = ids.shape[1]
-    for r in range(rows):
-        starts = [t for t in range(seq) if pos[r, t] == 0] + [seq]
-        for s, e in zip(starts, starts[1:]):
-            with torch.no_grad():
-                out = model(input_ids=torch.as_tensor(ids[r:r + 1, s:e]).long().to(model.device),
-                            output_router_logits=True)
-            chosen.append(torch.stack([l.float().topk(k, dim=-1).indices.sort(-1).values
-                                       for l in out.router_logits]).cpu())
-    return torch.cat(chosen, dim=1)  # [layers, tokens, k]
-
-
 def expert_layout(folder):
     """How save_pretrained stored the experts: per expert or fused."""
     from safetensors import safe_open
@@ -219,13 +219,11 @@ def small_features(device, work, kinds):
         references, routes = {}, {}
         for dtype in (torch.float32, torch.bfloat16):
             model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).cuda().eval()
-            references[dtype] = conversation_features(model, ids, pos, taps, rows, got)
-            if kind == "qwen3moe":
-                try:
-                    routes[dtype] = router_choices(model, ids, pos, rows)
-                except Exception as e:  # the features still count
-                    print(f"hf_targets: no router logits from transformers: {e}",
-                          file=sys.stderr)
+            chosen = [] if kind == "qwen3moe" else None
+            references[dtype] = conversation_features(model, ids, pos, taps, rows, got,
+                                                      routes=chosen)
+            if chosen:
+                routes[dtype] = torch.cat(chosen, dim=1)  # [layers, tokens, k]
             name = type(model).__name__
             del model
         whole, token = relative_errors(got, references[torch.float32])
