@@ -173,10 +173,18 @@ static bool stackedExpertName(const std::string &name, std::string &before,
   return !after.empty() && !std::isdigit((unsigned char)after[0]);
 }
 
+/// The fused tensor read last, by name: a layer's gate and up weights are
+/// both halves of one gate_up_proj, read once for the two.
+struct FusedExperts {
+  std::string name;
+  std::vector<uint16_t> values;
+};
+
 static Status
 loadStackedExperts(ShardedSafetensors &tensors, const FrozenTensor &wanted,
                    const std::string &before, const std::string &after,
-                   const std::string &needer, std::vector<uint16_t> &out) {
+                   const std::string &needer, FusedExperts &lastFused,
+                   std::vector<uint16_t> &out) {
   const std::vector<int64_t> one(wanted.shape.begin() + 1, wanted.shape.end());
   const size_t perExpert = size_t(shapeNumel(one));
   out.assign(size_t(shapeNumel(wanted.shape)), 0);
@@ -185,16 +193,24 @@ loadStackedExperts(ShardedSafetensors &tensors, const FrozenTensor &wanted,
   const std::string proj = after.substr(0, after.find('.'));
   const bool halves = proj == "gate_proj" || proj == "up_proj";
   const std::string fusedName = before + (halves ? "gate_up_proj" : proj);
-  const TensorView *fused = nullptr;
-  DFLASH_RETURN_IF_ERROR(tensors.find(fusedName, fused));
-  if (fused) {
-    std::vector<int64_t> shape = wanted.shape;
-    if (halves)
-      shape[1] *= 2;
-    DFLASH_RETURN_IF_ERROR(copyAsBf16(tensors, *fused, shape, needer, expert));
+  if (lastFused.name != fusedName) {
+    const TensorView *fused = nullptr;
+    DFLASH_RETURN_IF_ERROR(tensors.find(fusedName, fused));
+    if (fused) {
+      std::vector<int64_t> shape = wanted.shape;
+      if (halves)
+        shape[1] *= 2;
+      lastFused.name.clear(); // until the read succeeds
+      DFLASH_RETURN_IF_ERROR(
+          copyAsBf16(tensors, *fused, shape, needer, lastFused.values));
+      lastFused.name = fusedName;
+    }
+  }
+  if (lastFused.name == fusedName) {
     const size_t half = halves && proj == "up_proj" ? perExpert : 0;
     for (int64_t j = 0; j < wanted.shape[0]; ++j) {
-      auto from = expert.begin() + j * (halves ? 2 : 1) * perExpert + half;
+      auto from =
+          lastFused.values.begin() + j * (halves ? 2 : 1) * perExpert + half;
       std::copy(from, from + perExpert, out.begin() + j * perExpert);
     }
     return Status::success();
@@ -224,6 +240,7 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
   if (!status.ok())
     return status;
   out.assign(wanted.size(), {});
+  FusedExperts lastFused;
   for (size_t i = 0; i < wanted.size(); ++i) {
     const TensorView *view = nullptr;
     status = tensors.find(wanted[i].name, view);
@@ -232,8 +249,8 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
     std::string before, after;
     if (!view && wanted[i].shape.size() == 3 &&
         stackedExpertName(wanted[i].name, before, after))
-      status =
-          loadStackedExperts(tensors, wanted[i], before, after, needer, out[i]);
+      status = loadStackedExperts(tensors, wanted[i], before, after, needer,
+                                  lastFused, out[i]);
     else if (!view)
       return Status::error(dir + ": has no tensor '" + wanted[i].name +
                            "', which " + needer + " needs");
