@@ -10,7 +10,7 @@
 // each half (16-byte loads); every head of a row is loaded before the CTA
 // computes the row's D/2 angles once into shared memory.
 // rope_fwd_bf16 is the rotation alone (a target decoder without q/k norms),
-// with Llama-3's frequency scaling where asked.
+// with Llama-3's or YaRN's frequency scaling where asked.
 // The backward rotates dy back, applies the norm's backward and reduces the
 // weight gradient through fp32 per-CTA partials and a column sum.
 //
@@ -68,29 +68,55 @@ __device__ inline float scaledInverseFrequency(float inv,
   return inv;
 }
 
+/// YaRN's blend of inverse frequency i, 1 / power with power = theta^(2i/D),
+/// with 1 / (yarnFactor power), in fp32 as ref::yarnInverseFrequencies:
+/// the first's share is 1 - clamp((i - low) / (high - low), 0, 1).
+__device__ inline float yarnInverseFrequency(float power, int i,
+                                             const RopeFrequencies &f) {
+  const float ramp = fminf(
+      fmaxf((static_cast<float>(i) - f.yarnLow) / (f.yarnHigh - f.yarnLow),
+            0.f),
+      1.f);
+  const float keep = 1.f - ramp;
+  const float extrapolation = 1.0f / power;
+  const float interpolation = 1.0f / (f.yarnFactor * power);
+  return interpolation * (1.f - keep) + extrapolation * keep;
+}
+
 /// The row's D/2 cos/sin pairs, computed once per row by the whole CTA into
 /// one of two shared tables (alternating, so one barrier per row suffices):
-/// inv_i = 1 / theta^(2i/D) once per CTA (then Llama-3's scaling, where
-/// asked), angle = float(pos) * inv_i.
+/// inv_i = 1 / theta^(2i/D) once per CTA (then Llama-3's or YaRN's
+/// scaling, where asked), angle = float(pos) * inv_i, cos and sin times
+/// YaRN's attention factor.
 template <int D> struct RopeTables {
   float inv[D / 2];
   float cos[2][D / 2];
   float sin[2][D / 2];
+  float scale; ///< YaRN's attention factor (1 otherwise); after the tables,
+               ///< which are read as float4
 
   __device__ void init(float theta) { init(RopeFrequencies{theta}); }
   __device__ void init(const RopeFrequencies &f) {
     for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
-      float v = 1.0f / powf(f.theta,
-                            static_cast<float>(2 * i) / static_cast<float>(D));
+      const float power =
+          powf(f.theta, static_cast<float>(2 * i) / static_cast<float>(D));
+      float v = 1.0f / power;
+      if (f.yarnFactor > 0)
+        v = yarnInverseFrequency(power, i, f);
       inv[i] = f.factor > 0 ? scaledInverseFrequency(v, f) : v;
     }
+    if (threadIdx.x == 0)
+      scale = f.attentionFactor;
     __syncthreads();
   }
   /// Fills table `parity` for position pos; the caller's barrier publishes.
   __device__ void fill(int parity, int pos) {
-    for (int i = threadIdx.x; i < D / 2; i += blockDim.x)
+    for (int i = threadIdx.x; i < D / 2; i += blockDim.x) {
       sincosf(static_cast<float>(pos) * inv[i], &sin[parity][i],
               &cos[parity][i]);
+      sin[parity][i] *= scale;
+      cos[parity][i] *= scale;
+    }
   }
   __device__ void read(int parity, int i0, float (&c)[8], float (&s)[8]) const {
 #pragma unroll

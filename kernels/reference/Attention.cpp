@@ -210,7 +210,7 @@ void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
 template <typename T>
 void causalAttention(const T *q, const T *k, const T *v, const int32_t *pos,
                      T *out, int64_t B, int64_t S, int64_t nh, int64_t nkv,
-                     int64_t d) {
+                     int64_t d, const T *sinks, int64_t window) {
   const int64_t group = nh / nkv;
   const double scale = 1.0 / std::sqrt(double(d));
   std::vector<double> scores(static_cast<size_t>(S)),
@@ -224,9 +224,12 @@ void causalAttention(const T *q, const T *k, const T *v, const int32_t *pos,
           return base + ((b * S + j) * nkv + kvHead) * d;
         };
         auto sees = [&](int64_t j) {
-          return pos[b * S + i] - pos[b * S + j] == i - j;
+          return pos[b * S + i] - pos[b * S + j] == i - j &&
+                 (window <= 0 || i - j < window);
         };
-        double best = -INFINITY;
+        // The sink is a logit in the denominator with no value.
+        const double sink = sinks ? double(sinks[h]) : -INFINITY;
+        double best = sink;
         for (int64_t j = 0; j <= i; ++j) {
           if (!sees(j))
             continue;
@@ -237,7 +240,7 @@ void causalAttention(const T *q, const T *k, const T *v, const int32_t *pos,
           scores[size_t(j)] = dot * scale;
           best = std::max(best, scores[size_t(j)]);
         }
-        double sum = 0;
+        double sum = sinks ? std::exp(sink - best) : 0.0;
         std::fill(acc.begin(), acc.end(), 0.0);
         for (int64_t j = 0; j <= i; ++j) {
           if (!sees(j))
@@ -255,9 +258,9 @@ void causalAttention(const T *q, const T *k, const T *v, const int32_t *pos,
 }
 
 #define DFLASH_INSTANTIATE_ATTENTION(T)                                        \
-  template void causalAttention<T>(const T *, const T *, const T *,            \
-                                   const int32_t *, T *, int64_t, int64_t,     \
-                                   int64_t, int64_t, int64_t);                 \
+  template void causalAttention<T>(                                            \
+      const T *, const T *, const T *, const int32_t *, T *, int64_t, int64_t, \
+      int64_t, int64_t, int64_t, const T *, int64_t);                          \
   template void blockAttention<T>(                                             \
       const T *, const T *, const T *, const T *, const T *, const int32_t *,  \
       const uint8_t *, const int32_t *, T *, T *, const AttentionShape &);     \

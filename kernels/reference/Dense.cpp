@@ -152,15 +152,16 @@ static std::vector<float> ropeInverseFrequencies(int64_t d, double theta) {
 template <typename T>
 static void rotateHalf(const T *x, const int32_t *pos, T *y, int64_t rows,
                        int64_t heads, int64_t d,
-                       const std::vector<float> &invFreq, int direction) {
+                       const std::vector<float> &invFreq, int direction,
+                       double scale = 1.0) {
   const int64_t half = d / 2;
   std::vector<double> cosines(half), sines(half);
   for (int64_t r = 0; r < rows; ++r) {
     const float position = static_cast<float>(pos[r]);
     for (int64_t i = 0; i < half; ++i) {
       const T angle = static_cast<T>(position * invFreq[i]);
-      cosines[i] = static_cast<double>(std::cos(angle));
-      sines[i] = direction * static_cast<double>(std::sin(angle));
+      cosines[i] = scale * static_cast<double>(std::cos(angle));
+      sines[i] = direction * scale * static_cast<double>(std::sin(angle));
     }
     for (int64_t h = 0; h < heads; ++h) {
       const T *xHead = x + (r * heads + h) * d;
@@ -203,6 +204,49 @@ void scaledRope(const T *x, const int32_t *pos, T *y, int64_t rows,
   rotateHalf(x, pos, y, rows, heads, d, invFreq, 1);
 }
 
+void yarnInverseFrequencies(int64_t d, const YarnScaling &yarn, float *inv) {
+  // transformers' _compute_yarn_parameters: the correction range in double,
+  // the frequencies and the ramp in fp32.
+  const double pi = 3.14159265358979323846;
+  auto correctionDim = [&](double rotations) {
+    return double(d) *
+           std::log(double(yarn.originalMaxPositions) / (rotations * 2 * pi)) /
+           (2 * std::log(yarn.theta));
+  };
+  double low = correctionDim(yarn.betaFast),
+         high = correctionDim(yarn.betaSlow);
+  if (yarn.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, double(d - 1));
+  if (low == high)
+    high += 0.001;
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const float posFreq =
+        ::powf(static_cast<float>(yarn.theta),
+               static_cast<float>(2 * i) / static_cast<float>(d));
+    const float extrapolation = 1.0f / posFreq;
+    const float interpolation =
+        1.0f / (static_cast<float>(yarn.factor) * posFreq);
+    const float ramp =
+        std::clamp((static_cast<float>(i) - static_cast<float>(low)) /
+                       static_cast<float>(high - low),
+                   0.0f, 1.0f);
+    const float keep = 1.0f - ramp; // the extrapolation's share
+    inv[i] = interpolation * (1.0f - keep) + extrapolation * keep;
+  }
+}
+
+template <typename T>
+void yarnRope(const T *x, const int32_t *pos, T *y, int64_t rows, int64_t heads,
+              int64_t d, const YarnScaling &yarn) {
+  std::vector<float> invFreq(size_t(d / 2));
+  yarnInverseFrequencies(d, yarn, invFreq.data());
+  rotateHalf(x, pos, y, rows, heads, d, invFreq, 1, yarn.attentionFactor);
+}
+
 template <typename T>
 void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
               int64_t heads, int64_t d, double theta) {
@@ -217,6 +261,25 @@ template <typename T> void swiglu(const T *g, const T *u, T *y, int64_t n) {
     const double gi = g[i];
     y[i] = static_cast<T>(gi * sigmoid(gi) * static_cast<double>(u[i]));
   }
+}
+
+template <typename T>
+void clampedSwiglu(const T *g, const T *u, T *y, int64_t n, double alpha,
+                   double limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = std::min(double(g[i]), limit);
+    const double ui = std::clamp(double(u[i]), -limit, limit);
+    y[i] = static_cast<T>((ui + 1.0) * gi * sigmoid(alpha * gi));
+  }
+}
+
+template <typename T>
+void biasedLinear(const T *x, const T *w, const T *b, T *y, int64_t M,
+                  int64_t N, int64_t K) {
+  linear(x, w, y, M, N, K);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < N; ++c)
+      y[r * N + c] = static_cast<T>(double(y[r * N + c]) + double(b[c]));
 }
 
 // silu'(g) = s + g s (1 - s) with s = sigmoid(g).
@@ -249,7 +312,13 @@ void swigluGrad(const T *dy, const T *g, const T *u, T *dg, T *du, int64_t n) {
   template void scaledRope<T>(const T *, const int32_t *, T *, int64_t,        \
                               int64_t, int64_t, double, double, double,        \
                               double, int64_t);                                \
+  template void yarnRope<T>(const T *, const int32_t *, T *, int64_t, int64_t, \
+                            int64_t, const YarnScaling &);                     \
   template void swiglu<T>(const T *, const T *, T *, int64_t);                 \
+  template void clampedSwiglu<T>(const T *, const T *, T *, int64_t, double,   \
+                                 double);                                      \
+  template void biasedLinear<T>(const T *, const T *, const T *, T *, int64_t, \
+                                int64_t, int64_t);                             \
   template void swigluGrad<T>(const T *, const T *, const T *, T *, T *,       \
                               int64_t);
 

@@ -94,6 +94,24 @@ void scaledRope(const T *x, const int32_t *pos, T *y, int64_t rows,
                 int64_t heads, int64_t d, double theta, double factor,
                 double lowFreqFactor, double highFreqFactor,
                 int64_t originalMaxPositions);
+/// YaRN's rope scaling (a gpt-oss target's), as transformers computes it:
+/// with pos_i = theta^(2i/d) in fp32, inv_i blends 1 / pos_i
+/// (extrapolation) and 1 / (factor pos_i) (interpolation) by a linear ramp
+/// over i between the correction dimensions of betaFast and betaSlow
+/// rotations at originalMaxPositions (floored/ceiled when `truncate`);
+/// cos and sin are multiplied by attentionFactor.
+struct YarnScaling {
+  double theta, factor, betaFast, betaSlow;
+  int64_t originalMaxPositions;
+  bool truncate;
+  double attentionFactor;
+};
+/// YaRN's d/2 inverse frequencies, in fp32 as transformers keeps them.
+void yarnInverseFrequencies(int64_t d, const YarnScaling &yarn, float *inv);
+/// rope with YaRN's frequencies and attention factor.
+template <typename T>
+void yarnRope(const T *x, const int32_t *pos, T *y, int64_t rows, int64_t heads,
+              int64_t d, const YarnScaling &yarn);
 /// dx of rope (the rotation by the opposite angle).
 template <typename T>
 void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
@@ -101,6 +119,15 @@ void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
 
 /// y = silu(g) * u elementwise, n elements.
 template <typename T> void swiglu(const T *g, const T *u, T *y, int64_t n);
+/// gpt-oss's clamped gated activation: with g' = min(g, limit) and u' =
+/// clamp(u, -limit, limit), y = (u' + 1) * g' * sigmoid(alpha g').
+template <typename T>
+void clampedSwiglu(const T *g, const T *u, T *y, int64_t n, double alpha,
+                   double limit);
+/// y[M, N] = x[M, K] * w[N, K]^T + b[N].
+template <typename T>
+void biasedLinear(const T *x, const T *w, const T *b, T *y, int64_t M,
+                  int64_t N, int64_t K);
 template <typename T>
 void swigluGrad(const T *dy, const T *g, const T *u, T *dg, T *du, int64_t n);
 
@@ -133,13 +160,15 @@ void blockAttention(const T *q, const T *contextKeys, const T *contextValues,
 /// A target decoder's attention (inference only): q [B, S, nh, d] and k, v
 /// [B, S, nkv, d]; query i of row b, head h reads kv head h / (nh/nkv) and
 /// sees key j iff j <= i and pos[b, i] - pos[b, j] == i - j (earlier tokens
-/// of its own conversation in a packed row). Scale d^-0.5, keys summed in
-/// ascending order, so a conversation's outputs do not depend on what else
-/// its row holds. out [B, S, nh, d].
+/// of its own conversation in a packed row) and, with window > 0, i - j <
+/// window (a sliding layer). Scale d^-0.5, keys summed in ascending order,
+/// so a conversation's outputs do not depend on what else its row holds.
+/// With `sinks` [nh] (gpt-oss), head h's softmax denominator also holds
+/// exp(sinks[h]), a logit no value goes with. out [B, S, nh, d].
 template <typename T>
 void causalAttention(const T *q, const T *k, const T *v, const int32_t *pos,
                      T *out, int64_t B, int64_t S, int64_t nh, int64_t nkv,
-                     int64_t d);
+                     int64_t d, const T *sinks = nullptr, int64_t window = 0);
 
 /// Gradients of blockAttention given dOut and the forward's out and lse.
 /// dContextKeys/Values sum the contributions of every block that sees them.
@@ -230,15 +259,26 @@ void adamw(T *master, const T *grad, T *m, T *v, int64_t n, int64_t t,
            double scale, const AdamWConfig &config);
 
 //===----------------------------------------------------------------------===//
-// Mixture of experts (a Qwen3-MoE target's sparse MLP)
+// Mixture of experts (a Qwen3-MoE or gpt-oss target's sparse MLP)
 //===----------------------------------------------------------------------===//
 
-/// Softmax over the E logits of each of T tokens (double), then the k
-/// largest probabilities (ties: the lower expert first), divided by their
-/// sum when `normalize`: weights [T, k] and experts [T, k], by descending
+/// How a router's logits become the k experts' weights.
+enum class MoeScoring {
+  /// Qwen3-MoE: softmax over the E experts, then the k largest.
+  SoftmaxTopK,
+  /// gpt-oss: the k largest logits, then softmax over those k.
+  TopKSoftmax,
+};
+
+/// The k experts of each of T tokens and their weights (double): with
+/// SoftmaxTopK, softmax over the E logits, then the k largest
+/// probabilities (ties: the lower expert first), divided by their sum when
+/// `normalize`; with TopKSoftmax, the k largest logits (same ties), then
+/// softmax over them. weights [T, k] and experts [T, k], by descending
 /// weight.
 void moeRoute(const double *logits, double *weights, int32_t *experts,
-              int64_t T, int64_t E, int64_t k, bool normalize);
+              int64_t T, int64_t E, int64_t k, bool normalize,
+              MoeScoring scoring = MoeScoring::SoftmaxTopK);
 
 /// Groups the T*k routed rows by expert (ascending, then by t*k + j):
 /// permuted [T*k, H] = x[t] for slot t*k + j, offsets [E + 1], source
@@ -248,9 +288,11 @@ void moePermute(const double *x, const int32_t *experts, double *permuted,
                 int32_t *offsets, int32_t *source, int64_t T, int64_t H,
                 int64_t k, int64_t E);
 
-/// y[r] = x[r] @ w[e]^T for r in [offsets[e], offsets[e + 1]); w [E, N, K].
+/// y[r] = x[r] @ w[e]^T (+ bias[e] when given) for r in [offsets[e],
+/// offsets[e + 1]); w [E, N, K], bias [E, N].
 void groupedLinear(const double *x, const double *w, const int32_t *offsets,
-                   double *y, int64_t E, int64_t N, int64_t K);
+                   double *y, int64_t E, int64_t N, int64_t K,
+                   const double *bias = nullptr);
 
 /// y[t] = sum_j weights[t, j] * permuted[p], source[p] = t*k + j.
 void moeUnpermute(const double *permuted, const int32_t *source,

@@ -126,9 +126,11 @@ void qkNormRopeCase(int64_t rows, double theta, uint64_t seed) {
 }
 
 /// A target decoder's RoPE without a norm (rope_fwd_bf16), Llama-3-scaled
-/// where factor > 0, against ref::rope / ref::scaledRope.
+/// where factor > 0, YaRN-scaled (as `yarn` says) where yarnFactor > 0,
+/// against ref::rope / ref::scaledRope / ref::yarnRope.
 template <int D, int HEADS>
-void ropeAloneCase(int64_t rows, kernels::RopeFrequencies f, uint64_t seed) {
+void ropeAloneCase(int64_t rows, kernels::RopeFrequencies f, uint64_t seed,
+                   const ref::YarnScaling &yarn = {}) {
   SCOPED_TRACE(testing::Message() << "D=" << D << " HEADS=" << HEADS << " rows="
                                   << rows << " factor=" << f.factor);
   std::mt19937_64 rng(seed);
@@ -141,7 +143,10 @@ void ropeAloneCase(int64_t rows, kernels::RopeFrequencies f, uint64_t seed) {
   DeviceBuffer<int32_t> dPos(rows);
   dPos.upload(pos);
   std::vector<double> ref(n);
-  if (f.factor > 0)
+  if (f.yarnFactor > 0)
+    ref::yarnRope(x.values.data(), pos.data(), ref.data(), rows, HEADS, D,
+                  yarn);
+  else if (f.factor > 0)
     ref::scaledRope(x.values.data(), pos.data(), ref.data(), rows, HEADS, D,
                     double(f.theta), double(f.factor), double(f.lowFreqFactor),
                     double(f.highFreqFactor), int64_t(f.originalMaxPositions));
@@ -294,6 +299,33 @@ TEST(RopeAlone, PlainAndLlama3Scaled) {
   // bands of the scaling.
   ropeAloneCase<128, 8>(300, {5e5f, 8.f, 1.f, 4.f, 2048.f}, 14);
   ropeAloneCase<64, 4>(77, {1e4f, 32.f, 1.f, 4.f, 64.f}, 15);
+}
+
+/// gpt-oss's YaRN: head dim 64, theta 150000, factor 32 over an original
+/// 4096 positions (its ramp covers i in about [8, 18) of 32, so positions
+/// up to 4200 exercise all three parts); truncated and not.
+template <int D, int HEADS>
+void yarnCase(int64_t rows, double theta, double factor, bool truncate,
+              uint64_t seed) {
+  ref::YarnScaling yarn{
+      theta, factor, 32.0, 1.0, 4096, truncate, 0.1 * std::log(factor) + 1.0};
+  kernels::RopeFrequencies f{float(theta)};
+  f.yarnFactor = float(factor);
+  kernels::yarnRampRange(D, theta, yarn.betaFast, yarn.betaSlow,
+                         double(yarn.originalMaxPositions), truncate, f.yarnLow,
+                         f.yarnHigh);
+  f.attentionFactor = float(yarn.attentionFactor);
+  ropeAloneCase<D, HEADS>(rows, f, seed, yarn);
+  // The scaling must matter: plain RoPE at the same theta differs.
+  std::vector<float> inv(D / 2);
+  ref::yarnInverseFrequencies(D, yarn, inv.data());
+  EXPECT_LT(inv[D / 2 - 1], 0.5f / std::pow(float(theta), float(D - 2) / D));
+}
+
+TEST(RopeAlone, YarnScaled) {
+  yarnCase<64, 64>(50, 1.5e5, 32.0, false, 17);
+  yarnCase<64, 8>(200, 1.5e5, 32.0, true, 18);
+  yarnCase<128, 4>(90, 1e6, 4.0, false, 19);
 }
 
 TEST(Embedding, RowsById) {
