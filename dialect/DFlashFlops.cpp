@@ -30,16 +30,25 @@ int64_t LinearOp::getFlopCount() {
   return 2 * rows * w.getDimSize(0) * w.getDimSize(1);
 }
 
+int64_t BiasedLinearOp::getFlopCount() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t rows = numElements(getInput()) / w.getDimSize(1);
+  return (2 * w.getDimSize(1) + 1) * rows * w.getDimSize(0);
+}
+
 // Square, sum, scale by the inverse RMS and by the weight.
 int64_t RmsNormOp::getFlopCount() { return 4 * numElements(getInput()); }
 
 // Two multiplies and one add per element.
 int64_t RopeOp::getFlopCount() { return 3 * numElements(getInput()); }
 int64_t ScaledRopeOp::getFlopCount() { return 3 * numElements(getInput()); }
+int64_t YarnRopeOp::getFlopCount() { return 3 * numElements(getInput()); }
 int64_t ConcatLastOp::getFlopCount() { return 0; }
 
 // sigmoid (about 3), two multiplies.
 int64_t SwigluOp::getFlopCount() { return 5 * numElements(getGate()); }
+// Two clamps, sigmoid (about 3), an add and two multiplies.
+int64_t ClampedSwigluOp::getFlopCount() { return 8 * numElements(getGate()); }
 
 int64_t AddOp::getFlopCount() { return numElements(getLhs()); }
 
@@ -130,6 +139,9 @@ int64_t LmHeadCeOp::getFlopCount() {
 // 2d for the values each.
 int64_t CausalAttentionOp::getFlopCount() {
   auto q = cast<RankedTensorType>(getQuery().getType()).getShape();
-  int64_t pairs = q[1] * (q[1] + 1) / 2;
+  int64_t S = q[1], pairs = S * (S + 1) / 2;
+  // A window W keeps min(i + 1, W) keys of query i.
+  if (int64_t W = getWindowAttr().getInt(); W > 0 && W < S)
+    pairs = W * (W + 1) / 2 + (S - W) * W;
   return q[0] * q[2] * pairs * 4 * q[3];
 }

@@ -25,10 +25,14 @@ LogicalResult MoeRouteOp::verify() {
     return emitOpError() << "(C2) top_k is " << k << " but must be in [1, " << E
                          << "] (the experts)";
   // moe_route C3
-  if (getScoring() != "softmax_topk")
+  if (getScoring() != "softmax_topk" && getScoring() != "topk_softmax")
     return emitOpError() << "(C3) scoring is '" << getScoring()
-                         << "': only 'softmax_topk' (softmax over every "
-                            "expert, then the top k) is defined";
+                         << "': 'softmax_topk' (softmax over every expert, "
+                            "then the top k) or 'topk_softmax' (the top k, "
+                            "then softmax over them) are defined";
+  if (getScoring() == "topk_softmax" && getNormalize())
+    return emitOpError() << "(C3) normalize is only for 'softmax_topk': "
+                            "'topk_softmax' weights already sum to 1";
   // moe_route C4
   if (failed(expectShape(op, "C4", "weights", getWeights(), {T, k})) ||
       failed(expectShape(op, "C4", "experts", getExperts(), {T, k})))
@@ -92,9 +96,23 @@ static LogicalResult verifyGroupedLinear(Operation *op, Value input,
   return success();
 }
 
+/// grouped_linear C5: a bias is [E, N] of the weight's element type.
+static LogicalResult verifyExpertBias(Operation *op, StringRef name, Value bias,
+                                      Value weight) {
+  if (!bias)
+    return success();
+  auto w = tensorType(weight);
+  if (failed(expectShape(op, "C5", name, bias,
+                         {w.getDimSize(0), w.getDimSize(1)})))
+    return failure();
+  return expectSameElementType(op, "C5", name, bias, "weight", weight);
+}
+
 LogicalResult GroupedLinearOp::verify() {
-  return verifyGroupedLinear(*this, getInput(), getWeight(), getOffsets(),
-                             getResult());
+  if (failed(verifyGroupedLinear(*this, getInput(), getWeight(), getOffsets(),
+                                 getResult())))
+    return failure();
+  return verifyExpertBias(*this, "bias", getBias(), getWeight());
 }
 
 LogicalResult GroupedLinearSwigluOp::verify() {
@@ -104,8 +122,23 @@ LogicalResult GroupedLinearSwigluOp::verify() {
                          << " and up weight " << getUpWeight().getType()
                          << " must be one [E, N, K] type";
   // grouped_linear_swiglu C2
-  return verifyGroupedLinear(*this, getInput(), getGateWeight(), getOffsets(),
-                             getResult());
+  if (failed(verifyGroupedLinear(*this, getInput(), getGateWeight(),
+                                 getOffsets(), getResult())) ||
+      failed(verifyExpertBias(*this, "gate_bias", getGateBias(),
+                              getGateWeight())) ||
+      failed(verifyExpertBias(*this, "up_bias", getUpBias(), getUpWeight())))
+    return failure();
+  // grouped_linear_swiglu C3
+  if (bool(getGateBias()) != bool(getUpBias()))
+    return emitOpError() << "(C3) has a gate bias or an up bias without the "
+                            "other";
+  // grouped_linear_swiglu C4
+  if (bool(getAlphaAttr()) != bool(getLimitAttr()))
+    return emitOpError() << "(C4) the clamped form needs both alpha and limit";
+  if (getLimitAttr() && (!(getLimit()->convertToDouble() > 0) ||
+                         !(getAlpha()->convertToDouble() > 0)))
+    return emitOpError() << "(C4) alpha and limit must be positive";
+  return success();
 }
 
 LogicalResult MoeUnpermuteOp::verify() {
@@ -140,8 +173,8 @@ int64_t MoeUnpermuteOp::getFlopCount() {
 }
 int64_t GroupedLinearOp::getFlopCount() {
   auto w = tensorType(getWeight());
-  return 2 * tensorType(getInput()).getDimSize(0) * w.getDimSize(1) *
-         w.getDimSize(2);
+  return (2 * w.getDimSize(2) + (getBias() ? 1 : 0)) *
+         tensorType(getInput()).getDimSize(0) * w.getDimSize(1);
 }
 int64_t GroupedLinearSwigluOp::getFlopCount() {
   // Both products and the elementwise SwiGLU (SwigluOp's count).

@@ -18,8 +18,10 @@ def DFlash_MoeRouteOp : DFlash_PureOp<"moe_route"> {
     `logits` [T, E] are the router's scores. With `scoring = "softmax_topk"`
     (Qwen3-MoE): p = softmax(logits) over the E experts in fp32, the k
     largest p (ties: the lower expert index first), divided by their sum when
-    `normalize` is set. Results: `weights` [T, k] (rounded to their element
-    type) and `experts` [T, k], expert indices by descending weight.
+    `normalize` is set. With `scoring = "topk_softmax"` (gpt-oss): the k
+    largest logits (same ties), then softmax over those k in fp32.
+    Results: `weights` [T, k] (rounded to their element type) and `experts`
+    [T, k], expert indices by descending weight.
 
     ```mlir
     %w, %e = dflash.moe_route %logits {top_k = 8 : i64,
@@ -61,10 +63,10 @@ def DFlash_MoePermuteOp : DFlash_PureOp<"moe_permute"> {
 def DFlash_GroupedLinearOp : DFlash_PureOp<"grouped_linear"> {
   let summary = "Each expert's rows times that expert's weight";
   let description = [{
-    `y[r] = x[r] @ weight[e]^T` for the rows `r` in
+    `y[r] = x[r] @ weight[e]^T (+ bias[e])` for the rows `r` in
     `[offsets[e], offsets[e + 1])`, fp32 accumulation; `weight` [E, N, K]
-    stacks the experts' [N, K] weights. One grouped GEMM whose problem
-    sizes live in device memory.
+    stacks the experts' [N, K] weights, `bias` [E, N] (gpt-oss) their
+    biases. One grouped GEMM whose problem sizes live in device memory.
 
     ```mlir
     %g = dflash.grouped_linear %xs, %w_gate, %offsets
@@ -73,21 +75,26 @@ def DFlash_GroupedLinearOp : DFlash_PureOp<"grouped_linear"> {
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
-                       DFlash_IndexTensor:$offsets);
+                       DFlash_IndexTensor:$offsets,
+                       Optional<DFlash_FloatTensor>:$bias);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
-      "$input `,` $weight `,` $offsets attr-dict `:` "
+      "$input `,` $weight `,` $offsets (`bias` $bias^)? attr-dict `:` "
       "functional-type(operands, results)";
 }
 
-def DFlash_GroupedLinearSwigluOp : DFlash_PureOp<"grouped_linear_swiglu"> {
+def DFlash_GroupedLinearSwigluOp
+    : DFlash_PureOp<"grouped_linear_swiglu", [AttrSizedOperandSegments]> {
   let summary = "The experts' gate and up projections with SwiGLU applied";
   let description = [{
     `swiglu(grouped_linear(x, gate_weight, offsets), grouped_linear(x,
     up_weight, offsets))` as one grouped GEMM whose epilogue applies SwiGLU
     to the fp32 products and rounds once (kernels/Moe.cuh): neither
-    product is stored. dflash-fuse-kernels forms it where nothing else
-    reads the two products (a target's sparse MLP, inference only).
+    product is stored. With `gate_bias` and `up_bias` [E, N] the products
+    have the experts' biases; with `alpha` and `limit` the activation is
+    `dflash.clamped_swiglu`'s (gpt-oss). dflash-fuse-kernels forms it where
+    nothing else reads the two products (a target's sparse MLP, inference
+    only).
 
     ```mlir
     %a = dflash.grouped_linear_swiglu %xs, %w_gate, %w_up, %offsets
@@ -99,10 +106,15 @@ def DFlash_GroupedLinearSwigluOp : DFlash_PureOp<"grouped_linear_swiglu"> {
   let arguments = (ins DFlash_FloatTensor:$input,
                        DFlash_FloatTensor:$gate_weight,
                        DFlash_FloatTensor:$up_weight,
-                       DFlash_IndexTensor:$offsets);
+                       DFlash_IndexTensor:$offsets,
+                       Optional<DFlash_FloatTensor>:$gate_bias,
+                       Optional<DFlash_FloatTensor>:$up_bias,
+                       OptionalAttr<F64Attr>:$alpha,
+                       OptionalAttr<F64Attr>:$limit);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
-      "$input `,` $gate_weight `,` $up_weight `,` $offsets attr-dict `:` "
+      "$input `,` $gate_weight `,` $up_weight `,` $offsets "
+      "(`biases` $gate_bias^ `,` $up_bias)? attr-dict `:` "
       "functional-type(operands, results)";
 }
 

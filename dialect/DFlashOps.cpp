@@ -358,7 +358,92 @@ LogicalResult CausalAttentionOp::verify() {
                          {q[0], q[1]})))
     return failure();
   // causal_attention C5
-  return expectSameType(op, "C5", "result", getResult(), "query", getQuery());
+  if (failed(
+          expectSameType(op, "C5", "result", getResult(), "query", getQuery())))
+    return failure();
+  // causal_attention C6
+  if (getWindowAttr().getInt() < 0)
+    return emitOpError() << "(C6) window is " << getWindowAttr().getInt()
+                         << " but must be 0 (none) or positive";
+  // causal_attention C7
+  if (getSinks() && failed(expectShape(op, "C7", "sinks", getSinks(), {q[2]})))
+    return failure();
+  return success();
+}
+
+LogicalResult BiasedLinearOp::verify() {
+  Operation *op = *this;
+  RankedTensorType x = tensorType(getInput());
+  // biased_linear C1
+  if (x.getRank() < 2)
+    return emitOpError() << "(C1) input must have rank 2 or more but has rank "
+                         << x.getRank();
+  if (failed(expectRank(op, "C1", "weight", getWeight(), 2)))
+    return failure();
+  RankedTensorType w = tensorType(getWeight());
+  // biased_linear C2
+  if (x.getShape().back() != w.getDimSize(1))
+    return emitOpError() << "(C2) input's last dimension ("
+                         << x.getShape().back()
+                         << ") must equal weight's input dimension ("
+                         << w.getDimSize(1) << ")";
+  // biased_linear C3
+  if (failed(expectShape(op, "C3", "bias", getBias(), {w.getDimSize(0)})))
+    return failure();
+  // biased_linear C4
+  SmallVector<int64_t> shape(x.getShape().drop_back());
+  shape.push_back(w.getDimSize(0));
+  if (failed(expectShape(op, "C4", "result", getResult(), shape)))
+    return failure();
+  for (auto [name, v] : {std::pair<StringRef, Value>{"weight", getWeight()},
+                         {"bias", getBias()},
+                         {"result", getResult()}})
+    if (failed(expectSameElementType(op, "C4", name, v, "input", getInput())))
+      return failure();
+  return success();
+}
+
+LogicalResult YarnRopeOp::verify() {
+  Operation *op = *this;
+  // yarn_rope C1
+  for (auto [name, v] :
+       {std::pair<StringRef, double>{"theta", getTheta().convertToDouble()},
+        {"factor", getFactor().convertToDouble()},
+        {"beta_fast", getBetaFast().convertToDouble()},
+        {"beta_slow", getBetaSlow().convertToDouble()},
+        {"attention_factor", getAttentionFactor().convertToDouble()}})
+    if (!(v > 0))
+      return emitOpError() << "(C1) " << name << " is " << formatDouble(v)
+                           << " but must be positive";
+  if (getOriginalMaxPositions() <= 0)
+    return emitOpError() << "(C1) original_max_positions is "
+                         << getOriginalMaxPositions()
+                         << " but must be positive";
+  // yarn_rope C2
+  if (getBetaFast().convertToDouble() < getBetaSlow().convertToDouble())
+    return emitOpError() << "(C2) beta_fast must be at least beta_slow";
+  // yarn_rope C3-C5: as rope's C2-C5
+  if (failed(expectRank(op, "C3", "input", getInput(), 4)))
+    return failure();
+  auto x = tensorType(getInput()).getShape();
+  if (x[3] % 2 != 0)
+    return emitOpError() << "(C4) head dimension (" << x[3] << ") must be even";
+  if (failed(expectShape(op, "C5", "positions", getPositions(), {x[0], x[1]})))
+    return failure();
+  return expectSameType(op, "C5", "result", getResult(), "input", getInput());
+}
+
+LogicalResult ClampedSwigluOp::verify() {
+  // clamped_swiglu C1
+  if (failed(expectSameType(*this, "C1", "gate", getGate(), "up", getUp())) ||
+      failed(expectSameType(*this, "C1", "result", getResult(), "gate",
+                            getGate())))
+    return failure();
+  // clamped_swiglu C2
+  if (!(getLimit().convertToDouble() > 0) ||
+      !(getAlpha().convertToDouble() > 0))
+    return emitOpError() << "(C2) alpha and limit must be positive";
+  return success();
 }
 
 LogicalResult ConcatLastOp::verify() {

@@ -371,23 +371,100 @@ def DFlash_CausalAttentionOp : DFlash_PureOp<"causal_attention"> {
     Query `i` of row `b` sees key `j` iff `j <= i` and
     `position_ids[b, i] - position_ids[b, j] == i - j`: earlier tokens of its
     own conversation when a row packs several (SEMANTICS.md section 9),
-    plain causal attention otherwise. Scale `d^-0.5`; query head `h` reads
-    key/value head `h / (nh / nkv)`; softmax in fp32.
+    plain causal attention otherwise. With `window` > 0 (a sliding layer)
+    also `i - j < window`. Scale `d^-0.5`; query head `h` reads key/value
+    head `h / (nh / nkv)`; softmax in fp32. With `sinks` [nh] (gpt-oss),
+    head `h`'s softmax denominator also holds `exp(sinks[h])`, a logit with
+    no value.
 
     ```mlir
-    %o = dflash.causal_attention %q, %k, %v, %pos
-        : (tensor<2x3072x32x128xbf16>, tensor<2x3072x8x128xbf16>,
-           tensor<2x3072x8x128xbf16>, tensor<2x3072xi32>)
-        -> tensor<2x3072x32x128xbf16>
+    %o = dflash.causal_attention %q, %k, %v, %pos sinks %s {window = 128 : i64}
+        : (tensor<2x3072x64x64xbf16>, tensor<2x3072x8x64xbf16>,
+           tensor<2x3072x8x64xbf16>, tensor<2x3072xi32>, tensor<64xbf16>)
+        -> tensor<2x3072x64x64xbf16>
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$query, DFlash_FloatTensor:$keys,
                        DFlash_FloatTensor:$values,
-                       DFlash_IndexTensor:$position_ids);
+                       DFlash_IndexTensor:$position_ids,
+                       Optional<DFlash_FloatTensor>:$sinks,
+                       DefaultValuedAttr<I64Attr, "0">:$window);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
-      "$query `,` $keys `,` $values `,` $position_ids attr-dict `:` "
+      "$query `,` $keys `,` $values `,` $position_ids (`sinks` $sinks^)? "
+      "attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_BiasedLinearOp : DFlash_PureOp<"biased_linear"> {
+  let summary = "Linear layer with a bias, y = x W^T + b";
+  let description = [{
+    `dflash.linear` plus `bias[n]` on every row, added to the fp32 product
+    before it is rounded: a target decoder's projections with biases
+    (gpt-oss's q/k/v/o and router; inference only).
+
+    ```mlir
+    %q = dflash.biased_linear %h, %wq, %bq
+        : (tensor<2x3072x2880xbf16>, tensor<4096x2880xbf16>, tensor<4096xbf16>)
+        -> tensor<2x3072x4096xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       DFlash_FloatTensor:$bias);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $weight `,` $bias attr-dict `:` "
       "functional-type(operands, results)";
+}
+
+def DFlash_YarnRopeOp : DFlash_PureOp<"yarn_rope"> {
+  let summary = "Rotary position embedding with YaRN frequency scaling";
+  let description = [{
+    `dflash.rope` with YaRN's frequencies (gpt-oss), as transformers'
+    `_compute_yarn_parameters` makes them: `f_i = theta^(-2i/d)` blended with
+    `f_i / factor` by a linear ramp over `i` between the correction
+    dimensions of `beta_fast` and `beta_slow` rotations at
+    `original_max_positions` (floored and ceiled with `truncate`), the
+    extrapolated `f_i` below the ramp, the interpolated above; cos and sin
+    are multiplied by `attention_factor`. A target decoder's (inference
+    only).
+
+    ```mlir
+    %qr = dflash.yarn_rope %q, %pos {theta = 1.5e+05 : f64, factor = 32.0 : f64,
+        beta_fast = 32.0 : f64, beta_slow = 1.0 : f64,
+        original_max_positions = 4096 : i64, truncate = false,
+        attention_factor = 1.3465735902799727 : f64}
+        : (tensor<2x3072x64x64xbf16>, tensor<2x3072xi32>)
+        -> tensor<2x3072x64x64xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input,
+                       DFlash_IndexTensor:$positions, F64Attr:$theta,
+                       F64Attr:$factor, F64Attr:$beta_fast, F64Attr:$beta_slow,
+                       I64Attr:$original_max_positions, BoolAttr:$truncate,
+                       F64Attr:$attention_factor);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $positions attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_ClampedSwigluOp : DFlash_PureOp<"clamped_swiglu"> {
+  let summary = "gpt-oss's clamped gated activation";
+  let description = [{
+    Elementwise, in fp32: with `g = min(gate, limit)` and
+    `u = clamp(up, -limit, limit)`, `(u + 1) * g * sigmoid(alpha * g)`. A
+    target decoder's (inference only).
+
+    ```mlir
+    %a = dflash.clamped_swiglu %g, %u {alpha = 1.702 : f64, limit = 7.0 : f64}
+        : (tensor<24576x2880xbf16>, tensor<24576x2880xbf16>)
+        -> tensor<24576x2880xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$gate, DFlash_FloatTensor:$up,
+                       F64Attr:$alpha, F64Attr:$limit);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$gate `,` $up attr-dict `:` functional-type(operands, results)";
 }
 
 def DFlash_ConcatLastOp : DFlash_PureOp<"concat_last"> {

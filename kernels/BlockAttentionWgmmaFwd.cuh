@@ -235,16 +235,20 @@ releaseStage(int *released, int it, int numTiles, int lane, Refill refill) {
 /// stages them as bf16 in rows warpRow + lane / 4 + 8 i of a ROWS-row
 /// swizzled tile (only this warp's part of its warpgroup's finished wgmma
 /// read those rows). `sum` returns the rows' sums (0: an empty row, stored
-/// as zeros).
-template <int D, int ROWS>
+/// as zeros). With EXTRA, extra[i] is added to row i's sum first (an
+/// attention sink's term, the same in every thread of the quad).
+template <int D, int ROWS, bool EXTRA>
 __device__ __forceinline__ void
 wgmmaStageNormalisedRows(const float (&o)[D / 2], const float (&l)[2],
-                         bf16 *tile, int warpRow, int lane, float (&sum)[2]) {
+                         bf16 *tile, int warpRow, int lane, float (&sum)[2],
+                         const float (&extra)[2]) {
   using namespace wgmma;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     sum[i] = l[i] + __shfl_xor_sync(0xffffffffu, l[i], 1);
     sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+    if constexpr (EXTRA)
+      sum[i] += extra[i];
     const float inv = sum[i] > 0.f ? 1.f / sum[i] : 0.f;
     const int r = warpRow + lane / 4 + 8 * i;
 #pragma unroll
@@ -255,6 +259,16 @@ wgmmaStageNormalisedRows(const float (&o)[D / 2], const float (&l)[2],
           packBf16(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
     }
   }
+}
+
+/// The same with nothing added to the sums.
+template <int D, int ROWS>
+__device__ __forceinline__ void
+wgmmaStageNormalisedRows(const float (&o)[D / 2], const float (&l)[2],
+                         bf16 *tile, int warpRow, int lane, float (&sum)[2]) {
+  const float none[2] = {0.f, 0.f};
+  wgmmaStageNormalisedRows<D, ROWS, false>(o, l, tile, warpRow, lane, sum,
+                                           none);
 }
 
 /// The shapes the TMA forward loads (GQA rows of a block: a box of G heads

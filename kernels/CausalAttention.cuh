@@ -4,13 +4,18 @@
 // that may pack several conversations (kernels/CausalAttentionArgs.h has
 // the semantics; ref::causalAttention is the oracle). With c[i] = i -
 // pos[i] (the start of row i's conversation in a well-formed packed row),
-// key j is visible to query i iff j <= i and c[j] == c[i]; positions are
-// non-negative, so no key below min c[i] of a query tile is visible.
+// key j is visible to query i iff j <= i and c[j] == c[i], and with a
+// sliding window (window > 0) also i - j < window; positions are
+// non-negative, so no key below min c[i], nor below i0 - window + 1, of a
+// query tile from row i0 is visible. With sinks, head h's softmax
+// denominator also holds exp(sinks[h]) (a logit, not scaled by d^-0.5),
+// added at the normalisation: exp2(sinks[h] log2 e - m) against the row's
+// reference maximum m of the exp2 domain the kernels work in.
 //
 // Two kernels, one CTA per (head, row, 128-query tile), tiles of the longest
 // contexts launched first (the query tile is the slowest grid dimension,
-// counted down); key tiles of 64 from lo = max(0, min c) of the tile's rows
-// up to its last row:
+// counted down); key tiles of 64 from lo = max(0, min c, i0 - window + 1)
+// of the tile's rows up to its last row:
 // - sm90a_causal_attention_fwd_wgmma_bf16 (what causal_attention_fwd_bf16
 //   runs): the structure of the drafter's wgmma forward
 //   (kernels/BlockAttentionWgmmaFwd.cuh, whose wgmmaAttendTile it calls):
@@ -23,10 +28,10 @@
 //   be wrong somewhere.
 // Skipping and masking are per group of rows (a warpgroup, or a warp): a
 // key tile no row of the group sees is skipped; a tile every row sees
-// whole (all its keys at or below the group's first row, and no break in
-// the positions between the tile's first key and the group's last row) is
-// not masked; every other tile applies the exact predicate per element,
-// reading the keys' positions.
+// whole (all its keys at or below the group's first row, within the window
+// of its last row, and no break in the positions between the tile's first
+// key and the group's last row) is not masked; every other tile applies the
+// exact predicate per element, reading the keys' positions.
 //
 //===----------------------------------------------------------------------===//
 
@@ -48,20 +53,39 @@ namespace detail {
 constexpr int kCausalRows = 128;
 constexpr int kCausalKeyTile = 64;
 
+constexpr float kCausalLog2e = 1.4426950408889634f;
 template <int D>
-constexpr float kCausalScaleLog2 =
-    kBlockAttentionScale<D> * 1.4426950408889634f;
+constexpr float kCausalScaleLog2 = kBlockAttentionScale<D> * kCausalLog2e;
+
+/// The window as the kernels use it: INT_MAX for none, so that i - j <
+/// window always holds and i - window + 1 cannot overflow.
+__device__ __forceinline__ int causalWindow(int window) {
+  return window > 0 ? window : INT_MAX;
+}
+
+/// exp2(sinks[h] log2 e - m): a row's sink term of the denominator, against
+/// its reference maximum m (0 without sinks, or for a row that saw nothing:
+/// rows past S). m is finite for every row below S (it sees its own key),
+/// and the sink an unscaled logit, so the term stays finite for any bf16
+/// sink a model has (exp2 of a few tens at most).
+__device__ __forceinline__ float causalSinkTerm(const bf16 *sinks, int h,
+                                                float m) {
+  if (sinks == nullptr || m == -INFINITY)
+    return 0.f;
+  return exp2Approx(__bfloat162float(sinks[h]) * kCausalLog2e - m);
+}
 
 /// What the rows [i0, i0 + ROWS) of a query tile need, in GROUPS groups of
 /// ROWS / GROUPS consecutive rows: sCMin[g] = min (i - pos[i]) over the
 /// group's rows below S (INT_MAX when it has none), sRun[g] = the last
 /// break k (pos[k] != pos[k - 1] + 1) with lo < k <= the group's last row
-/// (-1 when none). Returns lo = max(0, min over the groups). Every thread
-/// of the CTA calls it (three __syncthreads).
+/// (-1 when none). Returns lo = max(0, min over the groups, i0 - window +
+/// 1) (window from causalWindow): no key below it is visible to the tile.
+/// Every thread of the CTA calls it (three __syncthreads).
 template <int ROWS, int GROUPS>
-__device__ __forceinline__ int causalRowsSetup(const int32_t *pos, int S,
-                                               int i0, int *sCMin, int *sRun,
-                                               int tid, int threads) {
+__device__ __forceinline__ int
+causalRowsSetup(const int32_t *pos, int S, int i0, int window, int *sCMin,
+                int *sRun, int tid, int threads) {
   constexpr int GR = ROWS / GROUPS;
   static_assert(ROWS % GROUPS == 0, "groups of equal rows");
   if (tid < GROUPS) {
@@ -79,7 +103,9 @@ __device__ __forceinline__ int causalRowsSetup(const int32_t *pos, int S,
 #pragma unroll
   for (int g = 0; g < GROUPS; ++g)
     lo = min(lo, sCMin[g]);
-  lo = max(lo, 0);
+  // The window bounds lo before the break scan: breaks at or below lo do
+  // not matter (runStart = max(lo, sRun)).
+  lo = max(max(lo, 0), i0 - window + 1);
   const int rowEnd = min(S, i0 + ROWS);
   for (int k = lo + 1 + tid; k < rowEnd; k += threads) {
     if (pos[k] != pos[k - 1] + 1) {
@@ -94,10 +120,12 @@ __device__ __forceinline__ int causalRowsSetup(const int32_t *pos, int S,
 }
 
 /// Whether key j (>= 0) is visible to a query row whose index is `row` and
-/// c = row - pos[row] is `rowC` (INT_MIN for rows past S: sees nothing).
+/// c = row - pos[row] is `rowC` (INT_MIN for rows past S: sees nothing),
+/// under a window from causalWindow.
 __device__ __forceinline__ bool causalVisible(const int32_t *pos, int S, int j,
-                                              int row, int rowC) {
-  return (j <= row) & (j - __ldg(pos + min(j, S - 1)) == rowC);
+                                              int row, int rowC, int window) {
+  return (j <= row) & (row - j < window) &
+         (j - __ldg(pos + min(j, S - 1)) == rowC);
 }
 
 //===-- wgmma + TMA -------------------------------------------------------===//
@@ -152,7 +180,7 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
             lane = tid % kWarpThreads;
   const int h = blockIdx.x, b = blockIdx.y, kvh = h / G;
   const int i0 = (gridDim.z - 1 - blockIdx.z) * kRows; // longest first
-  const int S = args.S;
+  const int S = args.S, window = causalWindow(args.window);
   const int32_t *pos = args.positionIds + static_cast<int64_t>(b) * S;
 
   const uint32_t bar0 = smemAddress(&bars[0]); // stage s: + kBarrierBytes s
@@ -173,8 +201,8 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
                     qBar, p * kPanelCols, h, i0 + n * kM, b);
   }
   // Its first __syncthreads publishes the barriers.
-  const int lo = causalRowsSetup<kRows, C::kWarpgroups>(pos, S, i0, sCMin, sRun,
-                                                        tid, C::kThreads);
+  const int lo = causalRowsSetup<kRows, C::kWarpgroups>(
+      pos, S, i0, window, sCMin, sRun, tid, C::kThreads);
   const int rowEnd = min(S, i0 + kRows); // lo <= i0 < rowEnd
   const int numTiles = (rowEnd - lo + KT - 1) / KT;
 
@@ -195,7 +223,10 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
   // This warpgroup's rows [gRowMin, gRowMax] below S, this thread's two.
   const int gRowMin = i0 + wg * kM, gRowMax = min(S, gRowMin + kM) - 1;
   const bool mine = gRowMin < S;
-  const int gCMin = max(sCMin[wg], 0), runStart = max(lo, sRun[wg]);
+  // The lowest key any row of the group sees, and the lowest every row's
+  // window holds.
+  const int gKeyMin = max(max(sCMin[wg], 0), gRowMin - window + 1),
+            gWindowMin = gRowMax - window + 1, runStart = max(lo, sRun[wg]);
   // Row i of this thread: rowBase + 8 i.
   const int rowBase = gRowMin + warp * 16 + lane / 4;
   int rowC[2];
@@ -219,10 +250,11 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
     const int j0 = lo + it * KT;
     // Tiles no row of this warpgroup sees are skipped (uniform per
     // warpgroup, as wgmma needs).
-    if (mine && j0 <= gRowMax && j0 + KT > gCMin) {
-      const bool whole = j0 >= runStart && j0 + KT - 1 <= gRowMin;
+    if (mine && j0 <= gRowMax && j0 + KT > gKeyMin) {
+      const bool whole =
+          j0 >= runStart && j0 >= gWindowMin && j0 + KT - 1 <= gRowMin;
       auto visible = [&](int i, int t) {
-        return causalVisible(pos, S, j0 + t, rowBase + 8 * i, rowC[i]);
+        return causalVisible(pos, S, j0 + t, rowBase + 8 * i, rowC[i], window);
       };
       wgmmaAttendTile<D, KT, kRows, KT>(qAddr, kAddr, vAddr, o, m, l,
                                         kCausalScaleLog2<D>, whole, visible,
@@ -236,8 +268,13 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
   if (!mine)
     return;
   const int warpRow = wg * kM + warp * 16; // in the CTA's tile
-  float sum[2];
-  wgmmaStageNormalisedRows<D, kRows>(o, l, sQ, warpRow, lane, sum);
+  // m is per row (reduced over the quad before it moves), as is l's sum.
+  float sum[2], sink[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    sink[i] = causalSinkTerm(args.sinks, h, m[i]);
+  // No sinks: the terms are 0, and sum + 0 is sum.
+  wgmmaStageNormalisedRows<D, kRows, true>(o, l, sQ, warpRow, lane, sum, sink);
   __syncwarp();
   for (int idx = lane; idx < 16 * kChunks; idx += 32) {
     int rr = warpRow + idx / kChunks, c = idx % kChunks;
@@ -279,7 +316,7 @@ static __global__ void __launch_bounds__((CausalMmaSyncConfig<D>::kThreads),
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int h = blockIdx.x, b = blockIdx.y, kvh = h / G;
   const int i0 = (gridDim.z - 1 - blockIdx.z) * kRows; // longest first
-  const int S = args.S;
+  const int S = args.S, window = causalWindow(args.window);
   const int32_t *pos = args.positionIds + static_cast<int64_t>(b) * S;
   auto qRow = [&](int row) -> int64_t { // into [B, S, nh]
     return (static_cast<int64_t>(b) * S + row) * NH + h;
@@ -292,8 +329,8 @@ static __global__ void __launch_bounds__((CausalMmaSyncConfig<D>::kThreads),
     cpAsync16(smemAddress(sQ + swizzle<D>(r, c * 8)),
               valid ? args.q + qRow(i0 + r) * D + c * 8 : args.q, valid);
   }
-  const int lo = causalRowsSetup<kRows, W::kWarps>(pos, S, i0, sCMin, sRun,
-                                                   threadIdx.x, W::kThreads);
+  const int lo = causalRowsSetup<kRows, W::kWarps>(
+      pos, S, i0, window, sCMin, sRun, threadIdx.x, W::kThreads);
   const int rowEnd = min(S, i0 + kRows);
   const int numTiles = (rowEnd - lo + KT - 1) / KT;
   auto loadTile = [&](int it) {
@@ -317,7 +354,9 @@ static __global__ void __launch_bounds__((CausalMmaSyncConfig<D>::kThreads),
   const int row0 = warp * WR;
   const int gRowMin = i0 + row0, gRowMax = min(S, gRowMin + WR) - 1;
   const bool mine = gRowMin < S;
-  const int gCMin = max(sCMin[warp], 0), runStart = max(lo, sRun[warp]);
+  // As in the wgmma kernel, per warp.
+  const int gKeyMin = max(max(sCMin[warp], 0), gRowMin - window + 1),
+            gWindowMin = gRowMax - window + 1, runStart = max(lo, sRun[warp]);
   // Row (mt, i) of this thread: rowBase + 16 mt + 8 i.
   const int rowBase = gRowMin + lane / 4;
   int rowC[MT][2];
@@ -343,11 +382,12 @@ static __global__ void __launch_bounds__((CausalMmaSyncConfig<D>::kThreads),
     const bf16 *tK = sK + (it & 1) * KT * D;
     const bf16 *tV = sV + (it & 1) * KT * D;
     const int j0 = lo + it * KT;
-    if (mine && j0 <= gRowMax && j0 + KT > gCMin) {
-      const bool whole = j0 >= runStart && j0 + KT - 1 <= gRowMin;
+    if (mine && j0 <= gRowMax && j0 + KT > gKeyMin) {
+      const bool whole =
+          j0 >= runStart && j0 >= gWindowMin && j0 + KT - 1 <= gRowMin;
       auto visible = [&](int mt, int i, int t) {
         return causalVisible(pos, S, j0 + t, rowBase + mt * 16 + 8 * i,
-                             rowC[mt][i]);
+                             rowC[mt][i], window);
       };
       attendTile<D, KT, MT>(qf, sQ, row0, tK, tV, o, m, l, kCausalScaleLog2<D>,
                             whole, visible, lane);
@@ -365,6 +405,8 @@ static __global__ void __launch_bounds__((CausalMmaSyncConfig<D>::kThreads),
     for (int i = 0; i < 2; ++i) {
       float sum = l[mt][i] + __shfl_xor_sync(0xffffffffu, l[mt][i], 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // m is the row's running maximum, the same in the quad.
+      sum += causalSinkTerm(args.sinks, h, m[mt][i]);
       float inv = sum > 0.f ? 1.f / sum : 0.f;
       int r = row0 + mt * 16 + lane / 4 + 8 * i;
 #pragma unroll

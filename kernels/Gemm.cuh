@@ -4,6 +4,8 @@
 // with fp32 accumulation:
 //   linear:           y  [M, N] = x [M, K] * w [N, K]^T
 //   linearResidual:   y  [M, N] = r [M, N] + x [M, K] * w [N, K]^T
+//   linearBias:       y  [M, N] = x [M, K] * w [N, K]^T + b [N]  (a target's
+//                     biased projections; cuBLASLt's bias epilogue)
 //   linearGradInput:  dx [M, K] = dy [M, N] * w [N, K]
 //   linearGradWeight: dw [N, K] = dy [M, N]^T * x [M, K]   (beta = 1
 //   accumulates)
@@ -100,6 +102,15 @@ public:
                       int64_t N, int64_t K, cudaStream_t stream) {
     matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF,
            1.f, stream, {"linearResidual", M, N, K}, r);
+  }
+
+  /// y [M, N] = x [M, K] w [N, K]^T + bias [N], rounded once (the bias is
+  /// added to the fp32 product in the epilogue).
+  void linearBias(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                  const __nv_bfloat16 *bias, __nv_bfloat16 *y, int64_t M,
+                  int64_t N, int64_t K, cudaStream_t stream) {
+    matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF,
+           0.f, stream, {"linearBias", M, N, K}, nullptr, bias);
   }
 
   /// dx [M, K] = dy [M, N] w [N, K] + beta dx.
@@ -213,7 +224,7 @@ private:
     GemmCandidateTimes timing;
   };
   using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t,
-                         int64_t, int, int, int, int>;
+                         int64_t, int, int, int, int, bool>;
 
   /// The process's choices: (deviceKind, shape) -> candidate index. The
   /// candidate lists agree wherever the key does (same GPU kind, library
@@ -241,26 +252,33 @@ private:
     int64_t M, N, K;
   };
 
-  /// Column-major D [m, n] = op(A) op(B) + beta C, where D is `C` and C is
-  /// `addend` when given, else `C` too.
+  /// Column-major D [m, n] = op(A) op(B) + beta C (+ bias [m] when given),
+  /// where D is `C` and C is `addend` when given, else `C` too.
   void matmul(cublasOperation_t opA, cublasOperation_t opB, int64_t m,
               int64_t n, int64_t k, const void *A, int64_t lda, const void *B,
               int64_t ldb, void *C, int64_t ldc, cudaDataType_t cType,
               float beta, cudaStream_t stream, Product product,
-              const void *addend = nullptr) {
+              const void *addend = nullptr, const void *bias = nullptr) {
     if (m == 0 || n == 0)
       return;
     const void *source = addend ? addend : C;
     int alignA = alignmentOf(A), alignB = alignmentOf(B),
         alignC = std::min(alignmentOf(C), alignmentOf(source));
-    Key key{opA, opB, m, n, k, lda, ldb, ldc, cType, alignA, alignB, alignC};
+    const bool biased = bias != nullptr;
+    Key key{opA, opB,   m,      n,      k,      lda,   ldb,
+            ldc, cType, alignA, alignB, alignC, biased};
     auto it = plans.find(key);
     if (it == plans.end())
       it = plans
                .emplace(key, makePlan(opA, opB, m, n, k, lda, ldb, ldc, cType,
-                                      alignA, alignB, alignC, product))
+                                      alignA, alignB, alignC, product, biased))
                .first;
     const Plan &plan = it->second;
+    // The plan's descriptor is this call's: its bias pointer is set per call
+    // (a captured graph keeps the launch's).
+    if (biased)
+      DFLASH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     float alpha = 1.f;
     DFLASH_CUBLAS_CHECK(cublasLtMatmul(handle, plan.desc, &alpha, A, plan.a, B,
                                        plan.b, &beta, source, plan.c, C, plan.c,
@@ -339,10 +357,21 @@ private:
   Plan makePlan(cublasOperation_t opA, cublasOperation_t opB, int64_t m,
                 int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc,
                 cudaDataType_t cType, int alignA, int alignB, int alignC,
-                Product product) {
+                Product product, bool biased) {
     Plan plan;
     DFLASH_CUBLAS_CHECK(
         cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    if (biased) {
+      // A bf16 bias of m values, one per row of D (an output feature).
+      cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+      cudaDataType_t biasType = CUDA_R_16BF;
+      DFLASH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+          sizeof(epilogue)));
+      DFLASH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &biasType,
+          sizeof(biasType)));
+    }
     int32_t ta = opA, tb = opB;
     DFLASH_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
         plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));

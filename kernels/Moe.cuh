@@ -4,7 +4,9 @@
 // / moe_unpermute (docs/dialect.md, "Mixture-of-experts ops") on bf16 rows:
 //   moe_route_bf16      one warp a token: softmax over the E router logits
 //                       in fp32, the k largest (ties: the lower expert),
-//                       renormalised when asked;
+//                       renormalised when asked (Qwen3-MoE); or, gpt-oss's
+//                       form, the k largest logits (same ties), then
+//                       softmax over those k in fp32;
 //   moe_permute_bf16    the T * k routed rows grouped by expert, in order of
 //                       t * k + j within an expert (a counting sort in
 //                       chunks of kMoePermuteChunkRows, no atomics on the
@@ -14,7 +16,9 @@
 //                       kernels/WgmmaGemm.cuh's GEMM on the grouped rows,
 //                       each expert's rows times its weight [N, K] of the
 //                       stacked [E, N, K] (and SwiGLU of the gate and up
-//                       products in the epilogue);
+//                       products in the epilogue), with gpt-oss's extras
+//                       when asked: each expert's bias [N] of the stacked
+//                       [E, N], and the clamped activation;
 //   moe_unpermute_bf16  each token's k expert rows weighted and summed in
 //                       fp32 (j ascending), rounded once.
 // Every launch has a static shape: the routing changes only what the
@@ -30,6 +34,7 @@
 #include "kernels/WgmmaGemm.cuh"
 #include "kernels/Workspaces.h"
 
+#include <cfloat>
 #include <cstdint>
 #include <cuda_bf16.h>
 
@@ -40,9 +45,12 @@ namespace detail {
 constexpr int kMoeWarp = 32;
 constexpr int kMoeLogitsPerLane = kGroupedGemmMaxExperts / kMoeWarp;
 
+/// topKThenSoftmax: gpt-oss's form (scores are the logits, `normalize` is
+/// moot); otherwise the probabilities are.
 static __global__ void moeRouteKernel(const __nv_bfloat16 *logits,
                                       __nv_bfloat16 *weights, int32_t *experts,
-                                      int64_t T, int E, int k, bool normalize) {
+                                      int64_t T, int E, int k, bool normalize,
+                                      bool topKThenSoftmax) {
   const int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kMoeWarp;
   const int lane = threadIdx.x % kMoeWarp;
   if (t >= T)
@@ -55,25 +63,37 @@ static __global__ void moeRouteKernel(const __nv_bfloat16 *logits,
     p[i] = e < E ? __bfloat162float(logits[t * E + e]) : -INFINITY;
     top = fmaxf(top, p[i]);
   }
-  for (int d = kMoeWarp / 2; d > 0; d /= 2)
-    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, d));
-  float sum = 0;
+  // A chosen (or padding) entry becomes `none`, below every score.
+  float none = -1.f;
+  if (topKThenSoftmax) {
+    // Logits of +-inf or NaN become finite, so that -inf is below all
+    // (and k of them are always chosen).
+    none = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < kMoeLogitsPerLane; ++i) {
-    p[i] = i * kMoeWarp + lane < E ? expf(p[i] - top) : 0.f;
-    sum += p[i];
+    for (int i = 0; i < kMoeLogitsPerLane; ++i)
+      if (i * kMoeWarp + lane < E)
+        p[i] = fminf(fmaxf(p[i], -FLT_MAX), FLT_MAX);
+  } else {
+    for (int d = kMoeWarp / 2; d > 0; d /= 2)
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, d));
+    float sum = 0;
+#pragma unroll
+    for (int i = 0; i < kMoeLogitsPerLane; ++i) {
+      p[i] = i * kMoeWarp + lane < E ? expf(p[i] - top) : 0.f;
+      sum += p[i];
+    }
+    for (int d = kMoeWarp / 2; d > 0; d /= 2)
+      sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    // Probabilities are >= 0.
+#pragma unroll
+    for (int i = 0; i < kMoeLogitsPerLane; ++i)
+      p[i] = i * kMoeWarp + lane < E ? p[i] / sum : -1.f;
   }
-  for (int d = kMoeWarp / 2; d > 0; d /= 2)
-    sum += __shfl_xor_sync(0xffffffffu, sum, d);
-  // Probabilities are >= 0: a chosen (or padding) entry becomes -1.
-#pragma unroll
-  for (int i = 0; i < kMoeLogitsPerLane; ++i)
-    p[i] = i * kMoeWarp + lane < E ? p[i] / sum : -1.f;
-  float mine = 0, kept = 0;
+  float mine = 0, kept = 0, first = 0;
   for (int j = 0; j < k; ++j) {
     // This lane's largest (its lowest expert among equals), then the
     // warp's, equal values going to the lower expert.
-    float best = -1.f;
+    float best = none;
     int bestExpert = E;
 #pragma unroll
     for (int i = 0; i < kMoeLogitsPerLane; ++i)
@@ -93,7 +113,13 @@ static __global__ void moeRouteKernel(const __nv_bfloat16 *logits,
 #pragma unroll
       for (int i = 0; i < kMoeLogitsPerLane; ++i)
         if (i == bestExpert / kMoeWarp)
-          p[i] = -1.f;
+          p[i] = none;
+    }
+    // gpt-oss: softmax's terms relative to the first (largest) logit.
+    if (topKThenSoftmax) {
+      if (j == 0)
+        first = best;
+      best = expf(best - first);
     }
     if (lane == j) {
       mine = best;
@@ -102,7 +128,8 @@ static __global__ void moeRouteKernel(const __nv_bfloat16 *logits,
     kept += best;
   }
   if (lane < k)
-    weights[t * k + lane] = __float2bfloat16(normalize ? mine / kept : mine);
+    weights[t * k + lane] =
+        __float2bfloat16(normalize || topKThenSoftmax ? mine / kept : mine);
 }
 
 /// Each chunk's rows of each expert, and each row's rank among its chunk's
@@ -228,11 +255,15 @@ inline bool aligned16(const void *p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+/// Biases may be null (null is aligned).
 inline void checkGroupedGemm(const void *x, const void *w0, const void *w1,
                              const void *y, int64_t M, int64_t E, int64_t N,
-                             int64_t K, const char *what) {
+                             int64_t K, const char *what,
+                             const void *bias0 = nullptr,
+                             const void *bias1 = nullptr) {
   if (!aligned16(x) || !aligned16(w0) || !aligned16(w1) || !aligned16(y) ||
-      M <= 0 || M >= (int64_t(1) << 31) || !groupedGemmSupportsShape(E, N, K))
+      !aligned16(bias0) || !aligned16(bias1) || M <= 0 ||
+      M >= (int64_t(1) << 31) || !groupedGemmSupportsShape(E, N, K))
     reportCudaFailure(__FILE__, __LINE__, what,
                       "unsupported shape or alignment (16-byte bases, at "
                       "most 512 experts, K a multiple of 8, N even)");
@@ -241,17 +272,20 @@ inline void checkGroupedGemm(const void *x, const void *w0, const void *w1,
 } // namespace detail
 
 /// Routing: weights [T, k] and experts [T, k] of logits [T, E] (E <= 512,
-/// k <= min(E, 32)).
+/// k <= min(E, 32)), by descending weight; topKThenSoftmax picks gpt-oss's
+/// form (the file comment), which ignores `normalize`.
 inline void moe_route_bf16(const __nv_bfloat16 *logits, __nv_bfloat16 *weights,
                            int32_t *experts, int64_t T, int64_t E, int64_t k,
-                           bool normalize, cudaStream_t stream) {
+                           bool normalize, cudaStream_t stream,
+                           bool topKThenSoftmax = false) {
   if (E < 1 || E > kGroupedGemmMaxExperts || k < 1 || k > E || k > kMoeMaxTopK)
     detail::reportCudaFailure(__FILE__, __LINE__, "moe_route_bf16",
                               "at most 512 experts and top-k at most 32");
   constexpr int threads = 256;
   detail::
       moeRouteKernel<<<detail::warpBlocks(T, threads), threads, 0, stream>>>(
-          logits, weights, experts, T, int(E), int(k), normalize);
+          logits, weights, experts, T, int(E), int(k), normalize,
+          topKThenSoftmax);
   DFLASH_CUDA_CHECK_LAUNCH("moeRouteKernel");
 }
 
@@ -285,31 +319,53 @@ inline void moe_permute_bf16(const __nv_bfloat16 *x, const int32_t *experts,
 }
 
 /// y [M, N] = each expert's rows of x [M, K] times its weight of w [E, N,
-/// K], the experts' rows as `offsets` [E + 1] (device memory) says.
+/// K] (+ its bias of `bias` [E, N] when not null), the experts' rows as
+/// `offsets` [E + 1] (device memory) says.
 inline void grouped_linear_bf16(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                                 const int32_t *offsets, __nv_bfloat16 *y,
                                 int64_t M, int64_t E, int64_t N, int64_t K,
-                                cudaStream_t stream) {
+                                cudaStream_t stream,
+                                const __nv_bfloat16 *bias = nullptr) {
   using namespace detail;
-  checkGroupedGemm(x, w, w, y, M, E, N, K, "grouped_linear_bf16");
-  launchWgmmaGemm<GemmEpilogue::Plain, 1>(
-      GroupedSchedule<GemmEpilogue::Plain>{offsets, M, N, int(E)}, x, w, w,
-      E * N, y, K, stream, "grouped_linear x or weights");
+  checkGroupedGemm(x, w, w, y, M, E, N, K, "grouped_linear_bf16", bias);
+  using Schedule = GroupedSchedule<GemmEpilogue::Plain>;
+  const Schedule schedule{offsets, M, N, int(E)};
+  // Without a bias, the form without extras: the same code as before them.
+  if (!bias)
+    launchWgmmaGemm<GemmEpilogue::Plain, 1>(
+        schedule, x, w, w, E * N, y, K, stream, "grouped_linear x or weights");
+  else
+    launchWgmmaGemm<GemmEpilogue::Plain, 1, Schedule, true>(
+        schedule, x, w, w, E * N, y, K, stream, "grouped_linear x or weights",
+        GemmEpilogueExtras{bias, bias, false});
 }
 
-/// y [M, N] = silu(x Wg_e^T) * (x Wu_e^T) for each expert e's rows, Wg and
-/// Wu [E, N, K] stacked.
-inline void grouped_linear_swiglu_bf16(const __nv_bfloat16 *x,
-                                       const __nv_bfloat16 *wGate,
-                                       const __nv_bfloat16 *wUp,
-                                       const int32_t *offsets, __nv_bfloat16 *y,
-                                       int64_t M, int64_t E, int64_t N,
-                                       int64_t K, cudaStream_t stream) {
+/// y [M, N] = silu(g) * u with g = x Wg_e^T (+ gateBias_e) and u = x Wu_e^T
+/// (+ upBias_e) for each expert e's rows, Wg and Wu [E, N, K] stacked, the
+/// biases [E, N] (each may be null); clamped: gpt-oss's (u' + 1) * g' *
+/// sigmoid(alpha g'), g' = min(g, limit), u' = clamp(u, -limit, limit).
+inline void grouped_linear_swiglu_bf16(
+    const __nv_bfloat16 *x, const __nv_bfloat16 *wGate,
+    const __nv_bfloat16 *wUp, const int32_t *offsets, __nv_bfloat16 *y,
+    int64_t M, int64_t E, int64_t N, int64_t K, cudaStream_t stream,
+    const __nv_bfloat16 *gateBias = nullptr,
+    const __nv_bfloat16 *upBias = nullptr, bool clamped = false,
+    float alpha = 1.702f, float limit = 7.f) {
   using namespace detail;
-  checkGroupedGemm(x, wGate, wUp, y, M, E, N, K, "grouped_linear_swiglu_bf16");
-  launchWgmmaGemm<GemmEpilogue::SwiGlu, 1>(
-      GroupedSchedule<GemmEpilogue::SwiGlu>{offsets, M, N, int(E)}, x, wGate,
-      wUp, E * N, y, K, stream, "grouped_linear_swiglu x or weights");
+  checkGroupedGemm(x, wGate, wUp, y, M, E, N, K, "grouped_linear_swiglu_bf16",
+                   gateBias, upBias);
+  using Schedule = GroupedSchedule<GemmEpilogue::SwiGlu>;
+  const Schedule schedule{offsets, M, N, int(E)};
+  // Qwen3-MoE's form keeps the epilogue without extras.
+  if (!gateBias && !upBias && !clamped)
+    launchWgmmaGemm<GemmEpilogue::SwiGlu, 1>(
+        schedule, x, wGate, wUp, E * N, y, K, stream,
+        "grouped_linear_swiglu x or weights");
+  else
+    launchWgmmaGemm<GemmEpilogue::SwiGlu, 1, Schedule, true>(
+        schedule, x, wGate, wUp, E * N, y, K, stream,
+        "grouped_linear_swiglu x or weights",
+        GemmEpilogueExtras{gateBias, upBias, clamped, alpha, limit});
 }
 
 /// y [T, H] = sum over each token's k routed rows of permuted [T * k, H],

@@ -7,7 +7,12 @@
 //   - the epilogue: SwiGLU (two weight boxes, the gate's and the up
 //     projection's rows of the same outputs; y = silu(g) * u, 128 outputs a
 //     tile) or Plain (the two boxes are 256 consecutive weight rows; 256
-//     outputs a tile);
+//     outputs a tile); either with gpt-oss's extras when asked (a template
+//     flag, so that the plain forms' epilogues stay as they were): a bias
+//     of each output added in fp32 before the rounding (and before the
+//     activation: the gate's bias to g, the up projection's to u), and the
+//     clamped activation y = (u' + 1) * g' * sigmoid(alpha g') with
+//     g' = min(g, limit), u' = clamp(u, -limit, limit);
 //   - the schedule: Dense (row tiles of x in raster groups) or Grouped (a
 //     mixture-of-experts' rows grouped by expert: expert e's rows
 //     [offsets[e], offsets[e + 1]) times its weight [N, K], the weights
@@ -95,6 +100,35 @@ struct GemmTile {
 /// gives 0, as silu tends to.
 __device__ __forceinline__ float fastSilu(float g) {
   return __fdividef(g, 1.f + __expf(-g));
+}
+
+/// gpt-oss's epilogue extras (the kernel's GptOss forms only): biases of
+/// the weight rows (bias0 the first box's map's, bias1 the second's; for
+/// Plain only bias0, of all 256 rows; null for none) and the clamped
+/// activation's constants.
+struct GemmEpilogueExtras {
+  const __nv_bfloat16 *bias0 = nullptr, *bias1 = nullptr;
+  bool clamped = false;
+  float alpha = 1.702f, limit = 7.f;
+};
+
+/// The bf16 pair of `bias` at weight row `row` (even) as fp32; zeros
+/// without a bias.
+__device__ __forceinline__ float2 biasPair(const __nv_bfloat16 *bias,
+                                           int64_t row) {
+  if (!bias)
+    return make_float2(0.f, 0.f);
+  return __bfloat1622float2(
+      __ldg(reinterpret_cast<const __nv_bfloat162 *>(bias + row)));
+}
+
+/// gpt-oss's gated activation (see the file comment), with fastSilu's
+/// exponential and division.
+__device__ __forceinline__ float clampedSwiglu(float g, float u, float alpha,
+                                               float limit) {
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  return (u + 1.f) * __fdividef(g, 1.f + __expf(-alpha * g));
 }
 
 /// Dense rows: tiles of M x N. Work units are a cluster's row tiles (Cluster
@@ -211,11 +245,14 @@ template <GemmEpilogue Epi> struct GroupedSchedule {
   }
 };
 
-template <GemmEpilogue Epi, int Cluster, typename Schedule>
+/// GptOss: the epilogue adds `extras`' biases and, when extras.clamped,
+/// takes the clamped activation; without it `extras` is not read.
+template <GemmEpilogue Epi, int Cluster, typename Schedule, bool GptOss>
 static __global__ void
 __launch_bounds__(WgmmaGemmConfig<Epi, Cluster>::kThreads, 1)
     sm90a_wgmma_gemm_bf16_kernel(Schedule schedule, __nv_bfloat16 *y, int64_t K,
-                                 const __grid_constant__ WgmmaGemmMaps maps) {
+                                 const __grid_constant__ WgmmaGemmMaps maps,
+                                 const GemmEpilogueExtras extras) {
   using C = WgmmaGemmConfig<Epi, Cluster>;
   using namespace wgmma;
   extern __shared__ unsigned char smemRaw[];
@@ -297,9 +334,25 @@ __launch_bounds__(WgmmaGemmConfig<Epi, Cluster>::kThreads, 1)
     float acc[C::kWeightRows / 2] = {};
     // The products of one accumulator pair (4j + 2i, + 1) as the two bf16
     // outputs they give: SwiGLU pairs a gate column with its up column.
-    auto outputPair = [&](int j, int i) -> uint32_t {
+    // `wRow` is the tile's first weight row (the biases' index).
+    auto outputPair = [&](int j, int i, int64_t wRow) -> uint32_t {
       const int a = 4 * j + 2 * i;
-      if constexpr (Epi == GemmEpilogue::SwiGlu) {
+      if constexpr (GptOss) {
+        const int64_t row = wRow + 8 * j + 2 * (lane % 4);
+        const float2 b0 = biasPair(extras.bias0, row);
+        if constexpr (Epi == GemmEpilogue::SwiGlu) {
+          const int up = a + C::kWeightRows / 4;
+          const float2 b1 = biasPair(extras.bias1, row);
+          const float g0 = acc[a] + b0.x, g1 = acc[a + 1] + b0.y;
+          const float u0 = acc[up] + b1.x, u1 = acc[up + 1] + b1.y;
+          if (extras.clamped)
+            return packBf16(clampedSwiglu(g0, u0, extras.alpha, extras.limit),
+                            clampedSwiglu(g1, u1, extras.alpha, extras.limit));
+          return packBf16(fastSilu(g0) * u0, fastSilu(g1) * u1);
+        } else {
+          return packBf16(acc[a] + b0.x, acc[a + 1] + b0.y);
+        }
+      } else if constexpr (Epi == GemmEpilogue::SwiGlu) {
         const int up = a + C::kWeightRows / 4;
         return packBf16(fastSilu(acc[a]) * acc[up],
                         fastSilu(acc[a + 1]) * acc[up + 1]);
@@ -347,7 +400,8 @@ __launch_bounds__(WgmmaGemmConfig<Epi, Cluster>::kThreads, 1)
                   y + (row0 + 8 * i) * N + t.col0 + 2 * (lane % 4);
 #pragma unroll
               for (int j = 0; j < C::kCols / 8; ++j)
-                *reinterpret_cast<uint32_t *>(out + 8 * j) = outputPair(j, i);
+                *reinterpret_cast<uint32_t *>(out + 8 * j) =
+                    outputPair(j, i, t.wRow);
             }
             return;
           }
@@ -362,7 +416,8 @@ __launch_bounds__(WgmmaGemmConfig<Epi, Cluster>::kThreads, 1)
               const int64_t col = t.col0 + 8 * j + 2 * (lane % 4);
               if (col >= N)
                 continue;
-              *reinterpret_cast<uint32_t *>(out + col) = outputPair(j, i);
+              *reinterpret_cast<uint32_t *>(out + col) =
+                  outputPair(j, i, t.wRow);
             }
           }
         });
@@ -374,14 +429,17 @@ __launch_bounds__(WgmmaGemmConfig<Epi, Cluster>::kThreads, 1)
 
 /// Launches the kernel on `stream`: one CTA an SM (as many clusters as can
 /// be resident at once, never more than the schedule's work units), each
-/// going round the work units. x [M, K]; w0/w1 [weightRows, K].
-template <GemmEpilogue Epi, int Cluster, typename Schedule>
+/// going round the work units. x [M, K]; w0/w1 [weightRows, K]; with
+/// GptOss, the epilogue takes `extras` (biases [weightRows] of w0's and
+/// w1's rows).
+template <GemmEpilogue Epi, int Cluster, typename Schedule, bool GptOss = false>
 void launchWgmmaGemm(const Schedule &schedule, const __nv_bfloat16 *x,
                      const __nv_bfloat16 *w0, const __nv_bfloat16 *w1,
                      int64_t weightRows, __nv_bfloat16 *y, int64_t K,
-                     cudaStream_t stream, const char *what) {
+                     cudaStream_t stream, const char *what,
+                     const GemmEpilogueExtras &extras = {}) {
   using C = WgmmaGemmConfig<Epi, Cluster>;
-  auto kernel = sm90a_wgmma_gemm_bf16_kernel<Epi, Cluster, Schedule>;
+  auto kernel = sm90a_wgmma_gemm_bf16_kernel<Epi, Cluster, Schedule, GptOss>;
   cudaLaunchConfig_t config = {};
   cudaLaunchAttribute cluster[1];
   cluster[0].id = cudaLaunchAttributeClusterDimension;
@@ -425,7 +483,8 @@ void launchWgmmaGemm(const Schedule &schedule, const __nv_bfloat16 *x,
                     tma::bf16RowsOfHeadsMap(w0, 1, weightRows, 1, K, 1,
                                             C::kBoxRows, what),
                     tma::bf16RowsOfHeadsMap(w1, 1, weightRows, 1, K, 1,
-                                            C::kBoxRows, what)}));
+                                            C::kBoxRows, what)},
+      extras));
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_wgmma_gemm_bf16_kernel");
 }
 

@@ -3,11 +3,16 @@
 // Writes the target decoder of config.json as `func.func @target`: the
 // token embedding, then each decoder layer up to the last tapped one
 // (pre-norm causal GQA attention with q/k norms where the model has them
-// and RoPE, optionally Llama-3-scaled; pre-norm SwiGLU MLP, or Qwen3-MoE's
-// routed experts where the layer is sparse; residual adds),
+// and RoPE, optionally Llama-3- or YaRN-scaled; pre-norm SwiGLU MLP, or
+// Qwen3-MoE's routed experts where the layer is sparse; residual adds; for
+// gpt-oss also the q/k/v/o biases, each head's sink, sliding layers and
+// routed experts with biases and the clamped SwiGLU),
 // returning the residual stream after each tapped layer side by side: the
 // step's `target_hidden` [B, S, L*H] (SEMANTICS.md section 1). Weights are
-// frozen arguments named as in the Hugging Face checkpoint.
+// frozen arguments named as in the Hugging Face checkpoint; a MoE layer's
+// experts are stacked `mlp.experts.<proj>.weight` [E, N, K] (and gpt-oss's
+// `.bias` [E, N]) whatever layout the checkpoint stores them in (the
+// loader's part, runtime/io/TargetWeights.cpp).
 //
 //===----------------------------------------------------------------------===//
 
@@ -58,6 +63,15 @@ private:
   Value linear(Value x, Value w, Location l) {
     return ::dflash::import::linear(b, l, x, w);
   }
+  /// x W^T (+ bias where the model has one).
+  Value linear(Value x, Value w, Value bias, Location l) {
+    if (!bias)
+      return linear(x, w, l);
+    auto shape = cast<RankedTensorType>(x.getType()).getShape();
+    SmallVector<int64_t> out(shape.drop_back());
+    out.push_back(cast<RankedTensorType>(w.getType()).getDimSize(0));
+    return BiasedLinearOp::create(b, l, t(out, bf16()), x, w, bias);
+  }
   Value rmsNorm(Value x, Value w, Location l) {
     return ::dflash::import::rmsNorm(b, l, x, w, target.rmsNormEps);
   }
@@ -69,38 +83,59 @@ private:
     Value act = SwigluOp::create(b, l, g.getType(), g, u);
     return linear(act, down, l);
   }
-  /// Qwen3-MoE's sparse MLP over the T = B*S tokens: the router's top-k
-  /// experts, the T*k routed rows grouped by expert through each expert's
-  /// SwiGLU MLP, and back to the tokens weighted by the router.
-  Value sparseMlp(Value h, Value router, Value gate, Value up, Value down,
-                  Location l) {
+  /// A sparse layer's weights: the router's, the stacked experts' and (for
+  /// gpt-oss) their biases.
+  struct SparseWeights {
+    Value router, gate, up, down;
+    Value routerBias, gateBias, upBias, downBias;
+  };
+  /// A sparse MLP over the T = B*S tokens: the router's top-k experts, the
+  /// T*k routed rows grouped by expert through each expert's SwiGLU MLP
+  /// (gpt-oss: biased and clamped), and back to the tokens weighted by the
+  /// router (Qwen3-MoE: softmax then top-k; gpt-oss: top-k then softmax).
+  Value sparseMlp(Value h, const SparseWeights &w, Location l) {
     auto shape = cast<RankedTensorType>(h.getType()).getShape();
     const int64_t T = shape[0] * shape[1], H = shape[2];
     const int64_t E = target.numExperts, k = target.numExpertsPerToken;
     const int64_t I = target.moeIntermediateSize;
     Type i32 = b.getI32Type();
     Value tokens = reshape(h, {T, H}, l);
-    Value logits = linear(tokens, router, l);
+    Value logits = linear(tokens, w.router, w.routerBias, l);
     auto route = MoeRouteOp::create(
         b, l, t({T, k}, bf16()), t({T, k}, i32), logits, b.getI64IntegerAttr(k),
-        b.getStringAttr("softmax_topk"),
+        b.getStringAttr(target.gptOss ? "topk_softmax" : "softmax_topk"),
         target.normTopkProb ? b.getUnitAttr() : UnitAttr());
     auto rows =
         MoePermuteOp::create(b, l, t({T * k, H}, bf16()), t({E + 1}, i32),
                              t({T * k}, i32), tokens, route.getExperts());
-    auto grouped = [&](Value x, Value w, int64_t n) -> Value {
-      return GroupedLinearOp::create(b, l, t({T * k, n}, bf16()), x, w,
-                                     rows.getOffsets());
+    auto grouped = [&](Value x, Value weight, Value bias, int64_t n) -> Value {
+      return GroupedLinearOp::create(b, l, t({T * k, n}, bf16()), x, weight,
+                                     rows.getOffsets(), bias);
     };
-    Value g = grouped(rows.getPermuted(), gate, I);
-    Value u = grouped(rows.getPermuted(), up, I);
-    Value act = SwigluOp::create(b, l, g.getType(), g, u);
-    Value y =
-        MoeUnpermuteOp::create(b, l, t({T, H}, bf16()), grouped(act, down, H),
-                               rows.getSource(), route.getWeights());
+    Value g = grouped(rows.getPermuted(), w.gate, w.gateBias, I);
+    Value u = grouped(rows.getPermuted(), w.up, w.upBias, I);
+    Value act;
+    if (target.gptOss)
+      act = ClampedSwigluOp::create(b, l, g.getType(), g, u,
+                                    b.getF64FloatAttr(target.swigluAlpha),
+                                    b.getF64FloatAttr(target.swigluLimit));
+    else
+      act = SwigluOp::create(b, l, g.getType(), g, u);
+    Value y = MoeUnpermuteOp::create(b, l, t({T, H}, bf16()),
+                                     grouped(act, w.down, w.downBias, H),
+                                     rows.getSource(), route.getWeights());
     return reshape(y, shape, l);
   }
   Value rope(Value x, Value positions, Location l) {
+    if (target.yarn) {
+      const ::dflash::YarnRopeScaling &y = *target.yarn;
+      return YarnRopeOp::create(
+          b, l, x.getType(), x, positions, b.getF64FloatAttr(target.ropeTheta),
+          b.getF64FloatAttr(y.factor), b.getF64FloatAttr(y.betaFast),
+          b.getF64FloatAttr(y.betaSlow),
+          b.getI64IntegerAttr(y.originalMaxPositions),
+          b.getBoolAttr(y.truncate), b.getF64FloatAttr(y.attentionFactor));
+    }
     if (!target.ropeScaling)
       return RopeOp::create(b, l, x.getType(), x, positions,
                             b.getF64FloatAttr(target.ropeTheta));
@@ -134,24 +169,42 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
   unsigned aPositions = addArg(t({B, S}, i32), ArgRole::Input, "position_ids");
   unsigned aEmbed =
       addArg(t({V, H}, bf16()), ArgRole::Frozen, "model.embed_tokens.weight");
+  /// Argument indices; kNone where the model has no such tensor.
+  constexpr unsigned kNone = ~0u;
   struct LayerArgs {
     unsigned inputNorm, q, k, v, o, qNorm, kNorm, postNorm, gate, up, down;
     bool sparse; ///< a mixture-of-experts MLP: router, stacked experts
     unsigned router;
+    unsigned qBias = kNone, kBias = kNone, vBias = kNone, oBias = kNone;
+    unsigned sinks = kNone, routerBias = kNone, gateBias = kNone,
+             upBias = kNone, downBias = kNone;
+    int64_t window = 0; ///< a sliding layer's keys; 0: full attention
   };
   const int64_t E = target.numExperts, I2 = target.moeIntermediateSize;
   SmallVector<LayerArgs> layers;
   for (int64_t i = 0; i <= lastTap; ++i) {
     std::string p = "model.layers." + std::to_string(i) + ".";
     LayerArgs a{};
+    auto tensor = [&](ArrayRef<int64_t> shape, const std::string &name) {
+      return addArg(t(shape, bf16()), ArgRole::Frozen, p + name);
+    };
     auto frozen = [&](ArrayRef<int64_t> shape, const std::string &name) {
-      return addArg(t(shape, bf16()), ArgRole::Frozen, p + name + ".weight");
+      return tensor(shape, name + ".weight");
     };
     a.inputNorm = frozen({H}, "input_layernorm");
     a.q = frozen({nh * d, H}, "self_attn.q_proj");
     a.k = frozen({nkv * d, H}, "self_attn.k_proj");
     a.v = frozen({nkv * d, H}, "self_attn.v_proj");
     a.o = frozen({H, nh * d}, "self_attn.o_proj");
+    if (target.gptOss) {
+      a.qBias = tensor({nh * d}, "self_attn.q_proj.bias");
+      a.kBias = tensor({nkv * d}, "self_attn.k_proj.bias");
+      a.vBias = tensor({nkv * d}, "self_attn.v_proj.bias");
+      a.oBias = tensor({H}, "self_attn.o_proj.bias");
+      a.sinks = tensor({nh}, "self_attn.sinks");
+      if (target.slidingLayers[size_t(i)])
+        a.window = target.slidingWindow;
+    }
     if (target.qkNorm) {
       a.qNorm = frozen({d}, "self_attn.q_norm");
       a.kNorm = frozen({d}, "self_attn.k_norm");
@@ -161,10 +214,16 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     if (a.sparse) {
       // Each expert's three weights, stacked over the experts (the loader
       // reads experts.<j>.gate_proj.weight and the rest into them).
-      a.router = frozen({E, H}, "mlp.gate");
+      a.router = frozen({E, H}, target.gptOss ? "mlp.router" : "mlp.gate");
       a.gate = frozen({E, I2, H}, "mlp.experts.gate_proj");
       a.up = frozen({E, I2, H}, "mlp.experts.up_proj");
       a.down = frozen({E, H, I2}, "mlp.experts.down_proj");
+      if (target.gptOss) {
+        a.routerBias = tensor({E}, "mlp.router.bias");
+        a.gateBias = tensor({E, I2}, "mlp.experts.gate_proj.bias");
+        a.upBias = tensor({E, I2}, "mlp.experts.up_proj.bias");
+        a.downBias = tensor({E, H}, "mlp.experts.down_proj.bias");
+      }
     } else {
       a.gate = frozen({I, H}, "mlp.gate_proj");
       a.up = frozen({I, H}, "mlp.up_proj");
@@ -183,7 +242,9 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
                      ArgAttr::get(&ctx, ArgRole::Input, "target_hidden"));
   Block *entry = args.addEntryBlock(func);
   b.setInsertionPointToStart(entry);
-  auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
+  auto arg = [&](unsigned i) -> Value {
+    return i == kNone ? Value() : entry->getArgument(i);
+  };
   Value positions = arg(aPositions);
 
   Value x = EmbedOp::create(b, loc("model.embed_tokens"), t({B, S, H}, bf16()),
@@ -194,24 +255,29 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     std::string p = "model.layers." + std::to_string(i);
     Location attn = loc(p + ".self_attn"), mlp = loc(p + ".mlp");
     Value h = rmsNorm(x, arg(a.inputNorm), loc(p + ".input_layernorm"));
-    auto heads = [&](unsigned w, int64_t n, unsigned norm) {
-      Value y = reshape(linear(h, arg(w), attn), {B, S, n, d}, attn);
-      if (target.qkNorm)
+    auto heads = [&](unsigned w, unsigned bias, int64_t n, unsigned norm) {
+      Value y = reshape(linear(h, arg(w), arg(bias), attn), {B, S, n, d}, attn);
+      if (target.qkNorm && norm != kNone)
         y = rmsNorm(y, arg(norm), attn);
       return y;
     };
-    Value q = rope(heads(a.q, nh, a.qNorm), positions, attn);
-    Value k = rope(heads(a.k, nkv, a.kNorm), positions, attn);
-    Value v = reshape(linear(h, arg(a.v), attn), {B, S, nkv, d}, attn);
-    Value o =
-        CausalAttentionOp::create(b, attn, q.getType(), q, k, v, positions);
-    x = AddOp::create(b, attn, x.getType(), x,
-                      linear(reshape(o, {B, S, nh * d}, attn), arg(a.o), attn));
+    Value q = rope(heads(a.q, a.qBias, nh, a.qNorm), positions, attn);
+    Value k = rope(heads(a.k, a.kBias, nkv, a.kNorm), positions, attn);
+    Value v = heads(a.v, a.vBias, nkv, kNone);
+    Value o = CausalAttentionOp::create(b, attn, q.getType(), q, k, v,
+                                        positions, arg(a.sinks), a.window);
+    x = AddOp::create(
+        b, attn, x.getType(), x,
+        linear(reshape(o, {B, S, nh * d}, attn), arg(a.o), arg(a.oBias), attn));
     Value h2 =
         rmsNorm(x, arg(a.postNorm), loc(p + ".post_attention_layernorm"));
-    Value y = a.sparse ? sparseMlp(h2, arg(a.router), arg(a.gate), arg(a.up),
-                                   arg(a.down), mlp)
-                       : denseMlp(h2, arg(a.gate), arg(a.up), arg(a.down), mlp);
+    Value y = a.sparse
+                  ? sparseMlp(h2,
+                              {arg(a.router), arg(a.gate), arg(a.up),
+                               arg(a.down), arg(a.routerBias), arg(a.gateBias),
+                               arg(a.upBias), arg(a.downBias)},
+                              mlp)
+                  : denseMlp(h2, arg(a.gate), arg(a.up), arg(a.down), mlp);
     x = AddOp::create(b, mlp, x.getType(), x, y);
     if (std::find(spec.targetLayerIds.begin(), spec.targetLayerIds.end(), i) !=
         spec.targetLayerIds.end())

@@ -89,6 +89,59 @@ public:
   std::string &error;
 };
 
+/// YaRN's fields of rope_scaling / rope_parameters (`where`), with
+/// transformers' defaults: factor max_position_embeddings / original,
+/// beta_fast 32, beta_slow 1, truncate true, and the attention factor from
+/// mscale / mscale_all_dim when both are given, else 0.1 ln(factor) + 1.
+bool readYarn(ConfigReader &r, const json::Object &s, const std::string &where,
+              TargetModelConfig &config) {
+  YarnRopeScaling y;
+  double original = 0, maxPositions = 0, factor = 0;
+  if (!r.number(r.object, "", "max_position_embeddings", maxPositions) ||
+      !r.number(s, where, "original_max_position_embeddings", original) ||
+      !r.number(s, where, "factor", factor) ||
+      !r.number(s, where, "beta_fast", y.betaFast) ||
+      !r.number(s, where, "beta_slow", y.betaSlow))
+    return false;
+  if (original == 0)
+    original = maxPositions;
+  if (original == 0)
+    return r.fail(where + "original_max_position_embeddings",
+                  "is missing (and so is 'max_position_embeddings')");
+  if (original != std::floor(original))
+    return r.fail(where + "original_max_position_embeddings",
+                  "must be an integer");
+  y.originalMaxPositions = int64_t(original);
+  y.factor = factor > 0 ? factor : maxPositions / original;
+  if (!(y.factor > 0))
+    return r.fail(where + "factor", "is missing (and so is "
+                                    "'max_position_embeddings')");
+  if (y.betaFast < y.betaSlow)
+    return r.fail(where + "beta_fast", "must be at least beta_slow");
+  if (const json::Value *t = s.get("truncate");
+      t && t->kind() != json::Value::Null) {
+    std::optional<bool> b = t->getAsBoolean();
+    if (!b)
+      return r.fail(where + "truncate", "must be true or false");
+    y.truncate = *b;
+  }
+  auto mscaleOf = [](double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+  };
+  double given = 0, mscale = 0, mscaleAllDim = 0;
+  if (!r.number(s, where, "attention_factor", given) ||
+      !r.number(s, where, "mscale", mscale) ||
+      !r.number(s, where, "mscale_all_dim", mscaleAllDim))
+    return false;
+  y.attentionFactor =
+      given > 0 ? given
+      : mscale > 0 && mscaleAllDim > 0
+          ? mscaleOf(y.factor, mscale) / mscaleOf(y.factor, mscaleAllDim)
+          : mscaleOf(y.factor, 1.0);
+  config.yarn = y;
+  return true;
+}
+
 /// The rope fields: rope_theta and rope_scaling (transformers 4), or
 /// rope_parameters holding both (transformers 5).
 bool readRope(ConfigReader &r, TargetModelConfig &config) {
@@ -118,11 +171,13 @@ bool readRope(ConfigReader &r, TargetModelConfig &config) {
     type = s->getString("type");
   if (!type || *type == "default")
     return true;
+  if (*type == "yarn")
+    return readYarn(r, *s, where, config);
   if (*type != "llama3")
     return r.fail(where + "rope_type",
                   "is '" + type->str() +
-                      "': only default rope and Llama-3 scaling ('llama3') "
-                      "are supported");
+                      "': only default rope, Llama-3 scaling ('llama3') and "
+                      "YaRN ('yarn') are supported");
   Llama3RopeScaling l3;
   double original = double(l3.originalMaxPositions);
   if (!r.number(*s, where, "factor", l3.factor) ||
@@ -194,6 +249,61 @@ bool readExperts(ConfigReader &r, TargetModelConfig &config) {
   return true;
 }
 
+/// gpt-oss's experts (every layer's MLP is sparse, `intermediate_size`
+/// wide), its clamp, and which layers slide (`layer_types`, else every
+/// even one as transformers defaults) over `sliding_window` keys.
+bool readGptOss(ConfigReader &r, TargetModelConfig &config) {
+  const json::Object &o = r.object;
+  config.gptOss = true;
+  config.moeIntermediateSize = config.intermediateSize;
+  if (!r.positive("num_local_experts", config.numExperts) ||
+      !r.positive("num_experts_per_tok", config.numExpertsPerToken) ||
+      !r.number(o, "", "swiglu_limit", config.swigluLimit))
+    return false;
+  constexpr int64_t kMaxExperts = 512;
+  if (config.numExperts > kMaxExperts)
+    return r.fail("num_local_experts",
+                  "is " + std::to_string(config.numExperts) + ": at most " +
+                      std::to_string(kMaxExperts) + " experts are supported");
+  if (config.numExpertsPerToken > config.numExperts)
+    return r.fail("num_experts_per_tok",
+                  "(" + std::to_string(config.numExpertsPerToken) +
+                      ") must be at most 'num_local_experts' (" +
+                      std::to_string(config.numExperts) + ")");
+  if (const json::Value *bias = o.get("attention_bias");
+      bias && !bias->getAsBoolean().value_or(true))
+    return r.fail("attention_bias", "is false: a gpt-oss target's q/k/v/o "
+                                    "projections have biases");
+  config.slidingLayers.assign(size_t(config.numLayers), false);
+  if (const json::Value *kinds = o.get("layer_types");
+      kinds && kinds->kind() != json::Value::Null) {
+    const json::Array *list = kinds->getAsArray();
+    if (!list || list->size() != size_t(config.numLayers))
+      return r.fail("layer_types", "must list one of 'full_attention' or "
+                                   "'sliding_attention' for each of the " +
+                                       std::to_string(config.numLayers) +
+                                       " layers");
+    for (size_t i = 0; i < list->size(); ++i) {
+      std::optional<llvm::StringRef> kind = (*list)[i].getAsString();
+      if (!kind || (*kind != "full_attention" && *kind != "sliding_attention"))
+        return r.fail("layer_types",
+                      "entry " + std::to_string(i) + " is '" +
+                          (kind ? kind->str() : std::string("not a string")) +
+                          "': a gpt-oss layer is 'full_attention' or "
+                          "'sliding_attention'");
+      config.slidingLayers[i] = *kind == "sliding_attention";
+    }
+  } else {
+    for (int64_t i = 0; i < config.numLayers; ++i)
+      config.slidingLayers[size_t(i)] = i % 2 == 0;
+  }
+  if (std::find(config.slidingLayers.begin(), config.slidingLayers.end(),
+                true) != config.slidingLayers.end() &&
+      !r.positive("sliding_window", config.slidingWindow))
+    return false;
+  return true;
+}
+
 } // namespace
 
 std::optional<TargetModelConfig>
@@ -234,10 +344,12 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
     return std::nullopt;
   }
   config.modelType = type->str();
+  const bool gptOss = config.modelType == "gpt_oss";
   if (config.modelType != "qwen3" && config.modelType != "llama" &&
-      config.modelType != "qwen3_moe") {
+      config.modelType != "qwen3_moe" && !gptOss) {
     std::string why = "the target must be a Qwen3 ('qwen3'), Qwen3-MoE "
-                      "('qwen3_moe') or Llama-3 ('llama') decoder";
+                      "('qwen3_moe'), gpt-oss ('gpt_oss') or Llama-3 "
+                      "('llama') decoder";
     if (root->get("num_experts") || root->get("num_local_experts") ||
         llvm::StringRef(config.modelType).contains("moe"))
       why = "this mixture-of-experts target cannot be compiled yet: " + why;
@@ -258,15 +370,18 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
       !r.positive("vocab_size", config.vocabSize) ||
       !r.number(*root, "", "rms_norm_eps", config.rmsNormEps) ||
       !r.boolean("tie_word_embeddings", config.tieWordEmbeddings) ||
-      !r.notTrue("attention_bias", "the q/k/v/o projections have no bias "
-                                   "here") ||
+      (!gptOss && !r.notTrue("attention_bias", "the q/k/v/o projections of a " +
+                                                   config.modelType +
+                                                   " target have no bias")) ||
       !r.notTrue("mlp_bias", "the MLP projections have no bias here") ||
       !r.notTrue("use_sliding_window",
                  "only full causal attention is compiled for the target") ||
       !readRope(r, config))
     return std::nullopt;
-  // transformers 5 names each layer's attention; every one must be full.
-  if (const json::Array *kinds = root->getArray("layer_types"))
+  // transformers 5 names each layer's attention; every one must be full
+  // (gpt-oss's sliding layers are read with the rest of it).
+  if (const json::Array *kinds = root->getArray("layer_types");
+      kinds && !gptOss)
     for (size_t i = 0; i < kinds->size(); ++i)
       if (std::optional<llvm::StringRef> kind = (*kinds)[i].getAsString();
           !kind || *kind != "full_attention") {
@@ -292,8 +407,11 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
   if (!r.positive("head_dim", config.headDim,
                   config.hiddenSize / config.numHeads))
     return std::nullopt;
-  config.qkNorm = config.modelType != "llama";
+  config.qkNorm =
+      config.modelType == "qwen3" || config.modelType == "qwen3_moe";
   if (config.modelType == "qwen3_moe" && !readExperts(r, config))
+    return std::nullopt;
+  if (gptOss && !readGptOss(r, config))
     return std::nullopt;
   return config;
 }

@@ -35,10 +35,22 @@ struct Llama3RopeScaling {
   int64_t originalMaxPositions = 8192;
 };
 
+/// YaRN's rope scaling (`rope_type = "yarn"`, gpt-oss's): dflash.yarn_rope's
+/// attributes, the attention factor worked out as transformers does when
+/// config.json leaves it out.
+struct YarnRopeScaling {
+  double factor = 1.0;
+  double betaFast = 32.0;
+  double betaSlow = 1.0;
+  int64_t originalMaxPositions = 0;
+  bool truncate = true;
+  double attentionFactor = 1.0;
+};
+
 /// The target decoder the compiler builds, as read from config.json.
 struct TargetModelConfig {
   std::string configPath; ///< DIR/config.json as given
-  std::string modelType;  ///< "qwen3", "qwen3_moe" or "llama"
+  std::string modelType;  ///< "qwen3", "qwen3_moe", "gpt_oss" or "llama"
   int64_t hiddenSize = 0;
   int64_t intermediateSize = 0;
   int64_t numLayers = 0;
@@ -49,6 +61,7 @@ struct TargetModelConfig {
   double rmsNormEps = 1e-6;
   double ropeTheta = 10000.0;
   std::optional<Llama3RopeScaling> ropeScaling;
+  std::optional<YarnRopeScaling> yarn;
   bool tieWordEmbeddings = false;
   /// Qwen3 normalises each query and key head (RMSNorm over head_dim)
   /// before RoPE; Llama does not.
@@ -64,6 +77,16 @@ struct TargetModelConfig {
   bool normTopkProb = false;
   int64_t decoderSparseStep = 1;
   std::vector<int64_t> mlpOnlyLayers;
+
+  /// gpt-oss ('gpt_oss'): biases on q/k/v/o, the router and the experts; a
+  /// learned sink logit per head; sliding layers of slidingWindow keys
+  /// where `slidingLayers` says; routing by the top-k logits then softmax;
+  /// the experts' clamped SwiGLU (swigluAlpha, swigluLimit).
+  bool gptOss = false;
+  int64_t slidingWindow = 0;
+  std::vector<bool> slidingLayers;
+  double swigluAlpha = 1.702; ///< transformers' constant, not in config.json
+  double swigluLimit = 7.0;
 
   bool sparseLayer(int64_t i) const {
     return numExperts > 0 &&

@@ -226,7 +226,10 @@ LogicalResult Evaluator::evalMoe(Operation *op) {
         int64_t k = int64_t(o.getTopK());
         std::vector<int32_t> experts(size_t(s[0] * k));
         ref::moeRoute(ptr(o.getLogits()), outPtr(o.getWeights()),
-                      experts.data(), s[0], s[1], k, o.getNormalize());
+                      experts.data(), s[0], s[1], k, o.getNormalize(),
+                      o.getScoring() == "topk_softmax"
+                          ? ref::MoeScoring::TopKSoftmax
+                          : ref::MoeScoring::SoftmaxTopK);
         writeIndices(o.getExperts(), experts);
         return success();
       })
@@ -254,7 +257,7 @@ LogicalResult Evaluator::evalMoe(Operation *op) {
           return failure();
         ref::groupedLinear(ptr(o.getInput()), ptr(o.getWeight()),
                            offsets->data(), outPtr(o.getResult()), w[0], w[1],
-                           w[2]);
+                           w[2], o.getBias() ? ptr(o.getBias()) : nullptr);
         return success();
       })
       .Case([&](GroupedLinearSwigluOp o) -> LogicalResult {
@@ -267,12 +270,20 @@ LogicalResult Evaluator::evalMoe(Operation *op) {
           return failure();
         const size_t n = size_t(shapeOf(o.getInput())[0] * w[1]);
         std::vector<double> gate(n), up(n);
+        const bool biased = bool(o.getGateBias());
         ref::groupedLinear(ptr(o.getInput()), ptr(o.getGateWeight()),
-                           offsets->data(), gate.data(), w[0], w[1], w[2]);
+                           offsets->data(), gate.data(), w[0], w[1], w[2],
+                           biased ? ptr(o.getGateBias()) : nullptr);
         ref::groupedLinear(ptr(o.getInput()), ptr(o.getUpWeight()),
-                           offsets->data(), up.data(), w[0], w[1], w[2]);
-        ref::swiglu<double>(gate.data(), up.data(), outPtr(o.getResult()),
-                            int64_t(n));
+                           offsets->data(), up.data(), w[0], w[1], w[2],
+                           biased ? ptr(o.getUpBias()) : nullptr);
+        if (o.getLimit())
+          ref::clampedSwiglu<double>(
+              gate.data(), up.data(), outPtr(o.getResult()), int64_t(n),
+              o.getAlpha()->convertToDouble(), o.getLimit()->convertToDouble());
+        else
+          ref::swiglu<double>(gate.data(), up.data(), outPtr(o.getResult()),
+                              int64_t(n));
         return success();
       })
       .Case([&](MoeUnpermuteOp o) {
@@ -387,7 +398,36 @@ LogicalResult Evaluator::evalForward(Operation *op) {
         ref::causalAttention<double>(
             ptr(o.getQuery()), ptr(o.getKeys()), ptr(o.getValues()),
             asIndices(in(o.getPositionIds())).data(), outPtr(o.getResult()),
-            q[0], q[1], q[2], k[2], q[3]);
+            q[0], q[1], q[2], k[2], q[3],
+            o.getSinks() ? ptr(o.getSinks()) : nullptr,
+            int64_t(o.getWindowAttr().getInt()));
+        return success();
+      })
+      .Case([&](BiasedLinearOp o) {
+        auto w = shapeOf(o.getWeight());
+        ref::biasedLinear<double>(ptr(o.getInput()), ptr(o.getWeight()),
+                                  ptr(o.getBias()), outPtr(o.getResult()),
+                                  rows(o.getInput()), w[0], w[1]);
+        return success();
+      })
+      .Case([&](YarnRopeOp o) {
+        auto x = shapeOf(o.getInput());
+        ref::yarnRope<double>(
+            ptr(o.getInput()), asIndices(in(o.getPositions())).data(),
+            outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
+            ref::YarnScaling{
+                o.getTheta().convertToDouble(), o.getFactor().convertToDouble(),
+                o.getBetaFast().convertToDouble(),
+                o.getBetaSlow().convertToDouble(),
+                int64_t(o.getOriginalMaxPositions()), o.getTruncate(),
+                o.getAttentionFactor().convertToDouble()});
+        return success();
+      })
+      .Case([&](ClampedSwigluOp o) {
+        ref::clampedSwiglu<double>(
+            ptr(o.getGate()), ptr(o.getUp()), outPtr(o.getResult()),
+            in(o.getGate()).numel(), o.getAlpha().convertToDouble(),
+            o.getLimit().convertToDouble());
         return success();
       })
       .Case([&](ConcatLastOp o) {

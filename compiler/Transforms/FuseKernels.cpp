@@ -123,25 +123,34 @@ void fuseLinearSwiglu(func::FuncOp step) {
   });
 }
 
+/// The gate and up grouped GEMMs (with their biases, if any) and their
+/// activation, SwiGLU or gpt-oss's clamped form, as one grouped GEMM.
 void fuseGroupedLinearSwiglu(func::FuncOp step) {
-  step.walk([](SwigluOp swiglu) {
-    auto gate = swiglu.getGate().getDefiningOp<GroupedLinearOp>();
-    auto up = swiglu.getUp().getDefiningOp<GroupedLinearOp>();
+  step.walk([](Operation *act) {
+    auto plain = dyn_cast<SwigluOp>(act);
+    auto clamped = dyn_cast<ClampedSwigluOp>(act);
+    if (!plain && !clamped)
+      return;
+    auto gate = act->getOperand(0).getDefiningOp<GroupedLinearOp>();
+    auto up = act->getOperand(1).getDefiningOp<GroupedLinearOp>();
     if (!gate || !up || gate.getInput() != up.getInput() ||
         gate.getOffsets() != up.getOffsets() || !gate.getResult().hasOneUse() ||
-        !up.getResult().hasOneUse())
+        !up.getResult().hasOneUse() ||
+        bool(gate.getBias()) != bool(up.getBias()))
       return;
     auto w = cast<RankedTensorType>(gate.getWeight().getType());
     if (w != up.getWeight().getType() || !w.getElementType().isBF16() ||
         !kernels::groupedGemmSupportsShape(w.getDimSize(0), w.getDimSize(1),
                                            w.getDimSize(2)))
       return;
-    OpBuilder b(swiglu);
+    OpBuilder b(act);
     Value y = GroupedLinearSwigluOp::create(
-        b, swiglu.getLoc(), swiglu.getType(), gate.getInput(), gate.getWeight(),
-        up.getWeight(), gate.getOffsets());
-    swiglu.getResult().replaceAllUsesWith(y);
-    swiglu.erase();
+        b, act->getLoc(), act->getResult(0).getType(), gate.getInput(),
+        gate.getWeight(), up.getWeight(), gate.getOffsets(), gate.getBias(),
+        up.getBias(), clamped ? clamped.getAlphaAttr() : FloatAttr(),
+        clamped ? clamped.getLimitAttr() : FloatAttr());
+    act->getResult(0).replaceAllUsesWith(y);
+    act->erase();
     gate.erase();
     up.erase();
   });

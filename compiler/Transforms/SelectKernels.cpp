@@ -183,10 +183,11 @@ Choice named(StringRef name, ArrayRef<int64_t> constants = {}) {
 FailureOr<Choice> select(Operation *op) {
   using Result = FailureOr<Choice>;
   return llvm::TypeSwitch<Operation *, Result>(op)
-      .Case<LinearOp, LinearResidualOp, LinearGradInputOp, LinearGradWeightOp,
-            AccumulateLinearGradOp>([](Operation *) -> Result {
-        return named(::dflash::kernel_names::kCublasLtGemm);
-      })
+      .Case<LinearOp, BiasedLinearOp, LinearResidualOp, LinearGradInputOp,
+            LinearGradWeightOp, AccumulateLinearGradOp>(
+          [](Operation *) -> Result {
+            return named(::dflash::kernel_names::kCublasLtGemm);
+          })
       .Case<RmsNormOp, ResidualRmsNormOp>([](Operation *o) -> Result {
         int64_t H = tensorOf(o->getOperand(0)).getShape().back();
         if (failed(checkNormWidth(o, H)))
@@ -214,7 +215,13 @@ FailureOr<Choice> select(Operation *op) {
           c.workspace = int64_t(kernels::qkNormRopeBwdWorkspaceBytes(D));
         return c;
       })
-      .Case<RopeOp, ScaledRopeOp>([](Operation *o) -> Result {
+      .Case([](ClampedSwigluOp o) -> Result {
+        return o.emitOpError()
+               << "has no kernel of its own: gpt-oss's clamped SwiGLU runs "
+                  "in the experts' grouped GEMM (dflash-fuse-kernels fuses "
+                  "it with the gate and up grouped_linear ops that feed it)";
+      })
+      .Case<RopeOp, ScaledRopeOp, YarnRopeOp>([](Operation *o) -> Result {
         // A target decoder's RoPE without q/k norms (the drafter's is
         // always fused with them).
         auto x = tensorOf(o->getOperand(0));

@@ -11,7 +11,7 @@ func.func @route_top_k(%l: tensor<16x8xbf16>) {
 // -----
 
 func.func @route_scoring(%l: tensor<16x8xbf16>) {
-  // expected-error @+1 {{(C3) scoring is 'sigmoid': only 'softmax_topk'}}
+  // expected-error @+1 {{(C3) scoring is 'sigmoid': 'softmax_topk' (softmax over every expert, then the top k) or 'topk_softmax'}}
   %w, %e = dflash.moe_route %l {top_k = 2 : i64, scoring = "sigmoid"} : (tensor<16x8xbf16>) -> (tensor<16x2xbf16>, tensor<16x2xi32>)
   return
 }
@@ -69,5 +69,29 @@ func.func @unpermute_rows(%p: tensor<30x32xbf16>, %s: tensor<32xi32>, %w: tensor
 func.func @unpermute_result(%p: tensor<32x32xbf16>, %s: tensor<32xi32>, %w: tensor<16x2xbf16>) {
   // expected-error @+1 {{(C3) result must have shape [16x32] but has [16x16]}}
   %y = dflash.moe_unpermute %p, %s, %w : (tensor<32x32xbf16>, tensor<32xi32>, tensor<16x2xbf16>) -> tensor<16x16xbf16>
+  return
+}
+
+// -----
+
+func.func @route_topk_normalize(%l: tensor<16x8xbf16>) {
+  // expected-error @+1 {{(C3) normalize is only for 'softmax_topk'}}
+  %w, %e = dflash.moe_route %l {top_k = 2 : i64, scoring = "topk_softmax", normalize} : (tensor<16x8xbf16>) -> (tensor<16x2xbf16>, tensor<16x2xi32>)
+  return
+}
+
+// -----
+
+func.func @expert_bias(%x: tensor<32x64xbf16>, %w: tensor<8x16x64xbf16>, %o: tensor<9xi32>, %b: tensor<8x64xbf16>) {
+  // expected-error @+1 {{(C5) bias must have shape [8x16] but has [8x64]}}
+  %y = dflash.grouped_linear %x, %w, %o bias %b : (tensor<32x64xbf16>, tensor<8x16x64xbf16>, tensor<9xi32>, tensor<8x64xbf16>) -> tensor<32x16xbf16>
+  return
+}
+
+// -----
+
+func.func @swiglu_half_clamp(%x: tensor<32x64xbf16>, %w: tensor<8x16x64xbf16>, %o: tensor<9xi32>) {
+  // expected-error @+1 {{(C4) the clamped form needs both alpha and limit}}
+  %y = dflash.grouped_linear_swiglu %x, %w, %w, %o {limit = 7.0 : f64} : (tensor<32x64xbf16>, tensor<8x16x64xbf16>, tensor<8x16x64xbf16>, tensor<9xi32>) -> tensor<32x16xbf16>
   return
 }

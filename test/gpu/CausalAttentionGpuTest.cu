@@ -7,7 +7,13 @@
 // the 128-row query tile or the 64-key tile, a conversation spanning many
 // tiles, rows that start inside a conversation (positions not from 0) and
 // arbitrary non-negative positions (the predicate is exact, so the kernels
-// must match the reference there too). Outputs are poisoned (NaN) first;
+// must match the reference there too), and gpt-oss's two features: sliding
+// windows (128 as gpt-oss, and 5 and 64; conversations shorter and longer
+// than the window) and attention sinks (random logits in [-2, 4], one head's
+// at 20, far above its scores), alone and together, at gpt-oss's head dim
+// 64 and 64 / 8 heads too. A case with a feature first checks that the
+// reference differs from the one without it (where it must), so ignoring
+// the feature fails. Outputs are poisoned (NaN) first;
 // each case checks ||out - ref|| / ||ref|| and every (row, position, head)
 // on its own, so one wrong row fails, and that a second launch writes the
 // same bits.
@@ -91,24 +97,51 @@ std::vector<int32_t> makePositions(int B, int S, Rows rows, int maxLen,
   return pos;
 }
 
+/// gpt-oss's features of a case: a sliding window (0: none) and sinks.
+struct Features {
+  int window = 0;
+  bool sinks = false;
+};
+
+/// Sinks uniform in [-2, 4], the last head's 20: far above its scaled
+/// scores (a few units), so that head's outputs are tiny and the sink term
+/// dominates the denominator.
+Bf16Tensor randomSinks(int nh, std::mt19937_64 &rng) {
+  Bf16Tensor t(static_cast<size_t>(nh));
+  std::uniform_real_distribution<double> dist(-2.0, 4.0);
+  for (int h = 0; h < nh; ++h)
+    t.set(size_t(h), h == nh - 1 ? 20.f : static_cast<float>(dist(rng)));
+  t.upload();
+  return t;
+}
+
 struct Problem {
   int B, S, nh, nkv, d;
+  Features features;
   size_t qElems, kvElems;
-  Bf16Tensor q, k, v;
+  Bf16Tensor q, k, v, sinks;
   std::vector<int32_t> positions;
   DeviceBuffer<int32_t> dPositions;
   std::vector<double> refOut;
 
   Problem(int B, int S, int nh, int nkv, int d, Rows rows, int maxLen,
-          std::mt19937_64 &rng)
-      : B(B), S(S), nh(nh), nkv(nkv), d(d), qElems(size_t(B) * S * nh * d),
-        kvElems(size_t(B) * S * nkv * d), q(randomBf16(qElems, rng, 1.5)),
-        k(randomBf16(kvElems, rng)), v(randomBf16(kvElems, rng)),
+          Features features, std::mt19937_64 &rng)
+      : B(B), S(S), nh(nh), nkv(nkv), d(d), features(features),
+        qElems(size_t(B) * S * nh * d), kvElems(size_t(B) * S * nkv * d),
+        q(randomBf16(qElems, rng, 1.5)), k(randomBf16(kvElems, rng)),
+        v(randomBf16(kvElems, rng)), sinks(randomSinks(nh, rng)),
         positions(makePositions(B, S, rows, maxLen, rng)),
         dPositions(positions.size()), refOut(qElems) {
     dPositions.upload(positions);
+    reference(refOut, features);
+  }
+
+  /// ref::causalAttention with `f`'s window and sinks.
+  void reference(std::vector<double> &out, const Features &f) const {
     ref::causalAttention(q.values.data(), k.values.data(), v.values.data(),
-                         positions.data(), refOut.data(), B, S, nh, nkv, d);
+                         positions.data(), out.data(), B, S, nh, nkv, d,
+                         f.sinks ? sinks.values.data() : nullptr,
+                         int64_t(f.window));
   }
 };
 
@@ -132,6 +165,8 @@ template <int D, int NH, int NKV> void check(const Problem &p, Kernel kernel) {
   out.poison();
   kernels::CausalAttentionFwdArgs a{
       p.q.ptr(), p.k.ptr(), p.v.ptr(), p.dPositions.get(), out.get(), p.B, p.S};
+  a.sinks = p.features.sinks ? p.sinks.ptr() : nullptr;
+  a.window = p.features.window;
   launch<D, NH, NKV>(kernel, a);
   std::vector<uint16_t> bits = out.download<uint16_t>();
   std::vector<double> got = bf16ToDoubles(bits);
@@ -157,19 +192,35 @@ template <int D, int NH, int NKV> void check(const Problem &p, Kernel kernel) {
   launch<D, NH, NKV>(kernel, a);
   std::vector<uint16_t> again = out.download<uint16_t>();
   EXPECT_TRUE(again == bits) << "a second launch wrote different bits";
-  std::printf("%s causal fwd D=%d NH=%d NKV=%d B=%d S=%d: out rel %.3g, "
-              "worst row %.3g\n",
+  std::printf("%s causal fwd D=%d NH=%d NKV=%d B=%d S=%d window=%d%s: out rel "
+              "%.3g, worst row %.3g\n",
               kernel == Kernel::Wgmma ? "wgmma" : "mma.sync", D, NH, NKV, p.B,
-              p.S, err, worst);
+              p.S, p.features.window, p.features.sinks ? " sinks" : "", err,
+              worst);
 }
 
+/// With `mustDiffer`, the case's features change the reference by more
+/// than check's whole-tensor bound (twice it), so a kernel ignoring them
+/// fails; off where they cannot (conversations all shorter than the window).
 template <int D, int NH, int NKV>
-void runCase(int B, int S, Rows rows, uint64_t seed, int maxLen = 0) {
+void runCase(int B, int S, Rows rows, uint64_t seed, int maxLen = 0,
+             Features features = {}, bool mustDiffer = true) {
   SCOPED_TRACE(testing::Message()
                << "D=" << D << " NH=" << NH << " NKV=" << NKV << " B=" << B
-               << " S=" << S << " rows=" << int(rows) << " maxLen=" << maxLen);
+               << " S=" << S << " rows=" << int(rows) << " maxLen=" << maxLen
+               << " window=" << features.window << " sinks=" << features.sinks);
   std::mt19937_64 rng(seed);
-  Problem p(B, S, NH, NKV, D, rows, maxLen, rng);
+  Problem p(B, S, NH, NKV, D, rows, maxLen, features, rng);
+  if (features.window > 0 || features.sinks) {
+    std::vector<double> plain(p.qElems);
+    p.reference(plain, Features{});
+    const double diff = relativeError(p.refOut, plain);
+    if (mustDiffer)
+      EXPECT_GT(diff, 2e-2) << "the features barely change the reference";
+    else
+      EXPECT_LE(diff, 0.0) << "window longer than every conversation changes "
+                              "the reference";
+  }
   check<D, NH, NKV>(p, Kernel::Wgmma);
   check<D, NH, NKV>(p, Kernel::MmaSync);
 }
@@ -202,6 +253,51 @@ TEST(CausalAttention, TinyAndOddShapes) {
   runCase<64, 3, 3>(2, 65, Rows::Packed, 10, 9);
   runCase<64, 3, 3>(3, 129, Rows::Unpacked, 11);
   runCase<128, 32, 8>(1, 64, Rows::Packed, 12, 5);
+}
+
+// gpt-oss's sliding layers: window 128, and small windows (5, 64) whose
+// range starts inside the query tile and cuts key tiles of the group.
+TEST(CausalAttention, SlidingWindowUnpacked) {
+  runCase<64, 8, 2>(2, 1000, Rows::Unpacked, 21, 0, {128, false});
+  runCase<64, 8, 2>(1, 300, Rows::Unpacked, 22, 0, {5, false});
+  runCase<64, 8, 2>(2, 517, Rows::Unpacked, 23, 0, {64, false});
+  runCase<128, 32, 8>(1, 450, Rows::Unpacked, 24, 0, {128, false});
+}
+
+TEST(CausalAttention, SlidingWindowPacked) {
+  // Conversations of 1 to 400 tokens: shorter and longer than 128.
+  runCase<64, 8, 2>(2, 700, Rows::Packed, 25, 400, {128, false});
+  // 1 to 20 tokens against a window of 5.
+  runCase<64, 4, 2>(2, 333, Rows::Packed, 26, 20, {5, false});
+  // All shorter than the window: the same as without it.
+  runCase<64, 8, 2>(2, 450, Rows::Packed, 27, 40, {64, false}, false);
+  runCase<64, 4, 2>(1, 1000, Rows::LongThenTail, 28, 0, {128, false});
+  runCase<64, 4, 2>(2, 400, Rows::Continued, 29, 0, {64, false});
+  // Arbitrary positions: keys far back can match (pos[i] - pos[j] == i - j
+  // by chance), and the window cuts them.
+  runCase<64, 4, 2>(2, 300, Rows::Arbitrary, 30, 0, {5, false});
+}
+
+TEST(CausalAttention, Sinks) {
+  runCase<64, 8, 2>(2, 512, Rows::Unpacked, 31, 0, {0, true});
+  runCase<128, 32, 8>(1, 333, Rows::Packed, 32, 150, {0, true});
+  runCase<64, 4, 2>(2, 700, Rows::Packed, 33, 20, {0, true});
+  runCase<64, 3, 3>(2, 65, Rows::Packed, 34, 9, {0, true});
+}
+
+TEST(CausalAttention, SlidingWindowAndSinks) {
+  runCase<64, 8, 2>(2, 1000, Rows::Unpacked, 41, 0, {128, true});
+  runCase<64, 8, 2>(2, 600, Rows::Packed, 42, 300, {128, true});
+  runCase<64, 4, 2>(1, 300, Rows::Packed, 43, 30, {5, true});
+  runCase<128, 32, 8>(1, 333, Rows::Unpacked, 44, 0, {64, true});
+}
+
+// gpt-oss's attention: head dim 64, 64 query heads over 8 kv heads, sinks
+// on every layer, windows on every other.
+TEST(CausalAttention, GptOssShape) {
+  runCase<64, 64, 8>(1, 300, Rows::Unpacked, 51, 0, {128, true});
+  runCase<64, 64, 8>(2, 200, Rows::Packed, 52, 150, {128, true});
+  runCase<64, 64, 8>(1, 257, Rows::Unpacked, 53, 0, {0, true});
 }
 
 } // namespace

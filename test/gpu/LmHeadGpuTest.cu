@@ -1,7 +1,7 @@
 //===- LmHeadGpuTest.cu - GEMM wrapper, lm_head + CE ----------------------===//
 //
-// CublasLtGemm's three linear-layer products (bf16 and fp32 outputs, beta = 1
-// accumulation, the residual added in linear's epilogue) against
+// CublasLtGemm's linear-layer products (bf16 and fp32 outputs, beta = 1
+// accumulation, the residual or a bias added in linear's epilogue) against
 // ref::linear*, before and after timing picks their
 // algorithms (and planners of one process agree on them), and
 // lm_head_cross_entropy_bf16 (sums, accuracy, hits, dy) against
@@ -87,6 +87,23 @@ void gemmCase(int64_t M, int64_t N, int64_t K, uint64_t seed) {
   EXPECT_EQ(gemm.numPlans(), 4u);
   gemm.linear(x.ptr(), w.ptr(), y.get(), M, N, K, 0);
   EXPECT_EQ(gemm.numPlans(), 4u);
+
+  // x w^T + b (the bias epilogue: a plan of its own), twice with different
+  // biases through the same plan: the pointer is the call's.
+  for (uint64_t round = 0; round < 2; ++round) {
+    Bf16Tensor bias = randomBf16(N, rng, 3.0);
+    std::vector<double> refBiased(M * N);
+    ref::biasedLinear(x.values.data(), w.values.data(), bias.values.data(),
+                      refBiased.data(), M, N, K);
+    DeviceBuffer<bf16> biased(M * N);
+    poisonAll(biased);
+    gemm.linearBias(x.ptr(), w.ptr(), bias.ptr(), biased.get(), M, N, K, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_CLOSE(downloadBf16(biased), refBiased, 1e-2, "y + b");
+    // The bias must matter: y alone is well outside the tolerance of y + b.
+    EXPECT_GT(relativeError(downloadBf16(y), refBiased), 0.03);
+  }
+  EXPECT_EQ(gemm.numPlans(), 5u);
 }
 
 /// Rows `rows` of y [M, N] = x [M, K] w [N, K]^T in double.

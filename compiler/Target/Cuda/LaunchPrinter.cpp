@@ -8,6 +8,7 @@
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Target/Cuda/Manifest.h"
 #include "dialect/DFlashOps.h"
+#include "kernels/RopeFrequencies.h"
 #include "kernels/Workspaces.h"
 #include "schema/KernelEntryPoints.h"
 #include "schema/Parameters.h"
@@ -174,7 +175,27 @@ LogicalResult StepEmitter::emitOp(Operation *op) {
   return result;
 }
 
+/// The trailing arguments of grouped_linear_swiglu_bf16 for gpt-oss's
+/// biases and clamp ("" for Qwen3-MoE's plain form).
+static std::string gptOssArguments(GroupedLinearSwigluOp o,
+                                   llvm::function_ref<std::string(Value)> ptr) {
+  if (!o.getGateBias() && !o.getLimit())
+    return "";
+  std::string biases = o.getGateBias()
+                           ? ptr(o.getGateBias()) + ", " + ptr(o.getUpBias())
+                           : "nullptr, nullptr";
+  if (!o.getLimit())
+    return ", " + biases;
+  return llvm::formatv(", {0}, true, {1}, {2}", biases,
+                       formatFloat(o.getAlpha()->convertToDouble()),
+                       formatFloat(o.getLimit()->convertToDouble()))
+      .str();
+}
+
 LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
+  auto gptOss = [&](GroupedLinearSwigluOp o) {
+    return gptOssArguments(o, [&](Value v) { return ptr(v); });
+  };
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](LinearOp o) {
         auto w = tensorOf(o.getWeight());
@@ -182,6 +203,16 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             "    gemm().linear({0}, {1}, {2}, {3}, {4}, {5}, stream);\n",
             ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getResult()),
             rowsOf(o.getInput()), w.getDimSize(0), w.getDimSize(1));
+        return success();
+      })
+      .Case([&](BiasedLinearOp o) {
+        auto w = tensorOf(o.getWeight());
+        os << llvm::formatv("    gemm().linearBias({0}, {1}, {2}, {3}, {4}, "
+                            "{5}, {6}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getBias()), ptr(o.getResult()),
+                            rowsOf(o.getInput()), w.getDimSize(0),
+                            w.getDimSize(1));
         return success();
       })
       .Case([&](LinearResidualOp o) {
@@ -278,7 +309,7 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             formatFloat(o.getTheta().convertToDouble()), workspace(o, "float"));
         return success();
       })
-      .Case<RopeOp, ScaledRopeOp>([&](auto o) {
+      .Case<RopeOp, ScaledRopeOp, YarnRopeOp>([&](auto o) {
         auto x = tensorOf(o.getInput());
         std::string name = wrapper(kernel);
         std::string freq =
@@ -291,6 +322,21 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
               formatFloat(o.getLowFreqFactor().convertToDouble()),
               formatFloat(o.getHighFreqFactor().convertToDouble()),
               formatFloat(double(o.getOriginalMaxPositions())));
+        if constexpr (std::is_same_v<decltype(o), YarnRopeOp>) {
+          // The ramp is worked out here: the kernel gets plain numbers.
+          float low = 0, high = 0;
+          ::dflash::kernels::yarnRampRange(
+              int(x.getDimSize(3)), o.getTheta().convertToDouble(),
+              o.getBetaFast().convertToDouble(),
+              o.getBetaSlow().convertToDouble(),
+              double(o.getOriginalMaxPositions()), o.getTruncate(), low, high);
+          freq = llvm::formatv(
+              "{{{0}, 0.f, 1.f, 4.f, 8192.f, {1}, {2}, {3}, {4}}",
+              formatFloat(o.getTheta().convertToDouble()),
+              formatFloat(o.getFactor().convertToDouble()),
+              formatFloat(double(low)), formatFloat(double(high)),
+              formatFloat(o.getAttentionFactor().convertToDouble()));
+        }
         os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, stream);\n", name,
                             ptr(o.getInput()), ptr(o.getPositions()),
                             ptr(o.getResult()),
@@ -309,8 +355,12 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             ptr(o.getQuery()), ptr(o.getKeys()),
                             ptr(o.getValues()), ptr(o.getPositionIds()),
                             ptr(o.getResult()), q.getDimSize(0),
-                            q.getDimSize(1))
-           << "      " << name << "(a, stream);\n    }\n";
+                            q.getDimSize(1));
+        if (o.getSinks())
+          os << "      a.sinks = " << ptr(o.getSinks()) << ";\n";
+        if (int64_t window = int64_t(o.getWindowAttr().getInt()))
+          os << "      a.window = " << window << ";\n";
+        os << "      " << name << "(a, stream);\n    }\n";
         return success();
       })
       .Case([&](EmbedOp o) {
@@ -367,11 +417,12 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       .Case([&](MoeRouteOp o) {
         auto logits = tensorOf(o.getLogits());
         os << llvm::formatv("    dflash::kernels::moe_route_bf16({0}, {1}, "
-                            "{2}, {3}, {4}, {5}, {6}, stream);\n",
+                            "{2}, {3}, {4}, {5}, {6}, stream{7});\n",
                             ptr(o.getLogits()), ptr(o.getWeights()),
                             ptr(o.getExperts()), logits.getDimSize(0),
                             logits.getDimSize(1), o.getTopK(),
-                            o.getNormalize() ? "true" : "false");
+                            o.getNormalize() ? "true" : "false",
+                            o.getScoring() == "topk_softmax" ? ", true" : "");
         return success();
       })
       .Case([&](MoePermuteOp o) {
@@ -389,21 +440,22 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       .Case([&](GroupedLinearOp o) {
         auto w = tensorOf(o.getWeight());
         os << llvm::formatv("    dflash::kernels::grouped_linear_bf16({0}, "
-                            "{1}, {2}, {3}, {4}, {5}, {6}, {7}, stream);\n",
+                            "{1}, {2}, {3}, {4}, {5}, {6}, {7}, stream{8});\n",
                             ptr(o.getInput()), ptr(o.getWeight()),
                             ptr(o.getOffsets()), ptr(o.getResult()),
                             rowsOf(o.getInput()), w.getDimSize(0),
-                            w.getDimSize(1), w.getDimSize(2));
+                            w.getDimSize(1), w.getDimSize(2),
+                            o.getBias() ? ", " + ptr(o.getBias()) : "");
         return success();
       })
       .Case([&](GroupedLinearSwigluOp o) {
         auto w = tensorOf(o.getGateWeight());
         os << llvm::formatv(
             "    dflash::kernels::grouped_linear_swiglu_bf16({0}, {1}, {2}, "
-            "{3}, {4}, {5}, {6}, {7}, {8}, stream);\n",
+            "{3}, {4}, {5}, {6}, {7}, {8}, stream{9});\n",
             ptr(o.getInput()), ptr(o.getGateWeight()), ptr(o.getUpWeight()),
             ptr(o.getOffsets()), ptr(o.getResult()), rowsOf(o.getInput()),
-            w.getDimSize(0), w.getDimSize(1), w.getDimSize(2));
+            w.getDimSize(0), w.getDimSize(1), w.getDimSize(2), gptOss(o));
         return success();
       })
       .Case([&](MoeUnpermuteOp o) {
