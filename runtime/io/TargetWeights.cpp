@@ -4,6 +4,7 @@
 
 #include "kernels/Bf16.h"
 #include "runtime/io/AtomicWrite.h"
+#include "runtime/io/Mxfp4.h"
 #include "runtime/io/Safetensors.h"
 
 #include <nlohmann/json.hpp>
@@ -231,6 +232,119 @@ loadStackedExperts(ShardedSafetensors &tensors, const FrozenTensor &wanted,
   return Status::success();
 }
 
+/// One MXFP4 tensor pair, "<name>_blocks" [E, R, C/32, 16] and
+/// "<name>_scales" [E, R, C/32] (uint8), dequantised to bf16 [E, R, C].
+static Status readMxfp4(ShardedSafetensors &tensors, const std::string &name,
+                        int64_t E, int64_t R, int64_t C,
+                        const std::string &needer, std::vector<uint16_t> &out) {
+  const TensorView *blocks = nullptr, *scales = nullptr;
+  DFLASH_RETURN_IF_ERROR(tensors.find(name + "_blocks", blocks));
+  DFLASH_RETURN_IF_ERROR(tensors.find(name + "_scales", scales));
+  const std::string where = tensors.directory() + ": ";
+  if (!blocks || !scales)
+    return Status::error(where + "has '" + name +
+                         (blocks ? "_blocks" : "_scales") + "' without its '" +
+                         name + (blocks ? "_scales" : "_blocks") + "', which " +
+                         needer + " needs");
+  const int64_t groups = C / kMxfp4GroupValues;
+  const std::vector<int64_t> blockShape{E, R, groups, kMxfp4GroupBytes},
+      scaleShape{E, R, groups};
+  if (C % kMxfp4GroupValues != 0 || blocks->dtype != DType::U8 ||
+      blocks->shape != blockShape)
+    return Status::error(where + "tensor '" + blocks->name + "' is " +
+                         dtypeName(blocks->dtype) + " " +
+                         shapeString(blocks->shape) + " but " + needer +
+                         " needs U8 " + shapeString(blockShape));
+  if (scales->dtype != DType::U8 || scales->shape != scaleShape)
+    return Status::error(where + "tensor '" + scales->name + "' is " +
+                         dtypeName(scales->dtype) + " " +
+                         shapeString(scales->shape) + " but " + needer +
+                         " needs U8 " + shapeString(scaleShape));
+  out.resize(size_t(E * R * C));
+  return dequantizeMxfp4(blocks->data, scales->data, E * R * groups,
+                         tensors.directory() + "/" +
+                             tensors.fileOf(blocks->name) + ": tensor '" +
+                             blocks->name + "'",
+                         out.data());
+}
+
+/// gpt-oss's experts, read into the stacked "<layer>.mlp.experts.<proj>.
+/// weight" [E, N, K] and ".bias" [E, N] when the checkpoint has gpt-oss's
+/// layout (`found`; a "gate_up_proj_bias" or "down_proj_bias" beside the
+/// weights): gate and up interleaved, the gate's outputs at the even
+/// columns, in "gate_up_proj" [E, H, 2I] and "gate_up_proj_bias" [E, 2I],
+/// and "down_proj" [E, I, H] (inputs first, x W), or the official MXFP4
+/// "<proj>_blocks" / "_scales" with the outputs first ([E, 2I, H] and
+/// [E, H, I] once dequantised).
+static Status
+loadGptOssExperts(ShardedSafetensors &tensors, const FrozenTensor &wanted,
+                  const std::string &before, const std::string &after,
+                  const std::string &needer, FusedExperts &lastFused,
+                  std::vector<uint16_t> &out, bool &found) {
+  const size_t dot = after.find('.');
+  const std::string proj = after.substr(0, dot), part = after.substr(dot + 1);
+  const bool gateUp = proj == "gate_proj" || proj == "up_proj";
+  const std::string source = before + (gateUp ? "gate_up_proj" : "down_proj");
+  found =
+      (gateUp || proj == "down_proj") && (tensors.contains(source + "_bias") ||
+                                          tensors.contains(source + "_blocks"));
+  if (!found)
+    return Status::success();
+  const int64_t E = wanted.shape[0], N = wanted.shape[1];
+  const int64_t half = proj == "up_proj" ? 1 : 0, parts = gateUp ? 2 : 1;
+  out.assign(size_t(shapeNumel(wanted.shape)), 0);
+  if (part == "bias") {
+    const TensorView *view = nullptr;
+    DFLASH_RETURN_IF_ERROR(tensors.find(source + "_bias", view));
+    if (!view || wanted.shape.size() != 2)
+      return Status::error(tensors.directory() + ": has no tensor '" + source +
+                           "_bias' for '" + wanted.name + "', which " + needer +
+                           " needs");
+    std::vector<uint16_t> bias;
+    DFLASH_RETURN_IF_ERROR(
+        copyAsBf16(tensors, *view, {E, parts * N}, needer, bias));
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t n = 0; n < N; ++n)
+        out[size_t(e * N + n)] = bias[size_t((e * N + n) * parts + half)];
+    return Status::success();
+  }
+  if (part != "weight" || wanted.shape.size() != 3)
+    return Status::error(tensors.directory() + ": '" + wanted.name +
+                         "' is not a gpt-oss expert tensor " + needer +
+                         " can read");
+  const int64_t K = wanted.shape[2];
+  // The whole source tensor once per layer: gate and up share it.
+  const bool mxfp4 = tensors.contains(source + "_blocks");
+  const std::string key = source + (mxfp4 ? " (MXFP4)" : "");
+  if (lastFused.name != key) {
+    lastFused.name.clear(); // until the read succeeds
+    if (mxfp4) {
+      DFLASH_RETURN_IF_ERROR(readMxfp4(tensors, source, E, parts * N, K, needer,
+                                       lastFused.values));
+    } else {
+      const TensorView *view = nullptr;
+      DFLASH_RETURN_IF_ERROR(tensors.find(source, view));
+      if (!view)
+        return Status::error(tensors.directory() + ": has '" + source +
+                             "_bias' but not '" + source + "', which " +
+                             needer + " needs for '" + wanted.name + "'");
+      DFLASH_RETURN_IF_ERROR(copyAsBf16(tensors, *view, {E, K, parts * N},
+                                        needer, lastFused.values));
+    }
+    lastFused.name = key;
+  }
+  const std::vector<uint16_t> &v = lastFused.values;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t column = n * parts + half; // the source's output index
+      uint16_t *row = out.data() + (e * N + n) * K;
+      for (int64_t k = 0; k < K; ++k)
+        row[k] = mxfp4 ? v[size_t((e * parts * N + column) * K + k)]
+                       : v[size_t((e * K + k) * parts * N + column)];
+    }
+  return Status::success();
+}
+
 Status dflash::rt::loadFrozenTensors(const std::string &dir,
                                      const std::vector<FrozenTensor> &wanted,
                                      const std::string &needer,
@@ -247,6 +361,15 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
     if (!status.ok())
       return status;
     std::string before, after;
+    bool gptOss = false;
+    if (!view && stackedExpertName(wanted[i].name, before, after)) {
+      status = loadGptOssExperts(tensors, wanted[i], before, after, needer,
+                                 lastFused, out[i], gptOss);
+      if (!status.ok())
+        return status;
+    }
+    if (gptOss)
+      continue;
     if (!view && wanted[i].shape.size() == 3 &&
         stackedExpertName(wanted[i].name, before, after))
       status = loadStackedExperts(tensors, wanted[i], before, after, needer,

@@ -57,7 +57,11 @@ struct FrozenTensor {
 /// that points to a missing or broken shard. `needer` completes them ("the
 /// target program"). A mixture-of-experts layer's stacked expert weight
 /// "<layer>.mlp.experts.<proj>.weight" [E, N, K] that the checkpoint lacks
-/// is read from its experts' "<layer>.mlp.experts.<j>.<proj>.weight" [N, K].
+/// is read from its experts' "<layer>.mlp.experts.<j>.<proj>.weight" [N, K],
+/// or from the fused layouts of transformers 5 and of gpt-oss (its bf16
+/// "gate_up_proj" / "down_proj" with their "_bias", or its MXFP4 "_blocks"
+/// and "_scales", dequantised), and gpt-oss's "<layer>.mlp.experts.<proj>.
+/// bias" [E, N] from its "gate_up_proj_bias" / "down_proj_bias".
 Status loadFrozenTensors(const std::string &dir,
                          const std::vector<FrozenTensor> &wanted,
                          const std::string &needer,

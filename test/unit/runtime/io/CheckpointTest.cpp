@@ -6,6 +6,7 @@
 #include "runtime/data/InitialParameters.h"
 #include "runtime/data/Rng.h"
 #include "runtime/io/AtomicWrite.h"
+#include "runtime/io/Mxfp4.h"
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
 #include "schema/ModelConfig.h"
@@ -813,6 +814,137 @@ TEST(RuntimeTargetWeights, FrozenTensorsByName) {
   EXPECT_NE(status.message().find("model-00003-of-00002.safetensors"),
             std::string::npos)
       << status.message();
+}
+
+// gpt-oss's experts into the stacked [E, N, K] weights and [E, N] biases the
+// program reads: the bf16 layout (gate and up interleaved, inputs first)
+// and the official MXFP4 one (outputs first), each element checked.
+TEST(RuntimeTargetWeights, GptOssExpertLayouts) {
+  const int64_t E = 2, I = 32, H = 32;
+  auto value = [](int64_t i) { return floatToBf16(float(i % 251) * 0.25f); };
+  std::vector<uint16_t> gateUp(E * H * 2 * I), down(E * I * H),
+      gateUpBias(E * 2 * I), downBias(E * H);
+  for (size_t i = 0; i < gateUp.size(); ++i)
+    gateUp[i] = value(int64_t(i));
+  for (size_t i = 0; i < down.size(); ++i)
+    down[i] = value(int64_t(i) * 7 + 3);
+  for (size_t i = 0; i < gateUpBias.size(); ++i)
+    gateUpBias[i] = value(int64_t(i) * 3 + 1);
+  for (size_t i = 0; i < downBias.size(); ++i)
+    downBias[i] = value(int64_t(i) * 5 + 2);
+  const std::string p = "model.layers.0.mlp.experts.";
+  const std::vector<FrozenTensor> wanted{
+      {p + "gate_proj.weight", {E, I, H}}, {p + "up_proj.weight", {E, I, H}},
+      {p + "down_proj.weight", {E, H, I}}, {p + "gate_proj.bias", {E, I}},
+      {p + "up_proj.bias", {E, I}},        {p + "down_proj.bias", {E, H}}};
+  const std::string needer = "the target program";
+  std::vector<std::vector<uint16_t>> out;
+  {
+    TempDir dir;
+    ASSERT_TRUE(
+        writeSafetensors(
+            dir / "model.safetensors",
+            {{p + "gate_up_proj", DType::BF16, {E, H, 2 * I}, gateUp.data()},
+             {p + "gate_up_proj_bias",
+              DType::BF16,
+              {E, 2 * I},
+              gateUpBias.data()},
+             {p + "down_proj", DType::BF16, {E, I, H}, down.data()},
+             {p + "down_proj_bias", DType::BF16, {E, H}, downBias.data()}})
+            .ok());
+    Status status = loadFrozenTensors(dir.path, wanted, needer, out);
+    ASSERT_TRUE(status.ok()) << status.message();
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t n = 0; n < I; ++n) {
+        for (int64_t k = 0; k < H; ++k) {
+          const int64_t from = (e * H + k) * 2 * I + 2 * n;
+          ASSERT_EQ(out[0][(e * I + n) * H + k], gateUp[from]) << e << n << k;
+          ASSERT_EQ(out[1][(e * I + n) * H + k], gateUp[from + 1]);
+        }
+        ASSERT_EQ(out[3][e * I + n], gateUpBias[e * 2 * I + 2 * n]);
+        ASSERT_EQ(out[4][e * I + n], gateUpBias[e * 2 * I + 2 * n + 1]);
+      }
+      for (int64_t n = 0; n < H; ++n) {
+        for (int64_t k = 0; k < I; ++k)
+          ASSERT_EQ(out[2][(e * H + n) * I + k], down[(e * I + k) * H + n]);
+        ASSERT_EQ(out[5][e * H + n], downBias[e * H + n]);
+      }
+    }
+  }
+  {
+    // MXFP4: blocks [E, rows, K/32, 16] and scales [E, rows, K/32].
+    TempDir dir;
+    std::mt19937 rng(5);
+    std::vector<uint8_t> guBlocks(E * 2 * I * (H / 32) * 16),
+        guScales(E * 2 * I * (H / 32)), dBlocks(E * H * (I / 32) * 16),
+        dScales(E * H * (I / 32));
+    for (auto *v : {&guBlocks, &dBlocks})
+      for (auto &b : *v)
+        b = uint8_t(rng() & 0xFF);
+    for (auto *v : {&guScales, &dScales})
+      for (auto &b : *v)
+        b = uint8_t(118 + rng() % 16);
+    ASSERT_TRUE(
+        writeSafetensors(
+            dir / "model.safetensors",
+            {{p + "gate_up_proj_blocks",
+              DType::U8,
+              {E, 2 * I, H / 32, 16},
+              guBlocks.data()},
+             {p + "gate_up_proj_scales",
+              DType::U8,
+              {E, 2 * I, H / 32},
+              guScales.data()},
+             {p + "gate_up_proj_bias",
+              DType::BF16,
+              {E, 2 * I},
+              gateUpBias.data()},
+             {p + "down_proj_blocks",
+              DType::U8,
+              {E, H, I / 32, 16},
+              dBlocks.data()},
+             {p + "down_proj_scales",
+              DType::U8,
+              {E, H, I / 32},
+              dScales.data()},
+             {p + "down_proj_bias", DType::BF16, {E, H}, downBias.data()}})
+            .ok());
+    Status status = loadFrozenTensors(dir.path, wanted, needer, out);
+    ASSERT_TRUE(status.ok()) << status.message();
+    std::vector<uint16_t> gu(E * 2 * I * H), d(E * H * I);
+    ASSERT_TRUE(dequantizeMxfp4(guBlocks.data(), guScales.data(),
+                                int64_t(guScales.size()), "gu", gu.data())
+                    .ok());
+    ASSERT_TRUE(dequantizeMxfp4(dBlocks.data(), dScales.data(),
+                                int64_t(dScales.size()), "d", d.data())
+                    .ok());
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t n = 0; n < I; ++n)
+        for (int64_t k = 0; k < H; ++k) {
+          ASSERT_EQ(out[0][(e * I + n) * H + k],
+                    gu[(e * 2 * I + 2 * n) * H + k]);
+          ASSERT_EQ(out[1][(e * I + n) * H + k],
+                    gu[(e * 2 * I + 2 * n + 1) * H + k]);
+        }
+    EXPECT_EQ(out[2], d);
+    // A scale tensor of the wrong shape is refused, naming it.
+    ASSERT_TRUE(
+        writeSafetensors(dir / "model.safetensors", {{p + "down_proj_blocks",
+                                                      DType::U8,
+                                                      {E, H, I / 32, 16},
+                                                      dBlocks.data()},
+                                                     {p + "down_proj_scales",
+                                                      DType::U8,
+                                                      {E, H / 2, I / 32},
+                                                      dScales.data()}})
+            .ok());
+    status = loadFrozenTensors(dir.path, {wanted[2]}, needer, out);
+    EXPECT_NE(status.message().find("tensor '" + p +
+                                    "down_proj_scales' is U8 [2, 16, 1] but "
+                                    "the target program needs U8 [2, 32, 1]"),
+              std::string::npos)
+        << status.message();
+  }
 }
 
 TEST(RuntimeTargetWeights, RejectsMismatches) {
