@@ -3,8 +3,9 @@
 features against transformers, for the online suites of device-check.
 
   hf_targets.py small-features DEVICE WORK [KIND...]
-      a small random Qwen3, a Llama-3 with rope scaling and a Qwen3-MoE
-      (DEVICE/tcfg/{qwen3,llama,qwen3moe}, tiny's shapes; KIND picks some)
+      a small random Qwen3, a Llama-3 with rope scaling, a Qwen3-MoE and a
+      gpt-oss (DEVICE/tcfg/{qwen3,llama,qwen3moe,gptoss}, tiny's shapes;
+      gptoss-mxfp4: the gpt-oss with MXFP4 experts; KIND picks some)
       saved with save_pretrained, 6 rows of 128 tokens (4 packed),
       target-features-{tq,tl,tm} on them, and each conversation alone
       through transformers in fp32 (the reference) and in bf16 (its own
@@ -169,7 +170,53 @@ def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD):
 
 
 SMALL_TARGETS = {"qwen3": "target-features-tq", "llama": "target-features-tl",
-                 "qwen3moe": "target-features-tm"}
+                 "qwen3moe": "target-features-tm", "gptoss": "target-features-tg",
+                 "gptoss-mxfp4": "target-features-tg"}
+MOE_TARGETS = ("qwen3moe", "gptoss", "gptoss-mxfp4")
+FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
+
+
+def write_mxfp4_copy(folder, out_dir, seed):
+    """The gpt-oss checkpoint in `folder` again in the official layout, its
+    experts as MXFP4 (random blocks and scales, "<proj>_blocks" [E, R,
+    C/32, 16] and "<proj>_scales" [E, R, C/32] uint8, outputs first), and
+    the same experts dequantised by transformers' own convert_moe_packed_
+    tensors written back into `folder`'s bf16 layout, so that transformers
+    runs the model the MXFP4 file holds. Returns nothing."""
+    import glob
+    import shutil
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    g = torch.Generator().manual_seed(seed)
+    os.makedirs(out_dir, exist_ok=True)
+    (path,) = glob.glob(os.path.join(folder, "*.safetensors"))
+    tensors = load_file(path)
+    packed, plain = {}, {}
+    for name, t in tensors.items():
+        if not (name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj")):
+            packed[name] = plain[name] = t
+            continue
+        E, rows, cols = t.shape[0], t.shape[2], t.shape[1]  # bf16 is [E, in, out]
+        blocks = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
+        scales = torch.randint(118, 125, (E, rows, cols // 32), generator=g, dtype=torch.uint8)
+        packed[name + "_blocks"], packed[name + "_scales"] = blocks, scales
+        # transformers' dequantisation gives its bf16 layout [E, in, out].
+        plain[name] = convert_moe_packed_tensors(blocks, scales).to(torch.bfloat16).contiguous()
+    save_file(packed, os.path.join(out_dir, "model.safetensors"), {"format": "pt"})
+    save_file(plain, path, {"format": "pt"})
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"]}
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f)
+    for extra in ("generation_config.json",):
+        if os.path.exists(os.path.join(folder, extra)):
+            shutil.copy(os.path.join(folder, extra), out_dir)
 
 
 def expert_layout(folder):
@@ -180,6 +227,10 @@ def expert_layout(folder):
     for path in glob.glob(os.path.join(folder, "*.safetensors")):
         with safe_open(path, "pt") as f:
             names += list(f.keys())
+    if any(n.endswith("mlp.experts.gate_up_proj_blocks") for n in names):
+        return "MXFP4 (experts.gate_up_proj_blocks, _scales)"
+    if any(n.endswith("mlp.experts.gate_up_proj_bias") for n in names):
+        return "gpt-oss bf16 (experts.gate_up_proj [E, H, 2I] interleaved, down_proj [E, I, H])"
     if any(n.endswith("mlp.experts.gate_up_proj") for n in names):
         return "fused (experts.gate_up_proj, experts.down_proj)"
     if any(".mlp.experts.0.gate_proj.weight" in n for n in names):
@@ -198,7 +249,15 @@ def small_features(device, work, kinds):
     for kind in kinds or SMALL_TARGETS:
         binary = SMALL_TARGETS[kind]
         folder = os.path.join(work, kind)
-        cfg, _ = save_random_decoder(os.path.join(device, "tcfg", kind), folder, seed=3)
+        if kind == "gptoss-mxfp4":
+            # transformers reads the bf16 copy of the experts the MXFP4
+            # file holds; the compiled target reads the MXFP4 file.
+            cfg, _ = save_random_decoder(os.path.join(device, "tcfg", "gptoss"),
+                                         folder + "-bf16", seed=5)
+            write_mxfp4_copy(folder + "-bf16", folder, seed=6)
+        else:
+            cfg, _ = save_random_decoder(os.path.join(device, "tcfg", kind), folder, seed=3)
+        model_folder = folder + "-bf16" if kind == "gptoss-mxfp4" else folder
         rng = np.random.default_rng(4)
         seq, rows = 128, 6
         ids = rng.integers(0, cfg.vocab_size, size=(rows, seq)).astype(np.int32)
@@ -218,8 +277,9 @@ def small_features(device, work, kinds):
         got = safetensors.torch.load_file(features)["hidden_states"].float()
         references, routes = {}, {}
         for dtype in (torch.float32, torch.bfloat16):
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).cuda().eval()
-            chosen = [] if kind == "qwen3moe" else None
+            model = AutoModelForCausalLM.from_pretrained(model_folder,
+                                                         dtype=dtype).cuda().eval()
+            chosen = [] if kind in MOE_TARGETS else None
             references[dtype] = conversation_features(model, ids, pos, taps, rows, got,
                                                       routes=chosen)
             if chosen:
@@ -234,7 +294,7 @@ def small_features(device, work, kinds):
         if len(routes) == 2:
             differ = (routes[torch.float32] != routes[torch.bfloat16]).any(-1)
             line["topk_differ_pct"] = 100 * differ.float().mean().item()
-        if kind == "qwen3moe":
+        if kind in MOE_TARGETS:
             line["expert_layout"] = expert_layout(folder)
         print(json.dumps(line), flush=True)
     return 1 if failed else 0

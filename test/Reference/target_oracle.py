@@ -16,18 +16,31 @@
                                    transformers 5's fused layout:
                                    experts.gate_up_proj [E, 2I, H],
                                    experts.down_proj [E, H, I], and
-                                   num_local_experts) or llama (Llama-3
-                                   rope scaling, no q/k norms);
+                                   num_local_experts), llama (Llama-3
+                                   rope scaling, no q/k norms), gpt_oss
+                                   (biased attention with sinks, sliding
+                                   and full layers, YaRN, clamped SwiGLU
+                                   experts in transformers' bf16 layout:
+                                   gate_up_proj [E, H, 2I] gate and up
+                                   interleaved, down_proj [E, I, H], x @ W)
+                                   or gpt_oss_mxfp4 (the same with the
+                                   experts as MXFP4 blocks and scales, the
+                                   official checkpoints' layout);
                                    DROP: a tensor left out of the checkpoint
   target_oracle.py check DIR OUT   recomputes target_hidden from those files
                                    in float64 and compares it with OUT's
                                    hidden_states (dflash-target-features'
                                    feature shard)
 
-The math follows the Hugging Face decoders (Qwen3, Llama): pre-norm layers,
-RMSNorm, rotate-half RoPE, grouped causal attention restricted to each
-packed conversation, SwiGLU, residual adds; tap i is the residual stream
-after decoder layer i. Written apart from the compiler's reference kernels.
+The math follows the Hugging Face decoders (Qwen3, Llama, GptOss): pre-norm
+layers, RMSNorm, rotate-half RoPE, grouped causal attention restricted to
+each packed conversation, SwiGLU, residual adds; tap i is the residual
+stream after decoder layer i. gpt-oss adds q/k/v/o biases, a per-head sink
+logit in every softmax's denominator, a sliding window on its sliding
+layers, YaRN inverse frequencies with their attention factor on cos and
+sin, and a biased router: softmax over the top k logits, each expert's
+gate clamped to <= 7, up to [-7, 7], (up + 1) * gate * sigmoid(1.702 gate).
+Written apart from the compiler's reference kernels.
 """
 
 import json
@@ -63,6 +76,25 @@ CONFIGS["qwen3_moe"] = dict(CONFIGS["qwen3"], model_type="qwen3_moe", num_expert
                             mlp_only_layers=[0])
 CONFIGS["qwen3_moe_fused"] = {("num_local_experts" if k == "num_experts" else k): v
                               for k, v in CONFIGS["qwen3_moe"].items()}
+# gpt-oss: 8 experts of 32 in every layer, 2 a token; a window of 4 (shorter
+# than both conversations) on the even layers; YaRN over 64 positions.
+CONFIGS["gpt_oss"] = {
+    "model_type": "gpt_oss", "hidden_size": HIDDEN, "intermediate_size": 32,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": LAYERS,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": VOCAB, "rms_norm_eps": 1e-5, "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention"] * (LAYERS // 2),
+    "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0,
+                        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                        "original_max_position_embeddings": 64},
+    "max_position_embeddings": 2048, "attention_bias": True, "swiglu_limit": 7.0,
+    "hidden_act": "silu", "tie_word_embeddings": False}
+CONFIGS["gpt_oss_mxfp4"] = dict(CONFIGS["gpt_oss"], quantization_config={
+    "quant_method": "mxfp4",
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                               "model.embed_tokens", "lm_head"]})
+# E2M1's sixteen codes.
+FP4_VALUES = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
 
 
 def expert_count(config):
@@ -129,6 +161,8 @@ def weight_shapes(config):
     shapes = {"model.embed_tokens.weight": (config["vocab_size"], H),
               "lm_head.weight": (config["vocab_size"], H),
               "model.norm.weight": (H,)}
+    if config["model_type"] == "gpt_oss":
+        return gpt_oss_shapes(config, shapes)
     for i in range(max(TAPS) + 1):
         p = "model.layers.%d." % i
         shapes.update({p + "input_layernorm.weight": (H,),
@@ -155,20 +189,84 @@ def weight_shapes(config):
     return shapes
 
 
+def gpt_oss_shapes(config, shapes):
+    """transformers' GptOss names and its bf16 layout (experts x @ W)."""
+    H, I = config["hidden_size"], config["intermediate_size"]
+    nh, nkv, d = config["num_attention_heads"], config["num_key_value_heads"], \
+        config["head_dim"]
+    E = config["num_local_experts"]
+    for i in range(max(TAPS) + 1):
+        p = "model.layers.%d." % i
+        shapes.update({p + "input_layernorm.weight": (H,),
+                       p + "post_attention_layernorm.weight": (H,),
+                       p + "self_attn.sinks": (nh,),
+                       p + "mlp.router.weight": (E, H), p + "mlp.router.bias": (E,),
+                       p + "mlp.experts.gate_up_proj": (E, H, 2 * I),
+                       p + "mlp.experts.gate_up_proj_bias": (E, 2 * I),
+                       p + "mlp.experts.down_proj": (E, I, H),
+                       p + "mlp.experts.down_proj_bias": (E, H)})
+        for proj, shape in [("q", (nh * d, H)), ("k", (nkv * d, H)),
+                            ("v", (nkv * d, H)), ("o", (H, nh * d))]:
+            shapes[p + "self_attn.%s_proj.weight" % proj] = shape
+            shapes[p + "self_attn.%s_proj.bias" % proj] = shape[:1]
+    return shapes
+
+
+def random_weight(rng, name, shape):
+    if name.endswith("sinks"):
+        return rng.standard_normal(shape)  # O(1): the sinks matter
+    if name.endswith("bias"):
+        return 0.1 * rng.standard_normal(shape)
+    if len(shape) == 1:
+        return 1.0 + 0.1 * rng.standard_normal(shape)
+    if "embed" in name or "lm_head" in name:
+        return 0.3 * rng.standard_normal(shape)
+    return (0.5 if name.endswith("_proj") else 0.08) * rng.standard_normal(shape)
+
+
+def quantize_experts(config, weights, rng):
+    """The official gpt-oss layout: each expert projection as random MXFP4
+    "<proj>_blocks" [E, out, in/32, 16] and "<proj>_scales" [E, out, in/32]
+    (uint8) in place of the bf16 tensor."""
+    E, H, I = config["num_local_experts"], config["hidden_size"], \
+        config["intermediate_size"]
+    for i in range(max(TAPS) + 1):
+        p = "model.layers.%d.mlp.experts." % i
+        for proj, rows, cols in [("gate_up_proj", 2 * I, H), ("down_proj", H, I)]:
+            weights.pop(p + proj)
+            weights[p + proj + "_blocks"] = ("U8", rng.integers(
+                0, 256, size=(E, rows, cols // 32, 16)).astype(np.uint8))
+            weights[p + proj + "_scales"] = ("U8", rng.integers(
+                120, 126, size=(E, rows, cols // 32)).astype(np.uint8))
+    return weights
+
+
+def dequantize_experts(w):
+    """An MXFP4 checkpoint's experts in the bf16 layout (x @ W): the
+    dequantised [E, out, in] transposed."""
+    for name in [n for n in w if n.endswith("_blocks")]:
+        base = name[:-len("_blocks")]
+        blocks, scales = w.pop(name), w.pop(base + "_scales").astype(np.float64)
+        codes = np.stack([blocks & 15, blocks >> 4], -1)  # low nibble first
+        values = FP4_VALUES[codes].reshape(blocks.shape[:-1] + (32,))
+        values = values * 2.0 ** (scales - 127)[..., None]
+        w[base] = values.reshape(blocks.shape[:-2] + (-1,)).transpose(0, 2, 1)
+    return w
+
+
 def make(kind, out, drop=None):
     config = CONFIGS[kind]
     rng = np.random.default_rng(5)
     weights = {}
     for name, shape in weight_shapes(config).items():
-        if len(shape) == 1:
-            w = 1.0 + 0.1 * rng.standard_normal(shape)
-        else:
-            w = (0.3 if "embed" in name or "lm_head" in name else 0.08) * \
-                rng.standard_normal(shape)
+        w = random_weight(rng, name, shape)
         if name != drop:
             weights[name] = ("F32", bf16_exact(w))
     if kind.endswith("_fused"):
         weights = fuse_experts(config, weights)
+    if kind.endswith("_mxfp4"):
+        # Its own generator: the other weights and the tokens as gpt_oss's.
+        weights = quantize_experts(config, weights, np.random.default_rng(6))
     with open(out + "/config.json", "w") as f:
         json.dump(config, f)
     write_safetensors(out + "/model.safetensors", weights)
@@ -234,14 +332,35 @@ def inverse_frequencies(config, d):
         scaled = np.where(wavelength > original / lo, inv / factor, inv)
         between = (wavelength <= original / lo) & (wavelength >= original / hi)
         inv = np.where(between, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    if rope.get("rope_type") == "yarn":
+        factor, original = rope["factor"], rope["original_max_position_embeddings"]
+
+        def correction(rotations):
+            return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+        low, high = correction(rope["beta_fast"]), correction(rope["beta_slow"])
+        if rope.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, d - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(d // 2) - low) / (high - low), 0, 1)
+        keep = 1 - ramp  # extrapolation's share
+        inv = inv / factor * (1 - keep) + inv * keep
     return inv
 
 
-def rope(x, pos, inv):
-    # x [S, heads, d]; rotate-half.
+def attention_factor(config):
+    rope = config.get("rope_parameters") or {}
+    if rope.get("rope_type") == "yarn":
+        return 0.1 * math.log(rope["factor"]) + 1
+    return 1.0
+
+
+def rope(x, pos, inv, scale=1.0):
+    # x [S, heads, d]; rotate-half; cos and sin times scale.
     angle = pos[:, None].astype(np.float64) * inv[None, :]
-    cos = np.concatenate([np.cos(angle)] * 2, -1)[:, None, :]
-    sin = np.concatenate([np.sin(angle)] * 2, -1)[:, None, :]
+    cos = scale * np.concatenate([np.cos(angle)] * 2, -1)[:, None, :]
+    sin = scale * np.concatenate([np.sin(angle)] * 2, -1)[:, None, :]
     half = x.shape[-1] // 2
     rotated = np.concatenate([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
@@ -270,6 +389,25 @@ def sparse_mlp(config, g, p, h):
     return out
 
 
+def gpt_oss_mlp(config, g, p, h):
+    """GptOss: a biased router, softmax over the top k logits (ties: lower
+    index), each token through its experts (x @ W, gate and up interleaved)."""
+    k, limit = config["num_experts_per_tok"], config["swiglu_limit"]
+    logits = h @ g(p + "mlp.router.weight").T + g(p + "mlp.router.bias")
+    e = p + "mlp.experts."
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = sorted(range(logits.shape[1]), key=lambda j: (-logits[t, j], j))[:k]
+        weights = np.exp(logits[t, chosen] - logits[t, chosen].max())
+        weights /= weights.sum()
+        for j, weight in zip(chosen, weights):
+            gu = h[t] @ g(e + "gate_up_proj")[j] + g(e + "gate_up_proj_bias")[j]
+            gate, up = np.minimum(gu[0::2], limit), np.clip(gu[1::2], -limit, limit)
+            act = (up + 1) * gate / (1 + np.exp(-1.702 * gate))
+            out[t] += weight * (act @ g(e + "down_proj")[j] + g(e + "down_proj_bias")[j])
+    return out
+
+
 def forward(config, w, ids, pos):
     H, nh = config["hidden_size"], config["num_attention_heads"]
     nkv = config["num_key_value_heads"]
@@ -283,28 +421,40 @@ def forward(config, w, ids, pos):
     idx = np.arange(S)
     visible = (idx[None, :] <= idx[:, None]) & \
         (pos[:, None] - pos[None, :] == idx[:, None] - idx[None, :])
+    gpt_oss = config["model_type"] == "gpt_oss"
+    # A sliding layer's query i also sees only keys i - j < window.
+    windowed = visible & (idx[:, None] - idx[None, :] < config.get("sliding_window", S))
+    bias = g if gpt_oss else (lambda name: 0.0)
     taps = []
     for i in range(max(TAPS) + 1):
         p = "model.layers.%d." % i
+        a = p + "self_attn."
         h = rms_norm(x, g(p + "input_layernorm.weight"), eps)
-        q = (h @ g(p + "self_attn.q_proj.weight").T).reshape(S, nh, d)
-        k = (h @ g(p + "self_attn.k_proj.weight").T).reshape(S, nkv, d)
-        v = (h @ g(p + "self_attn.v_proj.weight").T).reshape(S, nkv, d)
-        if config["model_type"] != "llama":
-            q = rms_norm(q, g(p + "self_attn.q_norm.weight"), eps)
-            k = rms_norm(k, g(p + "self_attn.k_norm.weight"), eps)
-        q, k = rope(q, pos, inv), rope(k, pos, inv)
+        q = (h @ g(a + "q_proj.weight").T + bias(a + "q_proj.bias")).reshape(S, nh, d)
+        k = (h @ g(a + "k_proj.weight").T + bias(a + "k_proj.bias")).reshape(S, nkv, d)
+        v = (h @ g(a + "v_proj.weight").T + bias(a + "v_proj.bias")).reshape(S, nkv, d)
+        if config["model_type"] not in ("llama", "gpt_oss"):
+            q = rms_norm(q, g(a + "q_norm.weight"), eps)
+            k = rms_norm(k, g(a + "k_norm.weight"), eps)
+        scale = attention_factor(config)
+        q, k = rope(q, pos, inv, scale), rope(k, pos, inv, scale)
+        sliding = config.get("layer_types", [""] * (i + 1))[i] == "sliding_attention"
         out = np.zeros((S, nh, d))
         for head in range(nh):
             kv = head // (nh // nkv)
             scores = q[:, head] @ k[:, kv].T / math.sqrt(d)
-            scores = np.where(visible, scores, -np.inf)
-            prob = np.exp(scores - scores.max(-1, keepdims=True))
-            prob /= prob.sum(-1, keepdims=True)
+            scores = np.where(windowed if sliding else visible, scores, -np.inf)
+            # gpt-oss's sink: one more logit in the denominator, no value.
+            sink = g(a + "sinks")[head] if gpt_oss else -np.inf
+            m = np.maximum(scores.max(-1, keepdims=True), sink)
+            prob = np.exp(scores - m)
+            prob /= prob.sum(-1, keepdims=True) + np.exp(sink - m)
             out[:, head] = prob @ v[:, kv]
-        x = x + out.reshape(S, nh * d) @ g(p + "self_attn.o_proj.weight").T
+        x = x + out.reshape(S, nh * d) @ g(a + "o_proj.weight").T + bias(a + "o_proj.bias")
         h2 = rms_norm(x, g(p + "post_attention_layernorm.weight"), eps)
-        if sparse_layer(config, i):
+        if gpt_oss:
+            x = x + gpt_oss_mlp(config, g, p, h2)
+        elif sparse_layer(config, i):
             x = x + sparse_mlp(config, g, p, h2)
         else:
             x = x + swiglu_mlp(g, p + "mlp.", h2)
@@ -315,7 +465,8 @@ def forward(config, w, ids, pos):
 
 def check(directory, features_path):
     config = json.load(open(directory + "/config.json"))
-    w = unfuse_experts(read_safetensors(directory + "/model.safetensors"))
+    w = read_safetensors(directory + "/model.safetensors")
+    w = dequantize_experts(w) if config["model_type"] == "gpt_oss" else unfuse_experts(w)
     rows = read_safetensors(directory + "/tokens.safetensors")
     got = read_safetensors(features_path)["hidden_states"].astype(np.float64)
     worst = 0.0
