@@ -116,35 +116,41 @@ LogicalResult EmbedOp::verify() {
                                getTable());
 }
 
-LogicalResult LinearOp::verify() {
-  Operation *op = *this;
-  RankedTensorType x = tensorType(getInput());
+/// linear's constraints (C1-C5), which biased_linear's input, weight and
+/// result meet too.
+static LogicalResult verifyLinear(Operation *op, Value input, Value weight,
+                                  Value result) {
+  RankedTensorType x = tensorType(input);
   // linear C1
   if (x.getRank() < 2)
-    return emitOpError() << "(C1) input must have rank 2 or more but has rank "
-                         << x.getRank();
+    return op->emitOpError()
+           << "(C1) input must have rank 2 or more but has rank "
+           << x.getRank();
   // linear C2
-  if (failed(expectRank(op, "C2", "weight", getWeight(), 2)))
+  if (failed(expectRank(op, "C2", "weight", weight, 2)))
     return failure();
-  RankedTensorType w = tensorType(getWeight());
+  RankedTensorType w = tensorType(weight);
   // linear C3
   if (x.getShape().back() != w.getDimSize(1))
-    return emitOpError() << "(C3) input's last dimension ("
-                         << x.getShape().back()
-                         << ") must equal weight's input dimension ("
-                         << w.getDimSize(1) << ")";
+    return op->emitOpError()
+           << "(C3) input's last dimension (" << x.getShape().back()
+           << ") must equal weight's input dimension (" << w.getDimSize(1)
+           << ")";
   // linear C4
   SmallVector<int64_t> shape(x.getShape().drop_back());
   shape.push_back(w.getDimSize(0));
-  if (failed(expectShape(op, "C4", "result", getResult(), shape)))
+  if (failed(expectShape(op, "C4", "result", result, shape)))
     return failure();
   // linear C5
-  if (failed(expectSameElementType(op, "C5", "input", getInput(), "weight",
-                                   getWeight())) ||
-      failed(expectSameElementType(op, "C5", "input", getInput(), "result",
-                                   getResult())))
+  if (failed(
+          expectSameElementType(op, "C5", "input", input, "weight", weight)) ||
+      failed(expectSameElementType(op, "C5", "input", input, "result", result)))
     return failure();
   return success();
+}
+
+LogicalResult LinearOp::verify() {
+  return verifyLinear(*this, getInput(), getWeight(), getResult());
 }
 
 LogicalResult RmsNormOp::verify() {
@@ -372,35 +378,15 @@ LogicalResult CausalAttentionOp::verify() {
 }
 
 LogicalResult BiasedLinearOp::verify() {
-  Operation *op = *this;
-  RankedTensorType x = tensorType(getInput());
-  // biased_linear C1
-  if (x.getRank() < 2)
-    return emitOpError() << "(C1) input must have rank 2 or more but has rank "
-                         << x.getRank();
-  if (failed(expectRank(op, "C1", "weight", getWeight(), 2)))
+  // biased_linear C1-C5: linear's
+  if (failed(verifyLinear(*this, getInput(), getWeight(), getResult())))
     return failure();
-  RankedTensorType w = tensorType(getWeight());
-  // biased_linear C2
-  if (x.getShape().back() != w.getDimSize(1))
-    return emitOpError() << "(C2) input's last dimension ("
-                         << x.getShape().back()
-                         << ") must equal weight's input dimension ("
-                         << w.getDimSize(1) << ")";
-  // biased_linear C3
-  if (failed(expectShape(op, "C3", "bias", getBias(), {w.getDimSize(0)})))
+  // biased_linear C6
+  int64_t N = tensorType(getWeight()).getDimSize(0);
+  if (failed(expectShape(*this, "C6", "bias", getBias(), {N})))
     return failure();
-  // biased_linear C4
-  SmallVector<int64_t> shape(x.getShape().drop_back());
-  shape.push_back(w.getDimSize(0));
-  if (failed(expectShape(op, "C4", "result", getResult(), shape)))
-    return failure();
-  for (auto [name, v] : {std::pair<StringRef, Value>{"weight", getWeight()},
-                         {"bias", getBias()},
-                         {"result", getResult()}})
-    if (failed(expectSameElementType(op, "C4", name, v, "input", getInput())))
-      return failure();
-  return success();
+  return expectSameElementType(*this, "C6", "bias", getBias(), "input",
+                               getInput());
 }
 
 LogicalResult YarnRopeOp::verify() {

@@ -66,8 +66,10 @@ static __global__ void moeRouteKernel(const __nv_bfloat16 *logits,
   // A chosen (or padding) entry becomes `none`, below every score.
   float none = -1.f;
   if (topKThenSoftmax) {
-    // Logits of +-inf or NaN become finite, so that -inf is below all
-    // (and k of them are always chosen).
+    // Logits of +-inf or NaN become finite, so that -inf is below all and
+    // k valid experts are always chosen (an index out of range would break
+    // the permutation); a NaN row still carries its NaN on through the
+    // experts' products.
     none = -INFINITY;
 #pragma unroll
     for (int i = 0; i < kMoeLogitsPerLane; ++i)

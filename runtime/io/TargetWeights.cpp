@@ -361,8 +361,10 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
     if (!status.ok())
       return status;
     std::string before, after;
+    const bool stacked =
+        !view && stackedExpertName(wanted[i].name, before, after);
     bool gptOss = false;
-    if (!view && stackedExpertName(wanted[i].name, before, after)) {
+    if (stacked) {
       status = loadGptOssExperts(tensors, wanted[i], before, after, needer,
                                  lastFused, out[i], gptOss);
       if (!status.ok())
@@ -370,8 +372,7 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
     }
     if (gptOss)
       continue;
-    if (!view && wanted[i].shape.size() == 3 &&
-        stackedExpertName(wanted[i].name, before, after))
+    if (stacked && wanted[i].shape.size() == 3)
       status = loadStackedExperts(tensors, wanted[i], before, after, needer,
                                   lastFused, out[i]);
     else if (!view)

@@ -80,7 +80,7 @@ func.func @window_sign(%q: tensor<2x8x4x16xbf16>, %k: tensor<2x8x2x16xbf16>, %po
 // -----
 
 func.func @bias_width(%x: tensor<2x8x32xbf16>, %w: tensor<64x32xbf16>, %b: tensor<32xbf16>) {
-  // expected-error @+1 {{(C3) bias must have shape [64] but has [32]}}
+  // expected-error @+1 {{(C6) bias must have shape [64] but has [32]}}
   %y = dflash.biased_linear %x, %w, %b : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<32xbf16>) -> tensor<2x8x64xbf16>
   return
 }

@@ -175,26 +175,21 @@ LogicalResult StepEmitter::emitOp(Operation *op) {
   return result;
 }
 
-/// The trailing arguments of grouped_linear_swiglu_bf16 for gpt-oss's
-/// biases and clamp ("" for Qwen3-MoE's plain form).
-static std::string gptOssArguments(GroupedLinearSwigluOp o,
-                                   llvm::function_ref<std::string(Value)> ptr) {
-  if (!o.getGateBias() && !o.getLimit())
-    return "";
-  std::string biases = o.getGateBias()
-                           ? ptr(o.getGateBias()) + ", " + ptr(o.getUpBias())
-                           : "nullptr, nullptr";
-  if (!o.getLimit())
-    return ", " + biases;
-  return llvm::formatv(", {0}, true, {1}, {2}", biases,
-                       formatFloat(o.getAlpha()->convertToDouble()),
-                       formatFloat(o.getLimit()->convertToDouble()))
-      .str();
-}
-
 LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
-  auto gptOss = [&](GroupedLinearSwigluOp o) {
-    return gptOssArguments(o, [&](Value v) { return ptr(v); });
+  // grouped_linear_swiglu_bf16's trailing arguments for gpt-oss's biases
+  // and clamp ("" for Qwen3-MoE's plain form).
+  auto gptOss = [&](GroupedLinearSwigluOp o) -> std::string {
+    if (!o.getGateBias() && !o.getLimit())
+      return "";
+    std::string biases = o.getGateBias()
+                             ? ptr(o.getGateBias()) + ", " + ptr(o.getUpBias())
+                             : "nullptr, nullptr";
+    if (!o.getLimit())
+      return ", " + biases;
+    return llvm::formatv(", {0}, true, {1}, {2}", biases,
+                         formatFloat(o.getAlpha()->convertToDouble()),
+                         formatFloat(o.getLimit()->convertToDouble()))
+        .str();
   };
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](LinearOp o) {
