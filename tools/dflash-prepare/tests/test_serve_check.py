@@ -1,0 +1,235 @@
+"""serve-check's decoding loop and the exported drafter at inference, with
+torch alone: a stand-in target (a small deterministic causal model that
+recomputes from its tokens, so a block and one token at a time agree
+exactly) and drafters written as exports (random weights) or as stubs
+that propose what they are told. The transformers target runs on the GPU
+machine (docs/data.md)."""
+import json
+import os
+import unittest
+
+import numpy as np
+
+import helpers  # noqa: F401  (imports the checkout's dflash_prepare)
+from helpers import TempDir
+
+from dflash_prepare import shards
+from dflash_prepare.errors import UserError
+
+try:
+    import torch
+except ImportError:  # reported as skipped below
+    torch = None
+
+V, H, TAPS, BS, MASK = 40, 16, 2, 4, 39
+STOP = 7
+
+
+class StandInTarget:
+    """Features of position p: tanh of the running mean of the embeddings up
+    to p, through one matrix per tap; logits from the last tap. The mask
+    token is never predicted."""
+
+    def __init__(self, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.embed = torch.randn(V, H, generator=g, dtype=torch.float64)
+        self.taps = [torch.randn(H, H, generator=g, dtype=torch.float64) for _ in range(TAPS)]
+        self.head = torch.randn(V, H, generator=g, dtype=torch.float64)
+        self.tokens = []
+
+    def reset(self):
+        self.tokens = []
+
+    def crop(self, length):
+        self.tokens = self.tokens[:length]
+
+    def run(self, ids):
+        start = len(self.tokens)
+        self.tokens = self.tokens + list(ids)
+        features, logits = [], []
+        total = torch.zeros(H, dtype=torch.float64)
+        for p, token in enumerate(self.tokens):
+            total = total + self.embed[token]
+            if p < start:
+                continue
+            taps = [torch.tanh(m @ (total / (p + 1))) for m in self.taps]
+            features.append(torch.cat(taps))
+            row = self.head @ taps[-1]
+            row[MASK] = -float("inf")
+            logits.append(row)
+        return torch.stack(logits).float(), torch.stack(features).float()
+
+
+def write_export(directory, layer_types, seed=0, window=4):
+    """An exported drafter (SEMANTICS.md section 6) with random weights."""
+    rng = np.random.default_rng(seed)
+    nh, nkv, d, inter = 2, 1, 8, 32
+    shapes = {"fc.weight": [H, TAPS * H], "hidden_norm.weight": [H], "norm.weight": [H]}
+    for i in range(len(layer_types)):
+        p = f"layers.{i}."
+        shapes.update({p + "input_layernorm.weight": [H],
+                       p + "post_attention_layernorm.weight": [H],
+                       p + "self_attn.q_proj.weight": [nh * d, H],
+                       p + "self_attn.k_proj.weight": [nkv * d, H],
+                       p + "self_attn.v_proj.weight": [nkv * d, H],
+                       p + "self_attn.o_proj.weight": [H, nh * d],
+                       p + "self_attn.q_norm.weight": [d], p + "self_attn.k_norm.weight": [d],
+                       p + "mlp.gate_proj.weight": [inter, H], p + "mlp.up_proj.weight": [inter, H],
+                       p + "mlp.down_proj.weight": [H, inter]})
+    tensors = {}
+    for name, shape in shapes.items():
+        values = (1 + 0.1 * rng.standard_normal(shape) if name.endswith("norm.weight")
+                  else 0.3 * rng.standard_normal(shape)).astype(np.float32)
+        tensors[name] = shards.Tensor("BF16", shards.float32_to_bf16_bits(values))
+    os.makedirs(directory, exist_ok=True)
+    shards.write_shard(os.path.join(directory, "model.safetensors"), tensors)
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+              "block_size": BS, "dflash_config": {"mask_token_id": MASK,
+                                                  "target_layer_ids": [0, 1]},
+              "hidden_size": H, "intermediate_size": inter,
+              "num_hidden_layers": len(layer_types), "num_attention_heads": nh,
+              "num_key_value_heads": nkv, "head_dim": d, "rms_norm_eps": 1e-6,
+              "rope_theta": 10000.0, "vocab_size": V, "layer_types": layer_types,
+              "use_sliding_window": "sliding_attention" in layer_types}
+    if "sliding_attention" in layer_types:
+        config["sliding_window"] = window
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config, f)
+    return directory
+
+
+class Counting:
+    """A context that only counts its positions."""
+
+    def __init__(self):
+        self.length = 0
+
+    def append(self, features):
+        self.length += len(features)
+
+
+class ToldDrafter:
+    """Proposes `answer(anchor)`, checking the context it is handed."""
+
+    block_size = BS
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.anchors = []
+
+    def context(self):
+        return Counting()
+
+    def propose(self, context, token, anchor):
+        assert context.length == anchor, (context.length, anchor)
+        self.anchors.append(anchor)
+        return self.answer(anchor)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class ServeCheckTest(TempDir):
+    def setUp(self):
+        super().setUp()
+        from dflash_prepare import serve_check
+        self.sc = serve_check
+        self.target = StandInTarget()
+        self.prompts = [[1, 2, 3], [5, 9, 11, 30, 2], [20]]
+
+    def drafter(self, layer_types, **kw):
+        from dflash_prepare.drafter import Drafter
+        path = write_export(self.path("drafter-" + "-".join(layer_types)), layer_types, **kw)
+        return Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
+                       "cpu", torch.float32)
+
+    def test_speculative_text_is_the_greedy_text(self):
+        drafter = self.drafter(["sliding_attention", "full_attention"])
+        for prompt in self.prompts:
+            plain = self.sc.greedy(self.target, prompt, 40, {STOP})
+            spec, blocks = self.sc.speculative(self.target, drafter, prompt, 40, {STOP})
+            self.assertEqual(spec, plain)
+            self.assertTrue(all(1 <= n <= BS for n in blocks), blocks)
+            self.assertGreaterEqual(sum(blocks) + 1, len(spec))
+
+    def test_a_drafter_that_knows_the_answer_gets_whole_blocks(self):
+        prompt = self.prompts[1]
+        plain = self.sc.greedy(self.target, prompt, 80, set())
+        drafter = ToldDrafter(lambda anchor: plain[anchor - len(prompt) + 1:
+                                                   anchor - len(prompt) + BS])
+        spec, blocks = self.sc.speculative(self.target, drafter, prompt, 60, set())
+        self.assertEqual(spec, plain[:60])
+        self.assertEqual(blocks, [BS] * len(blocks))
+        # Each block starts at the last kept token: 1 + 4 tokens a block.
+        self.assertEqual(drafter.anchors, [len(prompt) + BS * i for i in range(len(blocks))])
+
+    def test_a_drafter_that_is_always_wrong_gets_one_token_a_block(self):
+        prompt = self.prompts[0]
+        drafter = ToldDrafter(lambda anchor: [MASK] * (BS - 1))
+        spec, blocks = self.sc.speculative(self.target, drafter, prompt, 30, set())
+        self.assertEqual(spec, self.sc.greedy(self.target, prompt, 30, set()))
+        self.assertEqual(blocks, [1] * 29)
+
+    def test_decoding_stops_at_the_end_of_turn(self):
+        prompt = self.prompts[0]
+        plain = self.sc.greedy(self.target, prompt, 200, set())
+        stop = plain[12]  # a token the target does produce
+        cut = plain[:plain.index(stop) + 1]
+        self.assertEqual(self.sc.greedy(self.target, prompt, 200, {stop}), cut)
+        drafter = ToldDrafter(lambda anchor: plain[anchor - len(prompt) + 1:
+                                                   anchor - len(prompt) + BS])
+        spec, blocks = self.sc.speculative(self.target, drafter, prompt, 200, {stop})
+        self.assertEqual(spec, cut)
+        self.assertEqual(sum(blocks) + 1, len(cut))
+
+    def logits(self, drafter, change_at, anchor=12):
+        """The block's logits after the context's position `change_at` is
+        changed (None: unchanged)."""
+        _, features = self.target.run(list(range(1, anchor + 1)))
+        self.target.reset()
+        if change_at is not None:
+            features = features.clone()
+            features[change_at] += 1.0
+        context = drafter.context()
+        context.append(features[:anchor])
+        return drafter.block_logits(context, 5, anchor)
+
+    def test_a_sliding_layer_sees_only_its_window(self):
+        window = 4
+        sliding = self.drafter(["sliding_attention"], window=window)
+        base = self.logits(sliding, None)
+        # Slot 0 at anchor 12 sees 9..11, slot 3 sees 12 - 0 (its block).
+        self.assertTrue(torch.equal(self.logits(sliding, 8), base))
+        self.assertFalse(torch.equal(self.logits(sliding, 9), base))
+        full = self.drafter(["full_attention"])
+        self.assertFalse(torch.equal(self.logits(full, 0), self.logits(full, None)))
+
+    def test_the_context_must_end_at_the_anchor(self):
+        drafter = self.drafter(["full_attention"])
+        context = drafter.context()
+        context.append(torch.randn(5, TAPS * H))
+        with self.assertRaises(ValueError):
+            drafter.propose(context, 1, 6)
+        self.assertEqual(len(drafter.propose(context, 1, 5)), BS - 1)
+
+    def test_a_bad_export_is_named(self):
+        from dflash_prepare.drafter import Drafter
+        path = write_export(self.path("bad"), ["full_attention"])
+        weights = shards.SafetensorsFile(os.path.join(path, "model.safetensors"))
+        kept = {n: shards.Tensor(weights.tensors[n].dtype, weights.load(n))
+                for n in weights.tensors if n != "layers.0.mlp.up_proj.weight"}
+        shards.write_shard(os.path.join(path, "model.safetensors"), kept)
+        with self.assertRaisesRegex(UserError, "model.safetensors: has no tensor "
+                                    "'layers.0.mlp.up_proj.weight'"):
+            Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
+                    "cpu", torch.float32)
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config["architectures"] = ["Qwen3ForCausalLM"]
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+        with self.assertRaisesRegex(UserError, "not an exported DFlash drafter"):
+            Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
+                    "cpu", torch.float32)
+
+
+if __name__ == "__main__":
+    unittest.main()
