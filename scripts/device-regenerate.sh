@@ -10,8 +10,13 @@
 # held-out prompts. Prints one table; the figures also go to OUT/regen.jsonl.
 # Usage: scripts/device-regenerate.sh WORK OUT
 # Environment: D (.device: bin/train-regen-demo, tokenizers/qwen3), PYTHON,
-# CONVERSATIONS (3000), HELD_OUT (200), STEPS (400), PROMPTS (48),
-# NEW_TOKENS (96), MAX_TOKENS (64: the longest regenerated answer).
+# CONVERSATIONS (3000), HELD_OUT (200), STEPS (400), PROMPTS (32),
+# NEW_TOKENS (96), MAX_TOKENS (128: the longest regenerated answer; above
+# NEW_TOKENS, so that no served token lies past a cut answer's end-of-turn).
+# Both regenerate and serve-check use float32 and enable_thinking=false: a
+# random target's near-tied logits make bf16 and fp32 greedy answers part,
+# and Qwen3's template writes the empty think block into the last turn's
+# render, which the generation prompt then holds too.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:?usage: scripts/device-regenerate.sh WORK OUT}
@@ -41,7 +46,8 @@ for set in chat chat-eval; do
   name=${set/chat/regen}
   step "regenerate $set.jsonl -> $name.jsonl"
   $prepare regenerate "$work/$set.jsonl" --backend transformers --target "$work/target" \
-    --out "$work/$name.jsonl" --max-tokens "${MAX_TOKENS:-64}" \
+    --out "$work/$name.jsonl" --max-tokens "${MAX_TOKENS:-128}" \
+    --dtype float32 --template-option enable_thinking=false \
     --concurrency 256 --overwrite 2>&1 | tr '\r' '\n' | grep -v '^\[' >&2
   cp "$work/$name.jsonl.state.json" "$out/$name.state.json"
 done
@@ -71,7 +77,8 @@ for data in original regenerated; do
   cp "$work/run-$data/best/eval.json" "$out/eval-$data.json"
   step "$data: serve-check of best/ on the regenerated held-out prompts"
   $prepare serve-check --target "$work/target" --drafter "$work/run-$data/best" \
-    --prompts "$work/regen-eval.jsonl" --num-prompts "${PROMPTS:-48}" \
+    --prompts "$work/regen-eval.jsonl" --num-prompts "${PROMPTS:-32}" \
+    --template-option enable_thinking=false \
     --max-new-tokens "${NEW_TOKENS:-96}" --report "$out/serve-$data.json" \
     > "$out/serve-$data.out" 2> >(tr '\r' '\n' | tail -3 >&2) || true
   cat "$out/serve-$data.out" >&2
@@ -87,7 +94,8 @@ for data in ("original", "regenerated"):
     last = [l for l in train if "tau" in l][-1]
     rows.append((data, serve["eval_tau"], last["tau"], serve["acceptance_length"],
                  serve["acceptance_over_eval_tau"], serve["text_identical"],
-                 serve["histogram"]))
+                 serve["histogram"], serve["position_tau"], serve["replayed_acceptance"],
+                 serve["harmonic_position_tau"]))
 regen = json.load(open(os.path.join(out, "regen.state.json")))["report"]
 print(f"regenerate (transformers, train set): {regen['regenerated']} conversations, "
       f"{regen['completion_tokens']} tokens in {regen['seconds']} s = "
@@ -95,8 +103,11 @@ print(f"regenerate (transformers, train set): {regen['regenerated']} conversatio
       f"--max-tokens; {regen.get('retokenized_differs')} answers do not tokenize back "
       "to the generated tokens")
 print("| trained on | best eval tau | train tau (last step) | serve acceptance | "
-      "serve / eval tau | text = greedy | histogram 1..bs |")
-print("|---|---|---|---|---|---|---|")
+      "serve / eval tau | tau at every served position | its harmonic mean | "
+      "replayed in serving order | "
+      "text = greedy | histogram 1..bs |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r[0]} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.3f} | {r[4]:.3f} | {r[5]} | {r[6]} |")
+    print(f"| {r[0]} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.3f} | {r[4]:.3f} | {r[7]:.3f} | "
+          f"{r[9]:.3f} | {r[8]:.3f} | {r[5]} | {r[6]} |")
 PY

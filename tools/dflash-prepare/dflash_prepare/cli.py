@@ -194,6 +194,10 @@ def build_parser():
     regen.add_argument("--device", default="auto",
                        help="torch device of --backend transformers (default: cuda when "
                        "available)")
+    regen.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+                       help="arithmetic of --backend transformers (default: bfloat16 on "
+                       "a GPU; float32 when the answers must be serve-check's float32 "
+                       "greedy decoding token for token)")
     regen.add_argument("--temperature", type=_non_negative_float, default=0.0,
                        help="sampling temperature; 0 is greedy (default: 0)")
     regen.add_argument("--top-p", type=_probability, default=1.0, metavar="P",

@@ -168,8 +168,8 @@ def make_backend(args):
                              retries=args.retries, backoff=args.retry_backoff, **options)
     if not args.target:
         raise UserError("--backend transformers needs --target DIR")
-    return TransformersBackend(args.target, device=args.device, batch=args.concurrency,
-                               **options)
+    return TransformersBackend(args.target, device=args.device, dtype=args.dtype,
+                               batch=args.concurrency, **options)
 
 
 def run(args):
@@ -185,6 +185,7 @@ def run(args):
                 "input_names": list(args.inputs),
                 "backend": args.backend, "server": args.server, "model": args.model,
                 "target": os.path.abspath(args.target) if args.target else None,
+                "dtype": args.dtype if args.backend == "transformers" else None,
                 "temperature": args.temperature, "top_p": args.top_p,
                 "max_tokens": args.max_tokens, "template_options": args.template_options,
                 "last_turn_only": args.last_turn_only}

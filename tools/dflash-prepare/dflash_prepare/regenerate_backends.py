@@ -156,15 +156,21 @@ class ServerBackend:
 class TransformersBackend:
     """The target's `generate`, one batch of up to `batch` prompts at a time."""
 
-    def __init__(self, target, device="auto", batch=8, temperature=0.0, top_p=1.0,
-                 max_tokens=2048, template_options=None):
+    def __init__(self, target, device="auto", dtype="auto", batch=8, temperature=0.0,
+                 top_p=1.0, max_tokens=2048, template_options=None):
         from . import template
         self.torch = torch = require_torch2("--backend transformers")
         transformers = require("transformers", "--backend transformers")
         self.tokenizer = template.load_tokenizer(target)
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        # A random or weak target's logits are nearly tied: bf16 and fp32 greedy
+        # answers part within a few tokens, so float32 is offered to match
+        # serve-check (whose default is float32).
+        dtype = getattr(torch, dtype)
+        torch.backends.cuda.matmul.allow_tf32 = False
         try:
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
                 target, dtype=dtype, local_files_only=True).to(device).eval()

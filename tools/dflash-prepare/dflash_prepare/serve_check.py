@@ -93,6 +93,38 @@ def speculative(target, drafter, prompt, max_new, stops):
     return out[:max_new], blocks
 
 
+def position_runs(target, drafter, prompt, answer):
+    """1 + run of a block anchored at every answer position but the last,
+    drafted from the target's features of `prompt + answer` and counted
+    against `answer` itself: SEMANTICS.md section 10's tau with the anchors
+    of section 2, on the target's own text."""
+    target.reset()
+    full = prompt + answer
+    _, features = target.run(full)
+    context = drafter.context()
+    context.append(features[:len(prompt)])
+    runs = []
+    for anchor in range(len(prompt), len(full) - 1):
+        proposals = drafter.propose(context, full[anchor], anchor)
+        run = 0
+        while (run < len(proposals) and anchor + 1 + run < len(full)
+               and proposals[run] == full[anchor + 1 + run]):
+            run += 1
+        runs.append(1 + run)
+        context.append(features[anchor:anchor + 1])
+    return runs
+
+
+def serving_order(runs):
+    """The runs a server meets: it drafts at the first position, then after
+    each block's kept tokens, so it meets hard positions more often."""
+    met, at = [], 0
+    while at < len(runs):
+        met.append(runs[at])
+        at += runs[at]
+    return met
+
+
 def read_prompts(path, tokenizer, options, count):
     """Up to `count` prompts of a chat JSONL: each conversation up to its last
     assistant turn, with the generation prompt, as token ids."""
@@ -156,7 +188,7 @@ def run(args):
     prompts = read_prompts(args.prompts, tokenizer, args.template_options, args.num_prompts)
     note(f"{len(prompts)} prompts, {args.max_new_tokens} new tokens each, block size "
          f"{drafter.block_size}, {args.dtype} on {device}")
-    blocks, differ = [], []
+    blocks, differ, everywhere, replayed = [], [], [], []
     seconds = {"greedy": 0.0, "speculative": 0.0}
     tokens = {"greedy": 0, "speculative": 0}
     for number, (where, prompt) in enumerate(prompts, 1):
@@ -166,6 +198,9 @@ def run(args):
         began = time.perf_counter()
         spec, accepted = speculative(target, drafter, prompt, args.max_new_tokens, stops)
         seconds["speculative"] += time.perf_counter() - began
+        runs = position_runs(target, drafter, prompt, plain)
+        everywhere += runs
+        replayed += serving_order(runs)
         tokens["greedy"] += len(plain)
         tokens["speculative"] += len(spec)
         blocks += accepted
@@ -182,10 +217,19 @@ def run(args):
     histogram = [blocks.count(n) for n in range(1, bs + 1)]
     mean = sum(blocks) / len(blocks) if blocks else float("nan")
     tau = eval_tau_of(args.drafter)
+    position_tau = sum(everywhere) / len(everywhere) if everywhere else float("nan")
+    replay = sum(replayed) / len(replayed) if replayed else float("nan")
+    # A block at a position of run r covers r tokens, so a server drafts at
+    # about 1/r of such positions: the harmonic mean predicts what it sees.
+    harmonic = (len(everywhere) / sum(1 / r for r in everywhere) if everywhere
+                else float("nan"))
     report = {"prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "block_size": bs, "blocks": len(blocks), "acceptance_length": mean,
               "histogram": histogram, "eval_tau": tau,
               "acceptance_over_eval_tau": mean / tau if tau else None,
+              "position_tau": position_tau, "position_histogram":
+              [everywhere.count(n) for n in range(1, bs + 1)],
+              "replayed_acceptance": replay, "harmonic_position_tau": harmonic,
               "text_identical": not differ, "differing_prompts": differ,
               "dtype": args.dtype,
               "tokens_per_s": {k: tokens[k] / seconds[k] if seconds[k] else None
@@ -198,6 +242,9 @@ def run(args):
           f"(block size {bs})")
     print(f"  eval tau (eval.json): {'%.3f' % tau if tau else 'none (no eval.json)'}"
           + (f"; acceptance / eval tau = {mean / tau:.3f}" if tau else ""))
+    print(f"  tau at every position of the greedy text (training's estimator): "
+          f"{position_tau:.3f} (harmonic mean {harmonic:.3f}); those runs met in serving "
+          f"order: {replay:.3f}")
     print("  histogram (accepted tokens a block, 1 .. bs): " +
           " ".join(f"{n}:{c}" for n, c in enumerate(histogram, 1)))
     print(f"  text identical to greedy decoding: "

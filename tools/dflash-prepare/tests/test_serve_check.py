@@ -161,6 +161,22 @@ class ServeCheckTest(TempDir):
         # Each block starts at the last kept token: 1 + 4 tokens a block.
         self.assertEqual(drafter.anchors, [len(prompt) + BS * i for i in range(len(blocks))])
 
+    def test_position_runs_count_every_anchor_and_replay_the_served_blocks(self):
+        prompt = self.prompts[1]
+        P = len(prompt)
+        plain = self.sc.greedy(self.target, prompt, 30, set())
+
+        def answer(anchor):  # right at two anchors of three, wrong at the third
+            return plain[anchor - P + 1:anchor - P + BS] if anchor % 3 else [MASK] * (BS - 1)
+        runs = self.sc.position_runs(self.target, ToldDrafter(answer), prompt, plain)
+        full = prompt + plain
+        want = [min(BS, len(full) - a) if a % 3 else 1 for a in range(P, len(full) - 1)]
+        self.assertEqual(runs, want)
+        spec, blocks = self.sc.speculative(self.target, ToldDrafter(answer), prompt, 30, set())
+        self.assertEqual(spec, plain)
+        # The last block may run past the answer's end, where runs stop.
+        self.assertEqual(self.sc.serving_order(runs)[:len(blocks) - 1], blocks[:-1])
+
     def test_a_drafter_that_is_always_wrong_gets_one_token_a_block(self):
         prompt = self.prompts[0]
         drafter = ToldDrafter(lambda anchor: [MASK] * (BS - 1))
