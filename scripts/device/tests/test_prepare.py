@@ -81,6 +81,9 @@ class DevicePrepareTest(unittest.TestCase):
         root = cls.root
         os.makedirs(os.path.join(root, "scripts"))
         shutil.copy(os.path.join(REPO, "scripts", "device-prepare.sh"), os.path.join(root, "scripts"))
+        for name in os.listdir(os.path.join(REPO, "scripts")):  # specs of demos
+            if name.endswith(".toml"):
+                shutil.copy(os.path.join(REPO, "scripts", name), os.path.join(root, "scripts"))
         shutil.copytree(os.path.join(REPO, "scripts", "target-configs"),
                         os.path.join(root, "scripts", "target-configs"))
         shutil.copytree(os.path.join(REPO, "specs"), os.path.join(root, "specs"))
