@@ -29,24 +29,24 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not positive")
-    return value
+def _number(convert, noun, accept, problem):
+    """An argparse type: `convert` the text, then refuse what `accept` does
+    not, saying `problem` of the value."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {noun}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"{value} {problem}")
+        return value
+    return parse
 
 
-def _non_negative(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
+_positive = _number(int, "an integer", lambda v: v >= 1, "is not positive")
+_non_negative = _number(int, "an integer", lambda v: v >= 0, "is negative")
+_probability = _number(float, "a number", lambda v: 0 < v <= 1, "is not in (0, 1]")
+_non_negative_float = _number(float, "a number", lambda v: v >= 0, "is negative")
 
 
 def _template_option(text):
@@ -58,26 +58,6 @@ def _template_option(text):
         return key, json.loads(value)
     except ValueError:
         return key, value
-
-
-def _probability(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{value} is not in (0, 1]")
-    return value
-
-
-def _non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
 
 
 def build_parser():
