@@ -34,7 +34,8 @@ enum class BufferRole : uint8_t {
   Moment1,   ///< Adam first moment (fp32)
   Moment2,   ///< Adam second moment (fp32)
   Counter,   ///< StepCounter: int32 scalars
-  Metric,    ///< StepMetric (or another f32 the step reports)
+  Metric,    ///< StepMetric (or another value a program only reports: an
+             ///< f32 of the step, a target's expert ids as I32)
 };
 
 /// The per-step inputs (SEMANTICS.md section 1), in argument order.

@@ -8,7 +8,11 @@
 // gpt-oss also the q/k/v/o biases, each head's sink, sliding layers and
 // routed experts with biases and the clamped SwiGLU),
 // returning the residual stream after each tapped layer side by side: the
-// step's `target_hidden` [B, S, L*H] (SEMANTICS.md section 1). Weights are
+// step's `target_hidden` [B, S, L*H] (SEMANTICS.md section 1), and after it
+// each compiled sparse layer's chosen experts, `model.layers.<i>.mlp.
+// expert_ids` [B*S, k] I32 (metrics the runtime only reports: what
+// `target-features --experts` writes, to count the tokens whose experts
+// differ from transformers'). Weights are
 // frozen arguments named as in the Hugging Face checkpoint; a MoE layer's
 // experts are stacked `mlp.experts.<proj>.weight` [E, N, K] (and gpt-oss's
 // `.bias` [E, N]) whatever layout the checkpoint stores them in (the
@@ -47,6 +51,8 @@ private:
   const ::dflash::TargetModelConfig &target;
   OpBuilder b;
   ::dflash::import::FunctionArguments args;
+  /// Each sparse layer's chosen experts, by layer, in layer order.
+  SmallVector<std::pair<int64_t, Value>> expertIds;
 
   Type bf16() { return b.getBF16Type(); }
   RankedTensorType t(ArrayRef<int64_t> shape, Type elt) {
@@ -93,7 +99,7 @@ private:
   /// T*k routed rows grouped by expert through each expert's SwiGLU MLP
   /// (gpt-oss: biased and clamped), and back to the tokens weighted by the
   /// router (Qwen3-MoE: softmax then top-k; gpt-oss: top-k then softmax).
-  Value sparseMlp(Value h, const SparseWeights &w, Location l) {
+  Value sparseMlp(int64_t layer, Value h, const SparseWeights &w, Location l) {
     auto shape = cast<RankedTensorType>(h.getType()).getShape();
     const int64_t T = shape[0] * shape[1], H = shape[2];
     const int64_t E = target.numExperts, k = target.numExpertsPerToken;
@@ -105,6 +111,7 @@ private:
         b, l, t({T, k}, bf16()), t({T, k}, i32), logits, b.getI64IntegerAttr(k),
         b.getStringAttr(target.gptOss ? "topk_softmax" : "softmax_topk"),
         target.normTopkProb ? b.getUnitAttr() : UnitAttr());
+    expertIds.push_back({layer, route.getExperts()});
     auto rows =
         MoePermuteOp::create(b, l, t({T * k, H}, bf16()), t({E + 1}, i32),
                              t({T * k}, i32), tokens, route.getExperts());
@@ -235,11 +242,9 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
   const int64_t L = spec.numTaps();
   Type resultType = t({B, S, L * H}, bf16());
   b.setInsertionPointToEnd(module->getBody());
+  // Its results are typed once the body is built (the expert ids follow).
   auto func = func::FuncOp::create(b, moduleLoc, "target",
                                    b.getFunctionType(args.types, {resultType}));
-  // The result is what the drafter's step reads as its input.
-  func.setResultAttr(0, kArgAttrName,
-                     ArgAttr::get(&ctx, ArgRole::Input, "target_hidden"));
   Block *entry = args.addEntryBlock(func);
   b.setInsertionPointToStart(entry);
   auto arg = [&](unsigned i) -> Value {
@@ -272,7 +277,7 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     Value h2 =
         rmsNorm(x, arg(a.postNorm), loc(p + ".post_attention_layernorm"));
     Value y = a.sparse
-                  ? sparseMlp(h2,
+                  ? sparseMlp(i, h2,
                               {arg(a.router), arg(a.gate), arg(a.up),
                                arg(a.down), arg(a.routerBias), arg(a.gateBias),
                                arg(a.upBias), arg(a.downBias)},
@@ -285,7 +290,23 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
   }
   Value features =
       ConcatLastOp::create(b, loc("taps"), resultType, ValueRange(taps));
-  func::ReturnOp::create(b, loc("taps"), features);
+  SmallVector<Value> results{features};
+  SmallVector<Type> resultTypes{resultType};
+  for (auto [layer, ids] : expertIds) {
+    results.push_back(ids);
+    resultTypes.push_back(ids.getType());
+  }
+  func::ReturnOp::create(b, loc("taps"), results);
+  func.setFunctionType(b.getFunctionType(args.types, resultTypes));
+  // The first is what the drafter's step reads as its input.
+  func.setResultAttr(0, kArgAttrName,
+                     ArgAttr::get(&ctx, ArgRole::Input, "target_hidden"));
+  for (auto [k, route] : llvm::enumerate(expertIds))
+    func.setResultAttr(unsigned(k + 1), kArgAttrName,
+                       ArgAttr::get(&ctx, ArgRole::Metric,
+                                    "model.layers." +
+                                        std::to_string(route.first) +
+                                        ".mlp.expert_ids"));
   if (failed(verify(*module)))
     return nullptr;
   return module;

@@ -24,7 +24,8 @@ namespace {
 
 struct Options {
   std::string target, rows, out;
-  int bench = 0; ///< timed batches on random weights; 0: features
+  std::string experts; ///< where to write the sparse layers' expert ids
+  int bench = 0;       ///< timed batches on random weights; 0: features
   bool packed = false;
   bool noGemmTiming = false;
   bool noGraph = false; ///< --bench: launch op by op, not as one CUDA graph
@@ -78,6 +79,9 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
     DFLASH_RETURN_IF_ERROR(rowsIn.open(o.rows));
     const int64_t V = specs[size_t(map.frozen[0])].shape[0];
     DFLASH_RETURN_IF_ERROR(readTokenRows(rowsIn, S, V, tokens));
+    if (!o.experts.empty() && map.expertIds.empty())
+      return Status::error("--experts: the target program has no sparse "
+                           "layers, so no expert ids to write");
   }
 
   std::unique_ptr<DeviceContext> device;
@@ -204,6 +208,11 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
   // with copies of row 0 whose features are dropped.
   const int64_t R = tokens.rows, width = features.shape.back();
   std::vector<uint16_t> out(size_t(R * S * width));
+  // --experts: each sparse layer's [B*S, k] ids, gathered to [R, S, k].
+  std::vector<std::vector<int32_t>> experts;
+  if (!o.experts.empty())
+    for (int index : map.expertIds)
+      experts.emplace_back(size_t(R * S * specs[size_t(index)].shape[1]));
   for (int64_t r0 = 0; r0 < R; r0 += B) {
     for (int64_t b = 0; b < B; ++b) {
       const int64_t r = r0 + b < R ? r0 + b : 0;
@@ -219,10 +228,34 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
             &out[size_t(r0 * S * width)], buffers[size_t(map.features)],
             size_t(n * S * width) * 2, cudaMemcpyDeviceToHost, stream),
         "copying the features back"));
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const int64_t k = specs[size_t(map.expertIds[e])].shape[1];
+      DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+          cudaMemcpyAsync(&experts[e][size_t(r0 * S * k)],
+                          buffers[size_t(map.expertIds[e])],
+                          size_t(n * S * k) * 4, cudaMemcpyDeviceToHost,
+                          stream),
+          "copying " + specs[size_t(map.expertIds[e])].name + " back"));
+    }
     DFLASH_RETURN_IF_ERROR(device->synchronize("the target program"));
   }
   DFLASH_RETURN_IF_ERROR(
       writeFeatureShard(o.out, rowsIn, out, width, o.target));
+  if (!o.experts.empty()) {
+    std::vector<TensorData> tensors;
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const BufferSpec &b = specs[size_t(map.expertIds[e])];
+      tensors.push_back(
+          {b.name, DType::I32, {R, S, b.shape[1]}, experts[e].data()});
+    }
+    DFLASH_RETURN_IF_ERROR(writeSafetensors(
+        o.experts, tensors,
+        {{"format", "dflash-expert-ids"}, {"target", o.target}}));
+    std::fprintf(stderr,
+                 "target-features: wrote %s: the expert ids of %zu sparse "
+                 "layers [%lld, %lld, k]\n",
+                 o.experts.c_str(), experts.size(), (long long)R, (long long)S);
+  }
   std::fprintf(stderr,
                "target-features: wrote %s: hidden_states [%lld, %lld, "
                "%lld] on %s\n",
@@ -251,6 +284,11 @@ int dflash::rt::targetFeaturesMain(int argc, char **argv,
                  "feature shard to write: the token shard's tensors and "
                  "hidden_states [R, seq_len, taps x hidden] bf16")
       ->type_name("FILE");
+  app.add_option("--experts", o.experts,
+                 "also write each sparse layer's chosen experts, "
+                 "model.layers.<i>.mlp.expert_ids [R, seq_len, k] I32 in "
+                 "the router's order, to this safetensors file")
+      ->type_name("FILE");
   app.add_option("--bench", o.bench,
                  "time N batches on random weights and tokens instead "
                  "(median, tokens/s, TFLOP/s by the compiler's count)")
@@ -273,6 +311,9 @@ int dflash::rt::targetFeaturesMain(int argc, char **argv,
     if (!o.bench && (o.target.empty() || o.rows.empty() || o.out.empty()))
       throw CLI::ValidationError("--target, --rows and -o are needed (or "
                                  "--bench N)");
+    if (o.bench && !o.experts.empty())
+      throw CLI::ValidationError("--experts writes the experts of a token "
+                                 "shard's rows; --bench has none");
   } catch (const CLI::ParseError &e) {
     return app.exit(e);
   }

@@ -356,6 +356,15 @@ StepHyper dflash::rt::stepHyperFor(const ModelConfig &c, double lr,
   return hyper;
 }
 
+namespace {
+/// `model.layers.<i>.mlp.expert_ids`: a sparse layer's chosen experts.
+bool isExpertIds(const std::string &name) {
+  const std::string suffix = ".mlp.expert_ids";
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+} // namespace
+
 Status dflash::rt::mapTargetBuffers(const std::vector<BufferSpec> &buffers,
                                     TargetBufferMap &map) {
   map = TargetBufferMap();
@@ -369,6 +378,9 @@ Status dflash::rt::mapTargetBuffers(const std::vector<BufferSpec> &buffers,
       map.positionIds = int(i);
     } else if (b.role == BufferRole::Input && b.name == "target_hidden") {
       map.features = int(i);
+    } else if (b.role == BufferRole::Metric && b.dtype == DType::I32 &&
+               b.shape.size() == 2 && isExpertIds(b.name)) {
+      map.expertIds.push_back(int(i));
     } else {
       return Status::error("the target program has an unexpected buffer '" +
                            b.name + "' (role " + nameOf(b.role) + ")");

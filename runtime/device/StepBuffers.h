@@ -92,12 +92,15 @@ Status mapEvalBuffers(const std::vector<BufferSpec> &buffers,
 /// (StepProgram.h, createTargetProgram).
 struct TargetBufferMap {
   int inputIds = -1, positionIds = -1, features = -1;
-  std::vector<int> frozen; ///< its weights, in binding order
+  std::vector<int> frozen;    ///< its weights, in binding order
+  std::vector<int> expertIds; ///< each sparse layer's chosen experts
 };
 
 /// Maps every buffer of a target program: input_ids, position_ids, its
-/// frozen weights (by checkpoint name) and its output target_hidden,
-/// nothing else. Messages name the buffer.
+/// frozen weights (by checkpoint name), its output target_hidden and the
+/// expert ids its sparse layers report (I32 metrics named
+/// `model.layers.<i>.mlp.expert_ids`, [B*S, k]), nothing else. Messages
+/// name the buffer.
 Status mapTargetBuffers(const std::vector<BufferSpec> &buffers,
                         TargetBufferMap &map);
 

@@ -9,8 +9,9 @@ features against transformers, for the online suites of device-check.
       saved with save_pretrained, 6 rows of 128 tokens (4 packed),
       target-features-{tq,tl,tm} on them, and each conversation alone
       through transformers in fp32 (the reference) and in bf16 (its own
-      noise floor); for the MoE also the share of tokens whose top-k
-      experts transformers' bf16 forward chooses differently from its fp32
+      noise floor); for the MoE also the share of tokens (x sparse layers)
+      whose top-k experts the compiled target (target-features --experts)
+      and transformers' bf16 forward each choose differently from its fp32
       one, and the layout save_pretrained wrote the experts in
   hf_targets.py q8-target DEVICE WORK [--features]
       the random Qwen3-8B-shaped target (DEVICE/tcfg/q8) in WORK/t8 and a
@@ -92,6 +93,45 @@ def conversation_features(model, ids, pos, taps, rows, like, routes=None):
             routes.append(torch.stack([l.float().topk(k, dim=-1).indices.sort(-1).values
                                        for l in result.router_logits]).cpu())
     return out
+
+
+def sparse_layer_ids(cfg):
+    """The layers whose MLP routes tokens to experts, as transformers builds
+    them: every gpt-oss layer; a Qwen3-MoE layer unless mlp_only_layers
+    names it or decoder_sparse_step skips it."""
+    if cfg.model_type == "gpt_oss":
+        return list(range(cfg.num_hidden_layers))
+    step = getattr(cfg, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(cfg, "mlp_only_layers", []) or [])
+    return [i for i in range(cfg.num_hidden_layers)
+            if i not in dense and cfg.num_experts > 0 and (i + 1) % step == 0]
+
+
+def compiled_routes(path, cfg, reference):
+    """target-features --experts' ids, sorted per token, [layers, R*S, k] in
+    layer order, and the matching layers of `reference` (transformers'
+    [its router layers, tokens, k]: the compiled target runs up to the last
+    tap only)."""
+    import torch
+    import safetensors.torch
+    tensors = safetensors.torch.load_file(path)
+    by_layer = sorted((int(name.split(".")[2]), t) for name, t in tensors.items())
+    compiled = torch.stack([t.reshape(-1, t.shape[-1]).long().sort(-1).values
+                            for _, t in by_layer])
+    sparse = sparse_layer_ids(cfg)
+    rank = {layer: j for j, layer in enumerate(sparse)}
+    if reference.shape[0] == cfg.num_hidden_layers:  # a router output per layer
+        rank = {layer: layer for layer in sparse}
+    matching = reference[[rank[layer] for layer, _ in by_layer]]
+    if matching.shape != compiled.shape:
+        raise SystemExit(f"hf_targets: {path}: expert ids {list(compiled.shape)} against "
+                         f"transformers' {list(matching.shape)}")
+    return compiled, matching
+
+
+def topk_differ_pct(got, ref):
+    """Percent of (layer, token) pairs whose sorted top-k sets differ."""
+    return 100 * (got != ref.long()).any(-1).float().mean().item()
 
 
 def relative_errors(got, ref):
@@ -268,8 +308,12 @@ def small_features(device, work, kinds):
                    "loss_mask": np.ones((rows, seq), dtype=np.uint8)}, tokens,
                   {"format": "dflash-token-shard", "format_version": "1"})
         features = os.path.join(folder, "features.safetensors")
-        rc = subprocess.run([os.path.join(device, "bin", binary), "--target", folder, "--rows",
-                             tokens, "-o", features]).returncode
+        experts = os.path.join(folder, "experts.safetensors")
+        command = [os.path.join(device, "bin", binary), "--target", folder, "--rows",
+                   tokens, "-o", features]
+        if kind in MOE_TARGETS:
+            command += ["--experts", experts]
+        rc = subprocess.run(command).returncode
         if rc != 0:
             print(f"hf_targets: {binary} exited {rc}", file=sys.stderr)
             failed = True
@@ -292,8 +336,12 @@ def small_features(device, work, kinds):
                 "whole": whole, "worst_token": token,
                 "whole_bf16": whole16, "worst_token_bf16": token16}
         if len(routes) == 2:
-            differ = (routes[torch.float32] != routes[torch.bfloat16]).any(-1)
-            line["topk_differ_pct"] = 100 * differ.float().mean().item()
+            line["topk_differ_pct"] = topk_differ_pct(routes[torch.bfloat16],
+                                                      routes[torch.float32])
+            compiled, layers = compiled_routes(experts, cfg, routes[torch.float32])
+            line["topk_differ_pct_compiled"] = topk_differ_pct(compiled, layers)
+            _, layers16 = compiled_routes(experts, cfg, routes[torch.bfloat16])
+            line["topk_differ_pct_compiled_vs_bf16"] = topk_differ_pct(compiled, layers16)
         if kind in MOE_TARGETS:
             line["expert_layout"] = expert_layout(folder)
         print(json.dumps(line), flush=True)

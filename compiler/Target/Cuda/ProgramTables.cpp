@@ -233,9 +233,10 @@ FailureOr<std::string> StepEmitter::emit() {
                             "dflash-plan-memory before translation to CUDA");
   if (failed(nameBuffers()) || failed(nameSlots()))
     return failure();
-  // A target program's results (its features) are buffers after the
-  // arguments, bound to the step's inputs of the same name; the op that
-  // makes one writes it there directly.
+  // A target program's results are buffers after the arguments: its
+  // features, bound to the step's input of the same name, and metrics the
+  // runtime only reports (a sparse layer's expert ids); the op that makes
+  // one writes it there directly.
   func::ReturnOp ret = sig.returnOp();
   std::string outputSpecs;
   if (sig.isTarget()) {
@@ -243,21 +244,24 @@ FailureOr<std::string> StepEmitter::emit() {
       ArgAttr info = sig.resultInfo(i);
       Value root = storageRoot(ret.getOperand(i));
       std::optional<StepInput> input = parseStepInput(info.getName().str());
-      if (info.getRole() != ArgRole::Input || !input ||
+      const bool reported = info.getRole() == ArgRole::Metric;
+      if ((!reported && (info.getRole() != ArgRole::Input || !input)) ||
           isa<BlockArgument>(root) || outputBuffer.count(root))
         return step.emitError()
                << "result " << i << " ('" << info.getName()
-               << "') of @target is not a step input computed by the program";
+               << "') of @target is neither a step input nor a metric "
+                  "computed by the program";
       std::string name = uniqueName("buffer", identifier(info.getName()));
       bufferNames += "constexpr int " + name + " = " +
                      std::to_string(step.getNumArguments() + i) + ";\n";
       outputBuffer[root] = name;
       auto t = tensorOf(root);
       outputSpecs += "      {" + quoted(info.getName()) +
-                     ", BufferRole::Input, DType::" +
-                     dtypeName(dtypeOf(t.getElementType())) + ", " +
-                     intList(t.getShape()) + ", " +
-                     std::to_string(int64_t(*input)) + "},\n";
+                     ", BufferRole::" + (reported ? "Metric" : "Input") +
+                     ", DType::" + dtypeName(dtypeOf(t.getElementType())) +
+                     ", " + intList(t.getShape()) + ", " +
+                     std::to_string(reported ? int64_t(-1) : int64_t(*input)) +
+                     "},\n";
     }
   }
   for (Operation &op : step.front().without_terminator())

@@ -120,5 +120,22 @@ TEST(TargetFeaturesMain, BadInputsAreRefusedBeforeTheGpu) {
       << err;
   EXPECT_EQ(runTargetFeatures(good, &fakeTargetNeedingMore, err), 1);
   EXPECT_NE(err.find("model.norm.weight"), std::string::npos) << err;
+  // --experts needs sparse layers, and rows (not --bench).
+  ASSERT_TRUE(writeRows(dir.path + "/good.safetensors", c.seqLen, 1).ok());
+  EXPECT_EQ(runTargetFeatures({"--target", dir.path + "/target", "--rows",
+                               dir.path + "/good.safetensors", "-o",
+                               dir.path + "/out.safetensors", "--experts",
+                               dir.path + "/experts.safetensors"},
+                              &fakeTargetFactory, err),
+            1);
+  EXPECT_NE(err.find("--experts: the target program has no sparse layers"),
+            std::string::npos)
+      << err;
+  EXPECT_NE(runTargetFeatures({"--bench", "3", "--experts",
+                               dir.path + "/experts.safetensors"},
+                              &fakeTargetFactory, err),
+            0);
+  EXPECT_NE(err.find("--bench has none"), std::string::npos) << err;
   EXPECT_FALSE(std::filesystem::exists(dir.path + "/out.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/experts.safetensors"));
 }

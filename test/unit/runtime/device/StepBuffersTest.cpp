@@ -321,3 +321,57 @@ TEST(TrainBuffers, ShardedMismatchesNameTheBucketOrTensor) {
               "step program: optimizer shard layout, bucket 1: shards of 0 "
               "elements");
 }
+
+// A target program's buffers: tokens in, weights by checkpoint name,
+// target_hidden out, and each sparse layer's expert ids (I32 metrics);
+// anything else is named.
+TEST(TrainBuffers, MapsATargetProgram) {
+  const int64_t B = 2, S = 8;
+  std::vector<BufferSpec> buffers = {
+      {"input_ids", BufferRole::Input, DType::I32, {B, S}, 0},
+      {"position_ids", BufferRole::Input, DType::I32, {B, S}, 5},
+      {"model.embed_tokens.weight",
+       BufferRole::Frozen,
+       DType::BF16,
+       {64, 16},
+       -1},
+      {"target_hidden", BufferRole::Input, DType::BF16, {B, S, 32}, 2},
+      {"model.layers.1.mlp.expert_ids",
+       BufferRole::Metric,
+       DType::I32,
+       {B * S, 2},
+       -1},
+      {"model.layers.3.mlp.expert_ids",
+       BufferRole::Metric,
+       DType::I32,
+       {B * S, 2},
+       -1}};
+  TargetBufferMap map;
+  Status s = mapTargetBuffers(buffers, map);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ((std::vector<int>{map.inputIds, map.positionIds, map.features}),
+            (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(map.frozen, std::vector<int>{2});
+  EXPECT_EQ(map.expertIds, (std::vector<int>{4, 5}));
+
+  // Expert ids must be I32 [B*S, k] under their name; a float metric is
+  // not one.
+  for (BufferSpec wrong : {BufferSpec{"model.layers.1.mlp.expert_ids",
+                                      BufferRole::Metric,
+                                      DType::F32,
+                                      {B * S, 2},
+                                      -1},
+                           BufferSpec{"model.layers.1.mlp.router",
+                                      BufferRole::Metric,
+                                      DType::I32,
+                                      {B * S, 2},
+                                      -1}}) {
+    std::vector<BufferSpec> bad = buffers;
+    bad[4] = wrong;
+    s = mapTargetBuffers(bad, map);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.message().find("unexpected buffer '" + wrong.name + "'"),
+              std::string::npos)
+        << s.message();
+  }
+}
