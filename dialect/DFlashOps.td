@@ -518,5 +518,6 @@ include "dialect/DFlashGradientOps.td"
 include "dialect/DFlashOptimizerOps.td"
 include "dialect/DFlashKernelOps.td"
 include "dialect/DFlashMoeOps.td"
+include "dialect/DFlashHybridOps.td"
 
 #endif // DFLASH_OPS_TD

@@ -6,7 +6,10 @@
 // and RoPE, optionally Llama-3- or YaRN-scaled; pre-norm SwiGLU MLP, or
 // Qwen3-MoE's routed experts where the layer is sparse; residual adds; for
 // gpt-oss also the q/k/v/o biases, each head's sink, sliding layers and
-// routed experts with biases and the clamped SwiGLU),
+// routed experts with biases and the clamped SwiGLU; for the Qwen3.5/3.6/
+// Next hybrids Gated DeltaNet layers where config.json says, gated full
+// attention with partial rotary elsewhere, zero-centred norms, and routed
+// plus shared experts in the MoE forms),
 // returning the residual stream after each tapped layer side by side: the
 // step's `target_hidden` [B, S, L*H] (SEMANTICS.md section 1), and after it
 // each compiled sparse layer's chosen experts, `model.layers.<i>.mlp.
@@ -78,7 +81,11 @@ private:
     out.push_back(cast<RankedTensorType>(w.getType()).getDimSize(0));
     return BiasedLinearOp::create(b, l, t(out, bf16()), x, w, bias);
   }
+  /// The model's RMSNorm: zero-centred (x * (1 + w)) in the hybrid family.
   Value rmsNorm(Value x, Value w, Location l) {
+    if (target.hybrid)
+      return ZeroCentredRmsNormOp::create(b, l, x.getType(), x, w,
+                                          b.getF64FloatAttr(target.rmsNormEps));
     return ::dflash::import::rmsNorm(b, l, x, w, target.rmsNormEps);
   }
   Value reshape(Value x, ArrayRef<int64_t> shape, Location l) {
@@ -94,6 +101,8 @@ private:
   struct SparseWeights {
     Value router, gate, up, down;
     Value routerBias, gateBias, upBias, downBias;
+    /// The hybrid MoE forms' shared expert and its per-token gate [1, H].
+    Value sharedGate, sharedUp, sharedDown, sharedExpertGate;
   };
   /// A sparse MLP over the T = B*S tokens: the router's top-k experts, the
   /// T*k routed rows grouped by expert through each expert's SwiGLU MLP
@@ -131,9 +140,56 @@ private:
     Value y = MoeUnpermuteOp::create(b, l, t({T, H}, bf16()),
                                      grouped(act, w.down, w.downBias, H),
                                      rows.getSource(), route.getWeights());
+    if (w.sharedGate) {
+      // Every token also goes through the shared expert, scaled by
+      // sigmoid(shared_expert_gate(x)), one gate a token.
+      Value shared =
+          denseMlp(tokens, w.sharedGate, w.sharedUp, w.sharedDown, l);
+      Value gate = linear(tokens, w.sharedExpertGate, l);
+      y = AddOp::create(
+          b, l, y.getType(), y,
+          SigmoidGateOp::create(b, l, shared.getType(), shared, gate));
+    }
     return reshape(y, shape, l);
   }
+  /// A Gated DeltaNet layer over the normed residual h [B, S, H]: q, k and
+  /// v from one projection through the causal conv, the gated delta rule
+  /// with a, b, A_log and dt_bias, the gated RMSNorm with z, out_proj.
+  struct DeltaNetWeights {
+    Value inProjQkv, inProjZ, inProjB, inProjA, conv, dtBias, aLog, norm,
+        outProj;
+  };
+  Value gatedDeltaNet(Value h, const DeltaNetWeights &w, Value positions,
+                      Location l) {
+    auto shape = cast<RankedTensorType>(h.getType()).getShape();
+    const int64_t B = shape[0], S = shape[1];
+    const int64_t Hk = target.linearKeyHeads, Hv = target.linearValueHeads;
+    const int64_t dk = target.linearKeyHeadDim, dv = target.linearValueHeadDim;
+    const int64_t Kd = target.linearKeyDim(), Vd = target.linearValueDim();
+    Value qkv = linear(h, w.inProjQkv, l);
+    Value mixed =
+        CausalConvOp::create(b, l, qkv.getType(), qkv, w.conv, positions);
+    auto parts = SplitLastOp::create(
+        b, l,
+        TypeRange{t({B, S, Kd}, bf16()), t({B, S, Kd}, bf16()),
+                  t({B, S, Vd}, bf16())},
+        mixed, b.getDenseI64ArrayAttr({Kd, Kd, Vd}));
+    Value q = reshape(parts.getResult(0), {B, S, Hk, dk}, l);
+    Value k = reshape(parts.getResult(1), {B, S, Hk, dk}, l);
+    Value v = reshape(parts.getResult(2), {B, S, Hv, dv}, l);
+    Value z = reshape(linear(h, w.inProjZ, l), {B, S, Hv, dv}, l);
+    Value beta = linear(h, w.inProjB, l), a = linear(h, w.inProjA, l);
+    Value o = GatedDeltaRuleOp::create(b, l, v.getType(), q, k, v, a, beta,
+                                       w.aLog, w.dtBias, positions);
+    Value y = GatedRmsNormOp::create(b, l, o.getType(), o, z, w.norm,
+                                     b.getF64FloatAttr(target.rmsNormEps));
+    return linear(reshape(y, {B, S, Vd}, l), w.outProj, l);
+  }
   Value rope(Value x, Value positions, Location l) {
+    if (target.hybrid)
+      return PartialRopeOp::create(b, l, x.getType(), x, positions,
+                                   b.getF64FloatAttr(target.ropeTheta),
+                                   b.getI64IntegerAttr(target.rotaryDim));
     if (target.yarn) {
       const ::dflash::YarnRopeScaling &y = *target.yarn;
       return YarnRopeOp::create(
@@ -186,6 +242,13 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     unsigned sinks = kNone, routerBias = kNone, gateBias = kNone,
              upBias = kNone, downBias = kNone;
     int64_t window = 0; ///< a sliding layer's keys; 0: full attention
+    /// A Gated DeltaNet layer (no q/k/v/o), and its weights.
+    bool linear = false;
+    unsigned inProjQkv = kNone, inProjZ = kNone, inProjB = kNone,
+             inProjA = kNone, conv = kNone, dtBias = kNone, aLog = kNone,
+             deltaNorm = kNone, outProj = kNone;
+    unsigned sharedGate = kNone, sharedUp = kNone, sharedDown = kNone,
+             sharedExpertGate = kNone;
   };
   const int64_t E = target.numExperts, I2 = target.moeIntermediateSize;
   SmallVector<LayerArgs> layers;
@@ -199,10 +262,29 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
       return tensor(shape, name + ".weight");
     };
     a.inputNorm = frozen({H}, "input_layernorm");
-    a.q = frozen({nh * d, H}, "self_attn.q_proj");
-    a.k = frozen({nkv * d, H}, "self_attn.k_proj");
-    a.v = frozen({nkv * d, H}, "self_attn.v_proj");
-    a.o = frozen({H, nh * d}, "self_attn.o_proj");
+    a.linear = target.linearLayer(i);
+    if (a.linear) {
+      const int64_t Kd = target.linearKeyDim(), Vd = target.linearValueDim();
+      const int64_t Hv = target.linearValueHeads;
+      // The loader splits Qwen3-Next's fused in_proj_qkvz and in_proj_ba
+      // into these, and reads conv1d.weight [C, 1, K] as [C, K].
+      a.inProjQkv = frozen({2 * Kd + Vd, H}, "linear_attn.in_proj_qkv");
+      a.inProjZ = frozen({Vd, H}, "linear_attn.in_proj_z");
+      a.inProjB = frozen({Hv, H}, "linear_attn.in_proj_b");
+      a.inProjA = frozen({Hv, H}, "linear_attn.in_proj_a");
+      a.conv =
+          frozen({2 * Kd + Vd, target.linearConvKernel}, "linear_attn.conv1d");
+      a.dtBias = tensor({Hv}, "linear_attn.dt_bias");
+      a.aLog = tensor({Hv}, "linear_attn.A_log");
+      a.deltaNorm = frozen({target.linearValueHeadDim}, "linear_attn.norm");
+      a.outProj = frozen({H, Vd}, "linear_attn.out_proj");
+    } else {
+      // The hybrids' q_proj holds each head's query, then its output gate.
+      a.q = frozen({(target.hybrid ? 2 : 1) * nh * d, H}, "self_attn.q_proj");
+      a.k = frozen({nkv * d, H}, "self_attn.k_proj");
+      a.v = frozen({nkv * d, H}, "self_attn.v_proj");
+      a.o = frozen({H, nh * d}, "self_attn.o_proj");
+    }
     if (target.gptOss) {
       a.qBias = tensor({nh * d}, "self_attn.q_proj.bias");
       a.kBias = tensor({nkv * d}, "self_attn.k_proj.bias");
@@ -212,7 +294,7 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
       if (target.slidingLayers[size_t(i)])
         a.window = target.slidingWindow;
     }
-    if (target.qkNorm) {
+    if (target.qkNorm && !a.linear) {
       a.qNorm = frozen({d}, "self_attn.q_norm");
       a.kNorm = frozen({d}, "self_attn.k_norm");
     }
@@ -225,6 +307,12 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
       a.gate = frozen({E, I2, H}, "mlp.experts.gate_proj");
       a.up = frozen({E, I2, H}, "mlp.experts.up_proj");
       a.down = frozen({E, H, I2}, "mlp.experts.down_proj");
+      if (const int64_t Is = target.sharedExpertIntermediateSize) {
+        a.sharedGate = frozen({Is, H}, "mlp.shared_expert.gate_proj");
+        a.sharedUp = frozen({Is, H}, "mlp.shared_expert.up_proj");
+        a.sharedDown = frozen({H, Is}, "mlp.shared_expert.down_proj");
+        a.sharedExpertGate = frozen({1, H}, "mlp.shared_expert_gate");
+      }
       if (target.gptOss) {
         a.routerBias = tensor({E}, "mlp.router.bias");
         a.gateBias = tensor({E, I2}, "mlp.experts.gate_proj.bias");
@@ -260,29 +348,62 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     std::string p = "model.layers." + std::to_string(i);
     Location attn = loc(p + ".self_attn"), mlp = loc(p + ".mlp");
     Value h = rmsNorm(x, arg(a.inputNorm), loc(p + ".input_layernorm"));
-    auto heads = [&](unsigned w, unsigned bias, int64_t n, unsigned norm) {
-      Value y = reshape(linear(h, arg(w), arg(bias), attn), {B, S, n, d}, attn);
+    auto heads = [&](Value y, int64_t n, unsigned norm) {
+      if (y.getType() != t({B, S, n, d}, bf16()))
+        y = reshape(y, {B, S, n, d}, attn);
       if (target.qkNorm && norm != kNone)
         y = rmsNorm(y, arg(norm), attn);
       return y;
     };
-    Value q = rope(heads(a.q, a.qBias, nh, a.qNorm), positions, attn);
-    Value k = rope(heads(a.k, a.kBias, nkv, a.kNorm), positions, attn);
-    Value v = heads(a.v, a.vBias, nkv, kNone);
-    Value o = CausalAttentionOp::create(b, attn, q.getType(), q, k, v,
-                                        positions, arg(a.sinks), a.window);
-    x = AddOp::create(
-        b, attn, x.getType(), x,
-        linear(reshape(o, {B, S, nh * d}, attn), arg(a.o), arg(a.oBias), attn));
+    auto projected = [&](unsigned w, unsigned bias, int64_t n, unsigned norm) {
+      return heads(linear(h, arg(w), arg(bias), attn), n, norm);
+    };
+    if (a.linear) {
+      Location delta = loc(p + ".linear_attn");
+      x = AddOp::create(
+          b, delta, x.getType(), x,
+          gatedDeltaNet(h,
+                        {arg(a.inProjQkv), arg(a.inProjZ), arg(a.inProjB),
+                         arg(a.inProjA), arg(a.conv), arg(a.dtBias),
+                         arg(a.aLog), arg(a.deltaNorm), arg(a.outProj)},
+                        positions, delta));
+    } else {
+      // The hybrids' output gate: each head's second half of q_proj.
+      Value q, gate;
+      if (target.hybrid) {
+        auto halves = SplitLastOp::create(
+            b, attn,
+            TypeRange{t({B, S, nh, d}, bf16()), t({B, S, nh, d}, bf16())},
+            reshape(linear(h, arg(a.q), attn), {B, S, nh, 2 * d}, attn),
+            b.getDenseI64ArrayAttr({d, d}));
+        q = heads(halves.getResult(0), nh, a.qNorm);
+        gate = reshape(halves.getResult(1), {B, S, nh * d}, attn);
+      } else {
+        q = projected(a.q, a.qBias, nh, a.qNorm);
+      }
+      q = rope(q, positions, attn);
+      Value k = rope(projected(a.k, a.kBias, nkv, a.kNorm), positions, attn);
+      Value v = projected(a.v, a.vBias, nkv, kNone);
+      Value o =
+          reshape(CausalAttentionOp::create(b, attn, q.getType(), q, k, v,
+                                            positions, arg(a.sinks), a.window),
+                  {B, S, nh * d}, attn);
+      if (gate)
+        o = SigmoidGateOp::create(b, attn, o.getType(), o, gate);
+      x = AddOp::create(b, attn, x.getType(), x,
+                        linear(o, arg(a.o), arg(a.oBias), attn));
+    }
     Value h2 =
         rmsNorm(x, arg(a.postNorm), loc(p + ".post_attention_layernorm"));
-    Value y = a.sparse
-                  ? sparseMlp(i, h2,
-                              {arg(a.router), arg(a.gate), arg(a.up),
-                               arg(a.down), arg(a.routerBias), arg(a.gateBias),
-                               arg(a.upBias), arg(a.downBias)},
-                              mlp)
-                  : denseMlp(h2, arg(a.gate), arg(a.up), arg(a.down), mlp);
+    Value y =
+        a.sparse
+            ? sparseMlp(i, h2,
+                        {arg(a.router), arg(a.gate), arg(a.up), arg(a.down),
+                         arg(a.routerBias), arg(a.gateBias), arg(a.upBias),
+                         arg(a.downBias), arg(a.sharedGate), arg(a.sharedUp),
+                         arg(a.sharedDown), arg(a.sharedExpertGate)},
+                        mlp)
+            : denseMlp(h2, arg(a.gate), arg(a.up), arg(a.down), mlp);
     x = AddOp::create(b, mlp, x.getType(), x, y);
     if (std::find(spec.targetLayerIds.begin(), spec.targetLayerIds.end(), i) !=
         spec.targetLayerIds.end())

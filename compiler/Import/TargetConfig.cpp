@@ -2,6 +2,8 @@
 
 #include "compiler/Import/TargetConfig.h"
 
+#include "compiler/Import/ConfigReader.h"
+
 #include "llvm/Support/Error.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -10,84 +12,9 @@
 #include <cmath>
 
 using namespace ::dflash;
-namespace json = llvm::json;
+using namespace ::dflash::import;
 
 namespace {
-
-/// Reads fields of one config object, keeping the first error.
-class ConfigReader {
-public:
-  ConfigReader(const json::Object &object, std::string path, std::string prefix,
-               std::string &error)
-      : object(object), path(std::move(path)), prefix(std::move(prefix)),
-        error(error) {}
-
-  /// "DIR/config.json: 'field' message", the field under its prefix.
-  bool fail(const std::string &field, const std::string &message) {
-    error = path + ": '" + prefix + field + "' " + message;
-    return false;
-  }
-
-  /// A positive integer; `fallback` when absent (0: required).
-  bool positive(const char *field, int64_t &out, int64_t fallback = 0) {
-    const json::Value *v = object.get(field);
-    if (!v || v->kind() == json::Value::Null) {
-      if (fallback > 0) {
-        out = fallback;
-        return true;
-      }
-      return fail(field, "is missing");
-    }
-    std::optional<int64_t> i = v->getAsInteger();
-    if (!i)
-      return fail(field, "must be an integer");
-    if (*i <= 0)
-      return fail(field, "must be positive, got " + std::to_string(*i));
-    out = *i;
-    return true;
-  }
-
-  /// A positive finite number; keeps `out` when absent.
-  bool number(const json::Object &from, const std::string &where,
-              const char *field, double &out) {
-    const json::Value *v = from.get(field);
-    if (!v || v->kind() == json::Value::Null)
-      return true;
-    std::optional<double> d = v->getAsNumber();
-    if (!d)
-      return fail(where + field, "must be a number");
-    if (!std::isfinite(*d) || *d <= 0)
-      return fail(where + field, "must be positive and finite");
-    out = *d;
-    return true;
-  }
-
-  /// A boolean; keeps `out` when absent.
-  bool boolean(const char *field, bool &out) {
-    const json::Value *v = object.get(field);
-    if (!v || v->kind() == json::Value::Null)
-      return true;
-    std::optional<bool> b = v->getAsBoolean();
-    if (!b)
-      return fail(field, "must be true or false");
-    out = *b;
-    return true;
-  }
-
-  /// Refuses a field that is present and true (a bias the decoders here do
-  /// not have).
-  bool notTrue(const char *field, const std::string &why) {
-    const json::Value *v = object.get(field);
-    if (v && v->getAsBoolean().value_or(false))
-      return fail(field, "is true: " + why);
-    return true;
-  }
-
-  const json::Object &object;
-  std::string path;
-  std::string prefix; ///< "text_config." for a multimodal config
-  std::string &error;
-};
 
 /// YaRN's fields of rope_scaling / rope_parameters (`where`), with
 /// transformers' defaults: factor max_position_embeddings / original,
@@ -196,9 +123,10 @@ bool readRope(ConfigReader &r, TargetModelConfig &config) {
   return true;
 }
 
-/// The experts of a Qwen3-MoE config: how many, how many a token, their
-/// width, and which layers stay dense.
-bool readExperts(ConfigReader &r, TargetModelConfig &config) {
+} // namespace
+
+bool dflash::import::readExperts(ConfigReader &r, TargetModelConfig &config,
+                                 bool sharedExpert) {
   const json::Object &o = r.object;
   // transformers 5.8 writes the count as num_local_experts.
   const char *countField = !o.get("num_experts") && o.get("num_local_experts")
@@ -221,11 +149,17 @@ bool readExperts(ConfigReader &r, TargetModelConfig &config) {
                   "(" + std::to_string(config.numExpertsPerToken) +
                       ") must be at most '" + countField + "' (" +
                       std::to_string(config.numExperts) + ")");
-  if (const json::Value *shared = o.get("shared_expert_intermediate_size");
-      shared && shared->getAsInteger().value_or(0) != 0)
+  if (sharedExpert) {
+    if (!r.positive("shared_expert_intermediate_size",
+                    config.sharedExpertIntermediateSize))
+      return false;
+  } else if (const json::Value *shared =
+                 o.get("shared_expert_intermediate_size");
+             shared && shared->getAsInteger().value_or(0) != 0) {
     return r.fail("shared_expert_intermediate_size",
                   "is set: a shared expert is not compiled for Qwen3-MoE "
                   "(the model has none)");
+  }
   if (std::optional<llvm::StringRef> scoring = o.getString("scoring_func");
       scoring && *scoring != "softmax")
     return r.fail("scoring_func", "is '" + scoring->str() +
@@ -248,6 +182,8 @@ bool readExperts(ConfigReader &r, TargetModelConfig &config) {
   }
   return true;
 }
+
+namespace {
 
 /// gpt-oss's experts (every layer's MLP is sparse, `intermediate_size`
 /// wide), its clamp, and which layers slide (`layer_types`, else every
@@ -345,11 +281,19 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
   }
   config.modelType = type->str();
   const bool gptOss = config.modelType == "gpt_oss";
-  if (config.modelType != "qwen3" && config.modelType != "llama" &&
-      config.modelType != "qwen3_moe" && !gptOss) {
+  const llvm::StringRef kind(config.modelType);
+  config.hybrid = kind == "qwen3_5" || kind == "qwen3_5_text" ||
+                  kind == "qwen3_5_moe" || kind == "qwen3_5_moe_text" ||
+                  kind == "qwen3_next";
+  // Qwen3.5-MoE has no dense layers, so no intermediate_size.
+  const bool allSparse = kind.starts_with("qwen3_5_moe");
+  if (kind != "qwen3" && kind != "llama" && kind != "qwen3_moe" && !gptOss &&
+      !config.hybrid) {
     std::string why = "the target must be a Qwen3 ('qwen3'), Qwen3-MoE "
-                      "('qwen3_moe'), gpt-oss ('gpt_oss') or Llama-3 "
-                      "('llama') decoder";
+                      "('qwen3_moe'), gpt-oss ('gpt_oss'), Llama-3 "
+                      "('llama') or Qwen3.5/3.6/Next hybrid ('qwen3_5', "
+                      "'qwen3_5_moe', their '_text' forms, 'qwen3_next') "
+                      "decoder";
     if (root->get("num_experts") || root->get("num_local_experts") ||
         llvm::StringRef(config.modelType).contains("moe"))
       why = "this mixture-of-experts target cannot be compiled yet: " + why;
@@ -363,7 +307,8 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
     return std::nullopt;
   }
   if (!r.positive("hidden_size", config.hiddenSize) ||
-      !r.positive("intermediate_size", config.intermediateSize) ||
+      (!allSparse &&
+       !r.positive("intermediate_size", config.intermediateSize)) ||
       !r.positive("num_hidden_layers", config.numLayers) ||
       !r.positive("num_attention_heads", config.numHeads) ||
       !r.positive("num_key_value_heads", config.numKvHeads, config.numHeads) ||
@@ -379,9 +324,10 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
       !readRope(r, config))
     return std::nullopt;
   // transformers 5 names each layer's attention; every one must be full
-  // (gpt-oss's sliding layers are read with the rest of it).
+  // (gpt-oss's sliding and the hybrids' linear layers are read with the
+  // rest of them).
   if (const json::Array *kinds = root->getArray("layer_types");
-      kinds && !gptOss)
+      kinds && !gptOss && !config.hybrid)
     for (size_t i = 0; i < kinds->size(); ++i)
       if (std::optional<llvm::StringRef> kind = (*kinds)[i].getAsString();
           !kind || *kind != "full_attention") {
@@ -407,11 +353,13 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
   if (!r.positive("head_dim", config.headDim,
                   config.hiddenSize / config.numHeads))
     return std::nullopt;
-  config.qkNorm =
-      config.modelType == "qwen3" || config.modelType == "qwen3_moe";
-  if (config.modelType == "qwen3_moe" && !readExperts(r, config))
+  config.qkNorm = kind == "qwen3" || kind == "qwen3_moe" || config.hybrid;
+  if (config.modelType == "qwen3_moe" &&
+      !readExperts(r, config, /*sharedExpert=*/false))
     return std::nullopt;
   if (gptOss && !readGptOss(r, config))
+    return std::nullopt;
+  if (config.hybrid && !readHybrid(r, config))
     return std::nullopt;
   return config;
 }

@@ -4,7 +4,9 @@
 // target model's Hugging Face directory. Its config.json fixes the target's
 // forward, which the compiler builds in the dflash dialect: a dense Qwen3 or
 // Llama-3 decoder (causal GQA attention, RMSNorm, q/k norms where the model
-// has them, RoPE with Llama-3 rope scaling, SwiGLU). This header is what the
+// has them, RoPE with Llama-3 rope scaling, SwiGLU), Qwen3-MoE's and
+// gpt-oss's routed experts, or a Qwen3.5/3.6/Next hybrid of Gated DeltaNet
+// and gated full attention. This header is what the
 // compiler reads from that file, checked on its own and against the drafter
 // spec; every error names the file(s) and the field. Both the transformers
 // 4 form (`rope_theta`, `rope_scaling`) and the 5 form (`rope_parameters`)
@@ -50,7 +52,8 @@ struct YarnRopeScaling {
 /// The target decoder the compiler builds, as read from config.json.
 struct TargetModelConfig {
   std::string configPath; ///< DIR/config.json as given
-  std::string modelType;  ///< "qwen3", "qwen3_moe", "gpt_oss" or "llama"
+  std::string modelType;  ///< "qwen3", "qwen3_moe", "gpt_oss", "llama" or
+                          ///< one of the hybrid family's (below)
   int64_t hiddenSize = 0;
   int64_t intermediateSize = 0;
   int64_t numLayers = 0;
@@ -88,6 +91,33 @@ struct TargetModelConfig {
   double swigluAlpha = 1.702; ///< transformers' constant, not in config.json
   double swigluLimit = 7.0;
 
+  /// The hybrid Qwen3.5 / Qwen3.6 / Qwen3-Next family ('qwen3_5',
+  /// 'qwen3_5_moe', their '_text' forms, 'qwen3_next'): Gated DeltaNet
+  /// layers where `linearLayers` says, full attention with an output gate
+  /// (q_proj twice as wide: each head's query, then its gate) and partial
+  /// rotary (the first `rotaryDim` of each head) elsewhere, and every
+  /// RMSNorm but the DeltaNet's gated one zero-centred (x * (1 + w)).
+  bool hybrid = false;
+  std::vector<bool> linearLayers;
+  int64_t linearKeyHeads = 0, linearValueHeads = 0;
+  int64_t linearKeyHeadDim = 0, linearValueHeadDim = 0;
+  int64_t linearConvKernel = 0; ///< the causal depthwise conv's width
+  int64_t rotaryDim = 0;        ///< 0: the whole head
+  /// The MoE forms' shared expert (a SwiGLU MLP of this width, gated per
+  /// token by sigmoid(shared_expert_gate)); 0: none.
+  int64_t sharedExpertIntermediateSize = 0;
+  /// Qwen3-Next stores the DeltaNet's projections fused and interleaved by
+  /// key-head group (in_proj_qkvz, in_proj_ba); the loader splits them
+  /// into Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and in_proj_a.
+  bool fusedLinearProjections = false;
+
+  bool linearLayer(int64_t i) const {
+    return hybrid && linearLayers[size_t(i)];
+  }
+  int64_t linearKeyDim() const { return linearKeyHeads * linearKeyHeadDim; }
+  int64_t linearValueDim() const {
+    return linearValueHeads * linearValueHeadDim;
+  }
   bool sparseLayer(int64_t i) const {
     return numExperts > 0 &&
            std::find(mlpOnlyLayers.begin(), mlpOnlyLayers.end(), i) ==

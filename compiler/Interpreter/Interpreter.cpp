@@ -127,6 +127,9 @@ private:
   LogicalResult evalForward(Operation *op);
   /// A mixture-of-experts target's routing, grouping and expert GEMMs.
   LogicalResult evalMoe(Operation *op);
+  /// The Qwen3.5 / Qwen3-Next hybrid target's ops (kernels/reference/
+  /// DeltaNet.cpp).
+  LogicalResult evalHybrid(Operation *op);
   LogicalResult evalGradient(Operation *op);
   LogicalResult evalOptimizer(Operation *op);
   /// The ops of dflash-fuse-kernels, as the compositions they replace.
@@ -184,6 +187,10 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp, GroupedLinearSwigluOp,
                MoeUnpermuteOp>(op))
     result = evalMoe(op);
+  else if (isa<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
+               ZeroCentredRmsNormOp, PartialRopeOp, SplitLastOp, SigmoidGateOp>(
+               op))
+    result = evalHybrid(op);
   else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
                ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
                RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
@@ -199,6 +206,77 @@ LogicalResult Evaluator::eval(Operation *op) {
       roundToStorage(env.find(r)->second,
                      cast<RankedTensorType>(r.getType()).getElementType());
   return success();
+}
+
+LogicalResult Evaluator::evalHybrid(Operation *op) {
+  auto positions = [&](Value v) { return asIndices(in(v)); };
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](CausalConvOp o) {
+        auto x = shapeOf(o.getInput());
+        ref::causalConv(ptr(o.getInput()), ptr(o.getWeight()),
+                        positions(o.getPositionIds()).data(),
+                        outPtr(o.getResult()), x[0], x[1], x[2],
+                        shapeOf(o.getWeight())[1]);
+        return success();
+      })
+      .Case([&](GatedDeltaRuleOp o) {
+        auto q = shapeOf(o.getQuery()), v = shapeOf(o.getValue());
+        ref::gatedDeltaRule(
+            ptr(o.getQuery()), ptr(o.getKey()), ptr(o.getValue()),
+            ptr(o.getA()), ptr(o.getB()), ptr(o.getALog()), ptr(o.getDtBias()),
+            positions(o.getPositionIds()).data(), outPtr(o.getResult()), q[0],
+            q[1], q[2], v[2], q[3], v[3]);
+        return success();
+      })
+      .Case([&](GatedRmsNormOp o) {
+        ref::gatedRmsNorm(ptr(o.getInput()), ptr(o.getGate()),
+                          ptr(o.getWeight()), outPtr(o.getResult()),
+                          rows(o.getInput()), lastDim(o.getInput()),
+                          o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](ZeroCentredRmsNormOp o) {
+        ref::zeroCentredRmsNorm(ptr(o.getInput()), ptr(o.getWeight()),
+                                outPtr(o.getResult()), rows(o.getInput()),
+                                lastDim(o.getInput()),
+                                o.getEps().convertToDouble());
+        return success();
+      })
+      .Case([&](PartialRopeOp o) {
+        auto x = shapeOf(o.getInput());
+        ref::partialRope(ptr(o.getInput()), positions(o.getPositions()).data(),
+                         outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
+                         int64_t(o.getRotaryDim()),
+                         o.getTheta().convertToDouble());
+        return success();
+      })
+      .Case([&](SplitLastOp o) {
+        const std::vector<double> &x = in(o.getInput()).data;
+        const size_t width = size_t(lastDim(o.getInput()));
+        const size_t rowCount = x.size() / width;
+        size_t offset = 0;
+        for (Value part : o.getParts()) {
+          std::vector<double> &y = out(part).data;
+          const size_t n = size_t(lastDim(part));
+          for (size_t r = 0; r < rowCount; ++r)
+            std::copy_n(x.begin() + r * width + offset, n, y.begin() + r * n);
+          offset += n;
+        }
+        return success();
+      })
+      .Case([&](SigmoidGateOp o) {
+        const std::vector<double> &x = in(o.getInput()).data;
+        const std::vector<double> &g = in(o.getGate()).data;
+        std::vector<double> &y = out(o.getResult()).data;
+        // A gate of last dimension 1 (one a row) is broadcast along it.
+        const size_t per = x.size() / g.size();
+        for (size_t i = 0; i < x.size(); ++i)
+          y[i] = x[i] / (1.0 + std::exp(-g[i / per]));
+        return success();
+      })
+      .Default([](Operation *o) {
+        return o->emitOpError("is not a hybrid-target op");
+      });
 }
 
 LogicalResult Evaluator::evalMoe(Operation *op) {

@@ -215,6 +215,14 @@ FailureOr<Choice> select(Operation *op) {
           c.workspace = int64_t(kernels::qkNormRopeBwdWorkspaceBytes(D));
         return c;
       })
+      .Case<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
+            ZeroCentredRmsNormOp, PartialRopeOp, SplitLastOp,
+            SigmoidGateOp>([](Operation *o) -> Result {
+        return o->emitOpError()
+               << "has no CUDA kernel yet: a Qwen3.5/3.6/Next hybrid target "
+                  "compiles to the dflash dialect and runs in the CPU "
+                  "reference (dflash-target-features), not yet in a trainer";
+      })
       .Case([](ClampedSwigluOp o) -> Result {
         return o.emitOpError()
                << "has no kernel of its own: gpt-oss's clamped SwiGLU runs "

@@ -299,6 +299,43 @@ void moeUnpermute(const double *permuted, const int32_t *source,
                   const double *weights, double *y, int64_t T, int64_t H,
                   int64_t k);
 
+//===----------------------------------------------------------------------===//
+// The Qwen3.5 / Qwen3-Next hybrid target (DeltaNet.cpp), double only. Packed
+// rows restart at each conversation: token j is in token i's iff
+// pos[i] - pos[j] == i - j.
+//===----------------------------------------------------------------------===//
+
+/// y [B, S, C] = silu(sum_j w[c, j] x[b, t - (K - 1) + j, c]) over the taps
+/// in token t's conversation; w [C, K], pos [B, S].
+void causalConv(const double *x, const double *w, const int32_t *pos, double *y,
+                int64_t B, int64_t S, int64_t C, int64_t K);
+
+/// The gated delta rule, token by token: q, k [B, S, Hk, dk] L2-normalised
+/// (eps 1e-6 inside the root), v [B, S, Hv, dv], a and beta's logits
+/// [B, S, Hv], aLog and dtBias [Hv]; per row and value head h (key head
+/// h / (Hv / Hk)) the state M [dk, dv] starts at zero with each
+/// conversation and, at each token, M = exp(g) M with g = -exp(aLog[h])
+/// softplus(a + dtBias[h]), M += k (sigmoid(beta) (v - M^T k))^T, and
+/// out [B, S, Hv, dv] = dk^-0.5 M^T q.
+void gatedDeltaRule(const double *q, const double *k, const double *v,
+                    const double *a, const double *beta, const double *aLog,
+                    const double *dtBias, const int32_t *pos, double *out,
+                    int64_t B, int64_t S, int64_t Hk, int64_t Hv, int64_t dk,
+                    int64_t dv);
+
+/// y = x rsqrt(mean(x^2) + eps) w silu(z), rows of D.
+void gatedRmsNorm(const double *x, const double *z, const double *w, double *y,
+                  int64_t rows, int64_t D, double eps);
+
+/// y = x rsqrt(mean(x^2) + eps) (1 + w), rows of D.
+void zeroCentredRmsNorm(const double *x, const double *w, double *y,
+                        int64_t rows, int64_t D, double eps);
+
+/// rope of the first rotaryDim dimensions of each head vector of x [rows,
+/// heads, d] (frequencies over rotaryDim); the rest copied.
+void partialRope(const double *x, const int32_t *pos, double *y, int64_t rows,
+                 int64_t heads, int64_t d, int64_t rotaryDim, double theta);
+
 } // namespace dflash::ref
 
 #endif // DFLASH_KERNELS_REFERENCE_REFERENCE_H
