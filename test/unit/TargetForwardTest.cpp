@@ -1,8 +1,10 @@
 //===- TargetForwardTest.cpp - The online target's graph on the CPU -------===//
 //
-// Builds the target forward of a small Qwen3-style and a Llama-3-style
-// (rope-scaled) decoder for specs/tiny.toml (2 rows of 128 tokens, taps 1
-// and 5) and runs it in the reference interpreter, in fp64:
+// Builds the target forward of a small Qwen3-style, a Llama-3-style
+// (rope-scaled) and a Qwen3.5-MoE-style hybrid decoder (Gated DeltaNet and
+// gated attention layers, routed and shared experts) for specs/tiny.toml
+// (2 rows of 128 tokens, taps 1 and 5) and runs it in the reference
+// interpreter, in fp64:
 // - packed rows: a conversation's features do not depend on what else its
 //   row holds or where in the row it starts (row 0 packs A then B, row 1 B
 //   then A: the features agree exactly, moved), and the control, the same
@@ -62,14 +64,44 @@ TargetModelConfig llamaLike(const DrafterSpec &spec) {
   return c;
 }
 
-class TargetForward : public ::testing::TestWithParam<bool> {
+/// Qwen3.5-MoE's shapes, small: layers 3 and 7 full attention (the
+/// default interval), the rest Gated DeltaNet; every MLP routed (8
+/// experts, 2 a token) beside a shared expert.
+TargetModelConfig hybridLike(const DrafterSpec &spec) {
+  TargetModelConfig c = qwen3Like(spec);
+  c.configPath = "qwen3_5_moe/config.json";
+  c.modelType = "qwen3_5_moe_text";
+  c.hybrid = true;
+  c.ropeTheta = 1e7;
+  c.rotaryDim = 8;
+  c.linearLayers.assign(size_t(c.numLayers), true);
+  for (int64_t i = 3; i < c.numLayers; i += 4)
+    c.linearLayers[size_t(i)] = false;
+  c.linearKeyHeads = 2;
+  c.linearValueHeads = 4;
+  c.linearKeyHeadDim = 32;
+  c.linearValueHeadDim = 32;
+  c.linearConvKernel = 4;
+  c.numExperts = 8;
+  c.numExpertsPerToken = 2;
+  c.moeIntermediateSize = 64;
+  c.normTopkProb = true;
+  c.sharedExpertIntermediateSize = 96;
+  return c;
+}
+
+enum class Decoder { Qwen3, Llama3Scaled, Qwen35MoeHybrid };
+
+class TargetForward : public ::testing::TestWithParam<Decoder> {
 protected:
   void SetUp() override {
     SpecError error;
     auto loaded = loadSpec(std::string(DFLASH_SPECS_DIR) + "/tiny.toml", error);
     ASSERT_TRUE(loaded) << error.str();
     spec = *loaded;
-    target = GetParam() ? llamaLike(spec) : qwen3Like(spec);
+    target = GetParam() == Decoder::Llama3Scaled      ? llamaLike(spec)
+             : GetParam() == Decoder::Qwen35MoeHybrid ? hybridLike(spec)
+                                                      : qwen3Like(spec);
     module = importTarget(context, spec, target);
     ASSERT_TRUE(module);
     func = cast<func::FuncOp>(module->getBody()->front());
@@ -236,9 +268,18 @@ TEST_P(TargetForward, FusedKernelsGiveTheSameFeatures) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Decoders, TargetForward,
-                         ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool> &info) {
-                           return info.param ? "Llama3Scaled" : "Qwen3";
+                         ::testing::Values(Decoder::Qwen3,
+                                           Decoder::Llama3Scaled,
+                                           Decoder::Qwen35MoeHybrid),
+                         [](const ::testing::TestParamInfo<Decoder> &info) {
+                           switch (info.param) {
+                           case Decoder::Qwen3:
+                             return "Qwen3";
+                           case Decoder::Llama3Scaled:
+                             return "Llama3Scaled";
+                           default:
+                             return "Qwen35MoeHybrid";
+                           }
                          });
 
 } // namespace

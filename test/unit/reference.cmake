@@ -4,6 +4,7 @@ add_executable(ReferenceTest
   ReferenceAcceptanceTest.cpp
   ReferenceAttentionTest.cpp
   ReferenceCrossEntropyTest.cpp
+  ReferenceDeltaNetTest.cpp
   ReferenceDenseTest.cpp
   ReferenceDraftBlocksTest.cpp
   ReferenceOptimizerTest.cpp
