@@ -156,6 +156,9 @@ private:
   /// v from one projection through the causal conv, the gated delta rule
   /// with a, b, A_log and dt_bias, the gated RMSNorm with z, out_proj.
   struct DeltaNetWeights {
+    /// Qwen3.5's projections; Qwen3-Next has in_proj_qkvz in inProjQkv and
+    /// in_proj_ba in inProjB (interleaved by key-head group), none in
+    /// inProjZ and inProjA.
     Value inProjQkv, inProjZ, inProjB, inProjA, conv, dtBias, aLog, norm,
         outProj;
   };
@@ -166,7 +169,37 @@ private:
     const int64_t Hk = target.linearKeyHeads, Hv = target.linearValueHeads;
     const int64_t dk = target.linearKeyHeadDim, dv = target.linearValueHeadDim;
     const int64_t Kd = target.linearKeyDim(), Vd = target.linearValueDim();
-    Value qkv = linear(h, w.inProjQkv, l);
+    Value qkv, z, beta, a;
+    if (target.fusedLinearProjections) {
+      // Per key-head group g: [q_g | k_g | v_g (r heads) | z_g (r heads)]
+      // and [b_g (r) | a_g (r)]; regrouped as Qwen3.5 lays them out.
+      const int64_t r = Hv / Hk;
+      auto groups = SplitLastOp::create(
+          b, l,
+          TypeRange{t({B, S, Hk, dk}, bf16()), t({B, S, Hk, dk}, bf16()),
+                    t({B, S, Hk, r * dv}, bf16()),
+                    t({B, S, Hk, r * dv}, bf16())},
+          reshape(linear(h, w.inProjQkv, l), {B, S, Hk, 2 * dk + 2 * r * dv},
+                  l),
+          b.getDenseI64ArrayAttr({dk, dk, r * dv, r * dv}));
+      qkv = ConcatLastOp::create(
+          b, l, t({B, S, 2 * Kd + Vd}, bf16()),
+          ValueRange{reshape(groups.getResult(0), {B, S, Kd}, l),
+                     reshape(groups.getResult(1), {B, S, Kd}, l),
+                     reshape(groups.getResult(2), {B, S, Vd}, l)});
+      z = reshape(groups.getResult(3), {B, S, Hv, dv}, l);
+      auto ba = SplitLastOp::create(
+          b, l, TypeRange{t({B, S, Hk, r}, bf16()), t({B, S, Hk, r}, bf16())},
+          reshape(linear(h, w.inProjB, l), {B, S, Hk, 2 * r}, l),
+          b.getDenseI64ArrayAttr({r, r}));
+      beta = reshape(ba.getResult(0), {B, S, Hv}, l);
+      a = reshape(ba.getResult(1), {B, S, Hv}, l);
+    } else {
+      qkv = linear(h, w.inProjQkv, l);
+      z = reshape(linear(h, w.inProjZ, l), {B, S, Hv, dv}, l);
+      beta = linear(h, w.inProjB, l);
+      a = linear(h, w.inProjA, l);
+    }
     Value mixed =
         CausalConvOp::create(b, l, qkv.getType(), qkv, w.conv, positions);
     auto parts = SplitLastOp::create(
@@ -177,8 +210,6 @@ private:
     Value q = reshape(parts.getResult(0), {B, S, Hk, dk}, l);
     Value k = reshape(parts.getResult(1), {B, S, Hk, dk}, l);
     Value v = reshape(parts.getResult(2), {B, S, Hv, dv}, l);
-    Value z = reshape(linear(h, w.inProjZ, l), {B, S, Hv, dv}, l);
-    Value beta = linear(h, w.inProjB, l), a = linear(h, w.inProjA, l);
     Value o = GatedDeltaRuleOp::create(b, l, v.getType(), q, k, v, a, beta,
                                        w.aLog, w.dtBias, positions);
     Value y = GatedRmsNormOp::create(b, l, o.getType(), o, z, w.norm,
@@ -266,12 +297,16 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     if (a.linear) {
       const int64_t Kd = target.linearKeyDim(), Vd = target.linearValueDim();
       const int64_t Hv = target.linearValueHeads;
-      // The loader splits Qwen3-Next's fused in_proj_qkvz and in_proj_ba
-      // into these, and reads conv1d.weight [C, 1, K] as [C, K].
-      a.inProjQkv = frozen({2 * Kd + Vd, H}, "linear_attn.in_proj_qkv");
-      a.inProjZ = frozen({Vd, H}, "linear_attn.in_proj_z");
-      a.inProjB = frozen({Hv, H}, "linear_attn.in_proj_b");
-      a.inProjA = frozen({Hv, H}, "linear_attn.in_proj_a");
+      // The loader reads conv1d.weight [C, 1, K] as [C, K].
+      if (target.fusedLinearProjections) {
+        a.inProjQkv = frozen({2 * Kd + 2 * Vd, H}, "linear_attn.in_proj_qkvz");
+        a.inProjB = frozen({2 * Hv, H}, "linear_attn.in_proj_ba");
+      } else {
+        a.inProjQkv = frozen({2 * Kd + Vd, H}, "linear_attn.in_proj_qkv");
+        a.inProjZ = frozen({Vd, H}, "linear_attn.in_proj_z");
+        a.inProjB = frozen({Hv, H}, "linear_attn.in_proj_b");
+        a.inProjA = frozen({Hv, H}, "linear_attn.in_proj_a");
+      }
       a.conv =
           frozen({2 * Kd + Vd, target.linearConvKernel}, "linear_attn.conv1d");
       a.dtBias = tensor({Hv}, "linear_attn.dt_bias");

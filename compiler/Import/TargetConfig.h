@@ -107,8 +107,8 @@ struct TargetModelConfig {
   /// token by sigmoid(shared_expert_gate)); 0: none.
   int64_t sharedExpertIntermediateSize = 0;
   /// Qwen3-Next stores the DeltaNet's projections fused and interleaved by
-  /// key-head group (in_proj_qkvz, in_proj_ba); the loader splits them
-  /// into Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and in_proj_a.
+  /// key-head group (in_proj_qkvz, in_proj_ba); the graph regroups their
+  /// outputs as Qwen3.5's in_proj_qkv, in_proj_z, in_proj_b and in_proj_a.
   bool fusedLinearProjections = false;
 
   bool linearLayer(int64_t i) const {

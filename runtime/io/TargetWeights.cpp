@@ -68,7 +68,13 @@ static Status copyAsBf16(ShardedSafetensors &tensors, const TensorView &view,
                          std::vector<uint16_t> &out) {
   std::string where = tensors.directory() + "/" + tensors.fileOf(view.name) +
                       ": tensor '" + view.name + "'";
-  if (view.shape != expected)
+  // A depthwise conv1d's weight [C, 1, K] is read as the [C, K] it holds.
+  const bool squeezedConv =
+      view.shape.size() == 3 && view.shape[1] == 1 && expected.size() == 2 &&
+      view.shape[0] == expected[0] && view.shape[2] == expected[1] &&
+      view.name.size() > 14 &&
+      view.name.compare(view.name.size() - 14, 14, ".conv1d.weight") == 0;
+  if (view.shape != expected && !squeezedConv)
     return Status::error(where + " has shape " + shapeString(view.shape) +
                          " but " + needer + " needs " + shapeString(expected));
   size_t count = size_t(shapeNumel(expected));
@@ -355,31 +361,38 @@ Status dflash::rt::loadFrozenTensors(const std::string &dir,
     return status;
   out.assign(wanted.size(), {});
   FusedExperts lastFused;
+  // A multimodal checkpoint (Qwen3.5's) keeps the language model's tensors
+  // under model.language_model.; the program names them as a causal LM.
+  const std::string text = "model.language_model.";
+  const bool multimodal = tensors.contains(text + "embed_tokens.weight") &&
+                          !tensors.contains("model.embed_tokens.weight");
   for (size_t i = 0; i < wanted.size(); ++i) {
+    FrozenTensor named = wanted[i];
+    if (multimodal && named.name.rfind("model.", 0) == 0)
+      named.name = text + named.name.substr(6);
     const TensorView *view = nullptr;
-    status = tensors.find(wanted[i].name, view);
+    status = tensors.find(named.name, view);
     if (!status.ok())
       return status;
     std::string before, after;
-    const bool stacked =
-        !view && stackedExpertName(wanted[i].name, before, after);
+    const bool stacked = !view && stackedExpertName(named.name, before, after);
     bool gptOss = false;
     if (stacked) {
-      status = loadGptOssExperts(tensors, wanted[i], before, after, needer,
+      status = loadGptOssExperts(tensors, named, before, after, needer,
                                  lastFused, out[i], gptOss);
       if (!status.ok())
         return status;
     }
     if (gptOss)
       continue;
-    if (stacked && wanted[i].shape.size() == 3)
-      status = loadStackedExperts(tensors, wanted[i], before, after, needer,
+    if (stacked && named.shape.size() == 3)
+      status = loadStackedExperts(tensors, named, before, after, needer,
                                   lastFused, out[i]);
     else if (!view)
-      return Status::error(dir + ": has no tensor '" + wanted[i].name +
+      return Status::error(dir + ": has no tensor '" + named.name +
                            "', which " + needer + " needs");
     else
-      status = copyAsBf16(tensors, *view, wanted[i].shape, needer, out[i]);
+      status = copyAsBf16(tensors, *view, named.shape, needer, out[i]);
     if (!status.ok())
       return status;
   }

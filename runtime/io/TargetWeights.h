@@ -61,7 +61,10 @@ struct FrozenTensor {
 /// or from the fused layouts of transformers 5 and of gpt-oss (its bf16
 /// "gate_up_proj" / "down_proj" with their "_bias", or its MXFP4 "_blocks"
 /// and "_scales", dequantised), and gpt-oss's "<layer>.mlp.experts.<proj>.
-/// bias" [E, N] from its "gate_up_proj_bias" / "down_proj_bias".
+/// bias" [E, N] from its "gate_up_proj_bias" / "down_proj_bias". A
+/// multimodal checkpoint's "model.language_model." tensors stand for the
+/// "model." names asked for, and a depthwise ".conv1d.weight" [C, 1, K] is
+/// read as [C, K].
 Status loadFrozenTensors(const std::string &dir,
                          const std::vector<FrozenTensor> &wanted,
                          const std::string &needer,
