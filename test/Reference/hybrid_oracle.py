@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An independent numpy oracle of a Qwen3.5 / Qwen3-Next hybrid target.
 
-  hybrid_oracle.py make KIND DIR   writes DIR/config.json, DIR/model.safetensors
+  hybrid_oracle.py make KIND DIR [DROP [SHAPE]]
+                                   writes DIR/config.json, DIR/model.safetensors
                                    (random weights, bf16-exact, stored as F32)
                                    and DIR/tokens.safetensors (target_oracle.py's
                                    rows: row 0 packs conversations of 5 and 7,
@@ -14,7 +15,9 @@
                                    projections fused and interleaved by key-head
                                    group, in_proj_qkvz and in_proj_ba; routed
                                    experts one tensor per expert beside a shared
-                                   expert, layer 0 dense)
+                                   expert, layer 0 dense); DROP: a tensor (its
+                                   checkpoint name) left out, or with SHAPE
+                                   (comma-separated) stored misshapen
   hybrid_oracle.py check DIR OUT   recomputes target_hidden in float64 and
                                    compares it with OUT's hidden_states
 
@@ -138,11 +141,15 @@ def prefix(config):
     return "model.language_model." if "text_config" in config else "model."
 
 
-def make(kind, out):
+def make(kind, out, drop=None, shape=None):
     config = CONFIGS[kind]
     rng = np.random.default_rng(8)
     weights = {prefix(config) + name: ("F32", bf16_exact(random_weight(rng, name, shape)))
                for name, shape in shapes(config).items()}
+    if drop and shape:
+        weights[drop] = ("F32", np.zeros([int(n) for n in shape.split(",")], np.float32))
+    elif drop:
+        del weights[drop]
     weights["lm_head.weight"] = ("F32", bf16_exact(0.3 * rng.standard_normal((VOCAB, HIDDEN))))
     if "text_config" in config:  # a vision tower the text model ignores
         weights["model.visual.patch_embed.proj.weight"] = ("F32", np.ones((4, 3), np.float32))
@@ -302,6 +309,6 @@ def check(directory, features_path):
 
 if __name__ == "__main__":
     if sys.argv[1] == "make":
-        make(sys.argv[2], sys.argv[3])
+        make(*sys.argv[2:6])
         sys.exit(0)
     sys.exit(check(sys.argv[2], sys.argv[3]))
