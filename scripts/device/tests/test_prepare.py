@@ -64,7 +64,7 @@ case $1 in
 esac
 """
 TESTS = ["AttentionGpuTest", "CausalAttentionGpuTest", "DenseGpuTest", "LmHeadGpuTest",
-         "AdamWGpuTest", "MoeGpuTest", "RuntimeTrainerTest", "GeneratedStepThreadsTest"]
+         "AdamWGpuTest", "MoeGpuTest", "DeltaNetGpuTest", "RuntimeTrainerTest", "GeneratedStepThreadsTest"]
 
 
 def executable(path, text):
