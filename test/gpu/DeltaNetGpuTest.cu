@@ -1,14 +1,17 @@
-//===- DeltaNetGpuTest.cu - The gated delta rule on the GPU ---------------===//
+//===- DeltaNetGpuTest.cu - The hybrid targets' kernels on the GPU --------===//
 //
-// kernels/GatedDeltaRule.cuh against kernels/reference/DeltaNet.cpp (token
-// by token, double) on the same bf16-rounded inputs, at the head dims it
-// has kernels for: rows longer than a chunk, value heads sharing key heads,
-// and a packed row whose conversations (one of a single token, one that
-// starts inside a chunk) restart the state. Outputs are poisoned first.
+// kernels/GatedDeltaRule.cuh and kernels/HybridOps.cuh against
+// kernels/reference/DeltaNet.cpp (double) on the same bf16-rounded inputs.
+// The gated delta rule at the head dims it has kernels for: rows longer
+// than a chunk, value heads sharing key heads, and a packed row whose
+// conversations (one of a single token, one that starts inside a chunk)
+// restart the state. The conv on a packed row, both norms, partial rotary
+// and the sigmoid gate in both of its forms. Outputs are poisoned first.
 //
 //===----------------------------------------------------------------------===//
 
 #include "kernels/GatedDeltaRule.cuh"
+#include "kernels/HybridOps.cuh"
 #include "kernels/reference/Reference.h"
 #include "test/gpu/GpuTestUtil.h"
 
@@ -88,6 +91,92 @@ TEST(GatedDeltaRule, HeadDim64) { deltaCase(1, 100, 1, 2, 64, {0}, 2); }
 
 TEST(GatedDeltaRule, HeadDim32PackedRow) {
   deltaCase(3, 70, 2, 4, 32, {0, 31, 33, 64}, 3);
+}
+
+TEST(HybridOps, CausalConvOnAPackedRow) {
+  const int64_t B = 2, S = 40, C = 96, K = 4;
+  std::mt19937_64 rng(4);
+  Bf16Tensor x = randomBf16(B * S * C, rng), w = randomBf16(C * K, rng, 0.5);
+  std::vector<int32_t> pos(size_t(B * S));
+  for (int64_t i = 0; i < B * S; ++i) // row 0: conversations at 0, 2, 17
+    pos[size_t(i)] = int32_t(i < S ? (i < 2    ? i
+                                      : i < 17 ? i - 2
+                                               : i - 17)
+                                   : i - S);
+  DeviceBuffer<int32_t> devPos(pos.size());
+  devPos.upload(pos);
+  DeviceBuffer<bf16> y(B * S * C);
+  y.poison();
+  kernels::causal_conv_bf16(x.ptr(), w.ptr(), devPos.get(), y.get(), B, S, C, K,
+                            0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> want(size_t(B * S * C));
+  ref::causalConv(x.values.data(), w.values.data(), pos.data(), want.data(), B,
+                  S, C, K);
+  EXPECT_CLOSE(downloadBf16(y), want, 1e-2, "causal_conv");
+}
+
+TEST(HybridOps, Norms) {
+  const int64_t rows = 37, D = 320;
+  std::mt19937_64 rng(5);
+  Bf16Tensor x = randomBf16(rows * D, rng, 2.0), z = randomBf16(rows * D, rng);
+  Bf16Tensor w = randomBf16(D, rng, 0.3);
+  DeviceBuffer<bf16> y(rows * D), g(rows * D);
+  poisonAll(y, g);
+  kernels::zero_centred_rms_norm_bf16(x.ptr(), w.ptr(), y.get(), rows, D, 1e-6f,
+                                      0);
+  kernels::gated_rms_norm_bf16(x.ptr(), z.ptr(), w.ptr(), g.get(), rows, D,
+                               1e-6f, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> want(size_t(rows * D)), gated(want.size());
+  ref::zeroCentredRmsNorm(x.values.data(), w.values.data(), want.data(), rows,
+                          D, 1e-6);
+  ref::gatedRmsNorm(x.values.data(), z.values.data(), w.values.data(),
+                    gated.data(), rows, D, 1e-6);
+  EXPECT_CLOSE(downloadBf16(y), want, 1e-2, "zero_centred_rms_norm");
+  EXPECT_CLOSE(downloadBf16(g), gated, 1e-2, "gated_rms_norm");
+}
+
+TEST(HybridOps, PartialRope) {
+  const int64_t rows = 50, heads = 3, d = 256, rotary = 64;
+  std::mt19937_64 rng(6);
+  Bf16Tensor x = randomBf16(rows * heads * d, rng);
+  std::vector<int32_t> pos(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r)
+    pos[size_t(r)] = int32_t(r * 97 % 4096);
+  DeviceBuffer<int32_t> devPos(pos.size());
+  devPos.upload(pos);
+  DeviceBuffer<bf16> y(rows * heads * d);
+  y.poison();
+  kernels::partial_rope_bf16(x.ptr(), devPos.get(), y.get(), rows, heads, d,
+                             rotary, 1e7f, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> want(size_t(rows * heads * d));
+  ref::partialRope(x.values.data(), pos.data(), want.data(), rows, heads, d,
+                   rotary, 1e7);
+  EXPECT_CLOSE(downloadBf16(y), want, 1e-2, "partial_rope");
+}
+
+TEST(HybridOps, SigmoidGate) {
+  const int64_t rows = 33, n = 200;
+  std::mt19937_64 rng(7);
+  Bf16Tensor x = randomBf16(rows * n, rng),
+             each = randomBf16(rows * n, rng, 2.0);
+  Bf16Tensor perRow = randomBf16(rows, rng, 2.0);
+  DeviceBuffer<bf16> y(rows * n), yRow(rows * n);
+  poisonAll(y, yRow);
+  kernels::sigmoid_gate_bf16(x.ptr(), each.ptr(), y.get(), rows * n, 1, 0);
+  kernels::sigmoid_gate_bf16(x.ptr(), perRow.ptr(), yRow.get(), rows * n, n, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<double> want(size_t(rows * n)), wantRow(want.size());
+  for (int64_t i = 0; i < rows * n; ++i) {
+    want[size_t(i)] =
+        x.values[size_t(i)] / (1 + std::exp(-each.values[size_t(i)]));
+    wantRow[size_t(i)] =
+        x.values[size_t(i)] / (1 + std::exp(-perRow.values[size_t(i / n)]));
+  }
+  EXPECT_CLOSE(downloadBf16(y), want, 1e-2, "sigmoid_gate");
+  EXPECT_CLOSE(downloadBf16(yRow), wantRow, 1e-2, "sigmoid_gate, one a row");
 }
 
 } // namespace
