@@ -18,6 +18,7 @@
 #define DFLASH_KERNELS_GATEDDELTARULE_CUH
 
 #include "kernels/CudaCheck.cuh"
+#include "kernels/DeltaNetLimits.h"
 
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -194,11 +195,6 @@ void launchGatedDeltaRule(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
 }
 
 } // namespace detail
-
-/// Whether gated_delta_rule_bf16 has a kernel for these head dimensions.
-constexpr bool gatedDeltaRuleSupports(int64_t dk, int64_t dv) {
-  return dk == dv && (dk == 32 || dk == 64 || dk == 128);
-}
 
 /// out [B, S, Hv, dv] of q, k [B, S, Hk, dk], v [B, S, Hv, dv], a and beta's
 /// logits [B, S, Hv], aLog and dtBias [Hv], pos [B, S] (docs/dialect.md).

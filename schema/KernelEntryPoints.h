@@ -38,6 +38,13 @@ inline constexpr std::string_view kGroupedLinear = "grouped_linear_bf16";
 inline constexpr std::string_view kGroupedLinearSwiglu =
     "grouped_linear_swiglu_bf16";
 inline constexpr std::string_view kMoeUnpermute = "moe_unpermute_bf16";
+inline constexpr std::string_view kCausalConv = "causal_conv_bf16";
+inline constexpr std::string_view kGatedDeltaRule = "gated_delta_rule_bf16";
+inline constexpr std::string_view kGatedRmsNorm = "gated_rms_norm_bf16";
+inline constexpr std::string_view kZeroCentredRmsNorm =
+    "zero_centred_rms_norm_bf16";
+inline constexpr std::string_view kPartialRope = "partial_rope_bf16";
+inline constexpr std::string_view kSigmoidGate = "sigmoid_gate_bf16";
 inline constexpr std::string_view kAdd = "add_bf16";
 inline constexpr std::string_view kAddF32 = "add_f32";
 inline constexpr std::string_view kDraftEmbed = "draft_embed_bf16";

@@ -149,9 +149,11 @@ online() {
     tl) spec=specs/tiny.toml target=$D/tcfg/llama ;;
     tm) spec=specs/tiny.toml target=$D/tcfg/qwen3moe ;;
     tg) spec=specs/tiny.toml target=$D/tcfg/gptoss ;;
+    th) spec=specs/tiny.toml target=$D/tcfg/qwen35 ;;
+    thm) spec=specs/tiny.toml target=$D/tcfg/qwen35moe ;;
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
     a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, q8, a3b)" ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, q8, a3b)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"

@@ -202,14 +202,6 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   // The online target: its own module, lowered like the evaluation program.
   mlir::OwningOpRef<mlir::ModuleOp> targetModule;
   if (target && (program == Program::Target || directoryOutput)) {
-    // The hybrid family's ops have the CPU reference's semantics only.
-    if (target->hybrid && (directoryOutput || emitStage >= EmitStage::Planned))
-      return fail(target->configPath + ": 'model_type' is '" +
-                  target->modelType +
-                  "': a Qwen3.5/3.6/Next hybrid target has no CUDA kernels "
-                  "yet; it compiles to the dflash dialect (--program=target "
-                  "--emit=graph or fused) and runs on the CPU in "
-                  "dflash-target-features");
     targetModule = importTarget(context, *spec, *target);
     if (!targetModule)
       return fail("the target graph built from '" + target->configPath +

@@ -14,6 +14,7 @@
 #include "compiler/Transforms/Passes.h"
 #include "kernels/AdamWTables.h"
 #include "kernels/AttentionLimits.h"
+#include "kernels/DeltaNetLimits.h"
 #include "kernels/GemmLimits.h"
 #include "kernels/Workspaces.h"
 #include "schema/KernelEntryPoints.h"
@@ -215,13 +216,43 @@ FailureOr<Choice> select(Operation *op) {
           c.workspace = int64_t(kernels::qkNormRopeBwdWorkspaceBytes(D));
         return c;
       })
-      .Case<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
-            ZeroCentredRmsNormOp, PartialRopeOp, SplitLastOp,
-            SigmoidGateOp>([](Operation *o) -> Result {
-        return o->emitOpError()
-               << "has no CUDA kernel yet: a Qwen3.5/3.6/Next hybrid target "
-                  "compiles to the dflash dialect and runs in the CPU "
-                  "reference (dflash-target-features), not yet in a trainer";
+      // The hybrid targets' ops (kernels/HybridOps.cuh,
+      // kernels/GatedDeltaRule.cuh); bf16 only.
+      .Case<CausalConvOp, GatedRmsNormOp, ZeroCentredRmsNormOp, PartialRopeOp,
+            SigmoidGateOp, SplitLastOp>([](Operation *o) -> Result {
+        if (!tensorOf(o->getOperand(0)).getElementType().isBF16())
+          return o->emitOpError() << "has a kernel for bf16 tensors only";
+        return named(TypeSwitch<Operation *, std::string_view>(o)
+                         .Case([](CausalConvOp) {
+                           return ::dflash::kernel_names::kCausalConv;
+                         })
+                         .Case([](GatedRmsNormOp) {
+                           return ::dflash::kernel_names::kGatedRmsNorm;
+                         })
+                         .Case([](ZeroCentredRmsNormOp) {
+                           return ::dflash::kernel_names::kZeroCentredRmsNorm;
+                         })
+                         .Case([](PartialRopeOp) {
+                           return ::dflash::kernel_names::kPartialRope;
+                         })
+                         .Case([](SigmoidGateOp) {
+                           return ::dflash::kernel_names::kSigmoidGate;
+                         })
+                         .Default([](Operation *) {
+                           // split_last: a strided copy a part.
+                           return ::dflash::kernel_names::kCopyColumns;
+                         }));
+      })
+      .Case([](GatedDeltaRuleOp o) -> Result {
+        auto q = tensorOf(o.getQuery()), v = tensorOf(o.getValue());
+        if (!q.getElementType().isBF16() ||
+            !kernels::gatedDeltaRuleSupports(q.getDimSize(3), v.getDimSize(3)))
+          return o.emitOpError()
+                 << "has no kernel for key head dim " << q.getDimSize(3)
+                 << " and value head dim " << v.getDimSize(3)
+                 << ": 'linear_key_head_dim' and 'linear_value_head_dim' "
+                    "must be equal, 32, 64 or 128 (bf16)";
+        return named(::dflash::kernel_names::kGatedDeltaRule);
       })
       .Case([](ClampedSwigluOp o) -> Result {
         return o.emitOpError()

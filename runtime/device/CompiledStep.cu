@@ -215,6 +215,14 @@ void CompiledStep::copyColumns(void *to, size_t toPitch, const void *from,
        "copy a column band");
 }
 
+void CompiledStep::copyBand(void *to, const void *from, size_t fromPitch,
+                            size_t widthBytes, size_t rows,
+                            cudaStream_t stream) {
+  note(cudaMemcpy2DAsync(to, widthBytes, from, fromPitch, widthBytes, rows,
+                         cudaMemcpyDeviceToDevice, stream),
+       "copy a column band out");
+}
+
 void CompiledStep::allReduce(float *data, size_t count, cudaStream_t stream) {
   if (res.allReduceSum)
     res.allReduceSum(res.collectives, data, count, stream);

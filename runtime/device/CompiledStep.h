@@ -123,6 +123,11 @@ protected:
   /// are `toPitch` bytes apart (a band of columns: dflash.concat_last).
   void copyColumns(void *to, size_t toPitch, const void *from,
                    size_t widthBytes, size_t rows, cudaStream_t stream);
+  /// `rows` rows of `widthBytes` from `from`, whose rows are `fromPitch`
+  /// bytes apart, into a dense `to` (a band of columns out:
+  /// dflash.split_last).
+  void copyBand(void *to, const void *from, size_t fromPitch, size_t widthBytes,
+                size_t rows, cudaStream_t stream);
   /// Sums `count` floats over every GPU in place; nothing on one GPU.
   void allReduce(float *data, size_t count, cudaStream_t stream);
   /// Whether the gradients go through the fp32 buckets and a collective

@@ -17,9 +17,10 @@
                                    rows, fp64 and bf16-stored, against the fp32
                                    reference; one JSON line per target and run
 
-There is no CUDA kernel for these targets yet, so the compiled side is the
-CPU reference; the GPU machine only has transformers. Needs torch and
-transformers for `make`, numpy for `compare`.
+The compiled side here is the CPU reference (dflash-target-features needs
+this machine's LLVM); the compiled GPU target is checked by device-check
+online-features-hybrid. Needs torch and transformers for `make`, numpy for
+`compare`.
 """
 
 import json

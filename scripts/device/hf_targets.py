@@ -3,9 +3,10 @@
 features against transformers, for the online suites of device-check.
 
   hf_targets.py small-features DEVICE WORK [KIND...]
-      a small random Qwen3, a Llama-3 with rope scaling, a Qwen3-MoE and a
-      gpt-oss (DEVICE/tcfg/{qwen3,llama,qwen3moe,gptoss}, tiny's shapes;
-      gptoss-mxfp4: the gpt-oss with MXFP4 experts; KIND picks some)
+      a small random Qwen3, a Llama-3 with rope scaling, a Qwen3-MoE, a
+      gpt-oss, a Qwen3.5 and a Qwen3.5-MoE hybrid (DEVICE/tcfg/{qwen3,
+      llama,qwen3moe,gptoss,qwen35,qwen35moe}, tiny's shapes; gptoss-mxfp4:
+      the gpt-oss with MXFP4 experts; KIND picks some)
       saved with save_pretrained, 6 rows of 128 tokens (4 packed),
       target-features-{tq,tl,tm} on them, and each conversation alone
       through transformers in fp32 (the reference) and in bf16 (its own
@@ -150,6 +151,13 @@ def save_random_decoder(config_dir, out_dir, seed):
     torch.manual_seed(seed)
     cfg = AutoConfig.from_pretrained(config_dir)
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    if "linear_attention" in (getattr(cfg, "layer_types", None) or []):
+        # A hybrid: zero-centred norms near 0, a decay the recurrence
+        # reaches back through (hf_hybrid.py's rule).
+        from hf_hybrid import init_weights
+        init_weights(model)
+        model.save_pretrained(out_dir, safe_serialization=True)
+        return cfg, model
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:  # transformers 5 keeps a MoE's experts as [E, ...]
@@ -211,8 +219,12 @@ def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD):
 
 SMALL_TARGETS = {"qwen3": "target-features-tq", "llama": "target-features-tl",
                  "qwen3moe": "target-features-tm", "gptoss": "target-features-tg",
-                 "gptoss-mxfp4": "target-features-tg"}
-MOE_TARGETS = ("qwen3moe", "gptoss", "gptoss-mxfp4")
+                 "gptoss-mxfp4": "target-features-tg", "qwen35": "target-features-th",
+                 "qwen35moe": "target-features-thm"}
+MOE_TARGETS = ("qwen3moe", "gptoss", "gptoss-mxfp4", "qwen35moe")
+# Without KINDS: those online-features prepares (the hybrids have a suite
+# of their own, online-features-hybrid).
+DEFAULT_SMALL_TARGETS = ("qwen3", "llama", "qwen3moe", "gptoss", "gptoss-mxfp4")
 FP4_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
               -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
 
@@ -286,7 +298,7 @@ def small_features(device, work, kinds):
     from transformers import AutoModelForCausalLM
     taps = [1, 5]  # specs/tiny.toml's spread rule over 8 layers
     failed = False
-    for kind in kinds or SMALL_TARGETS:
+    for kind in kinds or DEFAULT_SMALL_TARGETS:
         binary = SMALL_TARGETS[kind]
         folder = os.path.join(work, kind)
         if kind == "gptoss-mxfp4":

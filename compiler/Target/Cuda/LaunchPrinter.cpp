@@ -409,6 +409,84 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             w.getDimSize(1));
         return success();
       })
+      // The hybrid targets' ops (kernels/HybridOps.cuh, GatedDeltaRule.cuh).
+      .Case([&](CausalConvOp o) {
+        auto x = tensorOf(o.getInput());
+        os << llvm::formatv("    dflash::kernels::causal_conv_bf16({0}, {1}, "
+                            "{2}, {3}, {4}, {5}, {6}, {7}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getWeight()),
+                            ptr(o.getPositionIds()), ptr(o.getResult()),
+                            x.getDimSize(0), x.getDimSize(1), x.getDimSize(2),
+                            tensorOf(o.getWeight()).getDimSize(1));
+        return success();
+      })
+      .Case([&](GatedDeltaRuleOp o) {
+        auto q = tensorOf(o.getQuery()), v = tensorOf(o.getValue());
+        os << llvm::formatv(
+            "    dflash::kernels::gated_delta_rule_bf16({0}, {1}, {2}, {3}, "
+            "{4}, {5}, {6}, {7}, {8}, {9}, {10}, {11}, {12}, {13}, {14}, "
+            "stream);\n",
+            ptr(o.getQuery()), ptr(o.getKey()), ptr(o.getValue()),
+            ptr(o.getA()), ptr(o.getB()), ptr(o.getALog()), ptr(o.getDtBias()),
+            ptr(o.getPositionIds()), ptr(o.getResult()), q.getDimSize(0),
+            q.getDimSize(1), q.getDimSize(2), v.getDimSize(2), q.getDimSize(3),
+            v.getDimSize(3));
+        return success();
+      })
+      .Case([&](GatedRmsNormOp o) {
+        os << llvm::formatv("    dflash::kernels::gated_rms_norm_bf16({0}, "
+                            "{1}, {2}, {3}, {4}, {5}, {6}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getGate()),
+                            ptr(o.getWeight()), ptr(o.getResult()),
+                            rowsOf(o.getInput()),
+                            tensorOf(o.getInput()).getShape().back(),
+                            formatFloat(o.getEps().convertToDouble()));
+        return success();
+      })
+      .Case([&](ZeroCentredRmsNormOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::zero_centred_rms_norm_bf16({0}, {1}, {2}, "
+            "{3}, {4}, {5}, stream);\n",
+            ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getResult()),
+            rowsOf(o.getInput()), tensorOf(o.getInput()).getShape().back(),
+            formatFloat(o.getEps().convertToDouble()));
+        return success();
+      })
+      .Case([&](PartialRopeOp o) {
+        auto x = tensorOf(o.getInput());
+        os << llvm::formatv(
+            "    dflash::kernels::partial_rope_bf16({0}, {1}, "
+            "{2}, {3}, {4}, {5}, {6}, {7}, stream);\n",
+            ptr(o.getInput()), ptr(o.getPositions()), ptr(o.getResult()),
+            x.getDimSize(0) * x.getDimSize(1), x.getDimSize(2), x.getDimSize(3),
+            o.getRotaryDim(), formatFloat(o.getTheta().convertToDouble()));
+        return success();
+      })
+      .Case([&](SigmoidGateOp o) {
+        const int64_t n = tensorOf(o.getInput()).getNumElements();
+        os << llvm::formatv("    dflash::kernels::sigmoid_gate_bf16({0}, {1}, "
+                            "{2}, {3}, {4}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getGate()),
+                            ptr(o.getResult()), n,
+                            n / tensorOf(o.getGate()).getNumElements());
+        return success();
+      })
+      .Case([&](SplitLastOp o) {
+        // Each result is a column band of the input: one strided copy each.
+        const int64_t elt = tensorBytes(o.getInput().getType()) /
+                            tensorOf(o.getInput()).getNumElements();
+        const int64_t pitch = tensorOf(o.getInput()).getShape().back() * elt;
+        int64_t column = 0;
+        for (Value part : o.getParts()) {
+          const int64_t width = tensorOf(part).getShape().back() * elt;
+          os << llvm::formatv("    copyBand({0}, reinterpret_cast<const char "
+                              "*>({1}) + {2}, {3}, {4}, {5}, stream);\n",
+                              ptr(part), ptr(o.getInput()), column, pitch,
+                              width, rowsOf(part));
+          column += width;
+        }
+        return success();
+      })
       .Case([&](MoeRouteOp o) {
         auto logits = tensorOf(o.getLogits());
         os << llvm::formatv("    dflash::kernels::moe_route_bf16({0}, {1}, "

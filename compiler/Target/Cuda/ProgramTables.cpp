@@ -356,6 +356,12 @@ FailureOr<std::string> StepEmitter::emit() {
     hasMoe |= isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp,
                   GroupedLinearSwigluOp, MoeUnpermuteOp>(op);
   });
+  // Only a hybrid target's program instantiates the DeltaNet's.
+  bool hasDeltaNet = false;
+  step.walk([&](Operation *op) {
+    hasDeltaNet |= isa<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
+                       ZeroCentredRmsNormOp, PartialRopeOp, SigmoidGateOp>(op);
+  });
   const std::string specFile = specFileOf(module);
   const char *className = target ? "GeneratedTarget"
                           : eval ? "GeneratedEval"
@@ -380,7 +386,9 @@ FailureOr<std::string> StepEmitter::emit() {
      << "#include \"kernels.h\"\n"
      << "#include \"kernels/DraftBlocks.cuh\"\n"
      << "#include \"kernels/Embedding.cuh\"\n"
+     << (hasDeltaNet ? "#include \"kernels/GatedDeltaRule.cuh\"\n" : "")
      << "#include \"kernels/Gemm.cuh\"\n"
+     << (hasDeltaNet ? "#include \"kernels/HybridOps.cuh\"\n" : "")
      << "#include \"kernels/LmHeadCrossEntropy.cuh\"\n"
      << (hasMoe ? "#include \"kernels/Moe.cuh\"\n" : "")
      << "#include \"kernels/StepScalars.cuh\"\n"
