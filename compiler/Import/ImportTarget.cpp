@@ -26,6 +26,7 @@
 #include "compiler/Import/ImportTarget.h"
 
 #include "compiler/Analysis/ModelConfigAttr.h"
+#include "compiler/Import/DeltaNetGraph.h"
 #include "compiler/Import/GraphBuilding.h"
 
 #include "dialect/DFlashOps.h"
@@ -151,70 +152,6 @@ private:
           SigmoidGateOp::create(b, l, shared.getType(), shared, gate));
     }
     return reshape(y, shape, l);
-  }
-  /// A Gated DeltaNet layer over the normed residual h [B, S, H]: q, k and
-  /// v from one projection through the causal conv, the gated delta rule
-  /// with a, b, A_log and dt_bias, the gated RMSNorm with z, out_proj.
-  struct DeltaNetWeights {
-    /// Qwen3.5's projections; Qwen3-Next has in_proj_qkvz in inProjQkv and
-    /// in_proj_ba in inProjB (interleaved by key-head group), none in
-    /// inProjZ and inProjA.
-    Value inProjQkv, inProjZ, inProjB, inProjA, conv, dtBias, aLog, norm,
-        outProj;
-  };
-  Value gatedDeltaNet(Value h, const DeltaNetWeights &w, Value positions,
-                      Location l) {
-    auto shape = cast<RankedTensorType>(h.getType()).getShape();
-    const int64_t B = shape[0], S = shape[1];
-    const int64_t Hk = target.linearKeyHeads, Hv = target.linearValueHeads;
-    const int64_t dk = target.linearKeyHeadDim, dv = target.linearValueHeadDim;
-    const int64_t Kd = target.linearKeyDim(), Vd = target.linearValueDim();
-    Value qkv, z, beta, a;
-    if (target.fusedLinearProjections) {
-      // Per key-head group g: [q_g | k_g | v_g (r heads) | z_g (r heads)]
-      // and [b_g (r) | a_g (r)]; regrouped as Qwen3.5 lays them out.
-      const int64_t r = Hv / Hk;
-      auto groups = SplitLastOp::create(
-          b, l,
-          TypeRange{t({B, S, Hk, dk}, bf16()), t({B, S, Hk, dk}, bf16()),
-                    t({B, S, Hk, r * dv}, bf16()),
-                    t({B, S, Hk, r * dv}, bf16())},
-          reshape(linear(h, w.inProjQkv, l), {B, S, Hk, 2 * dk + 2 * r * dv},
-                  l),
-          b.getDenseI64ArrayAttr({dk, dk, r * dv, r * dv}));
-      qkv = ConcatLastOp::create(
-          b, l, t({B, S, 2 * Kd + Vd}, bf16()),
-          ValueRange{reshape(groups.getResult(0), {B, S, Kd}, l),
-                     reshape(groups.getResult(1), {B, S, Kd}, l),
-                     reshape(groups.getResult(2), {B, S, Vd}, l)});
-      z = reshape(groups.getResult(3), {B, S, Hv, dv}, l);
-      auto ba = SplitLastOp::create(
-          b, l, TypeRange{t({B, S, Hk, r}, bf16()), t({B, S, Hk, r}, bf16())},
-          reshape(linear(h, w.inProjB, l), {B, S, Hk, 2 * r}, l),
-          b.getDenseI64ArrayAttr({r, r}));
-      beta = reshape(ba.getResult(0), {B, S, Hv}, l);
-      a = reshape(ba.getResult(1), {B, S, Hv}, l);
-    } else {
-      qkv = linear(h, w.inProjQkv, l);
-      z = reshape(linear(h, w.inProjZ, l), {B, S, Hv, dv}, l);
-      beta = linear(h, w.inProjB, l);
-      a = linear(h, w.inProjA, l);
-    }
-    Value mixed =
-        CausalConvOp::create(b, l, qkv.getType(), qkv, w.conv, positions);
-    auto parts = SplitLastOp::create(
-        b, l,
-        TypeRange{t({B, S, Kd}, bf16()), t({B, S, Kd}, bf16()),
-                  t({B, S, Vd}, bf16())},
-        mixed, b.getDenseI64ArrayAttr({Kd, Kd, Vd}));
-    Value q = reshape(parts.getResult(0), {B, S, Hk, dk}, l);
-    Value k = reshape(parts.getResult(1), {B, S, Hk, dk}, l);
-    Value v = reshape(parts.getResult(2), {B, S, Hv, dv}, l);
-    Value o = GatedDeltaRuleOp::create(b, l, v.getType(), q, k, v, a, beta,
-                                       w.aLog, w.dtBias, positions);
-    Value y = GatedRmsNormOp::create(b, l, o.getType(), o, z, w.norm,
-                                     b.getF64FloatAttr(target.rmsNormEps));
-    return linear(reshape(y, {B, S, Vd}, l), w.outProj, l);
   }
   Value rope(Value x, Value positions, Location l) {
     if (target.hybrid)
@@ -395,13 +332,13 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
     };
     if (a.linear) {
       Location delta = loc(p + ".linear_attn");
-      x = AddOp::create(
-          b, delta, x.getType(), x,
-          gatedDeltaNet(h,
-                        {arg(a.inProjQkv), arg(a.inProjZ), arg(a.inProjB),
-                         arg(a.inProjA), arg(a.conv), arg(a.dtBias),
-                         arg(a.aLog), arg(a.deltaNorm), arg(a.outProj)},
-                        positions, delta));
+      x = AddOp::create(b, delta, x.getType(), x,
+                        ::dflash::import::gatedDeltaNet(
+                            b, delta, target, h,
+                            {arg(a.inProjQkv), arg(a.inProjZ), arg(a.inProjB),
+                             arg(a.inProjA), arg(a.conv), arg(a.dtBias),
+                             arg(a.aLog), arg(a.deltaNorm), arg(a.outProj)},
+                            positions));
     } else {
       // The hybrids' output gate: each head's second half of q_proj.
       Value q, gate;
