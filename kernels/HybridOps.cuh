@@ -3,17 +3,16 @@
 // The Qwen3.5 / Qwen3-Next ops beside the gated delta rule
 // (GatedDeltaRule.cuh), on bf16 tensors with fp32 arithmetic, each the
 // semantics of its dflash op (docs/dialect.md):
-//   causal_conv_bf16            a thread a (token, channel): the taps in the
-//                               token's conversation, then SiLU;
-//   zero_centred_rms_norm_bf16  a warp a row: x rsqrt(mean x^2 + eps) (1 + w);
-//   gated_rms_norm_bf16         a warp a row: x rsqrt(mean x^2 + eps) w
-//   silu(z); partial_rope_bf16           a thread a (row, head, dimension):
-//   rope of the
-//                               first rotaryDim dimensions, the rest copied;
-//   sigmoid_gate_bf16           x sigmoid(gate), the gate one a row or one an
-//                               element.
-// Not yet called by generated code: dflash-select-kernels still refuses the
-// hybrid ops (docs/kernels.md).
+// - causal_conv_bf16: a thread a (token, channel), the taps in the token's
+//   conversation, then SiLU;
+// - zero_centred_rms_norm_bf16: a warp a row, x rsqrt(mean x^2 + eps)
+//   (1 + w);
+// - gated_rms_norm_bf16: a warp a row, x rsqrt(mean x^2 + eps) w silu(z);
+// - partial_rope_bf16: a thread a (row, head, dimension), rope of the first
+//   rotaryDim dimensions, the rest copied;
+// - sigmoid_gate_bf16: x sigmoid(gate), one gate a row or one an element.
+// dflash-select-kernels picks them for the hybrid ops; split_last is a
+// strided copy (CompiledStep::copyBand), not a kernel here.
 //
 //===----------------------------------------------------------------------===//
 
