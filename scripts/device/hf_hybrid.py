@@ -54,15 +54,13 @@ KINDS = {"qwen3_5_text": dict(COMMON, intermediate_size=256),
 
 
 def token_rows(vocab):
+    """ids and positions [ROWS, SEQ]: rows 0 and 1 pack conversations of
+    9..40 tokens."""
+    from hf_targets import packed_positions
     rng = np.random.default_rng(4)
     ids = rng.integers(0, vocab - 1, size=(ROWS, SEQ)).astype(np.int32)
-    pos = np.zeros((ROWS, SEQ), dtype=np.int32)
-    for r in range(ROWS):  # rows 0 and 1: conversations of 9..40 tokens
-        t = 0
-        while t < SEQ:
-            n = min(int(rng.integers(9, 41)) if r < 2 else SEQ, SEQ - t)
-            pos[r, t:t + n] = np.arange(n)
-            t += n
+    pos = packed_positions(rng, ROWS, SEQ, lambda r: r < 2,
+                           lambda g: int(g.integers(9, 41)))
     return ids, pos
 
 

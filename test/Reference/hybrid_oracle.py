@@ -41,7 +41,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from target_oracle import (HIDDEN, TAPS, VOCAB, bf16_exact, read_safetensors,  # noqa: E402
+from target_oracle import (HIDDEN, TAPS, VOCAB, bf16_exact, check,  # noqa: E402
                            rope, write_safetensors)
 
 TEXT = {"hidden_size": HIDDEN, "intermediate_size": 96, "num_hidden_layers": 4,
@@ -291,24 +291,8 @@ def forward(config, w, ids, pos):
     return np.concatenate(taps, -1)
 
 
-def check(directory, features_path):
-    config = json.load(open(directory + "/config.json"))
-    w = read_safetensors(directory + "/model.safetensors")
-    rows = read_safetensors(directory + "/tokens.safetensors")
-    got = read_safetensors(features_path)["hidden_states"].astype(np.float64)
-    worst = 0.0
-    for b in range(rows["input_ids"].shape[0]):
-        ref = forward(config, w, rows["input_ids"][b], rows["position_ids"][b])
-        for t in range(ref.shape[0]):
-            worst = max(worst, np.linalg.norm(got[b, t] - ref[t]) / np.linalg.norm(ref[t]))
-    ok = worst < 1e-2
-    print("%s: worst per-token |out - ref| / |ref| = %.2e (%s, bound 1e-2)"
-          % (config["model_type"], worst, "PASS" if ok else "FAIL"))
-    return 0 if ok else 1
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(*sys.argv[2:6])
         sys.exit(0)
-    sys.exit(check(sys.argv[2], sys.argv[3]))
+    sys.exit(check(sys.argv[2], sys.argv[3], forward=forward))

@@ -27,6 +27,24 @@ using namespace ::dflash;
 
 namespace dflash::cuda_printer {
 
+namespace {
+/// `wide`'s last dimension cut into `bands` side by side (concat_last's
+/// inputs, split_last's results): f(band, its first column in bytes, the
+/// row pitch of `wide` in bytes, the band's width in bytes), in order.
+template <typename F>
+void forEachColumnBand(Value wide, ValueRange bands, F f) {
+  const int64_t elt =
+      tensorBytes(wide.getType()) / tensorOf(wide).getNumElements();
+  const int64_t pitch = tensorOf(wide).getShape().back() * elt;
+  int64_t column = 0;
+  for (Value band : bands) {
+    const int64_t width = tensorOf(band).getShape().back() * elt;
+    f(band, column, pitch, width);
+    column += width;
+  }
+}
+} // namespace
+
 std::string StepEmitter::wrapper(KernelAttr kernel) {
   const KernelTemplate *form = kernelTemplate(kernel.getName().str());
   ArrayRef<int64_t> constants = kernel.getConstants().asArrayRef();
@@ -369,18 +387,15 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](ConcatLastOp o) {
         // Each input is a column band of the result: one strided copy each.
-        const int64_t elt = tensorBytes(o.getResult().getType()) /
-                            tensorOf(o.getResult()).getNumElements();
-        const int64_t pitch = tensorOf(o.getResult()).getShape().back() * elt;
-        int64_t column = 0;
-        for (Value in : o.getInputs()) {
-          const int64_t width = tensorOf(in).getShape().back() * elt;
-          os << llvm::formatv("    copyColumns(reinterpret_cast<char *>({0}) + "
-                              "{1}, {2}, {3}, {4}, {5}, stream);\n",
-                              ptr(o.getResult()), column, pitch, ptr(in), width,
-                              rowsOf(in));
-          column += width;
-        }
+        forEachColumnBand(
+            o.getResult(), o.getInputs(),
+            [&](Value in, int64_t column, int64_t pitch, int64_t width) {
+              os << llvm::formatv(
+                  "    copyColumns(reinterpret_cast<char *>({0}) "
+                  "+ {1}, {2}, {3}, {4}, {5}, stream);\n",
+                  ptr(o.getResult()), column, pitch, ptr(in), width,
+                  rowsOf(in));
+            });
         return success();
       })
       .Case([&](BlockAttentionOp o) {
@@ -473,18 +488,15 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](SplitLastOp o) {
         // Each result is a column band of the input: one strided copy each.
-        const int64_t elt = tensorBytes(o.getInput().getType()) /
-                            tensorOf(o.getInput()).getNumElements();
-        const int64_t pitch = tensorOf(o.getInput()).getShape().back() * elt;
-        int64_t column = 0;
-        for (Value part : o.getParts()) {
-          const int64_t width = tensorOf(part).getShape().back() * elt;
-          os << llvm::formatv("    copyBand({0}, reinterpret_cast<const char "
-                              "*>({1}) + {2}, {3}, {4}, {5}, stream);\n",
-                              ptr(part), ptr(o.getInput()), column, pitch,
-                              width, rowsOf(part));
-          column += width;
-        }
+        forEachColumnBand(
+            o.getInput(), o.getParts(),
+            [&](Value part, int64_t column, int64_t pitch, int64_t width) {
+              os << llvm::formatv(
+                  "    copyBand({0}, reinterpret_cast<const char "
+                  "*>({1}) + {2}, {3}, {4}, {5}, stream);\n",
+                  ptr(part), ptr(o.getInput()), column, pitch, width,
+                  rowsOf(part));
+            });
         return success();
       })
       .Case([&](MoeRouteOp o) {

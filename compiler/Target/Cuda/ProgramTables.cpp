@@ -350,15 +350,12 @@ FailureOr<std::string> StepEmitter::emit() {
       });
 
   const bool eval = sig.isEval(), target = sig.isTarget();
-  // Only a mixture-of-experts target's program instantiates its kernels.
-  bool hasMoe = false;
+  // Only a mixture-of-experts target's program instantiates its kernels,
+  // and only a hybrid target's the DeltaNet's.
+  bool hasMoe = false, hasDeltaNet = false;
   step.walk([&](Operation *op) {
     hasMoe |= isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp,
                   GroupedLinearSwigluOp, MoeUnpermuteOp>(op);
-  });
-  // Only a hybrid target's program instantiates the DeltaNet's.
-  bool hasDeltaNet = false;
-  step.walk([&](Operation *op) {
     hasDeltaNet |= isa<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
                        ZeroCentredRmsNormOp, PartialRopeOp, SigmoidGateOp>(op);
   });
