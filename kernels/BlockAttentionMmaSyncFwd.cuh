@@ -69,9 +69,15 @@ __device__ __forceinline__ void clearAttentionRows(float (&o)[MT][D / 8][4],
     }
 }
 
+/// Whether a warp of MT m-tiles keeps its Q as A fragments in registers
+/// (qf): one m-tile up to head dim 128. At 256 they would take 64 registers
+/// beside O's 128.
+template <int D, int MT>
+constexpr bool kQueryFragmentsInRegisters = MT == 1 && D <= 128;
+
 /// One K/V tile of the forward for MT m-tiles of one warp: scores, mask,
-/// online softmax, P V. qf holds Q when MT == 1; otherwise Q fragments come
-/// from the warp's rows of sQ (row0 on).
+/// online softmax, P V. qf holds Q when kQueryFragmentsInRegisters;
+/// otherwise Q fragments come from the warp's rows of sQ (row0 on).
 template <int D, int NK, int MT, typename Visible>
 __device__ __forceinline__ void
 attendTile(const uint32_t (&qf)[D / 16][4], const bf16 *sQ, int row0,
@@ -85,7 +91,7 @@ attendTile(const uint32_t (&qf)[D / 16][4], const bf16 *sQ, int row0,
     uint32_t a[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      if constexpr (MT == 1) {
+      if constexpr (kQueryFragmentsInRegisters<D, MT>) {
 #pragma unroll
         for (int e = 0; e < 4; ++e)
           a[mt][e] = qf[kk][e];
@@ -282,7 +288,7 @@ __launch_bounds__((BlockAttentionFwdWarps<D, BS, NH, NKV, MT, KT>::kThreads),
     cpAsyncWait<0>();
     __syncthreads();
     if (it == 0) {
-      if constexpr (MT == 1)
+      if constexpr (kQueryFragmentsInRegisters<D, MT>)
         loadAFragments<D>(sQ, row0, qf, lane);
       for (int r = row0 + lane; r < row0 + WR; r += 32) {
         warpLoMax = max(warpLoMax, sLo[r]);

@@ -131,13 +131,16 @@ __device__ __forceinline__ bool causalVisible(const int32_t *pos, int S, int j,
 //===-- wgmma + TMA -------------------------------------------------------===//
 
 template <int D> struct CausalWgmmaConfig {
-  static_assert(D == 64 || D == 128, "causal wgmma forward: head dim 64, 128");
+  static_assert(D == 64 || D == 128 || D == 256,
+                "causal wgmma forward: head dim 64, 128, 256");
   static constexpr int kWarpgroups = 2;
   static constexpr int KT = kCausalKeyTile;
   static constexpr int kRows = kWarpgroups * wgmma::kM;
   static_assert(kRows == kCausalRows, "128 query rows per CTA");
   static constexpr int kThreads = kWarpgroups * wgmma::kWarpgroupThreads;
-  static constexpr int kMinBlocksPerSm = 2;
+  // At head dim 256 a thread holds 128 floats of O and the CTA 193 KiB of
+  // shared memory: one CTA per SM.
+  static constexpr int kMinBlocksPerSm = D == 256 ? 1 : 2;
   static constexpr int kStages = 2;
   static constexpr size_t kQBytes = size_t(kRows) * D * 2;
   static constexpr size_t kBufBytes = size_t(KT) * D * 2;
@@ -289,14 +292,18 @@ __launch_bounds__((CausalWgmmaConfig<D>::kThreads),
 
 //===-- mma.sync ----------------------------------------------------------===//
 
-/// 4 warps of two m-tiles (32 rows) each, 64-key tiles double-buffered.
+/// 4 warps of two m-tiles (32 rows) each, 64-key tiles double-buffered; at
+/// head dim 256, 8 warps of one m-tile (O of two would not fit in
+/// registers), one CTA per SM.
 template <int D> struct CausalMmaSyncConfig {
-  static_assert(D == 64 || D == 128, "causal mma.sync forward: head dim");
-  static constexpr int MT = 2, KT = kCausalKeyTile, kRows = kCausalRows;
+  static_assert(D == 64 || D == 128 || D == 256,
+                "causal mma.sync forward: head dim");
+  static constexpr int MT = D == 256 ? 1 : 2, KT = kCausalKeyTile,
+                       kRows = kCausalRows;
   static constexpr int kWarpRows = 16 * MT;
   static constexpr int kWarps = kRows / kWarpRows;
   static constexpr int kThreads = 32 * kWarps;
-  static constexpr int kMinBlocks = 2;
+  static constexpr int kMinBlocks = D == 256 ? 1 : 2;
   static constexpr size_t kSmemBytes = size_t(kRows + 4 * KT) * D * 2;
 };
 
@@ -368,7 +375,7 @@ static __global__ void __launch_bounds__((CausalMmaSyncConfig<D>::kThreads),
       rowC[mt][i] = row < S ? row - pos[row] : INT_MIN;
     }
 
-  uint32_t qf[D / 16][4]; // unused: MT = 2 reads Q fragments from sQ
+  uint32_t qf[D / 16][4]; // unused: attendTile reads Q fragments from sQ
   float o[MT][D / 8][4], m[MT][2], l[MT][2];
   clearAttentionRows<D, MT>(o, m, l);
 
@@ -479,7 +486,7 @@ void mma_sync_causal_attention_fwd_bf16(const CausalAttentionFwdArgs &a,
 }
 
 /// Causal attention forward over packed rows (CausalAttentionArgs.h): head
-/// dim D (64 or 128), NH query heads, NKV kv heads; any B, S >= 1.
+/// dim D (64, 128 or 256), NH query heads, NKV kv heads; any B, S >= 1.
 template <int D, int NH, int NKV>
 void causal_attention_fwd_bf16(const CausalAttentionFwdArgs &a,
                                cudaStream_t stream) {

@@ -294,6 +294,15 @@ TEST(CausalAttention, SlidingWindowAndSinks) {
 
 // gpt-oss's attention: head dim 64, 64 query heads over 8 kv heads, sinks
 // on every layer, windows on every other.
+// Qwen3.5/3.6's gated full attention: head dim 256 (24 heads over 4 kv
+// heads at 27B; the gate and partial rope are separate ops).
+TEST(CausalAttention, HeadDim256) {
+  runCase<256, 24, 4>(2, 400, Rows::Unpacked, 61);
+  runCase<256, 24, 4>(2, 700, Rows::Packed, 62, 150);
+  runCase<256, 4, 2>(1, 129, Rows::LongThenTail, 63);
+  runCase<256, 3, 3>(1, 1, Rows::Unpacked, 64);
+}
+
 TEST(CausalAttention, GptOssShape) {
   runCase<64, 64, 8>(1, 300, Rows::Unpacked, 51, 0, {128, true});
   runCase<64, 64, 8>(2, 200, Rows::Packed, 52, 150, {128, true});
