@@ -9,8 +9,9 @@
 // decay; the strictly lower A (beta e^(gamma_t - gamma_s) k_t.k_s) and the
 // causal P (e^(gamma_t - gamma_s) q_t.k_s); the UT solve (I + A) D = R by
 // forward substitution, one thread a value column; the outputs e^gamma Q M
-// + P D; and the state M [dk, dv] carried to the next chunk. A first
-// kernel, on CUDA cores: the tensor-core form is to come.
+// + P D; and the state M [dk, dv] carried to the next chunk. The first
+// kernel, on CUDA cores; GatedDeltaRuleMmaSync.cuh has the tensor-core form,
+// chunks of 64 (the two are each other's cross-check in DeltaNetGpuTest).
 //
 //===----------------------------------------------------------------------===//
 
@@ -19,9 +20,11 @@
 
 #include "kernels/CudaCheck.cuh"
 #include "kernels/DeltaNetLimits.h"
+#include "kernels/GatedDeltaRuleMmaSync.cuh"
 
 #include <cstdint>
 #include <cuda_bf16.h>
+#include <type_traits>
 
 namespace dflash::kernels {
 
@@ -46,8 +49,8 @@ __global__ void __launch_bounds__(kDeltaThreads)
                          const __nv_bfloat16 *dtBias, const int32_t *pos,
                          __nv_bfloat16 *out, int S, int Hk, int Hv) {
   constexpr int C = kDeltaChunk;
-  extern __shared__ float smem[];
-  float *M = smem;         // [DK][DV], the state
+  extern __shared__ float deltaSmem[];
+  float *M = deltaSmem;    // [DK][DV], the state
   float *Ks = M + DK * DV; // [C][DK], normalised keys
   float *Qs = Ks + C * DK; // [C][DK], normalised queries times dk^-1/2
   float *Ds = Qs + C * DK; // [C][DV]: v, then R, then D
@@ -194,10 +197,59 @@ void launchGatedDeltaRule(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
   DFLASH_CUDA_CHECK_LAUNCH("gatedDeltaRuleKernel");
 }
 
+/// Runs launch(std::integral_constant<int, d>{}) for head dim d (keys and
+/// values alike), after checking the shapes the kernels take.
+template <typename Launch>
+void forGatedDeltaRuleShape(const char *kernel, int64_t Hk, int64_t Hv,
+                            int64_t dk, int64_t dv, Launch launch) {
+  if (!gatedDeltaRuleSupports(dk, dv) || Hk < 1 || Hv % Hk != 0)
+    reportCudaFailure(__FILE__, __LINE__, kernel,
+                      "head dims 32, 64 or 128 (keys and values alike), "
+                      "value heads a multiple of key heads");
+  if (dk == 32)
+    launch(std::integral_constant<int, 32>{});
+  else if (dk == 64)
+    launch(std::integral_constant<int, 64>{});
+  else
+    launch(std::integral_constant<int, 128>{});
+}
+
 } // namespace detail
 
 /// out [B, S, Hv, dv] of q, k [B, S, Hk, dk], v [B, S, Hv, dv], a and beta's
-/// logits [B, S, Hv], aLog and dtBias [Hv], pos [B, S] (docs/dialect.md).
+/// logits [B, S, Hv], aLog and dtBias [Hv], pos [B, S] (docs/dialect.md), on
+/// CUDA cores (the first kernel; the cross-check of the tensor-core one).
+inline void cuda_core_gated_delta_rule_bf16(
+    const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+    const __nv_bfloat16 *a, const __nv_bfloat16 *beta,
+    const __nv_bfloat16 *aLog, const __nv_bfloat16 *dtBias, const int32_t *pos,
+    __nv_bfloat16 *out, int64_t B, int64_t S, int64_t Hk, int64_t Hv,
+    int64_t dk, int64_t dv, cudaStream_t stream) {
+  detail::forGatedDeltaRuleShape(
+      "cuda_core_gated_delta_rule_bf16", Hk, Hv, dk, dv, [&](auto d) {
+        detail::launchGatedDeltaRule<d(), d()>(q, k, v, a, beta, aLog, dtBias,
+                                               pos, out, B, S, Hk, Hv, stream);
+      });
+}
+
+/// The same on tensor cores (kernels/GatedDeltaRuleMmaSync.cuh).
+inline void mma_sync_gated_delta_rule_bf16(
+    const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+    const __nv_bfloat16 *a, const __nv_bfloat16 *beta,
+    const __nv_bfloat16 *aLog, const __nv_bfloat16 *dtBias, const int32_t *pos,
+    __nv_bfloat16 *out, int64_t B, int64_t S, int64_t Hk, int64_t Hv,
+    int64_t dk, int64_t dv, cudaStream_t stream) {
+  if (B <= 0 || S <= 0)
+    return;
+  detail::forGatedDeltaRuleShape(
+      "mma_sync_gated_delta_rule_bf16", Hk, Hv, dk, dv, [&](auto d) {
+        detail::launchMmaSyncGatedDeltaRule<d(), d()>(
+            q, k, v, a, beta, aLog, dtBias, pos, out, B, S, Hk, Hv, stream);
+      });
+}
+
+/// What the generated step calls: the CUDA-core kernel until the
+/// tensor-core one has passed DeltaNetGpuTest on the H200.
 inline void
 gated_delta_rule_bf16(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                       const __nv_bfloat16 *v, const __nv_bfloat16 *a,
@@ -205,19 +257,8 @@ gated_delta_rule_bf16(const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                       const __nv_bfloat16 *dtBias, const int32_t *pos,
                       __nv_bfloat16 *out, int64_t B, int64_t S, int64_t Hk,
                       int64_t Hv, int64_t dk, int64_t dv, cudaStream_t stream) {
-  if (!gatedDeltaRuleSupports(dk, dv) || Hk < 1 || Hv % Hk != 0)
-    detail::reportCudaFailure(__FILE__, __LINE__, "gated_delta_rule_bf16",
-                              "head dims 32, 64 or 128 (keys and values "
-                              "alike), value heads a multiple of key heads");
-  if (dk == 32)
-    detail::launchGatedDeltaRule<32, 32>(q, k, v, a, beta, aLog, dtBias, pos,
-                                         out, B, S, Hk, Hv, stream);
-  else if (dk == 64)
-    detail::launchGatedDeltaRule<64, 64>(q, k, v, a, beta, aLog, dtBias, pos,
-                                         out, B, S, Hk, Hv, stream);
-  else
-    detail::launchGatedDeltaRule<128, 128>(q, k, v, a, beta, aLog, dtBias, pos,
-                                           out, B, S, Hk, Hv, stream);
+  cuda_core_gated_delta_rule_bf16(q, k, v, a, beta, aLog, dtBias, pos, out, B,
+                                  S, Hk, Hv, dk, dv, stream);
 }
 
 } // namespace dflash::kernels

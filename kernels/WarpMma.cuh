@@ -1,9 +1,10 @@
 //===- WarpMma.cuh - mma.sync, ldmatrix, cp.async --------------*- CUDA -*-===//
 //
 // Thin inline-PTX wrappers for the sm_80+ instructions the hand-written
-// kernels use: mma.sync m16n8k16 (bf16 in, fp32 accumulate), ldmatrix and
-// cp.async, plus the XOR swizzle that keeps ldmatrix free of bank conflicts,
-// and the tile products of one warp that the attention kernels share.
+// kernels use: mma.sync m16n8k16 (bf16 or fp16 in, fp32 accumulate), ldmatrix
+// and cp.async, plus the XOR swizzle that keeps ldmatrix free of bank
+// conflicts, and the tile products of one warp that the attention kernels
+// share.
 //
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
 // g = lane / 4 and t = lane % 4:
@@ -81,6 +82,16 @@ __device__ __forceinline__ void ldmatrixX4Trans(uint32_t addr, uint32_t &r0,
 __device__ __forceinline__ void mmaBf16(float (&d)[4], const uint32_t (&a)[4],
                                         uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+               "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// d += a * b for one m16n8k16 tile of fp16 operands.
+__device__ __forceinline__ void mmaF16(float (&d)[4], const uint32_t (&a)[4],
+                                       uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
                "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

@@ -153,7 +153,8 @@ online() {
     thm) spec=specs/tiny.toml target=$D/tcfg/qwen35moe ;;
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
     a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, q8, a3b)" ;;
+    q36) spec=specs/qwen3.6-27b-b16.toml target=$D/tcfg/q36 ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, q8, a3b, q36)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"
@@ -185,6 +186,7 @@ for item in "${items[@]}"; do
       step "KernelBench"
       "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
         --expt-relaxed-constexpr -lineinfo bench/kernels/KernelBench.cu \
+        bench/kernels/TargetBench.cu \
         -o "$D/bin/KernelBench" -lcublasLt ;;
     tokenizer:qwen3)
       # The real Qwen3 tokenizer of scripts/setup.sh's npm cache.

@@ -11,18 +11,18 @@
 //
 // Attention FLOPs count visible (query head, key) pairs only: 4 d per pair
 // forward (QK^T and PV), 2.5 times that backward (the usual convention).
-// The section "causal" times the target model's causal attention forward
-// (kernels/CausalAttention.cuh) at the Qwen3-8B shape, unpacked and packed;
-// "swiglu-gemm" and "mlp-overlap" the target MLP's forms at the sustained
-// clock (sustainedMs).
+// The sections "causal" and "hybrid" (TargetBench.cu) time the online
+// target's attention and Gated DeltaNet kernels; "swiglu-gemm" and
+// "mlp-overlap" the target MLP's forms at the sustained clock (sustainedMs).
 //
 //===----------------------------------------------------------------------===//
 
+#include "bench/kernels/BenchCommon.cuh"
+#include "bench/kernels/TargetBench.h"
 #include "bench/kernels/WgmmaBwdDqTiming.cuh"
 #include "kernels/AdamW.cuh"
 #include "kernels/BlockAttentionBwd.cuh"
 #include "kernels/BlockAttentionFwd.cuh"
-#include "kernels/CausalAttention.cuh"
 #include "kernels/DraftBlocks.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/LmHeadCrossEntropy.cuh"
@@ -46,144 +46,10 @@
 #include <vector>
 
 using namespace dflash::kernels;
+using namespace dflash::bench;
 using bf16 = __nv_bfloat16;
 
 namespace {
-
-FILE *jsonOut = nullptr;
-std::string anchorFile; // where the B = 4 anchors go, for torch_reference.py
-// Where the packed rows' positions of the causal section go, for the same.
-std::string causalPositionsFile;
-
-/// Milliseconds from environment variable `name` (unset or empty: `dflt`);
-/// anything but a whole number from 0 to 600000 is refused, naming it.
-int msFromEnv(const char *name, int dflt) {
-  const char *v = std::getenv(name);
-  if (!v || !*v)
-    return dflt;
-  char *end = nullptr;
-  long ms = std::strtol(v, &end, 10);
-  if (*end != '\0' || ms < 0 || ms > 600000) {
-    std::fprintf(stderr,
-                 "KernelBench: %s must be a whole number of milliseconds "
-                 "from 0 to 600000, got '%s'\n",
-                 name, v);
-    std::exit(2);
-  }
-  return int(ms);
-}
-
-/// The H200 reaches its power cap within a second of heavy work and then
-/// lowers its clock (1980 -> 1440-1740 MHz), so a kernel timed right after
-/// others runs slower than the same kernel timed first (NOTES.md, seventh
-/// session). Each variant therefore starts from rest: the GPU idles
-/// DFLASH_BENCH_COOLDOWN_MS (default 1000) first, so every variant and the
-/// PyTorch baselines (torch_reference.py does the same) are timed at the same
-/// clock. DFLASH_BENCH_WARMUP_MS (default 0) then runs the variant that long
-/// before timing it: with COOLDOWN 0 that times each at its own sustained,
-/// power-capped clock instead.
-struct BenchClock {
-  int cooldownMs = msFromEnv("DFLASH_BENCH_COOLDOWN_MS", 1000);
-  int warmupMs = msFromEnv("DFLASH_BENCH_WARMUP_MS", 0);
-};
-const BenchClock &benchClock() {
-  static const BenchClock clock;
-  return clock;
-}
-
-/// Median milliseconds of `reps` runs of f after the cool-down and at least
-/// `warmup` runs (and DFLASH_BENCH_WARMUP_MS of them). DFLASH_BENCH_ONCE=1
-/// runs each variant once, without either: for profilers.
-double timeMs(const std::function<void()> &f, int warmup = 3, int reps = 15) {
-  int cooldownMs = benchClock().cooldownMs, untilMs = benchClock().warmupMs;
-  if (const char *once = std::getenv("DFLASH_BENCH_ONCE"); once && *once == '1')
-    warmup = 0, reps = 1, cooldownMs = 0, untilMs = 0;
-  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  std::this_thread::sleep_for(std::chrono::milliseconds(cooldownMs));
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0;; ++i) {
-    const double elapsedMs = std::chrono::duration<double, std::milli>(
-                                 std::chrono::steady_clock::now() - start)
-                                 .count();
-    if (i >= warmup && elapsedMs >= untilMs)
-      break;
-    f();
-    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * reps);
-  for (auto &e : ev)
-    DFLASH_CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    DFLASH_CUDA_CHECK(cudaEventRecord(ev[2 * i]));
-    f();
-    DFLASH_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> ms(reps);
-  for (int i = 0; i < reps; ++i)
-    DFLASH_CUDA_CHECK(cudaEventElapsedTime(&ms[i], ev[2 * i], ev[2 * i + 1]));
-  for (auto &e : ev)
-    cudaEventDestroy(e);
-  std::sort(ms.begin(), ms.end());
-  return ms[reps / 2];
-}
-
-void report(const std::string &name, double ms, const std::string &metric,
-            double value, const std::string &note = "") {
-  std::printf("%-44s %9.3f ms  %9.1f %-8s %s\n", name.c_str(), ms, value,
-              metric.c_str(), note.c_str());
-  if (jsonOut)
-    std::fprintf(jsonOut,
-                 "{\"name\": \"%s\", \"ms\": %.5f, \"metric\": \"%s\", "
-                 "\"value\": %.4f, \"note\": \"%s\"}\n",
-                 name.c_str(), ms, metric.c_str(), value, note.c_str());
-}
-
-template <typename T> T *deviceAlloc(size_t count) {
-  T *p = nullptr;
-  DFLASH_CUDA_CHECK(cudaMalloc(&p, count * sizeof(T)));
-  return p;
-}
-
-/// n bf16 values of device memory, on the host.
-std::vector<bf16> downloadBf16(const bf16 *d, size_t n) {
-  std::vector<bf16> h(n);
-  DFLASH_CUDA_CHECK(
-      cudaMemcpy(h.data(), d, n * sizeof(bf16), cudaMemcpyDeviceToHost));
-  return h;
-}
-
-/// ||a - b|| / ||b|| (||a - b|| where b is all zeros).
-double relativeDifference(const std::vector<bf16> &a,
-                          const std::vector<bf16> &b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
-__global__ void fillRandomBf16(bf16 *p, size_t n, uint64_t seed, float scale) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    // Sum of two uniforms: cheap, roughly bell-shaped, never all zeros.
-    float u1 = (z & 0xFFFFFF) / 16777216.f,
-          u2 = ((z >> 24) & 0xFFFFFF) / 16777216.f;
-    p[i] = __float2bfloat16((u1 + u2 - 1.f) * 1.7f * scale);
-  }
-}
-
-void randomBf16(bf16 *p, size_t n, uint64_t seed, float scale = 1.f) {
-  fillRandomBf16<<<4096, 256>>>(p, n, seed, scale);
-  DFLASH_CUDA_CHECK_LAUNCH("fillRandomBf16");
-}
 
 double copyBandwidth() {
   const size_t bytes = size_t(2) << 30;
@@ -780,69 +646,6 @@ void memoryBound(double copyGbs) {
   }
 }
 
-/// The target model's causal attention forward (kernels/CausalAttention.cuh)
-/// at the Qwen3-8B shape (B 4, S 3072, nh/nkv/d 32/8/128): unpacked rows,
-/// and rows packed with conversations of lognormal lengths (mean about 900,
-/// the last one cut at S), written to causalPositionsFile for
-/// torch_reference.py. FLOPs count visible (query head, key) pairs, 4 d each.
-void causal() {
-  constexpr int D = 128, NH = 32, NKV = 8;
-  const int B = 4, S = 3072;
-  const size_t qn = size_t(B) * S * NH * D, kn = size_t(B) * S * NKV * D;
-  bf16 *q = deviceAlloc<bf16>(qn), *k = deviceAlloc<bf16>(kn),
-       *v = deviceAlloc<bf16>(kn), *out = deviceAlloc<bf16>(qn);
-  randomBf16(q, qn, 21, 1.5f);
-  randomBf16(k, kn, 22);
-  randomBf16(v, kn, 23);
-  int32_t *dPositions = deviceAlloc<int32_t>(size_t(B) * S);
-  for (bool packed : {false, true}) {
-    std::vector<int32_t> positions(size_t(B) * S);
-    double pairs = 0; // visible (query, key) pairs, per head
-    int conversations = 0;
-    // sigma 0.8, mean exp(mu + sigma^2 / 2) = 900.
-    std::mt19937_64 rng(77);
-    std::lognormal_distribution<double> length(std::log(900.0) - 0.32, 0.8);
-    for (int b = 0; b < B; ++b) {
-      for (int j = 0; j < S;) {
-        int len = packed ? std::clamp(int(std::lround(length(rng))), 1, S) : S;
-        len = std::min(len, S - j);
-        for (int t = 0; t < len; ++t)
-          positions[size_t(b) * S + j + t] = t;
-        pairs += 0.5 * double(len) * (len + 1);
-        ++conversations;
-        j += len;
-      }
-    }
-    pairs *= NH;
-    if (packed && !causalPositionsFile.empty()) {
-      if (FILE *f = std::fopen(causalPositionsFile.c_str(), "wb")) {
-        std::fwrite(positions.data(), sizeof(int32_t), positions.size(), f);
-        std::fclose(f);
-      }
-    }
-    DFLASH_CUDA_CHECK(cudaMemcpy(dPositions, positions.data(),
-                                 positions.size() * 4, cudaMemcpyHostToDevice));
-    CausalAttentionFwdArgs a{q, k, v, dPositions, out, B, S};
-    const double flops = 4.0 * D * pairs;
-    char name[128], note[96];
-    std::snprintf(note, sizeof(note), "%d conversations, mean %.0f tokens",
-                  conversations, double(B) * S / conversations);
-    auto run = [&](auto launch, const char *variant) {
-      double ms = timeMs([&] { launch(); });
-      std::snprintf(name, sizeof(name), "causal fwd %s B=%d [%s]",
-                    packed ? "packed" : "unpacked", B, variant);
-      report(name, ms, "TFLOP/s", flops / (ms * 1e9), note);
-    };
-    run([&] { causal_attention_fwd_bf16<D, NH, NKV>(a, 0); },
-        "wgmma tma (default)");
-    run([&] { mma_sync_causal_attention_fwd_bf16<D, NH, NKV>(a, 0); },
-        "mma.sync");
-  }
-  for (void *p :
-       {(void *)q, (void *)k, (void *)v, (void *)out, (void *)dPositions})
-    cudaFree(p);
-}
-
 /// The median ms of each of `runs` at the sustained (power-capped) clock the
 /// programs run at: 2 s of all of them first, then `rounds` of each,
 /// alternating, so that the clock's drift falls on all alike.
@@ -1131,7 +934,9 @@ int main(int argc, char **argv) {
     lmHead(gemm, 16);
   }
   if (want("causal"))
-    causal();
+    causalAttention();
+  if (want("hybrid"))
+    hybridTarget();
   if (want("swiglu-gemm"))
     swigluGemm(gemm);
   if (want("grouped-gemm"))

@@ -3,7 +3,7 @@
 # PyTorch baselines (torch_reference.py) on this GPU in one go, and prints one
 # comparison table. Logs and JSON lines go to $OUT (or $1, or build-bench/).
 #   [DFLASH_BENCH_ROUNDS=N] bench/kernels/run.sh [outdir] [only]
-#     only: attention|lmhead|memory|gemm|gemm-algorithms|causal|swiglu-gemm
+#     only: attention|lmhead|memory|gemm|gemm-algorithms|causal|hybrid|swiglu-gemm
 # DFLASH_BENCH_ROUNDS=N runs KernelBench N times (the machine's speed drifts
 # by several percent within minutes) and reports each kernel's median, with
 # the rounds' range; the PyTorch baselines run once, after them.
@@ -42,7 +42,8 @@ done
 if [[ ! -x $bin ]] || [[ -n $(find "$root/kernels" "$here" \( -name '*.cu*' -o -name '*.h' \) -newer "$bin") ]]; then
   echo "building $bin"
   "$nvcc" -std=c++17 -O3 -I"$root" -gencode=arch=compute_90a,code=sm_90a \
-    --expt-relaxed-constexpr -lineinfo "$here/KernelBench.cu" -o "$bin" -lcublasLt
+    --expt-relaxed-constexpr -lineinfo "$here/KernelBench.cu" "$here/TargetBench.cu" \
+    -o "$bin" -lcublasLt
 fi
 # The SM clock and power through the run (nvidia-smi every 0.2 s, where it
 # exists): the table's footer says at what clock the numbers were taken.
@@ -81,7 +82,7 @@ with open(os.path.join(out, "kernels.jsonl"), "w") as f:
         f.write(json.dumps(merged) + "\n")
 PY
 fi
-if [[ -z $only || $only == attention* || $only == lmhead ]]; then
+if [[ -z $only || $only == attention* || $only == lmhead || $only == causal || $only == hybrid ]]; then
   python3 "$here/torch_reference.py" --out "$out/torch.jsonl" \
     --anchors "$out/anchors_b4.bin" --only "$only" 2>&1 | tee "$out/torch.log"
 fi

@@ -16,7 +16,10 @@ same way (CUDA events, warm-up, median):
     (is_causal, enable_gqa) on unpacked rows, and on the packed rows
     KernelBench wrote (causal_positions_b4.bin beside --out, else the same
     lognormal lengths drawn here) torch.nn.attention.varlen.varlen_attn
-    where it exists, else flex_attention with a document mask.
+    where it exists, else flex_attention with a document mask;
+  - the gated delta rule (KernelBench's "hybrid" section, Qwen3.6-27B's
+    DeltaNet shape): transformers' torch fallback, and flash-linear-
+    attention's chunk_gated_delta_rule where it is installed.
 Writes one JSON object per line (name, ms, metric, value, note) to --out.
 Each benchmark is guarded, so one failure does not lose the others.
 """
@@ -292,6 +295,60 @@ def causal(report, positions_path):
            flops / (ms * 1e9), note)
 
 
+def hybrid(report, positions_path):
+    """The gated delta rule at KernelBench's "hybrid" shape (Qwen3.6-27B's
+    DeltaNet: B 4, S 3072, 16 key and 48 value heads of 128): transformers'
+    torch_chunk_gated_delta_rule (its fallback without flash-linear-attention)
+    on unpacked rows, and flash-linear-attention's chunk_gated_delta_rule
+    where it is installed (unpacked, and on the packed rows through
+    cu_seqlens). FLOPs: the op's count, 7 dk dv a token and value head."""
+    B, S, HK, HV, DH = 4, 3072, 16, 48, 128
+    torch.manual_seed(0)
+    q = torch.randn(B, S, HK, DH, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, S, HK, DH, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, S, HV, DH, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(B, S, HV, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(B, S, HV, device="cuda", dtype=torch.bfloat16)
+    a_log = torch.linspace(-5.0, -1.0, HV, device="cuda")
+    dt_bias = 0.05 * (torch.arange(HV, device="cuda") % 5).float()
+    g = -a_log.exp() * F.softplus(a.float() + dt_bias)
+    beta = b.float().sigmoid().to(torch.bfloat16)
+    # The model repeats each key head for its value heads before the rule.
+    qv, kv = (x.repeat_interleave(HV // HK, dim=2) for x in (q, k))
+    flops = 7.0 * DH * DH * B * S * HV
+    try:
+        from transformers.models.qwen3_next import modeling_qwen3_next as m
+        rule = m.torch_chunk_gated_delta_rule
+        with torch.no_grad():
+            ms = time_ms(lambda: rule(qv, kv, v, g=g, beta=beta,
+                                      use_qk_l2norm_in_kernel=True),
+                         warmup=1, reps=5)
+        report(f"transformers torch_chunk_gated_delta_rule unpacked B={B}",
+               ms, "TFLOP/s", flops / (ms * 1e9))
+    except Exception:
+        traceback.print_exc()
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        print("flash-linear-attention is not installed: no fla baseline")
+        return
+    with torch.no_grad():
+        ms = time_ms(lambda: chunk_gated_delta_rule(
+            qv, kv, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True))
+    report(f"fla chunk_gated_delta_rule unpacked B={B}", ms, "TFLOP/s",
+           flops / (ms * 1e9))
+    pos = causal_positions(positions_path, B, S)
+    starts = (pos.flatten() == 0).nonzero().flatten().tolist() + [B * S]
+    cu = torch.tensor(starts, dtype=torch.long, device="cuda")
+    packed = [x.reshape(1, B * S, *x.shape[2:]) for x in (qv, kv, v, g, beta)]
+    with torch.no_grad():
+        ms = time_ms(lambda: chunk_gated_delta_rule(
+            *packed[:3], g=packed[3], beta=packed[4], cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=True))
+    report(f"fla chunk_gated_delta_rule packed B={B}", ms, "TFLOP/s",
+           flops / (ms * 1e9), f"{len(starts) - 1} conversations")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="")
@@ -310,6 +367,10 @@ def main():
         positions = os.path.join(os.path.dirname(args.out) or ".",
                                  "causal_positions_b4.bin")
         jobs.append(lambda: causal(report, positions))
+    if not args.only or "hybrid" in args.only:
+        positions = os.path.join(os.path.dirname(args.out) or ".",
+                                 "causal_positions_b4.bin")
+        jobs.append(lambda: hybrid(report, positions))
     for job in jobs:
         try:
             job()

@@ -26,7 +26,7 @@ features against transformers, for the online suites of device-check.
       torch.compile
   hf_targets.py a3b-tokens WORK
       a token shard of qwen3-coder-30b-a3b-b16's shape (8 rows of 3072, the
-      even rows packed) in WORK/tokens
+      even rows packed) in WORK/tokens; q36-tokens: qwen3.6-27b-b16's
   hf_targets.py oracle DIR
       test/Reference/target_oracle.py's checkpoints in DIR/{qwen3,llama}
       through transformers against dflash-target-features' CPU features
@@ -198,6 +198,10 @@ Q8_SHARD = {"target": "Qwen/Qwen3-8B", "target_layer_ids": "[1, 9, 17, 25, 33]",
             "hidden_size": "4096"}
 A3B_SHARD = {"target": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
              "target_layer_ids": "[1, 7, 14, 20, 26, 32, 39, 45]", "hidden_size": "2048"}
+Q36_SHARD = {"target": "Qwen/Qwen3.6-27B", "target_layer_ids": "[1, 16, 31, 46, 61]",
+             "hidden_size": "5120"}
+# The token shards `SPEC-tokens WORK` writes: the shard's metadata, the vocabulary.
+TOKEN_SHARDS = {"a3b": (A3B_SHARD, 151936), "q36": (Q36_SHARD, 248320)}
 
 
 def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD):
@@ -389,6 +393,22 @@ def q8_target(device, work, features):
     return 0
 
 
+def linear_attention_kernels(model):
+    """For a hybrid (Gated DeltaNet) model, which kernels transformers ran:
+    the function its first DeltaNet layer holds as chunk_gated_delta_rule
+    (flash-linear-attention's, or transformers' torch fallback), and whether
+    it has causal-conv1d's kernel; "" for any other model."""
+    for layer in model.modules():
+        rule = getattr(layer, "chunk_gated_delta_rule", None)
+        if rule is None:
+            continue
+        conv = getattr(layer, "causal_conv1d_fn", None)
+        return ", delta rule %s.%s, conv %s" % (
+            getattr(rule, "__module__", "?"), getattr(rule, "__name__", type(rule).__name__),
+            "causal-conv1d" if conv is not None else "torch fallback")
+    return ""
+
+
 def forward_bench(device, config_name, layers, compiled=False):
     """transformers' forward of DEVICE/tcfg/CONFIG's first `layers` layers
     (random weights, bf16, sdpa) on 4 x 3072 tokens, timed (median of 5
@@ -416,9 +436,9 @@ def forward_bench(device, config_name, layers, compiled=False):
             times.append((time.perf_counter() - start) * 1e3)
     ms = sorted(times[3:])[len(times[3:]) // 2]
     experts = getattr(cfg, "_experts_implementation", None)
-    mode = "transformers sdpa bf16%s, %d layers%s" % (
+    mode = "transformers sdpa bf16%s, %d layers%s%s" % (
         ", torch.compile" if compiled else "", layers,
-        ", experts %s" % experts if experts else "")
+        ", experts %s" % experts if experts else "", linear_attention_kernels(model))
     print(json.dumps({"mode": mode, "ms": round(ms, 2),
                       "tokens_per_s": round(4 * 3072 / ms * 1e3),
                       "first_s": round(times[0] / 1e3, 1),
@@ -452,10 +472,11 @@ def main(argv):
         return forward_bench(argv[1], "q8", 34)  # layers 0..33: the last tap is 33
     if len(argv) in (4, 5) and argv[0] == "forward" and argv[4:] in ([], ["--compile"]):
         return forward_bench(argv[1], argv[2], int(argv[3]), argv[4:] == ["--compile"])
-    if len(argv) == 2 and argv[0] == "a3b-tokens":
+    if len(argv) == 2 and argv[0].endswith("-tokens") and argv[0][:-7] in TOKEN_SHARDS:
+        spec, vocab = TOKEN_SHARDS[argv[0][:-7]]
         os.makedirs(os.path.join(argv[1], "tokens"), exist_ok=True)
-        write_q8_tokens(os.path.join(argv[1], "tokens", "shard-00000.safetensors"), 151936,
-                        spec=A3B_SHARD)
+        write_q8_tokens(os.path.join(argv[1], "tokens", "shard-00000.safetensors"), vocab,
+                        spec=spec)
         return 0
     if len(argv) == 2 and argv[0] == "oracle":
         return oracle(argv[1])

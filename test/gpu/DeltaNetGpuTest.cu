@@ -2,10 +2,12 @@
 //
 // kernels/GatedDeltaRule.cuh and kernels/HybridOps.cuh against
 // kernels/reference/DeltaNet.cpp (double) on the same bf16-rounded inputs.
-// The gated delta rule at the head dims it has kernels for: rows longer
-// than a chunk, value heads sharing key heads, and a packed row whose
-// conversations (one of a single token, one that starts inside a chunk)
-// restart the state. The conv on a packed row, both norms, partial rotary
+// The gated delta rule's two kernels (CUDA cores, mma.sync) at the head
+// dims they take: rows longer than a chunk, value heads sharing key heads,
+// a packed row whose conversations (one of a single token, one that starts
+// inside a chunk) restart the state, and a slow decay under which the state
+// carried from chunk to chunk decides the outputs (with a control that
+// drops it). The conv on a packed row, both norms, partial rotary
 // and the sigmoid gate in both of its forms. Outputs are poisoned first.
 //
 //===----------------------------------------------------------------------===//
@@ -21,17 +23,29 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-void deltaCase(int64_t B, int64_t S, int64_t Hk, int64_t Hv, int64_t d,
-               const std::vector<int64_t> &starts, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "B=" << B << " S=" << S << " Hk=" << Hk
-                                  << " Hv=" << Hv << " d=" << d);
+enum class DeltaKernel { CudaCore, MmaSync };
+
+/// The decay rate's scale: exp(A_log) about e^-1 (fast: a chunk forgets
+/// the state it was given) or e^-6 (slow: the state carries for hundreds
+/// of tokens, so the chunk-to-chunk carry is what the test checks).
+enum class Decay { Fast, Slow };
+
+void deltaCase(DeltaKernel kernel, int64_t B, int64_t S, int64_t Hk, int64_t Hv,
+               int64_t d, const std::vector<int64_t> &starts, uint64_t seed,
+               Decay decay = Decay::Fast) {
+  const char *name = kernel == DeltaKernel::MmaSync ? "mma.sync" : "cuda cores";
+  SCOPED_TRACE(testing::Message()
+               << name << " B=" << B << " S=" << S << " Hk=" << Hk
+               << " Hv=" << Hv << " d=" << d
+               << (decay == Decay::Slow ? " slow decay" : ""));
   std::mt19937_64 rng(seed);
   Bf16Tensor q = randomBf16(B * S * Hk * d, rng),
              k = randomBf16(B * S * Hk * d, rng);
   Bf16Tensor v = randomBf16(B * S * Hv * d, rng);
   Bf16Tensor a = randomBf16(B * S * Hv, rng),
              beta = randomBf16(B * S * Hv, rng);
-  Bf16Tensor aLog = randomBf16(Hv, rng, 0.3, -1.0),
+  Bf16Tensor aLog =
+                 randomBf16(Hv, rng, 0.3, decay == Decay::Slow ? -6.0 : -1.0),
              dtBias = randomBf16(Hv, rng, 0.1);
   // Row 0 packs conversations starting at `starts`; the others are one.
   std::vector<int32_t> pos(size_t(B * S));
@@ -45,15 +59,21 @@ void deltaCase(int64_t B, int64_t S, int64_t Hk, int64_t Hv, int64_t d,
   devPos.upload(pos);
   DeviceBuffer<bf16> out(B * S * Hv * d);
   out.poison();
-  kernels::gated_delta_rule_bf16(q.ptr(), k.ptr(), v.ptr(), a.ptr(), beta.ptr(),
-                                 aLog.ptr(), dtBias.ptr(), devPos.get(),
-                                 out.get(), B, S, Hk, Hv, d, d, 0);
+  auto launch = kernel == DeltaKernel::MmaSync
+                    ? kernels::mma_sync_gated_delta_rule_bf16
+                    : kernels::cuda_core_gated_delta_rule_bf16;
+  launch(q.ptr(), k.ptr(), v.ptr(), a.ptr(), beta.ptr(), aLog.ptr(),
+         dtBias.ptr(), devPos.get(), out.get(), B, S, Hk, Hv, d, d, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<double> want(size_t(B * S * Hv * d));
-  ref::gatedDeltaRule(q.values.data(), k.values.data(), v.values.data(),
-                      a.values.data(), beta.values.data(), aLog.values.data(),
-                      dtBias.values.data(), pos.data(), want.data(), B, S, Hk,
-                      Hv, d, d);
+  auto reference = [&](const std::vector<int32_t> &positions) {
+    std::vector<double> y(size_t(B * S * Hv * d));
+    ref::gatedDeltaRule(q.values.data(), k.values.data(), v.values.data(),
+                        a.values.data(), beta.values.data(), aLog.values.data(),
+                        dtBias.values.data(), positions.data(), y.data(), B, S,
+                        Hk, Hv, d, d);
+    return y;
+  };
+  const std::vector<double> want = reference(pos);
   std::vector<double> got = downloadBf16(out);
   EXPECT_CLOSE(got, want, 1e-2, "whole output");
   // Every token: a restart missed shows up at the token after it.
@@ -66,31 +86,52 @@ void deltaCase(int64_t B, int64_t S, int64_t Hk, int64_t Hv, int64_t d,
     worst = std::max(worst, relativeError(g, w));
   }
   EXPECT_LE(worst, 3e-2) << "worst token";
-  std::printf("  d=%lld: whole %.2e, worst token %.2e\n", (long long)d,
+  std::printf("  %s d=%lld%s: whole %.2e, worst token %.2e\n", name,
+              (long long)d, decay == Decay::Slow ? " slow decay" : "",
               relativeError(got, want), worst);
   if (starts.size() > 1) {
     // The control: without the restarts row 0 is far from what it got.
     std::vector<int32_t> plain(pos.size());
     for (int64_t i = 0; i < B * S; ++i)
       plain[size_t(i)] = int32_t(i % S);
-    std::vector<double> joined(want.size());
-    ref::gatedDeltaRule(q.values.data(), k.values.data(), v.values.data(),
-                        a.values.data(), beta.values.data(), aLog.values.data(),
-                        dtBias.values.data(), plain.data(), joined.data(), B, S,
-                        Hk, Hv, d, d);
-    EXPECT_GT(relativeError(got, joined), 0.05) << "the restarts matter";
+    EXPECT_GT(relativeError(got, reference(plain)), 0.05)
+        << "the restarts matter";
   }
+  if (decay == Decay::Slow) {
+    // The control: a state dropped every 64 tokens is far from it too.
+    std::vector<int32_t> cut(pos.size());
+    for (int64_t i = 0; i < B * S; ++i)
+      cut[size_t(i)] = int32_t(pos[size_t(i)] % 64);
+    EXPECT_GT(relativeError(got, reference(cut)), 0.05)
+        << "the state carried between chunks matters";
+  }
+}
+
+/// Both kernels on one case.
+void deltaCases(int64_t B, int64_t S, int64_t Hk, int64_t Hv, int64_t d,
+                const std::vector<int64_t> &starts, uint64_t seed,
+                Decay decay = Decay::Fast) {
+  deltaCase(DeltaKernel::CudaCore, B, S, Hk, Hv, d, starts, seed, decay);
+  deltaCase(DeltaKernel::MmaSync, B, S, Hk, Hv, d, starts, seed, decay);
 }
 
 TEST(GatedDeltaRule, HeadDim128PackedRow) {
   // A single-token conversation at 150, starts inside chunks at 77 and 290.
-  deltaCase(2, 300, 2, 6, 128, {0, 77, 150, 151, 290}, 1);
+  deltaCases(2, 300, 2, 6, 128, {0, 77, 150, 151, 290}, 1);
 }
 
-TEST(GatedDeltaRule, HeadDim64) { deltaCase(1, 100, 1, 2, 64, {0}, 2); }
+TEST(GatedDeltaRule, HeadDim64) { deltaCases(1, 100, 1, 2, 64, {0}, 2); }
 
 TEST(GatedDeltaRule, HeadDim32PackedRow) {
-  deltaCase(3, 70, 2, 4, 32, {0, 31, 33, 64}, 3);
+  deltaCases(3, 70, 2, 4, 32, {0, 31, 33, 64}, 3);
+}
+
+// Slow decay: rows of many chunks whose state matters at the end; a
+// conversation starting exactly on a 64-token boundary and one at 65.
+TEST(GatedDeltaRule, SlowDecayCarriesTheState) {
+  deltaCases(2, 700, 2, 4, 128, {0, 128, 193}, 4, Decay::Slow);
+  deltaCases(1, 257, 1, 3, 64, {0}, 5, Decay::Slow);
+  deltaCases(2, 130, 2, 2, 32, {0, 64, 65}, 6, Decay::Slow);
 }
 
 TEST(HybridOps, CausalConvOnAPackedRow) {
