@@ -195,6 +195,33 @@ mmaTiles(float (&acc)[NT][4], const uint32_t (&a)[4], int n0, LoadB load) {
   }
 }
 
+/// keys += K B and queries += Q B over KS k steps for one warp's 16 rows
+/// (row0 on) of the key and query tiles, sharing each B fragment pair:
+/// load(n, kk, b) gives those of n8 tiles n and n + 8 at k step kk; mma is
+/// mmaBf16 or mmaF16, as the tiles hold.
+template <int R, int KS, int NT, typename T, typename Mma, typename LoadB>
+__device__ __forceinline__ void
+mmaKeysAndQueries(Mma mma, const T *keyTile, const T *queryTile, int row0,
+                  float (&keys)[NT][4], float (&queries)[NT][4], int lane,
+                  LoadB load) {
+  static_assert(NT % 2 == 0, "n8 tiles in pairs");
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk) {
+    uint32_t ak[4], aq[4];
+    loadRowsFragment<R>(keyTile, row0, kk, ak, lane);
+    loadRowsFragment<R>(queryTile, row0, kk, aq, lane);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      load(16 * np, kk, b);
+      mma(keys[2 * np], ak, b[0], b[1]);
+      mma(keys[2 * np + 1], ak, b[2], b[3]);
+      mma(queries[2 * np], aq, b[0], b[1]);
+      mma(queries[2 * np + 1], aq, b[2], b[3]);
+    }
+  }
+}
+
 template <int NT> __device__ __forceinline__ void zeroTiles(float (&c)[NT][4]) {
 #pragma unroll
   for (int n = 0; n < NT; ++n)
@@ -358,21 +385,11 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
         float gk[kCTiles][4], qk[kCTiles][4];
         zeroTiles(gk);
         zeroTiles(qk);
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; ++kk) {
-          uint32_t ak[4], aq[4];
-          loadRowsFragment<RK>(sKh, cRow0, kk, ak, lane);
-          loadRowsFragment<RK>(sQh, cRow0, kk, aq, lane);
-#pragma unroll
-          for (int np = 0; np < kCTiles / 2; ++np) {
-            uint32_t b[4];
-            loadTransposedB<RK>(sKh, cCol0 + 16 * np, kk, b, lane);
-            mmaF16(gk[2 * np], ak, b[0], b[1]);
-            mmaF16(gk[2 * np + 1], ak, b[2], b[3]);
-            mmaF16(qk[2 * np], aq, b[0], b[1]);
-            mmaF16(qk[2 * np + 1], aq, b[2], b[3]);
-          }
-        }
+        mmaKeysAndQueries<RK, DK / 16>(mmaF16, sKh, sQh, cRow0, gk, qk, lane,
+                                       [&](int n, int kk, uint32_t(&b)[4]) {
+                                         loadTransposedB<RK>(sKh, cCol0 + n, kk,
+                                                             b, lane);
+                                       });
 #pragma unroll
         for (int n = 0; n < kCTiles; ++n)
 #pragma unroll
@@ -395,21 +412,10 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
       float km[kVTiles][4];
       zeroTiles(km);
       zeroTiles(o);
-#pragma unroll
-      for (int kk = 0; kk < DK / 16; ++kk) {
-        uint32_t ak[4], aq[4];
-        loadRowsFragment<RK>(sK, cRow0, kk, ak, lane);
-        loadRowsFragment<RK>(sQ, cRow0, kk, aq, lane);
-#pragma unroll
-        for (int np = 0; np < kVTiles / 2; ++np) {
-          uint32_t b[4];
-          loadB<RV>(sM, vCol0 + 16 * np, kk, b, lane);
-          mmaBf16(km[2 * np], ak, b[0], b[1]);
-          mmaBf16(km[2 * np + 1], ak, b[2], b[3]);
-          mmaBf16(o[2 * np], aq, b[0], b[1]);
-          mmaBf16(o[2 * np + 1], aq, b[2], b[3]);
-        }
-      }
+      mmaKeysAndQueries<RK, DK / 16>(mmaBf16, sK, sQ, cRow0, km, o, lane,
+                                     [&](int n, int kk, uint32_t(&b)[4]) {
+                                       loadB<RV>(sM, vCol0 + n, kk, b, lane);
+                                     });
 #pragma unroll
       for (int n = 0; n < kVTiles; ++n)
 #pragma unroll
@@ -482,7 +488,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
         if (kk < kSteps) {
           uint32_t at[4];
           loadRowsFragment<RC>(sT, cRow0, kk, at, lane);
-          mmaTiles<kVTiles>(d, at, vCol0, [&](int n0, uint32_t (&b)[4]) {
+          mmaTiles<kVTiles>(d, at, vCol0, [&](int n0, uint32_t(&b)[4]) {
             loadB<RV>(sV, n0, kk, b, lane);
           });
         }
@@ -508,7 +514,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
         if (kk < kSteps) {
           uint32_t ap[4];
           loadRowsFragment<RC>(sP, cRow0, kk, ap, lane);
-          mmaTiles<kVTiles>(o, ap, vCol0, [&](int n0, uint32_t (&b)[4]) {
+          mmaTiles<kVTiles>(o, ap, vCol0, [&](int n0, uint32_t(&b)[4]) {
             loadB<RV>(sD, n0, kk, b, lane);
           });
         }
@@ -539,7 +545,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
       for (int kk = 0; kk < kChunkSteps; ++kk) {
         uint32_t ak[4];
         loadColumnsFragment<RK>(sK, mRow0, kk, ak, lane);
-        mmaTiles<kMTiles>(state, ak, mCol0, [&](int n0, uint32_t (&b)[4]) {
+        mmaTiles<kMTiles>(state, ak, mCol0, [&](int n0, uint32_t(&b)[4]) {
           loadB<RV>(sDc, n0, kk, b, lane);
         });
       }

@@ -151,10 +151,11 @@ online() {
     tg) spec=specs/tiny.toml target=$D/tcfg/gptoss ;;
     th) spec=specs/tiny.toml target=$D/tcfg/qwen35 ;;
     thm) spec=specs/tiny.toml target=$D/tcfg/qwen35moe ;;
+    tn) spec=specs/tiny.toml target=$D/tcfg/qwen3next ;;
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
     a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
     q36) spec=specs/qwen3.6-27b-b16.toml target=$D/tcfg/q36 ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, q8, a3b, q36)" ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, tn, q8, a3b, q36)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"

@@ -4,8 +4,9 @@ features against transformers, for the online suites of device-check.
 
   hf_targets.py small-features DEVICE WORK [KIND...]
       a small random Qwen3, a Llama-3 with rope scaling, a Qwen3-MoE, a
-      gpt-oss, a Qwen3.5 and a Qwen3.5-MoE hybrid (DEVICE/tcfg/{qwen3,
-      llama,qwen3moe,gptoss,qwen35,qwen35moe}, tiny's shapes; gptoss-mxfp4:
+      gpt-oss, a Qwen3.5 and a Qwen3.5-MoE hybrid, a Qwen3-Next
+      (DEVICE/tcfg/{qwen3,llama,qwen3moe,gptoss,qwen35,qwen35moe,qwen3next},
+      tiny's shapes; gptoss-mxfp4:
       the gpt-oss with MXFP4 experts; KIND picks some)
       saved with save_pretrained, 6 rows of 128 tokens (4 packed),
       target-features-{tq,tl,tm} on them, and each conversation alone
@@ -224,8 +225,8 @@ def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD):
 SMALL_TARGETS = {"qwen3": "target-features-tq", "llama": "target-features-tl",
                  "qwen3moe": "target-features-tm", "gptoss": "target-features-tg",
                  "gptoss-mxfp4": "target-features-tg", "qwen35": "target-features-th",
-                 "qwen35moe": "target-features-thm"}
-MOE_TARGETS = ("qwen3moe", "gptoss", "gptoss-mxfp4", "qwen35moe")
+                 "qwen35moe": "target-features-thm", "qwen3next": "target-features-tn"}
+MOE_TARGETS = ("qwen3moe", "gptoss", "gptoss-mxfp4", "qwen35moe", "qwen3next")
 # Without KINDS: those online-features prepares (the hybrids have a suite
 # of their own, online-features-hybrid).
 DEFAULT_SMALL_TARGETS = ("qwen3", "llama", "qwen3moe", "gptoss", "gptoss-mxfp4")
