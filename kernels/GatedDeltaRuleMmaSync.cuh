@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
         zeroTiles(gk);
         zeroTiles(qk);
         mmaKeysAndQueries<RK, DK / 16>(mmaF16, sKh, sQh, cRow0, gk, qk, lane,
-                                       [&](int n, int kk, uint32_t(&b)[4]) {
+                                       [&](int n, int kk, uint32_t (&b)[4]) {
                                          loadTransposedB<RK>(sKh, cCol0 + n, kk,
                                                              b, lane);
                                        });
@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
       zeroTiles(km);
       zeroTiles(o);
       mmaKeysAndQueries<RK, DK / 16>(mmaBf16, sK, sQ, cRow0, km, o, lane,
-                                     [&](int n, int kk, uint32_t(&b)[4]) {
+                                     [&](int n, int kk, uint32_t (&b)[4]) {
                                        loadB<RV>(sM, vCol0 + n, kk, b, lane);
                                      });
 #pragma unroll
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
         if (kk < kSteps) {
           uint32_t at[4];
           loadRowsFragment<RC>(sT, cRow0, kk, at, lane);
-          mmaTiles<kVTiles>(d, at, vCol0, [&](int n0, uint32_t(&b)[4]) {
+          mmaTiles<kVTiles>(d, at, vCol0, [&](int n0, uint32_t (&b)[4]) {
             loadB<RV>(sV, n0, kk, b, lane);
           });
         }
@@ -514,7 +514,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
         if (kk < kSteps) {
           uint32_t ap[4];
           loadRowsFragment<RC>(sP, cRow0, kk, ap, lane);
-          mmaTiles<kVTiles>(o, ap, vCol0, [&](int n0, uint32_t(&b)[4]) {
+          mmaTiles<kVTiles>(o, ap, vCol0, [&](int n0, uint32_t (&b)[4]) {
             loadB<RV>(sD, n0, kk, b, lane);
           });
         }
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
       for (int kk = 0; kk < kChunkSteps; ++kk) {
         uint32_t ak[4];
         loadColumnsFragment<RK>(sK, mRow0, kk, ak, lane);
-        mmaTiles<kMTiles>(state, ak, mCol0, [&](int n0, uint32_t(&b)[4]) {
+        mmaTiles<kMTiles>(state, ak, mCol0, [&](int n0, uint32_t (&b)[4]) {
           loadB<RV>(sDc, n0, kk, b, lane);
         });
       }
