@@ -13,7 +13,8 @@
 //   2. G = K K^T and Q K^T (tensor cores, from fp16 copies of the
 //      normalised k and q: a bf16 dot of two unit vectors loses the first
 //      token of a conversation, whose output is that dot times v, to
-//      cancellation), then in fp32 the strictly lower
+//      cancellation; test/Reference/delta_rule_chunks.py), then in fp32
+//      the strictly lower
 //      A = beta_t e^(gamma_t - gamma_s) G and the causal, decayed P; and
 //      K M and Q M against M's bf16 copy: R = beta (V - e^gamma K M) and
 //      e^gamma Q M;
