@@ -1,6 +1,8 @@
 //===- MemoryPlan.cpp - Sizes, aliases and lifetimes of step values -------===//
 
 #include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/StepSignature.h"
+#include "kernels/Workspaces.h"
 
 #include "dialect/DFlashOps.h"
 
@@ -33,6 +35,31 @@ int64_t tensorBytes(Type type) {
   auto t = cast<RankedTensorType>(type);
   int64_t bits = t.getElementType().getIntOrFloatBitWidth();
   return t.getNumElements() * std::max<int64_t>(1, bits / 8);
+}
+
+std::optional<ProgramMemory> ProgramMemory::of(ModuleOp module) {
+  auto arena = module->getAttrOfType<IntegerAttr>(kArenaBytesAttrName);
+  FailureOr<StepSignature> sig = StepSignature::get(module);
+  if (!arena || failed(sig))
+    return std::nullopt;
+  ProgramMemory m;
+  m.arena = arena.getInt();
+  m.workspace = int64_t(::dflash::kernels::kGemmWorkspaceBytes);
+  func::FuncOp program = sig->func();
+  for (unsigned i = 0; i < program.getNumArguments(); ++i) {
+    int64_t bytes = tensorBytes(program.getArgument(i).getType());
+    m.arguments += bytes;
+    if (sig->argInfo(i).getRole() == ArgRole::Input)
+      m.inputs += bytes;
+  }
+  // A target program writes its results into buffers of their own; a
+  // step's results are its arguments updated or arena values.
+  if (sig->isTarget())
+    for (unsigned i = 0; i < program.getNumResults(); ++i)
+      (sig->resultInfo(i).getName() == "target_hidden" ? m.features
+                                                       : m.outputs) +=
+          tensorBytes(program.getResultTypes()[i]);
+  return m;
 }
 
 /// The value `v` is a view of or is written over, one step; `v` itself

@@ -12,6 +12,8 @@
 #include "dialect/DFlashOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
+#include <optional>
+
 namespace dflash {
 
 /// The attribute names the plan is stored under. dflash.offsets: one per
@@ -60,6 +62,25 @@ int64_t bucketSlotBytes(mlir::dflash::GradientBucketOp bucket);
 
 /// The #dflash.kernel of `op`, or null before dflash-select-kernels.
 mlir::dflash::KernelAttr kernelOf(mlir::Operation *op);
+
+/// What one planned program needs on its GPU: its arguments (parameters,
+/// optimizer state, frozen weights, and its inputs, also counted apart), a
+/// target program's output buffers (its features, `target_hidden`, and
+/// any other results, such as the experts it chose), the arena (kernel
+/// scratch included) and cuBLASLt's workspace. A step and the online target
+/// beside it share only the features (the target writes them into the
+/// step's input): together they need both totals less `features`.
+struct ProgramMemory {
+  int64_t arguments = 0, inputs = 0, features = 0, outputs = 0, arena = 0,
+          workspace = 0;
+  int64_t total() const {
+    return arguments + features + outputs + arena + workspace;
+  }
+  /// The arguments that do not grow with the rows.
+  int64_t fixed() const { return arguments - inputs; }
+  /// The plan of `module`'s program, or nothing before dflash-plan-memory.
+  static std::optional<ProgramMemory> of(mlir::ModuleOp module);
+};
 
 /// Replays a planned step in order, tracking which value every arena byte
 /// holds, and fails (with an error at the op) where an op reads a value

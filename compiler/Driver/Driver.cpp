@@ -108,7 +108,8 @@ cl::opt<std::string> sourceDir(
 cl::opt<bool> printSummary(
     "summary",
     cl::desc("Print a one-screen summary (shapes, windows per layer, "
-             "parameters, FLOPs per step) to stderr"),
+             "parameters, FLOPs per step; once planned, the memory per GPU "
+             "of the step and of the online target beside it) to stderr"),
     cl::init(false), cl::cat(category));
 
 int fail(const llvm::Twine &msg) {
@@ -288,7 +289,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
                  << "/{step.cu,eval.cu,target.cu,kernels.cu,kernels.h,main.cpp,"
                     "manifest.json,CMakeLists.txt}\n";
     if (printSummary)
-      printStepSummary(llvm::errs(), *spec, *module);
+      printStepSummary(llvm::errs(), *spec, *module,
+                       targetModule ? *targetModule : mlir::ModuleOp());
     if (emitStage == EmitStage::Trainer &&
         failed(buildCudaTrainer(options, llvm::errs(), error)))
       return fail(error);

@@ -3,6 +3,7 @@
 #include "compiler/Driver/Summary.h"
 
 #include "compiler/Analysis/FlopCount.h"
+#include "compiler/Analysis/MemoryPlan.h"
 #include "kernels/AttentionLimits.h"
 #include "schema/Parameters.h"
 #include "llvm/Support/Format.h"
@@ -35,8 +36,37 @@ static std::string humanBytes(double v) {
   return s;
 }
 
+/// The memory lines: the step's, and the online target's beside it.
+static void printMemory(llvm::raw_ostream &os, mlir::ModuleOp module,
+                        mlir::ModuleOp target) {
+  std::optional<ProgramMemory> step = ProgramMemory::of(module);
+  if (!step)
+    return;
+  os << "  memory     step " << humanBytes(double(step->total()))
+     << " per GPU (weights and optimizer state "
+     << humanBytes(double(step->fixed())) << ", inputs "
+     << humanBytes(double(step->inputs)) << ", activations "
+     << humanBytes(double(step->arena)) << ", GEMM workspace "
+     << humanBytes(double(step->workspace)) << ")\n";
+  std::optional<ProgramMemory> online =
+      target ? ProgramMemory::of(target) : std::nullopt;
+  if (!online)
+    return;
+  os << "             online target " << humanBytes(double(online->total()))
+     << " (frozen weights " << humanBytes(double(online->fixed()))
+     << ", inputs " << humanBytes(double(online->inputs)) << ", features "
+     << humanBytes(double(online->features));
+  if (online->outputs)
+    os << ", other results " << humanBytes(double(online->outputs));
+  // The features are the step's target_hidden input, counted there too.
+  os << ", activations " << humanBytes(double(online->arena)) << "): "
+     << humanBytes(double(step->total() + online->total() - online->features))
+     << " on a GPU that holds both (train --target-gpus gives the target "
+        "GPUs of its own)\n";
+}
+
 void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
-                              mlir::ModuleOp module) {
+                              mlir::ModuleOp module, mlir::ModuleOp target) {
   os << "dflashc: " << s.name << " (" << s.file << ")\n";
   os << "  target     " << (s.targetModel.empty() ? "(unnamed)" : s.targetModel)
      << ": " << s.targetNumLayers << " layers, hidden " << s.targetHiddenSize
@@ -85,6 +115,7 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
        << " per GPU with the state sharded over " << ranks << " GPUs";
   }
   os << ")\n";
+  printMemory(os, module, target);
   auto step = module.lookupSymbol<mlir::func::FuncOp>("step");
   if (!step)
     return;

@@ -11,9 +11,12 @@ namespace dflash {
 
 /// Prints the shapes, the attention kind and window of every layer, the
 /// parameter count and the FLOPs per step of `module`, which holds the step
-/// of `spec` at any stage of the pipeline.
+/// of `spec` at any stage of the pipeline; once it is planned, the memory
+/// it needs per GPU, and with `target` (the online target's planned module,
+/// or null) the target's and the two together.
 void printStepSummary(llvm::raw_ostream &os, const DrafterSpec &spec,
-                      mlir::ModuleOp module);
+                      mlir::ModuleOp module,
+                      mlir::ModuleOp target = mlir::ModuleOp());
 
 } // namespace dflash
 

@@ -229,15 +229,9 @@ void PlanMemoryPass::runOnOperation() {
       budget = attr.getValueAsDouble();
   if (budget <= 0)
     return;
-  int64_t argBytes = 0, inputBytes = 0;
-  for (unsigned i = 0; i < step.getNumArguments(); ++i) {
-    int64_t bytes = tensorBytes(step.getArgument(i).getType());
-    argBytes += bytes;
-    if (sig->argInfo(i).getRole() == ArgRole::Input)
-      inputBytes += bytes;
-  }
-  const int64_t workspace = int64_t(::dflash::kernels::kGemmWorkspaceBytes);
-  int64_t total = argBytes + arena + workspace;
+  const ProgramMemory memory = *ProgramMemory::of(module);
+  const int64_t inputBytes = memory.inputs, workspace = memory.workspace;
+  int64_t total = memory.total();
   int64_t limit = int64_t(budget * double(int64_t(1) << 30));
   if (total <= limit)
     return;
@@ -248,7 +242,7 @@ void PlanMemoryPass::runOnOperation() {
                            .getDimSize(0)
                      : 1;
   int64_t perRow = (inputBytes + arena) / std::max<int64_t>(1, rows);
-  int64_t fixed = argBytes - inputBytes + workspace;
+  int64_t fixed = memory.fixed() + workspace;
   int64_t fit = perRow > 0 ? (limit - fixed) / perRow : 0;
   InFlightDiagnostic diag = step.emitError()
                             << "the step needs " << gib(total)
