@@ -223,6 +223,25 @@ mmaKeysAndQueries(Mma mma, const T *keyTile, const T *queryTile, int row0,
   }
 }
 
+/// acc += A B for one warp's 16 rows (row0 on) of a lower triangular A
+/// [C][RA] (T or P), B [C][RB] from column col0: the k steps past the rows'
+/// diagonal block are zeros of A and skipped.
+template <int RA, int RB, int KS, int NT>
+__device__ __forceinline__ void mmaLowerRows(const bf16 *a, int row0,
+                                             const bf16 *b, int col0,
+                                             float (&acc)[NT][4], int lane) {
+  const int steps = row0 / 16 + 1;
+#pragma unroll
+  for (int kk = 0; kk < KS; ++kk)
+    if (kk < steps) {
+      uint32_t frag[4];
+      loadRowsFragment<RA>(a, row0, kk, frag, lane);
+      mmaTiles<NT>(acc, frag, col0, [&](int n0, uint32_t (&bf)[4]) {
+        loadB<RB>(b, n0, kk, bf, lane);
+      });
+    }
+}
+
 template <int NT> __device__ __forceinline__ void zeroTiles(float (&c)[NT][4]) {
 #pragma unroll
   for (int n = 0; n < NT; ++n)
@@ -478,21 +497,11 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
       __syncthreads();
     }
 
-    // 4. D = T R (k steps up to this row tile's diagonal block), and the
-    // carried copy for the state.
+    // 4. D = T R, and the carried copy for the state.
     {
-      const int kSteps = cRow0 / 16 + 1;
       float d[kVTiles][4];
       zeroTiles(d);
-#pragma unroll
-      for (int kk = 0; kk < kChunkSteps; ++kk)
-        if (kk < kSteps) {
-          uint32_t at[4];
-          loadRowsFragment<RC>(sT, cRow0, kk, at, lane);
-          mmaTiles<kVTiles>(d, at, vCol0, [&](int n0, uint32_t (&b)[4]) {
-            loadB<RV>(sV, n0, kk, b, lane);
-          });
-        }
+      mmaLowerRows<RC, RV, kChunkSteps>(sT, cRow0, sV, vCol0, d, lane);
 #pragma unroll
       for (int n = 0; n < kVTiles; ++n)
 #pragma unroll
@@ -509,16 +518,7 @@ __global__ void __launch_bounds__(kDeltaMmaThreads, 1)
 
     // The outputs: o += P D, rows below L stored.
     {
-      const int kSteps = cRow0 / 16 + 1;
-#pragma unroll
-      for (int kk = 0; kk < kChunkSteps; ++kk)
-        if (kk < kSteps) {
-          uint32_t ap[4];
-          loadRowsFragment<RC>(sP, cRow0, kk, ap, lane);
-          mmaTiles<kVTiles>(o, ap, vCol0, [&](int n0, uint32_t (&b)[4]) {
-            loadB<RV>(sD, n0, kk, b, lane);
-          });
-        }
+      mmaLowerRows<RC, RV, kChunkSteps>(sP, cRow0, sD, vCol0, o, lane);
 #pragma unroll
       for (int n = 0; n < kVTiles; ++n)
 #pragma unroll
