@@ -78,6 +78,14 @@ std::optional<int64_t> findParameter(const ModelConfig &config,
 /// Total number of trainable elements.
 int64_t numParameters(const ModelConfig &config);
 
+/// Whether tensor name `name` ends with `suffix` ("...conv1d.weight") and
+/// has something before it.
+inline bool tensorNameEndsWith(const std::string &name,
+                               const std::string &suffix) {
+  return name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 } // namespace dflash
 
 #endif // DFLASH_SCHEMA_PARAMETERS_H

@@ -359,9 +359,7 @@ StepHyper dflash::rt::stepHyperFor(const ModelConfig &c, double lr,
 namespace {
 /// `model.layers.<i>.mlp.expert_ids`: a sparse layer's chosen experts.
 bool isExpertIds(const std::string &name) {
-  const std::string suffix = ".mlp.expert_ids";
-  return name.size() > suffix.size() &&
-         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return tensorNameEndsWith(name, ".mlp.expert_ids");
 }
 } // namespace
 

@@ -6,6 +6,7 @@
 #include "runtime/io/AtomicWrite.h"
 #include "runtime/io/Mxfp4.h"
 #include "runtime/io/Safetensors.h"
+#include "schema/Parameters.h"
 
 #include <nlohmann/json.hpp>
 
@@ -69,12 +70,10 @@ static Status copyAsBf16(ShardedSafetensors &tensors, const TensorView &view,
   std::string where = tensors.directory() + "/" + tensors.fileOf(view.name) +
                       ": tensor '" + view.name + "'";
   // A depthwise conv1d's weight [C, 1, K] is read as the [C, K] it holds.
-  const std::string conv = ".conv1d.weight";
   const bool squeezedConv =
       view.shape.size() == 3 && view.shape[1] == 1 && expected.size() == 2 &&
       view.shape[0] == expected[0] && view.shape[2] == expected[1] &&
-      view.name.size() > conv.size() &&
-      view.name.compare(view.name.size() - conv.size(), conv.size(), conv) == 0;
+      tensorNameEndsWith(view.name, ".conv1d.weight");
   if (view.shape != expected && !squeezedConv)
     return Status::error(where + " has shape " + shapeString(view.shape) +
                          " but " + needer + " needs " + shapeString(expected));
