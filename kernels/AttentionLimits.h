@@ -31,9 +31,11 @@ constexpr bool blockAttentionSupportsHeadDim(int64_t d) {
 }
 constexpr int64_t kBlockAttentionMaxBlockSize = 64;
 /// The target decoder's causal attention (causal_attention_fwd_bf16): head
-/// dim 64, 128 or 256 (Qwen3.5/3.6), any heads with nh a multiple of nkv.
+/// dim 64 or 128, any heads with nh a multiple of nkv. Head dim 256
+/// (Qwen3.5/3.6) is refused until its kernel passes CausalAttentionGpuTest
+/// on the GPU machine.
 constexpr bool causalAttentionSupportsHeadDim(int64_t d) {
-  return d == 64 || d == 128 || d == 256;
+  return d == 64 || d == 128;
 }
 constexpr bool blockAttentionSupportsBlockRows(int64_t rows) {
   return rows > 0 && (rows <= 64 || rows == 128);

@@ -27,9 +27,16 @@ namespace dflash::kernels::detail {
 constexpr int constMin(int a, int b) { return a < b ? a : b; }
 constexpr int roundUp(int x, int m) { return (x + m - 1) / m * m; }
 
-/// The softmax scale 1 / sqrt(d) of head dim 64 or 128, as a float.
+/// The softmax scale 1 / sqrt(d), as a float, of every head dim an
+/// attention kernel takes (the drafter's 64 and 128, the targets' 256 too).
+/// A head dim without an entry here is a compile error, never a wrong scale.
+template <int D> constexpr float attentionScaleOfHeadDim() {
+  static_assert(D == 64 || D == 128 || D == 256,
+                "softmax scale: head dim 64, 128 or 256");
+  return D == 64 ? 0.125f : D == 128 ? 0.08838834764831845f : 0.0625f;
+}
 template <int D>
-constexpr float kBlockAttentionScale = D == 64 ? 0.125f : 0.08838834764831845f;
+constexpr float kBlockAttentionScale = attentionScaleOfHeadDim<D>();
 
 /// How the query rows of one (row, kv head) are cut into CTA tiles. Query
 /// rows are numbered r = (n * bs + k) * G + hh (block, row in block, head in

@@ -279,7 +279,8 @@ FailureOr<Choice> select(Operation *op) {
         if (!kernels::causalAttentionSupportsHeadDim(D))
           return o.emitOpError()
                  << "has no causal attention kernel for head dim " << D
-                 << ": the target's 'head_dim' must be 64, 128 or 256";
+                 << " (query heads " << NH << ", kv heads " << NKV
+                 << "): the target's 'head_dim' must be 64 or 128";
         return named(::dflash::kernel_names::kCausalAttentionFwd, {D, NH, NKV});
       })
       .Case([](EmbedOp o) -> Result {
