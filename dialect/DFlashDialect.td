@@ -17,7 +17,7 @@ def DFlash_Dialect : Dialect {
   let summary = "Training steps of DFlash block-diffusion drafters";
   let description = [{
     The `dflash` dialect describes one training step of a DFlash drafter
-    (docs: SEMANTICS.md) at graph level: value-semantics ops on statically
+    (docs: docs/semantics.md) at graph level: value-semantics ops on statically
     shaped tensors. Every shape, block size and attention window is fixed when
     the module is built from a spec, so the step has no dynamic dimension.
 

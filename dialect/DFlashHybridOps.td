@@ -6,9 +6,9 @@
 // norm; the full-attention layers' partial rotary, the split of a tensor's
 // last dimension (q_proj into query and output gate, the convolved q, k and
 // v), and the sigmoid gate (also the shared expert's).
-// Inference only: none is differentiable. Packed rows (SEMANTICS.md section
-// 9) restart the convolution and the recurrence at each conversation, by the
-// rule causal_attention uses: token j is in token i's conversation iff
+// Inference only: none is differentiable. Packed rows (docs/semantics.md
+// section 9) restart the convolution and the recurrence at each conversation,
+// by the rule causal_attention uses: token j is in token i's conversation iff
 // `position_ids[b, i] - position_ids[b, j] == i - j`.
 //
 //===----------------------------------------------------------------------===//

@@ -233,7 +233,7 @@ def DFlash_LmHeadCeFusedOp : DFlash_PureOp<"lm_head_ce_fused"> {
 def DFlash_AdamWMultiOp : DFlash_PureOp<"adamw_multi", [AttrSizedOperandSegments]> {
   let summary = "Global-norm clip and AdamW over every parameter at once";
   let description = [{
-    The optimizer of SEMANTICS.md section 5 in a few launches: the global
+    The optimizer of docs/semantics.md section 5 in a few launches: the global
     L2 norm of every (all-reduced) gradient, the clip coefficient, the
     learning rate of `step` and one AdamW update of each parameter's fp32
     master and moments, with the bf16 parameter written back. Operands come
@@ -282,7 +282,7 @@ def DFlash_GradientBucketOp : DFlash_PureOp<"gradient_bucket"> {
   let summary = "fp32 gradients of a group of parameters, summed over GPUs";
   let description = [{
     Converts each gradient to fp32 and sums it over every GPU of the
-    data-parallel group (SEMANTICS.md section 5: gradients to fp32, then
+    data-parallel group (docs/semantics.md section 5: gradients to fp32, then
     all-reduce). `dflash-bucket-gradients` groups the gradients into buckets
     of a fixed size in the order the backward pass finishes them and places
     each bucket right after its last gradient, so that its all-reduce runs
@@ -313,7 +313,7 @@ def DFlash_AdamWShardedOp : DFlash_PureOp<"adamw_sharded",
                                           [AttrSizedOperandSegments]> {
   let summary = "AdamW on this GPU's shard of every gradient bucket (ZeRO-1)";
   let description = [{
-    The optimizer of SEMANTICS.md section 5 with its fp32 state split over
+    The optimizer of docs/semantics.md section 5 with its fp32 state split over
     the `world_size` GPUs of the data-parallel group. Every gradient is a
     result of a sharded `dflash.gradient_bucket` (`world_size`,
     `shard_elements` S): the bucket's flat fp32 range of `world_size` x S

@@ -37,7 +37,7 @@ def DFlash_DraftPositionsOp : DFlash_PureOp<"draft_positions"> {
   let summary = "Rotary positions of the draft slots";
   let description = [{
     Draft slot `(n, k)` of a row sits `k` positions after its anchor, in the
-    anchor's conversation (SEMANTICS.md sections 3 and 9):
+    anchor's conversation (docs/semantics.md sections 3 and 9):
     `result[b, n * block_size + k] = position_ids[b, anchors[b, n]] + k`. The
     context keys sit at `position_ids` itself (`arange(S)` in an unpacked
     row).
@@ -59,7 +59,7 @@ def DFlash_DraftTokensOp : DFlash_PureOp<"draft_tokens"> {
   let summary = "Token ids of the noised draft blocks";
   let description = [{
     The first slot of each kept block holds the anchor's token, every other
-    slot the mask token (SEMANTICS.md section 3, item 2):
+    slot the mask token (docs/semantics.md section 3, item 2):
     `result[b, n*bs] = keep[b,n] ? input_ids[b, anchors[b,n]] : mask_token_id`
     and `result[b, n*bs + k] = mask_token_id` for `k > 0`.
 
@@ -88,8 +88,8 @@ def DFlash_DraftTargetsOp : DFlash_PureOp<"draft_targets"> {
     `keep[b,n] * [a+k < S] * [k > 0] * loss_mask[b, a+k] * same(a, a+k) *
     decay(k)` with `a = anchors[b,n]`, `same(a, a+k) = [position_ids[b, a+k]
     == position_ids[b, a] + k]` (the slot lies in the anchor's conversation,
-    SEMANTICS.md section 9) and `decay(k) = exp(-(k-1)/gamma)` when
-    `gamma > 0`, else 1 (SEMANTICS.md section 4).
+    docs/semantics.md section 9) and `decay(k) = exp(-(k-1)/gamma)` when
+    `gamma > 0`, else 1 (docs/semantics.md section 4).
 
     ```mlir
     %labels, %weights = dflash.draft_targets %input_ids, %loss_mask,
@@ -113,8 +113,8 @@ def DFlash_DraftTargetsOp : DFlash_PureOp<"draft_targets"> {
 def DFlash_DraftAcceptanceOp : DFlash_PureOp<"draft_acceptance"> {
   let summary = "What greedy verification accepts of the draft blocks";
   let description = [{
-    SEMANTICS.md section 10. For a kept block `n`, `run_n` is the largest `r`
-    such that every `1 <= k <= r` has `weights[b, n*bs + k] > 0` and
+    docs/semantics.md section 10. For a kept block `n`, `run_n` is the largest
+    `r` such that every `1 <= k <= r` has `weights[b, n*bs + k] > 0` and
     `hits[b, n*bs + k]` (the prediction is the label); `run_sum = sum over
     kept blocks of (1 + run_n)` and `kept_blocks` their count, so that
     `tau = run_sum / kept_blocks` once both are summed over the GPUs.
@@ -289,10 +289,10 @@ def DFlash_BlockAttentionOp : DFlash_PureOp<"block_attention", [DFlash_Different
   let description = [{
     Grouped-query attention with scale `d^-0.5` (query head `i` reads key/value
     head `i / (nh/nkv)`) of the draft queries over the keys
-    `[context (S rows) | draft (Q rows)]` (SEMANTICS.md section 3). Query
+    `[context (S rows) | draft (Q rows)]` (docs/semantics.md section 3). Query
     `(n, k)` of a kept block sees
     - context key `j` iff `anchor_n - position_ids[anchor_n] <= j < anchor_n`
-      (the anchor's conversation, SEMANTICS.md section 9: all of the row
+      (the anchor's conversation, docs/semantics.md section 9: all of the row
       before the anchor when `position_ids` is `arange(S)`) and, when
       `window` is present, `j >= anchor_n + k - (window - 1)`;
     - draft key `(n, k')` of its own block for every `k'`, or only `k' <= k`
@@ -370,7 +370,7 @@ def DFlash_CausalAttentionOp : DFlash_PureOp<"causal_attention"> {
   let description = [{
     Query `i` of row `b` sees key `j` iff `j <= i` and
     `position_ids[b, i] - position_ids[b, j] == i - j`: earlier tokens of its
-    own conversation when a row packs several (SEMANTICS.md section 9),
+    own conversation when a row packs several (docs/semantics.md section 9),
     plain causal attention otherwise. With `window` > 0 (a sliding layer)
     also `i - j < window`. Scale `d^-0.5`; query head `h` reads key/value
     head `h / (nh / nkv)`; softmax in fp32. With `sinks` [nh] (gpt-oss),
@@ -492,7 +492,7 @@ def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {
     `w = weights`, returns four fp32 scalars summed over every row:
     `loss_sum = sum(w * CE(logits, labels))` (CE in fp32 from bf16 logits),
     `weight_sum = sum(w)`, `correct = sum([argmax == label] * [w > 0])` and
-    `count = sum([w > 0])` (SEMANTICS.md section 4), and per row
+    `count = sum([w > 0])` (docs/semantics.md section 4), and per row
     `hits = [argmax == label] * [w > 0]` (what `draft_acceptance` counts).
     The weight is frozen.
 

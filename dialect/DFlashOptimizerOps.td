@@ -2,7 +2,7 @@
 //
 // The ops that `dflash-append-optimizer` adds after the backward pass:
 // collectives, loss normalisation, global clipping, the learning-rate
-// schedule and AdamW with fp32 masters (SEMANTICS.md sections 4 and 5).
+// schedule and AdamW with fp32 masters (docs/semantics.md sections 4 and 5).
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,9 +32,9 @@ def DFlash_LossStatsOp : DFlash_PureOp<"loss_stats"> {
   let description = [{
     From the all-reduced forward sums: `loss = loss_sum / weight_sum`,
     `acc = correct / count` (0 when count is 0), `tau = run_sum /
-    kept_blocks` (0 when no block is kept; SEMANTICS.md section 10) and
+    kept_blocks` (0 when no block is kept; docs/semantics.md section 10) and
     `loss_sum_grad = 1 / weight_sum`, the seed that makes the gradients those
-    of the exact global weighted mean (SEMANTICS.md section 4).
+    of the exact global weighted mean (docs/semantics.md section 4).
 
     ```mlir
     %loss, %acc, %tau, %seed = dflash.loss_stats %ls, %ws, %c, %n, %runs,

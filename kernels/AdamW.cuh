@@ -1,7 +1,7 @@
 //===- AdamW.cuh - Multi-tensor AdamW with clipping ------------*- CUDA -*-===//
 //
-// The optimizer step of SEMANTICS.md section 5 over every parameter in three
-// launches, whatever the number of tensors:
+// The optimizer step of docs/semantics.md section 5 over every parameter in
+// three launches, whatever the number of tensors:
 //   1. sum of squares of the gradients, one fp64 partial per chunk;
 //   2. one CTA: norm = sqrt(sum of partials) in a fixed order and the clip
 //      coefficient c = min(1, max_norm / (norm + 1e-6)), both left on the

@@ -3,7 +3,7 @@
 // What the attention entry points (kernels/BlockAttentionFwd.cuh,
 // kernels/BlockAttentionBwd.cuh) take, as plain C++: code that only fills
 // and passes the operands on (the generated kernels.h and step.cu) needs no
-// kernel header. The kernels compute SEMANTICS.md section 3: query (n, k)
+// kernel header. The kernels compute docs/semantics.md section 3: query (n, k)
 // of a draft block sees the context keys [lo, anchor_n) (lo the start of
 // the anchor's conversation, position_ids, or of the sliding window, per
 // query row k) and the keys of its own block (all of them in a full layer,

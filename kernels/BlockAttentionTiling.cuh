@@ -81,7 +81,7 @@ template <int D, int BS, int NH, int NKV> struct BlockAttentionTiling {
 /// that the C-fragment stores of 8 rows hit 8 bank groups.
 template <int D> constexpr int dqStageStride() { return D + 4; }
 
-/// The first context key of block n's conversation (SEMANTICS.md section
+/// The first context key of block n's conversation (docs/semantics.md section
 /// 9): anchor - position_ids[anchor] of its row; 0 in an unpacked row.
 /// positionIds points at the row.
 __device__ __forceinline__ int conversationStart(const int32_t *positionIds,

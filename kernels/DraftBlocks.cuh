@@ -1,6 +1,6 @@
 //===- DraftBlocks.cuh - Draft-block bookkeeping ---------------*- CUDA -*-===//
 //
-// The per-step bookkeeping of SEMANTICS.md sections 3 and 4, on the device:
+// The per-step bookkeeping of docs/semantics.md sections 3 and 4 on the device:
 // - draft_embed_bf16: x[b, n*bs + k] = embed[token], token = input_ids[b,
 //   anchor_n] for the first slot of a kept block, the mask token otherwise
 //   (ref::draftTokens followed by ref::embed, fused);
@@ -9,7 +9,8 @@
 // - draft_targets: labels (same position, no shift) and fp32 weights with the
 //   gamma decay, zero past the anchor's conversation (ref::draftTargets);
 // - draft_acceptance_f32: the sums of the acceptance length from the
-//   lm_head's per-slot hits (ref::draftAcceptance, SEMANTICS.md section 10).
+//   lm_head's per-slot hits (ref::draftAcceptance, docs/semantics.md
+//   section 10).
 //
 //===----------------------------------------------------------------------===//
 

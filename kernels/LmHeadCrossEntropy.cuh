@@ -1,8 +1,8 @@
 //===- LmHeadCrossEntropy.cuh - Chunked lm_head + CE -----------*- CUDA -*-===//
 //
 // sum(w * CE(y lm_head^T, label)) and its gradient with respect to y without
-// ever holding the logits of every row (SEMANTICS.md section 4). Rows whose
-// weight is zero by construction (slot 0 of every draft block, when the
+// ever holding the logits of every row (docs/semantics.md section 4). Rows
+// whose weight is zero by construction (slot 0 of every draft block, when the
 // caller says the rows are blocks) are left out: their terms are zero, their
 // hits and dy rows are written as zeros, and the computed rows are gathered
 // chunk by chunk into a dense buffer for the GEMMs. Per chunk of rows:
@@ -58,8 +58,8 @@ struct LmHeadCrossEntropyArgs {
   /// lmHeadComputedRows).
   int64_t chunkRows;
   /// >= 2: the rows are draft blocks of blockSize slots and slot 0 of each
-  /// is skipped (its weight is 0 by SEMANTICS.md section 4's [k > 0]); rows
-  /// must be a multiple of it and H of 8. 0: every row is computed.
+  /// is skipped (its weight is 0 by docs/semantics.md section 4's [k > 0]);
+  /// rows must be a multiple of it and H of 8. 0: every row is computed.
   int64_t blockSize;
 };
 

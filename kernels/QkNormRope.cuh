@@ -2,7 +2,7 @@
 //
 // y = rope(bf16(rmsnorm_d(x) * w)) for x [rows, HEADS, D]: the per-head norm
 // of Qwen3 q/k projections followed by rotate-half RoPE at positions pos[row]
-// (SEMANTICS.md section 3). Angles as Hugging Face computes them, in fp32:
+// (docs/semantics.md section 3). Angles as Hugging Face computes them, in fp32:
 // inv_i = 1 / theta^(2i/D), angle = float(pos) * inv_i. The normalised value
 // is rounded to bf16 before the rotation, as the unfused graph stores it.
 //

@@ -1,7 +1,7 @@
 //===- RmsNorm.cuh - RMSNorm with fused residual add -----------*- CUDA -*-===//
 //
 // y = x * rsqrt(mean(x^2) + eps) * w over rows of H bf16 values, fp32 math,
-// one rounding at the end (SEMANTICS.md section 3). The forward optionally
+// one rounding at the end (docs/semantics.md section 3). The forward optionally
 // adds a residual first (xSum = bf16(x + delta), stored, then normalised: the
 // `x = x + attn; h = norm(x)` pair of the graph in one pass). The backward
 // gives dx (optionally plus the residual stream's incoming gradient) and dw,

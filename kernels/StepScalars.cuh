@@ -59,7 +59,7 @@ loss_stats_kernel(const float *lossSum, const float *weightSum,
   *seed = 1.0f / *weightSum;
 }
 
-/// SEMANTICS.md section 5: warm = int(ratio * total); linear warmup, then
+/// docs/semantics.md section 5: warm = int(ratio * total); linear warmup, then
 /// cosine to 0. Writes AdamW's (lr, 1-based step) and the reported lr.
 static __global__ void lr_schedule_kernel(const int32_t *step,
                                           const int32_t *total, float peak,

@@ -61,8 +61,8 @@ constexpr int64_t kLmHeadMaxChunkBytes = int64_t(512) << 20;
 
 /// Rows the fused lm_head + cross-entropy computes. With blockSize >= 2 the
 /// rows are draft blocks of blockSize slots, and slot 0 of each (the
-/// anchor's, whose weight SEMANTICS.md section 4 fixes at 0 through [k > 0])
-/// is left out of both GEMMs; otherwise every row.
+/// anchor's, whose weight docs/semantics.md section 4 fixes at 0 through
+/// [k > 0]) is left out of both GEMMs; otherwise every row.
 constexpr int64_t lmHeadComputedRows(int64_t rows, int64_t blockSize) {
   return blockSize >= 2 ? rows / blockSize * (blockSize - 1) : rows;
 }

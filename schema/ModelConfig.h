@@ -4,8 +4,8 @@
 // the spec parser fills it (compiler/Spec's DrafterSpec is a ModelConfig
 // plus where each key was written), the importer records it on the module,
 // the emitter prints it into the generated step, and the runtime reads it
-// from there. Field meanings follow SEMANTICS.md; defaults are the recipe's
-// (section 7). Plain C++17: no MLIR, no CUDA.
+// from there. Field meanings follow docs/semantics.md; defaults are the
+// recipe's (section 7). Plain C++17: no MLIR, no CUDA.
 //
 //===----------------------------------------------------------------------===//
 

@@ -3,7 +3,7 @@
 // Names, shapes and order of every trainable tensor. The importer declares
 // the step's parameter arguments from this table, the runtime allocates,
 // initialises, checkpoints and exports them in its order, so both sides
-// agree by construction. Names are the checkpoint's (SEMANTICS.md
+// agree by construction. Names are the checkpoint's (docs/semantics.md
 // section 6).
 //
 //===----------------------------------------------------------------------===//

@@ -38,7 +38,7 @@ enum class BufferRole : uint8_t {
              ///< f32 of the step, a target's expert ids as I32)
 };
 
-/// The per-step inputs (SEMANTICS.md section 1), in argument order.
+/// The per-step inputs (docs/semantics.md section 1), in argument order.
 /// PositionIds is each token's position in its conversation (section 9):
 /// arange(S) in an unpacked row.
 enum class StepInput : uint8_t {
@@ -53,7 +53,7 @@ enum class StepInput : uint8_t {
 enum class FrozenWeight : uint8_t { Embed, LmHead };
 /// Scalars the runtime writes before each step.
 enum class StepCounter : uint8_t { Step, TotalSteps };
-/// What every step reports. Tau is the acceptance length (SEMANTICS.md
+/// What every step reports. Tau is the acceptance length (docs/semantics.md
 /// section 10). PositionHits and PositionCounts are [block_size]: per block
 /// position k, the supervised slots predicted right and all supervised slots
 /// (summed over the GPUs); the accuracy at k is their ratio, k = 0 never
@@ -67,7 +67,7 @@ enum class StepMetric : uint8_t {
   PositionHits,
   PositionCounts
 };
-/// The sums the forward graph returns, per GPU (SEMANTICS.md sections 4
+/// The sums the forward graph returns, per GPU (docs/semantics.md sections 4
 /// and 10): what a step all-reduces before it divides, and what an
 /// evaluation program reports (summed over the GPUs) for the runtime to add
 /// up over a held-out set. PositionHits and PositionCounts are

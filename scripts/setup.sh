@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what dflashc needs to build and test on Debian 12 (TOOLCHAIN.md).
+# Installs what dflashc needs to build and test on Debian 12 (docs/toolchain.md).
 # Idempotent: does nothing when every package is already installed.
 set -euo pipefail
 

@@ -5,7 +5,7 @@ Same shapes as KernelBench.cu (qwen3-8b-b16 recipe: B 4, S 3072, N 512, bs 16,
 nh/nkv/d 32/8/128; lm_head 8192 x 151936 x 4096), on the same GPU, timed the
 same way (CUDA events, warm-up, median):
   - flex_attention (torch.compile'd) with the DFlash block mask of
-    SEMANTICS.md section 3 over kv = [context (S) | draft (Q)], enable_gqa,
+    docs/semantics.md section 3 over kv = [context (S) | draft (Q)], enable_gqa,
     full and sliding (window 2048, causal in-block), forward and backward;
     TFLOP/s counts visible pairs only (4 d per pair forward, 2.5x backward);
   - lm_head + weighted CE: materialised logits (fp32 CE, as trainers do) and

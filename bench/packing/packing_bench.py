@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What packing buys a static-shape step (SEMANTICS.md sections 2 and 9).
+"""What packing buys a static-shape step (docs/semantics.md sections 2 and 9).
 
 Draws conversation lengths like real chat data (lognormal, mean about 1,000
 tokens, clipped at S; the last 30-70% of each conversation supervised), lays

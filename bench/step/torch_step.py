@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The PyTorch reference of one DFlash training step, timed on the GPU.
 
-The same step as dflashc's trainer (SEMANTICS.md): fc + hidden norm over the
+The same step as dflashc's trainer (docs/semantics.md): fc + hidden norm over the
 target features, the draft blocks, pre-norm layers with grouped block-prefix
 attention through flex_attention (compiled) with the DFlash block mask, the
 weighted cross-entropy, backward, and AdamW. Modes:

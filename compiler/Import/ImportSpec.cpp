@@ -1,8 +1,8 @@
 //===- ImportSpec.cpp - Spec to dflash forward graph ----------------------===//
 //
-// Writes the forward pass of SEMANTICS.md section 3 and the loss of section 4
-// op by op. Shapes come from the spec: B rows, S context positions, N anchors,
-// Q = N * block_size draft slots per row.
+// Writes the forward pass of docs/semantics.md section 3 and the loss of
+// section 4 op by op. Shapes come from the spec: B rows, S context positions, N
+// anchors, Q = N * block_size draft slots per row.
 //
 //===----------------------------------------------------------------------===//
 
@@ -259,7 +259,7 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     auto ce = LmHeadCeOp::create(b, loc("target.vocab_size", "lm_head_ce"),
                                  scalar, scalar, scalar, scalar, t({B, Q}, i8),
                                  y, head, labels, weights);
-    // What greedy verification would accept (SEMANTICS.md section 10).
+    // What greedy verification would accept (docs/semantics.md section 10).
     auto accepted = DraftAcceptanceOp::create(
         b, blockLoc, scalar, scalar, t({bs}, f32), t({bs}, f32), ce.getHits(),
         weights, keep, b.getI64IntegerAttr(bs));

@@ -9,7 +9,7 @@
 
 namespace dflash {
 
-/// Builds the forward graph of one training step of `spec` (SEMANTICS.md
+/// Builds the forward graph of one training step of `spec` (docs/semantics.md
 /// section 3 and 4) as `func.func @step` in a new module. Ops carry the spec
 /// location of the entry they come from. The module verifies.
 mlir::OwningOpRef<mlir::ModuleOp> importSpec(mlir::MLIRContext &context,

@@ -11,8 +11,8 @@
 // attention with partial rotary elsewhere, zero-centred norms, and routed
 // plus shared experts in the MoE forms),
 // returning the residual stream after each tapped layer side by side: the
-// step's `target_hidden` [B, S, L*H] (SEMANTICS.md section 1), and after it
-// each compiled sparse layer's chosen experts, `model.layers.<i>.mlp.
+// step's `target_hidden` [B, S, L*H] (docs/semantics.md section 1), and after
+// it each compiled sparse layer's chosen experts, `model.layers.<i>.mlp.
 // expert_ids` [B*S, k] I32 (metrics the runtime only reports: what
 // `target-features --experts` writes, to count the tokens whose experts
 // differ from transformers'). Weights are

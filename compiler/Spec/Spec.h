@@ -3,7 +3,7 @@
 // A drafter spec is a TOML file (specs/*.toml) that fixes every shape of one
 // DFlash drafter and its training step at compile time. This header is the
 // in-memory form after parsing, validation and default resolution; the rules
-// follow docs/spec.md and shared SEMANTICS.md. No MLIR here: the host tools
+// follow docs/spec.md and docs/semantics.md. No MLIR here: the host tools
 // and the compiler both read specs through this library.
 //
 //===----------------------------------------------------------------------===//
@@ -79,8 +79,8 @@ struct DrafterSpec : ModelConfig {
   SourceLoc locationOf(const std::string &key) const;
 };
 
-/// The default taps of SEMANTICS.md section 7: for `numDraft` drafter layers
-/// over a target of `numTarget` layers,
+/// The default taps of docs/semantics.md section 7: for `numDraft` drafter
+/// layers over a target of `numTarget` layers,
 /// ids[i] = round_half_even(1 + i * (numTarget - 4) / (numDraft - 1)).
 std::vector<int64_t> defaultTargetLayerIds(int64_t numTarget, int64_t numDraft);
 

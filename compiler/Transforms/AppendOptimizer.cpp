@@ -1,7 +1,7 @@
 //===- AppendOptimizer.cpp - Loss normalisation, clip and AdamW -----------===//
 //
 // Turns the differentiated @step into the whole training step of
-// SEMANTICS.md sections 4-5. The backward seed 1/sum(w) needs the global
+// docs/semantics.md sections 4-5. The backward seed 1/sum(w) needs the global
 // weight sum before the backward pass starts, so the forward sums are
 // all-reduced right after the loss op; gradients are all-reduced after.
 //

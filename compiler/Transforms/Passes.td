@@ -72,7 +72,7 @@ def MakeEvalProgram : Pass<"dflash-make-eval-program", "mlir::ModuleOp"> {
 def AppendOptimizer : Pass<"dflash-append-optimizer", "mlir::ModuleOp"> {
   let summary = "Global loss normalisation, gradient all-reduce, clip, AdamW";
   let description = [{
-    Closes the step of SEMANTICS.md sections 4 and 5 after
+    Closes the step of docs/semantics.md sections 4 and 5 after
     `dflash-generate-backward`: the four forward sums are all-reduced once
     and `dflash.loss_stats` gives the global loss, accuracy and the backward
     seed `1 / sum(w)`, which replaces the `loss_sum_grad` argument. The bf16

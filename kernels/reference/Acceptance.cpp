@@ -1,6 +1,6 @@
 //===- Acceptance.cpp - Acceptance length of the reference ----------------===//
 //
-// SEMANTICS.md section 10: how many tokens greedy verification accepts per
+// docs/semantics.md section 10: how many tokens greedy verification accepts per
 // drafted block, from the per-slot hits of the lm_head cross-entropy.
 //
 //===----------------------------------------------------------------------===//

@@ -1,6 +1,6 @@
 //===- Attention.cpp - Block-prefix attention reference -------------------===//
 //
-// The attention of SEMANTICS.md section 3, item 4, computed query by query
+// The attention of docs/semantics.md section 3, item 4, computed query by query
 // over exactly the keys the query may see, and its gradient.
 //
 //===----------------------------------------------------------------------===//

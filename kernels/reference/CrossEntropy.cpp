@@ -1,6 +1,6 @@
 //===- CrossEntropy.cpp - lm_head + weighted cross-entropy reference ------===//
 //
-// The loss of SEMANTICS.md section 4 and its gradient with respect to the
+// The loss of docs/semantics.md section 4 and its gradient with respect to the
 // final hidden states. Logits are formed a few rows at a time so the scratch
 // stays small at full vocabularies.
 //

@@ -1,7 +1,7 @@
 //===- DraftBlocks.cpp - Draft-block bookkeeping of the reference ---------===//
 //
 // Positions, draft tokens, labels and loss weights of the draft blocks
-// (SEMANTICS.md sections 3, 4 and 9).
+// (docs/semantics.md sections 3, 4 and 9).
 //
 //===----------------------------------------------------------------------===//
 

@@ -1,6 +1,6 @@
 //===- Optimizer.cpp - Gradient clipping and AdamW reference --------------===//
 //
-// SEMANTICS.md section 5: the global-norm clip coefficient and one
+// docs/semantics.md section 5: the global-norm clip coefficient and one
 // torch.optim.AdamW step.
 //
 //===----------------------------------------------------------------------===//

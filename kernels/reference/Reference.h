@@ -1,12 +1,13 @@
 //===- Reference.h - CPU reference of every op of the step ------*- C++ -*-===//
 //
 // Plain C++ implementations of every dflash op and its gradient, one function
-// per op, in the exact semantics of SEMANTICS.md. They are the oracle of the
-// GPU kernel tests and the bodies of the reference executor. No MLIR, no CUDA.
+// per op, in the exact semantics of docs/semantics.md. They are the oracle
+// of the GPU kernel tests and the bodies of the reference executor. No MLIR,
+// no CUDA.
 //
 // Conventions:
 // - Tensors are row-major arrays; shapes are given in each comment with the
-//   letters of SEMANTICS.md (B rows, S context, N anchors, bs block size,
+//   letters of docs/semantics.md (B rows, S context, N anchors, bs block size,
 //   Q = N*bs, nh/nkv/d heads, V vocabulary).
 // - Floating tensors are `T` (float or double); sums over long axes accumulate
 //   in double. Nothing here rounds to bf16: callers that emulate bf16 storage
@@ -24,7 +25,7 @@
 namespace dflash::ref {
 
 //===----------------------------------------------------------------------===//
-// Draft-block bookkeeping (SEMANTICS.md sections 3 and 4)
+// Draft-block bookkeeping (docs/semantics.md sections 3 and 4)
 //===----------------------------------------------------------------------===//
 
 /// out[b, n*bs + k] = positionIds[b, anchors[b, n]] + k; anchors [B, N],
@@ -132,7 +133,7 @@ template <typename T>
 void swigluGrad(const T *dy, const T *g, const T *u, T *dg, T *du, int64_t n);
 
 //===----------------------------------------------------------------------===//
-// Block-prefix attention (SEMANTICS.md section 3, item 4)
+// Block-prefix attention (docs/semantics.md section 3, item 4)
 //===----------------------------------------------------------------------===//
 
 struct AttentionShape {
@@ -182,7 +183,7 @@ void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
                         const AttentionShape &shape);
 
 //===----------------------------------------------------------------------===//
-// lm_head + weighted cross-entropy (SEMANTICS.md section 4)
+// lm_head + weighted cross-entropy (docs/semantics.md section 4)
 //===----------------------------------------------------------------------===//
 
 struct CrossEntropySums {
@@ -208,7 +209,7 @@ void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
                             int64_t rows, int64_t V, int64_t H);
 
 //===----------------------------------------------------------------------===//
-// Acceptance length (SEMANTICS.md section 10)
+// Acceptance length (docs/semantics.md section 10)
 //===----------------------------------------------------------------------===//
 
 /// What greedy verification would accept of the drafted blocks, summed (so
@@ -231,7 +232,7 @@ AcceptanceSums draftAcceptance(const uint8_t *hits, const T *weights,
                                int64_t bs);
 
 //===----------------------------------------------------------------------===//
-// Optimizer (SEMANTICS.md section 5)
+// Optimizer (docs/semantics.md section 5)
 //===----------------------------------------------------------------------===//
 
 /// The sum of squares of n values (the global norm is the square root of

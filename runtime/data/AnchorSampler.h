@@ -1,6 +1,6 @@
 //===- AnchorSampler.h - Per-step anchor sampling ---------------*- C++ -*-===//
 //
-// SEMANTICS.md section 2. Candidates of row b are the positions a in
+// docs/semantics.md section 2. Candidates of row b are the positions a in
 // [0, S-2] with loss_mask[b, a] and loss_mask[b, a+1] set and, in a packed
 // row, a + 1 in a's conversation (position_ids[b, a+1] = position_ids[b, a]
 // + 1; section 9). With

@@ -8,7 +8,7 @@
 //   batch); rank r takes rows [r*B, (r+1)*B) of it, so ranks read distinct
 //   rows; an epoch's remainder smaller than a global batch is skipped;
 // - anchors are the rows' pinned ones when the source has them, otherwise
-//   sampled per batch (SEMANTICS.md section 2) with the rank's own
+//   sampled per batch (docs/semantics.md section 2) with the rank's own
 //   Rng::forStream(seed, kAnchorStream + rank).
 // The position (epoch, next row) and the anchor Rng state are what a
 // resumable checkpoint stores.

@@ -142,7 +142,7 @@ Status dflash::rt::validateFeatureShard(const SafetensorsFile &shard,
   if (!status.ok())
     return status;
 
-  // Packed rows (SEMANTICS.md section 9): 0 at each conversation's first
+  // Packed rows (docs/semantics.md section 9): 0 at each conversation's first
   // token and +1 after, so a restart to 0 is the only boundary.
   if (shard.find("position_ids")) {
     const TensorView *positions = nullptr;

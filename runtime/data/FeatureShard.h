@@ -7,7 +7,7 @@
 // `hidden_size` and `seq_len`. The reader validates every shard of a
 // directory against the compiled ModelConfig before training starts and
 // drops rows without an anchor candidate (fewer than 2 consecutive
-// supervised tokens, SEMANTICS.md section 2).
+// supervised tokens, docs/semantics.md section 2).
 //
 //===----------------------------------------------------------------------===//
 

@@ -35,7 +35,7 @@ namespace dflash::rt {
 /// memory where no GPU is involved (tests).
 enum class HostMemory { Pinned, Pageable };
 
-/// One prefetched batch; the arrays hold the inputs of SEMANTICS.md
+/// One prefetched batch; the arrays hold the inputs of docs/semantics.md
 /// section 1 for this rank's B rows, row-major.
 struct PrefetchedBatch {
   int32_t *inputIds = nullptr;      ///< [B, S]

@@ -1,6 +1,6 @@
 //===- RowSource.h - Where training rows come from --------------*- C++ -*-===//
 //
-// The trainer reads rows (SEMANTICS.md section 1, one row of each input)
+// The trainer reads rows (docs/semantics.md section 1, one row of each input)
 // through this interface, from feature shards on disk (FeatureShardReader)
 // or from the synthetic problem in memory (SyntheticRowSource). readRow is
 // const and safe to call from a prefetch thread while others read too.
@@ -27,7 +27,7 @@ struct RowBuffers {
   /// non-null.
   int32_t *anchors = nullptr; ///< [N]
   uint8_t *keep = nullptr;    ///< [N]
-  /// [S]: each token's position in its conversation (SEMANTICS.md section
+  /// [S]: each token's position in its conversation (docs/semantics.md section
   /// 9); sources without packed rows write arange(S).
   int32_t *positionIds = nullptr;
 };

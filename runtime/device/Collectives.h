@@ -1,7 +1,7 @@
 //===- Collectives.h - NCCL sums over GPUs, MPI over nodes ------*- C++ -*-===//
 //
 // Data-parallel training sums the loss sums and the gradients of every GPU
-// of a run (SEMANTICS.md sections 4 and 5). Each GPU is one rank: global
+// of a run (docs/semantics.md sections 4 and 5). Each GPU is one rank: global
 // rank = node * gpusPerNode + the GPU's position in --gpus. Every rank owns
 // one NCCL communicator (Collectives); the communicators of one process are
 // created together from its main thread, then each is used only by the

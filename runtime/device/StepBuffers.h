@@ -61,7 +61,7 @@ struct StepBufferMap {
 /// Maps every buffer of a step program and checks it against `config`:
 /// the five inputs, embed (and lm_head unless tied), four buffers per
 /// trainable tensor, the step and total_steps counters and the loss, acc,
-/// grad_norm and lr metrics, each with the dtype and shape SEMANTICS.md
+/// grad_norm and lr metrics, each with the dtype and shape docs/semantics.md
 /// gives. With `shards` (StepProgram::optimizerShards; null: unsharded),
 /// the layout must be valid and hold every trainable tensor exactly once,
 /// and the optimizer state is instead one F32 [S_k] master, moment1 and

@@ -1,6 +1,6 @@
 //===- Checkpoint.h - Drafter checkpoints and resumable state ---*- C++ -*-===//
 //
-// SEMANTICS.md section 6. An exported checkpoint is a directory with
+// docs/semantics.md section 6. An exported checkpoint is a directory with
 // config.json and model.safetensors (bf16, parameterTable names, no `model.`
 // prefix, no embedding or lm_head) that serving engines load as a
 // DFlashDraftModel. A training checkpoint is the same directory plus

@@ -1,10 +1,10 @@
 //===- TargetWeights.h - Frozen embed and lm_head of the target -*- C++ -*-===//
 //
-// The drafter shares the target's token embedding and lm_head (SEMANTICS.md
-// section 1). They are read from the target's Hugging Face directory:
-// `model.embed_tokens.weight` and `lm_head.weight`, through a sharded index
-// or a single model.safetensors; the lm_head is the embedding when the
-// target ties them. F32 tensors are rounded to bf16.
+// The drafter shares the target's token embedding and lm_head
+// (docs/semantics.md section 1). They are read from the target's Hugging Face
+// directory: `model.embed_tokens.weight` and `lm_head.weight`, through a
+// sharded index or a single model.safetensors; the lm_head is the embedding
+// when the target ties them. F32 tensors are rounded to bf16.
 //
 //===----------------------------------------------------------------------===//
 

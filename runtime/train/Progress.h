@@ -45,7 +45,7 @@ namespace dflash::rt {
 struct StepMetrics {
   int64_t step = 0; ///< 0-based index: the step counter the step ran with
   double loss = 0, acc = 0, gradNorm = 0, lr = 0;
-  /// Acceptance length (SEMANTICS.md section 10): mean over kept blocks of
+  /// Acceptance length (docs/semantics.md section 10): mean over kept blocks of
   /// 1 + the run of right predictions.
   double tau = 0;
   /// [k - 1]: the accuracy at block position k = 1 .. bs - 1 (NaN where no

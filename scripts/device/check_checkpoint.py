@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Opens an exported drafter checkpoint with the real libraries: every tensor
-SEMANTICS.md section 6 lists, with its shape and dtype, through
+docs/semantics.md section 6 lists, with its shape and dtype, through
 safetensors.torch.load_file, and config.json through
 transformers.Qwen3Config.from_pretrained. Exits 1 on any mismatch.
 

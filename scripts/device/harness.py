@@ -66,7 +66,7 @@ class Outcome:
 def _environment():
     env = dict(os.environ)
     # NVLink multicast stays off: a program that uses it can take the
-    # host's shared GPUs out of service (the device tool's KINDS.md).
+    # host's shared GPUs out of service.
     env.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
                NVSHMEM_DISABLE_NVLS="1", PYTHONUNBUFFERED="1")
     env["PATH"] = env.get("PATH", "/usr/bin:/bin") + ":/usr/local/cuda/bin"

@@ -8,7 +8,7 @@
 // of the shipped drafters (and small ones that stress the tiling), with
 // anchors at 0, 1 and S-2, windows wider than the context, keep = 0
 // blocks both trailing (as the sampler writes them) and scattered, and
-// packed rows (SEMANTICS.md section 9: contexts bounded by the anchor's
+// packed rows (docs/semantics.md section 9: contexts bounded by the anchor's
 // conversation).
 //
 //===----------------------------------------------------------------------===//
@@ -552,7 +552,7 @@ TEST(BlockAttentionBwdWgmma, NothingKept) {
   runBwdWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 46);
 }
 
-// Packed rows (SEMANTICS.md section 9): each block sees only its anchor's
+// Packed rows (docs/semantics.md section 9): each block sees only its anchor's
 // conversation, on every kernel: mma.sync both ways (full, a sliding window
 // that crosses conversation starts, small blocks), the wgmma forward and
 // backward (full and sliding) and the step's entry points.

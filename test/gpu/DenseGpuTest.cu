@@ -228,9 +228,9 @@ void swigluGemmCase(int64_t M, int64_t F, int64_t K, uint64_t seed) {
   EXPECT_CLOSE(downloadBf16(y), ref, 5e-3, "y");
 }
 
-// The acceptance sums (SEMANTICS.md section 10) against ref::draftAcceptance
-// on random hits, weights with holes (unsupervised and past-the-end slots)
-// and dropped blocks: counts, so exactly equal.
+// The acceptance sums (docs/semantics.md section 10) against
+// ref::draftAcceptance on random hits, weights with holes (unsupervised and
+// past-the-end slots) and dropped blocks: counts, so exactly equal.
 TEST(DraftBlocks, AcceptanceSums) {
   std::mt19937_64 rng(14);
   const int B = 3, S = 90, N = 211;
@@ -413,7 +413,7 @@ TEST(DraftBlocks, EmbedPositionsTargets) {
     keep[i] = coin(rng);
   }
   // Row 0 unpacked; rows 1 and 2 packed, conversations restarting every 25
-  // and every 11 tokens (SEMANTICS.md section 9).
+  // and every 11 tokens (docs/semantics.md section 9).
   for (int b = 0; b < B; ++b)
     for (int j = 0; j < S; ++j)
       positions[b * S + j] = b == 0 ? j : j % (b == 1 ? 25 : 11);

@@ -1,9 +1,10 @@
-//===- ReferenceAcceptanceTest.cpp - Acceptance length (SEMANTICS.md 10) --===//
+//===- ReferenceAcceptanceTest.cpp - Acceptance length --------------------===//
 //
-// ref::draftAcceptance on hand-made predictions: runs stop at the first
-// miss or at the first slot without weight (past the row, the loss mask or
-// the anchor's conversation), slot 0 never counts, dropped blocks neither,
-// and the per-position counts are those of the accuracy.
+// ref::draftAcceptance (docs/semantics.md section 10) on hand-made
+// predictions: runs stop at the first miss or at the first slot without
+// weight (past the row, the loss mask or the anchor's conversation), slot 0
+// never counts, dropped blocks neither, and the per-position counts are those
+// of the accuracy.
 //
 //===----------------------------------------------------------------------===//
 

@@ -1,8 +1,8 @@
 //===- ReferenceAttentionTest.cpp - Tests of the attention reference ------===//
 //
 // blockAttention against a dense-mask implementation written from the text
-// of SEMANTICS.md, its gradient against central finite differences, and the
-// visibility traps of SEMANTICS.md section 8 at the op level.
+// of docs/semantics.md, its gradient against central finite differences, and
+// the visibility traps of docs/semantics.md section 8 at the op level.
 //
 //===----------------------------------------------------------------------===//
 
@@ -67,7 +67,7 @@ AttentionCase makeCase(std::string name, AttentionShape shape,
 }
 
 /// `c` with its rows packed: every row's positions restart at 0 at each
-/// column of `starts` (SEMANTICS.md section 9).
+/// column of `starts` (docs/semantics.md section 9).
 AttentionCase packed(AttentionCase c, const std::vector<int64_t> &starts) {
   const int64_t S = c.shape.S;
   for (int64_t b = 0; b < c.shape.B; ++b) {
@@ -162,7 +162,7 @@ AttentionGradients runAttentionGrad(const AttentionCase &c,
   return grads;
 }
 
-/// Written from the words of SEMANTICS.md section 3, item 4 (and section 9
+/// Written from the words of docs/semantics.md section 3, item 4 (and section 9
 /// for packed rows: doc_start(j) = j - position_ids[j]), independently
 /// of the reference: a [Q, S + Q] visibility mask per row, then a plain
 /// softmax over the visible columns of the scaled scores.
@@ -321,7 +321,7 @@ Vector blockOutputsWithContextChanged(AttentionCase c, int64_t b, int64_t n,
   return block;
 }
 
-// SEMANTICS.md section 8: a block must not see the target feature at its
+// docs/semantics.md section 8: a block must not see the target feature at its
 // own anchor (nor after it), and must see the one just before it.
 TEST(ReferenceAttention, TrapAnchorContextIsInvisible) {
   int checkedBefore = 0;
@@ -352,7 +352,7 @@ TEST(ReferenceAttention, TrapAnchorContextIsInvisible) {
   EXPECT_GT(checkedBefore, 10);
 }
 
-// SEMANTICS.md section 9: a block of a packed row sees the first token of
+// docs/semantics.md section 9: a block of a packed row sees the first token of
 // its anchor's conversation and nothing of the conversation before.
 TEST(ReferenceAttention, ConversationStartBoundsTheContext) {
   // Conversations start at 0, 6 and 11; blocks anchored at 3, 9 and 14.

@@ -1,7 +1,7 @@
 //===- ReferenceDraftBlocksTest.cpp - Tests of draft-block bookkeeping ----===//
 //
 // Positions, draft tokens, labels and weights on small hand-checked cases,
-// including the same-position label trap of SEMANTICS.md section 8.
+// including the same-position label trap of docs/semantics.md section 8.
 //
 //===----------------------------------------------------------------------===//
 
@@ -32,7 +32,7 @@ TEST(ReferenceDraftBlocks, DraftPositions) {
   EXPECT_EQ(out, (std::vector<int32_t>{3, 4, 5, 7, 8, 9, 0, 1, 2, 5, 6, 7}));
 }
 
-// A packed row (SEMANTICS.md section 9): conversations of 4 and 6 tokens;
+// A packed row (docs/semantics.md section 9): conversations of 4 and 6 tokens;
 // a draft slot sits at its anchor's position in the anchor's conversation.
 TEST(ReferenceDraftBlocks, DraftPositionsInAPackedRow) {
   const std::vector<int32_t> positions = {0, 1, 2, 3, 0, 1, 2, 3, 4, 5};
@@ -122,7 +122,7 @@ TEST(ReferenceDraftBlocks, DraftTargetsDecay) {
   }
 }
 
-// SEMANTICS.md section 8: labels are the tokens at the same positions as
+// docs/semantics.md section 8: labels are the tokens at the same positions as
 // the outputs, never the next ones.
 TEST(ReferenceDraftBlocks, TrapLabelsAreSamePosition) {
   const int64_t B = 2, S = 32, N = 5, bs = 8;

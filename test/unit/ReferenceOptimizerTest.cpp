@@ -139,7 +139,7 @@ TEST(ReferenceOptimizer, AdamWFloatMatchesDouble) {
 
 } // namespace
 
-// The schedule of SEMANTICS.md section 5 (dflash.lr_schedule's reference).
+// The schedule of docs/semantics.md section 5 (dflash.lr_schedule's reference).
 TEST(ReferenceLrSchedule, WarmupPeakAndCosine) {
   const double lr = 6e-4;
   // total 100, ratio 0.04: 4 warmup steps.

@@ -1,11 +1,11 @@
 //===- ReferenceStepTest.cpp - A whole training step from reference ops ---===//
 //
 // Composes the reference ops into the forward, loss and backward of
-// SEMANTICS.md sections 3 and 4, then checks the composed gradient of the
+// docs/semantics.md sections 3 and 4, then checks the composed gradient of the
 // loss against central finite differences (so the op gradients fit
 // together: shared k/v weights over context and draft, the context feeding
 // every layer, per-head norms), that a packed row gives each of its
-// conversations what it gets alone (SEMANTICS.md section 9), and times a
+// conversations what it gets alone (docs/semantics.md section 9), and times a
 // whole step of the tiny spec.
 //
 //===----------------------------------------------------------------------===//
@@ -412,7 +412,7 @@ TEST(ReferenceStep, ComposedGradientMatchesFiniteDifferences) {
               worst, params.size());
 }
 
-// SEMANTICS.md section 9: two conversations packed into one row (positions
+// docs/semantics.md section 9: two conversations packed into one row (positions
 // restarting at the second) give the loss sums and the gradients that the
 // same conversations get alone, each in a row of its own, with the same
 // anchors. A block of the first conversation runs into the second (its

@@ -199,7 +199,7 @@ TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
     EXPECT_EQ(spec->vocabSize, e.V);
     EXPECT_EQ(spec->targetLayerIds, e.taps);
     EXPECT_EQ(spec->gamma, e.gamma);
-    // SEMANTICS.md section 7: the Qwen3 vocabularies' mask token, the
+    // docs/semantics.md section 7: the Qwen3 vocabularies' mask token, the
     // Qwen3.5/3.6 one's (248320 rows) 248070.
     EXPECT_EQ(spec->maskTokenId, e.mask);
     EXPECT_EQ(spec->ropeTheta, e.theta);

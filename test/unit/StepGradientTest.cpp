@@ -4,7 +4,7 @@
 // - the gradients that dflash-generate-backward builds equal finite
 //   differences of the forward graph's loss, for every parameter, with a
 //   sliding layer and keep = 0 blocks present;
-// - the two traps of SEMANTICS.md section 8: labels are same-position, and
+// - the two traps of docs/semantics.md section 8: labels are same-position, and
 //   an anchor's own context position is invisible to its block.
 //
 //===----------------------------------------------------------------------===//

@@ -258,7 +258,7 @@ Status writeStepDump(const std::string &path, const StepSignature &sig,
   HostTensor loss(std::vector<int64_t>{});
   loss.data[0] = lossSum / weightSum;
   add("result.loss", loss, 1.0);
-  // The acceptance length of the same step (SEMANTICS.md section 10).
+  // The acceptance length of the same step (docs/semantics.md section 10).
   double runSum = results[*sig.findResult(ArgRole::Metric, "run_sum")].data[0];
   double keptBlocks =
       results[*sig.findResult(ArgRole::Metric, "kept_blocks")].data[0];

@@ -40,8 +40,8 @@ struct ReferenceOptions {
   /// Seed of data order, anchors and initial weights; negative: the spec's
   /// training.seed.
   int64_t seed = -1;
-  /// Initial drafter checkpoint (SEMANTICS.md section 6); empty: initialize
-  /// from the seed.
+  /// Initial drafter checkpoint (docs/semantics.md section 6); empty:
+  /// initialize from the seed.
   std::string initDir;
   /// Arithmetic of the interpreter.
   Precision precision = Precision::Storage;
@@ -50,7 +50,7 @@ struct ReferenceOptions {
   /// for the PyTorch oracle.
   std::string dumpStep;
   /// When set, the parameters after the last step are exported as a
-  /// checkpoint (SEMANTICS.md section 6) into this directory.
+  /// checkpoint (docs/semantics.md section 6) into this directory.
   std::string saveDir;
   /// Compute target_hidden on the CPU from the target (`targetDir`, a full
   /// decoder checkpoint, compiled as the spec's @target) for every batch;

@@ -52,7 +52,8 @@ cl::opt<int64_t>
                cl::init(-1), cl::cat(category));
 cl::opt<std::string>
     initDir("init",
-            cl::desc("Initial drafter checkpoint (SEMANTICS.md section 6)"),
+            cl::desc("Initial drafter checkpoint (docs/semantics.md "
+                     "section 6)"),
             cl::value_desc("dir"), cl::cat(category));
 cl::opt<Precision> precision(
     "precision", cl::desc("Arithmetic of the interpreter"),
@@ -79,7 +80,7 @@ cl::opt<bool> onlineTarget(
 cl::opt<std::string> saveDir(
     "save",
     cl::desc("Export the parameters after the last step as a checkpoint "
-             "(SEMANTICS.md section 6) into this directory"),
+             "(docs/semantics.md section 6) into this directory"),
     cl::value_desc("dir"), cl::cat(category));
 
 } // namespace

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reads an exported drafter checkpoint (SEMANTICS.md section 6) with the
+"""Reads an exported drafter checkpoint (docs/semantics.md section 6) with the
 small safetensors reader of torch_step.py, checks every tensor name, shape
 and dtype and the config.json fields serving engines read, and compares the
 tensors with the parameters the runtime fed the step (a step dump of

@@ -3,7 +3,7 @@
 
     pack_rows.py IN_DIR OUT_DIR COLUMN [COLUMN ...]
 
-Every row gets position_ids that restart at 0 at each COLUMN (SEMANTICS.md
+Every row gets position_ids that restart at 0 at each COLUMN (docs/semantics.md
 section 9), as if conversations began there; tokens, masks, features and
 pinned anchors stay as they are, so the same step can be computed packed and
 unpacked. Pure numpy (tools/dflash-prepare's reader and writer).

@@ -3,13 +3,13 @@
 
 Reads a step dump written by `dflash-reference --dump-step FILE` (every input,
 frozen weight and parameter of the step, plus the reference's loss and
-gradients), recomputes the forward pass of SEMANTICS.md sections 3-4 with dense
+gradients), recomputes the forward pass of docs/semantics.md sections 3-4 with dense
 attention masks built from the text of the contract, takes the gradients with
 torch.autograd in fp32, and compares: relative error ||torch - ref|| / ||ref||
 below --tolerance for the loss and every parameter's gradient.
 
 Nothing here shares code with dflashc: the safetensors reader is the few lines
-the format needs, and the math is written from SEMANTICS.md.
+the format needs, and the math is written from docs/semantics.md.
 Runs with Debian's python3-torch (1.13, CPU) and with PyTorch 2.x.
 """
 
@@ -66,7 +66,7 @@ def rope(x, pos, theta):
 
 
 def visibility(anchors, keep, positions, S, bs, window, causal):
-    """The [B, Q, S+Q] mask of SEMANTICS.md sections 3 and 9: query (n, k)
+    """The [B, Q, S+Q] mask of docs/semantics.md sections 3 and 9: query (n, k)
     sees context key j iff keep and doc_start(anchor) <= j < anchor (and
     j >= anchor + k - (W-1) in a sliding layer), and draft key (n, k') of its
     own block for every k', or only k' <= k in a sliding layer."""
@@ -137,7 +137,7 @@ def step(t, cfg, dtype):
             if keep[b, n]:
                 noise[b, n * bs] = ids[b, anchors[b, n]]
     x = embed[noise]
-    # 3. Positions, within each conversation (SEMANTICS.md section 9).
+    # 3. Positions, within each conversation (docs/semantics.md section 9).
     ctx_pos = positions
     anchor_pos = positions.gather(1, anchors)
     draft_pos = (anchor_pos[:, :, None] + torch.arange(bs)[None, None, :]).reshape(B, Q)
@@ -179,7 +179,7 @@ def step(t, cfg, dtype):
                     w[b, n * bs + kk] = decay
     ce = torch.logsumexp(logits, -1) - logits.gather(-1, labels[..., None])[..., 0]
     loss = (w * ce).sum() / w.sum()
-    # Acceptance length (SEMANTICS.md section 10): per kept block, the run of
+    # Acceptance length (docs/semantics.md section 10): per kept block, the run of
     # weighted right predictions from k = 1.
     good = ((w > 0) & (logits.detach().argmax(-1) == labels)).view(B, N, bs)
     runs = torch.cumprod(good[:, :, 1:].long(), dim=2).sum(dim=2)

@@ -1,4 +1,4 @@
-"""Acceptance length and accuracy of drafted blocks (SEMANTICS.md sections 4
+"""Acceptance length and accuracy of drafted blocks (docs/semantics.md sections 4
 and 10), in numpy: a reference for tests and for checking a trainer's
 figures against logits.
 

@@ -206,7 +206,7 @@ def build_parser():
 
     serve = commands.add_parser(
         "serve-check", help="speculative decoding of an exported drafter: acceptance",
-        description="Greedy DFlash speculative decoding in PyTorch (SEMANTICS.md): the "
+        description="Greedy DFlash speculative decoding in PyTorch (docs/semantics.md): the "
         "target prefills each held-out prompt, the drafter proposes a block from the "
         "target's tapped features and the mask tokens, the target verifies it and keeps "
         "the accepted prefix and its bonus token. Reports the mean acceptance length per "

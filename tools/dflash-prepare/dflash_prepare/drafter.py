@@ -1,5 +1,5 @@
-"""An exported DFlash drafter (SEMANTICS.md section 6) drafting one block at
-inference, in PyTorch, written from SEMANTICS.md sections 3 and 9:
+"""An exported DFlash drafter (docs/semantics.md section 6) drafting one block at
+inference, in PyTorch, written from docs/semantics.md sections 3 and 9:
 
 - the context is the target's tapped features of every position before the
   anchor, `RMSNorm_hidden(features @ fc^T)`, whose keys and values each

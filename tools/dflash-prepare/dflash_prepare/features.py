@@ -6,7 +6,7 @@ nothing of another conversation visible), in bf16, and the residual stream
 after each tapped layer `l` is read at `hidden_states[l + 1]` (index 0 is
 the embedding output), concatenated in `target_layer_ids` order. The last
 layer's entry there is after the final norm, so a tap of the last layer is
-read from that layer's own output instead (SEMANTICS.md: residual streams). Padding
+read from that layer's own output instead (docs/semantics.md: residual streams). Padding
 stays zero. Conversations of similar length run together in a batch,
 right-padded: with causal attention a real token never sees the padding
 after it, so that is the same as running each alone.

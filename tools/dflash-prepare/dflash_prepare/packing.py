@@ -1,4 +1,4 @@
-"""Rows of S tokens from conversations (SEMANTICS.md section 9).
+"""Rows of S tokens from conversations (docs/semantics.md section 9).
 
 Unpacked: one conversation per row, right-padded. Packed: conversations one
 after another, placed first-fit-decreasing (longest first, ties in a seeded
@@ -119,7 +119,7 @@ def conversation_bounds(position_ids, num_tokens):
 
 def has_anchor_candidate(mask, position_ids=None):
     """Whether a row has a position a with mask[a] and mask[a+1] set and
-    a+1 in a's conversation (SEMANTICS.md sections 2 and 9)."""
+    a+1 in a's conversation (docs/semantics.md sections 2 and 9)."""
     mask = np.asarray(mask).astype(bool)
     pair = mask[:-1] & mask[1:]
     if position_ids is not None:

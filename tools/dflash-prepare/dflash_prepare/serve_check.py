@@ -96,7 +96,7 @@ def speculative(target, drafter, prompt, max_new, stops):
 def position_runs(target, drafter, prompt, answer):
     """1 + run of a block anchored at every answer position but the last,
     drafted from the target's features of `prompt + answer` and counted
-    against `answer` itself: SEMANTICS.md section 10's tau with the anchors
+    against `answer` itself: docs/semantics.md section 10's tau with the anchors
     of section 2, on the target's own text."""
     target.reset()
     full = prompt + answer

@@ -1,5 +1,5 @@
 """Assistant spans of one conversation, from its one full render
-(SEMANTICS.md section 11).
+(docs/semantics.md section 11).
 
 A span is a character range of the render that the target generates in one
 assistant turn. Three methods, tried in this order for each conversation:

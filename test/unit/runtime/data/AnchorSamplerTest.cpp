@@ -1,4 +1,8 @@
-//===- AnchorSamplerTest.cpp - Anchor sampling (SEMANTICS.md 2) -----------===//
+//===- AnchorSamplerTest.cpp - Anchor sampling ----------------------------===//
+//
+// The anchor sampling of docs/semantics.md section 2.
+//
+//===----------------------------------------------------------------------===//
 
 #include "runtime/data/AnchorSampler.h"
 
@@ -50,7 +54,7 @@ TEST(RuntimeAnchorSampler, Candidates) {
   EXPECT_EQ(countAnchorCandidates(isolated.data(), nullptr, 5), 0);
 }
 
-// SEMANTICS.md section 9: in a packed row a + 1 must be in a's
+// docs/semantics.md section 9: in a packed row a + 1 must be in a's
 // conversation, so the last token of one is no candidate even where the
 // next conversation's first token is supervised.
 TEST(RuntimeAnchorSampler, PackedCandidatesStayInTheirConversation) {

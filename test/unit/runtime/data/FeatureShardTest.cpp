@@ -148,7 +148,7 @@ TEST(RuntimeFeatureShard, DropsRowsWithoutCandidates) {
                        "consecutive supervised tokens)");
 }
 
-// SEMANTICS.md section 9: position_ids are read as they are, an unpacked
+// docs/semantics.md section 9: position_ids are read as they are, an unpacked
 // shard reads as arange(S), positions that neither go up by one nor restart
 // at 0 are refused naming row and column, and a row whose only two
 // consecutive supervised tokens straddle a conversation start has no anchor
