@@ -10,6 +10,11 @@ class UserError(Exception):
     Exits with status 2."""
 
     exit_code = 2
+    bare = False  # True: the message is printed as it is (a spec's FILE:LINE:COL)
+
+    def report(self, prog=PROG):
+        """The line a command prints for it."""
+        return str(self) if self.bare else f"{prog}: error: {self}"
 
 
 class CheckFailed(Exception):
