@@ -33,7 +33,7 @@ def read_metrics(path):
     object with an integer step is an error naming the line."""
     series = {key: [] for key in KEYS}
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, encoding="utf-8-sig")  # a byte-order mark at the start is read over
     except OSError as error:
         raise PlotError(f"{path}: cannot open: {error.strerror}") from None
     with f:
