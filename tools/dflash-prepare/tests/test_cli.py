@@ -1,8 +1,9 @@
 """The command lines as a user runs them: help, exit status, messages."""
 import os
+import sys
 import unittest
 
-from helpers import PLOT, PREPARE, TempDir, conversation, run_tool, token_tensors
+from helpers import PLOT, PREPARE, ROOT, TempDir, conversation, run_tool, token_tensors
 
 from dflash_prepare import packing, shards
 
@@ -86,7 +87,10 @@ class CommandTest(TempDir):
         self.assertEqual(status, 2)
         self.assertIn("read 1 file(s): 3 conversation line(s), 1 usable so far", err)
         self.assertIn("the python package 'transformers' is missing", err)
-        self.assertIn("reading the tokenizer needs it: install transformers", err)
+        # The interpreter named, and the commands that install the package.
+        self.assertIn(f"missing or broken in {sys.executable} (No module named "
+                      "'transformers'); reading the tokenizer needs it: run "
+                      f"{ROOT}/scripts/setup.sh --data", err)
         self.assertNotIn("Traceback", err)
         # The bad lines are named and counted before it stops, and the output
         # directory it made is not left behind empty.
@@ -149,15 +153,19 @@ class CommandTest(TempDir):
                                   "--out", self.path("features"),
                                   env=hide(self.path("hidden"), "torch"))
         self.assertEqual(status, 2)
-        self.assertIn("the python package 'torch' is missing", err)
-        self.assertIn("computing target features needs it", err)
+        self.assertIn(f"the python package 'torch' is missing or broken in {sys.executable}",
+                      err)
+        self.assertIn(f"computing target features needs it: run {ROOT}/scripts/setup.sh --data",
+                      err)
 
     def test_plot_missing_matplotlib(self):
         metrics = self.write_file("m.jsonl", '{"step": 0, "loss": 1.0}\n')
         status, _, err = run_tool(PLOT, metrics, "-o", self.path("p.png"),
                                   env=hide(self.path("hidden"), "matplotlib"))
         self.assertEqual(status, 2)
-        self.assertIn("dflash-plot: error: the python package 'matplotlib' is missing", err)
+        self.assertIn("dflash-plot: error: the python package 'matplotlib' is missing from "
+                      f"{sys.executable}; drawing needs it: run {ROOT}/scripts/setup.sh --data",
+                      err)
         self.assertFalse(os.path.exists(self.path("p.png")))
 
 
