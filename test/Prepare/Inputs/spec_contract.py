@@ -1,11 +1,23 @@
-"""The spec contract of the data tools: every field that
-dflash_prepare.spec.load_spec resolves equals what `dflashc SPEC --emit=spec`
-(the canonical spec, every default resolved) says, for every spec of SPECS_DIR
-and for small generated specs that leave every optional key out and sweep the
-spread rule of the default taps (which both sides must then accept or refuse
-alike).
+"""The spec contract of the data tools: dflash_prepare.spec.read_spec (the
+reader dflash-prepare uses where no dflashc is at hand) reads a spec as
+`dflashc SPEC --emit=spec` does.
 
-  spec_contract.py SPECS_DIR WORK_DIR
+- Its schema (dflash_prepare.spec.SCHEMA) is the read calls of
+  compiler/Spec/Spec.cpp: the same tables in the same order, the same keys,
+  types, required keys and bounds.
+- Every spec of SPECS_DIR, and small generated specs that leave every
+  optional key out and sweep the spread rule of the default taps: both accept
+  or both refuse, and every field read_spec resolves equals dflashc's (a
+  field of Spec the contract does not compare fails too).
+- test/unit/SpecTest.cpp's broken specs (each with the message and line
+  that test expects of dflashc), and broken variants of the shipped specs
+  (a table or key misspelt, each key of a wrong type or out of range,
+  non-UTF-8 bytes, and more): both refuse, on the same line; with the same
+  diagnostic to the letter (`FILE:LINE:COL: error: ...`), but for TOML
+  syntax errors, where only the line is compared (TOML++ and tomllib word
+  them their own ways).
+
+  spec_contract.py ROOT WORK_DIR
 
 Needs dflashc on PATH and dflash_prepare importable (lit sets PYTHONPATH).
 Exit status 1 on any disagreement, each named with the spec and the field."""
@@ -16,8 +28,11 @@ import subprocess
 import sys
 import tomllib
 
-from dflash_prepare.errors import UserError
-from dflash_prepare.spec import Spec, load_spec
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from dflash_prepare.errors import UserError  # noqa: E402
+from dflash_prepare.spec import SCHEMA, TABLES, Spec, read_spec  # noqa: E402
+from spec_sources import cpp_error_cases, cpp_schema  # noqa: E402
 
 PROG = "spec-contract"
 
@@ -72,6 +87,46 @@ block_size = 4
 mask_token_id = 127
 """
 
+# Broken and unusual specs written by hand: (name, text). A new user's
+# mistakes first.
+HAND_WRITTEN = [
+    ("typo-table", REQUIRED_ONLY.format(n=8, k=2) + "[trainng]\nseq_len = 2048\n"),
+    ("typo-key", REQUIRED_ONLY.format(n=8, k=2) + "[training]\nseq_lenn = 2048\n"),
+    ("wrong-type", REQUIRED_ONLY.format(n=8, k=2) + "[training]\nseq_len = \"2048\"\n"),
+    ("out-of-range", REQUIRED_ONLY.format(n=8, k=2) + "[training]\nseq_len = 1\n"),
+    ("too-large", REQUIRED_ONLY.format(n=8, k=2) + "[training]\nseq_len = 4194304\n"),
+    ("bool-for-int", REQUIRED_ONLY.format(n=8, k=2) + "[training]\nseq_len = true\n"),
+    ("int-for-bool", REQUIRED_ONLY.format(n=8, k=2).replace(
+        "vocab_size = 128", "vocab_size = 128\ntie_word_embeddings = 1")),
+    ("table-not-table", REQUIRED_ONLY.format(n=8, k=2) + "training = 5\n"),
+    ("array-of-tables", REQUIRED_ONLY.format(n=8, k=2) + "[[training]]\nseq_len = 64\n"),
+    ("unknown-sub-table", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.extra]\nx = 1\n"),
+    ("non-utf8-value", REQUIRED_ONLY.format(n=8, k=2).replace(
+        'name = "spread-8-2"', 'name = "caf\udce9"')),
+    ("non-utf8-comment", REQUIRED_ONLY.format(n=8, k=2) + "# caf\udce9\n"),
+    ("non-utf8-line-start", REQUIRED_ONLY.format(n=8, k=2) + "\udcff = 1\n"),
+    ("byte-order-mark", "\ufeff" + REQUIRED_ONLY.format(n=8, k=2)),
+    ("inline-table", 'name = "inline"\ntarget = {num_layers = 8, hidden_size = 64, '
+     'vocab_size = 128}\ndrafter = { num_layers = 2, intermediate_size = 128, num_heads = 2, '
+     'num_kv_heads = 1, head_dim = 32, block_size = 4, mask_token_id = 128 }\n'),
+    ("dotted-keys", 'name = "dotted"\ntarget.num_layers = 8\ntarget.hidden_size = 64\n'
+     'target.vocab_size = 128\n[drafter]\nnum_layers = 2\nintermediate_size = 128\n'
+     'num_heads = 2\nnum_kv_heads = 1\nhead_dim = 31\nblock_size = 4\nmask_token_id = 127\n'),
+    ("multi-line-taps", REQUIRED_ONLY.format(n=8, k=2).replace(
+        "vocab_size = 128", "vocab_size = 128\nlayer_ids = [\n  1,  # first\n  \"5\",\n]")),
+    ("quoted-key", REQUIRED_ONLY.format(n=8, k=2).replace('head_dim', '"head dim"')),
+    ("strings-with-brackets", REQUIRED_ONLY.format(n=8, k=2).replace(
+        'name = "spread-8-2"', "name = '''[x]\n# not a comment\n'''\n[target.\"a]\"]\n"
+        "y = 1\n")),
+    ("nan", REQUIRED_ONLY.format(n=8, k=2) + "[optimizer]\nlr = nan\n"),
+    ("inf", REQUIRED_ONLY.format(n=8, k=2) + "[memory]\ngpu_memory_gib = inf\n"),
+    ("syntax", REQUIRED_ONLY.format(n=8, k=2) + "[training\n"),
+    ("end-of-file", REQUIRED_ONLY.format(n=8, k=2) + "[optimizer]\nlr = [\n"),
+    ("duplicate-key", REQUIRED_ONLY.format(n=8, k=2) + "[training]\nseq_len = 64\n"
+     "seq_len = 65\n"),
+    ("empty", ""),
+]
+
 
 class Canonical:
     """What `dflashc SPEC --emit=spec` prints: the values, and whether the
@@ -87,37 +142,74 @@ class Canonical:
 
 def dflashc_spec(path):
     """(Canonical, None) where dflashc accepts the spec, else (None, its error)."""
-    result = subprocess.run(["dflashc", path, "--emit=spec"], capture_output=True, text=True)
+    result = subprocess.run(["dflashc", path, "--emit=spec"], capture_output=True)
     if result.returncode != 0:
-        return None, result.stderr.strip()
-    return Canonical(result.stdout), None
+        return None, result.stderr.decode("utf-8", "replace").strip()
+    return Canonical(result.stdout.decode()), None
 
 
 def python_spec(path):
     try:
-        return load_spec(path), None
+        return read_spec(path), None
     except UserError as error:
         return None, str(error)
 
 
-def compare(path, must_accept):
-    """The disagreements of one spec, as messages naming it and the field."""
+_DIAGNOSTIC = re.compile(r"^.*?:(\d+):(\d+): error: (.*)$", re.DOTALL)
+
+
+def diagnosed(error):
+    """(line, field or None, message) of one `FILE:LINE:COL: error: ...`
+    line; the field is the first key in quotes or table in brackets, not
+    taken from a TOML syntax error."""
+    match = _DIAGNOSTIC.match(error)
+    if not match:
+        return None, None, error
+    message = match.group(3)
+    field = None
+    if not message.startswith("invalid TOML"):
+        named = re.search(r"'([^']+)'|\[(\w+)\]", message)
+        field = named and (named.group(1) or named.group(2))
+    return int(match.group(1)), field, message
+
+
+def compare(path, must_accept=False, expect=None):
+    """The disagreements of one spec, as messages naming it and the field.
+    `expect`: (message, line) SpecTest.cpp expects of the error."""
     canonical, cpp_error = dflashc_spec(path)
     spec, python_error = python_spec(path)
     if canonical is None and spec is None:
         if must_accept:
             return [f"{path}: dflashc refuses it, so nothing is compared: {cpp_error}"]
-        return []
+        problems = []
+        (cpp_line, cpp_field, cpp_message), (py_line, py_field, py_message) = (
+            diagnosed(cpp_error), diagnosed(python_error))
+        syntax = cpp_message.startswith("invalid TOML") or py_message.startswith("invalid TOML")
+        if cpp_line != py_line:
+            problems.append(f"{path}: dflashc refuses it on line {cpp_line}, read_spec on "
+                            f"line {py_line}:\n  {cpp_error}\n  {python_error}")
+        elif cpp_field != py_field:
+            problems.append(f"{path}: dflashc names '{cpp_field}', read_spec '{py_field}':"
+                            f"\n  {cpp_error}\n  {python_error}")
+        elif not syntax and cpp_error != python_error:
+            problems.append(f"{path}: dflashc and read_spec word it differently:"
+                            f"\n  {cpp_error}\n  {python_error}")
+        if expect and (expect[0] not in py_message or py_line != expect[1]):
+            problems.append(f"{path}: SpecTest.cpp expects '{expect[0]}' on line "
+                            f"{expect[1]}; read_spec says: {python_error}")
+        return problems
     if canonical is None:
-        return [f"{path}: dflashc refuses it but load_spec accepts it: {cpp_error}"]
+        return [f"{path}: dflashc refuses it but read_spec accepts it: {cpp_error}"]
     if spec is None:
-        return [f"{path}: load_spec refuses it but dflashc accepts it: {python_error}"]
+        return [f"{path}: read_spec refuses it but dflashc accepts it: {python_error}"]
+    if expect:
+        return [f"{path}: both accept what SpecTest.cpp expects refused: {expect[0]}"]
     problems = []
     for field, (key, stated) in CONTRACT.items():
         ours, theirs = getattr(spec, field), stated(canonical)
         if ours != theirs:
             problems.append(f"{path}: '{key}': dflashc --emit=spec resolves {theirs!r}, "
-                            f"load_spec gives {ours!r} (Spec.{field})")
+                            f"read_spec gives {ours!r} (Spec.{field})")
     # The text the trainer compares with a shard's target_layer_ids.
     if spec.layer_ids_text() != canonical.layer_ids_text:
         problems.append(f"{path}: 'target.layer_ids' as text: dflashc prints "
@@ -126,13 +218,67 @@ def compare(path, must_accept):
     return problems
 
 
+def schema_problems(spec_cpp):
+    """SCHEMA against the read calls of Spec.cpp."""
+    keys, tables = cpp_schema(spec_cpp)
+    problems = []
+    if tuple(tables) != TABLES:
+        problems.append(f"{spec_cpp} reads the tables {tables}; dflash_prepare.spec.TABLES "
+                        f"says {list(TABLES)}")
+    for table in ("",) + TABLES:
+        cpp = [k for k in keys if k.table == table]
+        ours = [k for k in SCHEMA if k.table == table]
+        if cpp != ours:
+            problems.append(f"[{table}]: {spec_cpp} reads\n    "
+                            + "\n    ".join(map(str, cpp)) + "\n  dflash_prepare.spec.SCHEMA "
+                            "says\n    " + "\n    ".join(map(str, ours)))
+    return problems
+
+
+def _write(path, text):
+    """Writes `text`; the surrogates \\udc80-\\udcff stand for single bytes
+    that are not UTF-8."""
+    with open(path, "wb") as f:
+        f.write(text.encode("utf-8", "surrogateescape"))
+    return path
+
+
+def broken_variants(text):
+    """(what, (the key or table broken, how), text) of one shipped spec
+    broken one way at a time: each table header misspelt, and each key misspelt, of another
+    type, or out of range in turn."""
+    lines = text.split("\n")
+    variants = []
+    for index, line in enumerate(lines):
+        def varied(new, what):
+            variants.append((f"line {index + 1} {what}", (line.split(" ")[0], what),
+                             "\n".join(lines[:index] + [new] + lines[index + 1:])))
+        header = re.fullmatch(r"\[(\w+)\]", line)
+        if header:
+            varied(f"[{header.group(1)[:-1]}]", "table misspelt")
+            continue
+        entry = re.fullmatch(r"(\w+) = (.*)", line)
+        if not entry:
+            continue
+        key, value = entry.groups()
+        varied(f"{key[:-1]}{key[-1] * 2} = {value}", "key misspelt")
+        varied(f"{key} = {'5' if value.startswith(chr(34)) else chr(34) + 'x' + chr(34)}",
+               "wrong type")
+        if re.fullmatch(r"-?[0-9][0-9_.e+-]*", value):
+            varied(f"{key} = -1", "out of range")
+            varied(f"{key} = {1 << 62}", "too large")
+    return variants
+
+
 def main(argv):
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
-    specs_dir, work = argv[1], argv[2]
-    problems = []
-    # A field load_spec resolves that the contract does not compare is drift too.
+    root, work = argv[1], argv[2]
+    specs_dir = os.path.join(root, "specs")
+    os.makedirs(work, exist_ok=True)
+    problems = schema_problems(os.path.join(root, "compiler", "Spec", "Spec.cpp"))
+    # A field read_spec resolves that the contract does not compare is drift too.
     for field in dataclasses.fields(Spec):
         if field.name not in CONTRACT and field.name not in NOT_RESOLVED:
             problems.append(f"Spec.{field.name} (dflash_prepare/spec.py) is not compared "
@@ -143,20 +289,38 @@ def main(argv):
         problems.append(f"{specs_dir}: has no *.toml specs")
     for path in shipped:
         problems += compare(path, must_accept=True)
-    os.makedirs(work, exist_ok=True)
     refused = 0
     for n, k in SWEEP:
-        path = os.path.join(work, f"spread-{n}-{k}.toml")
-        with open(path, "w") as f:
-            f.write(REQUIRED_ONLY.format(n=n, k=k))
-        problems += compare(path, must_accept=False)
+        path = _write(os.path.join(work, f"spread-{n}-{k}.toml"), REQUIRED_ONLY.format(n=n, k=k))
+        problems += compare(path)
         refused += dflashc_spec(path)[0] is None
+    base, cases = cpp_error_cases(os.path.join(root, "test", "unit", "SpecTest.cpp"))
+    for case in cases:
+        path = _write(os.path.join(work, f"SpecTest-{case.name}.toml"), case.text(base))
+        problems += compare(path, expect=(case.message, case.line(base)))
+    for name, text in HAND_WRITTEN:
+        problems += compare(_write(os.path.join(work, f"{name}.toml"), text))
+    variants, seen = 0, set()
+    for path in (os.path.join(specs_dir, "tiny.toml"),
+                 os.path.join(specs_dir, "qwen3.6-27b-b16.toml")):
+        with open(path) as f:
+            text = f.read()
+        for index, (what, line, variant) in enumerate(broken_variants(text)):
+            if line in seen:
+                continue  # the same key broken the same way in another spec
+            seen.add(line)
+            out = os.path.join(work, f"{os.path.basename(path)[:-5]}-{index}.toml")
+            problems += [f"{p} ({what})" for p in compare(_write(out, variant))]
+            variants += 1
     for problem in problems:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
     if problems:
         return 1
+    print(f"{PROG}: the schema is Spec.cpp's ({len(SCHEMA)} keys in {len(TABLES) + 1} tables)")
     print(f"{PROG}: {len(shipped)} shipped and {len(SWEEP)} generated specs agree on "
           f"{len(CONTRACT)} fields ({refused} generated ones refused by both)")
+    print(f"{PROG}: {len(cases)} broken specs of SpecTest.cpp, {len(HAND_WRITTEN)} written "
+          f"here and {variants} broken shipped specs: refused alike, the same diagnostics")
     return 0
 
 

@@ -11,7 +11,9 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
+import sysconfig
 
 PROG = "dflash-plot"
 
@@ -28,12 +30,27 @@ class PlotError(Exception):
     pass
 
 
+def _install_hint():
+    """How to install matplotlib for this python (as dflash_prepare.errors
+    install_hint says it of its packages)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    setup = os.path.join(root, "scripts", "setup.sh")
+    ways = [f"{shlex.quote(setup)} --data (a virtual environment with every package of the "
+            "data tools, which the launchers then use)"] if os.path.isfile(setup) else []
+    managed = sys.prefix == sys.base_prefix and os.path.exists(
+        os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+    ways.append("apt-get install python3-matplotlib" if managed else
+                f"{shlex.quote(sys.executable)} -m pip install matplotlib")
+    return "run " + ", or ".join(ways)
+
+
 def read_metrics(path):
     """{key: [(step, value)]} of one metrics file; a line that is not a JSON
     object with an integer step is an error naming the line."""
     series = {key: [] for key in KEYS}
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, encoding="utf-8-sig")  # a byte-order mark at the start is read over
     except OSError as error:
         raise PlotError(f"{path}: cannot open: {error.strerror}") from None
     with f:
@@ -88,8 +105,8 @@ def plot(runs, output, title=None, window=1):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise PlotError("the python package 'matplotlib' is missing; install "
-                        "matplotlib (Debian: python3-matplotlib)") from None
+        raise PlotError(f"the python package 'matplotlib' is missing from {sys.executable}; "
+                        f"drawing needs it: {_install_hint()}") from None
     figure, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), dpi=100)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for axis, (panel, ylabel, keys) in zip(axes, PANELS):

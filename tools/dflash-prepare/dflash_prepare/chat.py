@@ -16,7 +16,7 @@ import collections
 import json
 import re
 
-from .errors import UserError
+from .errors import UserError, note
 
 ROLES = {
     "system": "system",
@@ -50,16 +50,35 @@ _THINK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
 class Drops:
-    """Dropped conversations counted per reason, with where and why."""
+    """Dropped conversations counted per reason, with where and why. With
+    `name_first`, the first that many of each reason are named on stderr as
+    they are dropped (`FILE:LINE: why`), and `summarise` prints each
+    reason's count."""
 
-    def __init__(self):
+    def __init__(self, name_first=0):
         self.counts = collections.Counter()
         self.examples = collections.defaultdict(list)  # reason -> [text]
+        self.name_first = name_first
+        self.summarised = collections.Counter()  # reason -> count last printed
 
     def add(self, reason, where, why):
         assert reason in REASONS, reason
         self.counts[reason] += 1
         self.examples[reason].append(f"{where}: {why}")
+        if self.counts[reason] <= self.name_first:
+            note(f"dropped {where}: {why}")
+
+    def summarise(self):
+        """Prints the count of each reason that has grown since the last
+        call, saying how many of them were named."""
+        for reason, description in REASONS.items():
+            count = self.counts[reason]
+            if count == self.summarised[reason]:
+                continue
+            self.summarised[reason] = count
+            named = min(count, self.name_first)
+            note(f"{description}: {count} dropped"
+                 + (f" (the first {named} named above)" if named < count else ""))
 
     def total(self):
         return sum(self.counts.values())
@@ -178,8 +197,9 @@ def normalise(record, reasoning="keep"):
 
 
 def read_conversations(paths, drops, reasoning="keep"):
-    """Yields Conversations from JSONL files; every unusable line goes into
-    `drops`. Blank lines are skipped silently."""
+    """Yields Conversations from JSONL files (UTF-8, a byte-order mark at
+    the start allowed); every unusable line goes into `drops`. Blank lines
+    are skipped silently."""
     for path in paths:
         try:
             f = open(path, "rb")
@@ -188,6 +208,8 @@ def read_conversations(paths, drops, reasoning="keep"):
         with f:
             for number, raw in enumerate(f, 1):
                 where = f"{path}:{number}"
+                if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # a UTF-8 byte-order mark, as some editors write
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as error:

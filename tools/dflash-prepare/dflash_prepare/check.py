@@ -26,6 +26,7 @@ class CheckResult:
         self.bad_files = set()
         self.rows = 0
         self.files = 0
+        self.checked = 0          # shard files given, readable or not
         self.kinds = {}           # file -> "tokens" or "features"
 
     def file_problem(self, path, reason):
@@ -38,9 +39,33 @@ class CheckResult:
 
 
 def print_problems(result, stream):
+    """Each row's problems, and each file problem once: a mismatch that many
+    shards share (a spec that is not theirs) is one line with their count."""
+    files = {}  # reason -> the files that have it, in order
     for path, row, reason in result.problems:
-        where = path if row is None else f"{path}: row {row}"
-        print(f"{where}: {reason}", file=stream)
+        if row is None:
+            files.setdefault(reason, []).append(path)
+    printed = set()
+    for path, row, reason in result.problems:
+        if row is not None:
+            print(f"{path}: row {row}: {reason}", file=stream)
+        elif reason not in printed:
+            printed.add(reason)
+            paths = files[reason]
+            if len(paths) == 1:
+                print(f"{path}: {reason}", file=stream)
+            else:
+                print(f"{paths[0]} and {len(paths) - 1} more: {reason} ({len(paths)} of "
+                      f"{result.checked} shards)", file=stream)
+
+
+def _shape_text(shape, rows):
+    """A shape with its leading row count written `rows`: the same text for
+    every shard."""
+    dims = [str(d) for d in shape]
+    if shape and shape[0] == rows:
+        dims[0] = "rows"
+    return "[" + ", ".join(dims) + "]"
 
 
 def _expect(result, shard, name, dtype, shape):
@@ -53,8 +78,10 @@ def _expect(result, shard, name, dtype, shape):
                                         f"but the spec needs {dtype}")
         return False
     if info.shape != shape:
-        result.file_problem(shard.path, f"tensor '{name}' has shape {info.shape} "
-                                        f"but the spec needs {shape}")
+        rows = shape[0]
+        result.file_problem(shard.path, f"tensor '{name}' has shape "
+                                        f"{_shape_text(info.shape, rows)} but the spec needs "
+                                        f"{_shape_text(shape, rows)}")
         return False
     return True
 
@@ -204,6 +231,7 @@ def check_shard(result, path, spec, expect=None):
 
 def check_paths(paths, spec, expect=None):
     result = CheckResult()
+    result.checked = len(paths)
     for path in paths:
         check_shard(result, path, spec, expect)
     kinds = set(result.kinds.values())

@@ -262,7 +262,7 @@ def main(argv=None):
         from . import check
         return check.run(args)
     except UserError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        print(error.report(), file=sys.stderr)
         return error.exit_code
     except CheckFailed as error:
         return error.exit_code

@@ -46,6 +46,13 @@ class Manifest:
         self.path = os.path.join(directory, MANIFEST)
         self.kind = kind
         self.fingerprint = print_fingerprint
+        # The folders this run makes, deepest first: discard_if_unused
+        # removes them again where nothing was written.
+        self.made = []
+        parent = os.path.abspath(directory)
+        while not os.path.exists(parent):
+            self.made.append(parent)
+            parent = os.path.dirname(parent)
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as error:
@@ -95,6 +102,16 @@ class Manifest:
             if old is not None:
                 os.remove(self.path)
             note(f"{directory}: removed {len(existing)} shard(s) of an earlier run (--overwrite)")
+
+    def discard_if_unused(self):
+        """Removes the output directory (and the folders above it) that this
+        run made where it is still empty: a run that stopped before its
+        first shard leaves no empty directory behind."""
+        for folder in self.made:
+            try:
+                os.rmdir(folder)
+            except OSError:
+                return  # not empty, or gone: it stays
 
     def done(self, name):
         return name in self.shards

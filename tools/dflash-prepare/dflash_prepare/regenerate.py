@@ -175,12 +175,17 @@ def make_backend(args):
 def run(args):
     if args.backend is None:
         args.backend = "server" if args.server else "transformers"
+    # The data first, its bad lines named as in tokens, before the backend
+    # loads a model and before anything is written.
+    drops = chat.Drops(name_first=5)
+    try:
+        jobs = [Job(c, c.where) for c in chat.read_conversations(args.inputs, drops)]
+    finally:
+        drops.summarise()
+    if not jobs:
+        raise UserError(f"no usable conversation in {', '.join(args.inputs)} "
+                        f"({drops.total()} line(s) unusable)")
     backend = make_backend(args)
-    drops = chat.Drops()
-    jobs = [Job(c, c.where) for c in chat.read_conversations(args.inputs, drops)]
-    for reason, count in drops.as_dict().items():
-        warn(f"{count} line(s) unusable ({chat.REASONS[reason]}), left out; first: "
-             f"{drops.examples[reason][0]}")
     identity = {"inputs": [file_identity(p) for p in args.inputs],
                 "input_names": list(args.inputs),
                 "backend": args.backend, "server": args.server, "model": args.model,

@@ -24,17 +24,6 @@ def _tokenizer_identity(directory):
     return files
 
 
-def _report_drops(drops, limit=5):
-    for reason, description in chat.REASONS.items():
-        count = drops.counts[reason]
-        if not count:
-            continue
-        for example in drops.examples[reason][:limit]:
-            note(f"dropped {example}")
-        if count > limit:
-            note(f"dropped {count - limit} more: {description}")
-
-
 def token_shard_metadata(spec, settings):
     meta = spec.shard_metadata()
     meta.update({
@@ -175,11 +164,22 @@ def run(args):
              "nothing to do")
         print(f"tokens: {args.out}: complete, {len(manifest.shards)} shards")
         return 0
+    # The first five bad lines of each reason are named as they are found.
+    drops = chat.Drops(name_first=5)
+    try:
+        return _write_tokens(args, spec, seq_len, max_length, tokenizer_dir,
+                             manifest, drops)
+    finally:
+        drops.summarise()  # each reason's count, also where the run stops early
+        manifest.discard_if_unused()
 
+
+def _write_tokens(args, spec, seq_len, max_length, tokenizer_dir, manifest, drops):
+    """The run once its output directory is open: read, encode, pack, write."""
     # The data first: its problems are reported before the slow loads.
-    drops = chat.Drops()
     conversations = list(chat.read_conversations(args.inputs, drops, args.reasoning))
     lines_read = len(conversations) + drops.total()
+    drops.summarise()
     note(f"read {len(args.inputs)} file(s): {lines_read} conversation line(s), "
          f"{len(conversations)} usable so far")
 
@@ -204,7 +204,7 @@ def run(args):
                                    args.over_long, args.workers)
     sequences, truncated, methods, turns = (encoded.sequences, encoded.truncated,
                                             encoded.methods, encoded.turns)
-    _report_drops(drops)
+    drops.summarise()
     if encoded.mask_hits:
         raise UserError(f"{spec.path}: [drafter] mask_token_id {spec.mask_token_id} "
                         f"is produced by the tokenizer on the data ({encoded.mask_hits} "

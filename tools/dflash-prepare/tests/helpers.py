@@ -150,8 +150,10 @@ def feature_tensors(rows, spec, packed, seed=0):
 
 
 def run_tool(script, *args, env=None, python=None):
-    """Runs a tool script; returns (returncode, stdout, stderr)."""
-    full_env = dict(os.environ)
+    """Runs a tool script; returns (returncode, stdout, stderr). The
+    launchers run in `python` (this one), not in a data environment of the
+    checkout (DFLASH_DATA_VENV=none), unless `env` says otherwise."""
+    full_env = dict(os.environ, DFLASH_DATA_VENV="none")
     if env:
         full_env.update(env)
     result = subprocess.run([python or sys.executable, script, *args],

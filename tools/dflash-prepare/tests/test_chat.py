@@ -17,6 +17,16 @@ class ChatReaderTest(TempDir):
         conversations = list(chat.read_conversations([path], drops, reasoning))
         return path, conversations, drops
 
+    def test_a_byte_order_mark_at_the_start_is_read_over(self):
+        record = {"messages": [{"role": "user", "content": "q"},
+                               {"role": "assistant", "content": "a"}]}
+        path, convs, drops = self.read("\ufeff" + lines(record, record))
+        self.assertEqual((len(convs), drops.total()), (2, 0))
+        self.assertEqual(convs[0].where, f"{path}:1")
+        # Elsewhere it is a bad line, as any stray character.
+        path, convs, drops = self.read(lines(record) + "\ufeff" + lines(record))
+        self.assertEqual((len(convs), drops.as_dict()), (1, {"malformed-json": 1}))
+
     def test_both_forms_and_roles(self):
         path, convs, drops = self.read(lines(
             {"messages": [{"role": "system", "content": "s"},

@@ -5,7 +5,7 @@ from contextlib import redirect_stdout
 
 import numpy as np
 
-from helpers import TempDir, conversation, feature_tensors, token_tensors
+from helpers import SMALL_SPEC, TempDir, conversation, feature_tensors, token_tensors
 
 from dflash_prepare import check, packing, shards
 
@@ -158,7 +158,8 @@ class CheckTest(TempDir):
         tensors = feature_tensors(rows, self.spec, True)
         tensors["hidden_states"] = shards.Tensor("BF16", tensors["hidden_states"].array[:, :, :8])
         self.write(tensors)
-        self.assertIn("tensor 'hidden_states' has shape [2, 16, 8] but the spec needs [2, 16, 16]",
+        self.assertIn("tensor 'hidden_states' has shape [rows, 16, 8] but the spec needs "
+                      "[rows, 16, 16]",
                       self.problems()[0][2])
         tensors = token_tensors(rows, True)
         del tensors["input_ids"]
@@ -169,6 +170,29 @@ class CheckTest(TempDir):
         with open(path, "r+b") as f:
             f.truncate(100)
         self.assertIn("truncated", self.problems()[0][2])
+
+    def test_a_spec_that_is_not_theirs_is_named_once(self):
+        """Each mismatch once, with the count of shards; it was once a shard."""
+        rows = self.rows()
+        one = packing.build_rows([conversation(7, 3)], self.seq_len, pad_id=0, pack=True, seed=0)
+        for index, r in enumerate((rows, rows, one)):
+            self.write(token_tensors(r, True), f"shard-{index:05d}.safetensors")
+        other = self.write_spec(SMALL_SPEC.format(seq_len=32).replace("[0, 2]", "[1, 3]"),
+                                "other.toml")
+        out = io.StringIO()
+        with redirect_stdout(out):
+            status = check.run(type("Args", (), {"directory": self.path("data"),
+                                                 "spec": other}))
+        self.assertEqual(status, 1)
+        first = self.path("data", "shard-00000.safetensors")
+        self.assertEqual(out.getvalue().splitlines()[:-1], [
+            f"{first} and 2 more: metadata 'target_layer_ids' is '[0, 2]' but {other} needs "
+            "'[1, 3]' (3 of 3 shards)",
+            f"{first} and 2 more: metadata 'seq_len' is '16' but {other} needs '32' "
+            "(3 of 3 shards)",
+        ] + [f"{first} and 2 more: tensor '{name}' has shape [rows, 16] but the spec needs "
+             "[rows, 32] (3 of 3 shards)" for name in ("input_ids", "loss_mask", "position_ids")])
+        self.assertTrue(out.getvalue().endswith("0 bad row(s), 3 bad file(s): FAIL\n"))
 
     def test_mixed_kinds(self):
         rows = self.rows()

@@ -1,8 +1,9 @@
 """The command lines as a user runs them: help, exit status, messages."""
 import os
+import sys
 import unittest
 
-from helpers import PLOT, PREPARE, TempDir, conversation, run_tool, token_tensors
+from helpers import PLOT, PREPARE, ROOT, TempDir, conversation, run_tool, token_tensors
 
 from dflash_prepare import packing, shards
 
@@ -86,8 +87,43 @@ class CommandTest(TempDir):
         self.assertEqual(status, 2)
         self.assertIn("read 1 file(s): 3 conversation line(s), 1 usable so far", err)
         self.assertIn("the python package 'transformers' is missing", err)
-        self.assertIn("reading the tokenizer needs it: install transformers", err)
+        # The interpreter named, and the commands that install the package.
+        self.assertIn(f"missing or broken in {sys.executable} (No module named "
+                      "'transformers'); reading the tokenizer needs it: run "
+                      f"{ROOT}/scripts/setup.sh --data", err)
         self.assertNotIn("Traceback", err)
+        # The bad lines are named and counted before it stops, and the output
+        # directory it made is not left behind empty.
+        self.assertIn(f"dropped {data}:2: malformed json: ", err)
+        self.assertIn(f"dropped {data}:3: 1 turns, none of them the assistant's", err)
+        self.assertIn("malformed json line: 1 dropped\n", err)
+        self.assertIn("no assistant turn: 1 dropped\n", err)
+        self.assertLess(err.index("no assistant turn: 1 dropped"),
+                        err.index("the python package 'transformers' is missing"))
+        self.assertFalse(os.path.exists(self.path("out")))
+
+    def test_tokens_names_the_first_five_bad_lines_of_each_reason(self):
+        good = '{"messages": [{"role": "user", "content": "q"}, ' \
+               '{"role": "assistant", "content": "a"}]}\n'
+        data = self.write_file("chat.jsonl", "\ufeff" + good + "{\n" * 7 + good
+                               + '{"messages": [{"role": "wizard", "content": "q"}]}\n')
+        os.makedirs(self.path("tok"))
+        os.makedirs(self.path("made-by-hand"))
+        status, _, err = run_tool(PREPARE, "tokens", data, "--spec", self.spec_path,
+                                  "--tokenizer", self.path("tok"), "--out",
+                                  self.path("made-by-hand"),
+                                  env=hide(self.path("hidden"), "transformers"))
+        self.assertEqual(status, 2)
+        self.assertIn("read 1 file(s): 10 conversation line(s), 2 usable so far", err)
+        for number in range(2, 7):
+            self.assertIn(f"dropped {data}:{number}: malformed json", err)
+        self.assertNotIn(f"{data}:7:", err)
+        self.assertIn("malformed json line: 7 dropped (the first 5 named above)\n", err)
+        self.assertIn(f"dropped {data}:10: turn 0 has unknown role 'wizard'", err)
+        self.assertIn("unknown role: 1 dropped\n", err)
+        self.assertEqual(err.count("malformed json line: 7 dropped"), 1)
+        # A directory the user made stays.
+        self.assertTrue(os.path.isdir(self.path("made-by-hand")))
 
     def test_tokens_input_errors(self):
         os.makedirs(self.path("tok"))
@@ -117,15 +153,19 @@ class CommandTest(TempDir):
                                   "--out", self.path("features"),
                                   env=hide(self.path("hidden"), "torch"))
         self.assertEqual(status, 2)
-        self.assertIn("the python package 'torch' is missing", err)
-        self.assertIn("computing target features needs it", err)
+        self.assertIn(f"the python package 'torch' is missing or broken in {sys.executable}",
+                      err)
+        self.assertIn(f"computing target features needs it: run {ROOT}/scripts/setup.sh --data",
+                      err)
 
     def test_plot_missing_matplotlib(self):
         metrics = self.write_file("m.jsonl", '{"step": 0, "loss": 1.0}\n')
         status, _, err = run_tool(PLOT, metrics, "-o", self.path("p.png"),
                                   env=hide(self.path("hidden"), "matplotlib"))
         self.assertEqual(status, 2)
-        self.assertIn("dflash-plot: error: the python package 'matplotlib' is missing", err)
+        self.assertIn("dflash-plot: error: the python package 'matplotlib' is missing from "
+                      f"{sys.executable}; drawing needs it: run {ROOT}/scripts/setup.sh --data",
+                      err)
         self.assertFalse(os.path.exists(self.path("p.png")))
 
 

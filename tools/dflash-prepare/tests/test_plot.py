@@ -67,6 +67,12 @@ class ReadMetricsTest(TempDir):
             dflash_plot.read_metrics(path)
         self.assertEqual(str(caught.exception), f"{path}:3: has no integer 'step'")
 
+    def test_a_byte_order_mark_is_read_over(self):
+        path = self.path("metrics.jsonl")
+        with open(path, "w", encoding="utf-8-sig") as f:
+            f.write('{"step": 0, "loss": 2.0}\n{"step": 1, "loss": 1.0}\n')
+        self.assertEqual(dflash_plot.read_metrics(path)["loss"], [(0, 2.0), (1, 1.0)])
+
     def test_smooth(self):
         self.assertEqual(dflash_plot.smooth([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
         self.assertEqual(dflash_plot.smooth([1, 2], 1), [1, 2])

@@ -63,6 +63,21 @@ class ManifestTest(TempDir):
         self.assertIn("already holds *.safetensors files but no manifest.json",
                       str(caught.exception))
 
+    def test_an_unused_directory_it_made_is_removed(self):
+        made = progress.Manifest(self.path("a", "b", "out"), "tokens", "fp1", overwrite=False)
+        self.assertTrue(os.path.isdir(self.path("a", "b", "out")))
+        made.discard_if_unused()
+        self.assertFalse(os.path.exists(self.path("a")))
+        # One that was there already stays, and so does one that holds a shard.
+        os.makedirs(self.out())
+        progress.Manifest(self.out(), "tokens", "fp1", overwrite=False).discard_if_unused()
+        self.assertTrue(os.path.isdir(self.out()))
+        used = progress.Manifest(self.path("used"), "tokens", "fp1", overwrite=False)
+        with open(self.path("used", "shard-00000.safetensors"), "wb"):
+            pass
+        used.discard_if_unused()
+        self.assertTrue(os.path.isdir(self.path("used")))
+
     def test_fingerprint_is_order_free(self):
         self.assertEqual(progress.fingerprint({"a": 1, "b": [1, 2]}),
                          progress.fingerprint({"b": [1, 2], "a": 1}))

@@ -198,8 +198,8 @@ class RegenerateTest(TempDir):
         self.assertIn(f"{chat_path}:3: HTTP 500", err)
         self.assertIn("after 3 attempts", err)
         self.assertIn(f"{chat_path}:4: HTTP 400", err)
-        self.assertIn(f"1 line(s) unusable (malformed json line), left out; first: "
-                      f"{chat_path}:5", err)
+        self.assertIn(f"dropped {chat_path}:5: malformed json: ", err)
+        self.assertIn("malformed json line: 1 dropped\n", err)
         attempts = {json.loads(k)[-1]["content"]: n for k, n in self.server.attempts.items()}
         self.assertEqual((attempts["always500"], attempts["bad400"], attempts["malformed"]),
                          (3, 1, 1))
@@ -258,6 +258,38 @@ class RegenerateTest(TempDir):
         code, _, err = self.regenerate(chat_path, "--temperature", "1", "--overwrite")
         self.assertEqual(code, 0, err)
         self.assertEqual(len(self.output()), 1)
+
+    def test_no_usable_conversation_is_an_error(self):
+        # It ran, wrote an empty output and a state file, and said it was done.
+        chat_path = self.write_chat(["{not json"] * 7 + [{"messages": []}])
+        code, out, err = self.regenerate(chat_path)
+        self.assertEqual(code, 2)
+        self.assertIn(f"dflash-prepare: error: no usable conversation in {chat_path} "
+                      "(8 line(s) unusable)", err)
+        # The bad lines named as in tokens: the first five of each reason, and the counts.
+        for number in range(1, 6):
+            self.assertIn(f"dropped {chat_path}:{number}: malformed json", err)
+        self.assertNotIn(f"{chat_path}:6:", err)
+        self.assertIn("malformed json line: 7 dropped (the first 5 named above)", err)
+        self.assertIn(f"dropped {chat_path}:8: 0 turns, none of them the assistant's", err)
+        self.assertIn("no assistant turn: 1 dropped\n", err)
+        self.assertEqual(out, "")
+        self.assertFalse(os.path.exists(self.path("regen.jsonl")))
+        self.assertFalse(os.path.exists(self.path("regen.jsonl.state.json")))
+        self.assertEqual(self.server.requests, [])
+        empty = self.write_file("empty.jsonl", "")
+        code, _, err = self.regenerate(empty)
+        self.assertEqual(code, 2)
+        self.assertIn(f"no usable conversation in {empty} (0 line(s) unusable)", err)
+
+    def test_a_byte_order_mark_is_read_over(self):
+        chat_path = self.path("bom.jsonl")
+        with open(chat_path, "wb") as f:
+            f.write(b"\xef\xbb\xbf" + json.dumps(conversation("u0")).encode() + b"\n")
+        code, _, err = self.regenerate(chat_path)
+        self.assertEqual(code, 0, err)
+        self.assertEqual([line["source"] for line in self.output()], [f"{chat_path}:1"])
+        self.assertNotIn("dropped", err)
 
     def test_usage_errors(self):
         chat_path = self.write_chat([conversation("u0")])

@@ -1,10 +1,22 @@
 import os
+import sys
 import unittest
+from unittest import mock
 
-from helpers import SPECS, TempDir, SMALL_SPEC
+from helpers import PREPARE, ROOT, SMALL_SPEC, SPECS, TempDir, run_tool
 
-from dflash_prepare.errors import UserError
-from dflash_prepare.spec import default_layer_ids, load_spec
+from dflash_prepare.spec import (SCHEMA, TABLES, SpecError, default_layer_ids, load_spec,
+                                 read_spec)
+
+# test/Prepare/Inputs/spec_sources.py reads the C++ reader's sources; only a
+# checkout has them.
+SOURCES = os.path.join(ROOT, "test", "Prepare", "Inputs")
+SPEC_CPP = os.path.join(ROOT, "compiler", "Spec", "Spec.cpp")
+SPEC_TEST_CPP = os.path.join(ROOT, "test", "unit", "SpecTest.cpp")
+IN_CHECKOUT = all(os.path.isfile(p) for p in (SPEC_CPP, SPEC_TEST_CPP,
+                                              os.path.join(SOURCES, "spec_sources.py")))
+
+BASE = SMALL_SPEC.format(seq_len=16)
 
 
 class SpecTest(TempDir):
@@ -19,6 +31,9 @@ class SpecTest(TempDir):
         self.assertEqual(qwen.shard_metadata(), {
             "target": "Qwen/Qwen3-8B", "target_layer_ids": "[1, 9, 17, 25, 33]",
             "hidden_size": "4096", "seq_len": "3072"})
+        for name in sorted(os.listdir(SPECS)):
+            if name.endswith(".toml"):
+                read_spec(os.path.join(SPECS, name))
 
     def test_spread_rule_rounds_half_to_even(self):
         self.assertEqual(default_layer_ids(36, 5), [1, 9, 17, 25, 33])
@@ -27,26 +42,144 @@ class SpecTest(TempDir):
         self.assertEqual(default_layer_ids(9, 3), [1, 4, 6])  # 3.5 -> 4, 6
         self.assertEqual(default_layer_ids(7, 1), [3])
 
-    def test_errors_name_the_file_and_key(self):
-        cases = {
-            "mask_token_id = 63": ("mask_token_id = 64", "'drafter.mask_token_id' is 64, outside"),
-            "hidden_size = 8": ("hidden_size = \"8\"", "'target.hidden_size' is '8', not int"),
-            "layer_ids = [0, 2]": ("layer_ids = [2, 2]", "'target.layer_ids' [2, 2] are not strictly"),
-            "block_size = 4": ("", "'drafter.block_size' is missing"),
-        }
-        base = SMALL_SPEC.format(seq_len=16)
-        for old, (new, message) in cases.items():
-            path = self.write_spec(base.replace(old, new), "bad.toml")
-            with self.assertRaises(UserError) as caught:
+    def refused(self, text, name="bad.toml"):
+        """read_spec's diagnostic of `text` (bytes or str)."""
+        path = self.path(name)
+        with open(path, "wb") as f:
+            f.write(text if isinstance(text, bytes) else text.encode())
+        with self.assertRaises(SpecError) as caught:
+            read_spec(path)
+        return str(caught.exception).replace(path, name)
+
+    def test_a_new_users_mistakes_name_the_file_line_and_field(self):
+        # Each was read without a word before: [trainng] gave seq_len 3072.
+        self.assertEqual(self.refused(BASE + "[trainng]\nseq_len = 2048\n"),
+                         "bad.toml:19:2: error: unknown key 'trainng' at the top level "
+                         "(see docs/spec.md)")
+        self.assertEqual(self.refused(BASE.replace("seq_len =", "seq_lenn =")),
+                         "bad.toml:17:1: error: unknown key 'training.seq_lenn' in [training]; "
+                         "did you mean 'seq_len'?")
+        self.assertEqual(self.refused(BASE + "[optimizer]\nlr = \"0.1\"\n"),
+                         "bad.toml:20:6: error: 'optimizer.lr' must be a number, not a string")
+        self.assertEqual(self.refused(BASE.replace("seq_len = 16", "seq_len = 2097152")),
+                         "bad.toml:17:11: error: 'training.seq_len' is 2097152; it must be "
+                         "at most 1048576")
+        self.assertEqual(self.refused(BASE.replace("num_heads = 2", "num_heads = 0")),
+                         "bad.toml:11:13: error: 'drafter.num_heads' is 0; it must be at "
+                         "least 1")
+        self.assertEqual(self.refused(BASE + "[memory]\ngpu_memory_gib = inf\n"),
+                         "bad.toml:20:18: error: 'memory.gpu_memory_gib' must be a finite "
+                         "number")
+        self.assertEqual(self.refused(BASE.replace("[drafter]", "[drafter.x]\ny = 1\n[drafter]")),
+                         "bad.toml:8:10: error: unknown key 'drafter.x' in [drafter] "
+                         "(see docs/spec.md)")
+
+    def test_non_utf8_is_an_error_at_its_line(self):
+        # A traceback (UnicodeDecodeError) before.
+        self.assertEqual(self.refused(BASE.encode().replace(b'"small"', b'"sm\xe9ll"')),
+                         "bad.toml:1:10: error: invalid TOML: byte 0xE9 after this point is "
+                         "not UTF-8 (a spec is UTF-8 text)")
+        self.assertTrue(self.refused(BASE.encode() + b"# \xff\n").startswith("bad.toml:19:2:"))
+        self.assertTrue(self.refused(b"\xff").startswith("bad.toml:1:1: error: invalid TOML"))
+        # A byte-order mark is no error (dflashc skips it too).
+        path = self.write_spec("\ufeff" + BASE, "bom.toml")
+        self.assertEqual(read_spec(path).name, "small")
+
+    def test_rules_and_syntax(self):
+        self.assertEqual(self.refused(BASE.replace("mask_token_id = 63", "mask_token_id = 64")),
+                         "bad.toml:15:17: error: 'drafter.mask_token_id' (64) is outside the "
+                         "vocabulary of 'target.vocab_size' (64)")
+        self.assertEqual(self.refused(BASE.replace("layer_ids = [0, 2]", "layer_ids = [\n2,\n2]")),
+                         "bad.toml:9:1: error: 'target.layer_ids' must be strictly ascending, "
+                         "but entry 1 (2) follows 2")
+        self.assertEqual(self.refused(BASE.replace("block_size = 4\n", "")),
+                         "bad.toml:8:1: error: missing required key 'drafter.block_size'")
+        self.assertEqual(self.refused("name = ["), "bad.toml:1:9: error: invalid TOML: "
+                         "Invalid value")
+        self.assertTrue(self.refused("name = [\n").startswith("bad.toml:1:10: error: invalid TOML"))
+        self.assertTrue(self.refused("a = 1\nname = [").startswith("bad.toml:2:9: error: invalid TOML"))
+        with self.assertRaises(SpecError) as caught:
+            read_spec(self.path("none.toml"))
+        self.assertEqual(str(caught.exception),
+                         f"{self.path('none.toml')}: error: cannot open spec file: no such file")
+
+    @unittest.skipUnless(IN_CHECKOUT, "needs the checkout's C++ spec reader sources")
+    def test_the_broken_specs_of_the_cpp_reader(self):
+        """SpecTest.cpp's cases: read_spec refuses each with the message
+        and on the line that test expects of dflashc."""
+        sys.path.insert(0, SOURCES)
+        try:
+            from spec_sources import cpp_error_cases, cpp_schema
+        finally:
+            sys.path.remove(SOURCES)
+        keys, tables = cpp_schema(SPEC_CPP)
+        self.assertEqual(keys, [k for k in SCHEMA if k.table] + [k for k in SCHEMA if not k.table])
+        self.assertEqual(tuple(tables), TABLES)
+        base, cases = cpp_error_cases(SPEC_TEST_CPP)
+        self.assertGreater(len(cases), 30)
+        self.write_spec(base, "base.toml")
+        read_spec(self.path("base.toml"))
+        for case in cases:
+            with self.subTest(case.name):
+                diagnostic = self.refused(case.text(base))
+                self.assertIn(case.message, diagnostic)
+                self.assertTrue(diagnostic.startswith(f"bad.toml:{case.line(base)}:"),
+                                diagnostic)
+
+
+def fake_dflashc(directory, stderr="", status=0):
+    """An executable that answers like `dflashc SPEC --emit=spec`, and
+    leaves its arguments in directory/args."""
+    path = os.path.join(directory, "dflashc")
+    with open(path, "w") as f:
+        f.write(f"#!{sys.executable}\nimport sys\n"
+                f"open({os.path.join(directory, 'args')!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+                f"sys.stderr.write({stderr!r})\nsys.exit({status})\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+class DflashcTest(TempDir):
+    """load_spec has dflashc check the spec where one is at hand."""
+
+    def test_its_diagnostics_pass_through(self):
+        said = "x.toml:3:1: error: unknown key 'trainng' at the top level (see docs/spec.md)\n"
+        dflashc = fake_dflashc(self.dir, said, 1)
+        with mock.patch.dict(os.environ, {"DFLASHC": dflashc}):
+            with self.assertRaises(SpecError) as caught:
+                load_spec(self.spec_path)
+        self.assertEqual(str(caught.exception), said.strip())
+        with open(self.path("args")) as f:
+            self.assertEqual(f.read(), f"{self.spec_path} --emit=spec")
+        status, out, err = run_tool(PREPARE, "check", self.dir, "--spec", self.spec_path,
+                                    env={"DFLASHC": dflashc})
+        self.assertEqual((status, err), (2, said))
+
+    def test_what_it_accepts_is_read_without_the_unknown_key_check(self):
+        # A newer dflashc knows a key this reader's schema does not.
+        path = self.write_spec(BASE + "[parallel]\nnew_key = 1\n", "newer.toml")
+        with mock.patch.dict(os.environ, {"DFLASHC": fake_dflashc(self.dir)}):
+            self.assertEqual(load_spec(path).seq_len, 16)
+        with mock.patch.dict(os.environ, {"DFLASHC": "none"}):
+            with self.assertRaises(SpecError):
                 load_spec(path)
-            self.assertIn(path, str(caught.exception))
-            self.assertIn(message, str(caught.exception))
-        with self.assertRaises(UserError) as caught:
-            load_spec(self.write_spec("name = [", "syntax.toml"))
-        self.assertIn("invalid toml", str(caught.exception))
-        with self.assertRaises(UserError) as caught:
-            load_spec(self.path("none.toml"))
-        self.assertIn("cannot open spec file", str(caught.exception))
+
+    def test_without_dflashc_the_own_reader_refuses(self):
+        path = self.write_spec(BASE + "[trainng]\nseq_len = 2048\n", "typo.toml")
+        status, out, err = run_tool(PREPARE, "check", self.dir, "--spec", path,
+                                    env={"DFLASHC": "none"})
+        self.assertEqual(status, 2)
+        self.assertEqual(err, f"{path}:19:2: error: unknown key 'trainng' at the top level "
+                         "(see docs/spec.md)\n")
+        status, _, err = run_tool(PREPARE, "check", self.dir, "--spec", path,
+                                  env={"DFLASHC": self.path("no-such-dflashc")})
+        self.assertEqual(status, 2)
+        self.assertIn("no-such-dflashc: not an executable dflashc; set DFLASHC=none", err)
+
+    def test_a_dflashc_that_cannot_run_is_a_warning(self):
+        dflashc = fake_dflashc(self.dir, "", 1)  # fails without a word
+        with mock.patch.dict(os.environ, {"DFLASHC": dflashc}):
+            self.assertEqual(load_spec(self.spec_path).name, "small")
 
 
 if __name__ == "__main__":
