@@ -88,6 +88,7 @@ spec_for() {
     tiny) echo specs/tiny.toml; return ;;
     regen-demo) echo scripts/regenerate-demo.toml; return ;;
     qwen3-8b) echo specs/qwen3-8b-b16.toml; return ;;
+    qwen3.6-27b) echo specs/qwen3.6-27b-b16.toml; return ;;
     tiny-*) base=specs/tiny.toml ;;
     qwen3-8b-*) base=specs/qwen3-8b-b16.toml ;;
     *) die "no trainer '$name' (scripts/device/products.toml)" ;;
@@ -155,7 +156,14 @@ online() {
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
     a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
     q36) spec=specs/qwen3.6-27b-b16.toml target=$D/tcfg/q36 ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, tn, q8, a3b, q36)" ;;
+    q35a3b) # No drafter of this target is published: qwen3.6-27b-b16's
+      # drafter on the target's width and depth, the default taps.
+      spec=$D/specs/qwen3.5-35b-a3b-b16.toml target=$D/tcfg/q35a3b
+      sed -e 's/^name = .*/name = "qwen3.5-35b-a3b-b16"/' -e 's/^model = .*/model = "Qwen\/Qwen3.5-35B-A3B"/' \
+        -e 's/^num_layers = 64/num_layers = 40/' -e 's/^hidden_size = 5120/hidden_size = 2048/' \
+        -e '/^layer_ids = /d' -e 's/^intermediate_size = 17408/intermediate_size = 6144/' \
+        specs/qwen3.6-27b-b16.toml > "$spec" ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, tn, q8, a3b, q36, q35a3b)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"

@@ -280,7 +280,7 @@ FailureOr<Choice> select(Operation *op) {
           return o.emitOpError()
                  << "has no causal attention kernel for head dim " << D
                  << " (query heads " << NH << ", kv heads " << NKV
-                 << "): the target's 'head_dim' must be 64 or 128";
+                 << "): the target's 'head_dim' must be 64, 128 or 256";
         return named(::dflash::kernel_names::kCausalAttentionFwd, {D, NH, NKV});
       })
       .Case([](EmbedOp o) -> Result {

@@ -2,13 +2,13 @@
 //
 // kernels/GatedDeltaRule.cuh and kernels/HybridOps.cuh against
 // kernels/reference/DeltaNet.cpp (double) on the same bf16-rounded inputs.
-// The gated delta rule's two kernels (CUDA cores, mma.sync) at the head
-// dims they take: rows longer than a chunk, value heads sharing key heads,
-// a packed row whose conversations (one of a single token, one that starts
-// inside a chunk) restart the state, and a slow decay under which the state
-// carried from chunk to chunk decides the outputs (with a control that
-// drops it). The conv on a packed row, both norms, partial rotary
-// and the sigmoid gate in both of its forms. Outputs are poisoned first.
+// The gated delta rule (its tensor-core kernel) at the head dims it takes: rows
+// longer than a chunk, value heads sharing key heads, a packed row whose
+// conversations (one of a single token, one that starts inside a chunk) restart
+// the state, and a slow decay under which the state carried from chunk to chunk
+// decides the outputs (with a control that drops it). The conv on a packed row,
+// both norms, partial rotary and the sigmoid gate in both of its forms. Outputs
+// are poisoned first.
 //
 //===----------------------------------------------------------------------===//
 
@@ -23,21 +23,17 @@ using bf16 = __nv_bfloat16;
 
 namespace {
 
-enum class DeltaKernel { CudaCore, MmaSync };
-
 /// The decay rate's scale: exp(A_log) about e^-1 (fast: a chunk forgets
 /// the state it was given) or e^-6 (slow: the state carries for hundreds
 /// of tokens, so the chunk-to-chunk carry is what the test checks).
 enum class Decay { Fast, Slow };
 
-void deltaCase(DeltaKernel kernel, int64_t B, int64_t S, int64_t Hk, int64_t Hv,
-               int64_t d, const std::vector<int64_t> &starts, uint64_t seed,
-               Decay decay = Decay::Fast) {
-  const char *name = kernel == DeltaKernel::MmaSync ? "mma.sync" : "cuda cores";
+void deltaCases(int64_t B, int64_t S, int64_t Hk, int64_t Hv, int64_t d,
+                const std::vector<int64_t> &starts, uint64_t seed,
+                Decay decay = Decay::Fast) {
   SCOPED_TRACE(testing::Message()
-               << name << " B=" << B << " S=" << S << " Hk=" << Hk
-               << " Hv=" << Hv << " d=" << d
-               << (decay == Decay::Slow ? " slow decay" : ""));
+               << "B=" << B << " S=" << S << " Hk=" << Hk << " Hv=" << Hv
+               << " d=" << d << (decay == Decay::Slow ? " slow decay" : ""));
   std::mt19937_64 rng(seed);
   Bf16Tensor q = randomBf16(B * S * Hk * d, rng),
              k = randomBf16(B * S * Hk * d, rng);
@@ -59,11 +55,9 @@ void deltaCase(DeltaKernel kernel, int64_t B, int64_t S, int64_t Hk, int64_t Hv,
   devPos.upload(pos);
   DeviceBuffer<bf16> out(B * S * Hv * d);
   out.poison();
-  auto launch = kernel == DeltaKernel::MmaSync
-                    ? kernels::mma_sync_gated_delta_rule_bf16
-                    : kernels::cuda_core_gated_delta_rule_bf16;
-  launch(q.ptr(), k.ptr(), v.ptr(), a.ptr(), beta.ptr(), aLog.ptr(),
-         dtBias.ptr(), devPos.get(), out.get(), B, S, Hk, Hv, d, d, 0);
+  kernels::gated_delta_rule_bf16(q.ptr(), k.ptr(), v.ptr(), a.ptr(), beta.ptr(),
+                                 aLog.ptr(), dtBias.ptr(), devPos.get(),
+                                 out.get(), B, S, Hk, Hv, d, d, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   auto reference = [&](const std::vector<int32_t> &positions) {
     std::vector<double> y(size_t(B * S * Hv * d));
@@ -86,8 +80,8 @@ void deltaCase(DeltaKernel kernel, int64_t B, int64_t S, int64_t Hk, int64_t Hv,
     worst = std::max(worst, relativeError(g, w));
   }
   EXPECT_LE(worst, 3e-2) << "worst token";
-  std::printf("  %s d=%lld%s: whole %.2e, worst token %.2e\n", name,
-              (long long)d, decay == Decay::Slow ? " slow decay" : "",
+  std::printf("  d=%lld%s: whole %.2e, worst token %.2e\n", (long long)d,
+              decay == Decay::Slow ? " slow decay" : "",
               relativeError(got, want), worst);
   if (starts.size() > 1) {
     // The control: without the restarts row 0 is far from what it got.
@@ -105,14 +99,6 @@ void deltaCase(DeltaKernel kernel, int64_t B, int64_t S, int64_t Hk, int64_t Hv,
     EXPECT_GT(relativeError(got, reference(cut)), 0.05)
         << "the state carried between chunks matters";
   }
-}
-
-/// Both kernels on one case.
-void deltaCases(int64_t B, int64_t S, int64_t Hk, int64_t Hv, int64_t d,
-                const std::vector<int64_t> &starts, uint64_t seed,
-                Decay decay = Decay::Fast) {
-  deltaCase(DeltaKernel::CudaCore, B, S, Hk, Hv, d, starts, seed, decay);
-  deltaCase(DeltaKernel::MmaSync, B, S, Hk, Hv, d, starts, seed, decay);
 }
 
 TEST(GatedDeltaRule, HeadDim128PackedRow) {
