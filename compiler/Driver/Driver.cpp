@@ -28,6 +28,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -148,6 +149,20 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     llvm::errs() << specError.str() << "\n";
     return 1;
   }
+  for (const SpecError &warning : spec->warnings)
+    llvm::errs() << warning.str() << "\n";
+  // 0 is the option's default (no budget given); inf and nan parse as
+  // doubles, and a budget past every GPU would accept any step.
+  if (gpuMemoryGiB.getNumOccurrences() &&
+      !(gpuMemoryGiB > 0 && gpuMemoryGiB <= kMaxGpuMemoryGiB)) {
+    std::string msg;
+    llvm::raw_string_ostream(msg)
+        << "--gpu-memory is " << llvm::format("%g", gpuMemoryGiB.getValue())
+        << "; it must be a number of GiB above 0 and at most "
+        << llvm::format("%g", kMaxGpuMemoryGiB)
+        << " (no GPU has more): 80 for an 80 GB card";
+    return fail(msg);
+  }
 
   // The online target: its config.json against the spec, before anything
   // is written.
@@ -170,8 +185,6 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   std::string outputPath = outputFile;
   if (outputPath.empty())
     outputPath = directoryOutput ? "dflash-" + spec->name : "-";
-  if (gpuMemoryGiB < 0)
-    return fail("--gpu-memory must be positive");
   std::unique_ptr<llvm::ToolOutputFile> output;
   if (!directoryOutput) {
     std::string errorMessage;
