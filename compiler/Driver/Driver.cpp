@@ -12,6 +12,7 @@
 
 #include "compiler/Driver/Driver.h"
 
+#include "compiler/Analysis/MemoryPlan.h"
 #include "compiler/Driver/Summary.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Import/ImportTarget.h"
@@ -96,9 +97,17 @@ cl::opt<std::string> targetDir(
 
 cl::opt<double> gpuMemoryGiB(
     "gpu-memory",
-    cl::desc("GPU memory budget in GiB that the step must fit (default: the "
-             "spec's [memory] gpu_memory_gib, else none)"),
+    cl::desc("GPU memory budget in GiB that the step, and the online target "
+             "beside it, must fit (default: the spec's [memory] "
+             "gpu_memory_gib, else none)"),
     cl::value_desc("GiB"), cl::init(0), cl::cat(category));
+
+cl::opt<bool> targetGpus(
+    "target-gpus",
+    cl::desc("The trainer will run the online target on GPUs of its own "
+             "(train --target-gpus): the memory budget then holds for the "
+             "step and for the target each alone, not for both on one GPU"),
+    cl::init(false), cl::cat(category));
 
 cl::opt<std::string> sourceDir(
     "source-dir",
@@ -177,6 +186,11 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     return fail("--program=target needs the target model: --target DIR or "
                 "[target] path in '" +
                 inputFile + "'");
+  if (targetGpus && !target)
+    return fail("--target-gpus budgets the online target apart from the "
+                "step: it needs the target model, --target DIR or [target] "
+                "path in '" +
+                inputFile + "'");
   if (program == Program::Target && emitStage == EmitStage::Train)
     return fail("--program=target has no training step (the target is "
                 "frozen): print it with --emit=graph, fused or planned");
@@ -214,22 +228,42 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   mlir::SourceMgrDiagnosticHandler diagHandler(sourceMgr, &context);
 
   // The online target: its own module, lowered like the evaluation program.
+  // The step's memory budget and the summary count it beside the step, so
+  // it is planned whenever the step is, or a summary asks for its memory.
+  // A summary of an earlier stage shows what it can: a target that does not
+  // lower is said to, and --emit=planned says why.
+  const bool summaryOnly =
+      printSummary && !directoryOutput && emitStage < EmitStage::Planned;
+  const bool targetForStep =
+      directoryOutput || (program == Program::Step &&
+                          (emitStage >= EmitStage::Planned || printSummary));
   mlir::OwningOpRef<mlir::ModuleOp> targetModule;
-  if (target && (program == Program::Target || directoryOutput)) {
+  if (target && (program == Program::Target || targetForStep)) {
     targetModule = importTarget(context, *spec, *target);
     if (!targetModule)
       return fail("the target graph built from '" + target->configPath +
                   "' does not verify");
+    EmitStage stage = program == Program::Target && !directoryOutput
+                          ? emitStage
+                          : EmitStage::Planned;
     mlir::PassManager pm(&context);
     if (failed(mlir::applyPassManagerCLOptions(pm)))
       return fail("invalid pass manager options");
-    if (emitStage == EmitStage::Fused)
+    if (stage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
-    else if (emitStage >= EmitStage::Planned)
+    else if (stage >= EmitStage::Planned)
       buildLowerEvalToKernelsPipeline(pm);
-    if (failed(pm.run(*targetModule)))
-      return fail("compiling the online target of '" + target->configPath +
-                  "' failed");
+    const bool quiet = program == Program::Step && summaryOnly;
+    std::optional<mlir::ScopedDiagnosticHandler> silence;
+    if (quiet)
+      silence.emplace(&context,
+                      [](mlir::Diagnostic &) { return mlir::success(); });
+    if (failed(pm.run(*targetModule))) {
+      if (!quiet)
+        return fail("compiling the online target of '" + target->configPath +
+                    "' failed");
+      targetModule = nullptr;
+    }
   }
   if (program == Program::Target && !directoryOutput) {
     targetModule->print(output->os());
@@ -282,6 +316,17 @@ int dflash::runCompilerDriver(int argc, char **argv) {
       pm.addPass(createFuseKernels());
     else
       buildLowerToKernelsPipeline(pm, gpuMemoryGiB);
+    // dflash-plan-memory holds the step and the online target to the
+    // budget, together or, with --target-gpus, each alone.
+    if (std::optional<ProgramMemory> online =
+            targetModule && emitStage >= EmitStage::Planned
+                ? ProgramMemory::of(*targetModule)
+                : std::nullopt) {
+      (*module)->setAttr(kOnlineTargetMemoryAttrName, online->toAttr(&context));
+      if (targetGpus)
+        (*module)->setAttr(kOnlineTargetApartAttrName,
+                           mlir::UnitAttr::get(&context));
+    }
     if (failed(pm.run(*module)))
       return fail("lowering the training step of '" + inputFile +
                   "' to kernels failed");
@@ -303,7 +348,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
                     "manifest.json,CMakeLists.txt}\n";
     if (printSummary)
       printStepSummary(llvm::errs(), *spec, *module,
-                       targetModule ? *targetModule : mlir::ModuleOp());
+                       targetModule ? *targetModule : mlir::ModuleOp(),
+                       target.has_value());
     if (emitStage == EmitStage::Trainer &&
         failed(buildCudaTrainer(options, llvm::errs(), error)))
       return fail(error);
@@ -314,11 +360,30 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   output->os() << "\n";
   output->keep();
   if (printSummary) {
-    // The summary counts the whole step's FLOPs, whatever stage is printed.
-    mlir::OwningOpRef<mlir::ModuleOp> whole = module->clone();
-    if (emitStage < EmitStage::Train && !compileTrainStep(*whole))
-      return fail("compiling the training step of '" + inputFile + "' failed");
-    printStepSummary(llvm::errs(), *spec, *whole);
+    // The summary counts the whole step's FLOPs and memory, whatever stage
+    // is printed: before planning, of a copy lowered without the budget
+    // (these stages check none) and quietly (a step that does not lower is
+    // said to; --emit=planned says why).
+    mlir::OwningOpRef<mlir::ModuleOp> whole;
+    if (emitStage >= EmitStage::Planned) {
+      whole = module->clone();
+    } else {
+      whole = importSpec(context, *spec);
+      if (!whole || !compileTrainStep(*whole))
+        return fail("compiling the training step of '" + inputFile +
+                    "' failed");
+      mlir::OwningOpRef<mlir::ModuleOp> planned = whole->clone();
+      (*planned)->removeAttr(kBudgetAttrName);
+      mlir::PassManager pm(&context);
+      buildLowerToKernelsPipeline(pm);
+      mlir::ScopedDiagnosticHandler silence(
+          &context, [](mlir::Diagnostic &) { return mlir::success(); });
+      if (succeeded(pm.run(*planned)))
+        whole = std::move(planned);
+    }
+    printStepSummary(llvm::errs(), *spec, *whole,
+                     targetModule ? *targetModule : mlir::ModuleOp(),
+                     target.has_value());
   }
   return 0;
 }

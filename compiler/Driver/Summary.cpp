@@ -38,10 +38,13 @@ static std::string humanBytes(double v) {
 
 /// The memory lines: the step's, and the online target's beside it.
 static void printMemory(llvm::raw_ostream &os, mlir::ModuleOp module,
-                        mlir::ModuleOp target) {
+                        mlir::ModuleOp target, bool targetGiven) {
   std::optional<ProgramMemory> step = ProgramMemory::of(module);
-  if (!step)
+  if (!step) {
+    os << "  memory     unknown: the step does not lower to kernels "
+          "(dflashc --emit=planned says why)\n";
     return;
+  }
   os << "  memory     step " << humanBytes(double(step->total()))
      << " per GPU (weights and optimizer state "
      << humanBytes(double(step->fixed())) << ", inputs "
@@ -50,8 +53,12 @@ static void printMemory(llvm::raw_ostream &os, mlir::ModuleOp module,
      << humanBytes(double(step->workspace)) << ")\n";
   std::optional<ProgramMemory> online =
       target ? ProgramMemory::of(target) : std::nullopt;
-  if (!online)
+  if (!online) {
+    if (targetGiven)
+      os << "             online target unknown: it does not lower to "
+            "kernels (dflashc --emit=planned says why)\n";
     return;
+  }
   os << "             online target " << humanBytes(double(online->total()))
      << " (frozen weights " << humanBytes(double(online->fixed()))
      << ", inputs " << humanBytes(double(online->inputs)) << ", features "
@@ -66,7 +73,8 @@ static void printMemory(llvm::raw_ostream &os, mlir::ModuleOp module,
 }
 
 void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
-                              mlir::ModuleOp module, mlir::ModuleOp target) {
+                              mlir::ModuleOp module, mlir::ModuleOp target,
+                              bool targetGiven) {
   os << "dflashc: " << s.name << " (" << s.file << ")\n";
   os << "  target     " << (s.targetModel.empty() ? "(unnamed)" : s.targetModel)
      << ": " << s.targetNumLayers << " layers, hidden " << s.targetHiddenSize
@@ -115,7 +123,7 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
        << " per GPU with the state sharded over " << ranks << " GPUs";
   }
   os << ")\n";
-  printMemory(os, module, target);
+  printMemory(os, module, target, targetGiven);
   auto step = module.lookupSymbol<mlir::func::FuncOp>("step");
   if (!step)
     return;
