@@ -10,12 +10,13 @@
 namespace dflash {
 
 /// Prints the shapes, the attention kind and window of every layer, the
-/// parameter count and the FLOPs per step of `module`, which holds the step
-/// of `spec` at any stage of the pipeline from train on; once it is planned,
-/// the memory it needs per GPU, and with `target` (the online target's
-/// planned module) the target's and the two together. `targetGiven`: the
-/// spec has an online target, which `target` lacks where it did not lower
-/// (the summary says so).
+/// parameter count, the FLOPs per step of `module`, which holds the step of
+/// `spec` at any stage of the pipeline from train on, and its time and
+/// context tokens an hour on an H100 and an H200 (compiler/Analysis/
+/// StepTime.h); once it is planned, the memory it needs per GPU, and with
+/// `target` (the online target's planned module) the target's and the two
+/// together. `targetGiven`: the spec has an online target, which `target`
+/// lacks where it did not lower (the summary says so).
 void printStepSummary(llvm::raw_ostream &os, const DrafterSpec &spec,
                       mlir::ModuleOp module,
                       mlir::ModuleOp target = mlir::ModuleOp(),
