@@ -76,6 +76,13 @@ cl::opt<bool> onlineTarget(
              "instead of reading them; --data may then be token shards"),
     cl::init(false), cl::cat(category));
 
+cl::opt<double> memoryGiB(
+    "memory-gib",
+    cl::desc("The memory the run may use, in GiB: a run whose estimate "
+             "(printed either way) is more is refused before it loads "
+             "anything (default: what this machine has available now)"),
+    cl::value_desc("GiB"), cl::init(0), cl::cat(category));
+
 cl::opt<std::string> saveDir(
     "save",
     cl::desc("Export the parameters after the last step as a checkpoint "
@@ -107,5 +114,6 @@ int main(int argc, char **argv) {
   options.dumpStep = dumpStep;
   options.saveDir = saveDir;
   options.onlineTarget = onlineTarget;
+  options.memoryGiB = memoryGiB;
   return runReference(options, llvm::outs());
 }
