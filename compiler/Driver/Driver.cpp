@@ -19,6 +19,7 @@
 #include "compiler/Import/TargetConfig.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Spec/Spec.h"
+#include "compiler/Support/OutOfMemory.h"
 #include "compiler/Target/Cuda/TranslateToCuda.h"
 #include "compiler/Transforms/Passes.h"
 #include "dialect/DFlashOps.h"
@@ -131,6 +132,8 @@ int fail(const llvm::Twine &msg) {
 
 int dflash::runCompilerDriver(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
+  installOutOfMemoryHandler("dflashc", "compiling this spec needs more memory "
+                                       "than this machine has");
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   mlir::registerPassManagerCLOptions();

@@ -9,6 +9,8 @@
 
 #include "tools/dflash-reference/ReferenceRun.h"
 
+#include "compiler/Support/OutOfMemory.h"
+
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/raw_ostream.h"
@@ -93,6 +95,11 @@ cl::opt<std::string> saveDir(
 
 int main(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
+  installOutOfMemoryHandler(
+      "dflash-reference",
+      "this run needs more memory than this machine has (its estimate is "
+      "above); a smaller spec (rows_per_gpu, seq_len, anchors_per_row) needs "
+      "less");
   // libLLVM registers hundreds of backend options; show only ours.
   cl::HideUnrelatedOptions(category);
   cl::ParseCommandLineOptions(
