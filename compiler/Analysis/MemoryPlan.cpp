@@ -5,6 +5,7 @@
 #include "kernels/Workspaces.h"
 
 #include "dialect/DFlashOps.h"
+#include "mlir/IR/Builders.h"
 
 #include <algorithm>
 #include <map>
@@ -49,8 +50,21 @@ std::optional<ProgramMemory> ProgramMemory::of(ModuleOp module) {
   for (unsigned i = 0; i < program.getNumArguments(); ++i) {
     int64_t bytes = tensorBytes(program.getArgument(i).getType());
     m.arguments += bytes;
-    if (sig->argInfo(i).getRole() == ArgRole::Input)
+    switch (sig->argInfo(i).getRole()) {
+    case ArgRole::Input:
       m.inputs += bytes;
+      break;
+    case ArgRole::Frozen:
+      m.frozen += bytes;
+      break;
+    case ArgRole::Master:
+    case ArgRole::Moment1:
+    case ArgRole::Moment2:
+      m.optimizerState += bytes;
+      break;
+    default:
+      break;
+    }
   }
   // A target program writes its results into buffers of their own; a
   // step's results are its arguments updated or arena values.
@@ -59,6 +73,39 @@ std::optional<ProgramMemory> ProgramMemory::of(ModuleOp module) {
       (sig->resultInfo(i).getName() == "target_hidden" ? m.features
                                                        : m.outputs) +=
           tensorBytes(program.getResultTypes()[i]);
+  return m;
+}
+
+/// ProgramMemory's fields by their names in its attribute.
+static std::pair<llvm::StringLiteral, int64_t ProgramMemory::*> const
+    kMemoryFields[] = {{"arguments", &ProgramMemory::arguments},
+                       {"inputs", &ProgramMemory::inputs},
+                       {"frozen", &ProgramMemory::frozen},
+                       {"optimizer_state", &ProgramMemory::optimizerState},
+                       {"features", &ProgramMemory::features},
+                       {"outputs", &ProgramMemory::outputs},
+                       {"arena", &ProgramMemory::arena},
+                       {"workspace", &ProgramMemory::workspace}};
+
+DictionaryAttr ProgramMemory::toAttr(MLIRContext *context) const {
+  Builder b(context);
+  SmallVector<NamedAttribute> fields;
+  for (auto [name, field] : kMemoryFields)
+    fields.push_back(b.getNamedAttr(name, b.getI64IntegerAttr(this->*field)));
+  return b.getDictionaryAttr(fields);
+}
+
+std::optional<ProgramMemory> ProgramMemory::fromAttr(Attribute attr) {
+  auto dict = dyn_cast_or_null<DictionaryAttr>(attr);
+  if (!dict)
+    return std::nullopt;
+  ProgramMemory m;
+  for (auto [name, field] : kMemoryFields) {
+    auto value = dict.getAs<IntegerAttr>(name);
+    if (!value)
+      return std::nullopt;
+    m.*field = value.getInt();
+  }
   return m;
 }
 

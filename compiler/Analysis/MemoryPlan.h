@@ -64,15 +64,16 @@ int64_t bucketSlotBytes(mlir::dflash::GradientBucketOp bucket);
 mlir::dflash::KernelAttr kernelOf(mlir::Operation *op);
 
 /// What one planned program needs on its GPU: its arguments (parameters,
-/// optimizer state, frozen weights, and its inputs, also counted apart), a
-/// target program's output buffers (its features, `target_hidden`, and
-/// any other results, such as the experts it chose), the arena (kernel
-/// scratch included) and cuBLASLt's workspace. A step and the online target
-/// beside it share only the features (the target writes them into the
-/// step's input): together they need both totals less `features`.
+/// optimizer state, frozen weights, and its inputs; the frozen weights, the
+/// fp32 optimizer state and the inputs also counted apart), a target
+/// program's output buffers (its features, `target_hidden`, and any other
+/// results, such as the experts it chose), the arena (kernel scratch
+/// included) and cuBLASLt's workspace. A step and the online target beside
+/// it share only the features (the target writes them into the step's
+/// input): together they need both totals less `features`.
 struct ProgramMemory {
-  int64_t arguments = 0, inputs = 0, features = 0, outputs = 0, arena = 0,
-          workspace = 0;
+  int64_t arguments = 0, inputs = 0, frozen = 0, optimizerState = 0,
+          features = 0, outputs = 0, arena = 0, workspace = 0;
   int64_t total() const {
     return arguments + features + outputs + arena + workspace;
   }
@@ -80,7 +81,22 @@ struct ProgramMemory {
   int64_t fixed() const { return arguments - inputs; }
   /// The plan of `module`'s program, or nothing before dflash-plan-memory.
   static std::optional<ProgramMemory> of(mlir::ModuleOp module);
+
+  /// As a dictionary of byte counts (`dflash.online_target_memory`), and
+  /// back: nothing where a field is missing or not an integer.
+  mlir::DictionaryAttr toAttr(mlir::MLIRContext *context) const;
+  static std::optional<ProgramMemory> fromAttr(mlir::Attribute attr);
 };
+
+/// The online target's ProgramMemory, which the driver gives the step's
+/// module once the target is planned, so that dflash-plan-memory holds the
+/// two together to the memory budget; with `kOnlineTargetApartAttrName`
+/// (dflashc --target-gpus: the trainer runs the target on GPUs of its own,
+/// train --target-gpus) each of them alone.
+inline constexpr llvm::StringLiteral kOnlineTargetMemoryAttrName =
+    "dflash.online_target_memory";
+inline constexpr llvm::StringLiteral kOnlineTargetApartAttrName =
+    "dflash.online_target_apart";
 
 /// Replays a planned step in order, tracking which value every arena byte
 /// holds, and fails (with an error at the op) where an op reads a value

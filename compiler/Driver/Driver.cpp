@@ -12,12 +12,14 @@
 
 #include "compiler/Driver/Driver.h"
 
+#include "compiler/Analysis/MemoryPlan.h"
 #include "compiler/Driver/Summary.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Import/ImportTarget.h"
 #include "compiler/Import/TargetConfig.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Spec/Spec.h"
+#include "compiler/Support/OutOfMemory.h"
 #include "compiler/Target/Cuda/TranslateToCuda.h"
 #include "compiler/Transforms/Passes.h"
 #include "dialect/DFlashOps.h"
@@ -28,6 +30,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/Support/CommandLine.h"
+#include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/SourceMgr.h"
 #include "llvm/Support/ToolOutputFile.h"
@@ -95,9 +98,17 @@ cl::opt<std::string> targetDir(
 
 cl::opt<double> gpuMemoryGiB(
     "gpu-memory",
-    cl::desc("GPU memory budget in GiB that the step must fit (default: the "
-             "spec's [memory] gpu_memory_gib, else none)"),
+    cl::desc("GPU memory budget in GiB that the step, and the online target "
+             "beside it, must fit (default: the spec's [memory] "
+             "gpu_memory_gib, else none)"),
     cl::value_desc("GiB"), cl::init(0), cl::cat(category));
+
+cl::opt<bool> targetGpus(
+    "target-gpus",
+    cl::desc("The trainer will run the online target on GPUs of its own "
+             "(train --target-gpus): the memory budget then holds for the "
+             "step and for the target each alone, not for both on one GPU"),
+    cl::init(false), cl::cat(category));
 
 cl::opt<std::string> sourceDir(
     "source-dir",
@@ -121,6 +132,8 @@ int fail(const llvm::Twine &msg) {
 
 int dflash::runCompilerDriver(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
+  installOutOfMemoryHandler("dflashc", "compiling this spec needs more memory "
+                                       "than this machine has");
   mlir::registerAsmPrinterCLOptions();
   mlir::registerMLIRContextCLOptions();
   mlir::registerPassManagerCLOptions();
@@ -148,6 +161,20 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     llvm::errs() << specError.str() << "\n";
     return 1;
   }
+  for (const SpecError &warning : spec->warnings)
+    llvm::errs() << warning.str() << "\n";
+  // 0 is the option's default (no budget given); inf and nan parse as
+  // doubles, and a budget past every GPU would accept any step.
+  if (gpuMemoryGiB.getNumOccurrences() &&
+      !(gpuMemoryGiB > 0 && gpuMemoryGiB <= kMaxGpuMemoryGiB)) {
+    std::string msg;
+    llvm::raw_string_ostream(msg)
+        << "--gpu-memory is " << llvm::format("%g", gpuMemoryGiB.getValue())
+        << "; it must be a number of GiB above 0 and at most "
+        << llvm::format("%g", kMaxGpuMemoryGiB)
+        << " (no GPU has more): 80 for an 80 GB card";
+    return fail(msg);
+  }
 
   // The online target: its config.json against the spec, before anything
   // is written.
@@ -162,6 +189,11 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     return fail("--program=target needs the target model: --target DIR or "
                 "[target] path in '" +
                 inputFile + "'");
+  if (targetGpus && !target)
+    return fail("--target-gpus budgets the online target apart from the "
+                "step: it needs the target model, --target DIR or [target] "
+                "path in '" +
+                inputFile + "'");
   if (program == Program::Target && emitStage == EmitStage::Train)
     return fail("--program=target has no training step (the target is "
                 "frozen): print it with --emit=graph, fused or planned");
@@ -170,8 +202,6 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   std::string outputPath = outputFile;
   if (outputPath.empty())
     outputPath = directoryOutput ? "dflash-" + spec->name : "-";
-  if (gpuMemoryGiB < 0)
-    return fail("--gpu-memory must be positive");
   std::unique_ptr<llvm::ToolOutputFile> output;
   if (!directoryOutput) {
     std::string errorMessage;
@@ -201,22 +231,42 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   mlir::SourceMgrDiagnosticHandler diagHandler(sourceMgr, &context);
 
   // The online target: its own module, lowered like the evaluation program.
+  // The step's memory budget and the summary count it beside the step, so
+  // it is planned whenever the step is, or a summary asks for its memory.
+  // A summary of an earlier stage shows what it can: a target that does not
+  // lower is said to, and --emit=planned says why.
+  const bool summaryOnly =
+      printSummary && !directoryOutput && emitStage < EmitStage::Planned;
+  const bool targetForStep =
+      directoryOutput || (program == Program::Step &&
+                          (emitStage >= EmitStage::Planned || printSummary));
   mlir::OwningOpRef<mlir::ModuleOp> targetModule;
-  if (target && (program == Program::Target || directoryOutput)) {
+  if (target && (program == Program::Target || targetForStep)) {
     targetModule = importTarget(context, *spec, *target);
     if (!targetModule)
       return fail("the target graph built from '" + target->configPath +
                   "' does not verify");
+    EmitStage stage = program == Program::Target && !directoryOutput
+                          ? emitStage
+                          : EmitStage::Planned;
     mlir::PassManager pm(&context);
     if (failed(mlir::applyPassManagerCLOptions(pm)))
       return fail("invalid pass manager options");
-    if (emitStage == EmitStage::Fused)
+    if (stage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
-    else if (emitStage >= EmitStage::Planned)
+    else if (stage >= EmitStage::Planned)
       buildLowerEvalToKernelsPipeline(pm);
-    if (failed(pm.run(*targetModule)))
-      return fail("compiling the online target of '" + target->configPath +
-                  "' failed");
+    const bool quiet = program == Program::Step && summaryOnly;
+    std::optional<mlir::ScopedDiagnosticHandler> silence;
+    if (quiet)
+      silence.emplace(&context,
+                      [](mlir::Diagnostic &) { return mlir::success(); });
+    if (failed(pm.run(*targetModule))) {
+      if (!quiet)
+        return fail("compiling the online target of '" + target->configPath +
+                    "' failed");
+      targetModule = nullptr;
+    }
   }
   if (program == Program::Target && !directoryOutput) {
     targetModule->print(output->os());
@@ -269,6 +319,17 @@ int dflash::runCompilerDriver(int argc, char **argv) {
       pm.addPass(createFuseKernels());
     else
       buildLowerToKernelsPipeline(pm, gpuMemoryGiB);
+    // dflash-plan-memory holds the step and the online target to the
+    // budget, together or, with --target-gpus, each alone.
+    if (std::optional<ProgramMemory> online =
+            targetModule && emitStage >= EmitStage::Planned
+                ? ProgramMemory::of(*targetModule)
+                : std::nullopt) {
+      (*module)->setAttr(kOnlineTargetMemoryAttrName, online->toAttr(&context));
+      if (targetGpus)
+        (*module)->setAttr(kOnlineTargetApartAttrName,
+                           mlir::UnitAttr::get(&context));
+    }
     if (failed(pm.run(*module)))
       return fail("lowering the training step of '" + inputFile +
                   "' to kernels failed");
@@ -290,7 +351,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
                     "manifest.json,CMakeLists.txt}\n";
     if (printSummary)
       printStepSummary(llvm::errs(), *spec, *module,
-                       targetModule ? *targetModule : mlir::ModuleOp());
+                       targetModule ? *targetModule : mlir::ModuleOp(),
+                       target.has_value());
     if (emitStage == EmitStage::Trainer &&
         failed(buildCudaTrainer(options, llvm::errs(), error)))
       return fail(error);
@@ -301,11 +363,30 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   output->os() << "\n";
   output->keep();
   if (printSummary) {
-    // The summary counts the whole step's FLOPs, whatever stage is printed.
-    mlir::OwningOpRef<mlir::ModuleOp> whole = module->clone();
-    if (emitStage < EmitStage::Train && !compileTrainStep(*whole))
-      return fail("compiling the training step of '" + inputFile + "' failed");
-    printStepSummary(llvm::errs(), *spec, *whole);
+    // The summary counts the whole step's FLOPs and memory, whatever stage
+    // is printed: before planning, of a copy lowered without the budget
+    // (these stages check none) and quietly (a step that does not lower is
+    // said to; --emit=planned says why).
+    mlir::OwningOpRef<mlir::ModuleOp> whole;
+    if (emitStage >= EmitStage::Planned) {
+      whole = module->clone();
+    } else {
+      whole = importSpec(context, *spec);
+      if (!whole || !compileTrainStep(*whole))
+        return fail("compiling the training step of '" + inputFile +
+                    "' failed");
+      mlir::OwningOpRef<mlir::ModuleOp> planned = whole->clone();
+      (*planned)->removeAttr(kBudgetAttrName);
+      mlir::PassManager pm(&context);
+      buildLowerToKernelsPipeline(pm);
+      mlir::ScopedDiagnosticHandler silence(
+          &context, [](mlir::Diagnostic &) { return mlir::success(); });
+      if (succeeded(pm.run(*planned)))
+        whole = std::move(planned);
+    }
+    printStepSummary(llvm::errs(), *spec, *whole,
+                     targetModule ? *targetModule : mlir::ModuleOp(),
+                     target.has_value());
   }
   return 0;
 }

@@ -4,9 +4,12 @@
 
 #include "compiler/Analysis/FlopCount.h"
 #include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/StepSignature.h"
+#include "compiler/Analysis/StepTime.h"
 #include "kernels/AttentionLimits.h"
 #include "schema/Parameters.h"
 #include "llvm/Support/Format.h"
+#include "llvm/Support/FormatVariadic.h"
 
 using namespace ::dflash;
 
@@ -38,10 +41,13 @@ static std::string humanBytes(double v) {
 
 /// The memory lines: the step's, and the online target's beside it.
 static void printMemory(llvm::raw_ostream &os, mlir::ModuleOp module,
-                        mlir::ModuleOp target) {
+                        mlir::ModuleOp target, bool targetGiven) {
   std::optional<ProgramMemory> step = ProgramMemory::of(module);
-  if (!step)
+  if (!step) {
+    os << "  memory     unknown: the step does not lower to kernels "
+          "(dflashc --emit=planned says why)\n";
     return;
+  }
   os << "  memory     step " << humanBytes(double(step->total()))
      << " per GPU (weights and optimizer state "
      << humanBytes(double(step->fixed())) << ", inputs "
@@ -50,8 +56,12 @@ static void printMemory(llvm::raw_ostream &os, mlir::ModuleOp module,
      << humanBytes(double(step->workspace)) << ")\n";
   std::optional<ProgramMemory> online =
       target ? ProgramMemory::of(target) : std::nullopt;
-  if (!online)
+  if (!online) {
+    if (targetGiven)
+      os << "             online target unknown: it does not lower to "
+            "kernels (dflashc --emit=planned says why)\n";
     return;
+  }
   os << "             online target " << humanBytes(double(online->total()))
      << " (frozen weights " << humanBytes(double(online->fixed()))
      << ", inputs " << humanBytes(double(online->inputs)) << ", features "
@@ -65,8 +75,83 @@ static void printMemory(llvm::raw_ostream &os, mlir::ModuleOp module,
         "GPUs of its own)\n";
 }
 
+/// The FLOPs line: the step's, by phase, with each phase's largest op kinds.
+static void printFlops(llvm::raw_ostream &os, const FlopCount &flops) {
+  os << "  FLOPs/step " << humanCount(double(flops.step()), "FLOP")
+     << " per GPU";
+  for (int p = 0; p < 3; ++p) {
+    if (!flops.total[p])
+      continue;
+    os << (p ? ", " : ": ") << FlopCount::phaseNames[p] << " "
+       << humanCount(double(flops.total[p]), "");
+    // The three largest op kinds of the phase.
+    llvm::SmallVector<std::pair<int64_t, llvm::StringRef>> kinds;
+    for (auto &[name, n] : flops.byOp[p])
+      kinds.push_back({n, name});
+    llvm::sort(kinds, [](auto &a, auto &b) { return a.first > b.first; });
+    os << " (";
+    for (size_t k = 0; k < kinds.size() && k < 3 && kinds[k].first; ++k)
+      os << (k ? " " : "") << kinds[k].second.drop_front(7) << " "
+         << llvm::format("%.0f%%", 100.0 * double(kinds[k].first) /
+                                       double(flops.total[p]));
+    os << ")";
+  }
+  os << "\n";
+}
+
+/// The time lines: a step's time on an H100 and an H200 from its FLOPs at the
+/// rates bench/RESULTS.md measured (compiler/Analysis/StepTime.h), and the
+/// context tokens a GPU trains on an hour; with the online target on the
+/// same GPU, its forward's time added.
+static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
+                      int64_t stepFlops, std::optional<int64_t> targetFlops) {
+  // Below about 10 ms of tensor-core work a step is bound by its launches
+  // and its memory traffic, not its FLOPs (tiny's 2 GFLOP step takes 0.67
+  // ms on the H200, bench/RESULTS.md): no rate tells its time.
+  if (estimatedSeconds(stepFlops, kH200StepTflops, kH200) <
+      kSmallestEstimatedStepSeconds) {
+    os << "  time/step  too little work for its FLOPs to tell (under "
+       << llvm::formatv("{0:F0}", kSmallestEstimatedStepSeconds * 1e3)
+       << " ms at the H200's rate: launches and memory latency dominate)\n";
+    return;
+  }
+  auto ms = [](double seconds) {
+    return llvm::formatv("{0:F0} ms", seconds * 1e3).str();
+  };
+  const double tokens = double(s.rowsPerStep() * s.seqLen);
+  auto perHour = [&](double seconds) {
+    return humanCount(tokens * 3600 / seconds, "");
+  };
+  std::string times, rates, online, onlineRates;
+  for (const GpuEstimate &gpu : kEstimatedGpus) {
+    double t = estimatedSeconds(stepFlops, kH200StepTflops, gpu);
+    const char *sep = times.empty() ? "" : ", ";
+    times += sep + ms(t) + " on an " + gpu.name;
+    rates += sep + perHour(t) + " on an " + gpu.name;
+    if (targetFlops) {
+      t += estimatedSeconds(*targetFlops, kH200TargetTflops, gpu);
+      online += sep + ms(t) + " on an " + gpu.name;
+      onlineRates += sep + perHour(t) + " on an " + gpu.name;
+    }
+  }
+  os << "  time/step  about " << times << " (at the "
+     << llvm::formatv("{0:F0}", kH200StepTflops)
+     << " TFLOP/s the qwen3-8b-b16 step reaches on an H200, scaled by each "
+        "GPU's GEMM ceiling)\n";
+  if (targetFlops)
+    os << "             with the online target on the same GPU about " << online
+       << " (its forward at " << llvm::formatv("{0:F0}", kH200TargetTflops)
+       << " TFLOP/s)\n";
+  os << "  tokens/h   about " << rates << " per GPU (" << s.rowsPerStep()
+     << " rows x " << s.seqLen << " context tokens a step)";
+  if (targetFlops)
+    os << "; with the online target on the same GPU " << onlineRates;
+  os << "\n";
+}
+
 void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
-                              mlir::ModuleOp module, mlir::ModuleOp target) {
+                              mlir::ModuleOp module, mlir::ModuleOp target,
+                              bool targetGiven) {
   os << "dflashc: " << s.name << " (" << s.file << ")\n";
   os << "  target     " << (s.targetModel.empty() ? "(unnamed)" : s.targetModel)
      << ": " << s.targetNumLayers << " layers, hidden " << s.targetHiddenSize
@@ -115,29 +200,16 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
        << " per GPU with the state sharded over " << ranks << " GPUs";
   }
   os << ")\n";
-  printMemory(os, module, target);
+  printMemory(os, module, target, targetGiven);
   auto step = module.lookupSymbol<mlir::func::FuncOp>("step");
   if (!step)
     return;
   FlopCount flops = FlopCount::of(step);
-  os << "  FLOPs/step " << humanCount(double(flops.step()), "FLOP")
-     << " per GPU";
-  for (int p = 0; p < 3; ++p) {
-    if (!flops.total[p])
-      continue;
-    os << (p ? ", " : ": ") << FlopCount::phaseNames[p] << " "
-       << humanCount(double(flops.total[p]), "");
-    // The three largest op kinds of the phase.
-    llvm::SmallVector<std::pair<int64_t, llvm::StringRef>> kinds;
-    for (auto &[name, n] : flops.byOp[p])
-      kinds.push_back({n, name});
-    llvm::sort(kinds, [](auto &a, auto &b) { return a.first > b.first; });
-    os << " (";
-    for (size_t k = 0; k < kinds.size() && k < 3 && kinds[k].first; ++k)
-      os << (k ? " " : "") << kinds[k].second.drop_front(7) << " "
-         << llvm::format("%.0f%%", 100.0 * double(kinds[k].first) /
-                                       double(flops.total[p]));
-    os << ")";
-  }
-  os << "\n";
+  printFlops(os, flops);
+  std::optional<int64_t> targetFlops;
+  if (target)
+    if (mlir::FailureOr<StepSignature> sig = StepSignature::get(target);
+        succeeded(sig))
+      targetFlops = FlopCount::of(sig->func()).step();
+  printTime(os, s, flops.step(), targetFlops);
 }

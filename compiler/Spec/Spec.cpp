@@ -28,7 +28,7 @@ std::string SpecError::str() const {
   os << file;
   if (loc.line)
     os << ":" << loc.line << ":" << loc.column;
-  os << ": error: " << message;
+  os << (warning ? ": warning: " : ": error: ") << message;
   return os.str();
 }
 
@@ -62,7 +62,7 @@ std::vector<int64_t> dflash::defaultTargetLayerIds(int64_t numTarget,
   return ids;
 }
 
-double dflash::defaultGamma(int64_t blockSize) {
+std::optional<double> dflash::defaultGamma(int64_t blockSize) {
   switch (blockSize) {
   case 16:
     return 7.0;
@@ -71,7 +71,7 @@ double dflash::defaultGamma(int64_t blockSize) {
   case 8:
     return 4.0;
   default:
-    return 0.0;
+    return std::nullopt;
   }
 }
 
@@ -518,8 +518,19 @@ bool SpecReader::readTraining() {
       !readFloat("init_std", spec.initStd, false, true) || !leave())
     return false;
   spec.gammaDefaulted = !spec.locations.count("training.gamma");
-  if (spec.gammaDefaulted)
-    spec.gamma = defaultGamma(spec.blockSize);
+  if (spec.gammaDefaulted) {
+    // A silent 0 would train without the decay the paper tuned for the
+    // block sizes it has one for.
+    std::optional<double> gamma = defaultGamma(spec.blockSize);
+    if (!gamma)
+      return failAt("drafter.block_size",
+                    "'drafter.block_size' is " +
+                        std::to_string(spec.blockSize) +
+                        ", which has no default loss decay (7 for 16, 5 for "
+                        "10, 4 for 8): give 'training.gamma' (0 turns the "
+                        "decay off)");
+    spec.gamma = *gamma;
+  }
   // Anchors are distinct positions in [0, S-2].
   if (spec.anchorsPerRow > spec.seqLen - 1)
     return failAt(
@@ -527,6 +538,18 @@ bool SpecReader::readTraining() {
         "'training.anchors_per_row' (" + std::to_string(spec.anchorsPerRow) +
             ") does not fit the sequence: at most seq_len - 1 = " +
             std::to_string(spec.seqLen - 1) + " distinct anchors exist");
+  // A window past the context hides at most the first block_size - 3
+  // positions from the last anchors' late slots: valid, but likely meant
+  // for longer sequences than these.
+  if (spec.slidingWindow > spec.seqLen)
+    spec.warnings.push_back(SpecError{
+        spec.file, spec.locationOf("attention.sliding_window"),
+        "'attention.sliding_window' (" + std::to_string(spec.slidingWindow) +
+            ") is longer than 'training.seq_len' (" +
+            std::to_string(spec.seqLen) +
+            "): at this length the window hides (almost) no context, so the "
+            "sliding layers train like full ones but for their causal blocks",
+        /*warning=*/true});
   if (spec.maxPositionEmbeddings < spec.seqLen + spec.blockSize)
     return failAt("drafter.max_position_embeddings",
                   "'drafter.max_position_embeddings' (" +
@@ -577,9 +600,16 @@ bool SpecReader::readMemory() {
   if (!readFloat("gpu_memory_gib", spec.gpuMemoryGiB, false, true) ||
       !readBool("recompute_activations", spec.recomputeActivations) ||
       !readBool("recompute_mlp_products", spec.recomputeMlpProducts) ||
-      !readBool("fuse_target_mlp", spec.fuseTargetMlp))
+      !readBool("fuse_target_mlp", spec.fuseTargetMlp) || !leave())
     return false;
-  return leave();
+  if (spec.gpuMemoryGiB > kMaxGpuMemoryGiB) {
+    std::ostringstream os;
+    os << "'memory.gpu_memory_gib' is " << spec.gpuMemoryGiB
+       << "; no GPU has more than " << kMaxGpuMemoryGiB
+       << " GiB (the budget is in GiB: 80 for an 80 GB card)";
+    return failAt("memory.gpu_memory_gib", os.str());
+  }
+  return true;
 }
 
 bool SpecReader::checkCrossRules() {

@@ -27,16 +27,24 @@ struct SourceLoc {
   uint32_t column = 0;
 };
 
-/// One error found while reading a spec. `key` is the dotted path of the
-/// offending entry ("drafter.num_heads"), empty for syntax errors.
+/// One error found while reading a spec, or a warning about a spec that is
+/// valid but likely not what was meant.
 struct SpecError {
   std::string file;
   SourceLoc loc;
   std::string message;
+  bool warning = false;
 
-  /// "file:line:col: error: message", the form every tool prints.
+  /// "file:line:col: error: message" (or "warning:"), the form every tool
+  /// prints.
   std::string str() const;
 };
+
+/// The largest GPU memory budget a spec or `dflashc --gpu-memory` may give.
+/// The largest GPUs sold today hold 288 GB; 1024 GiB leaves room for a few
+/// generations and still catches a budget written in MiB or GB by mistake
+/// (80000 for an 80 GB card), which would otherwise accept any step.
+constexpr double kMaxGpuMemoryGiB = 1024;
 
 /// A drafter spec: the model config it fixes (the schema both the compiler
 /// and the runtime read), plus what only the compiler needs: where each key
@@ -75,6 +83,10 @@ struct DrafterSpec : ModelConfig {
   /// Where each key was written, by dotted path ("attention.layers.2").
   std::map<std::string, SourceLoc> locations;
 
+  /// What the spec says that is valid but likely not meant (a sliding window
+  /// longer than the sequence), for the tools to print beside their output.
+  std::vector<SpecError> warnings;
+
   /// The location of `key`, or of the nearest enclosing table that has one.
   SourceLoc locationOf(const std::string &key) const;
 };
@@ -85,8 +97,8 @@ struct DrafterSpec : ModelConfig {
 std::vector<int64_t> defaultTargetLayerIds(int64_t numTarget, int64_t numDraft);
 
 /// The default loss decay gamma for a block size (7 for 16, 5 for 10, 4 for
-/// 8; 0, meaning no decay, otherwise).
-double defaultGamma(int64_t blockSize);
+/// 8), or nothing: other block sizes must give `training.gamma`.
+std::optional<double> defaultGamma(int64_t blockSize);
 
 /// Parses, validates and resolves a spec from TOML text. On failure returns
 /// nothing and sets `error` to the first problem found.

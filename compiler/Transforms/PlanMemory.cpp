@@ -15,6 +15,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Analysis/MemoryPlan.h"
+#include "compiler/Analysis/ModelConfigAttr.h"
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Transforms/Passes.h"
 #include "kernels/Workspaces.h"
@@ -60,6 +61,200 @@ std::string gib(int64_t bytes) {
   llvm::raw_string_ostream(s)
       << llvm::format("%.2f GiB", double(bytes) / double(1 << 30));
   return s;
+}
+
+/// In GiB, or in MiB or KiB below: a part's size, however small.
+std::string size(int64_t bytes) {
+  if (bytes >= (int64_t(1) << 30))
+    return gib(bytes);
+  std::string s;
+  bool mib = bytes >= (1 << 20);
+  llvm::raw_string_ostream(s)
+      << llvm::format(mib ? "%.2f MiB" : "%.2f KiB",
+                      double(bytes) / double(mib ? 1 << 20 : 1 << 10));
+  return s;
+}
+
+/// One part of what a GPU holds, named as the budget's messages name it:
+/// "the online target's " and "frozen weights".
+struct Part {
+  std::string owner;
+  std::string name;
+  int64_t bytes;
+};
+
+/// What one GPU holds under the budget: its parts, and how many of their
+/// bytes grow with the rows of a micro-batch (inputs, features and
+/// activations; the weights, the optimizer state and the workspace do not).
+struct GpuLoad {
+  SmallVector<Part> parts;
+  int64_t rowBytes = 0;
+  int64_t total() const {
+    int64_t sum = 0;
+    for (const Part &p : parts)
+      sum += p.bytes;
+    return sum;
+  }
+  std::string list() const {
+    std::string s;
+    for (const Part &p : parts)
+      if (p.bytes > 0)
+        s += (s.empty() ? "" : ", ") + p.name + " " + size(p.bytes);
+    return s;
+  }
+};
+
+GpuLoad stepLoad(const ProgramMemory &m) {
+  GpuLoad load;
+  load.parts = {{"", "parameters and optimizer state", m.fixed() - m.frozen},
+                {"", "frozen weights", m.frozen},
+                {"", "inputs", m.inputs},
+                {"", "activations", m.arena},
+                {"", "GEMM workspace", m.workspace}};
+  load.rowBytes = m.inputs + m.arena;
+  return load;
+}
+
+/// The online target's parts; without its features where the step's
+/// inputs hold them (the target writes them there).
+GpuLoad targetLoad(const ProgramMemory &m, bool withFeatures) {
+  GpuLoad load;
+  const std::string owner = "the online target's ";
+  load.parts = {{owner, "frozen weights", m.fixed()},
+                {owner, "inputs", m.inputs},
+                {owner, "features", withFeatures ? m.features : 0},
+                {owner, "other results", m.outputs},
+                {owner, "activations", m.arena},
+                {owner, "GEMM workspace", m.workspace}};
+  load.rowBytes = m.inputs + load.parts[2].bytes + m.outputs + m.arena;
+  return load;
+}
+
+/// The notes of a load over the budget: its largest part, then what would
+/// need less, cheapest first (docs/spec.md, [memory]): fewer rows, the
+/// recomputed activations and MLP products, fewer anchors, the sharded
+/// optimizer state and the target on GPUs of its own; levers already on
+/// are left out.
+void attachLevers(InFlightDiagnostic &diag, ModuleOp module,
+                  const GpuLoad &load, int64_t limit, int64_t rows,
+                  bool stepOnGpu, std::optional<int64_t> sharedTargetBytes,
+                  int64_t optimizerState) {
+  const Part *largest = &load.parts.front();
+  for (const Part &p : load.parts)
+    if (p.bytes > largest->bytes)
+      largest = &p;
+  diag.attachNote() << "the largest part: " << largest->owner << largest->name
+                    << ", " << size(largest->bytes)
+                    << "; what needs less, cheapest first:";
+  // Everything that grows with the rows grows with rows_per_gpu, the rows
+  // of one micro-batch (the gradient accumulation kept).
+  int64_t perRow = load.rowBytes / std::max<int64_t>(1, rows);
+  int64_t base = load.total() - perRow * rows;
+  int64_t fit = perRow > 0 ? (limit - base) / perRow : 0;
+  if (fit >= 1)
+    diag.attachNote() << "rows_per_gpu = " << fit << " would fit (now " << rows
+                      << ")";
+  else
+    diag.attachNote() << "fewer rows_per_gpu: not even 1 fits (about "
+                      << size(base + perRow) << " with one row; now " << rows
+                      << ")";
+  if (stepOnGpu) {
+    if (!module->hasAttr(kRecomputeActivationsAttrName))
+      diag.attachNote() << "[memory] recompute_activations = true: the "
+                           "norms, q/k norm + RoPE and SwiGLU computed again "
+                           "in the backward pass instead of kept";
+    if (!module->hasAttr(kRecomputeMlpProductsAttrName))
+      diag.attachNote() << "[memory] recompute_mlp_products = true: the "
+                           "MLP's gate and up products too (two more GEMMs a "
+                           "layer)";
+    auto config = module->getAttrOfType<DictionaryAttr>(kModelConfigAttrName);
+    auto anchors =
+        config ? config.getAs<IntegerAttr>("anchors_per_row") : IntegerAttr();
+    Diagnostic &note = diag.attachNote();
+    note << "fewer [training] anchors_per_row";
+    if (anchors)
+      note << " (now " << anchors.getInt() << ")";
+    note << ": the draft slots' activations grow with them";
+    if (!module->hasAttr(kShardOptimizerStateAttrName) && optimizerState > 0)
+      diag.attachNote() << "[parallel] shard_optimizer_state = true: each of "
+                           "the gpus_per_node x nodes GPUs keeps 1/N of the "
+                        << size(optimizerState)
+                        << " of fp32 masters and moments";
+  }
+  if (sharedTargetBytes)
+    diag.attachNote() << "train --target-gpus: the online target ("
+                      << size(*sharedTargetBytes)
+                      << ") on GPUs of its own; compile with dflashc "
+                         "--target-gpus to hold the step and the target to "
+                         "the budget apart";
+}
+
+/// Holds a planned step, and the online target beside it where the module
+/// has its needs, to `budget` GiB per GPU: the two together on one GPU, or
+/// each alone where the target has GPUs of its own. Fails with an error
+/// naming the sizes and notes naming the largest part and the levers.
+LogicalResult checkBudget(ModuleOp module, func::FuncOp step, double budget) {
+  const ProgramMemory memory = *ProgramMemory::of(module);
+  const int64_t limit = int64_t(budget * double(int64_t(1) << 30));
+  std::optional<ProgramMemory> target =
+      ProgramMemory::fromAttr(module->getAttr(kOnlineTargetMemoryAttrName));
+  const bool apart = module->hasAttr(kOnlineTargetApartAttrName);
+  // The rows of one micro-batch: the spec's, or the step's when it has no
+  // config (a test's module).
+  int64_t rows = 1;
+  if (auto config = module->getAttrOfType<DictionaryAttr>(kModelConfigAttrName);
+      config && config.getAs<IntegerAttr>("rows_per_gpu"))
+    rows = config.getAs<IntegerAttr>("rows_per_gpu").getInt();
+  else if (FailureOr<StepSignature> sig = StepSignature::get(module);
+           succeeded(sig))
+    if (std::optional<unsigned> ids = sig->findArg(ArgRole::Input, "input_ids"))
+      rows = cast<RankedTensorType>(step.getArgument(*ids).getType())
+                 .getDimSize(0);
+
+  bool ok = true;
+  GpuLoad alone = stepLoad(memory);
+  if (target && !apart) {
+    GpuLoad both = alone;
+    GpuLoad t = targetLoad(*target, /*withFeatures=*/false);
+    both.parts.append(t.parts.begin(), t.parts.end());
+    both.rowBytes += t.rowBytes;
+    if (both.total() <= limit)
+      return success();
+    InFlightDiagnostic diag =
+        step.emitError() << "the step (" << size(alone.total())
+                         << ") and the online target (" << size(t.total())
+                         << " besides the features it writes into the step's "
+                            "inputs) on one GPU need "
+                         << size(both.total()) << " but the memory budget is "
+                         << gib(limit);
+    diag.attachNote() << "the step: " << alone.list();
+    diag.attachNote() << "the online target: " << t.list();
+    attachLevers(diag, module, both, limit, rows, /*stepOnGpu=*/true, t.total(),
+                 memory.optimizerState);
+    return failure();
+  }
+  if (alone.total() > limit) {
+    InFlightDiagnostic diag = step.emitError()
+                              << "the step needs " << size(alone.total())
+                              << " per GPU (" << alone.list()
+                              << ") but the memory budget is " << gib(limit);
+    attachLevers(diag, module, alone, limit, rows, /*stepOnGpu=*/true,
+                 std::nullopt, memory.optimizerState);
+    ok = false;
+  }
+  if (target) {
+    GpuLoad t = targetLoad(*target, /*withFeatures=*/true);
+    if (t.total() > limit) {
+      InFlightDiagnostic diag = step.emitError()
+                                << "the online target needs " << size(t.total())
+                                << " on a GPU of its own (" << t.list()
+                                << ") but the memory budget is " << gib(limit);
+      attachLevers(diag, module, t, limit, rows, /*stepOnGpu=*/false,
+                   std::nullopt, 0);
+      ok = false;
+    }
+  }
+  return success(ok);
 }
 
 void PlanMemoryPass::runOnOperation() {
@@ -218,50 +413,18 @@ void PlanMemoryPass::runOnOperation() {
   module->setAttr(kArenaBytesAttrName, b.getI64IntegerAttr(arena));
 
   // The budget: arguments (parameters, optimizer state, inputs, frozen
-  // weights), the arena (kernel scratch included) and cuBLASLt's workspace.
-  // An evaluation program shares the step's buffers and runs only when
-  // asked for: the trainer reports its arena with the step's.
+  // weights), the arena (kernel scratch included) and cuBLASLt's workspace,
+  // and the online target's beside them. An evaluation program shares the
+  // step's buffers and runs only when asked for: the trainer reports its
+  // arena with the step's.
   if (sig->isEval())
     return;
   double budget = budgetGiB;
   if (budget <= 0)
     if (auto attr = module->getAttrOfType<FloatAttr>(kBudgetAttrName))
       budget = attr.getValueAsDouble();
-  if (budget <= 0)
-    return;
-  const ProgramMemory memory = *ProgramMemory::of(module);
-  const int64_t inputBytes = memory.inputs, workspace = memory.workspace;
-  int64_t total = memory.total();
-  int64_t limit = int64_t(budget * double(int64_t(1) << 30));
-  if (total <= limit)
-    return;
-  // Inputs, activations and workspaces grow with the rows per GPU; the
-  // parameters, optimizer state and frozen weights do not.
-  std::optional<unsigned> ids = sig->findArg(ArgRole::Input, "input_ids");
-  int64_t rows = ids ? cast<RankedTensorType>(step.getArgument(*ids).getType())
-                           .getDimSize(0)
-                     : 1;
-  int64_t perRow = (inputBytes + arena) / std::max<int64_t>(1, rows);
-  int64_t fixed = memory.fixed() + workspace;
-  int64_t fit = perRow > 0 ? (limit - fixed) / perRow : 0;
-  InFlightDiagnostic diag = step.emitError()
-                            << "the step needs " << gib(total)
-                            << " per GPU (parameters, optimizer state and "
-                               "frozen weights "
-                            << gib(fixed) << ", inputs " << gib(inputBytes)
-                            << ", activations " << gib(arena)
-                            << ", GEMM workspace " << gib(workspace)
-                            << ") but the memory budget is " << gib(limit);
-  if (fit >= 1)
-    diag.attachNote() << "rows_per_gpu = " << fit << " would fit (now " << rows
-                      << ")";
-  else
-    diag.attachNote() << "not even one row fits: the parameters and optimizer "
-                         "state alone need "
-                      << gib(fixed)
-                      << "; shard it over the GPUs ([parallel] "
-                         "shard_optimizer_state) or raise the budget";
-  signalPassFailure();
+  if (budget > 0 && failed(checkBudget(module, step, budget)))
+    signalPassFailure();
 }
 
 } // namespace

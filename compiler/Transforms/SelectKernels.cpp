@@ -124,9 +124,20 @@ LogicalResult checkAttention(Operation *op, int64_t D, int64_t BS, int64_t NH,
   return success();
 }
 
+/// Where the spec fixes the anchors of `op`'s rows: the step's `anchors`
+/// argument (at `training.anchors_per_row`), under a micro-batch's row
+/// slice; the op's own location where they come from elsewhere.
+Location anchorsLocation(BlockAttentionGradOp op) {
+  Value anchors = op.getAnchors();
+  while (auto slice = anchors.getDefiningOp<RowSliceOp>())
+    anchors = slice.getInput();
+  return isa<BlockArgument>(anchors) ? anchors.getLoc() : op.getLoc();
+}
+
 /// The backward keeps every block's anchor in shared memory: a spec that
-/// needs more than a CTA can have is rejected here, not at launch.
-LogicalResult checkAttentionBwdSharedMemory(Operation *op, int64_t D,
+/// needs more than a CTA can have is rejected here, not at launch, at the
+/// spec's anchors_per_row (the op's layer is not what to change).
+LogicalResult checkAttentionBwdSharedMemory(BlockAttentionGradOp op, int64_t D,
                                             int64_t BS, int64_t NH, int64_t NKV,
                                             int64_t N) {
   const int64_t limit = kernels::kSharedMemoryPerBlockOptIn;
@@ -138,12 +149,11 @@ LogicalResult checkAttentionBwdSharedMemory(Operation *op, int64_t D,
   int64_t fits = N;
   while (fits > 1 && smemFor(fits) > limit)
     --fits;
-  return op->emitOpError() << "needs " << (smemFor(N) + 1023) / 1024
-                           << " KiB of shared memory per CTA for " << N
-                           << " anchors per row; sm_90 allows " << limit / 1024
-                           << " KiB: 'training.anchors_per_row' must be at "
-                              "most "
-                           << fits;
+  return emitError(anchorsLocation(op))
+         << "'" << op->getName() << "' op needs " << (smemFor(N) + 1023) / 1024
+         << " KiB of shared memory per CTA for " << N
+         << " anchors per row; sm_90 allows " << limit / 1024
+         << " KiB: 'training.anchors_per_row' must be at most " << fits;
 }
 
 /// The attention op's constants: D, BS, NH, NKV, window, causal.
@@ -166,7 +176,8 @@ FailureOr<Choice> attention(Operation *op, bool backward) {
     return c;
   }
   const int64_t B = q.getDimSize(0), N = q.getDimSize(1) / BS;
-  if (failed(checkAttentionBwdSharedMemory(op, D, BS, NH, NKV, N)))
+  if (failed(checkAttentionBwdSharedMemory(cast<BlockAttentionGradOp>(op), D,
+                                           BS, NH, NKV, N)))
     return failure();
   c.name = ::dflash::kernel_names::kBlockAttentionBwd;
   c.workspace =

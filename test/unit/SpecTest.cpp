@@ -33,6 +33,7 @@ sliding_window = 8
 [training]
 seq_len = 64
 anchors_per_row = 8
+gamma = 0
 rows_per_gpu = 2
 )";
 
@@ -60,7 +61,9 @@ TEST(Spec, BaseIsValid) {
   EXPECT_TRUE(spec->targetLayerIdsDefaulted);
   EXPECT_EQ(spec->hiddenSize, 64);
   EXPECT_EQ(spec->layerWindows, (std::vector<int64_t>{8, 0})); // sliding, full
-  EXPECT_EQ(spec->gamma, 0.0); // block size 4 has no default decay
+  EXPECT_EQ(spec->gamma, 0.0); // given: block size 4 has no default decay
+  EXPECT_FALSE(spec->gammaDefaulted);
+  EXPECT_TRUE(spec->warnings.empty());
   EXPECT_EQ(spec->draftLength(), 32);
 }
 
@@ -83,7 +86,31 @@ TEST(Spec, DefaultGammaByBlockSize) {
   EXPECT_EQ(defaultGamma(16), 7.0);
   EXPECT_EQ(defaultGamma(10), 5.0);
   EXPECT_EQ(defaultGamma(8), 4.0);
-  EXPECT_EQ(defaultGamma(4), 0.0);
+  EXPECT_EQ(defaultGamma(4), std::nullopt);
+}
+
+// A sliding window past the sequence is valid, with a warning at the window.
+TEST(Spec, WindowLongerThanSequenceWarns) {
+  SpecError error;
+  std::string text = replaced("sliding_window = 8", "sliding_window = 100");
+  auto spec = parseSpec(text, "base.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  ASSERT_EQ(spec->warnings.size(), 1u);
+  EXPECT_EQ(spec->warnings[0].loc.line, lineOf(text, "sliding_window"));
+  EXPECT_EQ(spec->warnings[0].str().rfind(
+                "base.toml:" + std::to_string(lineOf(text, "sliding_window")) +
+                    ":18: warning: "
+                    "'attention.sliding_window' "
+                    "(100) is longer than "
+                    "'training.seq_len' (64)",
+                0),
+            0u)
+      << spec->warnings[0].str();
+  // As long as the sequence: no warning.
+  spec = parseSpec(replaced("sliding_window = 8", "sliding_window = 64"),
+                   "base.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  EXPECT_TRUE(spec->warnings.empty());
 }
 
 TEST(Spec, ShippedSpecsParseAndMatchSemantics) {
@@ -435,8 +462,19 @@ const ErrorCase kErrorCases[] = {
      "'drafter.rope_theta' must be "
      "positive",
      "rope_theta"},
-    {"NegativeGamma", "rows_per_gpu = 2", "rows_per_gpu = 2\ngamma = -1.0",
+    {"NegativeGamma", "gamma = 0", "gamma = -1.0",
      "'training.gamma' must be zero or positive", "gamma"},
+    {"GammaWithoutDefault", "gamma = 0\n", "",
+     "'drafter.block_size' is 4, which has no default loss decay (7 for 16, "
+     "5 for 10, 4 for 8): give 'training.gamma' (0 turns the decay off)",
+     "block_size"},
+    {"BudgetPastEveryGpu", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[memory]\ngpu_memory_gib = 80000",
+     "'memory.gpu_memory_gib' is 80000; no GPU has more than 1024 GiB",
+     "gpu_memory_gib"},
+    {"InfiniteBudget", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[memory]\ngpu_memory_gib = inf",
+     "'memory.gpu_memory_gib' must be a finite number", "gpu_memory_gib"},
     {"MaxPositionsTooSmall", "mask_token_id = 999",
      "mask_token_id = 999\nmax_position_embeddings = 32",
      "'drafter.max_position_embeddings' (32) is below seq_len + block_size",

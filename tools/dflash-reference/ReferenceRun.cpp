@@ -9,6 +9,7 @@
 
 #include "tools/dflash-reference/ReferenceRun.h"
 
+#include "compiler/Analysis/FlopCount.h"
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Pipelines/Pipelines.h"
@@ -31,11 +32,15 @@
 #include "llvm/Support/Format.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
+#include <unistd.h>
 
 using namespace mlir;
 using namespace mlir::dflash;
@@ -421,7 +426,106 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
   return Status::success();
 }
 
+/// The interpreter's rate on one core, in the FLOPs that FlopCount counts:
+/// specs/tiny.toml's step (2.1 GFLOP at --emit=train), Storage precision,
+/// took 0.28 s of CPU time a step on the CI machine's x86-64 cores (40
+/// steps, 2026-12).
+constexpr double kInterpreterFlopsPerSecond = 7e9;
+/// What the process holds besides the programs' values: the libraries, the
+/// MLIR context and the compiled programs (90 MiB for tiny's run).
+constexpr double kProcessBytes = 90.0 * (1 << 20);
+
+int64_t elements(Type t) {
+  auto r = dyn_cast<RankedTensorType>(t);
+  return r ? r.getNumElements() : 0;
+}
+
+/// One interpretation of `f`: its arguments, and the elements it holds while
+/// it runs besides them: their bound copy and the interpreter's own, every
+/// op's result, and the results copied out.
+struct RunCount {
+  int64_t arguments = 0, running = 0;
+};
+
+RunCount countRun(func::FuncOp f) {
+  RunCount c;
+  int64_t values = 0, results = 0;
+  for (BlockArgument a : f.getArguments())
+    c.arguments += elements(a.getType());
+  for (Operation &op : f.front())
+    for (Value r : op.getResults())
+      values += elements(r.getType());
+  for (Type t : f.getResultTypes())
+    results += elements(t);
+  c.running = 2 * c.arguments + values + results;
+  return c;
+}
+
+std::string humanBytes(double bytes) {
+  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int i = 0;
+  while (bytes >= 1024 && i < 5) {
+    bytes /= 1024;
+    ++i;
+  }
+  std::string s;
+  llvm::raw_string_ostream(s) << llvm::format("%.1f ", bytes) << units[i];
+  return s;
+}
+
+std::string humanSeconds(double seconds) {
+  std::string s;
+  llvm::raw_string_ostream os(s);
+  if (seconds < 120)
+    os << llvm::format("%.2g s", seconds);
+  else if (seconds < 2 * 3600)
+    os << llvm::format("%.0f min", seconds / 60);
+  else
+    os << llvm::format("%.1f h", seconds / 3600);
+  return s;
+}
+
 } // namespace
+
+namespace dflash {
+
+RunEstimate estimateRun(func::FuncOp step, func::FuncOp dump,
+                        func::FuncOp target) {
+  // Held all run: the step's state (its arguments between steps) and the
+  // target's weights; the programs run one at a time beside them.
+  RunCount s = countRun(step);
+  int64_t held = s.arguments, peak = s.running;
+  int64_t flops = FlopCount::of(step).step();
+  if (dump)
+    peak = std::max(peak, countRun(dump).running);
+  if (target) {
+    RunCount t = countRun(target);
+    held += t.arguments;
+    peak = std::max(peak, t.running);
+    flops += FlopCount::of(target).step();
+  }
+  RunEstimate e;
+  e.bytes = kProcessBytes + double(held + peak) * double(sizeof(double));
+  e.secondsPerStep = double(flops) / kInterpreterFlopsPerSecond;
+  return e;
+}
+
+std::optional<double> availableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:")
+      return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  long pages = sysconf(_SC_AVPHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && size > 0)
+    return double(pages) * double(size);
+  return std::nullopt;
+}
+
+} // namespace dflash
 
 int ::dflash::runReference(const ReferenceOptions &options,
                            llvm::raw_ostream &out) {
@@ -429,6 +533,10 @@ int ::dflash::runReference(const ReferenceOptions &options,
     return fail("--steps must be at least 1");
   if (options.syntheticRows < 1)
     return fail("--rows must be at least 1");
+  if (!(options.memoryGiB >= 0 && std::isfinite(options.memoryGiB)))
+    return fail(
+        "--memory-gib must be a number of GiB (0: what this machine has "
+        "available)");
 
   SpecError specError;
   std::optional<DrafterSpec> spec = loadSpec(options.specFile, specError);
@@ -436,17 +544,14 @@ int ::dflash::runReference(const ReferenceOptions &options,
     llvm::errs() << specError.str() << "\n";
     return 1;
   }
+  for (const SpecError &warning : spec->warnings)
+    llvm::errs() << warning.str() << "\n";
   const ModelConfig &config = *spec;
   uint64_t seed =
       options.seed >= 0 ? uint64_t(options.seed) : uint64_t(spec->seed);
   int64_t total = options.totalSteps > 0 ? options.totalSteps : options.steps;
 
-  Problem problem;
-  if (Status s = loadProblem(options, config, seed, problem); !s.ok())
-    return fail(s.message());
-  std::vector<ParamInfo> table = parameterTable(config);
-  StepState state = initialState(config, problem, table);
-
+  // The programs first: what they need is known before anything is loaded.
   MLIRContext ctx;
   FailureOr<CompiledStep> compiled = compile(ctx, *spec);
   if (failed(compiled))
@@ -462,11 +567,46 @@ int ::dflash::runReference(const ReferenceOptions &options,
     if (options.data == "synthetic" || options.targetDir.empty())
       return fail("--online-target needs --target DIR (the target's "
                   "checkpoint) and --data (token or feature shards)");
-    if (Status s = target.load(ctx, *spec, options.targetDir,
-                               config.rowsPerStep(), config.seqLen);
+    if (Status s = target.build(ctx, *spec, options.targetDir,
+                                config.rowsPerStep(), config.seqLen);
         !s.ok())
       return fail(s.message());
   }
+
+  // One line on what the run needs, and no run that cannot fit: the
+  // interpreter would fail at an allocation after minutes of loading.
+  RunEstimate estimate =
+      estimateRun(trainSig->func(),
+                  options.dumpStep.empty() ? func::FuncOp() : gradSig->func(),
+                  options.onlineTarget ? target.func() : func::FuncOp());
+  std::optional<double> available =
+      options.memoryGiB > 0
+          ? std::optional<double>(options.memoryGiB * double(1 << 30))
+          : availableMemoryBytes();
+  std::string limit =
+      !available ? ""
+      : options.memoryGiB > 0
+          ? "--memory-gib allows " + humanBytes(*available)
+          : "this machine has " + humanBytes(*available) + " available";
+  llvm::errs() << "dflash-reference: this run needs about "
+               << humanBytes(estimate.bytes) << " of memory and about "
+               << humanSeconds(estimate.secondsPerStep) << " a step; "
+               << (available ? limit : "the memory available is unknown")
+               << "\n";
+  if (available && estimate.bytes > *available)
+    return fail("this run needs about " + humanBytes(estimate.bytes) +
+                " of memory but " + limit +
+                ": a smaller spec (rows_per_gpu, seq_len, anchors_per_row) "
+                "needs less; --memory-gib sets what it may use");
+
+  Problem problem;
+  if (Status s = loadProblem(options, config, seed, problem); !s.ok())
+    return fail(s.message());
+  std::vector<ParamInfo> table = parameterTable(config);
+  StepState state = initialState(config, problem, table);
+  if (options.onlineTarget)
+    if (Status s = target.loadWeights(options.targetDir); !s.ok())
+      return fail(s.message());
 
   rt::BatchLoader loader(*problem.rows, config, seed);
   rt::HostBatch batch;

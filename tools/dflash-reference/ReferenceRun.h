@@ -13,7 +13,10 @@
 
 #include "compiler/Interpreter/Interpreter.h"
 
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace llvm {
@@ -60,7 +63,28 @@ struct ReferenceOptions {
   /// the last step, as `train --eval-data synthetic --eval-rows` does; 0:
   /// none.
   int64_t evalRows = 0;
+  /// The memory the run may use, in GiB: a run estimated to need more is
+  /// refused before it loads anything. 0: what the machine has available.
+  double memoryGiB = 0;
 };
+
+/// What a run needs, estimated from its programs before anything is
+/// loaded.
+struct RunEstimate {
+  double bytes = 0;
+  double secondsPerStep = 0;
+};
+
+/// The memory and time of running `step` in the reference interpreter,
+/// which keeps every op's result, as doubles, to the end of its program;
+/// with the first step's gradient program `dump` and the online `target`
+/// (null where the run has none), which run one after another beside it.
+RunEstimate estimateRun(mlir::func::FuncOp step, mlir::func::FuncOp dump,
+                        mlir::func::FuncOp target);
+
+/// The bytes of memory this machine has available now (Linux's
+/// MemAvailable, else the free pages), or nothing where it cannot tell.
+std::optional<double> availableMemoryBytes();
 
 /// Runs `options`: prints one JSON line per step (step, loss, acc, tau,
 /// acc_by_position, grad_norm, lr) to `out`, flushed after each line, and

@@ -16,6 +16,15 @@ static mlir::func::FuncOp targetFunc(mlir::ModuleOp module) {
 Status TargetProgram::load(mlir::MLIRContext &context, const DrafterSpec &spec,
                            const std::string &dir, int64_t rows,
                            int64_t seqLen) {
+  DFLASH_RETURN_IF_ERROR(build(context, spec, dir, rows, seqLen));
+  return loadWeights(dir);
+}
+
+mlir::func::FuncOp TargetProgram::func() const { return targetFunc(*module); }
+
+Status TargetProgram::build(mlir::MLIRContext &context, const DrafterSpec &spec,
+                            const std::string &dir, int64_t rows,
+                            int64_t seqLen) {
   std::string error;
   std::optional<TargetModelConfig> config = readTargetConfig(dir, error);
   if (!config || !checkTargetAgainstSpec(*config, spec, error))
@@ -29,6 +38,10 @@ Status TargetProgram::load(mlir::MLIRContext &context, const DrafterSpec &spec,
   if (!module)
     return Status::error("the target graph built from '" + target.configPath +
                          "' does not verify");
+  return Status::success();
+}
+
+Status TargetProgram::loadWeights(const std::string &dir) {
   mlir::func::FuncOp func = targetFunc(*module);
   // Frozen arguments in order, by their checkpoint names.
   std::vector<rt::FrozenTensor> wanted;

@@ -31,6 +31,15 @@ public:
   Status load(mlir::MLIRContext &context, const DrafterSpec &spec,
               const std::string &dir, int64_t rows, int64_t seqLen);
 
+  /// load() in two halves: the program (what a run's estimate counts), then
+  /// its weights from `dir`.
+  Status build(mlir::MLIRContext &context, const DrafterSpec &spec,
+               const std::string &dir, int64_t rows, int64_t seqLen);
+  Status loadWeights(const std::string &dir);
+
+  /// @target, once built.
+  mlir::func::FuncOp func() const;
+
   /// The features [rows, seqLen, L*H] of ids and positions ([rows, seqLen]
   /// each; ids inside the vocabulary), as bf16 bits.
   Status run(const std::vector<int32_t> &ids,

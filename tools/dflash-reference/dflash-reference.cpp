@@ -9,6 +9,8 @@
 
 #include "tools/dflash-reference/ReferenceRun.h"
 
+#include "compiler/Support/OutOfMemory.h"
+
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/InitLLVM.h"
 #include "llvm/Support/raw_ostream.h"
@@ -77,6 +79,13 @@ cl::opt<bool> onlineTarget(
              "instead of reading them; --data may then be token shards"),
     cl::init(false), cl::cat(category));
 
+cl::opt<double> memoryGiB(
+    "memory-gib",
+    cl::desc("The memory the run may use, in GiB: a run whose estimate "
+             "(printed either way) is more is refused before it loads "
+             "anything (default: what this machine has available now)"),
+    cl::value_desc("GiB"), cl::init(0), cl::cat(category));
+
 cl::opt<std::string> saveDir(
     "save",
     cl::desc("Export the parameters after the last step as a checkpoint "
@@ -87,6 +96,11 @@ cl::opt<std::string> saveDir(
 
 int main(int argc, char **argv) {
   llvm::InitLLVM initLLVM(argc, argv);
+  installOutOfMemoryHandler(
+      "dflash-reference",
+      "this run needs more memory than this machine has (its estimate is "
+      "above); a smaller spec (rows_per_gpu, seq_len, anchors_per_row) needs "
+      "less");
   // libLLVM registers hundreds of backend options; show only ours.
   cl::HideUnrelatedOptions(category);
   cl::ParseCommandLineOptions(
@@ -108,5 +122,6 @@ int main(int argc, char **argv) {
   options.dumpStep = dumpStep;
   options.saveDir = saveDir;
   options.onlineTarget = onlineTarget;
+  options.memoryGiB = memoryGiB;
   return runReference(options, llvm::outs());
 }

@@ -70,6 +70,7 @@ NOT_RESOLVED = {"path"}
 # The generated specs: only the required keys. (target layers, drafter
 # layers) pairs whose spread rule rounds half down (7, 3), half up (9, 3),
 # has one drafter layer, or gives no distinct taps (3, 3), (4, 3), (7, 5).
+# Blocks of 8: a block size without a default gamma needs the key.
 SWEEP = [(n, k) for n in (3, 4, 7, 9, 61) for k in (1, 3, 5)]
 REQUIRED_ONLY = """\
 name = "spread-{n}-{k}"
@@ -83,7 +84,7 @@ intermediate_size = 128
 num_heads = 2
 num_kv_heads = 1
 head_dim = 32
-block_size = 4
+block_size = 8
 mask_token_id = 127
 """
 
