@@ -1,6 +1,7 @@
 //===- Summary.cpp - One-screen summary of a compiled spec ----------------===//
 
 #include "compiler/Driver/Summary.h"
+#include "compiler/Support/HumanUnits.h"
 
 #include "compiler/Analysis/FlopCount.h"
 #include "compiler/Analysis/MemoryPlan.h"
@@ -23,19 +24,6 @@ static std::string humanCount(double v, const char *unit) {
   std::string s;
   llvm::raw_string_ostream os(s);
   os << llvm::format("%.2f", v) << " " << prefixes[i] << unit;
-  return s;
-}
-
-static std::string humanBytes(double v) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int i = 0;
-  while (v >= 1024 && i < 4) {
-    v /= 1024;
-    ++i;
-  }
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  os << llvm::format("%.1f ", v) << units[i];
   return s;
 }
 

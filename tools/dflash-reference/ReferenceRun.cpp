@@ -13,6 +13,7 @@
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Import/ImportSpec.h"
 #include "compiler/Pipelines/Pipelines.h"
+#include "compiler/Support/HumanUnits.h"
 #include "compiler/Transforms/Passes.h"
 #include "kernels/Bf16.h"
 #include "runtime/data/BatchLoader.h"
@@ -459,18 +460,6 @@ RunCount countRun(func::FuncOp f) {
     results += elements(t);
   c.running = 2 * c.arguments + values + results;
   return c;
-}
-
-std::string humanBytes(double bytes) {
-  const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int i = 0;
-  while (bytes >= 1024 && i < 5) {
-    bytes /= 1024;
-    ++i;
-  }
-  std::string s;
-  llvm::raw_string_ostream(s) << llvm::format("%.1f ", bytes) << units[i];
-  return s;
 }
 
 std::string humanSeconds(double seconds) {

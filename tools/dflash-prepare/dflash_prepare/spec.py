@@ -156,6 +156,12 @@ SCHEMA = (
 TABLES = ("target", "drafter", "attention", "training", "optimizer", "parallel", "memory")
 REQUIRED_TABLES = ("target", "drafter")
 
+# The loss decay's default by block size (docs/semantics.md section 4); other
+# block sizes must give 'training.gamma'.
+DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+# The largest memory budget dflashc takes (compiler/Spec/Spec.h).
+MAX_GPU_MEMORY_GIB = 1024.0
+
 # The defaults of the keys the rules below need (schema/ModelConfig.h).
 DEFAULTS = {"drafter.max_position_embeddings": 40960, "training.seq_len": 3072,
             "training.anchors_per_row": 512, "target.tie_word_embeddings": False,
@@ -483,6 +489,11 @@ class _Reader:
         self.read_optimizer_rules()
         self.read_table("parallel")
         self.read_table("memory")
+        budget = self.values.get("memory.gpu_memory_gib")
+        if budget is not None and budget > MAX_GPU_MEMORY_GIB:
+            self.fail_at("memory.gpu_memory_gib",
+                         f"'memory.gpu_memory_gib' is {budget:g}; no GPU has more than "
+                         f"{MAX_GPU_MEMORY_GIB:g} GiB (the budget is in GiB: 80 for an 80 GB card)")
         return self.resolve_taps()
 
     def read_target(self):
@@ -568,6 +579,11 @@ class _Reader:
         self.read_table("training")
         seq_len, anchors = self.value("training.seq_len"), self.value("training.anchors_per_row")
         block = self.values["drafter.block_size"]
+        if "training.gamma" not in self.values and block not in DEFAULT_GAMMA:
+            self.fail_at("drafter.block_size",
+                         f"'drafter.block_size' is {block}, which has no default loss decay "
+                         "(7 for 16, 5 for 10, 4 for 8): give 'training.gamma' (0 turns the "
+                         "decay off)")
         if anchors > seq_len - 1:
             self.fail_at("training.anchors_per_row",
                          f"'training.anchors_per_row' ({anchors}) does not fit the sequence: "

@@ -82,6 +82,7 @@ block_size = 4
 mask_token_id = 63
 [training]
 seq_len = {seq_len}
+gamma = 0.0
 anchors_per_row = 3
 """
 

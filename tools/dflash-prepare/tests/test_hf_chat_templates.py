@@ -40,6 +40,7 @@ block_size = 4
 mask_token_id = {mask}
 [training]
 seq_len = 2048
+gamma = 0.0
 anchors_per_row = 8
 """
 

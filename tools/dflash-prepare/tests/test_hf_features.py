@@ -32,6 +32,7 @@ block_size = 4
 mask_token_id = 1023
 [training]
 seq_len = 192
+gamma = 0.0
 anchors_per_row = 8
 """
 

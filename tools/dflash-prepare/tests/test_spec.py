@@ -54,13 +54,13 @@ class SpecTest(TempDir):
     def test_a_new_users_mistakes_name_the_file_line_and_field(self):
         # Each was read without a word before: [trainng] gave seq_len 3072.
         self.assertEqual(self.refused(BASE + "[trainng]\nseq_len = 2048\n"),
-                         "bad.toml:19:2: error: unknown key 'trainng' at the top level "
+                         "bad.toml:20:2: error: unknown key 'trainng' at the top level "
                          "(see docs/spec.md)")
         self.assertEqual(self.refused(BASE.replace("seq_len =", "seq_lenn =")),
                          "bad.toml:17:1: error: unknown key 'training.seq_lenn' in [training]; "
                          "did you mean 'seq_len'?")
         self.assertEqual(self.refused(BASE + "[optimizer]\nlr = \"0.1\"\n"),
-                         "bad.toml:20:6: error: 'optimizer.lr' must be a number, not a string")
+                         "bad.toml:21:6: error: 'optimizer.lr' must be a number, not a string")
         self.assertEqual(self.refused(BASE.replace("seq_len = 16", "seq_len = 2097152")),
                          "bad.toml:17:11: error: 'training.seq_len' is 2097152; it must be "
                          "at most 1048576")
@@ -68,7 +68,7 @@ class SpecTest(TempDir):
                          "bad.toml:11:13: error: 'drafter.num_heads' is 0; it must be at "
                          "least 1")
         self.assertEqual(self.refused(BASE + "[memory]\ngpu_memory_gib = inf\n"),
-                         "bad.toml:20:18: error: 'memory.gpu_memory_gib' must be a finite "
+                         "bad.toml:21:18: error: 'memory.gpu_memory_gib' must be a finite "
                          "number")
         self.assertEqual(self.refused(BASE.replace("[drafter]", "[drafter.x]\ny = 1\n[drafter]")),
                          "bad.toml:8:10: error: unknown key 'drafter.x' in [drafter] "
@@ -79,7 +79,7 @@ class SpecTest(TempDir):
         self.assertEqual(self.refused(BASE.encode().replace(b'"small"', b'"sm\xe9ll"')),
                          "bad.toml:1:10: error: invalid TOML: byte 0xE9 after this point is "
                          "not UTF-8 (a spec is UTF-8 text)")
-        self.assertTrue(self.refused(BASE.encode() + b"# \xff\n").startswith("bad.toml:19:2:"))
+        self.assertTrue(self.refused(BASE.encode() + b"# \xff\n").startswith("bad.toml:20:2:"))
         self.assertTrue(self.refused(b"\xff").startswith("bad.toml:1:1: error: invalid TOML"))
         # A byte-order mark is no error (dflashc skips it too).
         path = self.write_spec("\ufeff" + BASE, "bom.toml")
@@ -169,7 +169,7 @@ class DflashcTest(TempDir):
         status, out, err = run_tool(PREPARE, "check", self.dir, "--spec", path,
                                     env={"DFLASHC": "none"})
         self.assertEqual(status, 2)
-        self.assertEqual(err, f"{path}:19:2: error: unknown key 'trainng' at the top level "
+        self.assertEqual(err, f"{path}:20:2: error: unknown key 'trainng' at the top level "
                          "(see docs/spec.md)\n")
         status, _, err = run_tool(PREPARE, "check", self.dir, "--spec", path,
                                   env={"DFLASHC": self.path("no-such-dflashc")})
