@@ -229,14 +229,23 @@ FailureOr<Choice> select(Operation *op) {
       })
       // The hybrid targets' ops (kernels/HybridOps.cuh,
       // kernels/GatedDeltaRule.cuh); bf16 only.
-      .Case<CausalConvOp, GatedRmsNormOp, ZeroCentredRmsNormOp, PartialRopeOp,
-            SigmoidGateOp, SplitLastOp>([](Operation *o) -> Result {
+      .Case([](CausalConvOp o) -> Result {
+        auto w = tensorOf(o.getWeight());
+        if (!tensorOf(o.getInput()).getElementType().isBF16() ||
+            !kernels::causalConvSupports(w.getDimSize(0), w.getDimSize(1)))
+          return o.emitOpError()
+                 << "has no kernel for " << w.getDimSize(0) << " channels and "
+                 << w.getDimSize(1)
+                 << " taps: the channels must be a multiple of 8 and "
+                    "'linear_conv_kernel_dim' at most "
+                 << kernels::kCausalConvMaxTaps << " (bf16)";
+        return named(::dflash::kernel_names::kCausalConv);
+      })
+      .Case<GatedRmsNormOp, ZeroCentredRmsNormOp, PartialRopeOp, SigmoidGateOp,
+            SplitLastOp>([](Operation *o) -> Result {
         if (!tensorOf(o->getOperand(0)).getElementType().isBF16())
           return o->emitOpError() << "has a kernel for bf16 tensors only";
         return named(TypeSwitch<Operation *, std::string_view>(o)
-                         .Case([](CausalConvOp) {
-                           return ::dflash::kernel_names::kCausalConv;
-                         })
                          .Case([](GatedRmsNormOp) {
                            return ::dflash::kernel_names::kGatedRmsNorm;
                          })

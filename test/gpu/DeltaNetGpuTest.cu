@@ -120,16 +120,21 @@ TEST(GatedDeltaRule, SlowDecayCarriesTheState) {
   deltaCases(2, 130, 2, 2, 32, {0, 64, 65}, 6, Decay::Slow);
 }
 
-TEST(HybridOps, CausalConvOnAPackedRow) {
-  const int64_t B = 2, S = 40, C = 96, K = 4;
-  std::mt19937_64 rng(4);
+/// causal_conv_bf16 against the reference: row 0 packs conversations
+/// starting at `starts`, the other rows are one conversation each.
+void convCase(int64_t B, int64_t S, int64_t C, int64_t K,
+              const std::vector<int64_t> &starts, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "conv B=" << B << " S=" << S << " C=" << C << " K=" << K);
+  std::mt19937_64 rng(seed);
   Bf16Tensor x = randomBf16(B * S * C, rng), w = randomBf16(C * K, rng, 0.5);
   std::vector<int32_t> pos(size_t(B * S));
-  for (int64_t i = 0; i < B * S; ++i) // row 0: conversations at 0, 2, 17
-    pos[size_t(i)] = int32_t(i < S ? (i < 2    ? i
-                                      : i < 17 ? i - 2
-                                               : i - 17)
-                                   : i - S);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0, start = 0; t < S; ++t) {
+      if (b == 0 && std::find(starts.begin(), starts.end(), t) != starts.end())
+        start = t;
+      pos[size_t(b * S + t)] = int32_t(t - start);
+    }
   DeviceBuffer<int32_t> devPos(pos.size());
   devPos.upload(pos);
   DeviceBuffer<bf16> y(B * S * C);
@@ -140,7 +145,30 @@ TEST(HybridOps, CausalConvOnAPackedRow) {
   std::vector<double> want(size_t(B * S * C));
   ref::causalConv(x.values.data(), w.values.data(), pos.data(), want.data(), B,
                   S, C, K);
-  EXPECT_CLOSE(downloadBf16(y), want, 1e-2, "causal_conv");
+  std::vector<double> got = downloadBf16(y);
+  EXPECT_CLOSE(got, want, 1e-2, "causal_conv");
+  // Every token on its own: a tap taken across a conversation start (or
+  // a run of tokens started without its K - 1 predecessors) shows there.
+  double worst = 0;
+  for (int64_t t = 0; t < B * S; ++t)
+    worst = std::max(
+        worst, relativeError(std::vector<double>(got.begin() + t * C,
+                                                 got.begin() + (t + 1) * C),
+                             std::vector<double>(want.begin() + t * C,
+                                                 want.begin() + (t + 1) * C)));
+  EXPECT_LE(worst, 2e-2) << "worst token";
+}
+
+// Conversations starting inside a thread's run of 16 tokens, on its first
+// token (16, 48) and one token after it (17); S not a multiple of 16; every
+// tap count the kernel takes; Qwen3.6-27B's 10240 channels.
+TEST(HybridOps, CausalConvOnAPackedRow) {
+  convCase(2, 40, 96, 4, {0, 2, 17}, 4);
+  convCase(2, 100, 1024, 4, {0, 16, 48, 49, 90}, 8);
+  convCase(1, 37, 64, 3, {0, 5, 16}, 9);
+  convCase(1, 37, 64, 2, {0, 16, 31}, 10);
+  convCase(1, 37, 64, 1, {0, 3}, 11);
+  convCase(1, 70, 10240, 4, {0, 33}, 12);
 }
 
 TEST(HybridOps, Norms) {
