@@ -73,6 +73,9 @@ def parse_answer(payload):
     except ValueError:
         raise RequestFailed("malformed answer: the body is not json "
                             f"({payload[:60]!r})") from None
+    except RecursionError:
+        raise RequestFailed("malformed answer: the body nests deeper than python's "
+                            "json reader follows") from None
     choices = body.get("choices") if isinstance(body, dict) else None
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise RequestFailed("malformed answer: no choices[0]")
@@ -91,6 +94,15 @@ def parse_answer(payload):
     reasoning = message.get("reasoning_content", message.get("reasoning"))
     if reasoning is not None and not isinstance(reasoning, str):
         raise RequestFailed("malformed answer: reasoning_content is not a string")
+    try:
+        # JSON may escape a lone surrogate ("\udc00"), which no UTF-8 output
+        # can hold: the answer's failure, not the run's.
+        json.dumps([content, reasoning, calls], ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestFailed("malformed answer: a lone surrogate escape in its text "
+                            "(not a unicode character)") from None
+    except (RecursionError, ValueError):
+        raise RequestFailed("malformed answer: tool_calls nest too deep") from None
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
     tokens = usage.get("completion_tokens")
     return Answer(content, reasoning or None, calls,

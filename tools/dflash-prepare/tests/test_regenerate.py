@@ -2,7 +2,7 @@
 real HTTP server on 127.0.0.1 (http.server), started by each test. The
 servers meant are vLLM and SGLang; this one answers from the request alone
 and misbehaves on cue: the last user message names what it does (slow,
-fail500, drop, malformed, always500, bad400, delay)."""
+fail500, drop, malformed, surrogate, deep, always500, bad400, delay)."""
 import http.server
 import io
 import json
@@ -77,6 +77,12 @@ class StandInServer:
             return self.send(handler, 400, b'{"error": "bad request"}')
         if "malformed" in user:
             return self.send(handler, 200, b"<html>not json</html>")
+        if "surrogate" in user:  # valid JSON, but no UTF-8 text
+            return self.send(handler, 200, b'{"choices": [{"message": {"role": '
+                             b'"assistant", "content": "x \\udc00 y"}}]}')
+        if "deep" in user:  # valid JSON past python's recursion limit
+            return self.send(handler, 200, b'{"choices": ' + b"[" * 200000 + b"]" * 200000
+                             + b"}")
         turn = sum(m["role"] == "assistant" for m in body["messages"])
         message = {"role": "assistant", "content": f"A{turn}: {user}",
                    "reasoning_content": f"thinking about {user}"}
@@ -209,6 +215,25 @@ class RegenerateTest(TempDir):
         self.assertEqual(sorted(f["source"] for f in report["failures"]),
                          [f"{chat_path}:{n}" for n in (2, 3, 4)])
         self.assertIn("2 regenerated, 0 already there, 3 failed", out)
+
+    def test_an_answer_no_utf8_output_holds_is_that_conversations_failure(self):
+        # A lone surrogate escape and a body nested 200000 deep each raised out
+        # of the run (UnicodeEncodeError, RecursionError) on every rerun.
+        chat_path = self.write_chat([conversation("fine0"), conversation("surrogate"),
+                                     conversation("deep"), conversation("fine1")])
+        # The rerun tries the two again; with nothing else left to do it
+        # exits 1, as a run does whose every conversation failed.
+        for expected in (0, 1):
+            code, out, err = self.regenerate(chat_path)
+            self.assertEqual(code, expected, err)
+            self.assertNotIn("Traceback", err)
+            self.assertEqual(sorted(m["messages"][1]["content"] for m in self.output()),
+                             ["A0: fine0", "A0: fine1"])
+            self.assertIn(f"{chat_path}:2: malformed answer: a lone surrogate", err)
+            self.assertIn(f"{chat_path}:3: malformed answer: the body nests deeper", err)
+            with open(self.path("regen.jsonl") + ".state.json") as f:
+                report = json.load(f)["report"]
+            self.assertEqual(report["failed"], 2)
 
     def test_requests_are_in_flight_concurrently(self):
         chat_path = self.write_chat([conversation(f"delay{i}") for i in range(12)])
