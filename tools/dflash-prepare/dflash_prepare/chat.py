@@ -14,6 +14,7 @@ reason, with its file and line number (`Drops`).
 """
 import collections
 import json
+import os
 import re
 
 from .errors import UserError, note
@@ -194,6 +195,21 @@ def normalise(record, reasoning="keep"):
         raise BadConversation("no-assistant-turn",
                               f"{len(messages)} turns, none of them the assistant's")
     return messages
+
+
+def check_inputs(paths, out=None):
+    """Refuses an input named twice (every conversation would be read, and
+    written, twice) and an `out` that is one of the inputs (writing it, or
+    --overwrite, would destroy the data being read)."""
+    seen = {}
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UserError(f"{path}: named twice as an input (also as {seen[real]})")
+        seen[real] = path
+    if out is not None and os.path.realpath(out) in seen:
+        raise UserError(f"{out}: the output is also an input "
+                        f"({seen[os.path.realpath(out)]}); give --out another file")
 
 
 def read_conversations(paths, drops, reasoning="keep"):

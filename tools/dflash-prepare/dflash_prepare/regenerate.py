@@ -177,6 +177,7 @@ def run(args):
         args.backend = "server" if args.server else "transformers"
     # The data first, its bad lines named as in tokens, before the backend
     # loads a model and before anything is written.
+    chat.check_inputs(args.inputs, args.out)
     drops = chat.Drops(name_first=5)
     try:
         jobs = [Job(c, c.where) for c in chat.read_conversations(args.inputs, drops)]

@@ -124,6 +124,7 @@ def encode_conversations(encoder, conversations, drops, spec, max_length, over_l
 
 
 def run(args):
+    chat.check_inputs(args.inputs)
     spec = load_spec(args.spec)
     seq_len = args.seq_len or spec.seq_len
     if seq_len < 2:

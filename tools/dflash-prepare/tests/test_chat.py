@@ -101,6 +101,18 @@ class ChatReaderTest(TempDir):
             list(chat.read_conversations([self.path("none.jsonl")], drops))
         self.assertIn("none.jsonl: cannot open", str(caught.exception))
 
+    def test_inputs_named_twice_or_written_over_are_refused(self):
+        # tokens and regenerate call this before reading anything.
+        path = self.write_file("a.jsonl", "{}\n")
+        alias = self.path("sub/../a.jsonl")
+        self.write_file("sub/keep", "")
+        for paths, out, why in (([path, alias], None, "named twice as an input"),
+                                ([path], path, "the output is also an input")):
+            with self.assertRaises(chat.UserError) as caught:
+                chat.check_inputs(paths, out)
+            self.assertIn(why, str(caught.exception))
+        chat.check_inputs([path], self.path("out.jsonl"))  # distinct: accepted
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -235,6 +235,22 @@ class RegenerateTest(TempDir):
                 report = json.load(f)["report"]
             self.assertEqual(report["failed"], 2)
 
+    def test_an_input_named_twice_or_written_over_is_refused(self):
+        chat_path = self.write_chat([conversation("fine0")])
+        server = ["--server", self.server.url, "--model", "stand-in"]
+        for args, why in (
+                ([chat_path, chat_path, "--out", self.path("regen.jsonl")],
+                 f"{chat_path}: named twice as an input"),
+                ([chat_path, "--out", chat_path, "--overwrite"],
+                 f"{chat_path}: the output is also an input")):
+            err = io.StringIO()
+            with redirect_stdout(io.StringIO()), redirect_stderr(err):
+                self.assertEqual(cli.main(["regenerate", *args, *server]), 2)
+            self.assertIn(why, err.getvalue())
+        with open(chat_path) as f:  # the input is untouched
+            self.assertEqual([json.loads(line) for line in f], [conversation("fine0")])
+        self.assertEqual(self.server.requests, [])
+
     def test_requests_are_in_flight_concurrently(self):
         chat_path = self.write_chat([conversation(f"delay{i}") for i in range(12)])
         # A timeout far above the delay: a retry would overlap its first try.
