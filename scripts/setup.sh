@@ -66,6 +66,11 @@ data_environment() {
 case ${1:-} in
   "") ;;
   --data) data_environment; exit 0 ;;
+  -h | --help)
+    echo "usage: scripts/setup.sh          install the build and test packages (Debian 12, apt)"
+    echo "       scripts/setup.sh --data   make .venv-data/ for the data tools (transformers, torch >= 2,"
+    echo "                                 safetensors; pip from the configured index)"
+    exit 0 ;;
   *) echo "setup: error: unknown argument '$1' (scripts/setup.sh [--data])" >&2; exit 2 ;;
 esac
 

@@ -77,6 +77,12 @@ class RefusalTest(TempDir):
         self.assertEqual(result.returncode, 2)
         self.assertIn("unknown argument '--dta'", result.stderr)
 
+    def test_help_names_both_forms_and_installs_nothing(self):
+        result = subprocess.run(["bash", SETUP, "--help"], capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("scripts/setup.sh --data", result.stdout)
+        self.assertNotIn("installing", result.stdout + result.stderr)
+
 
 def fake_venv(directory, log):
     """A folder shaped like a virtual environment whose bin/python notes its
