@@ -91,11 +91,13 @@ spec_for() {
     qwen3.6-27b) echo specs/qwen3.6-27b-b16.toml; return ;;
     tiny-*) base=specs/tiny.toml ;;
     qwen3-8b-*) base=specs/qwen3-8b-b16.toml ;;
+    qwen3.6-27b-*) base=specs/qwen3.6-27b-b16.toml ;;
     *) die "no trainer '$name' (scripts/device/products.toml)" ;;
   esac
   out=$D/specs/$name.toml
   form=${name#tiny-}
   [[ $base == specs/qwen3-8b-b16.toml ]] && form=${name#qwen3-8b-}
+  [[ $base == specs/qwen3.6-27b-b16.toml ]] && form=${name#qwen3.6-27b-}
   rows=
   if [[ $form =~ ^(.*)-?rows-([0-9]+)$ ]]; then
     rows=${BASH_REMATCH[2]}
@@ -115,6 +117,12 @@ spec_for() {
     zero1-one) printf '\n[parallel]\nbucket_mib = 1\nshard_optimizer_state = true\n' >> "$out" ;;
     recompute) printf '\n[memory]\nrecompute_activations = true\n' >> "$out" ;;
     mlp) printf '\n[memory]\nrecompute_activations = true\nrecompute_mlp_products = true\n' >> "$out" ;;
+    s[0-9]*k) # one row of S = N x 1024 tokens, 512 anchors (docs/long-context.md);
+      # positions past the published max_position_embeddings, for timing
+      local kilo=${form#s}
+      local seq=$(( ${kilo%k} * 1024 ))
+      sed -i -e "s/^seq_len = .*/seq_len = $seq/" -e "s/^rows_per_gpu = .*/rows_per_gpu = 1/" \
+        -e "s/^max_position_embeddings = .*/max_position_embeddings = $(( 2 * seq ))/" "$out" ;;
     k[0-9]*) # gradient accumulation: K micro-batches of rows_per_gpu rows
       sed -i "s/^rows_per_gpu = \(.*\)$/rows_per_gpu = \1\ngradient_accumulation = ${form#k}/" "$out" ;;
     *) die "no trainer '$name' (scripts/device/products.toml)" ;;

@@ -192,11 +192,14 @@ void gemmAlgorithms(CublasLtGemm &gemm) {
 }
 
 /// bwdOnly / fwdOnly: the backward or forward variants alone (arguments
-/// "attention-bwd", "attention-fwd").
+/// "attention-bwd", "attention-fwd"). defaultsOnly: only the kernels the
+/// trainer selects, at rows of S tokens (argument "attention-long": one row
+/// of 131072, where the context half of each block's keys dominates).
 template <int WINDOW, bool CAUSAL>
-void attention(int B, bool bwdOnly, bool fwdOnly) {
+void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
+               bool defaultsOnly = false) {
   constexpr int D = 128, BS = 16, NH = 32, NKV = 8;
-  const int S = 3072, N = 512, Q = N * BS;
+  const int N = 512, Q = N * BS;
   std::mt19937_64 rng(42 + B);
   std::vector<int32_t> anchors(size_t(B) * N);
   std::vector<uint8_t> keep(size_t(B) * N, 1);
@@ -275,7 +278,11 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   ba.B = B;
   ba.S = S;
   ba.N = N;
-  const char *kind = WINDOW > 0 ? "sliding2048" : "full";
+  // Rows of other lengths than the step's 3072 carry S in their names.
+  const std::string kindName =
+      std::string(WINDOW > 0 ? "sliding2048" : "full") +
+      (S == 3072 ? "" : " S=" + std::to_string(S));
+  const char *kind = kindName.c_str();
   double fwdFlops = 4.0 * D * pairs;
   char name[128];
   // Forward variants: m-tiles per warp x keys per tile.
@@ -288,6 +295,39 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
   // The backward reads the forward's out and lse.
   sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  auto bwd = [&](auto launch, const char *variant) {
+    if (fwdOnly)
+      return;
+    double ms = timeMs([&] { launch(); });
+    std::snprintf(name, sizeof(name), "attention bwd %s B=%d [%s]", kind, B,
+                  variant);
+    report(name, ms, "TFLOP/s", 2.5 * fwdFlops / (ms * 1e9));
+  };
+  auto freeAll = [&] {
+    for (void *p :
+         {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv,
+          (void *)out, (void *)dOut, (void *)dq, (void *)dck, (void *)dcv,
+          (void *)ddk, (void *)ddv, (void *)lse, (void *)ws, (void *)dAnchors,
+          (void *)dKeep, (void *)dPositions})
+      cudaFree(p);
+  };
+  if (defaultsOnly) {
+    if (!bwdOnly)
+      fwd(
+          [&] {
+            sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW,
+                                                 CAUSAL>(fa, 0);
+          },
+          "wgmma tma (default)");
+    bwd(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+              ba, 0);
+        },
+        "wgmma dq rows by adders, groups of 8 pairs (default)");
+    freeAll();
+    return;
+  }
   if (!bwdOnly) {
     fwd(
         [&] {
@@ -315,14 +355,6 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
         },
         "wgmma tma (default)");
   }
-  auto bwd = [&](auto launch, const char *variant) {
-    if (fwdOnly)
-      return;
-    double ms = timeMs([&] { launch(); });
-    std::snprintf(name, sizeof(name), "attention bwd %s B=%d [%s]", kind, B,
-                  variant);
-    report(name, ms, "TFLOP/s", 2.5 * fwdFlops / (ms * 1e9));
-  };
   bwd(
       [&] {
         mma_sync_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
@@ -445,11 +477,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly) {
             ba, 0);
       },
       "wgmma wgs2 down no dq phase, timing only");
-  for (void *p :
-       {(void *)q, (void *)ck, (void *)cv, (void *)dk, (void *)dv, (void *)out,
-        (void *)dOut, (void *)dq, (void *)dck, (void *)dcv, (void *)ddk,
-        (void *)ddv, (void *)lse, (void *)ws, (void *)dAnchors, (void *)dKeep})
-    cudaFree(p);
+  freeAll();
 }
 
 /// The fused lm_head + CE over 8192 rows (512 blocks of 16, slot 0 weighted
@@ -922,7 +950,12 @@ int main(int argc, char **argv) {
     gemmCeiling(gemm);
   if (want("gemm-algorithms"))
     gemmAlgorithms(gemm);
-  if (want("attention")) {
+  if (only.find("attention-long") != std::string::npos) {
+    // One row of 131072 tokens against one of the step's 3072, same anchors.
+    attention<0, false>(1, false, false, 3072, true);
+    attention<0, false>(1, false, false, 131072, true);
+    attention<2048, true>(1, false, false, 131072, true);
+  } else if (want("attention")) {
     bool bwdOnly = only.find("bwd") != std::string::npos;
     bool fwdOnly = only.find("fwd") != std::string::npos;
     attention<0, false>(4, bwdOnly, fwdOnly);

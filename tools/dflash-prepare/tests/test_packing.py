@@ -21,6 +21,33 @@ class PackingTest(unittest.TestCase):
             self.assertLessEqual(sum(lengths[i] for i in row), 10)
         self.assertEqual(sorted(i for row in rows for i in row), list(range(len(lengths))))
 
+    def test_long_rows_keep_long_conversations_whole(self):
+        # Rows of 131072 tokens (docs/long-context.md): conversations of up
+        # to a whole row stay whole, two longer than half a row never share
+        # one, and the short ones fill what the long ones leave.
+        S = 131072
+        rng = np.random.default_rng(7)
+        long = [S, 100000, 90000, 70000, 66000]
+        short = [int(n) for n in rng.integers(500, 6000, size=40)]
+        lengths = long + short
+        sequences = self.sequences(lengths)
+        rows = packing.build_rows(sequences, S, pad_id=0, pack=True, seed=1)
+        self.assertEqual(int(rows.num_tokens.sum()), sum(lengths))
+        seen = []
+        for r in range(len(rows)):
+            bounds = packing.conversation_bounds(rows.position_ids[r], rows.num_tokens[r])
+            sizes = [e - s for s, e in bounds]
+            self.assertLessEqual(sum(1 for n in sizes if n > S // 2), 1)
+            seen.extend(sizes)
+            # each conversation counts its own positions from 0
+            for s, e in bounds:
+                np.testing.assert_array_equal(rows.position_ids[r, s:e], np.arange(e - s))
+        self.assertEqual(sorted(seen), sorted(lengths))
+        # first-fit decreasing: the short ones went into the long ones' rows
+        # before a new row was opened
+        self.assertEqual(len(rows), len(long))
+        self.assertGreater(rows.num_tokens.sum() / (len(rows) * S), 0.85)
+
     def test_every_row_gets_the_first_with_room(self):
         # Distinct lengths fix the order; a plain first-fit over them must
         # give the same rows as the segment tree.
