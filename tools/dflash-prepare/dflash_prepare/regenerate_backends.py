@@ -343,6 +343,9 @@ class ServerBackend:
                 return parse_answer(payload)
             text = payload.decode("utf-8", "replace").strip()[:120]
             why, kind = f"HTTP {status} ({text!r})", "http"
+            if 300 <= status < 400:  # followed by urllib, not here: say where to point
+                raise ServerUnusable(f"{self.endpoint} answers HTTP {status}, to "
+                                     f"{headers.get('Location')!r}: give that as --server")
             if status in (401, 403, 404):
                 raise ServerUnusable(
                     f"{self.endpoint} answers {why} for --model {self.model}: the server "

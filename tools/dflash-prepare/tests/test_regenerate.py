@@ -3,7 +3,7 @@ real HTTP server on 127.0.0.1 (http.server), started by each test. The
 servers meant are vLLM and SGLang; this one answers from the request alone
 and misbehaves on cue: the last user message names what it does (slow,
 fail500, drop, malformed, surrogate, deep, always500, bad400, delay,
-trickle, busy429, busydate, busylong, empty, badutf8, hang, vanish). It
+trickle, busy429, busydate, busylong, empty, badutf8, hang, vanish, moved). It
 serves one model (404 for another) and lists it at GET /v1/models unless
 told not to."""
 import email.utils
@@ -94,6 +94,8 @@ class StandInServer:
             threading.Thread(target=self.close, daemon=True).start()
             handler.close_connection = True
             return
+        if "moved" in user:
+            return self.send(handler, 307, b"", {"Location": "http://elsewhere/v1"})
         if "slow" in user and attempt == 1:
             time.sleep(self.client_timeout * 3)
         if "delay" in user:
@@ -522,6 +524,13 @@ class FaultTest(RegenerateBase):
         report = self.state()["report"]
         self.assertEqual((report["regenerated"], report["failed"], report["not_finished"]),
                          (2, 0, 3))
+
+    def test_a_redirect_names_where_it_points(self):
+        chat_path = self.write_chat([conversation("moved"), conversation("fine")])
+        code, _, err = self.regenerate(chat_path, "--concurrency", "1")
+        self.assertEqual(code, 2)
+        self.assertIn("answers HTTP 307, to 'http://elsewhere/v1': give that as --server", err)
+        self.assertEqual(err.count("error:"), 1, err)
 
     def test_a_model_the_server_lacks_stops_the_run_and_binds_nothing(self):
         chat_path = self.write_chat([conversation(f"u{i}") for i in range(5)])
