@@ -32,7 +32,7 @@ import time
 
 from . import chat, output_lock
 from .errors import UserError, note, warn
-from .progress import file_sha256, fingerprint
+from .progress import file_identity, file_sha256, fingerprint
 from .regenerate_backends import (Answer, RequestFailed, ServerBackend,  # noqa: F401
                                   ServerUnusable, Stopped, TransformersBackend)
 from .shards import write_json_atomically
@@ -154,7 +154,7 @@ def completed_sources(path, renames=None):
 
 
 # What a resume binds, as the options that set it (named in a refusal).
-BOUND = {"inputs": "the inputs' content", "backend": "--backend", "model": "--model",
+BOUND = {"inputs": "inputs (by content)", "backend": "--backend", "model": "--model",
          "target": "--target", "dtype": "--dtype", "temperature": "--temperature",
          "top_p": "--top-p", "max_tokens": "--max-tokens",
          "template_options": "--template-option", "last_turn_only": "--last-turn-only"}
@@ -188,8 +188,12 @@ def open_state(args, identity):
                                 "over") from None
             old = {}
     renames = {}
-    if old is not None and old.get("fingerprint") == mark:
-        before = old.get("input_names") or []
+    same = old is not None and (old.get("fingerprint") == mark or
+                                _same_first_version_run(old, args, identity))
+    if same:
+        # The names the output's sources use (the first version kept them in "run").
+        run = old.get("run") if isinstance(old.get("run"), dict) else {}
+        before = old.get("input_names") or run.get("input_names") or []
         renames = {a: b for a, b in zip(before, args.inputs) if a != b}
         if renames:
             note(f"{args.out}: its inputs are named otherwise than before (the same "
@@ -216,6 +220,21 @@ def open_state(args, identity):
     save_state(state, {"fingerprint": mark, "run": identity, "input_names": args.inputs,
                        "server": args.server})
     return state, renames
+
+
+def _same_first_version_run(old, args, identity):
+    """Whether a state of the first version (bound to the inputs' paths,
+    sizes and times, and the server) names this run: a run in progress
+    across the upgrade continues."""
+    run = (old or {}).get("run")
+    if not isinstance(run, dict) or "version" in run:
+        return False
+    try:
+        inputs = [file_identity(p) for p in args.inputs]
+    except OSError:
+        return False
+    return run.get("inputs") == inputs and all(
+        run.get(k) == identity[k] for k in BOUND if k != "inputs")
 
 
 def _remove(path):
@@ -402,6 +421,8 @@ def _run_locked(args):
     try:
         with Signals() as signals:
             _ask(pending, backend, args, output, meter, outcome, signals)
+        if signals.received and outcome.stopped is None:  # came as the last line did
+            outcome.stopped = signal.Signals(signals.received).name
     finally:
         output.close()
         backend.close()

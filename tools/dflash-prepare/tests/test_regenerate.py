@@ -596,7 +596,24 @@ class FaultTest(RegenerateBase):
             f.write(json.dumps(conversation("new")) + "\n")
         code, _, err = self.regenerate(moved)
         self.assertEqual(code, 2)
-        self.assertIn("written by a run with other the inputs' content", err)
+        self.assertIn("written by a run with other inputs (by content)", err)
+
+    def test_a_run_of_the_first_version_continues(self):
+        # Its state bound the inputs' paths, sizes and times, and the server.
+        chat_path = self.write_chat([conversation("fine0"), conversation("fine1")])
+        info = os.stat(chat_path)
+        run = {"inputs": [[os.path.abspath(chat_path), info.st_size, info.st_mtime_ns]],
+               "input_names": [chat_path], "backend": "server", "server": "http://old:1",
+               "model": "stand-in", "target": None, "dtype": None, "temperature": 0.0,
+               "top_p": 1.0, "max_tokens": 2048, "template_options": {},
+               "last_turn_only": False}
+        with open(self.path("regen.jsonl.state.json"), "w") as f:
+            json.dump({"fingerprint": "0" * 64, "run": run}, f)
+        with open(self.path("regen.jsonl"), "w") as f:
+            f.write(json.dumps({"messages": [], "source": f"{chat_path}:1"}) + "\n")
+        code, out, err = self.regenerate(chat_path)
+        self.assertEqual(code, 0, err)
+        self.assertIn("1 regenerated, 1 already there", out)
 
     def test_a_missing_read_only_or_full_output_directory_is_one_line(self):
         chat_path = self.write_chat([conversation(f"fine{i}") for i in range(4)])
