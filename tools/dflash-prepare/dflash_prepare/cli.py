@@ -47,6 +47,7 @@ _positive = _number(int, "an integer", lambda v: v >= 1, "is not positive")
 _non_negative = _number(int, "an integer", lambda v: v >= 0, "is negative")
 _probability = _number(float, "a number", lambda v: 0 < v <= 1, "is not in (0, 1]")
 _non_negative_float = _number(float, "a number", lambda v: v >= 0, "is negative")
+_positive_float = _number(float, "a number", lambda v: v > 0, "is not positive")
 
 
 def _template_option(text):
@@ -157,9 +158,19 @@ def build_parser():
         "own answer to the conversation before it, keeping reasoning_content where the "
         "backend returns it. Backends: an OpenAI-compatible chat-completions server "
         "(vLLM, SGLang: --server URL --model NAME) or transformers' generate (--backend "
-        "transformers --target DIR). Lines are appended and flushed as conversations "
-        "complete; a rerun continues. A conversation whose request fails after the "
-        "retries, or whose answer is malformed, is named, counted and left out.")
+        "transformers --target DIR). Lines are appended as conversations complete; one "
+        "run at a time writes an output (REGEN.jsonl.lock names the holder). The same "
+        "command again continues: what must match is the inputs' content, --model "
+        "(--target), sampling, --max-tokens, template options and --last-turn-only, not "
+        "the server's address; a run that wrote no answer binds nothing. A conversation "
+        "whose request fails after the retries, or whose answer is malformed, not UTF-8 "
+        "or empty, is named, counted and left out (a rerun asks again). Before asking, "
+        "the server must answer and list --model (GET /v1/models where offered). SIGINT "
+        "or SIGTERM stops within seconds, keeping what is written and saving the "
+        "report; a second signal ends it at once. Exit status: 0 done (failures named "
+        "in REGEN.jsonl.state.json), 1 every conversation asked failed, 2 bad usage or "
+        "input, --out in use or not writable (a full disk), the server unreachable, "
+        "without --model or gone mid-run, 130 SIGINT, 143 SIGTERM.")
     regen.add_argument("inputs", nargs="+", metavar="JSONL", help="chat data files")
     regen.add_argument("--out", "-o", required=True, metavar="REGEN.jsonl",
                        help="output chat JSONL (OpenAI messages, one conversation a line)")
@@ -191,16 +202,21 @@ def build_parser():
     regen.add_argument("--concurrency", type=_positive, default=8, metavar="N",
                        help="requests in flight (the batch of --backend transformers; "
                        "default: 8)")
-    regen.add_argument("--timeout", type=_non_negative_float, default=600.0, metavar="S",
-                       help="seconds to wait for one answer before retrying (default: 600)")
+    regen.add_argument("--timeout", type=_positive_float, default=600.0, metavar="S",
+                       help="seconds one answer may take, from connecting to its last "
+                       "byte, before it is retried (default: 600)")
     regen.add_argument("--retries", type=_non_negative, default=4, metavar="N",
                        help="retries of a request after a timeout, a dropped connection, "
-                       "429 or 5xx, with exponential backoff (default: 4)")
+                       "429 or 5xx, with exponential backoff, or after the server's "
+                       "Retry-After on 429 and 503 (at most 300 s) (default: 4)")
     regen.add_argument("--retry-backoff", type=_non_negative_float, default=1.0,
                        metavar="S", help="seconds before the first retry, doubled for "
                        "each further one, with jitter (default: 1)")
     regen.add_argument("--last-turn-only", action="store_true",
                        help="answer only each conversation's last assistant turn")
+    regen.add_argument("--keep-empty-answers", action="store_true",
+                       help="write conversations with an empty answer (no content, no "
+                       "tool calls); by default they are counted and left out")
     regen.add_argument("--overwrite", action="store_true",
                        help="start over where --out holds another run's output")
 

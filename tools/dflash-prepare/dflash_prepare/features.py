@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from . import check, packing, progress, shards
+from . import check, output_lock, packing, progress, shards
 from .errors import UserError, note, require, require_torch2, warn
 from .spec import load_spec
 
@@ -296,6 +296,14 @@ def run(args):
         "spec": spec.shard_metadata(),
         "rows_per_shard": per_shard,
     }
+    with output_lock.DirectoryLock(args.out, "features"):
+        return _run_locked(args, spec, paths, token_rows, total, row_bytes, per_shard,
+                           count, identity)
+
+
+def _run_locked(args, spec, paths, token_rows, total, row_bytes, per_shard, count,
+                identity):
+    """The run once it holds --out's lock: no other run writes there."""
     manifest = progress.Manifest(args.out, "features", progress.fingerprint(identity),
                                  args.overwrite)
     if manifest.complete:

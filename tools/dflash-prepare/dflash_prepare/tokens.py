@@ -5,7 +5,7 @@ import multiprocessing
 import os
 import sys
 
-from . import chat, packing, progress, shards, spans, template
+from . import chat, output_lock, packing, progress, shards, spans, template
 from .errors import UserError, note, warn
 from .spec import load_spec
 
@@ -158,6 +158,12 @@ def run(args):
         "spec": spec.shard_metadata() | {"vocab_size": spec.vocab_size,
                                          "mask_token_id": spec.mask_token_id},
     }
+    with output_lock.DirectoryLock(args.out, "tokens"):
+        return _run_locked(args, spec, seq_len, max_length, tokenizer_dir, identity)
+
+
+def _run_locked(args, spec, seq_len, max_length, tokenizer_dir, identity):
+    """The run once it holds --out's lock: no other run writes there."""
     manifest = progress.Manifest(args.out, "tokens", progress.fingerprint(identity),
                                  args.overwrite)
     if manifest.complete:
