@@ -111,6 +111,16 @@ def _check_metadata(result, shard, spec):
             result.file_problem(shard.path, f"metadata '{key}' is '{value}' but "
                                             f"{spec.path} needs '{wanted}'")
             ok = False
+    # Written by `tokens` (and carried into feature shards) though the trainer
+    # does not read them: a shard made for another vocabulary or mask token.
+    # Absent in shards of other writers, which the rows' checks then cover.
+    for key, wanted in (("vocab_size", spec.vocab_size),
+                        ("mask_token_id", spec.mask_token_id)):
+        value = meta.get(key)
+        if value is not None and value.strip() != str(wanted):
+            result.file_problem(shard.path, f"metadata '{key}' is '{value}' but "
+                                            f"{spec.path} needs '{wanted}'")
+            ok = False
     return ok
 
 
@@ -194,7 +204,7 @@ def check_shard(result, path, spec, expect=None):
             p = positions[r].astype(np.int64)
             if p[0] != 0:
                 bad(f"position_ids start at {int(p[0])}, not 0")
-            step = p[1:n] - p[:n - 1]
+            step = p[1:n] - p[:max(n - 1, 0)]  # n 0: no step
             wrong = (step != 1) & (p[1:n] != 0)
             if wrong.any():
                 c = _first(wrong) + 1

@@ -8,6 +8,7 @@ travel as their raw uint16 bits: numpy has no bfloat16, and CI has no
 does (wider dtypes first, then by name) so that every tensor is aligned.
 """
 import json
+import math
 import os
 import struct
 
@@ -247,8 +248,11 @@ class SafetensorsFile:
             raise fail(f"cannot read: {error.strerror}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, ValueError):
             raise fail("header is not valid json") from None
+        except RecursionError:
+            raise fail("header nests deeper than python's json reader follows "
+                       "(corrupt or not a safetensors file)") from None
         if not isinstance(header, dict):
             raise fail("header is not a json object")
         self.data_start = 8 + header_size
@@ -284,7 +288,9 @@ class SafetensorsFile:
                         for e in offsets)):
                 raise fail(f"{what} has no 'data_offsets' pair of non-negative integers")
             begin, end = offsets
-            expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
+            # Python's integers: numpy's int64 product wraps, and a lying
+            # shape of 2**62 rows would pass as 0 bytes.
+            expected = math.prod(shape) * DTYPES[dtype].itemsize
             if end < begin:
                 raise fail(f"{what} has data_offsets {offsets} that end before they begin")
             if end - begin != expected:
@@ -323,7 +329,11 @@ def list_shards(directory):
     reader takes them."""
     if not os.path.isdir(directory):
         raise UserError(f"{directory}: not a directory")
-    names = sorted(n for n in os.listdir(directory)
+    try:
+        listed = os.listdir(directory)
+    except OSError as error:
+        raise UserError(f"{directory}: cannot list: {error.strerror}") from None
+    names = sorted(n for n in listed
                    if n.endswith(".safetensors")
                    and os.path.isfile(os.path.join(directory, n)))
     return [os.path.join(directory, n) for n in names]
