@@ -302,11 +302,20 @@ def run(args):
         note(f"{args.out}: already complete ({len(manifest.shards)} shards); nothing to do")
         print(f"features: {args.out}: complete, {len(manifest.shards)} shards")
         return 0
+    manifest.planned = count
+    with progress.stopping_cleanly(manifest):
+        return _write_features(args, spec, manifest, token_rows, per_shard, row_bytes)
+
+
+def _write_features(args, spec, manifest, token_rows, per_shard, row_bytes):
+    """The run once its output directory is open: load the target, write
+    the shards not yet written."""
+    total, count = len(token_rows), manifest.planned
     pending = [k for k in range(count) if not manifest.done(shards.shard_name(k))]
     pending_rows = sum(min(total, (k + 1) * per_shard) - k * per_shard for k in pending)
     needed = pending_rows * row_bytes + len(pending) * (1 << 16)
     free = check_disk(args.out, needed)
-    note(f"{total} rows in {len(paths)} token shard(s) -> {count} feature shard(s) of "
+    note(f"{total} rows in {len(token_rows.files)} token shard(s) -> {count} feature shard(s) of "
          f"up to {per_shard} rows; {len(pending)} to write, about {_size(needed)} "
          f"({_size(row_bytes)} a row), {_size(free)} free")
 

@@ -41,6 +41,20 @@ class ShardError(UserError):
     """A file that is not a readable safetensors file."""
 
 
+class WriteFailed(UserError):
+    """A file that could not be written (a full disk, a read-only or vanished
+    directory); nothing of it is left behind under its name. `why`: the
+    system's reason."""
+
+    def __init__(self, path, why):
+        super().__init__(f"{path}: cannot write: {why}")
+        self.why = why
+
+
+def _why(error):
+    return error.strerror or str(error)
+
+
 class Tensor:
     """A named array with its safetensors dtype (BF16 data is uint16 bits)."""
 
@@ -118,7 +132,7 @@ class AtomicFile:
         try:
             self.file = open(self.temp, "wb")
         except OSError as error:
-            raise UserError(f"{path}: cannot write: {error.strerror}") from None
+            raise WriteFailed(path, _why(error)) from None
 
     def commit(self):
         try:
@@ -128,7 +142,7 @@ class AtomicFile:
             os.replace(self.temp, self.path)
         except OSError as error:
             self.abort()
-            raise UserError(f"{self.path}: cannot write: {error.strerror}") from None
+            raise WriteFailed(self.path, _why(error)) from None
         _fsync_directory(os.path.dirname(self.path))
 
     def abort(self):
@@ -147,8 +161,12 @@ class AtomicFile:
     def __exit__(self, kind, value, trace):
         if kind is None:
             self.commit()
-        else:
-            self.abort()
+            return False
+        self.abort()
+        if issubclass(kind, OSError):
+            # A write that failed part way (ENOSPC, EIO): the temp file is
+            # gone, and the error is the file's, in one line.
+            raise WriteFailed(self.path, _why(value)) from None
         return False
 
 

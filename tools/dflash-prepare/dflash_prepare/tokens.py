@@ -167,12 +167,12 @@ def run(args):
         return 0
     # The first five bad lines of each reason are named as they are found.
     drops = chat.Drops(name_first=5)
-    try:
-        return _write_tokens(args, spec, seq_len, max_length, tokenizer_dir,
-                             manifest, drops)
-    finally:
-        drops.summarise()  # each reason's count, also where the run stops early
-        manifest.discard_if_unused()
+    with progress.stopping_cleanly(manifest):
+        try:
+            return _write_tokens(args, spec, seq_len, max_length, tokenizer_dir,
+                                 manifest, drops)
+        finally:
+            drops.summarise()  # each reason's count, also where the run stops early
 
 
 def _write_tokens(args, spec, seq_len, max_length, tokenizer_dir, manifest, drops):
@@ -238,6 +238,7 @@ def _write_tokens(args, spec, seq_len, max_length, tokenizer_dir, manifest, drop
     meta = token_shard_metadata(spec, settings)
     written = 0
     count = (len(rows) + args.rows_per_shard - 1) // args.rows_per_shard
+    manifest.planned = count
     for index in range(count):
         name = shards.shard_name(index)
         begin = index * args.rows_per_shard

@@ -1,6 +1,7 @@
 """Shared pieces of the dflash-prepare tests: the checkout's packages, small
 specs, shard builders, and what the optional packages allow. Import it
 before dflash_prepare or dflash_plot."""
+import errno
 import importlib
 import importlib.util
 import os
@@ -183,3 +184,23 @@ class PieceTokenizer:
 
     def pieces_of(self, text):
         return [m.group() for m in self.pieces.finditer(text)]
+
+
+class FullDisk:
+    """A file that takes `room` bytes and then fails as a full disk does
+    (ENOSPC), for a test's stand-in `open`."""
+
+    def __init__(self, file, room):
+        self.file, self.room = file, room
+
+    def write(self, data):
+        data = memoryview(data).cast("B")
+        if len(data) > self.room:
+            self.file.write(data[:self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
