@@ -33,6 +33,9 @@ def read_target_config(directory, spec):
     dflashc's (compiler/Import/TargetConfig.cpp, checkTargetAgainstSpec);
     test/Prepare/target-config-contract.test holds the two together."""
     path = os.path.join(directory, "config.json")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserError(f"{directory}: not a directory (--target is a Hugging Face model "
+                        "directory)")
     if not os.path.isdir(directory):
         raise UserError(f"{directory}: target directory does not exist")
     try:

@@ -30,12 +30,15 @@ def file_identity(path):
 
 def file_sha256(path):
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            chunk = f.read(1 << 20)
-            if not chunk:
-                break
-            digest.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(1 << 20)
+                if not chunk:
+                    break
+                digest.update(chunk)
+    except OSError as error:
+        raise UserError(f"{path}: cannot read: {error.strerror or error}") from None
     return digest.hexdigest()
 
 

@@ -17,7 +17,11 @@ FORMAT = "dflash-token-shard"
 def _tokenizer_identity(directory):
     """Hashes of the tokenizer's files: a changed tokenizer is another run."""
     files = {}
-    for name in sorted(os.listdir(directory)):
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as error:
+        raise UserError(f"{directory}: cannot list: {error.strerror or error}") from None
+    for name in names:
         path = os.path.join(directory, name)
         if os.path.isfile(path) and (name.startswith("tokenizer") or
                                      name.endswith((".jinja", ".json", ".model",
@@ -219,6 +223,9 @@ def run(args):
         if not os.path.isfile(path):
             raise UserError(f"{path}: no such file")
     tokenizer_dir = os.path.abspath(args.tokenizer)
+    if os.path.exists(tokenizer_dir) and not os.path.isdir(tokenizer_dir):
+        raise UserError(f"{args.tokenizer}: not a directory (--tokenizer is a Hugging Face "
+                        "tokenizer directory)")
     if not os.path.isdir(tokenizer_dir):
         raise UserError(f"{args.tokenizer}: tokenizer directory does not exist")
 

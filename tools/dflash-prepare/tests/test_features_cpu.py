@@ -82,6 +82,12 @@ class TargetConfigTest(TempDir):
         with self.assertRaises(UserError) as caught:
             features.read_target_config(self.path("none"), self.spec)
         self.assertIn("target directory does not exist", str(caught.exception))
+        with open(self.path("file"), "w"):
+            pass
+        with self.assertRaises(UserError) as caught:
+            features.read_target_config(self.path("file"), self.spec)
+        self.assertEqual(str(caught.exception), f"{self.path('file')}: not a directory "
+                         "(--target is a Hugging Face model directory)")
         os.makedirs(self.path("empty"))
         with self.assertRaises(UserError) as caught:
             features.read_target_config(self.path("empty"), self.spec)

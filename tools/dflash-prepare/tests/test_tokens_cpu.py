@@ -13,7 +13,7 @@ from unittest import mock
 
 from helpers import HERE, FakeChatTokenizer, FullDisk, TempDir
 
-from dflash_prepare import check, shards, template
+from dflash_prepare import check, progress, shards, template
 from dflash_prepare.cli import main
 
 GOOD = {"messages": [{"role": "user", "content": "q"},
@@ -153,6 +153,30 @@ class TokensTest(TempDir):
             self.assertEqual(status, 2, err)
             self.assertEqual(err.splitlines()[-1], f"dflash-prepare: error: {message}")
             self.assertNotIn("Traceback", err)
+
+    def test_tokenizer_that_is_not_a_readable_directory(self):
+        data = self.data(4)
+        argv = self.argv(data)
+        self.assertEqual(argv[4], "--tokenizer")
+        status, _, err = self.tokens(argv[:5] + [data] + argv[6:])
+        self.assertEqual(status, 2)
+        self.assertEqual(err.splitlines()[-1], f"dflash-prepare: error: {data}: not a directory "
+                         "(--tokenizer is a Hugging Face tokenizer directory)")
+        # An unreadable file of it (chmod does not stop root: a stand-in open).
+        unreadable = self.write_file("tok/tokenizer.json", "{}")
+        real_open = open
+
+        def open_but_the_tokenizer(path, *args, **kwargs):
+            if path == unreadable:
+                raise PermissionError(13, "Permission denied")
+            return real_open(path, *args, **kwargs)
+
+        with mock.patch.object(progress, "open", open_but_the_tokenizer, create=True):
+            status, _, err = self.tokens(argv)
+        self.assertEqual(status, 2)
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(err.splitlines()[-1], f"dflash-prepare: error: {unreadable}: cannot "
+                         "read: Permission denied")
 
     @unittest.skipIf(os.geteuid() == 0, "root writes into a read-only directory "
                      "(the path under a file is the case that runs as root)")
