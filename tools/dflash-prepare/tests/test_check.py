@@ -191,6 +191,15 @@ class CheckTest(TempDir):
             ("shard-00000.safetensors", None,
              f"metadata 'mask_token_id' is '62' but {self.spec_path} needs '63'")])
 
+    def test_metadata_that_nests_too_deep(self):
+        deep = "[" * 100000 + "]" * 100000
+        self.write(token_tensors(self.rows(), True),
+                   meta=dict(self.spec.shard_metadata(), target_layer_ids=deep))
+        self.assertEqual(self.problems(), [
+            ("shard-00000.safetensors", None,
+             f"metadata 'target_layer_ids' ('{deep[:60]}... (200000 characters)') is not a "
+             "json list of integers")])
+
     def test_packed_row_of_no_tokens(self):
         """num_tokens 0 in a packed shard: a bad row, not a numpy broadcast error."""
         rows = self.rows()
