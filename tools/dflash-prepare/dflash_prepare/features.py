@@ -318,8 +318,8 @@ def _write_features(args, spec, manifest, token_rows, per_shard, row_bytes):
     pending_rows = sum(min(total, (k + 1) * per_shard) - k * per_shard for k in pending)
     needed = pending_rows * row_bytes + len(pending) * (1 << 16)
     free = check_disk(args.out, needed)
-    note(f"{total} rows in {len(token_rows.files)} token shard(s) -> {count} feature shard(s) of "
-         f"up to {per_shard} rows; {len(pending)} to write, about {_size(needed)} "
+    note(f"{total} rows in {len(token_rows.files)} token shard(s) -> {count} feature "
+         f"shard(s) of up to {per_shard} rows; {len(pending)} to write, about {_size(needed)} "
          f"({_size(row_bytes)} a row), {_size(free)} free")
 
     extractor = FeatureExtractor(args.target, spec, args.device, args.batch_tokens)
