@@ -212,6 +212,25 @@ def check_inputs(paths, out=None):
                         f"({seen[os.path.realpath(out)]}); give --out another file")
 
 
+def _lone_surrogate(record):
+    """Whether a json value holds a string with an unpaired surrogate (JSON
+    may escape one): no tokenizer or UTF-8 output can take it."""
+    stack = [record]
+    while stack:  # not recursive: a record nests as deep as json.loads took
+        value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
+
+
 def read_conversations(paths, drops, reasoning="keep"):
     """Yields Conversations from JSONL files (UTF-8, a byte-order mark at
     the start allowed); every unusable line goes into `drops`. Blank lines
@@ -222,30 +241,51 @@ def read_conversations(paths, drops, reasoning="keep"):
         except OSError as error:
             raise UserError(f"{path}: cannot open: {error.strerror}") from None
         with f:
-            for number, raw in enumerate(f, 1):
-                where = f"{path}:{number}"
-                if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]  # a UTF-8 byte-order mark, as some editors write
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    drops.add("malformed-json", where,
-                              f"not utf-8 text (byte {error.start + 1} of the line)")
-                    continue
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as error:
-                    drops.add("malformed-json", where,
-                              f"malformed json: {error.msg[:1].lower() + error.msg[1:]} "
-                              f"at column {error.colno}")
-                    continue
-                try:
-                    messages = normalise(record, reasoning)
-                except BadConversation as bad:
-                    drops.add(bad.reason, where, bad.why)
-                    continue
-                tools = record.get("tools")
-                yield Conversation(messages, where,
-                                   tools if isinstance(tools, list) and tools else None)
+            try:
+                yield from _lines(path, f, drops, reasoning)
+            except OSError as error:  # a read error part way (EIO, a vanished mount)
+                raise UserError(f"{path}: cannot read: {error.strerror or error}") from None
+
+
+def _lines(path, f, drops, reasoning):
+    """The Conversations of one open file (read_conversations)."""
+    for number, raw in enumerate(f, 1):
+        where = f"{path}:{number}"
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]  # a UTF-8 byte-order mark, as some editors write
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            drops.add("malformed-json", where,
+                      f"not utf-8 text (byte {error.start + 1} of the line)")
+            continue
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            drops.add("malformed-json", where,
+                      f"malformed json: {error.msg[:1].lower() + error.msg[1:]} "
+                      f"at column {error.colno}")
+            continue
+        except RecursionError:
+            drops.add("malformed-json", where,
+                      "nests deeper than python's json reader follows")
+            continue
+        except ValueError as error:  # an integer of more than 4300 digits
+            why = str(error).split(":")[0]
+            drops.add("malformed-json", where, f"malformed json: {why[:1].lower() + why[1:]}")
+            continue
+        if "\\u" in line and _lone_surrogate(record):
+            drops.add("malformed-json", where,
+                      "a string escapes a lone surrogate (\\ud800-\\udfff alone "
+                      "is not a unicode character)")
+            continue
+        try:
+            messages = normalise(record, reasoning)
+        except BadConversation as bad:
+            drops.add(bad.reason, where, bad.why)
+            continue
+        tools = record.get("tools")
+        yield Conversation(messages, where,
+                           tools if isinstance(tools, list) and tools else None)

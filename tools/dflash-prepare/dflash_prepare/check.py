@@ -86,6 +86,14 @@ def _expect(result, shard, name, dtype, shape):
     return True
 
 
+def _shown(value, limit=60):
+    """A metadata value for a message: a long one (a chat template, a
+    corrupt field) cut, saying how long it is."""
+    if len(value) <= limit:
+        return value
+    return f"{value[:limit]}... ({len(value)} characters)"
+
+
 def _check_metadata(result, shard, spec):
     ok = True
     meta = shard.metadata
@@ -98,9 +106,10 @@ def _check_metadata(result, shard, spec):
         if key == "target_layer_ids":
             try:
                 same = json.loads(value) == spec.layer_ids
-            except ValueError:
-                result.file_problem(shard.path, f"metadata 'target_layer_ids' ('{value}') "
-                                                "is not a json list of integers")
+            except (ValueError, RecursionError):
+                result.file_problem(shard.path, f"metadata 'target_layer_ids' "
+                                                f"('{_shown(value)}') is not a json list "
+                                                "of integers")
                 ok = False
                 continue
         elif key in ("hidden_size", "seq_len"):
@@ -108,7 +117,17 @@ def _check_metadata(result, shard, spec):
         else:
             same = value == wanted
         if not same:
-            result.file_problem(shard.path, f"metadata '{key}' is '{value}' but "
+            result.file_problem(shard.path, f"metadata '{key}' is '{_shown(value)}' but "
+                                            f"{spec.path} needs '{wanted}'")
+            ok = False
+    # Written by `tokens` (and carried into feature shards) though the trainer
+    # does not read them: a shard made for another vocabulary or mask token.
+    # Absent in shards of other writers, which the rows' checks then cover.
+    for key, wanted in (("vocab_size", spec.vocab_size),
+                        ("mask_token_id", spec.mask_token_id)):
+        value = meta.get(key)
+        if value is not None and value.strip() != str(wanted):
+            result.file_problem(shard.path, f"metadata '{key}' is '{_shown(value)}' but "
                                             f"{spec.path} needs '{wanted}'")
             ok = False
     return ok
@@ -194,7 +213,7 @@ def check_shard(result, path, spec, expect=None):
             p = positions[r].astype(np.int64)
             if p[0] != 0:
                 bad(f"position_ids start at {int(p[0])}, not 0")
-            step = p[1:n] - p[:n - 1]
+            step = p[1:n] - p[:max(n - 1, 0)]  # n 0: no step
             wrong = (step != 1) & (p[1:n] != 0)
             if wrong.any():
                 c = _first(wrong) + 1

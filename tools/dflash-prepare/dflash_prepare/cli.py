@@ -1,7 +1,9 @@
 """The command line: `dflash-prepare tokens|features|check|regenerate|serve-check`."""
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 
 from .errors import PROG, CheckFailed, UserError
@@ -59,6 +61,22 @@ def _template_option(text):
         return key, json.loads(value)
     except ValueError:
         return key, value
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (`kill`, a batch system's end of a job) stops a run as Ctrl-C
+    does: the shard being written is dropped, the finished ones are kept and
+    the run says so. A second SIGTERM ends the process at once."""
+    def stop(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def build_parser():
@@ -263,10 +281,12 @@ def main(argv=None):
     try:
         if args.command == "tokens":
             from . import tokens
-            return tokens.run(args)
+            with _sigterm_as_interrupt():
+                return tokens.run(args)
         if args.command == "features":
             from . import features
-            return features.run(args)
+            with _sigterm_as_interrupt():
+                return features.run(args)
         if args.command == "regenerate":
             from . import regenerate
             args.template_options = dict(args.template_options)

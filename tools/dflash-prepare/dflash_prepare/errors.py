@@ -20,6 +20,16 @@ class UserError(Exception):
         return str(self) if self.bare else f"{prog}: error: {self}"
 
 
+class Interrupted(UserError):
+    """Ctrl-C or SIGTERM during a run: the message says what was kept and
+    how to go on. Exits with status 130, as a shell reports SIGINT."""
+
+    exit_code = 130
+
+    def report(self, prog=PROG):
+        return f"{prog}: {self}"
+
+
 class CheckFailed(Exception):
     """A check found problems (already reported). Exits with status 1."""
 

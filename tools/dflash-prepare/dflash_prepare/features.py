@@ -33,6 +33,9 @@ def read_target_config(directory, spec):
     dflashc's (compiler/Import/TargetConfig.cpp, checkTargetAgainstSpec);
     test/Prepare/target-config-contract.test holds the two together."""
     path = os.path.join(directory, "config.json")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserError(f"{directory}: not a directory (--target is a Hugging Face model "
+                        "directory)")
     if not os.path.isdir(directory):
         raise UserError(f"{directory}: target directory does not exist")
     try:
@@ -310,12 +313,21 @@ def _run_locked(args, spec, paths, token_rows, total, row_bytes, per_shard, coun
         note(f"{args.out}: already complete ({len(manifest.shards)} shards); nothing to do")
         print(f"features: {args.out}: complete, {len(manifest.shards)} shards")
         return 0
+    manifest.planned = count
+    with progress.stopping_cleanly(manifest):
+        return _write_features(args, spec, manifest, token_rows, per_shard, row_bytes)
+
+
+def _write_features(args, spec, manifest, token_rows, per_shard, row_bytes):
+    """The run once its output directory is open: load the target, write
+    the shards not yet written."""
+    total, count = len(token_rows), manifest.planned
     pending = [k for k in range(count) if not manifest.done(shards.shard_name(k))]
     pending_rows = sum(min(total, (k + 1) * per_shard) - k * per_shard for k in pending)
     needed = pending_rows * row_bytes + len(pending) * (1 << 16)
     free = check_disk(args.out, needed)
-    note(f"{total} rows in {len(paths)} token shard(s) -> {count} feature shard(s) of "
-         f"up to {per_shard} rows; {len(pending)} to write, about {_size(needed)} "
+    note(f"{total} rows in {len(token_rows.files)} token shard(s) -> {count} feature "
+         f"shard(s) of up to {per_shard} rows; {len(pending)} to write, about {_size(needed)} "
          f"({_size(row_bytes)} a row), {_size(free)} free")
 
     extractor = FeatureExtractor(args.target, spec, args.device, args.batch_tokens)

@@ -8,6 +8,7 @@ travel as their raw uint16 bits: numpy has no bfloat16, and CI has no
 does (wider dtypes first, then by name) so that every tensor is aligned.
 """
 import json
+import math
 import os
 import struct
 
@@ -38,6 +39,20 @@ MAX_HEADER_BYTES = 100 << 20
 
 class ShardError(UserError):
     """A file that is not a readable safetensors file."""
+
+
+class WriteFailed(UserError):
+    """A file that could not be written (a full disk, a read-only or vanished
+    directory); nothing of it is left behind under its name. `why`: the
+    system's reason."""
+
+    def __init__(self, path, why):
+        super().__init__(f"{path}: cannot write: {why}")
+        self.why = why
+
+
+def _why(error):
+    return error.strerror or str(error)
 
 
 class Tensor:
@@ -117,7 +132,7 @@ class AtomicFile:
         try:
             self.file = open(self.temp, "wb")
         except OSError as error:
-            raise UserError(f"{path}: cannot write: {error.strerror}") from None
+            raise WriteFailed(path, _why(error)) from None
 
     def commit(self):
         try:
@@ -127,7 +142,7 @@ class AtomicFile:
             os.replace(self.temp, self.path)
         except OSError as error:
             self.abort()
-            raise UserError(f"{self.path}: cannot write: {error.strerror}") from None
+            raise WriteFailed(self.path, _why(error)) from None
         _fsync_directory(os.path.dirname(self.path))
 
     def abort(self):
@@ -146,8 +161,12 @@ class AtomicFile:
     def __exit__(self, kind, value, trace):
         if kind is None:
             self.commit()
-        else:
-            self.abort()
+            return False
+        self.abort()
+        if issubclass(kind, OSError):
+            # A write that failed part way (ENOSPC, EIO): the temp file is
+            # gone, and the error is the file's, in one line.
+            raise WriteFailed(self.path, _why(value)) from None
         return False
 
 
@@ -247,8 +266,11 @@ class SafetensorsFile:
             raise fail(f"cannot read: {error.strerror}") from None
         try:
             header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, ValueError):
             raise fail("header is not valid json") from None
+        except RecursionError:
+            raise fail("header nests deeper than python's json reader follows "
+                       "(corrupt or not a safetensors file)") from None
         if not isinstance(header, dict):
             raise fail("header is not a json object")
         self.data_start = 8 + header_size
@@ -284,7 +306,9 @@ class SafetensorsFile:
                         for e in offsets)):
                 raise fail(f"{what} has no 'data_offsets' pair of non-negative integers")
             begin, end = offsets
-            expected = int(np.prod(shape, dtype=np.int64)) * DTYPES[dtype].itemsize
+            # Python's integers: numpy's int64 product wraps, and a lying
+            # shape of 2**62 rows would pass as 0 bytes.
+            expected = math.prod(shape) * DTYPES[dtype].itemsize
             if end < begin:
                 raise fail(f"{what} has data_offsets {offsets} that end before they begin")
             if end - begin != expected:
@@ -323,7 +347,11 @@ def list_shards(directory):
     reader takes them."""
     if not os.path.isdir(directory):
         raise UserError(f"{directory}: not a directory")
-    names = sorted(n for n in os.listdir(directory)
+    try:
+        listed = os.listdir(directory)
+    except OSError as error:
+        raise UserError(f"{directory}: cannot list: {error.strerror}") from None
+    names = sorted(n for n in listed
                    if n.endswith(".safetensors")
                    and os.path.isfile(os.path.join(directory, n)))
     return [os.path.join(directory, n) for n in names]

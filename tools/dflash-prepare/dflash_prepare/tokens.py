@@ -1,8 +1,10 @@
 """`dflash-prepare tokens`: chat JSONL -> token shards."""
 import collections
+import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import sys
 
 from . import chat, output_lock, packing, progress, shards, spans, template
@@ -15,7 +17,11 @@ FORMAT = "dflash-token-shard"
 def _tokenizer_identity(directory):
     """Hashes of the tokenizer's files: a changed tokenizer is another run."""
     files = {}
-    for name in sorted(os.listdir(directory)):
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as error:
+        raise UserError(f"{directory}: cannot list: {error.strerror or error}") from None
+    for name in names:
         path = os.path.join(directory, name)
         if os.path.isfile(path) and (name.startswith("tokenizer") or
                                      name.endswith((".jinja", ".json", ".model",
@@ -66,20 +72,93 @@ def _encode_one(conversation):
     return encoded, None, None
 
 
+# Conversations a worker encodes and sends back at a time.
+_CHUNK = 32
+
+
+def _worker(conversations, chunks, connection):
+    """A worker process: encodes its chunks of `conversations` in order and
+    sends each chunk's results (or the exception that ended it)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the main process's
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the inherited handler
+    try:
+        for begin, end in chunks:
+            connection.send([_encode_one(c) for c in conversations[begin:end]])
+    except Exception as error:
+        connection.send(error)
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM wait until the block is done, then stop the run.
+    Around fork: a KeyboardInterrupt raised in os.fork's after-fork hooks is
+    printed and dropped (the run went on), and a new worker runs on the
+    main process's handlers until it sets its own."""
+    held = []
+    stopping = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.signal(number, lambda number, frame: held.append(number))
+                for number in stopping}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    if held:
+        raise KeyboardInterrupt
+
+
 def _encodings(encoder, conversations, workers):
     """Each conversation's _encode_one result, in order, from `workers`
-    processes (1: this one)."""
+    processes (1: this one).
+
+    Each worker is a forked process with a pipe of its own and a fixed share
+    of the chunks (chunk i to worker i % workers); nothing is shared between
+    them, so a worker killed at any moment (Ctrl-C, a SIGTERM to the whole
+    process group, the OOM killer) cannot leave a lock held, as it could in
+    a multiprocessing.Pool, whose terminate() then hung."""
     global _WORKER_ENCODER
     _WORKER_ENCODER = encoder
     if workers <= 1 or len(conversations) < 2 * workers:
         yield from map(_encode_one, conversations)
         return
-    # fork: the workers inherit the tokenizer and the template; each tokenizes
-    # on its own thread only.
+    # fork: the workers inherit the conversations, the tokenizer and the
+    # template; each tokenizes on its own thread only.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     context = multiprocessing.get_context("fork")
-    with context.Pool(workers) as pool:
-        yield from pool.imap(_encode_one, conversations, chunksize=32)
+    chunks = [(begin, min(begin + _CHUNK, len(conversations)))
+              for begin in range(0, len(conversations), _CHUNK)]
+    processes, pipes = [], []
+    try:
+        with _signals_held():
+            for index in range(workers):
+                receiving, sending = context.Pipe(duplex=False)
+                process = context.Process(target=_worker, daemon=True, args=(
+                    conversations, chunks[index::workers], sending))
+                process.start()
+                sending.close()  # the worker's end: its exit is then our EOF
+                processes.append(process)
+                pipes.append(receiving)
+        for index in range(len(chunks)):
+            try:
+                results = pipes[index % workers].recv()
+            except EOFError:
+                process = processes[index % workers]
+                process.join()
+                if process.exitcode in (-signal.SIGTERM, -signal.SIGINT):
+                    raise KeyboardInterrupt from None  # the run is being stopped
+                raise UserError(f"a worker process that tokenizes ended (exit status "
+                                f"{process.exitcode}; killed for memory?); try fewer "
+                                "--workers") from None
+            if isinstance(results, Exception):
+                raise results
+            yield from results
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join()
+        for pipe in pipes:
+            pipe.close()
 
 
 def encode_conversations(encoder, conversations, drops, spec, max_length, over_long,
@@ -139,9 +218,14 @@ def run(args):
     if args.rows_per_shard < 1:
         raise UserError("--rows-per-shard must be at least 1")
     for path in args.inputs:
+        if os.path.isdir(path):
+            raise UserError(f"{path}: a directory, not a chat JSONL file")
         if not os.path.isfile(path):
             raise UserError(f"{path}: no such file")
     tokenizer_dir = os.path.abspath(args.tokenizer)
+    if os.path.exists(tokenizer_dir) and not os.path.isdir(tokenizer_dir):
+        raise UserError(f"{args.tokenizer}: not a directory (--tokenizer is a Hugging Face "
+                        "tokenizer directory)")
     if not os.path.isdir(tokenizer_dir):
         raise UserError(f"{args.tokenizer}: tokenizer directory does not exist")
 
@@ -173,12 +257,12 @@ def _run_locked(args, spec, seq_len, max_length, tokenizer_dir, identity):
         return 0
     # The first five bad lines of each reason are named as they are found.
     drops = chat.Drops(name_first=5)
-    try:
-        return _write_tokens(args, spec, seq_len, max_length, tokenizer_dir,
-                             manifest, drops)
-    finally:
-        drops.summarise()  # each reason's count, also where the run stops early
-        manifest.discard_if_unused()
+    with progress.stopping_cleanly(manifest):
+        try:
+            return _write_tokens(args, spec, seq_len, max_length, tokenizer_dir,
+                                 manifest, drops)
+        finally:
+            drops.summarise()  # each reason's count, also where the run stops early
 
 
 def _write_tokens(args, spec, seq_len, max_length, tokenizer_dir, manifest, drops):
@@ -189,6 +273,11 @@ def _write_tokens(args, spec, seq_len, max_length, tokenizer_dir, manifest, drop
     drops.summarise()
     note(f"read {len(args.inputs)} file(s): {lines_read} conversation line(s), "
          f"{len(conversations)} usable so far")
+    if not conversations:  # said before the tokenizer's slow load
+        named = ", ".join(args.inputs) if len(args.inputs) <= 3 else \
+            f"the {len(args.inputs)} input files"
+        raise UserError(f"no usable conversation in {named} ({lines_read} line(s), "
+                        f"{drops.total()} dropped)")
 
     tokenizer = template.load_tokenizer(tokenizer_dir)
     chat_template = template.chat_template_of(tokenizer, tokenizer_dir)
@@ -244,6 +333,7 @@ def _write_tokens(args, spec, seq_len, max_length, tokenizer_dir, manifest, drop
     meta = token_shard_metadata(spec, settings)
     written = 0
     count = (len(rows) + args.rows_per_shard - 1) // args.rows_per_shard
+    manifest.planned = count
     for index in range(count):
         name = shards.shard_name(index)
         begin = index * args.rows_per_shard

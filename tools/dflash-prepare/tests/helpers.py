@@ -1,6 +1,7 @@
 """Shared pieces of the dflash-prepare tests: the checkout's packages, small
 specs, shard builders, and what the optional packages allow. Import it
 before dflash_prepare or dflash_plot."""
+import errno
 import importlib
 import importlib.util
 import os
@@ -183,3 +184,69 @@ class PieceTokenizer:
 
     def pieces_of(self, text):
         return [m.group() for m in self.pieces.finditer(text)]
+
+
+class FakeChatTokenizer:
+    """What `tokens` reads of a transformers tokenizer, without transformers:
+    the toy Qwen-style template rendered with jinja2, and pieces (special
+    tokens whole, words, single characters) with fixed ids below 57, so that
+    any process gives the same ids. Like the Rust tokenizers, it cannot take
+    a string with a lone surrogate. Stands in for template.load_tokenizer's
+    result (tests/test_tokens_cpu.py)."""
+
+    is_fast = True
+    pad_token_id, eos_token_id, eos_token = 0, 2, "<|im_end|>"
+    mask_token_id = mask_token = None
+    name_or_path = "fake-chat-tokenizer"
+
+    def __init__(self):
+        from dflash_prepare import toy
+        self.specials = list(toy.SPECIAL_TOKENS)
+        self.chat_template = toy.QWEN_STYLE_TEMPLATE
+        self.all_special_ids = list(range(len(self.specials)))
+        self.added_tokens_decoder = dict(enumerate(self.specials))
+        self.pieces = re.compile("|".join(re.escape(s) for s in self.specials)
+                                 + r"|\w+|\s|[^\w\s]")
+
+    def __len__(self):
+        return 60
+
+    def convert_ids_to_tokens(self, i):
+        return self.specials[i] if i < len(self.specials) else f"t{i}"
+
+    def apply_chat_template(self, messages, tools=None, tokenize=False,
+                            add_generation_prompt=False, chat_template=None, **options):
+        if not hasattr(self, "renderer"):
+            from dflash_prepare import render
+            self.renderer = render.JinjaRenderer(self.chat_template, {})  # compiles once
+        return self.renderer.render(messages, tools, add_generation_prompt,
+                                    template=chat_template, **options)
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        ids, offsets = [], []
+        for match in self.pieces.finditer(text):
+            piece = match.group()
+            ids.append(self.specials.index(piece) if piece in self.specials
+                       else len(self.specials) + sum(piece.encode("utf-8")) % 50)
+            offsets.append(match.span())
+        return {"input_ids": ids, "offset_mapping": offsets}
+
+
+class FullDisk:
+    """A file that takes `room` bytes and then fails as a full disk does
+    (ENOSPC), for a test's stand-in `open`."""
+
+    def __init__(self, file, room):
+        self.file, self.room = file, room
+
+    def write(self, data):
+        data = memoryview(data).cast("B")
+        if len(data) > self.room:
+            self.file.write(data[:self.room])
+            self.room = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)

@@ -171,6 +171,46 @@ class CheckTest(TempDir):
             f.truncate(100)
         self.assertIn("truncated", self.problems()[0][2])
 
+    def test_vocabulary_and_mask_token_of_another_spec(self):
+        """`tokens` writes vocab_size and mask_token_id; a shard made for
+        another vocabulary or mask token is named with both values (it was
+        not compared). Shards without the fields (other writers) pass."""
+        rows = self.rows()
+        meta = dict(self.spec.shard_metadata(), vocab_size="64", mask_token_id="63")
+        self.write(token_tensors(rows, True), meta=meta)
+        self.assertEqual(self.problems(), [])
+        self.write(token_tensors(rows, True),
+                   meta=dict(meta, vocab_size="151936", mask_token_id="151669"))
+        self.assertEqual(self.problems(), [
+            ("shard-00000.safetensors", None,
+             f"metadata 'vocab_size' is '151936' but {self.spec_path} needs '64'"),
+            ("shard-00000.safetensors", None,
+             f"metadata 'mask_token_id' is '151669' but {self.spec_path} needs '63'")])
+        self.write(feature_tensors(rows, self.spec, True), meta=dict(meta, mask_token_id="62"))
+        self.assertEqual(self.problems(), [
+            ("shard-00000.safetensors", None,
+             f"metadata 'mask_token_id' is '62' but {self.spec_path} needs '63'")])
+
+    def test_metadata_that_nests_too_deep(self):
+        deep = "[" * 100000 + "]" * 100000
+        self.write(token_tensors(self.rows(), True),
+                   meta=dict(self.spec.shard_metadata(), target_layer_ids=deep))
+        self.assertEqual(self.problems(), [
+            ("shard-00000.safetensors", None,
+             f"metadata 'target_layer_ids' ('{deep[:60]}... (200000 characters)') is not a "
+             "json list of integers")])
+
+    def test_packed_row_of_no_tokens(self):
+        """num_tokens 0 in a packed shard: a bad row, not a numpy broadcast error."""
+        rows = self.rows()
+        tensors = token_tensors(rows, True)
+        tensors["num_tokens"].array[0] = 0
+        self.write(tensors)
+        problems = self.problems()
+        self.assertEqual({p[1] for p in problems}, {0}, problems)
+        self.assertRegex(problems[0][2], r"^loss_mask is 1 in the padding, at column \d+ "
+                                         r"\(num_tokens 0\)$")
+
     def test_a_spec_that_is_not_theirs_is_named_once(self):
         """Each mismatch once, with the count of shards; it was once a shard."""
         rows = self.rows()

@@ -1,13 +1,18 @@
-"""What `features` decides before it loads a model: no torch needed."""
+"""What `features` decides before it loads a model, and what a run that
+stops early keeps (a stand-in for the model): no torch needed."""
+import io
 import json
 import os
+import signal
 import unittest
 from collections import namedtuple
+from contextlib import redirect_stdout
+from types import SimpleNamespace
 from unittest import mock
 
-from helpers import SMALL_SPEC, SPECS, TempDir, conversation, token_tensors
+from helpers import SMALL_SPEC, SPECS, FullDisk, TempDir, conversation, token_tensors
 
-from dflash_prepare import features, packing, shards
+from dflash_prepare import check, features, packing, shards
 from dflash_prepare.cli import main
 from dflash_prepare.errors import UserError
 from dflash_prepare.spec import load_spec
@@ -77,6 +82,12 @@ class TargetConfigTest(TempDir):
         with self.assertRaises(UserError) as caught:
             features.read_target_config(self.path("none"), self.spec)
         self.assertIn("target directory does not exist", str(caught.exception))
+        with open(self.path("file"), "w"):
+            pass
+        with self.assertRaises(UserError) as caught:
+            features.read_target_config(self.path("file"), self.spec)
+        self.assertEqual(str(caught.exception), f"{self.path('file')}: not a directory "
+                         "(--target is a Hugging Face model directory)")
         os.makedirs(self.path("empty"))
         with self.assertRaises(UserError) as caught:
             features.read_target_config(self.path("empty"), self.spec)
@@ -121,6 +132,8 @@ class DiskTest(TempDir):
         self.assertEqual(status, 2)
         self.assertIn("the feature shards need about", err.getvalue())
         self.assertIn("but its filesystem has 100 bytes free", err.getvalue())
+        # The output directory it made is not left behind empty.
+        self.assertFalse(os.path.exists(self.path("features")))
 
     def test_bad_token_shards_are_refused(self):
         rows = packing.build_rows([conversation(9, 2)], 16, 0, True)
@@ -135,6 +148,117 @@ class DiskTest(TempDir):
         self.assertEqual(status, 2)
         self.assertIn("row 0: input_ids has token 1000", err.getvalue())
         self.assertIn("1 bad row(s) and 0 bad file(s) in the token shards", err.getvalue())
+
+
+class FakeExtractor:
+    """FeatureExtractor without torch or a model: zero features (finite, zero
+    on padding). `before` runs with the call's number before each shard."""
+
+    before = None
+    calls = 0
+
+    def __init__(self, directory, spec, device, batch_tokens):
+        self.device = SimpleNamespace(type="cuda")
+
+    def run(self, token_rows, ids, out, bad):
+        FakeExtractor.calls += 1
+        if FakeExtractor.before:
+            FakeExtractor.before(FakeExtractor.calls)
+
+
+class FeaturesRunTest(TempDir):
+    """A run that stops early: what it keeps, what it says, what it leaves."""
+
+    def setUp(self):
+        super().setUp()
+        rows = packing.build_rows([conversation(9, 2), conversation(6, 1),
+                                   conversation(12, 3)], 16, 0, False)
+        os.makedirs(self.path("tokens"))
+        shards.write_shard(self.path("tokens", "shard-00000.safetensors"),
+                           token_tensors(rows, False), self.spec.shard_metadata())
+        os.makedirs(self.path("target"))
+        with open(self.path("target", "config.json"), "w") as f:
+            json.dump({"hidden_size": 8, "vocab_size": 64, "num_hidden_layers": 4}, f)
+        FakeExtractor.before, FakeExtractor.calls = None, 0
+
+    def features(self):
+        """(status, stderr) of a run of 3 one-row shards with FakeExtractor."""
+        argv = ["features", "--spec", self.spec_path, "--target", self.path("target"),
+                "--tokens", self.path("tokens"), "--out", self.path("out"),
+                "--rows-per-shard", "1"]
+        with mock.patch("dflash_prepare.features.FeatureExtractor", FakeExtractor), \
+                _quiet() as err, redirect_stdout(io.StringIO()):
+            status = main(argv)
+        return status, err.getvalue()
+
+    def assertValidShards(self, count):
+        paths = shards.list_shards(self.path("out"))
+        self.assertEqual(len(paths), count)
+        self.assertEqual(check.check_paths(paths, self.spec, expect="features").problems, [])
+        self.assertEqual([n for n in os.listdir(self.path("out")) if ".tmp-" in n], [])
+
+    def test_a_run_that_fails_before_a_shard_leaves_no_directory(self):
+        def fail(*args):
+            raise UserError("target: cannot load the target model: broken")
+        with mock.patch.object(FakeExtractor, "__init__", fail):
+            status, err = self.features()
+        self.assertEqual(status, 2)
+        self.assertTrue(err.endswith("error: target: cannot load the target model: broken\n"))
+        self.assertFalse(os.path.exists(self.path("out")))
+
+    def test_sigterm_keeps_the_finished_shards(self):
+        """SIGTERM while the second shard is computed: stops with one line
+        saying what was kept (SIGTERM ended the process without a word, and
+        Ctrl-C said nothing of the shards), and the next run does the rest."""
+        def terminate(call):
+            if call == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+        # Where the run installs no handler of its own, this one gets it
+        # (not the default, which would end the tests).
+        unhandled = []
+
+        def guard(number, frame):
+            unhandled.append(number)
+        self.addCleanup(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, guard))
+        FakeExtractor.before = terminate
+        status, err = self.features()
+        self.assertEqual(unhandled, [])
+        self.assertEqual(status, 130)
+        self.assertIs(signal.getsignal(signal.SIGTERM), guard)  # given back
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(err.splitlines()[-1],
+                         f"dflash-prepare: interrupted; {self.path('out')} keeps 1 of 3 "
+                         "finished shard(s), listed in its manifest.json; run the same "
+                         "command again to continue")
+        self.assertValidShards(1)
+        FakeExtractor.before = None
+        status, err = self.features()
+        self.assertEqual(status, 0, err)
+        self.assertIn("wrote 2 feature shard(s), 3 rows in all", err)
+        self.assertValidShards(3)
+
+    def test_full_disk_keeps_the_finished_shards(self):
+        real_open = open
+
+        def open_on_a_filling_disk(path, mode="r", *args, **kwargs):
+            file = real_open(path, mode, *args, **kwargs)
+            if "w" in mode and os.path.basename(path).startswith(".shard-00001"):
+                return FullDisk(file, 200)
+            return file
+
+        with mock.patch.object(shards, "open", open_on_a_filling_disk, create=True):
+            status, err = self.features()
+        self.assertEqual(status, 2)
+        self.assertNotIn("Traceback", err)
+        self.assertEqual(err.splitlines()[-1],
+                         f"dflash-prepare: error: {self.path('out', 'shard-00001.safetensors')}: "
+                         f"cannot write: No space left on device; {self.path('out')} keeps 1 of "
+                         "3 finished shard(s), listed in its manifest.json; run the same command "
+                         "again to continue")
+        self.assertValidShards(1)
+        status, err = self.features()
+        self.assertEqual(status, 0, err)
+        self.assertValidShards(3)
 
 
 class _quiet:

@@ -1,6 +1,7 @@
 import json
 import os
 import unittest
+from unittest import mock
 
 from helpers import TempDir
 
@@ -77,6 +78,41 @@ class ManifestTest(TempDir):
             pass
         used.discard_if_unused()
         self.assertTrue(os.path.isdir(self.path("used")))
+
+    def test_output_that_cannot_be_written(self):
+        """Refused when opened, before anything in it is removed (an
+        --overwrite into a read-only directory deleted shards, then failed
+        with a traceback). chmod does not stop root: the write is refused
+        by a stand-in open instead."""
+        m = progress.Manifest(self.out(), "tokens", "fp1", overwrite=False)
+        m.record("shard-00000.safetensors", self.shard("shard-00000.safetensors"))
+        with mock.patch.object(shards, "open", create=True,
+                               side_effect=PermissionError(13, "Permission denied")):
+            with self.assertRaises(UserError) as caught:
+                progress.Manifest(self.out(), "tokens", "fp2", overwrite=True)
+        self.assertEqual(str(caught.exception), f"{self.out()}: cannot write into the output "
+                         "directory: Permission denied")
+        self.assertEqual(sorted(os.listdir(self.out())),
+                         ["manifest.json", "shard-00000.safetensors"])
+        with open(self.path("file"), "w"):
+            pass
+        for directory, message in ((self.path("file"), "not a directory (the output is a "
+                                    "directory of shards)"),
+                                   (self.path("file", "out"), "cannot create the output "
+                                    "directory: Not a directory")):
+            with self.assertRaises(UserError) as caught:
+                progress.Manifest(directory, "tokens", "fp1", overwrite=False)
+            self.assertEqual(str(caught.exception), f"{directory}: {message}")
+
+    def test_what_a_stopped_run_keeps(self):
+        m = progress.Manifest(self.out(), "tokens", "fp1", overwrite=False)
+        m.planned = 3
+        self.assertEqual(m.kept(), f"no shard finished in {self.out()}")
+        m.record("shard-00000.safetensors", self.shard("shard-00000.safetensors"))
+        # Renamed into place, its manifest not yet written: not kept.
+        self.shard("shard-00001.safetensors")
+        self.assertEqual(m.kept(), f"{self.out()} keeps 1 of 3 finished shard(s), listed "
+                         "in its manifest.json")
 
     def test_fingerprint_is_order_free(self):
         self.assertEqual(progress.fingerprint({"a": 1, "b": [1, 2]}),

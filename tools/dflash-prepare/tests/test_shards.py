@@ -140,6 +140,33 @@ class ShardRoundTripTest(TempDir):
         expect(struct.pack("<Q", len(header)) + header + bytes(8), "span 8 bytes")
         expect(struct.pack("<Q", 4) + b"{{{{", "not valid json")
 
+    def test_header_that_lies_about_sizes(self):
+        """A shape whose byte count overflows int64 (it once passed as 0 bytes,
+        and check then tried to allocate it), a dimension past int64, and a
+        header nested past python's json reader: each a named ShardError."""
+        def expect(header, message):
+            bad = self.path("bad.safetensors")
+            raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+            with open(bad, "wb") as f:
+                f.write(struct.pack("<Q", len(raw)) + raw)
+            with self.assertRaises(shards.ShardError) as caught:
+                shards.SafetensorsFile(bad)
+            self.assertIn(f"{bad}: {message}", str(caught.exception))
+
+        expect({"input_ids": {"dtype": "I32", "shape": [2 ** 62, 16], "data_offsets": [0, 0]}},
+               f"tensor 'input_ids' has shape [{2 ** 62}, 16] of I32 ({2 ** 68} bytes) but "
+               "data_offsets [0, 0] span 0 bytes")
+        expect({"x": {"dtype": "U8", "shape": [2 ** 70], "data_offsets": [0, 0]}},
+               f"tensor 'x' has shape [{2 ** 70}] of U8 ({2 ** 70} bytes) but "
+               "data_offsets [0, 0] span 0 bytes")
+        expect(b"[" * 100000 + b"]" * 100000, "header nests deeper than python's json reader")
+
+    def test_unlistable_directory_is_named(self):
+        with mock.patch("os.listdir", side_effect=PermissionError(13, "Permission denied")):
+            with self.assertRaises(shards.UserError) as caught:
+                shards.list_shards(self.dir)
+        self.assertEqual(str(caught.exception), f"{self.dir}: cannot list: Permission denied")
+
 
 if __name__ == "__main__":
     unittest.main()
