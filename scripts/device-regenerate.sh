@@ -42,13 +42,15 @@ cp "$tokenizer"/tokenizer.json "$tokenizer"/tokenizer_config.json "$work/target/
 $toy corpus "$work/chat.jsonl" --count "${CONVERSATIONS:-3000}" --seed 0 >&2
 $toy corpus "$work/chat-eval.jsonl" --count "${HELD_OUT:-200}" --seed 1 >&2
 
+# A random target may end an answer at once: keep those (a real server's
+# empty answer is a fault, left out by default).
 for set in chat chat-eval; do
   name=${set/chat/regen}
   step "regenerate $set.jsonl -> $name.jsonl"
   $prepare regenerate "$work/$set.jsonl" --backend transformers --target "$work/target" \
     --out "$work/$name.jsonl" --max-tokens "${MAX_TOKENS:-128}" \
     --dtype float32 --template-option enable_thinking=false \
-    --concurrency 256 --overwrite 2>&1 | tr '\r' '\n' | grep -v '^\[' >&2
+    --concurrency 256 --keep-empty-answers --overwrite 2>&1 | tr '\r' '\n' | grep -v '^\[' >&2
   cp "$work/$name.jsonl.state.json" "$out/$name.state.json"
 done
 head -c 4000 "$work/regen.jsonl" > "$out/regen-sample.jsonl"

@@ -143,6 +143,27 @@ class OutputLock:
         self.fd = None
 
 
+def make_output_directory(directory):
+    """Makes the output directory `directory` where it is missing; returns
+    the folders made, deepest first (to remove again where a run wrote
+    nothing). A path that exists as something else, or a directory that
+    cannot be made, is one line."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise UserError(f"{directory}: not a directory (the output is a directory "
+                        "of shards)")
+    made = []
+    parent = os.path.abspath(directory)
+    while not os.path.exists(parent):
+        made.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise UserError(f"{directory}: cannot create the output directory: "
+                        f"{error.strerror or error}") from None
+    return made
+
+
 class DirectoryLock:
     """The lock of an output directory, made here where it is missing; on
     release the folders made are removed again where they stayed empty (a
@@ -154,15 +175,7 @@ class DirectoryLock:
         self.made = []
 
     def __enter__(self):
-        parent = os.path.abspath(self.directory)
-        while not os.path.exists(parent):
-            self.made.append(parent)
-            parent = os.path.dirname(parent)
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-        except OSError as error:
-            raise UserError(f"{self.directory}: cannot create the output directory: "
-                            f"{error.strerror}") from None
+        self.made = make_output_directory(self.directory)
         try:
             self.lock.acquire()
         except BaseException:

@@ -12,6 +12,7 @@ import json
 import os
 
 from .errors import Interrupted, UserError, note
+from .output_lock import make_output_directory
 from .shards import AtomicFile, WriteFailed, remove_stale_temps, write_json_atomically
 
 MANIFEST = "manifest.json"
@@ -60,19 +61,7 @@ class Manifest:
         self.planned = None  # the run's shard count, once known (for `kept`)
         # The folders this run makes, deepest first: discard_if_unused
         # removes them again where nothing was written.
-        self.made = []
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise UserError(f"{directory}: not a directory (the output is a directory "
-                            "of shards)")
-        parent = os.path.abspath(directory)
-        while not os.path.exists(parent):
-            self.made.append(parent)
-            parent = os.path.dirname(parent)
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as error:
-            raise UserError(f"{directory}: cannot create the output directory: "
-                            f"{error.strerror or error}") from None
+        self.made = make_output_directory(directory)
         try:
             removed = remove_stale_temps(directory)
             existing = sorted(n for n in os.listdir(directory) if n.endswith(".safetensors"))
