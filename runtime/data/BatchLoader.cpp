@@ -1,6 +1,7 @@
 //===- BatchLoader.cpp - Rows and anchors of each training step -----------===//
 
 #include "runtime/data/BatchLoader.h"
+#include "runtime/data/ParallelFor.h"
 
 #include <algorithm>
 #include <numeric>
@@ -14,16 +15,50 @@ static_assert(std::is_same_v<Rng::State, RngState>,
               "Checkpoint.h's RngState must be Rng::State");
 
 void HostBatch::resize(const ModelConfig &c) {
+  // next() writes every element: no fill (a long row's features are
+  // gigabytes).
   const size_t B = size_t(c.rowsPerStep()), S = size_t(c.seqLen);
   const size_t N = size_t(c.anchorsPerRow);
-  inputIds.assign(B * S, 0);
-  lossMask.assign(B * S, 0);
-  hiddenStates.assign(B * S * size_t(c.contextWidth()), 0);
-  anchors.assign(B * N, 0);
-  keep.assign(B * N, 0);
-  positionIds.assign(B * S, 0);
+  inputIds.resize(B * S);
+  lossMask.resize(B * S);
+  hiddenStates.resize(B * S * size_t(c.contextWidth()));
+  anchors.resize(B * N);
+  keep.resize(B * N);
+  positionIds.resize(B * S);
   rows.assign(B, 0);
   skippedRows.clear();
+}
+
+BatchBuffers HostBatch::buffers() {
+  return {inputIds.data(), lossMask.data(), hiddenStates.data(),
+          anchors.data(),  keep.data(),     positionIds.data(),
+          &rows,           &skippedRows};
+}
+
+/// The first element of `h` (bf16) that is NaN or infinite, or -1. Chunks
+/// on every core, each scanned whole (a loop with no early exit, which the
+/// compiler vectorises): a long row is gigabytes.
+static int64_t firstNonFinite(const uint16_t *h, size_t count) {
+  const int64_t chunks = parallelChunks(count);
+  std::vector<int64_t> firstBad(size_t(chunks), -1);
+  parallelFor(chunks, [&](int64_t c) {
+    const size_t begin = size_t(c) * kParallelChunk;
+    const size_t end = std::min(count, begin + kParallelChunk);
+    bool any = false;
+    for (size_t i = begin; i < end; ++i)
+      any |= (h[i] & 0x7f80u) == 0x7f80u;
+    if (!any)
+      return;
+    for (size_t i = begin; i < end; ++i)
+      if ((h[i] & 0x7f80u) == 0x7f80u) {
+        firstBad[size_t(c)] = int64_t(i);
+        return;
+      }
+  });
+  for (int64_t at : firstBad)
+    if (at >= 0)
+      return at;
+  return -1;
 }
 
 BatchLoader::BatchLoader(const RowSource &source, const ModelConfig &config,
@@ -75,6 +110,11 @@ Status BatchLoader::seek(const DataPosition &position,
 }
 
 Status BatchLoader::next(HostBatch &batch) {
+  batch.resize(config);
+  return next(batch.buffers());
+}
+
+Status BatchLoader::next(const BatchBuffers &batch) {
   DFLASH_RETURN_IF_ERROR(validate());
   const int64_t B = config.rowsPerStep(), S = config.seqLen;
   const int64_t N = config.anchorsPerRow, W = config.contextWidth();
@@ -87,30 +127,29 @@ Status BatchLoader::next(HostBatch &batch) {
   }
   if (orderEpoch != pos.epoch)
     shuffleFor(pos.epoch);
-  batch.resize(config);
+  batch.rows->assign(size_t(B), 0);
+  batch.skippedRows->clear();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t at = pos.row + rank * B + b;
     // Past the last row of an evaluation: an empty row.
     const int64_t row = at < source.numRows() ? order[size_t(at)] : -1;
-    batch.rows[size_t(b)] = row;
+    (*batch.rows)[size_t(b)] = row;
     RowBuffers out;
-    out.inputIds = batch.inputIds.data() + b * S;
-    out.lossMask = batch.lossMask.data() + b * S;
-    out.hiddenStates = batch.hiddenStates.data() + b * S * W;
-    out.positionIds = batch.positionIds.data() + b * S;
+    out.inputIds = batch.inputIds + b * S;
+    out.lossMask = batch.lossMask + b * S;
+    out.hiddenStates = batch.hiddenStates + b * S * W;
+    out.positionIds = batch.positionIds + b * S;
     if (source.hasPinnedAnchors()) {
-      out.anchors = batch.anchors.data() + b * N;
-      out.keep = batch.keep.data() + b * N;
+      out.anchors = batch.anchors + b * N;
+      out.keep = batch.keep + b * N;
     }
     const bool knownBad = row < 0 || knownBadRows.count(row) != 0;
     if (!knownBad) {
       DFLASH_RETURN_IF_ERROR(source.readRow(row, out));
       // A NaN or inf feature would poison every gradient of the step.
-      const uint16_t *h = out.hiddenStates;
-      int64_t bad = -1;
-      for (int64_t i = 0; i < S * W && bad < 0; ++i)
-        if ((h[i] & 0x7f80u) == 0x7f80u)
-          bad = i;
+      const int64_t bad = source.hasFeatures()
+                              ? firstNonFinite(out.hiddenStates, size_t(S * W))
+                              : -1;
       if (bad < 0)
         continue;
       std::string what = source.describeRow(row) +
@@ -124,12 +163,13 @@ Status BatchLoader::next(HostBatch &batch) {
             (maxBadRows == 1 ? " is" : " are") +
             " skipped: check the data, or raise --max-bad-rows)");
       knownBadRows.insert(row);
-      batch.skippedRows.push_back({row, what});
+      batch.skippedRows->push_back({row, what});
     }
     // An empty row in its place: nothing supervised, nothing kept.
     std::fill(out.inputIds, out.inputIds + S, 0);
     std::fill(out.lossMask, out.lossMask + S, uint8_t(0));
-    std::fill(out.hiddenStates, out.hiddenStates + S * W, uint16_t(0));
+    if (source.hasFeatures())
+      std::fill(out.hiddenStates, out.hiddenStates + S * W, uint16_t(0));
     std::iota(out.positionIds, out.positionIds + S, 0);
     if (source.hasPinnedAnchors()) {
       std::fill(out.anchors, out.anchors + N, 0);
@@ -137,8 +177,8 @@ Status BatchLoader::next(HostBatch &batch) {
     }
   }
   if (!source.hasPinnedAnchors())
-    sampler.sample(batch.lossMask.data(), batch.positionIds.data(), anchorRng,
-                   batch.anchors.data(), batch.keep.data());
+    sampler.sample(batch.lossMask, batch.positionIds, anchorRng, batch.anchors,
+                   batch.keep);
   pos.row += global;
   return Status::success();
 }

@@ -40,6 +40,21 @@ struct SkippedRow {
   std::string what;
 };
 
+/// Where BatchLoader::next writes one step's inputs on one rank: arrays of
+/// the shapes of HostBatch's, owned by the caller (a prefetch slot in pinned
+/// memory, so that a long row's features are written once, where the copy
+/// to the GPU reads them).
+struct BatchBuffers {
+  int32_t *inputIds = nullptr;      ///< [B, S]
+  uint8_t *lossMask = nullptr;      ///< [B, S]
+  uint16_t *hiddenStates = nullptr; ///< bf16 [B, S, L*H]
+  int32_t *anchors = nullptr;       ///< [B, N]
+  uint8_t *keep = nullptr;          ///< [B, N]
+  int32_t *positionIds = nullptr;   ///< [B, S]
+  std::vector<int64_t> *rows = nullptr;
+  std::vector<SkippedRow> *skippedRows = nullptr;
+};
+
 /// The inputs of one step on one rank, row-major.
 struct HostBatch {
   std::vector<int32_t> inputIds;      ///< [B, S]
@@ -56,6 +71,7 @@ struct HostBatch {
   std::vector<SkippedRow> skippedRows;
 
   void resize(const ModelConfig &config);
+  BatchBuffers buffers();
 };
 
 class BatchLoader {
@@ -73,6 +89,9 @@ public:
   /// naming the row, on a read error, or on a row with a non-finite target
   /// feature once more than maxBadRows() of them were met.
   Status next(HostBatch &batch);
+  /// The same into the caller's arrays; every element is written, except
+  /// hidden_states where the source has no features (RowSource::hasFeatures).
+  Status next(const BatchBuffers &out);
 
   /// How many rows with non-finite features a run may meet: each is skipped
   /// (its slot becomes an empty row: no supervised token, no kept anchor,

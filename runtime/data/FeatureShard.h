@@ -52,6 +52,9 @@ public:
 
   int64_t numRows() const override { return int64_t(rowIndex.size()); }
   bool hasPinnedAnchors() const override { return pinned; }
+  bool hasFeatures() const override {
+    return shardsWithFeatures() == numShards();
+  }
   Status readRow(int64_t index, const RowBuffers &out) const override;
 
   /// How many of the shards carry hidden_states (all of them unless opened

@@ -5,7 +5,6 @@
 #include "runtime/device/DeviceContext.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <new>
 
 using namespace dflash;
@@ -111,10 +110,6 @@ Status BatchPrefetcher::start(int64_t batchLimit) {
 }
 
 void BatchPrefetcher::produce() {
-  HostBatch host;
-  const size_t B = size_t(config.rowsPerStep()), S = size_t(config.seqLen);
-  const size_t N = size_t(config.anchorsPerRow);
-  const size_t W = size_t(config.contextWidth());
   for (int64_t started = 0;; ++started) {
     if (limit >= 0 && started == limit) {
       std::lock_guard<std::mutex> lock(mutex);
@@ -134,7 +129,12 @@ void BatchPrefetcher::produce() {
       index = freeSlots.front();
       freeSlots.pop_front();
     }
-    Status status = loader.next(host);
+    // The loader writes into the slot itself: a long row's features are
+    // gigabytes, and a second copy would outlast the step.
+    PrefetchedBatch &b = slots[index].batch;
+    Status status =
+        loader.next({b.inputIds, b.lossMask, b.hiddenStates, b.anchors, b.keep,
+                     b.positionIds, &b.rows, &b.skippedRows});
     if (!status.ok()) {
       std::lock_guard<std::mutex> lock(mutex);
       failure = status;
@@ -142,17 +142,6 @@ void BatchPrefetcher::produce() {
       changed.notify_all();
       return;
     }
-    PrefetchedBatch &b = slots[index].batch;
-    std::memcpy(b.inputIds, host.inputIds.data(), B * S * sizeof(int32_t));
-    std::memcpy(b.lossMask, host.lossMask.data(), B * S);
-    std::memcpy(b.hiddenStates, host.hiddenStates.data(),
-                B * S * W * sizeof(uint16_t));
-    std::memcpy(b.anchors, host.anchors.data(), B * N * sizeof(int32_t));
-    std::memcpy(b.keep, host.keep.data(), B * N);
-    std::memcpy(b.positionIds, host.positionIds.data(),
-                B * S * sizeof(int32_t));
-    b.rows = host.rows;
-    b.skippedRows = host.skippedRows;
     b.positionAfter = loader.position();
     b.anchorRngAfter = loader.anchorRngState();
     std::lock_guard<std::mutex> lock(mutex);

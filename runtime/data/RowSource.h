@@ -40,6 +40,9 @@ public:
   /// Whether rows carry pinned anchors (then the trainer uses them instead of
   /// sampling).
   virtual bool hasPinnedAnchors() const = 0;
+  /// Whether readRow writes hidden_states (token shards do not: the online
+  /// target computes the features on the GPU).
+  virtual bool hasFeatures() const { return true; }
   /// Copies row `index` (0 <= index < numRows()).
   virtual Status readRow(int64_t index, const RowBuffers &out) const = 0;
   /// Where row `index` comes from, for messages ("data/shard-1.safetensors

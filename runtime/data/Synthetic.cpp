@@ -5,13 +5,11 @@
 
 #include "kernels/Bf16.h"
 #include "runtime/data/AnchorSampler.h"
+#include "runtime/data/ParallelFor.h"
 #include "runtime/data/Rng.h"
 
 #include <algorithm>
-#include <atomic>
-#include <functional>
 #include <numeric>
-#include <thread>
 
 using namespace dflash;
 using namespace dflash::rt;
@@ -38,21 +36,6 @@ static int32_t ordinaryToken(Rng &rng, const ModelConfig &config) {
   if (token >= config.maskTokenId)
     ++token;
   return int32_t(token);
-}
-
-/// Runs body(i) for i in [0, n) on all cores; each i must be independent.
-static void parallelFor(int64_t n, const std::function<void(int64_t)> &body) {
-  int64_t threads = std::max<int64_t>(
-      1, std::min<int64_t>(n, std::thread::hardware_concurrency()));
-  std::atomic<int64_t> next{0};
-  std::vector<std::thread> pool;
-  for (int64_t t = 0; t < threads; ++t)
-    pool.emplace_back([&] {
-      for (int64_t i = next++; i < n; i = next++)
-        body(i);
-    });
-  for (std::thread &t : pool)
-    t.join();
 }
 
 /// N(0, stddev) values in bf16. Chunks of 2^20 draw from their own Rng
@@ -200,15 +183,11 @@ Status SyntheticRowSource::readRow(int64_t index, const RowBuffers &out) const {
     const size_t S = size_t(c.seqLen), W = size_t(c.contextWidth());
     std::copy_n(cachedIds.data() + size_t(index) * S, S, out.inputIds);
     std::copy_n(cachedMask.data() + size_t(index) * S, S, out.lossMask);
-    // A long row's features are gigabytes (5.4 GB at 131072 tokens of
-    // qwen3-8b-b16): one thread's copy would take longer than the step it
-    // is staged behind.
-    constexpr size_t kCopyChunk = size_t(1) << 24;
     const uint16_t *from = cachedHidden.data() + size_t(index) * S * W;
     const size_t count = S * W;
-    parallelFor(int64_t((count + kCopyChunk - 1) / kCopyChunk), [&](int64_t c) {
-      size_t begin = size_t(c) * kCopyChunk;
-      std::copy_n(from + begin, std::min(kCopyChunk, count - begin),
+    parallelFor(parallelChunks(count), [&](int64_t c) {
+      size_t begin = size_t(c) * kParallelChunk;
+      std::copy_n(from + begin, std::min(kParallelChunk, count - begin),
                   out.hiddenStates + begin);
     });
   } else {

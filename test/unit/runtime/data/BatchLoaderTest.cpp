@@ -1,6 +1,7 @@
 //===- BatchLoaderTest.cpp - Data order, rank sharding, resume ------------===//
 
 #include "runtime/data/BatchLoader.h"
+#include "runtime/data/ParallelFor.h"
 #include "test/unit/runtime/RuntimeTestSupport.h"
 
 #include <gtest/gtest.h>
@@ -144,6 +145,119 @@ TEST(RuntimeBatchLoader, RejectsTooLittleDataAndNonFiniteFeatures) {
                          "non-finite value at position 5, feature 3 (row 1 "
                          "with non-finite features; at most 0 are skipped: "
                          "check the data, or raise --max-bad-rows)");
+}
+
+/// A source whose rows are long enough that the non-finite scan splits
+/// them into chunks (kParallelChunk elements): NaNs at `bad` elements of
+/// every row, or no features at all (token shards: readRow leaves
+/// hidden_states alone).
+class LongRowSource : public RowSource {
+public:
+  LongRowSource(const ModelConfig &c, std::vector<size_t> bad, bool features)
+      : config(c), bad(std::move(bad)), features(features) {}
+  int64_t numRows() const override { return 2; }
+  bool hasPinnedAnchors() const override { return false; }
+  bool hasFeatures() const override { return features; }
+  Status readRow(int64_t index, const RowBuffers &out) const override {
+    for (int64_t t = 0; t < config.seqLen; ++t) {
+      out.inputIds[t] = int32_t(index + 1);
+      out.lossMask[t] = 1;
+      out.positionIds[t] = int32_t(t);
+    }
+    if (!features)
+      return Status::success();
+    const size_t count = size_t(config.seqLen * config.contextWidth());
+    for (size_t i = 0; i < count; ++i)
+      out.hiddenStates[i] = uint16_t(0x3f80 + (i + size_t(index)) % 64);
+    for (size_t at : bad)
+      out.hiddenStates[at] = 0x7f80; // +inf
+    return Status::success();
+  }
+  std::string describeRow(int64_t index) const override {
+    return "long row " + std::to_string(index);
+  }
+
+private:
+  ModelConfig config;
+  std::vector<size_t> bad;
+  bool features;
+};
+
+/// smallConfig with rows of 2^16 tokens x 2 taps x 160: 20 Mi features a
+/// row, two chunks of the scan.
+ModelConfig longRowConfig() {
+  ModelConfig c = smallConfig();
+  c.seqLen = 65536;
+  c.maxPositionEmbeddings = 65536 + 16;
+  c.targetHiddenSize = c.hiddenSize = 160;
+  c.targetLayerIds = {0, 1};
+  return c;
+}
+
+TEST(RuntimeBatchLoader, WritesTheCallersBuffersAsHostBatch) {
+  // The prefetch thread's slot is written in place: every element the same
+  // as a HostBatch gets, whatever the slot held before.
+  ModelConfig c = longRowConfig();
+  LongRowSource source(c, {}, /*features=*/true);
+  BatchLoader a(source, c, 3), b(source, c, 3);
+  HostBatch expected;
+  ASSERT_TRUE(a.next(expected).ok());
+  HostBatch slot;
+  slot.resize(c);
+  std::fill(slot.inputIds.begin(), slot.inputIds.end(), -7);
+  std::fill(slot.lossMask.begin(), slot.lossMask.end(), uint8_t(9));
+  std::fill(slot.hiddenStates.begin(), slot.hiddenStates.end(),
+            uint16_t(0x1234));
+  std::fill(slot.anchors.begin(), slot.anchors.end(), -7);
+  std::fill(slot.keep.begin(), slot.keep.end(), uint8_t(9));
+  std::fill(slot.positionIds.begin(), slot.positionIds.end(), -7);
+  slot.skippedRows.push_back({5, "stale"});
+  ASSERT_TRUE(b.next(slot.buffers()).ok());
+  EXPECT_EQ(slot.inputIds, expected.inputIds);
+  EXPECT_EQ(slot.lossMask, expected.lossMask);
+  EXPECT_TRUE(slot.hiddenStates == expected.hiddenStates);
+  EXPECT_EQ(slot.anchors, expected.anchors);
+  EXPECT_EQ(slot.keep, expected.keep);
+  EXPECT_EQ(slot.positionIds, expected.positionIds);
+  EXPECT_EQ(slot.rows, expected.rows);
+  EXPECT_TRUE(slot.skippedRows.empty());
+}
+
+TEST(RuntimeBatchLoader, NamesTheFirstNonFiniteFeatureOfALongRow) {
+  // Infinities in the second chunk and the first: the first is named.
+  ModelConfig c = longRowConfig();
+  const size_t W = size_t(c.contextWidth());
+  const size_t late = kParallelChunk + 17, early = 3 * W + 5;
+  LongRowSource source(c, {late, early}, /*features=*/true);
+  BatchLoader loader(source, c, 1);
+  HostBatch batch;
+  Status s = loader.next(batch);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("non-finite value at position 3, feature 5 "),
+            std::string::npos)
+      << s.message();
+  LongRowSource lateOnly(c, {late}, /*features=*/true);
+  BatchLoader second(lateOnly, c, 1);
+  s = second.next(batch);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("non-finite value at position " +
+                             std::to_string(late / W) + ", feature " +
+                             std::to_string(late % W) + " "),
+            std::string::npos)
+      << s.message();
+}
+
+TEST(RuntimeBatchLoader, RowsWithoutFeaturesAreNotScanned) {
+  // Token shards leave hidden_states as it was: a NaN there is none of the
+  // row's, and the online target overwrites the features on the GPU.
+  ModelConfig c = longRowConfig();
+  LongRowSource source(c, {}, /*features=*/false);
+  BatchLoader loader(source, c, 1);
+  HostBatch batch;
+  batch.resize(c);
+  std::fill(batch.hiddenStates.begin(), batch.hiddenStates.end(),
+            uint16_t(0x7fc0));
+  EXPECT_TRUE(loader.next(batch.buffers()).ok());
 }
 
 // Up to the limit, a row with a non-finite feature is skipped: its slot
