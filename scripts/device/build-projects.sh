@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds trainer projects emitted on the CPU machine (dflashc SPEC
+# --emit=cuda -o GEN/NAME) on the GPU machine, all at once on its cores, and
+# puts each trainer where device-check looks for it: .device/bin/train-NAME.
+# The CPU machine has two cores: six long-context trainers take 45 minutes
+# of nvcc there and two here. The flags are device-prepare.sh's (Release,
+# no MPI). Usage: scripts/device/build-projects.sh GEN
+set -euo pipefail
+gen=${1:?usage: scripts/device/build-projects.sh GEN (a folder of emitted projects)}
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+mkdir -p .device/bin
+names=()
+for dir in "$gen"/*/; do names+=("$(basename "$dir")"); done
+((${#names[@]} > 0)) || { echo "build-projects: no project under $gen" >&2; exit 2; }
+jobs=$(( $(nproc) / ${#names[@]} + 1 ))
+pids=()
+for name in "${names[@]}"; do
+  (cmake -S "$gen/$name" -B "$gen/$name/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+     -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$gen/$name.cmake.log" &&
+   ninja -C "$gen/$name/build" -j "$jobs" > "$gen/$name.build.log" &&
+   cp "$gen/$name/build/train" ".device/bin/train-$name") &
+  pids+=($!)
+done
+failed=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "build-projects: ${names[$i]} failed:" >&2
+    tail -20 "$gen/${names[$i]}.build.log" "$gen/${names[$i]}.cmake.log" >&2 2>/dev/null || true
+    failed=1
+  fi
+done
+((failed == 0)) && echo "build-projects: built ${names[*]}"
+exit $failed
