@@ -8,6 +8,7 @@
 
 #include "dialect/DFlashOps.h"
 #include "dialect/VerifyHelpers.h"
+#include "schema/ModelConfig.h"
 
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/OpImplementation.h"
@@ -528,6 +529,36 @@ LogicalResult DraftAcceptanceOp::verify() {
                          positions)) ||
       failed(expectShape(op, "C3", "position_counts", getPositionCounts(),
                          positions)))
+    return failure();
+  // draft_acceptance C4
+  if (failed(expectShape(op, "C4", "anchors", getAnchors(), keep)) ||
+      failed(expectRank(op, "C4", "position_ids", getPositionIds(), 2)))
+    return failure();
+  int64_t S = tensorType(getPositionIds()).getDimSize(1);
+  if (tensorType(getPositionIds()).getDimSize(0) != keep[0])
+    return emitOpError() << "(C4) position_ids has "
+                         << tensorType(getPositionIds()).getDimSize(0)
+                         << " rows but keep has " << keep[0];
+  // draft_acceptance C5
+  ArrayRef<int64_t> edges = getBucketEdges();
+  if (int64_t(edges.size()) > ::dflash::kMaxPositionBuckets - 1)
+    return emitOpError() << "(C5) bucket_edges has " << edges.size()
+                         << " edges but at most "
+                         << ::dflash::kMaxPositionBuckets - 1
+                         << " are supported";
+  for (size_t i = 0; i < edges.size(); ++i)
+    if (edges[i] < 1 || edges[i] >= S || (i > 0 && edges[i] <= edges[i - 1]))
+      return emitOpError() << "(C5) bucket_edges must be strictly increasing "
+                              "in [1, "
+                           << S << ") but entry " << i << " is " << edges[i];
+  // draft_acceptance C6
+  SmallVector<int64_t> buckets = {int64_t(edges.size()) + 1};
+  if (failed(expectShape(op, "C6", "bucket_runs", getBucketRuns(), buckets)) ||
+      failed(
+          expectShape(op, "C6", "bucket_blocks", getBucketBlocks(), buckets)) ||
+      failed(expectShape(op, "C6", "bucket_hits", getBucketHits(), buckets)) ||
+      failed(
+          expectShape(op, "C6", "bucket_counts", getBucketCounts(), buckets)))
     return failure();
   return success();
 }

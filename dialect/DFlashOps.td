@@ -122,21 +122,39 @@ def DFlash_DraftAcceptanceOp : DFlash_PureOp<"draft_acceptance"> {
     `weights > 0` and `position_hits[k]` those of them with a hit: the
     accuracy at `k` is their ratio (`k = 0`, the given anchor token, is 0).
 
+    The same sums per bucket of anchor position (section 14): a kept block
+    falls in bucket `j` = the number of `bucket_edges` at or below
+    `position_ids[b, anchors[b, n]]`, its anchor's position in its
+    conversation. `bucket_runs[j]` and `bucket_blocks[j]` are `run_sum` and
+    `kept_blocks` over bucket `j`'s blocks, `bucket_hits[j]` and
+    `bucket_counts[j]` the position sums over every `k` of them; each adds
+    up over the buckets to its total.
+
     ```mlir
-    %runs, %blocks, %hits_k, %counts_k = dflash.draft_acceptance %hits,
-        %weights, %keep {block_size = 16 : i64}
-        : (tensor<4x8192xi8>, tensor<4x8192xf32>, tensor<4x512xi8>)
-        -> (tensor<f32>, tensor<f32>, tensor<16xf32>, tensor<16xf32>)
+    %runs, %blocks, %hits_k, %counts_k, %b_runs, %b_blocks, %b_hits,
+        %b_counts = dflash.draft_acceptance %hits, %weights, %keep, %anchors,
+        %position_ids {block_size = 16 : i64,
+                       bucket_edges = array<i64: 4096, 16384, 65536>}
+        : (tensor<4x8192xi8>, tensor<4x8192xf32>, tensor<4x512xi8>,
+           tensor<4x512xi32>, tensor<4x131072xi32>)
+        -> (tensor<f32>, tensor<f32>, tensor<16xf32>, tensor<16xf32>,
+            tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>)
     ```
   }];
   let arguments = (ins DFlash_FlagTensor:$hits, DFlash_F32Tensor:$weights,
-                       DFlash_FlagTensor:$keep, I64Attr:$block_size);
+                       DFlash_FlagTensor:$keep, DFlash_IndexTensor:$anchors,
+                       DFlash_IndexTensor:$position_ids, I64Attr:$block_size,
+                       DenseI64ArrayAttr:$bucket_edges);
   let results = (outs DFlash_F32Scalar:$run_sum, DFlash_F32Scalar:$kept_blocks,
                       DFlash_F32Tensor:$position_hits,
-                      DFlash_F32Tensor:$position_counts);
+                      DFlash_F32Tensor:$position_counts,
+                      DFlash_F32Tensor:$bucket_runs,
+                      DFlash_F32Tensor:$bucket_blocks,
+                      DFlash_F32Tensor:$bucket_hits,
+                      DFlash_F32Tensor:$bucket_counts);
   let assemblyFormat =
-      "$hits `,` $weights `,` $keep attr-dict `:` "
-      "functional-type(operands, results)";
+      "$hits `,` $weights `,` $keep `,` $anchors `,` $position_ids attr-dict "
+      "`:` functional-type(operands, results)";
 }
 
 //===----------------------------------------------------------------------===//

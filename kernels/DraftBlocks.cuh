@@ -9,8 +9,8 @@
 // - draft_targets: labels (same position, no shift) and fp32 weights with the
 //   gamma decay, zero past the anchor's conversation (ref::draftTargets);
 // - draft_acceptance_f32: the sums of the acceptance length from the
-//   lm_head's per-slot hits (ref::draftAcceptance, docs/semantics.md
-//   section 10).
+//   lm_head's per-slot hits, also per bucket of anchor position
+//   (ref::draftAcceptance, docs/semantics.md sections 10 and 14).
 //
 //===----------------------------------------------------------------------===//
 
@@ -27,6 +27,20 @@ namespace dflash::kernels {
 struct DraftBlocksShape {
   int B, S, N, bs;
   __host__ __device__ int64_t Q() const { return static_cast<int64_t>(N) * bs; }
+};
+
+/// The NB - 1 edges of NB anchor-position buckets, ascending: an anchor at
+/// position p of its conversation is in bucket "edges <= p". The compiler
+/// prints them (dflash.draft_acceptance's bucket_edges); NB is at most
+/// kMaxPositionBuckets (schema/ModelConfig.h).
+template <int NB> struct PositionBuckets {
+  int32_t edges[NB > 1 ? NB - 1 : 1];
+  __host__ __device__ int of(int32_t position) const {
+    int j = 0;
+    while (j < NB - 1 && edges[j] <= position)
+      ++j;
+    return j;
+  }
 };
 
 namespace detail {
@@ -101,19 +115,27 @@ draft_targets_kernel(const int32_t *inputIds, const uint8_t *lossMask,
 
 /// One CTA: each thread walks its blocks' slots in order (a block's run is
 /// sequential), then the sums are added in a fixed order; the per-position
-/// counts are integers (shared-memory atomics), so every result is
-/// deterministic.
-template <int BS>
+/// and per-bucket sums are integers (shared-memory atomics), so every result
+/// is deterministic.
+template <int BS, int NB>
 __global__ void __launch_bounds__(1024)
     draft_acceptance_kernel(const uint8_t *hits, const float *weights,
-                            const uint8_t *keep, int64_t blocks, float *runSum,
-                            float *keptBlocks, float *positionHits,
-                            float *positionCounts) {
+                            const uint8_t *keep, const int32_t *anchors,
+                            const int32_t *positionIds,
+                            PositionBuckets<NB> buckets, DraftBlocksShape shape,
+                            float *runSum, float *keptBlocks,
+                            float *positionHits, float *positionCounts,
+                            float *bucketRuns, float *bucketBlocks,
+                            float *bucketHits, float *bucketCounts) {
   __shared__ double sRuns[32], sKept[32];
   __shared__ unsigned long long sHits[BS], sCounts[BS];
+  __shared__ unsigned long long sBucket[4][NB]; // runs, blocks, hits, counts
   for (int k = threadIdx.x; k < BS; k += blockDim.x)
     sHits[k] = sCounts[k] = 0;
+  for (int j = threadIdx.x; j < 4 * NB; j += blockDim.x)
+    sBucket[j / NB][j % NB] = 0;
   __syncthreads();
+  const int64_t blocks = int64_t(shape.B) * shape.N;
   double runs = 0, kept = 0;
   for (int64_t n = threadIdx.x; n < blocks; n += blockDim.x) {
     if (!keep[n])
@@ -126,13 +148,24 @@ __global__ void __launch_bounds__(1024)
     runs += 1 + run;
     kept += 1;
     // Slot 0 is the given anchor token: never counted.
+    unsigned blockHits = 0, blockCounts = 0;
     for (int k = 1; k < BS; ++k) {
       if (!(w[k] > 0.f))
         continue;
       atomicAdd(&sCounts[k], 1ull);
-      if (hit[k])
+      ++blockCounts;
+      if (hit[k]) {
         atomicAdd(&sHits[k], 1ull);
+        ++blockHits;
+      }
     }
+    // The bucket of the anchor's position in its conversation.
+    const int64_t b = n / shape.N;
+    const int j = buckets.of(positionIds[b * shape.S + anchors[n]]);
+    atomicAdd(&sBucket[0][j], static_cast<unsigned long long>(1 + run));
+    atomicAdd(&sBucket[1][j], 1ull);
+    atomicAdd(&sBucket[2][j], static_cast<unsigned long long>(blockHits));
+    atomicAdd(&sBucket[3][j], static_cast<unsigned long long>(blockCounts));
   }
   for (int o = 16; o > 0; o >>= 1) {
     runs += __shfl_xor_sync(0xffffffffu, runs, o);
@@ -155,6 +188,12 @@ __global__ void __launch_bounds__(1024)
   for (int k = threadIdx.x; k < BS; k += blockDim.x) {
     positionHits[k] = static_cast<float>(sHits[k]);
     positionCounts[k] = static_cast<float>(sCounts[k]);
+  }
+  for (int j = threadIdx.x; j < NB; j += blockDim.x) {
+    bucketRuns[j] = static_cast<float>(sBucket[0][j]);
+    bucketBlocks[j] = static_cast<float>(sBucket[1][j]);
+    bucketHits[j] = static_cast<float>(sBucket[2][j]);
+    bucketCounts[j] = static_cast<float>(sBucket[3][j]);
   }
 }
 
@@ -208,17 +247,27 @@ inline void draft_targets(const int32_t *inputIds, const uint8_t *lossMask,
 
 /// runSum = sum over kept blocks of 1 + run_n, keptBlocks = their count
 /// (device scalars); positionHits / positionCounts [BS]: per block position,
-/// the kept slots with w > 0 that hit and all of them (0 at k = 0). hits
-/// uint8 / weights fp32 [B, Q], keep [B, N].
-template <int BS>
+/// the kept slots with w > 0 that hit and all of them (0 at k = 0);
+/// bucketRuns / bucketBlocks / bucketHits / bucketCounts [NB]: the same sums
+/// over the kept blocks whose anchor's position (positionIds[b, anchor]) is
+/// in bucket j, the hits and counts over every k. hits uint8 / weights fp32
+/// [B, Q], keep uint8 / anchors int32 [B, N], positionIds int32 [B, S].
+template <int BS, int NB>
 void draft_acceptance_f32(const uint8_t *hits, const float *weights,
-                          const uint8_t *keep, float *runSum, float *keptBlocks,
-                          float *positionHits, float *positionCounts,
-                          DraftBlocksShape shape, cudaStream_t stream) {
+                          const uint8_t *keep, const int32_t *anchors,
+                          const int32_t *positionIds,
+                          PositionBuckets<NB> buckets, float *runSum,
+                          float *keptBlocks, float *positionHits,
+                          float *positionCounts, float *bucketRuns,
+                          float *bucketBlocks, float *bucketHits,
+                          float *bucketCounts, DraftBlocksShape shape,
+                          cudaStream_t stream) {
   static_assert(BS >= 1 && BS <= 64, "block size must be in [1, 64]");
-  detail::draft_acceptance_kernel<BS><<<1, 1024, 0, stream>>>(
-      hits, weights, keep, int64_t(shape.B) * shape.N, runSum, keptBlocks,
-      positionHits, positionCounts);
+  static_assert(NB >= 1 && NB <= 8, "1 to 8 anchor-position buckets");
+  detail::draft_acceptance_kernel<BS, NB><<<1, 1024, 0, stream>>>(
+      hits, weights, keep, anchors, positionIds, buckets, shape, runSum,
+      keptBlocks, positionHits, positionCounts, bucketRuns, bucketBlocks,
+      bucketHits, bucketCounts);
   DFLASH_CUDA_CHECK_LAUNCH("draft_acceptance_f32");
 }
 

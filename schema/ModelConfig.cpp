@@ -73,5 +73,27 @@ Status dflash::validateModelConfig(const ModelConfig &c) {
   if (c.seqLen < 2)
     return fieldError(c, "'seq_len' (" + std::to_string(c.seqLen) +
                              ") leaves no room for an anchor");
+  if (c.numPositionBuckets() > kMaxPositionBuckets)
+    return fieldError(c, "'position_buckets' has " +
+                             std::to_string(c.positionBuckets.size()) +
+                             " edges but at most " +
+                             std::to_string(kMaxPositionBuckets - 1) +
+                             " are supported");
+  for (size_t i = 0; i < c.positionBuckets.size(); ++i) {
+    int64_t edge = c.positionBuckets[i];
+    if (edge <= 0 || edge >= c.seqLen)
+      return fieldError(
+          c, "'position_buckets' edge " + std::to_string(edge) +
+                 " is outside (0, seq_len = " + std::to_string(c.seqLen) + ")");
+    if (i > 0 && edge <= c.positionBuckets[i - 1])
+      return fieldError(c, "'position_buckets' is not strictly increasing");
+  }
   return Status::success();
+}
+
+std::vector<int64_t> dflash::defaultPositionBuckets(int64_t seqLen) {
+  std::vector<int64_t> edges;
+  for (int64_t edge = 4096; edge < seqLen; edge *= 4)
+    edges.push_back(edge);
+  return edges;
 }

@@ -60,6 +60,12 @@ struct ModelConfig {
   double gamma = 0; ///< loss decay; 0 disables
   int64_t seed = 0;
   double initStd = 0.02;
+  /// The edges of the anchor-position buckets that tau and the accuracy are
+  /// also reported per (docs/semantics.md section 14): an anchor at
+  /// position p of its conversation falls in bucket "number of edges <= p".
+  /// Strictly increasing, positive and below seqLen (no anchor reaches an
+  /// edge past it); empty: one bucket, [0, seqLen).
+  std::vector<int64_t> positionBuckets;
 
   // Optimizer ([optimizer]).
   double lr = 6e-4;
@@ -82,7 +88,18 @@ struct ModelConfig {
   bool layerSlides(int64_t layer) const {
     return layerWindows[size_t(layer)] > 0;
   }
+  int64_t numPositionBuckets() const {
+    return int64_t(positionBuckets.size()) + 1;
+  }
 };
+
+/// The most anchor-position buckets a step reports: draft_acceptance_f32
+/// keeps one shared-memory counter per bucket (kernels/DraftBlocks.cuh).
+constexpr int64_t kMaxPositionBuckets = 8;
+
+/// The default bucket edges for a sequence of seqLen tokens: 4K, 16K, 64K,
+/// 256K, ... (4096 * 4^i), those below seqLen (none for seqLen <= 4096).
+std::vector<int64_t> defaultPositionBuckets(int64_t seqLen);
 
 /// Calls `visit(key, member, field)` for every field of ModelConfig, in
 /// declaration order: `key` is the field's snake_case name (the module
@@ -118,6 +135,7 @@ void forEachModelConfigField(Config &c, Visitor &&visit) {
   DFLASH_FIELD("gamma", gamma);
   DFLASH_FIELD("seed", seed);
   DFLASH_FIELD("init_std", initStd);
+  DFLASH_FIELD("position_buckets", positionBuckets);
   DFLASH_FIELD("lr", lr);
   DFLASH_FIELD("warmup_ratio", warmupRatio);
   DFLASH_FIELD("max_grad_norm", maxGradNorm);

@@ -19,11 +19,13 @@ constexpr DType kInputDTypes[kNumStepInputs] = {
 constexpr const char *kFrozenNames[kNumFrozenWeights] = {"embed", "lm_head"};
 constexpr const char *kCounterNames[kNumStepCounters] = {"step", "total_steps"};
 constexpr const char *kMetricNames[kNumStepMetrics] = {
-    "loss", "acc",           "grad_norm",      "lr",
-    "tau",  "position_hits", "position_counts"};
+    "loss",          "acc",           "grad_norm",       "lr",
+    "tau",           "position_hits", "position_counts", "bucket_runs",
+    "bucket_blocks", "bucket_hits",   "bucket_counts"};
 constexpr const char *kForwardSumNames[kNumForwardSums] = {
-    "loss_sum", "weight_sum",  "correct",       "count",
-    "run_sum",  "kept_blocks", "position_hits", "position_counts"};
+    "loss_sum",    "weight_sum",    "correct",       "count",
+    "run_sum",     "kept_blocks",   "position_hits", "position_counts",
+    "bucket_runs", "bucket_blocks", "bucket_hits",   "bucket_counts"};
 
 template <class E, size_t N>
 std::optional<E> parse(const char *const (&names)[N], std::string_view name) {
@@ -58,6 +60,26 @@ bool dflash::isPerPosition(StepMetric metric) {
 }
 bool dflash::isPerPosition(ForwardSum sum) {
   return sum == ForwardSum::PositionHits || sum == ForwardSum::PositionCounts;
+}
+bool dflash::isPerBucket(StepMetric metric) {
+  return metric >= StepMetric::BucketRuns;
+}
+bool dflash::isPerBucket(ForwardSum sum) {
+  return sum >= ForwardSum::BucketRuns;
+}
+std::vector<int64_t> dflash::shapeOf(StepMetric metric, const ModelConfig &c) {
+  if (isPerPosition(metric))
+    return {c.blockSize};
+  if (isPerBucket(metric))
+    return {c.numPositionBuckets()};
+  return {};
+}
+std::vector<int64_t> dflash::shapeOf(ForwardSum sum, const ModelConfig &c) {
+  if (isPerPosition(sum))
+    return {c.blockSize};
+  if (isPerBucket(sum))
+    return {c.numPositionBuckets()};
+  return {};
 }
 
 std::optional<BufferRole> dflash::parseBufferRole(std::string_view name) {

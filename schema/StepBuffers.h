@@ -57,7 +57,10 @@ enum class StepCounter : uint8_t { Step, TotalSteps };
 /// section 10). PositionHits and PositionCounts are [block_size]: per block
 /// position k, the supervised slots predicted right and all supervised slots
 /// (summed over the GPUs); the accuracy at k is their ratio, k = 0 never
-/// counts. The others are scalars.
+/// counts. The Bucket* metrics are [numPositionBuckets()], per bucket of
+/// anchor position (section 14): the runs (1 + run_n) and the kept blocks
+/// whose ratio is the bucket's tau, and the supervised slots predicted right
+/// and all of them. The others are scalars.
 enum class StepMetric : uint8_t {
   Loss,
   Acc,
@@ -65,13 +68,19 @@ enum class StepMetric : uint8_t {
   Lr,
   Tau,
   PositionHits,
-  PositionCounts
+  PositionCounts,
+  BucketRuns,
+  BucketBlocks,
+  BucketHits,
+  BucketCounts
 };
 /// The sums the forward graph returns, per GPU (docs/semantics.md sections 4
 /// and 10): what a step all-reduces before it divides, and what an
 /// evaluation program reports (summed over the GPUs) for the runtime to add
 /// up over a held-out set. PositionHits and PositionCounts are
-/// [block_size], the others scalars.
+/// [block_size], the Bucket* sums [numPositionBuckets()] (as StepMetric's;
+/// each adds up over the buckets to RunSum, KeptBlocks and the position
+/// sums' totals), the others scalars.
 enum class ForwardSum : uint8_t {
   LossSum,
   WeightSum,
@@ -80,15 +89,19 @@ enum class ForwardSum : uint8_t {
   RunSum,
   KeptBlocks,
   PositionHits,
-  PositionCounts
+  PositionCounts,
+  BucketRuns,
+  BucketBlocks,
+  BucketHits,
+  BucketCounts
 };
 
 constexpr int kNumBufferRoles = 8;
 constexpr int kNumStepInputs = 6;
 constexpr int kNumFrozenWeights = 2;
 constexpr int kNumStepCounters = 2;
-constexpr int kNumStepMetrics = 7;
-constexpr int kNumForwardSums = 8;
+constexpr int kNumStepMetrics = 11;
+constexpr int kNumForwardSums = 12;
 
 /// "input", "frozen", "parameter", ...
 const char *nameOf(BufferRole role);
@@ -102,14 +115,23 @@ const char *nameOf(FrozenWeight weight);
 /// "step", "total_steps".
 const char *nameOf(StepCounter counter);
 /// "loss", "acc", "grad_norm", "lr", "tau", "position_hits",
-/// "position_counts".
+/// "position_counts", "bucket_runs", "bucket_blocks", "bucket_hits",
+/// "bucket_counts".
 const char *nameOf(StepMetric metric);
 /// "loss_sum", "weight_sum", "correct", "count", "run_sum", "kept_blocks",
-/// "position_hits", "position_counts".
+/// "position_hits", "position_counts", "bucket_runs", "bucket_blocks",
+/// "bucket_hits", "bucket_counts".
 const char *nameOf(ForwardSum sum);
-/// Whether the metric or sum is [block_size] (else a scalar).
+/// Whether the metric or sum is [block_size].
 bool isPerPosition(StepMetric metric);
 bool isPerPosition(ForwardSum sum);
+/// Whether the metric or sum is [numPositionBuckets()].
+bool isPerBucket(StepMetric metric);
+bool isPerBucket(ForwardSum sum);
+/// The shape of the metric or sum for `config`: [block_size],
+/// [numPositionBuckets()] or a scalar ({}).
+std::vector<int64_t> shapeOf(StepMetric metric, const ModelConfig &config);
+std::vector<int64_t> shapeOf(ForwardSum sum, const ModelConfig &config);
 
 std::optional<BufferRole> parseBufferRole(std::string_view name);
 std::optional<StepInput> parseStepInput(std::string_view name);

@@ -134,11 +134,14 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
   unsigned aNorm = paramArgs[size_t(finalNormParamIndex(spec))];
   Type scalar = RankedTensorType::get({}, f32);
   Type perPosition = RankedTensorType::get({bs}, f32);
+  Type perBucket = RankedTensorType::get({spec.numPositionBuckets()}, f32);
   SmallVector<Type> resultTypes;
-  for (int k = 0; k < ::dflash::kNumForwardSums; ++k)
-    resultTypes.push_back(::dflash::isPerPosition(::dflash::ForwardSum(k))
-                              ? perPosition
-                              : scalar);
+  for (int k = 0; k < ::dflash::kNumForwardSums; ++k) {
+    auto sum = ::dflash::ForwardSum(k);
+    resultTypes.push_back(::dflash::isPerPosition(sum) ? perPosition
+                          : ::dflash::isPerBucket(sum) ? perBucket
+                                                       : scalar);
+  }
   b.setInsertionPointToEnd(module->getBody());
   func = func::FuncOp::create(b, specLoc, "step",
                               b.getFunctionType(args.types, resultTypes));
@@ -259,10 +262,13 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     auto ce = LmHeadCeOp::create(b, loc("target.vocab_size", "lm_head_ce"),
                                  scalar, scalar, scalar, scalar, t({B, Q}, i8),
                                  y, head, labels, weights);
-    // What greedy verification would accept (docs/semantics.md section 10).
+    // What greedy verification would accept (docs/semantics.md section 10),
+    // also per bucket of anchor position (section 14).
     auto accepted = DraftAcceptanceOp::create(
-        b, blockLoc, scalar, scalar, t({bs}, f32), t({bs}, f32), ce.getHits(),
-        weights, keep, b.getI64IntegerAttr(bs));
+        b, blockLoc, scalar, scalar, perPosition, perPosition, perBucket,
+        perBucket, perBucket, perBucket, ce.getHits(), weights, keep, anchors,
+        positions, b.getI64IntegerAttr(bs),
+        b.getDenseI64ArrayAttr(spec.positionBuckets));
     // In ForwardSum order.
     return {ce.getLossSum(),
             ce.getWeightSum(),
@@ -271,7 +277,11 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
             accepted.getRunSum(),
             accepted.getKeptBlocks(),
             accepted.getPositionHits(),
-            accepted.getPositionCounts()};
+            accepted.getPositionCounts(),
+            accepted.getBucketRuns(),
+            accepted.getBucketBlocks(),
+            accepted.getBucketHits(),
+            accepted.getBucketCounts()};
   };
 
   // With gradient accumulation the step's rows are K micro-batches of B

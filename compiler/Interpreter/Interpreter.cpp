@@ -570,10 +570,16 @@ LogicalResult Evaluator::evalForward(Operation *op) {
       })
       .Case([&](DraftAcceptanceOp o) {
         auto keep = shapeOf(o.getKeep());
+        std::vector<int32_t> anchors = asIndices(in(o.getAnchors()));
+        std::vector<int32_t> positionIds = asIndices(in(o.getPositionIds()));
+        ArrayRef<int64_t> edges = o.getBucketEdges();
+        ref::AnchorPositions where{anchors.data(), positionIds.data(),
+                                   shapeOf(o.getPositionIds())[1], edges.data(),
+                                   int64_t(edges.size())};
         ref::AcceptanceSums sums = ref::draftAcceptance<double>(
             asFlags(in(o.getHits())).data(), ptr(o.getWeights()),
-            asFlags(in(o.getKeep())).data(), keep[0], keep[1],
-            o.getBlockSize());
+            asFlags(in(o.getKeep())).data(), keep[0], keep[1], o.getBlockSize(),
+            where);
         setScalar(o.getRunSum(), sums.runSum);
         setScalar(o.getKeptBlocks(), sums.keptBlocks);
         std::vector<double> &hitsK = out(o.getPositionHits()).data;
@@ -581,6 +587,12 @@ LogicalResult Evaluator::evalForward(Operation *op) {
         for (int64_t k = 0; k < int64_t(o.getBlockSize()); ++k) {
           hitsK[size_t(k)] = sums.positionHits[k];
           countsK[size_t(k)] = sums.positionCounts[k];
+        }
+        for (size_t j = 0; j <= edges.size(); ++j) {
+          out(o.getBucketRuns()).data[j] = sums.bucketRuns[j];
+          out(o.getBucketBlocks()).data[j] = sums.bucketBlocks[j];
+          out(o.getBucketHits()).data[j] = sums.bucketHits[j];
+          out(o.getBucketCounts()).data[j] = sums.bucketCounts[j];
         }
         return success();
       })

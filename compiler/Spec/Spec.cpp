@@ -169,6 +169,9 @@ private:
   bool readDrafter();
   bool readAttention();
   bool readTraining();
+  /// training.position_buckets: the default edges, or the given ones
+  /// checked (docs/spec.md) and cut to those below seq_len.
+  bool resolvePositionBuckets(bool given);
   bool readOptimizer();
   bool readParallel();
   bool readMemory();
@@ -507,6 +510,7 @@ bool SpecReader::readAttention() {
 bool SpecReader::readTraining() {
   if (!enter("training", false))
     return false;
+  bool bucketsGiven = false;
   if (!readInt("seq_len", spec.seqLen, false, 2, 1 << 20) ||
       !readInt("anchors_per_row", spec.anchorsPerRow, false, 1, 1 << 20) ||
       !readInt("rows_per_gpu", spec.rowsPerGpu, false, 1, 1 << 16) ||
@@ -515,7 +519,9 @@ bool SpecReader::readTraining() {
       !readFloat("gamma", spec.gamma, false, true, /*allowZero=*/true) ||
       !readInt("seed", spec.seed, false, 0,
                std::numeric_limits<int64_t>::max()) ||
-      !readFloat("init_std", spec.initStd, false, true) || !leave())
+      !readFloat("init_std", spec.initStd, false, true) ||
+      !readIntArray("position_buckets", spec.positionBuckets, bucketsGiven) ||
+      !leave())
     return false;
   spec.gammaDefaulted = !spec.locations.count("training.gamma");
   if (spec.gammaDefaulted) {
@@ -556,6 +562,42 @@ bool SpecReader::readTraining() {
                       std::to_string(spec.maxPositionEmbeddings) +
                       ") is below seq_len + block_size (" +
                       std::to_string(spec.seqLen + spec.blockSize) + ")");
+  return resolvePositionBuckets(bucketsGiven);
+}
+
+bool SpecReader::resolvePositionBuckets(bool given) {
+  std::vector<int64_t> &edges = spec.positionBuckets;
+  if (!given) {
+    edges = defaultPositionBuckets(spec.seqLen);
+    return true;
+  }
+  const std::string key = "training.position_buckets";
+  if (int64_t(edges.size()) > kMaxPositionBuckets - 1)
+    return failAt(key, "'" + key + "' has " + std::to_string(edges.size()) +
+                           " edges; at most " +
+                           std::to_string(kMaxPositionBuckets - 1) + " (" +
+                           std::to_string(kMaxPositionBuckets) +
+                           " buckets) are supported");
+  for (size_t i = 0; i < edges.size(); ++i) {
+    std::string ek = key + "." + std::to_string(i);
+    if (edges[i] < 1)
+      return failAt(ek, "'" + ek + "' is " + std::to_string(edges[i]) +
+                            "; an edge must be positive");
+    if (i > 0 && edges[i] <= edges[i - 1])
+      return failAt(ek,
+                    "'" + key + "' must be strictly increasing, but entry " +
+                        std::to_string(i) + " (" + std::to_string(edges[i]) +
+                        ") follows " + std::to_string(edges[i - 1]));
+    if (edges[i] >= spec.maxPositionEmbeddings)
+      return failAt(ek, "'" + ek + "' is " + std::to_string(edges[i]) +
+                            "; it must be below "
+                            "'drafter.max_position_embeddings' (" +
+                            std::to_string(spec.maxPositionEmbeddings) + ")");
+  }
+  // No anchor of a row of seq_len tokens reaches an edge at or past it:
+  // its buckets would always be empty.
+  while (!edges.empty() && edges.back() >= spec.seqLen)
+    edges.pop_back();
   return true;
 }
 
@@ -752,7 +794,13 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "gamma = " << fmtFloat(s.gamma)
      << (s.gammaDefaulted ? "  # default for this block size" : "") << "\n";
   os << "seed = " << s.seed << "\n";
-  os << "init_std = " << fmtFloat(s.initStd) << "\n\n";
+  os << "init_std = " << fmtFloat(s.initStd) << "\n";
+  // Given edges at or past seq_len are left out: the same buckets.
+  bool bucketsGiven = s.locations.count("training.position_buckets") != 0;
+  if (bucketsGiven || !s.positionBuckets.empty())
+    os << "position_buckets = " << fmtIds(s.positionBuckets)
+       << (bucketsGiven ? "" : "  # default for this seq_len") << "\n";
+  os << "\n";
   os << "[optimizer]\n";
   os << "lr = " << fmtFloat(s.lr) << "\n";
   os << "warmup_ratio = " << fmtFloat(s.warmupRatio) << "\n";

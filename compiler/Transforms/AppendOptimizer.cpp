@@ -188,7 +188,11 @@ void AppendOptimizerPass::runOnOperation() {
                      lr,
                      stats.getTau(),
                      reduced.getResult(unsigned(ForwardSum::PositionHits)),
-                     reduced.getResult(unsigned(ForwardSum::PositionCounts))};
+                     reduced.getResult(unsigned(ForwardSum::PositionCounts)),
+                     reduced.getResult(unsigned(ForwardSum::BucketRuns)),
+                     reduced.getResult(unsigned(ForwardSum::BucketBlocks)),
+                     reduced.getResult(unsigned(ForwardSum::BucketHits)),
+                     reduced.getResult(unsigned(ForwardSum::BucketCounts))};
   static_assert(std::size(metrics) == kNumStepMetrics, "one per StepMetric");
   for (auto [k, v] : llvm::enumerate(metrics)) {
     results.push_back(v);

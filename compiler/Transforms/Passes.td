@@ -51,7 +51,8 @@ def MakeEvalProgram : Pass<"dflash-make-eval-program", "mlir::ModuleOp"> {
     --eval-data` runs over held-out rows: the same forward, no backward and
     no update, and its results (the schema's `ForwardSum`: `loss_sum`,
     `weight_sum`, `correct`, `count`, `run_sum`, `kept_blocks`,
-    `position_hits`, `position_counts`) all-reduced over the GPUs, so that
+    `position_hits`, `position_counts` and the four `bucket_*` sums per
+    anchor-position bucket) all-reduced over the GPUs, so that
     the runtime adds up global sums batch by batch and divides once at the
     end. The lowering then runs on `@eval` as on a step
     (`dflash-lower-eval-to-kernels`).
@@ -60,9 +61,10 @@ def MakeEvalProgram : Pass<"dflash-make-eval-program", "mlir::ModuleOp"> {
     ```mlir
     func.func @eval(...) -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}, ...) {
       ...forward...
-      %run_sum, %kept_blocks, %hits_k, %counts_k = dflash.draft_acceptance ...
-      %sums:8 = dflash.all_reduce %loss_sum, ..., %counts_k : ...
-      return %sums#0, ..., %sums#7 : ...
+      %run_sum, %kept_blocks, %hits_k, %counts_k, %b_runs, %b_blocks,
+          %b_hits, %b_counts = dflash.draft_acceptance ...
+      %sums:12 = dflash.all_reduce %loss_sum, ..., %b_counts : ...
+      return %sums#0, ..., %sums#11 : ...
     }
     ```
   }];

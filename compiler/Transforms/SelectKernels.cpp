@@ -359,7 +359,8 @@ FailureOr<Choice> select(Operation *op) {
       })
       .Case([](DraftAcceptanceOp o) -> Result {
         return named(::dflash::kernel_names::kDraftAcceptance,
-                     {int64_t(o.getBlockSize())});
+                     {int64_t(o.getBlockSize()),
+                      int64_t(o.getBucketEdges().size()) + 1});
       })
       .Case([](LossSeedOp) -> Result {
         return named(::dflash::kernel_names::kLossSeed);

@@ -221,6 +221,23 @@ struct AcceptanceSums {
   /// those of them predicted right (the accuracy at k is their ratio; k = 0
   /// never counts).
   double positionCounts[64] = {}, positionHits[64] = {};
+  /// Per bucket j of anchor position (docs/semantics.md section 14): runSum,
+  /// keptBlocks and the position sums over every k, of the kept blocks in
+  /// bucket j. Each adds up over the buckets to its total.
+  double bucketRuns[8] = {}, bucketBlocks[8] = {}, bucketHits[8] = {},
+         bucketCounts[8] = {};
+};
+
+/// Where the blocks' anchors are, for the per-bucket sums: an anchor at
+/// position p = positionIds[b, anchors[b, n]] of its conversation is in
+/// bucket "number of edges <= p". numEdges <= 7; without anchors every
+/// block is in bucket 0.
+struct AnchorPositions {
+  const int32_t *anchors = nullptr;     ///< [B, N]
+  const int32_t *positionIds = nullptr; ///< [B, S]
+  int64_t S = 0;
+  const int64_t *edges = nullptr; ///< ascending
+  int64_t numEdges = 0;
 };
 
 /// hits [B, N*bs] ([argmax == label] * [w > 0], lmHeadCrossEntropy's),
@@ -229,7 +246,7 @@ struct AcceptanceSums {
 template <typename T>
 AcceptanceSums draftAcceptance(const uint8_t *hits, const T *weights,
                                const uint8_t *keep, int64_t B, int64_t N,
-                               int64_t bs);
+                               int64_t bs, const AnchorPositions &where = {});
 
 //===----------------------------------------------------------------------===//
 // Optimizer (docs/semantics.md section 5)

@@ -213,6 +213,9 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
   if (leader)
     if (Status s = log.open(run.logPath, firstStep); !s.ok())
       return failRun(s.message());
+  // The edges that the log's per-bucket figures follow, on its first line.
+  if (config.numPositionBuckets() > 1)
+    log.setPositionBuckets(config.positionBuckets);
 
   // Only now the GPUs.
   if (devices == 0)

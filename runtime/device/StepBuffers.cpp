@@ -253,9 +253,12 @@ Status dflash::rt::mapStepBuffers(const std::vector<BufferSpec> &buffers,
       // Metrics past the named ones are reported, not interpreted.
       if (b.index >= 0) {
         status = check.member(i, kNumStepMetrics, "a step metric");
-        if (status.ok() && isPerPosition(StepMetric(b.index)))
+        std::vector<int64_t> shape = status.ok()
+                                         ? shapeOf(StepMetric(b.index), c)
+                                         : std::vector<int64_t>{};
+        if (status.ok() && !shape.empty())
           status = check.claim(i, m.namedMetrics[size_t(b.index)], {DType::F32},
-                               {c.blockSize});
+                               shape);
         else if (status.ok())
           status =
               check.claimScalar(i, m.namedMetrics[size_t(b.index)], DType::F32);
@@ -321,9 +324,10 @@ Status dflash::rt::mapEvalBuffers(const std::vector<BufferSpec> &buffers,
     Status status;
     if (b.role == BufferRole::Metric) {
       status = check.member(i, kNumForwardSums, "a forward sum");
-      if (status.ok() && isPerPosition(ForwardSum(b.index)))
-        status = check.claim(i, m.sums[size_t(b.index)], {DType::F32},
-                             {c.blockSize});
+      std::vector<int64_t> shape = status.ok() ? shapeOf(ForwardSum(b.index), c)
+                                               : std::vector<int64_t>{};
+      if (status.ok() && !shape.empty())
+        status = check.claim(i, m.sums[size_t(b.index)], {DType::F32}, shape);
       else if (status.ok())
         status = check.claimScalar(i, m.sums[size_t(b.index)], DType::F32);
     } else {

@@ -43,9 +43,25 @@ std::vector<double> dflash::rt::accuracyByPosition(const double *hits,
   return acc;
 }
 
+BucketFigures dflash::rt::figuresByBucket(const double *runs,
+                                          const double *blocks,
+                                          const double *hits,
+                                          const double *counts,
+                                          int64_t numBuckets) {
+  BucketFigures f;
+  if (numBuckets <= 1)
+    return f;
+  for (int64_t j = 0; j < numBuckets; ++j) {
+    f.tau.push_back(blocks[j] > 0 ? runs[j] / blocks[j] : std::nan(""));
+    f.acc.push_back(counts[j] > 0 ? hits[j] / counts[j] : std::nan(""));
+    f.blocks.push_back(blocks[j]);
+  }
+  return f;
+}
+
 void dflash::rt::setEvalFigures(
     EvalMetrics &m, const std::array<const double *, kNumForwardSums> &sums,
-    int64_t bs) {
+    int64_t bs, int64_t numBuckets) {
   auto sum = [&](ForwardSum k) { return sums[size_t(k)][0]; };
   m.loss = sum(ForwardSum::LossSum) / sum(ForwardSum::WeightSum);
   m.acc = sum(ForwardSum::Correct) / sum(ForwardSum::Count);
@@ -53,6 +69,11 @@ void dflash::rt::setEvalFigures(
   m.accByPosition =
       accuracyByPosition(sums[size_t(ForwardSum::PositionHits)],
                          sums[size_t(ForwardSum::PositionCounts)], bs);
+  m.buckets =
+      figuresByBucket(sums[size_t(ForwardSum::BucketRuns)],
+                      sums[size_t(ForwardSum::BucketBlocks)],
+                      sums[size_t(ForwardSum::BucketHits)],
+                      sums[size_t(ForwardSum::BucketCounts)], numBuckets);
 }
 
 /// `value` in printf format `format`, or null when it is not finite (JSON
@@ -76,6 +97,28 @@ static std::string jsonList(const char *key, const std::vector<double> &values,
   return text + "]";
 }
 
+/// `, "<prefix>tau_by_bucket": [..], ...`, or nothing with one bucket.
+static std::string bucketLists(const char *prefix, const BucketFigures &f) {
+  std::string p = prefix;
+  return jsonList((p + "tau_by_bucket").c_str(), f.tau, "%.6g") +
+         jsonList((p + "acc_by_bucket").c_str(), f.acc, "%.6g") +
+         jsonList((p + "blocks_by_bucket").c_str(), f.blocks, "%.0f");
+}
+
+/// "  tau@pos 3.1 2.9 2.4" ("-" where a bucket had no block), or nothing.
+static std::string bucketText(const BucketFigures &f) {
+  if (f.tau.empty())
+    return "";
+  std::string text = "  tau@pos";
+  for (double t : f.tau) {
+    char value[16] = " -";
+    if (std::isfinite(t))
+      std::snprintf(value, sizeof(value), " %.1f", t);
+    text += value;
+  }
+  return text;
+}
+
 /// "  acc@k 93 81 66" (percent, "-" where unknown), or nothing.
 static std::string positionText(const std::vector<double> &acc) {
   if (acc.empty())
@@ -93,11 +136,18 @@ static std::string positionText(const std::vector<double> &acc) {
 std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
   // Losses, norms and rates keep 9 significant digits so that runs can be
   // compared bit for bit in float; timings need far fewer.
+  std::string edges;
+  for (int64_t e : m.positionBuckets)
+    edges += (edges.empty() ? "" : ", ") + std::to_string(e);
   return "{\"step\": " + std::to_string(m.step) +
+         (m.positionBuckets.empty()
+              ? std::string()
+              : ", \"position_buckets\": [" + edges + "]") +
          ", \"loss\": " + jsonNumber("%.9g", m.loss) +
          ", \"acc\": " + jsonNumber("%.9g", m.acc) +
          ", \"tau\": " + jsonNumber("%.9g", m.tau) +
          jsonList("acc_by_position", m.accByPosition, "%.6g") +
+         bucketLists("", m.buckets) +
          ", \"grad_norm\": " + jsonNumber("%.9g", m.gradNorm) +
          ", \"lr\": " + jsonNumber("%.9g", m.lr) +
          ", \"step_ms\": " + jsonNumber("%.4f", m.stepMs) +
@@ -120,6 +170,7 @@ std::string dflash::rt::evalJsonLine(const EvalMetrics &m) {
          ", \"eval_acc\": " + jsonNumber("%.9g", m.acc) +
          ", \"eval_tau\": " + jsonNumber("%.9g", m.tau) +
          jsonList("eval_acc_by_position", m.accByPosition, "%.6g") +
+         bucketLists("eval_", m.buckets) +
          ", \"eval_rows\": " + std::to_string(m.rows) +
          ", \"eval_batches\": " + std::to_string(m.batches) +
          ", \"eval_s\": " + jsonNumber("%.3f", m.seconds) + "}";
@@ -133,7 +184,7 @@ std::string dflash::rt::evalLine(const EvalMetrics &m) {
   char tail[96];
   std::snprintf(tail, sizeof(tail), "  (%lld rows, %s)", (long long)m.rows,
                 formatDuration(m.seconds).c_str());
-  return text + positionText(m.accByPosition) + tail;
+  return text + positionText(m.accByPosition) + bucketText(m.buckets) + tail;
 }
 
 //===----------------------------------------------------------------------===//
@@ -182,8 +233,18 @@ Status MetricsLog::open(const std::string &path, int64_t firstStep) {
   return Status::success();
 }
 
+void MetricsLog::setPositionBuckets(std::vector<int64_t> edges) {
+  pendingBuckets = std::move(edges);
+}
+
 Status MetricsLog::append(const StepMetrics &metrics) {
-  return appendLine(metricsJsonLine(metrics) + "\n");
+  if (pendingBuckets.empty())
+    return appendLine(metricsJsonLine(metrics) + "\n");
+  // Once per run: a resumed run writes them again on its first line.
+  StepMetrics first = metrics;
+  first.positionBuckets = std::move(pendingBuckets);
+  pendingBuckets.clear();
+  return appendLine(metricsJsonLine(first) + "\n");
 }
 
 Status MetricsLog::append(const EvalMetrics &metrics) {
@@ -280,7 +341,7 @@ std::string dflash::rt::progressLine(const StepMetrics &m, int64_t stepsDone,
                 formatRate(m.contextTokensPerS).c_str(),
                 formatRate(m.draftTokensPerS).c_str(), m.stepMs, target, ranks,
                 skipped, formatDuration(etaSeconds).c_str());
-  return head + positionText(m.accByPosition) + tail;
+  return head + positionText(m.accByPosition) + bucketText(m.buckets) + tail;
 }
 
 ProgressDisplay::ProgressDisplay(std::FILE *out, bool rewrite,

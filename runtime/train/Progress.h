@@ -41,6 +41,15 @@
 
 namespace dflash::rt {
 
+/// Tau and the accuracy per bucket of anchor position (docs/semantics.md
+/// section 14), from the Bucket* sums of a step or an evaluation: [j] for
+/// bucket j, NaN where it had no kept block (no supervised slot for acc);
+/// blocks[j] its kept blocks. All empty with one bucket (tau and acc say it
+/// all).
+struct BucketFigures {
+  std::vector<double> tau, acc, blocks;
+};
+
 /// What one step reports.
 struct StepMetrics {
   int64_t step = 0; ///< 0-based index: the step counter the step ran with
@@ -51,6 +60,10 @@ struct StepMetrics {
   /// [k - 1]: the accuracy at block position k = 1 .. bs - 1 (NaN where no
   /// slot at k was supervised); empty when not reported.
   std::vector<double> accByPosition;
+  BucketFigures buckets;
+  /// The bucket edges (ModelConfig::positionBuckets), written on the line
+  /// where they are set: a run's first (MetricsLog::setPositionBuckets).
+  std::vector<int64_t> positionBuckets;
   /// Micro-batches a step ran, their gradients added up (gradient
   /// accumulation; 1 without).
   int64_t microSteps = 1;
@@ -85,6 +98,7 @@ struct EvalMetrics {
   int64_t step = 0; ///< the last training step done before it (0-based)
   double loss = 0, acc = 0, tau = 0;
   std::vector<double> accByPosition; ///< as StepMetrics::accByPosition
+  BucketFigures buckets;             ///< as StepMetrics::buckets
   int64_t rows = 0;                  ///< held-out rows read, over every GPU
   int64_t batches = 0;               ///< forward passes per GPU
   double seconds = 0;                ///< wall time of the evaluation
@@ -96,30 +110,43 @@ struct EvalMetrics {
 std::vector<double> accuracyByPosition(const double *hits, const double *counts,
                                        int64_t bs);
 
-/// Sets the loss, acc, tau and accByPosition of `metrics` from forward sums
-/// added up over an evaluation: `sums[k]` points to ForwardSum k's values
-/// (one, or bs for the per-position sums).
+/// The figures per anchor-position bucket from `numBuckets` values each of
+/// the Bucket* sums (StepMetric's or ForwardSum's): tau = runs / blocks,
+/// acc = hits / counts. Empty for one bucket.
+BucketFigures figuresByBucket(const double *runs, const double *blocks,
+                              const double *hits, const double *counts,
+                              int64_t numBuckets);
+
+/// Sets the loss, acc, tau, accByPosition and buckets of `metrics` from
+/// forward sums added up over an evaluation: `sums[k]` points to ForwardSum
+/// k's values (one, bs for the per-position sums, numBuckets for the
+/// per-bucket ones).
 void setEvalFigures(EvalMetrics &metrics,
                     const std::array<const double *, kNumForwardSums> &sums,
-                    int64_t bs);
+                    int64_t bs, int64_t numBuckets);
 
 /// Sets the throughput fields of `metrics` from its stepMs, and its
 /// microSteps from the config.
 void setThroughput(StepMetrics &metrics, const ModelConfig &config,
                    int64_t worldSize, double flopsPerStep);
 
-/// One JSON object, without a newline: {"step": 0, "loss": ..., "acc",
-/// "tau", "acc_by_position": [k = 1, ...] (when reported), "grad_norm",
-/// "lr", "step_ms", "compute_ms", "tokens_per_s", "draft_tokens_per_s",
-/// "tflops", "skipped_rows"}, and "rank_step_ms": [...] last when
-/// rankStepMs is not empty. A non-finite value is written as null.
+/// One JSON object, without a newline: {"step": 0, "position_buckets":
+/// [edges] (when set), "loss": ..., "acc", "tau", "acc_by_position": [k = 1,
+/// ...] (when reported), "tau_by_bucket", "acc_by_bucket",
+/// "blocks_by_bucket": [bucket 0, ...] (with more than one bucket),
+/// "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
+/// "draft_tokens_per_s", "tflops", "skipped_rows"}, and "rank_step_ms":
+/// [...] last when rankStepMs is not empty. A non-finite value is written as
+/// null.
 std::string metricsJsonLine(const StepMetrics &metrics);
 /// {"step": ..., "eval_loss", "eval_acc", "eval_tau", "eval_acc_by_position",
-/// "eval_rows", "eval_batches", "eval_s"}: the line of an evaluation, in the
-/// same log as the steps, after the line of the step it followed.
+/// "eval_tau_by_bucket", "eval_acc_by_bucket", "eval_blocks_by_bucket"
+/// (with more than one bucket), "eval_rows", "eval_batches", "eval_s"}: the
+/// line of an evaluation, in the same log as the steps, after the line of
+/// the step it followed.
 std::string evalJsonLine(const EvalMetrics &metrics);
 /// "eval after step 300: loss 2.1345  acc 0.5120  tau 3.02  acc@k 91 80 ..
-/// (80 rows, 1.2s)".
+/// tau@pos 3.1 2.9 (80 rows, 1.2s)" (tau@pos with more than one bucket).
 std::string evalLine(const EvalMetrics &metrics);
 
 /// The JSONL metrics file of a run.
@@ -135,6 +162,9 @@ public:
   /// the steps before firstStep and drops the rest (steps a crashed or
   /// interrupted run logged after its last checkpoint, and a torn last line).
   Status open(const std::string &path, int64_t firstStep);
+  /// The anchor-position bucket edges of the run: written once, on the
+  /// first step line appended after (none with one bucket, empty edges).
+  void setPositionBuckets(std::vector<int64_t> edges);
   /// Appends one line and flushes it.
   Status append(const StepMetrics &metrics);
   Status append(const EvalMetrics &metrics);
@@ -145,6 +175,7 @@ private:
 
   std::string filePath;
   std::FILE *file = nullptr;
+  std::vector<int64_t> pendingBuckets;
 };
 
 /// "45s", "3m05s", "2h07m", "3d04h".
@@ -152,9 +183,11 @@ std::string formatDuration(double seconds);
 /// "950", "12.3k", "4.56M", "1.20G".
 std::string formatRate(double perSecond);
 
-/// "step 12/200  loss 2.3456  acc 0.4120  tau 2.31  acc@k 93 81 66 ..  12.3k
-/// tok/s  draft 4.56k tok/s 85.1 ms/step  ETA 3m05s" (acc@k: the accuracy
-/// at block positions 1, 2, ... in percent); with several ranks "85.1 ms/step
+/// "step 12/200  loss 2.3456  acc 0.4120  tau 2.31  acc@k 93 81 66 ..  tau@pos
+/// 3.1 2.9 2.4 1.8  12.3k tok/s  draft 4.56k tok/s 85.1 ms/step  ETA 3m05s"
+/// (acc@k: the accuracy at block positions 1, 2, ... in percent; tau@pos:
+/// tau per anchor-position bucket, with more than one); with several ranks
+/// "85.1 ms/step
 /// (8 GPUs, fastest 80.2)", after rows were skipped "  skipped rows 3" before
 /// the ETA. `stepsDone` counts the step just finished.
 std::string progressLine(const StepMetrics &metrics, int64_t stepsDone,

@@ -232,7 +232,7 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     sums[size_t(k)] = total.data() + evalSumOffsets[size_t(k)];
   metrics = EvalMetrics();
   metrics.step = completedSteps - 1;
-  setEvalFigures(metrics, sums, config.blockSize);
+  setEvalFigures(metrics, sums, config.blockSize, config.numPositionBuckets());
   // The sums are every GPU's; the rows this rank's (TrainerGroup adds them).
   metrics.rows = rowsRead;
   metrics.batches = batches;

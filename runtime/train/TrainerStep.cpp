@@ -272,6 +272,12 @@ Status Trainer::step(StepMetrics &metrics) {
   metrics.accByPosition = accuracyByPosition(
       metricValues(map.metric(StepMetric::PositionHits)),
       metricValues(map.metric(StepMetric::PositionCounts)), config.blockSize);
+  metrics.buckets =
+      figuresByBucket(metricValues(map.metric(StepMetric::BucketRuns)),
+                      metricValues(map.metric(StepMetric::BucketBlocks)),
+                      metricValues(map.metric(StepMetric::BucketHits)),
+                      metricValues(map.metric(StepMetric::BucketCounts)),
+                      config.numPositionBuckets());
   metrics.stepMs = elapsedMs;
   metrics.computeMs = computeMs;
   if (targetProgram) {

@@ -19,9 +19,12 @@ func.func @bookkeeping(%ids: tensor<2x32xi32>, %mask: tensor<2x32xi8>,
       {block_size = 4 : i64, gamma = 7.0 : f64}
       : (tensor<2x32xi32>, tensor<2x32xi8>, tensor<2x3xi32>, tensor<2x3xi8>,
          tensor<2x32xi32>) -> (tensor<2x12xi32>, tensor<2x12xf32>)
-  // CHECK: dflash.draft_acceptance {{.*}} {block_size = 4 : i64} : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<4xf32>)
-  %runs, %blocks, %hits_k, %counts_k = dflash.draft_acceptance %hits, %w, %keep {block_size = 4 : i64}
-      : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<4xf32>)
+  // CHECK: dflash.draft_acceptance {{.*}} {block_size = 4 : i64, bucket_edges = array<i64: 8, 16>} : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>, tensor<2x3xi32>, tensor<2x32xi32>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<4xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>)
+  %runs, %blocks, %hits_k, %counts_k, %b_runs, %b_blocks, %b_hits, %b_counts = dflash.draft_acceptance %hits, %w, %keep, %anchors, %pos {block_size = 4 : i64, bucket_edges = array<i64: 8, 16>}
+      : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>, tensor<2x3xi32>, tensor<2x32xi32>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<4xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>)
+  // CHECK: dflash.draft_acceptance {{.*}} {block_size = 4 : i64, bucket_edges = array<i64>} : {{.*}} -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<4xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>)
+  %runs1, %blocks1, %hits_k1, %counts_k1, %b_runs1, %b_blocks1, %b_hits1, %b_counts1 = dflash.draft_acceptance %hits, %w, %keep, %anchors, %pos {block_size = 4 : i64, bucket_edges = array<i64>}
+      : (tensor<2x12xi8>, tensor<2x12xf32>, tensor<2x3xi8>, tensor<2x3xi32>, tensor<2x32xi32>) -> (tensor<f32>, tensor<f32>, tensor<4xf32>, tensor<4xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>)
   return %dp, %t, %l, %w : tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xi32>, tensor<2x12xf32>
 }
 

@@ -20,10 +20,12 @@
 // CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "lr">}
 // CHECK-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "tau">}
 // CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_hits">}
-// CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
+// CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_counts">}
+// CHECK-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_runs">}
+// CHECK-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">})
 // CHECK: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
-// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
-// CHECK-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
+// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// CHECK-NEXT: %[[R:.+]]:12 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]], %[[BR]], %[[BB]], %[[BH]], %[[BC]]
 // CHECK-NEXT: %[[LOSS:[a-z_0-9]+]], %[[ACC:[a-z_0-9]+]], %[[TAU:[a-z_0-9]+]], %[[SEED:[a-z_0-9]+]] = dflash.loss_stats %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5
 // CHECK: dflash.lm_head_ce_grad {{.*}}, %[[SEED]]
 // CHECK: dflash.convert {{.*}} : (tensor<256x512xbf16>) -> tensor<256x512xf32>
@@ -32,7 +34,7 @@
 // CHECK: %[[CLIP:.+]] = dflash.clip_coefficient %[[NORM]] {max_norm = 1.000000e+00 : f64}
 // CHECK: %[[LR:.+]] = dflash.lr_schedule %[[STEP]], %[[TOTAL]] {lr = 3.000000e-03 : f64, warmup_ratio = 4.000000e-02 : f64}
 // CHECK-COUNT-25: dflash.adamw {{.*}}, %[[STEP]], %[[LR]], %[[CLIP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64}
-// CHECK: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7 :
+// CHECK: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11 :
 
 // The same on the one-layer drafter of Inputs/mini.toml (14 trainable
 // tensors, blocks of 4).
@@ -51,10 +53,12 @@
 // MINI-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "lr">}
 // MINI-SAME: tensor<f32> {dflash.arg = #dflash.arg<metric, "tau">}
 // MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_hits">}
-// MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
+// MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_counts">}
+// MINI-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_runs">}
+// MINI-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">})
 // MINI: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
-// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
-// MINI-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
+// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// MINI-NEXT: %[[R:.+]]:12 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]], %[[BR]], %[[BB]], %[[BH]], %[[BC]]
 // MINI-NEXT: %[[LOSS:[a-z_0-9]+]], %[[ACC:[a-z_0-9]+]], %[[TAU:[a-z_0-9]+]], %[[SEED:[a-z_0-9]+]] = dflash.loss_stats %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5
 // MINI: dflash.lm_head_ce_grad {{.*}}, %[[SEED]]
 // MINI: dflash.convert {{.*}} : (tensor<32x32xbf16>) -> tensor<32x32xf32>
@@ -63,4 +67,4 @@
 // MINI: %[[CLIP:.+]] = dflash.clip_coefficient %[[NORM]] {max_norm = 1.000000e+00 : f64}
 // MINI: %[[LR:.+]] = dflash.lr_schedule %[[STEP]], %[[TOTAL]] {lr = 6.000000e-04 : f64, warmup_ratio = 4.000000e-02 : f64}
 // MINI-COUNT-14: dflash.adamw {{.*}}, %[[STEP]], %[[LR]], %[[CLIP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64}
-// MINI: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7 :
+// MINI: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11 :

@@ -3,18 +3,19 @@
 // RUN: dflashc %specs/tiny.toml --emit=planned --program=eval | FileCheck %s --check-prefix=PLANNED
 // RUN: not dflash-opt %S/Inputs/mini-train.mlir --dflash-make-eval-program 2>&1 | FileCheck %s --check-prefix=TRAINED
 
-// The evaluation program is the forward graph under another name, its eight
+// The evaluation program is the forward graph under another name, its twelve
 // sums all-reduced once at the end; nothing is differentiated or updated.
 // CHECK-LABEL: func.func @eval(
 // CHECK-SAME: {dflash.arg = #dflash.arg<parameter, "fc.weight">}
 // CHECK-NOT: master
 // CHECK-SAME: -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}
-// CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
+// CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_counts">}
+// CHECK-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">})
 // CHECK-NOT: _grad
 // CHECK: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
-// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
-// CHECK-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
-// CHECK-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7 :
+// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// CHECK-NEXT: %[[R:.+]]:12 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]], %[[BR]], %[[BB]], %[[BH]], %[[BC]]
+// CHECK-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11 :
 
 // Lowered like a step, with an arena of its own: the lm_head runs the
 // cross-entropy kernel without the dX GEMM, and nothing optimizes.
@@ -25,16 +26,17 @@
 // PLANNED: dflash.all_reduce
 
 // A module past the forward graph is refused.
-// TRAINED: error: @step returns {{[0-9]+}} results but the forward graph returns the 8 forward sums: make the evaluation program from dflashc --emit=graph
+// TRAINED: error: @step returns {{[0-9]+}} results but the forward graph returns the 12 forward sums: make the evaluation program from dflashc --emit=graph
 
 // The same on the one-layer drafter of Inputs/mini.toml (blocks of 4).
 // MINI-LABEL: func.func @eval(
 // MINI-SAME: {dflash.arg = #dflash.arg<parameter, "fc.weight">}
 // MINI-NOT: master
 // MINI-SAME: -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}
-// MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_counts">})
+// MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_counts">}
+// MINI-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">})
 // MINI-NOT: _grad
 // MINI: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
-// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
-// MINI-NEXT: %[[R:.+]]:8 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]]
-// MINI-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7 :
+// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// MINI-NEXT: %[[R:.+]]:12 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]], %[[BR]], %[[BB]], %[[BH]], %[[BC]]
+// MINI-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11 :

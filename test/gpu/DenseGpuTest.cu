@@ -228,48 +228,107 @@ void swigluGemmCase(int64_t M, int64_t F, int64_t K, uint64_t seed) {
   EXPECT_CLOSE(downloadBf16(y), ref, 5e-3, "y");
 }
 
-// The acceptance sums (docs/semantics.md section 10) against
+// The acceptance sums (docs/semantics.md sections 10 and 14) against
 // ref::draftAcceptance on random hits, weights with holes (unsupervised and
-// past-the-end slots) and dropped blocks: counts, so exactly equal.
-TEST(DraftBlocks, AcceptanceSums) {
-  std::mt19937_64 rng(14);
+// past-the-end slots), dropped blocks and anchors in packed rows (positions
+// restart per conversation) spread over NB anchor-position buckets: counts,
+// so exactly equal, and the per-bucket sums add up to the totals.
+template <int NB>
+void acceptanceCase(const std::vector<int64_t> &edges, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "NB=" << NB << " seed=" << seed);
+  ASSERT_EQ(edges.size() + 1, size_t(NB));
+  std::mt19937_64 rng(seed);
   const int B = 3, S = 90, N = 211;
   constexpr int bs = 16;
   kernels::DraftBlocksShape shape{B, S, N, bs};
   const int64_t slots = int64_t(B) * N * bs;
   std::vector<uint8_t> hits(slots), keep(size_t(B) * N);
   std::vector<float> weights(slots);
-  std::bernoulli_distribution right(0.8), weighted(0.9), kept(0.85);
+  std::vector<int32_t> anchors(size_t(B) * N), positionIds(size_t(B) * S);
+  std::bernoulli_distribution right(0.8), weighted(0.9), kept(0.85),
+      restart(0.05);
   for (int64_t i = 0; i < slots; ++i) {
     hits[size_t(i)] = right(rng);
     weights[size_t(i)] = i % bs == 0 || !weighted(rng) ? 0.f : 0.5f;
   }
   for (auto &k : keep)
     k = kept(rng);
-  ref::AcceptanceSums expected =
-      ref::draftAcceptance(hits.data(), weights.data(), keep.data(), B, N, bs);
+  // Row 0 unpacked (arange), rows 1.. packed: a conversation restarts at 0.
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < S; ++t)
+      positionIds[size_t(b * S + t)] =
+          t == 0 || (b > 0 && restart(rng))
+              ? 0
+              : positionIds[size_t(b * S + t - 1)] + 1;
+  std::uniform_int_distribution<int32_t> anchorAt(0, S - 2);
+  for (auto &a : anchors)
+    a = anchorAt(rng);
+  ref::AnchorPositions where{anchors.data(), positionIds.data(), S,
+                             edges.data(), int64_t(edges.size())};
+  ref::AcceptanceSums expected = ref::draftAcceptance(
+      hits.data(), weights.data(), keep.data(), B, N, bs, where);
+  kernels::PositionBuckets<NB> buckets{};
+  for (size_t j = 0; j < edges.size(); ++j)
+    buckets.edges[j] = int32_t(edges[j]);
   DeviceBuffer<uint8_t> dHits(hits.size()), dKeep(keep.size());
-  DeviceBuffer<float> dWeights(weights.size()), sums(2 + 2 * bs);
+  DeviceBuffer<float> dWeights(weights.size()), sums(2 + 2 * bs + 4 * NB);
+  DeviceBuffer<int32_t> dAnchors(anchors.size()),
+      dPositions(positionIds.size());
   dHits.upload(hits);
   dKeep.upload(keep);
   dWeights.upload(weights);
+  dAnchors.upload(anchors);
+  dPositions.upload(positionIds);
   poisonAll(sums);
-  kernels::draft_acceptance_f32<bs>(dHits.get(), dWeights.get(), dKeep.get(),
-                                    sums.get(), sums.get() + 1, sums.get() + 2,
-                                    sums.get() + 2 + bs, shape, 0);
+  float *bucketSums = sums.get() + 2 + 2 * bs;
+  kernels::draft_acceptance_f32<bs, NB>(
+      dHits.get(), dWeights.get(), dKeep.get(), dAnchors.get(),
+      dPositions.get(), buckets, sums.get(), sums.get() + 1, sums.get() + 2,
+      sums.get() + 2 + bs, bucketSums, bucketSums + NB, bucketSums + 2 * NB,
+      bucketSums + 3 * NB, shape, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> got = sums.download();
   EXPECT_EQ(double(got[0]), expected.runSum);
   EXPECT_EQ(double(got[1]), expected.keptBlocks);
+  double hitsTotal = 0, countsTotal = 0;
   for (int k = 0; k < bs; ++k) {
     EXPECT_EQ(double(got[size_t(2 + k)]), expected.positionHits[k]) << k;
     EXPECT_EQ(double(got[size_t(2 + bs + k)]), expected.positionCounts[k]) << k;
+    hitsTotal += expected.positionHits[k];
+    countsTotal += expected.positionCounts[k];
   }
+  const size_t at = size_t(2 + 2 * bs);
+  double runs = 0, blocks = 0, bucketHits = 0, bucketCounts = 0;
+  for (int j = 0; j < NB; ++j) {
+    EXPECT_EQ(double(got[at + j]), expected.bucketRuns[j]) << "bucket " << j;
+    EXPECT_EQ(double(got[at + NB + j]), expected.bucketBlocks[j])
+        << "bucket " << j;
+    EXPECT_EQ(double(got[at + 2 * NB + j]), expected.bucketHits[j])
+        << "bucket " << j;
+    EXPECT_EQ(double(got[at + 3 * NB + j]), expected.bucketCounts[j])
+        << "bucket " << j;
+    EXPECT_GT(expected.bucketBlocks[j], 0.0) << "bucket " << j << " is empty";
+    runs += got[at + j];
+    blocks += got[at + NB + j];
+    bucketHits += got[at + 2 * NB + j];
+    bucketCounts += got[at + 3 * NB + j];
+  }
+  EXPECT_EQ(runs, double(got[0]));
+  EXPECT_EQ(blocks, double(got[1]));
+  EXPECT_EQ(bucketHits, hitsTotal);
+  EXPECT_EQ(bucketCounts, countsTotal);
   EXPECT_EQ(expected.positionCounts[0], 0.0);
   EXPECT_GT(expected.positionCounts[bs - 1], 0.0);
   EXPECT_GT(expected.runSum, 1.5 * expected.keptBlocks) << "runs longer than 0";
-  std::printf("acceptance: %g blocks kept, tau %.4f\n", got[1],
+  std::printf("acceptance (%d buckets): %g blocks kept, tau %.4f\n", NB, got[1],
               got[0] / got[1]);
+}
+
+TEST(DraftBlocks, AcceptanceSums) {
+  acceptanceCase<1>({}, 14);
+  acceptanceCase<4>({8, 20, 45}, 15);
+  // The most buckets the kernel takes (kMaxPositionBuckets).
+  acceptanceCase<8>({2, 5, 9, 14, 20, 30, 50}, 16);
 }
 
 } // namespace

@@ -69,4 +69,60 @@ TEST(ReferenceAcceptance, PerfectAndEmptyBlocks) {
   EXPECT_EQ(sums.runSum, 0);
 }
 
+TEST(ReferenceAcceptance, PerAnchorPositionBucket) {
+  // Two rows of S = 8, three blocks each of bs = 4; row 1 packs two
+  // conversations (positions restart at t = 5). Edges {2, 5}: buckets
+  // [0, 2), [2, 5), [5, 8).
+  const int64_t bs = 4, N = 3, S = 8;
+  const std::vector<int32_t> positionIds = {0, 1, 2, 3, 4, 5, 6, 7, //
+                                            0, 1, 2, 3, 4, 0, 1, 2};
+  // Row 0: anchors at 1 (bucket 0), 6 (bucket 2), 3 (bucket 1);
+  // row 1: anchors at t = 4 (position 4: bucket 1), t = 5 (position 0:
+  // bucket 0), t = 7 (position 2: bucket 1, dropped).
+  const std::vector<int32_t> anchors = {1, 6, 3, 4, 5, 7};
+  const std::vector<uint8_t> keep = {1, 1, 1, 1, 1, 0};
+  std::vector<uint8_t> hits(2 * N * bs, 1);
+  std::vector<double> weights(2 * N * bs, 1.0);
+  for (int64_t n = 0; n < 2 * N; ++n)
+    weights[size_t(n * bs)] = 0;
+  hits[size_t(1 * bs + 2)] = 0;    // row 0, block 1: run 1
+  weights[size_t(3 * bs + 3)] = 0; // row 1, block 0: run 2, k = 3 unweighted
+  hits[size_t(4 * bs + 1)] = 0;    // row 1, block 1: run 0
+  const int64_t edges[] = {2, 5};
+  AnchorPositions where{anchors.data(), positionIds.data(), S, edges, 2};
+  const AcceptanceSums sums = draftAcceptance(hits.data(), weights.data(),
+                                              keep.data(), 2, N, bs, where);
+  // Bucket 0: row 0 block 0 (run 3), row 1 block 1 (run 0).
+  EXPECT_EQ(sums.bucketBlocks[0], 2);
+  EXPECT_EQ(sums.bucketRuns[0], 4 + 1);
+  EXPECT_EQ(sums.bucketCounts[0], 3 + 3);
+  EXPECT_EQ(sums.bucketHits[0], 3 + 2);
+  // Bucket 1: row 0 block 2 (run 3), row 1 block 0 (run 2).
+  EXPECT_EQ(sums.bucketBlocks[1], 2);
+  EXPECT_EQ(sums.bucketRuns[1], 4 + 3);
+  EXPECT_EQ(sums.bucketCounts[1], 3 + 2);
+  EXPECT_EQ(sums.bucketHits[1], 3 + 2);
+  // Bucket 2: row 0 block 1 (run 1).
+  EXPECT_EQ(sums.bucketBlocks[2], 1);
+  EXPECT_EQ(sums.bucketRuns[2], 2);
+  EXPECT_EQ(sums.bucketCounts[2], 3);
+  EXPECT_EQ(sums.bucketHits[2], 2);
+  // They add up to the totals.
+  EXPECT_EQ(sums.keptBlocks, 5);
+  EXPECT_EQ(sums.runSum, 5 + 7 + 2);
+  double counts = 0, hitsAll = 0;
+  for (int64_t k = 0; k < bs; ++k) {
+    counts += sums.positionCounts[k];
+    hitsAll += sums.positionHits[k];
+  }
+  EXPECT_EQ(counts, 6 + 5 + 3);
+  EXPECT_EQ(hitsAll, 5 + 5 + 2);
+  // Without anchors: every block in bucket 0.
+  const AcceptanceSums plain =
+      draftAcceptance(hits.data(), weights.data(), keep.data(), 2, N, bs);
+  EXPECT_EQ(plain.bucketBlocks[0], 5);
+  EXPECT_EQ(plain.bucketRuns[0], plain.runSum);
+  EXPECT_EQ(plain.bucketBlocks[1], 0);
+}
+
 } // namespace

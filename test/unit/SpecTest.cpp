@@ -281,6 +281,59 @@ TEST(Spec, CanonicalFormRoundTrips) {
   }
 }
 
+// [training] position_buckets (docs/semantics.md section 14): 4K, 16K,
+// 64K, ... below seq_len by default; given edges at or past seq_len are
+// dropped (no anchor reaches them); the canonical form keeps what was
+// resolved.
+TEST(Spec, PositionBuckets) {
+  SpecError error;
+  auto plain = parseSpec(kBase, "base.toml", error);
+  ASSERT_TRUE(plain) << error.str();
+  EXPECT_TRUE(plain->positionBuckets.empty()); // seq_len 64: one bucket
+  EXPECT_EQ(printCanonicalSpec(*plain).find("position_buckets"),
+            std::string::npos);
+
+  std::string longRows =
+      replaced("mask_token_id = 999",
+               "mask_token_id = 999\nmax_position_embeddings = 262144");
+  longRows.replace(longRows.find("seq_len = 64"), 12, "seq_len = 131072");
+  auto longSpec = parseSpec(longRows, "long.toml", error);
+  ASSERT_TRUE(longSpec) << error.str();
+  EXPECT_EQ(longSpec->positionBuckets,
+            (std::vector<int64_t>{4096, 16384, 65536}));
+  EXPECT_EQ(longSpec->numPositionBuckets(), 4);
+  std::string canonical = printCanonicalSpec(*longSpec);
+  EXPECT_NE(canonical.find("position_buckets = [4096, 16384, 65536]  # "
+                           "default for this seq_len"),
+            std::string::npos)
+      << canonical;
+  auto again = parseSpec(canonical, "canonical.toml", error);
+  ASSERT_TRUE(again) << error.str();
+  EXPECT_EQ(again->positionBuckets, longSpec->positionBuckets);
+
+  auto given = parseSpec(replaced("rows_per_gpu = 2",
+                                  "rows_per_gpu = 2\nposition_buckets = "
+                                  "[16, 32, 64, 100]"),
+                         "given.toml", error);
+  ASSERT_TRUE(given) << error.str();
+  EXPECT_EQ(given->positionBuckets, (std::vector<int64_t>{16, 32}));
+  canonical = printCanonicalSpec(*given);
+  EXPECT_NE(canonical.find("position_buckets = [16, 32]\n"), std::string::npos)
+      << canonical;
+  again = parseSpec(canonical, "canonical.toml", error);
+  ASSERT_TRUE(again) << error.str();
+  EXPECT_EQ(again->positionBuckets, given->positionBuckets);
+
+  // An empty list: one bucket even where the default has several.
+  auto none = parseSpec(
+      replaced("rows_per_gpu = 2", "rows_per_gpu = 2\nposition_buckets = []"),
+      "none.toml", error);
+  ASSERT_TRUE(none) << error.str();
+  EXPECT_TRUE(none->positionBuckets.empty());
+  EXPECT_NE(printCanonicalSpec(*none).find("position_buckets = []\n"),
+            std::string::npos);
+}
+
 TEST(Spec, MissingFileIsAnError) {
   SpecError error;
   EXPECT_FALSE(loadSpec("/nonexistent/spec.toml", error));
@@ -492,6 +545,33 @@ const ErrorCase kErrorCases[] = {
     {"NonFiniteLr", "rows_per_gpu = 2",
      "rows_per_gpu = 2\n[optimizer]\nlr = nan",
      "'optimizer.lr' must be a finite number", "lr = nan"},
+    {"BucketsNotAnArray", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\nposition_buckets = 16",
+     "'training.position_buckets' must be an array of integers, not an "
+     "integer",
+     "position_buckets"},
+    {"BucketEdgeWrongType", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\nposition_buckets = [16, \"32\"]",
+     "'training.position_buckets.1' must be an integer, not a string",
+     "position_buckets"},
+    {"BucketEdgeNotPositive", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\nposition_buckets = [\n0]",
+     "'training.position_buckets.0' is 0; an edge must be positive", "0]"},
+    {"BucketsNotIncreasing", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\nposition_buckets = [16,\n16]",
+     "'training.position_buckets' must be strictly increasing, but entry 1 "
+     "(16) follows 16",
+     "16]"},
+    {"BucketEdgePastPositions", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\nposition_buckets = [16,\n50000]",
+     "'training.position_buckets.1' is 50000; it must be below "
+     "'drafter.max_position_embeddings' (40960)",
+     "50000]"},
+    {"TooManyBuckets", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\nposition_buckets = [1, 2, 3, 4, 5, 6, 7, 8]",
+     "'training.position_buckets' has 8 edges; at most 7 (8 buckets) are "
+     "supported",
+     "position_buckets"},
 };
 
 INSTANTIATE_TEST_SUITE_P(AllRules, SpecErrors, ::testing::ValuesIn(kErrorCases),

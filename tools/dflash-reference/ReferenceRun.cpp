@@ -420,7 +420,8 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
     byIndex[size_t(k)] = sums[::dflash::nameOf(::dflash::ForwardSum(k))].data();
   rt::EvalMetrics metrics;
   metrics.step = options.steps - 1;
-  rt::setEvalFigures(metrics, byIndex, config.blockSize);
+  rt::setEvalFigures(metrics, byIndex, config.blockSize,
+                     config.numPositionBuckets());
   metrics.rows = options.evalRows;
   metrics.batches = loader.batchesPerPass();
   out << rt::evalJsonLine(metrics) << "\n";
@@ -636,11 +637,41 @@ int ::dflash::runReference(const ReferenceOptions &options,
           std::snprintf(value, sizeof(value), "%.6g", acc);
         byPosition += std::string(byPosition.empty() ? "" : ", ") + value;
       }
+    // Tau and the accuracy per anchor-position bucket, as the trainer logs
+    // them (with more than one bucket).
+    std::string byBucket;
+    const int64_t numBuckets = config.numPositionBuckets();
+    const std::vector<double> *bucketSums[4] = {
+        &metrics["bucket_runs"], &metrics["bucket_blocks"],
+        &metrics["bucket_hits"], &metrics["bucket_counts"]};
+    bool haveBuckets = true;
+    for (const std::vector<double> *v : bucketSums)
+      haveBuckets &= v->size() == size_t(numBuckets);
+    if (haveBuckets) {
+      rt::BucketFigures f = rt::figuresByBucket(
+          bucketSums[0]->data(), bucketSums[1]->data(), bucketSums[2]->data(),
+          bucketSums[3]->data(), numBuckets);
+      auto list = [&](const char *key, const std::vector<double> &values) {
+        if (values.empty())
+          return;
+        byBucket += std::string("\"") + key + "\": [";
+        for (size_t j = 0; j < values.size(); ++j) {
+          char value[32] = "null";
+          if (std::isfinite(values[j]))
+            std::snprintf(value, sizeof(value), "%.6g", values[j]);
+          byBucket += std::string(j ? ", " : "") + value;
+        }
+        byBucket += "], ";
+      };
+      list("tau_by_bucket", f.tau);
+      list("acc_by_bucket", f.acc);
+      list("blocks_by_bucket", f.blocks);
+    }
     out << llvm::format("{\"step\": %lld, \"loss\": %.9g, \"acc\": %.6g, "
                         "\"tau\": %.6g, ",
                         (long long)step, scalar("loss"), scalar("acc"),
                         scalar("tau"))
-        << "\"acc_by_position\": [" << byPosition << "], "
+        << "\"acc_by_position\": [" << byPosition << "], " << byBucket
         << llvm::format("\"grad_norm\": %.9g, \"lr\": %.9g}\n",
                         scalar("grad_norm"), scalar("lr"));
     out.flush();

@@ -107,7 +107,9 @@ int main(int argc, char **argv) {
       argc, argv,
       "dflash-reference: runs a drafter's compiled training step on the CPU\n\n"
       "Prints one JSON line per step: step, loss, acc, tau, acc_by_position "
-      "(block\npositions 1, 2, ...), grad_norm, lr.\n");
+      "(block\npositions 1, 2, ...), tau_by_bucket, acc_by_bucket and "
+      "blocks_by_bucket (per\nanchor-position bucket, with more than one), "
+      "grad_norm, lr.\n");
   ReferenceOptions options;
   options.specFile = specFile;
   options.steps = numSteps;

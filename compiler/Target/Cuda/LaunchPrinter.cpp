@@ -654,13 +654,25 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
         return success();
       })
       .Case([&](DraftAcceptanceOp o) {
+        // The bucket edges are plain data here: the compiler chose them.
+        ArrayRef<int64_t> edges = o.getBucketEdges();
+        std::string list;
+        for (int64_t e : edges)
+          list += (list.empty() ? "" : ", ") + std::to_string(e);
+        std::string buckets =
+            llvm::formatv("dflash::kernels::PositionBuckets<{0}>{{{{{1}}}",
+                          edges.size() + 1, list);
         os << llvm::formatv(
-            "    dflash::kernels::draft_acceptance_f32<{0}>({1}, "
-            "{2}, {3}, {4}, {5}, {6}, {7}, {8}, stream);\n",
-            o.getBlockSize(), ptr(o.getHits()), ptr(o.getWeights()),
-            ptr(o.getKeep()), ptr(o.getRunSum()), ptr(o.getKeptBlocks()),
-            ptr(o.getPositionHits()), ptr(o.getPositionCounts()),
-            blocks(o.getKeep()));
+            "    dflash::kernels::draft_acceptance_f32<{0}, {1}>({2}, {3}, "
+            "{4}, {5}, {6},\n        {7},\n        {8}, {9}, {10}, {11}, "
+            "{12}, {13}, {14}, {15}, {16}, stream);\n",
+            o.getBlockSize(), edges.size() + 1, ptr(o.getHits()),
+            ptr(o.getWeights()), ptr(o.getKeep()), ptr(o.getAnchors()),
+            ptr(o.getPositionIds()), buckets, ptr(o.getRunSum()),
+            ptr(o.getKeptBlocks()), ptr(o.getPositionHits()),
+            ptr(o.getPositionCounts()), ptr(o.getBucketRuns()),
+            ptr(o.getBucketBlocks()), ptr(o.getBucketHits()),
+            ptr(o.getBucketCounts()), blocks(o.getKeep()));
         return success();
       })
       .Case([&](GradientBucketOp o) {

@@ -63,6 +63,9 @@ CONTRACT = {
     "seq_len": ("training.seq_len", canonical_value("training", "seq_len")),
     "anchors_per_row": ("training.anchors_per_row",
                         canonical_value("training", "anchors_per_row")),
+    # dflashc prints the edges only where there are some or they were given.
+    "position_buckets": ("training.position_buckets",
+                         canonical_value("training", "position_buckets", [])),
 }
 # Spec fields that are not read from the spec's keys.
 NOT_RESOLVED = {"path"}

@@ -234,10 +234,7 @@ inline std::vector<BufferSpec> stepBuffers(const ModelConfig &c) {
         {nameOf(StepCounter(k)), BufferRole::Counter, DType::I32, {}, k});
   for (int k = 0; k < kNumStepMetrics; ++k)
     buffers.push_back({nameOf(StepMetric(k)), BufferRole::Metric, DType::F32,
-                       isPerPosition(StepMetric(k))
-                           ? std::vector<int64_t>{c.blockSize}
-                           : std::vector<int64_t>{},
-                       k});
+                       shapeOf(StepMetric(k), c), k});
   return buffers;
 }
 

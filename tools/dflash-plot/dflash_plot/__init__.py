@@ -5,7 +5,10 @@ A metrics line is a JSON object with an integer "step" and any of "loss",
 "acc", "tau" (training) and "eval_loss", "eval_acc", "eval_tau" (held-out
 evaluation; on the same lines or on lines of their own). Missing keys and
 nulls (the trainer writes a non-finite value as null) are left out of the
-curves; a panel with no data says so.
+curves; a panel with no data says so. Where the lines carry "tau_by_bucket"
+or "eval_tau_by_bucket" (tau per anchor-position bucket, docs/semantics.md
+section 14), a fourth panel draws one curve per bucket, named after the
+edges of the run's "position_buckets".
 """
 import argparse
 import json
@@ -24,6 +27,8 @@ PANELS = [
     ("acceptance length", "tau", [("tau", "train"), ("eval_tau", "eval")]),
 ]
 KEYS = [key for _, _, series in PANELS for key, _ in series]
+# Per-bucket lists: (metrics key, series label).
+BUCKET_KEYS = [("tau_by_bucket", "train"), ("eval_tau_by_bucket", "eval")]
 
 
 class PlotError(Exception):
@@ -45,10 +50,29 @@ def _install_hint():
     return "run " + ", or ".join(ways)
 
 
+def _size(edge):
+    """4096 -> "4K"; other edges as they are."""
+    return f"{edge // 1024}K" if edge and edge % 1024 == 0 else str(edge)
+
+
+def bucket_labels(edges, count):
+    """Names of `count` buckets with these edges: "[0, 4K)", "[4K, 16K)",
+    "16K+"; "bucket j" where the edges are unknown or do not fit."""
+    if edges is None or len(edges) != count - 1:
+        return [f"bucket {j}" for j in range(count)]
+    bounds = [0] + list(edges)
+    return [f"[{_size(bounds[j])}, {_size(bounds[j + 1])})" for j in range(count - 1)] \
+        + [f"{_size(bounds[-1])}+"]
+
+
 def read_metrics(path):
-    """{key: [(step, value)]} of one metrics file; a line that is not a JSON
-    object with an integer step is an error naming the line."""
+    """{key: [(step, value)]} of one metrics file, and for the per-bucket
+    keys {key: [[(step, value)] of bucket j]} and "position_buckets" (the
+    last edges the file names, or None); a line that is not a JSON object
+    with an integer step is an error naming the line."""
     series = {key: [] for key in KEYS}
+    series.update({key: [] for key, _ in BUCKET_KEYS})
+    series["position_buckets"] = None
     try:
         f = open(path, encoding="utf-8-sig")  # a byte-order mark at the start is read over
     except OSError as error:
@@ -77,12 +101,36 @@ def read_metrics(path):
             raise PlotError(f"{path}:{number}: has no integer 'step'")
         for key in KEYS:
             value = record.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) \
-                    and math.isfinite(value):
+            if _finite(value):
                 series[key].append((step, float(value)))
+        edges = record.get("position_buckets")
+        if isinstance(edges, list) and all(isinstance(e, int) for e in edges):
+            series["position_buckets"] = edges
+        for key, _ in BUCKET_KEYS:
+            values = record.get(key)
+            if not isinstance(values, list):
+                continue
+            buckets = series[key]
+            while len(buckets) < len(values):
+                buckets.append([])
+            for j, value in enumerate(values):
+                if _finite(value):
+                    buckets[j].append((step, float(value)))
     for key in KEYS:
         series[key].sort()
+    for key, _ in BUCKET_KEYS:
+        for points in series[key]:
+            points.sort()
     return series
+
+
+def _finite(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def has_buckets(series):
+    return any(points for key, _ in BUCKET_KEYS for points in series[key])
 
 
 def smooth(values, window):
@@ -107,8 +155,12 @@ def plot(runs, output, title=None, window=1):
     except ImportError:
         raise PlotError(f"the python package 'matplotlib' is missing from {sys.executable}; "
                         f"drawing needs it: {_install_hint()}") from None
-    figure, axes = plt.subplots(1, len(PANELS), figsize=(5 * len(PANELS), 4), dpi=100)
+    buckets = any(has_buckets(series) for _, series in runs)
+    panels = len(PANELS) + (1 if buckets else 0)
+    figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 4), dpi=100)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    if buckets:
+        _plot_buckets(axes[-1], runs, colors, window)
     for axis, (panel, ylabel, keys) in zip(axes, PANELS):
         drawn = 0
         for r, (label, series) in enumerate(runs):
@@ -153,6 +205,34 @@ def plot(runs, output, title=None, window=1):
         plt.close(figure)
         if os.path.exists(temp):
             os.remove(temp)
+
+
+def _plot_buckets(axis, runs, colors, window):
+    """Tau per anchor-position bucket: a color per bucket, a line style per
+    run; eval points dashed with markers."""
+    styles = ["-", ":", "-.", (0, (5, 1))]
+    for r, (label, series) in enumerate(runs):
+        for key, kind in BUCKET_KEYS:
+            names = bucket_labels(series["position_buckets"], len(series[key]))
+            for j, points in enumerate(series[key]):
+                if not points:
+                    continue
+                steps = [s for s, _ in points]
+                values = [v for _, v in points]
+                name = f"{names[j]} {kind}" if len(runs) == 1 else f"{label} {names[j]} {kind}"
+                color = colors[j % len(colors)]
+                if kind == "train":
+                    axis.plot(steps, smooth(values, window), color=color,
+                              linestyle=styles[r % len(styles)], linewidth=1.0,
+                              alpha=0.6, label=name, zorder=2)
+                else:
+                    axis.plot(steps, values, color=color, linestyle="--", marker="o",
+                              markersize=4, linewidth=1.5, label=name, zorder=3)
+    axis.set_title("tau by anchor position")
+    axis.set_xlabel("step")
+    axis.set_ylabel("tau")
+    axis.grid(True, alpha=0.3)
+    axis.legend(fontsize=7)
 
 
 def main(argv=None):

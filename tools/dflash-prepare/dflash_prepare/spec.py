@@ -42,6 +42,7 @@ class Spec:
     seq_len: int
     anchors_per_row: int
     tie_word_embeddings: bool
+    position_buckets: list
 
     @property
     def context_width(self):
@@ -132,7 +133,8 @@ SCHEMA = (
             ("gradient_accumulation", "int", False, 1, 1 << 12),
             ("gamma", "float", False, None, None, True, True),
             ("seed", "int", False, 0, _INT64_MAX),
-            ("init_std", "float", False, None, None, True))
+            ("init_std", "float", False, None, None, True),
+            ("position_buckets", "ints"))
     + _keys("optimizer",
             ("lr", "float", False, None, None, True),
             ("warmup_ratio", "float", False, None, None, True, True),
@@ -161,6 +163,18 @@ REQUIRED_TABLES = ("target", "drafter")
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 # The largest memory budget dflashc takes (compiler/Spec/Spec.h).
 MAX_GPU_MEMORY_GIB = 1024.0
+# The most anchor-position buckets a step reports (schema/ModelConfig.h).
+MAX_POSITION_BUCKETS = 8
+
+
+def default_position_buckets(seq_len):
+    """The default bucket edges (docs/semantics.md section 14): 4K, 16K,
+    64K, ... (4096 * 4^i), those below seq_len."""
+    edges, edge = [], 4096
+    while edge < seq_len:
+        edges.append(edge)
+        edge *= 4
+    return edges
 
 # The defaults of the keys the rules below need (schema/ModelConfig.h).
 DEFAULTS = {"drafter.max_position_embeddings": 40960, "training.seq_len": 3072,
@@ -593,6 +607,29 @@ class _Reader:
             self.fail_at("drafter.max_position_embeddings",
                          f"'drafter.max_position_embeddings' ({positions}) is below "
                          f"seq_len + block_size ({seq_len + block})")
+        self.position_buckets = self.resolve_position_buckets(seq_len, positions)
+
+    def resolve_position_buckets(self, seq_len, positions):
+        key = "training.position_buckets"
+        edges = self.values.get(key)
+        if edges is None:
+            return default_position_buckets(seq_len)
+        if len(edges) > MAX_POSITION_BUCKETS - 1:
+            self.fail_at(key, f"'{key}' has {len(edges)} edges; at most "
+                              f"{MAX_POSITION_BUCKETS - 1} ({MAX_POSITION_BUCKETS} buckets) "
+                              "are supported")
+        for i, edge in enumerate(edges):
+            name = f"{key}.{i}"
+            if edge < 1:
+                self.fail_at(name, f"'{name}' is {edge}; an edge must be positive")
+            if i and edge <= edges[i - 1]:
+                self.fail_at(name, f"'{key}' must be strictly increasing, but entry {i} "
+                                   f"({edge}) follows {edges[i - 1]}")
+            if edge >= positions:
+                self.fail_at(name, f"'{name}' is {edge}; it must be below "
+                                   f"'drafter.max_position_embeddings' ({positions})")
+        # No anchor of a row of seq_len tokens reaches an edge past it.
+        return [edge for edge in edges if edge < seq_len]
 
     def read_optimizer_rules(self):
         for key, message in (("warmup_ratio", "must be below 1"), ("beta1", "must be below 1"),
@@ -630,7 +667,8 @@ def read_spec(path, known_keys_only=True):
                 drafter_num_layers=v("drafter.num_layers"),
                 mask_token_id=v("drafter.mask_token_id"), block_size=v("drafter.block_size"),
                 seq_len=v("training.seq_len"), anchors_per_row=v("training.anchors_per_row"),
-                tie_word_embeddings=v("target.tie_word_embeddings"))
+                tie_word_embeddings=v("target.tie_word_embeddings"),
+                position_buckets=list(reader.position_buckets))
 
 
 def find_dflashc():

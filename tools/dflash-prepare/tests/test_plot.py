@@ -73,6 +73,33 @@ class ReadMetricsTest(TempDir):
             f.write('{"step": 0, "loss": 2.0}\n{"step": 1, "loss": 1.0}\n')
         self.assertEqual(dflash_plot.read_metrics(path)["loss"], [(0, 2.0), (1, 1.0)])
 
+    def test_tau_by_anchor_position_bucket(self):
+        path = self.path("metrics.jsonl")
+        with open(path, "w") as f:
+            f.write(json.dumps({"step": 0, "position_buckets": [4096, 16384, 65536],
+                                "tau": 3.0, "tau_by_bucket": [3.5, 3.0, None, 2.0]}) + "\n")
+            f.write(json.dumps({"step": 1, "tau": 3.1,
+                                "tau_by_bucket": [3.6, 3.1, 2.5, 2.1]}) + "\n")
+            f.write(json.dumps({"step": 1, "eval_tau": 3.0,
+                                "eval_tau_by_bucket": [3.4, 2.9, 2.4, 1.9]}) + "\n")
+        series = dflash_plot.read_metrics(path)
+        self.assertEqual(series["position_buckets"], [4096, 16384, 65536])
+        self.assertEqual(len(series["tau_by_bucket"]), 4)
+        self.assertEqual(series["tau_by_bucket"][0], [(0, 3.5), (1, 3.6)])
+        self.assertEqual(series["tau_by_bucket"][2], [(1, 2.5)])  # the null is left out
+        self.assertEqual(series["eval_tau_by_bucket"][3], [(1, 1.9)])
+        self.assertTrue(dflash_plot.has_buckets(series))
+        self.assertEqual(dflash_plot.bucket_labels([4096, 16384, 65536], 4),
+                         ["[0, 4K)", "[4K, 16K)", "[16K, 64K)", "64K+"])
+        self.assertEqual(dflash_plot.bucket_labels([100], 2), ["[0, 100)", "100+"])
+        # Edges unknown (the first line is gone) or not matching: numbered.
+        self.assertEqual(dflash_plot.bucket_labels(None, 2), ["bucket 0", "bucket 1"])
+        self.assertEqual(dflash_plot.bucket_labels([4096], 3),
+                         ["bucket 0", "bucket 1", "bucket 2"])
+        plain = self.path("plain.jsonl")
+        write_metrics(plain, 4)
+        self.assertFalse(dflash_plot.has_buckets(dflash_plot.read_metrics(plain)))
+
     def test_smooth(self):
         self.assertEqual(dflash_plot.smooth([1, 2, 3, 4], 2), [1, 1.5, 2.5, 3.5])
         self.assertEqual(dflash_plot.smooth([1, 2], 1), [1, 2])
@@ -96,6 +123,20 @@ class PlotTest(TempDir):
         width, height = struct.unpack(">II", chunks[0][1][:8])
         self.assertEqual((width, height), (1500, 400))
         self.assertGreater(sum(len(body) for kind, body in chunks if kind == "IDAT"), 1000)
+
+    def test_a_panel_of_tau_by_bucket(self):
+        path = self.path("buckets.jsonl")
+        write_metrics(path, 20, eval_every=10)
+        with open(path, "a") as f:
+            for s in range(20, 30):
+                f.write(json.dumps({"step": s, "loss": 1.0, "tau": 2.0,
+                                    "position_buckets": [4096] if s == 20 else None,
+                                    "tau_by_bucket": [2.5, 1.5]}) + "\n")
+        out = self.path("plot.png")
+        status, stdout, stderr = run_tool(PLOT, path, "-o", out)
+        self.assertEqual(status, 0, stderr)
+        width, height = struct.unpack(">II", png_chunks(out)[0][1][:8])
+        self.assertEqual((width, height), (2000, 400))  # four panels
 
     def test_errors(self):
         out = self.path("plot.png")

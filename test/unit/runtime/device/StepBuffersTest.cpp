@@ -69,10 +69,7 @@ TEST(TrainBuffers, MapsAnEvaluationProgram) {
       buffers.push_back(b);
   for (int k = 0; k < kNumForwardSums; ++k)
     buffers.push_back({nameOf(ForwardSum(k)), BufferRole::Metric, DType::F32,
-                       isPerPosition(ForwardSum(k))
-                           ? std::vector<int64_t>{c.blockSize}
-                           : std::vector<int64_t>{},
-                       k});
+                       shapeOf(ForwardSum(k), c), k});
   EvalBufferMap map;
   Status s = mapEvalBuffers(buffers, c, map);
   ASSERT_TRUE(s.ok()) << s.message();
@@ -92,7 +89,7 @@ TEST(TrainBuffers, MapsAnEvaluationProgram) {
   auto noSum = buffers;
   noSum.pop_back();
   expectError(noSum, "evaluation program: has no metric buffer "
-                     "'position_counts'");
+                     "'bucket_counts'");
   auto noParam = buffers;
   noParam.erase(
       std::find_if(noParam.begin(), noParam.end(), [](const BufferSpec &b) {
@@ -102,6 +99,16 @@ TEST(TrainBuffers, MapsAnEvaluationProgram) {
   auto scalarHits = buffers;
   scalarHits[size_t(map.sums[size_t(ForwardSum::PositionHits)])].shape = {};
   expectError(scalarHits, "metric buffer 'position_hits' has shape []");
+  // One per anchor-position bucket of the config (here 3).
+  c.positionBuckets = {8, 16};
+  auto buckets = buffers;
+  for (BufferSpec &b : buckets)
+    if (b.role == BufferRole::Metric)
+      b.shape = shapeOf(ForwardSum(b.index), c);
+  EvalBufferMap bucketMap;
+  s = mapEvalBuffers(buckets, c, bucketMap);
+  EXPECT_TRUE(s.ok()) << s.message();
+  expectError(buffers, "metric buffer 'bucket_runs' has shape [1]");
 }
 
 TEST(TrainBuffers, MismatchesNameTheBuffer) {

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -216,6 +217,82 @@ TEST(TrainMetrics, AccuracyByPosition) {
       progressLine(m, 13, 200, 185),
       "step 13/200  loss 2.5000  acc 0.2500  tau 2.75  acc@k 90 50 -  800 "
       "tok/s  draft 300 tok/s  80.0 ms/step  ETA 3m05s");
+}
+
+// Tau and the accuracy per anchor-position bucket (docs/semantics.md
+// section 14): in the JSON lines and the progress lines with more than one
+// bucket, nothing more with one; the edges once, on the run's first line.
+TEST(TrainMetrics, ByAnchorPositionBucket) {
+  // Three buckets; the last had no kept block.
+  const double runs[] = {30, 9, 0}, blocks[] = {10, 4, 0}, hits[] = {60, 10, 0},
+               counts[] = {70, 20, 0};
+  BucketFigures f = figuresByBucket(runs, blocks, hits, counts, 3);
+  ASSERT_EQ(f.tau.size(), 3u);
+  EXPECT_DOUBLE_EQ(f.tau[0], 3.0);
+  EXPECT_DOUBLE_EQ(f.tau[1], 2.25);
+  EXPECT_TRUE(std::isnan(f.tau[2]));
+  EXPECT_DOUBLE_EQ(f.acc[0], 60.0 / 70);
+  EXPECT_DOUBLE_EQ(f.acc[1], 0.5);
+  EXPECT_TRUE(std::isnan(f.acc[2]));
+  EXPECT_EQ(f.blocks, (std::vector<double>{10, 4, 0}));
+  // One bucket: tau and acc say it all.
+  BucketFigures one = figuresByBucket(runs, blocks, hits, counts, 1);
+  EXPECT_TRUE(one.tau.empty() && one.acc.empty() && one.blocks.empty());
+
+  StepMetrics m = sampleMetrics();
+  m.buckets = f;
+  nlohmann::json parsed = nlohmann::json::parse(metricsJsonLine(m));
+  EXPECT_EQ(parsed["tau_by_bucket"], nlohmann::json::parse("[3, 2.25, null]"));
+  EXPECT_EQ(parsed["acc_by_bucket"],
+            nlohmann::json::parse("[0.857143, 0.5, null]"));
+  EXPECT_EQ(parsed["blocks_by_bucket"], nlohmann::json::parse("[10, 4, 0]"));
+  EXPECT_FALSE(parsed.contains("position_buckets"));
+  EXPECT_EQ(
+      progressLine(m, 13, 200, 185),
+      "step 13/200  loss 2.5000  acc 0.2500  tau 2.75  tau@pos 3.0 2.2 -  800 "
+      "tok/s  draft 300 tok/s  80.0 ms/step  ETA 3m05s");
+  EXPECT_EQ(metricsJsonLine(sampleMetrics()).find("by_bucket"),
+            std::string::npos);
+
+  EvalMetrics e;
+  e.step = 9;
+  e.tau = 2.5;
+  e.buckets = f;
+  parsed = nlohmann::json::parse(evalJsonLine(e));
+  EXPECT_EQ(parsed["eval_tau_by_bucket"],
+            nlohmann::json::parse("[3, 2.25, null]"));
+  EXPECT_EQ(parsed["eval_blocks_by_bucket"],
+            nlohmann::json::parse("[10, 4, 0]"));
+  EXPECT_NE(evalLine(e).find("tau 2.50  tau@pos 3.0 2.2 -  ("),
+            std::string::npos)
+      << evalLine(e);
+
+  // The edges go on the first line the log writes, not on later ones; a
+  // resumed run writes them again on its first.
+  TrainMainTempDir dir;
+  std::string path = dir.path + "/metrics.jsonl";
+  for (int64_t first : {0, 2}) {
+    MetricsLog log;
+    ASSERT_TRUE(log.open(path, first).ok());
+    log.setPositionBuckets({4096, 16384, 65536});
+    for (int64_t i = first; i < first + 2; ++i) {
+      m.step = i;
+      ASSERT_TRUE(log.append(m).ok());
+    }
+  }
+  std::vector<std::string> lines;
+  std::istringstream in(readFile(path));
+  for (std::string line; std::getline(in, line);)
+    lines.push_back(line);
+  ASSERT_EQ(lines.size(), 4u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    parsed = nlohmann::json::parse(lines[i]);
+    EXPECT_EQ(parsed.contains("position_buckets"), i % 2 == 0) << lines[i];
+    if (i % 2 == 0) {
+      EXPECT_EQ(parsed["position_buckets"],
+                nlohmann::json::parse("[4096, 16384, 65536]"));
+    }
+  }
 }
 
 TEST(TrainMetrics, EvalLines) {
