@@ -99,4 +99,32 @@ def DFlash_KernelAttr : AttrDef<DFlash_Dialect, "Kernel"> {
   let assemblyFormat = "`<` struct(params) `>`";
 }
 
+def DFlash_YarnAttr : AttrDef<DFlash_Dialect, "Yarn"> {
+  let mnemonic = "yarn";
+  let summary = "YaRN's rope scaling of the drafter's RoPE";
+  let description = [{
+    On `dflash.rope`, `dflash.rope_grad`, `dflash.qk_norm_rope` and
+    `dflash.qk_norm_rope_grad` under `yarn`, from the spec's
+    [drafter.rope_scaling]: the frequencies and the factor on cos and sin of
+    `dflash.yarn_rope` (whose attributes these are), so the rotation and its
+    transpose use YaRN's.
+
+    ```mlir
+    %qr = dflash.rope %qn, %pos {theta = 1.0e+06 : f64,
+        yarn = #dflash.yarn<factor = 4.0 : f64, beta_fast = 32.0 : f64,
+                            beta_slow = 1.0 : f64,
+                            original_max_positions = 32768,
+                            truncate = true,
+                            attention_factor = 1.1386294361119891 : f64>}
+        : (tensor<4x8192x32x128xbf16>, tensor<4x8192xi32>)
+        -> tensor<4x8192x32x128xbf16>
+    ```
+  }];
+  let parameters = (ins "FloatAttr":$factor, "FloatAttr":$beta_fast,
+                        "FloatAttr":$beta_slow,
+                        "int64_t":$original_max_positions, "bool":$truncate,
+                        "FloatAttr":$attention_factor);
+  let assemblyFormat = "`<` struct(params) `>`";
+}
+
 #endif // DFLASH_ATTRS_TD

@@ -67,7 +67,8 @@ def DFlash_RmsNormGradOp : DFlash_PureOp<"rms_norm_grad"> {
 def DFlash_RopeGradOp : DFlash_PureOp<"rope_grad"> {
   let summary = "Input gradient of rotary embedding";
   let description = [{
-    The rotation of `dflash.rope` by the opposite angle (its transpose).
+    The rotation of `dflash.rope` by the opposite angle (its transpose),
+    scaled by YaRN's attention factor where `yarn` is given.
 
     ```mlir
     %dx = dflash.rope_grad %dy, %pos {theta = 1.0e+06 : f64}
@@ -76,7 +77,8 @@ def DFlash_RopeGradOp : DFlash_PureOp<"rope_grad"> {
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$grad,
-                       DFlash_IndexTensor:$positions, F64Attr:$theta);
+                       DFlash_IndexTensor:$positions, F64Attr:$theta,
+                       OptionalAttr<DFlash_YarnAttr>:$yarn);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
       "$grad `,` $positions attr-dict `:` functional-type(operands, results)";

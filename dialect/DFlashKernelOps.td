@@ -102,7 +102,8 @@ def DFlash_ResidualRmsNormOp : DFlash_PureOp<"residual_rms_norm"> {
 def DFlash_QkNormRopeOp : DFlash_PureOp<"qk_norm_rope"> {
   let summary = "Per-head RMS normalisation then rotary embedding";
   let description = [{
-    `rope(rms_norm(input, weight), positions)` over `[B, T, heads, d]`.
+    `rope(rms_norm(input, weight), positions)` over `[B, T, heads, d]`, with
+    YaRN's frequencies where `yarn` is given.
 
     ```mlir
     %q = dflash.qk_norm_rope %x, %w, %pos {eps = 1.0e-06 : f64,
@@ -113,7 +114,7 @@ def DFlash_QkNormRopeOp : DFlash_PureOp<"qk_norm_rope"> {
   }];
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
                        DFlash_IndexTensor:$positions, F64Attr:$eps,
-                       F64Attr:$theta);
+                       F64Attr:$theta, OptionalAttr<DFlash_YarnAttr>:$yarn);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
       "$input `,` $weight `,` $positions attr-dict `:` "
@@ -134,7 +135,7 @@ def DFlash_QkNormRopeGradOp : DFlash_PureOp<"qk_norm_rope_grad"> {
   let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$input,
                        DFlash_FloatTensor:$weight,
                        DFlash_IndexTensor:$positions, F64Attr:$eps,
-                       F64Attr:$theta);
+                       F64Attr:$theta, OptionalAttr<DFlash_YarnAttr>:$yarn);
   let results = (outs DFlash_FloatTensor:$input_grad,
                       DFlash_FloatTensor:$weight_grad);
   let assemblyFormat =

@@ -261,6 +261,8 @@ def DFlash_RopeOp : DFlash_PureOp<"rope", [DFlash_Differentiable]> {
     For each head vector `x` of dimension `d` at position `p`, with
     `f_i = theta^(-2i/d)` and the angle `p * f_i` in fp32, `i < d/2`:
     `y[i] = x[i] cos - x[i + d/2] sin`, `y[i + d/2] = x[i + d/2] cos + x[i] sin`.
+    With `yarn` (the drafter's [drafter.rope_scaling]), `f_i`, cos and sin
+    are `dflash.yarn_rope`'s.
 
     ```mlir
     %qr = dflash.rope %qn, %pos {theta = 1.0e+06 : f64}
@@ -269,7 +271,8 @@ def DFlash_RopeOp : DFlash_PureOp<"rope", [DFlash_Differentiable]> {
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$input,
-                       DFlash_IndexTensor:$positions, F64Attr:$theta);
+                       DFlash_IndexTensor:$positions, F64Attr:$theta,
+                       OptionalAttr<DFlash_YarnAttr>:$yarn);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
       "$input `,` $positions attr-dict `:` functional-type(operands, results)";

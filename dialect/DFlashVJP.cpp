@@ -34,7 +34,7 @@ SmallVector<Value> ReshapeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
 
 SmallVector<Value> RopeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
   Value dx = RopeGradOp::create(b, getLoc(), getInput().getType(), grads[0],
-                                getPositions(), getThetaAttr());
+                                getPositions(), getThetaAttr(), getYarnAttr());
   return {dx, Value()};
 }
 

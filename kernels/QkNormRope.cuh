@@ -11,6 +11,7 @@
 // computes the row's D/2 angles once into shared memory.
 // rope_fwd_bf16 is the rotation alone (a target decoder without q/k norms),
 // with Llama-3's or YaRN's frequency scaling where asked.
+// Both take YaRN's frequencies (the drafter's rope scaling) where asked.
 // The backward rotates dy back, applies the norm's backward and reduces the
 // weight gradient through fp32 per-CTA partials and a column sum.
 //
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
                                  const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                                  const int32_t *pos, __nv_bfloat16 *dx,
                                  float *dwPartials, int64_t rows, float eps,
-                                 float theta) {
+                                 RopeFrequencies freq) {
   using T = QkNormRopeTiling<D, HEADS>;
   constexpr int L = T::kLanesPerHead;
   constexpr int kIters = (HEADS + T::kSlots - 1) / T::kSlots;
@@ -221,7 +222,7 @@ __global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
   float w1[8], w2[8], dw1[8] = {}, dw2[8] = {};
   unpackBf16x8(reinterpret_cast<const uint4 *>(w + i0)[0], w1);
   unpackBf16x8(reinterpret_cast<const uint4 *>(w + D / 2 + i0)[0], w2);
-  tables.init(theta);
+  tables.init(freq);
   int parity = 0;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     uint4 ra[kIters], rb[kIters], ga[kIters], gb[kIters];
@@ -304,11 +305,14 @@ __global__ void __launch_bounds__((QkNormRopeTiling<D, HEADS>::kThreads))
 
 } // namespace detail
 
-/// y [rows, HEADS, D] = rope(bf16(rmsnorm(x) * w)) at positions pos [rows].
+/// y [rows, HEADS, D] = rope(bf16(rmsnorm(x) * w)) at positions pos [rows],
+/// with YaRN's frequencies where freq.yarnFactor > 0 (the drafter's
+/// [drafter.rope_scaling]).
 template <int D, int HEADS>
 void qk_norm_rope_fwd_bf16(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
                            const int32_t *pos, __nv_bfloat16 *y, int64_t rows,
-                           float eps, float theta, cudaStream_t stream) {
+                           float eps, RopeFrequencies freq,
+                           cudaStream_t stream) {
   if (rows == 0)
     return;
   // Several rows per CTA amortise the angle set-up.
@@ -316,8 +320,15 @@ void qk_norm_rope_fwd_bf16(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
   detail::rope_rows_fwd_bf16_kernel<D, HEADS, true>
       <<<static_cast<unsigned>(blocks),
          detail::QkNormRopeTiling<D, HEADS>::kThreads, 0, stream>>>(
-          x, w, pos, y, rows, eps, RopeFrequencies{theta});
+          x, w, pos, y, rows, eps, freq);
   DFLASH_CUDA_CHECK_LAUNCH("qk_norm_rope_fwd_bf16");
+}
+template <int D, int HEADS>
+void qk_norm_rope_fwd_bf16(const __nv_bfloat16 *x, const __nv_bfloat16 *w,
+                           const int32_t *pos, __nv_bfloat16 *y, int64_t rows,
+                           float eps, float theta, cudaStream_t stream) {
+  qk_norm_rope_fwd_bf16<D, HEADS>(x, w, pos, y, rows, eps,
+                                  RopeFrequencies{theta}, stream);
 }
 
 /// y [rows, HEADS, D] = rope(x) at positions pos [rows] (ref::rope, or
@@ -341,14 +352,24 @@ template <int D, int HEADS, typename GradWeightT>
 void qk_norm_rope_bwd_bf16(const __nv_bfloat16 *dy, const __nv_bfloat16 *x,
                            const __nv_bfloat16 *w, const int32_t *pos,
                            __nv_bfloat16 *dx, GradWeightT *dw, int64_t rows,
-                           float eps, float theta, float *workspace,
+                           float eps, RopeFrequencies freq, float *workspace,
                            cudaStream_t stream) {
   detail::qk_norm_rope_bwd_bf16_kernel<D, HEADS>
       <<<kQkNormRopeBwdPartials, detail::QkNormRopeTiling<D, HEADS>::kThreads,
-         0, stream>>>(dy, x, w, pos, dx, workspace, rows, eps, theta);
+         0, stream>>>(dy, x, w, pos, dx, workspace, rows, eps, freq);
   DFLASH_CUDA_CHECK_LAUNCH("qk_norm_rope_bwd_bf16");
   detail::columnSum<GradWeightT>(workspace, kQkNormRopeBwdPartials, D, dw,
                                  stream);
+}
+template <int D, int HEADS, typename GradWeightT>
+void qk_norm_rope_bwd_bf16(const __nv_bfloat16 *dy, const __nv_bfloat16 *x,
+                           const __nv_bfloat16 *w, const int32_t *pos,
+                           __nv_bfloat16 *dx, GradWeightT *dw, int64_t rows,
+                           float eps, float theta, float *workspace,
+                           cudaStream_t stream) {
+  qk_norm_rope_bwd_bf16<D, HEADS, GradWeightT>(dy, x, w, pos, dx, dw, rows, eps,
+                                               RopeFrequencies{theta},
+                                               workspace, stream);
 }
 
 } // namespace dflash::kernels

@@ -101,17 +101,18 @@ inline constexpr KernelTemplate kKernelTemplates[] = {
      -1,
      "",
      "const __nv_bfloat16 *x, const __nv_bfloat16 *w, const int32_t *pos, "
-     "__nv_bfloat16 *y, int64_t rows, float eps, float theta, cudaStream_t "
-     "stream",
-     "x, w, pos, y, rows, eps, theta, stream"},
+     "__nv_bfloat16 *y, int64_t rows, float eps, "
+     "dflash::kernels::RopeFrequencies freq, cudaStream_t stream",
+     "x, w, pos, y, rows, eps, freq, stream"},
     {kernel_names::kQkNormRopeBwd,
      {"d", "h"},
      -1,
      ", __nv_bfloat16",
      "const __nv_bfloat16 *dy, const __nv_bfloat16 *x, const __nv_bfloat16 "
      "*w, const int32_t *pos, __nv_bfloat16 *dx, __nv_bfloat16 *dw, int64_t "
-     "rows, float eps, float theta, float *workspace, cudaStream_t stream",
-     "dy, x, w, pos, dx, dw, rows, eps, theta, workspace, stream"},
+     "rows, float eps, dflash::kernels::RopeFrequencies freq, float "
+     "*workspace, cudaStream_t stream",
+     "dy, x, w, pos, dx, dw, rows, eps, freq, workspace, stream"},
     {kernel_names::kBlockAttentionFwd,
      {"d", "bs", "nh", "nkv", "w", "causal"},
      5,

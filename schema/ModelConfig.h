@@ -43,6 +43,15 @@ struct ModelConfig {
   int64_t blockSize = 0;
   int64_t maskTokenId = 0;
   int64_t maxPositionEmbeddings = 40960;
+  /// [drafter.rope_scaling]: YaRN as transformers' Qwen3 computes it, off
+  /// while ropeScalingFactor is 0. attention_factor is resolved (0.1
+  /// ln(factor) + 1 unless given); the rest are the spec's values.
+  double ropeScalingFactor = 0;
+  int64_t ropeScalingOriginalMaxPositions = 0;
+  double ropeScalingBetaFast = 32;
+  double ropeScalingBetaSlow = 1;
+  bool ropeScalingTruncate = true;
+  double ropeScalingAttentionFactor = 1;
   /// Sliding window of each layer; 0 for a full-attention layer.
   std::vector<int64_t> layerWindows;
 
@@ -85,6 +94,7 @@ struct ModelConfig {
   int64_t draftLength() const { return anchorsPerRow * blockSize; } ///< Q
   /// Rows per GPU that one optimizer step reads: every micro-batch's.
   int64_t rowsPerStep() const { return rowsPerGpu * gradientAccumulation; }
+  bool ropeScaled() const { return ropeScalingFactor > 0; }
   bool layerSlides(int64_t layer) const {
     return layerWindows[size_t(layer)] > 0;
   }
@@ -127,6 +137,13 @@ void forEachModelConfigField(Config &c, Visitor &&visit) {
   DFLASH_FIELD("block_size", blockSize);
   DFLASH_FIELD("mask_token_id", maskTokenId);
   DFLASH_FIELD("max_position_embeddings", maxPositionEmbeddings);
+  DFLASH_FIELD("rope_scaling_factor", ropeScalingFactor);
+  DFLASH_FIELD("rope_scaling_original_max_position_embeddings",
+               ropeScalingOriginalMaxPositions);
+  DFLASH_FIELD("rope_scaling_beta_fast", ropeScalingBetaFast);
+  DFLASH_FIELD("rope_scaling_beta_slow", ropeScalingBetaSlow);
+  DFLASH_FIELD("rope_scaling_truncate", ropeScalingTruncate);
+  DFLASH_FIELD("rope_scaling_attention_factor", ropeScalingAttentionFactor);
   DFLASH_FIELD("layer_windows", layerWindows);
   DFLASH_FIELD("seq_len", seqLen);
   DFLASH_FIELD("anchors_per_row", anchorsPerRow);

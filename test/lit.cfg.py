@@ -65,6 +65,13 @@ torch_python = python_with_torch()
 if torch_python:
     config.available_features.add("torch")
     config.substitutions.append(("%torch_python", torch_python))
+    # transformers' own rotary embeddings (test/Oracle/yarn-transformers.test).
+    try:
+        if subprocess.run([torch_python, "-c", "import transformers"],
+                          capture_output=True, timeout=120).returncode == 0:
+            config.available_features.add("transformers")
+    except Exception:
+        pass
 
 # The data tools (tools/dflash-prepare, tools/dflash-plot; test/Prepare).
 # %python is a python3 with numpy (feature python-numpy), the one with

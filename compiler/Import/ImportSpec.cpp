@@ -74,8 +74,16 @@ private:
     return ::dflash::import::reshape(b, l, x, shape);
   }
   Value rope(Value x, Value positions, Location l) {
+    YarnAttr yarn;
+    if (spec.ropeScaled())
+      yarn = YarnAttr::get(&ctx, b.getF64FloatAttr(spec.ropeScalingFactor),
+                           b.getF64FloatAttr(spec.ropeScalingBetaFast),
+                           b.getF64FloatAttr(spec.ropeScalingBetaSlow),
+                           spec.ropeScalingOriginalMaxPositions,
+                           spec.ropeScalingTruncate,
+                           b.getF64FloatAttr(spec.ropeScalingAttentionFactor));
     return RopeOp::create(b, l, x.getType(), x, positions,
-                          b.getF64FloatAttr(spec.ropeTheta));
+                          b.getF64FloatAttr(spec.ropeTheta), yarn);
   }
 };
 

@@ -169,7 +169,7 @@ private:
     }
     if (!target.ropeScaling)
       return RopeOp::create(b, l, x.getType(), x, positions,
-                            b.getF64FloatAttr(target.ropeTheta));
+                            b.getF64FloatAttr(target.ropeTheta), YarnAttr());
     const ::dflash::Llama3RopeScaling &s = *target.ropeScaling;
     return ScaledRopeOp::create(
         b, l, x.getType(), x, positions, b.getF64FloatAttr(target.ropeTheta),

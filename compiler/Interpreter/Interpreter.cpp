@@ -65,6 +65,34 @@ std::vector<uint8_t> asFlags(const HostTensor &t) {
   return out;
 }
 
+/// rope (direction 1) or its transpose (-1) of x [B, T, heads, d], with
+/// YaRN's frequencies where `yarn` is given.
+void rope(const double *x, const int32_t *pos, double *y,
+          const std::vector<int64_t> &shape, APFloat theta, YarnAttr yarn,
+          int direction) {
+  const int64_t rows = shape[0] * shape[1];
+  if (!yarn) {
+    if (direction > 0)
+      ref::rope<double>(x, pos, y, rows, shape[2], shape[3],
+                        theta.convertToDouble());
+    else
+      ref::ropeGrad<double>(x, pos, y, rows, shape[2], shape[3],
+                            theta.convertToDouble());
+    return;
+  }
+  ref::YarnScaling scaling{theta.convertToDouble(),
+                           yarn.getFactor().getValueAsDouble(),
+                           yarn.getBetaFast().getValueAsDouble(),
+                           yarn.getBetaSlow().getValueAsDouble(),
+                           yarn.getOriginalMaxPositions(),
+                           yarn.getTruncate(),
+                           yarn.getAttentionFactor().getValueAsDouble()};
+  if (direction > 0)
+    ref::yarnRope<double>(x, pos, y, rows, shape[2], shape[3], scaling);
+  else
+    ref::yarnRopeGrad<double>(x, pos, y, rows, shape[2], shape[3], scaling);
+}
+
 HostTensor fromIndices(const std::vector<int32_t> &v,
                        std::vector<int64_t> shape) {
   HostTensor t(std::move(shape));
@@ -454,10 +482,8 @@ LogicalResult Evaluator::evalForward(Operation *op) {
       })
       .Case([&](RopeOp o) {
         auto x = shapeOf(o.getInput());
-        ref::rope<double>(ptr(o.getInput()),
-                          asIndices(in(o.getPositions())).data(),
-                          outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
-                          o.getTheta().convertToDouble());
+        rope(ptr(o.getInput()), asIndices(in(o.getPositions())).data(),
+             outPtr(o.getResult()), x, o.getTheta(), o.getYarnAttr(), 1);
         return success();
       })
       .Case([&](ScaledRopeOp o) {
@@ -628,10 +654,8 @@ LogicalResult Evaluator::evalGradient(Operation *op) {
       })
       .Case([&](RopeGradOp o) {
         auto x = shapeOf(o.getGrad());
-        ref::ropeGrad<double>(ptr(o.getGrad()),
-                              asIndices(in(o.getPositions())).data(),
-                              outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
-                              o.getTheta().convertToDouble());
+        rope(ptr(o.getGrad()), asIndices(in(o.getPositions())).data(),
+             outPtr(o.getResult()), x, o.getTheta(), o.getYarnAttr(), -1);
         return success();
       })
       .Case([&](BlockAttentionGradOp o) {
@@ -772,19 +796,15 @@ LogicalResult Evaluator::evalFused(Operation *op) {
                              normed.data.data(), rows(o.getInput()), x[3],
                              o.getEps().convertToDouble());
         store(normed, o.getInput().getType());
-        ref::rope<double>(normed.data.data(),
-                          asIndices(in(o.getPositions())).data(),
-                          outPtr(o.getResult()), x[0] * x[1], x[2], x[3],
-                          o.getTheta().convertToDouble());
+        rope(normed.data.data(), asIndices(in(o.getPositions())).data(),
+             outPtr(o.getResult()), x, o.getTheta(), o.getYarnAttr(), 1);
         return success();
       })
       .Case([&](QkNormRopeGradOp o) {
         auto x = shapeOf(o.getInput());
         HostTensor dNormed(x);
-        ref::ropeGrad<double>(ptr(o.getGrad()),
-                              asIndices(in(o.getPositions())).data(),
-                              dNormed.data.data(), x[0] * x[1], x[2], x[3],
-                              o.getTheta().convertToDouble());
+        rope(ptr(o.getGrad()), asIndices(in(o.getPositions())).data(),
+             dNormed.data.data(), x, o.getTheta(), o.getYarnAttr(), -1);
         ref::rmsNormGrad<double>(dNormed.data.data(), ptr(o.getInput()),
                                  ptr(o.getWeight()), outPtr(o.getInputGrad()),
                                  outPtr(o.getWeightGrad()), rows(o.getInput()),

@@ -149,7 +149,8 @@ private:
     return fail(spec.locationOf(key), msg);
   }
 
-  /// Enters table `name` (optional tables may be absent).
+  /// Enters table `name`, a dotted path for a sub-table (optional tables
+  /// may be absent).
   bool enter(const std::string &name, bool required);
   /// Rejects keys of the current table that the schema does not know, then
   /// required keys that are missing. Rules that relate keys run after it.
@@ -167,6 +168,7 @@ private:
 
   bool readTarget();
   bool readDrafter();
+  bool readRopeScaling();
   bool readAttention();
   bool readTraining();
   /// training.position_buckets: the default edges, or the given ones
@@ -187,7 +189,8 @@ bool SpecReader::enter(const std::string &name, bool required) {
     tableLoc = toLoc(root.source());
     return true;
   }
-  const toml::node *node = root.get(name);
+  // A sub-table ("drafter.rope_scaling") by its path.
+  const toml::node *node = root.at_path(name).node();
   if (!node) {
     if (required)
       return fail(SourceLoc{1, 1}, "missing table [" + name + "]");
@@ -396,8 +399,10 @@ bool SpecReader::readDrafter() {
       !readInt("block_size", spec.blockSize, true, 2, 1024) ||
       !readInt("mask_token_id", spec.maskTokenId, true, 0, 1 << 24) ||
       !readInt("max_position_embeddings", spec.maxPositionEmbeddings, false, 1,
-               int64_t(1) << 31) ||
-      !leave())
+               int64_t(1) << 31))
+    return false;
+  get("rope_scaling", false); // a table of its own, read last
+  if (!leave())
     return false;
   if (spec.hiddenSize != spec.targetHiddenSize)
     return failAt("drafter.hidden_size",
@@ -426,6 +431,53 @@ bool SpecReader::readDrafter() {
                       std::to_string(spec.maskTokenId) +
                       ") is outside the vocabulary of 'target.vocab_size' (" +
                       std::to_string(spec.vocabSize) + ")");
+  return readRopeScaling();
+}
+
+/// [drafter.rope_scaling]: transformers' rope_scaling keys for YaRN, with
+/// its defaults (beta_fast 32, beta_slow 1, truncate true, attention factor
+/// 0.1 ln(factor) + 1).
+bool SpecReader::readRopeScaling() {
+  if (!enter("drafter.rope_scaling", false))
+    return false;
+  if (!table)
+    return true;
+  std::string type;
+  double attentionFactor = 0;
+  if (!readString("rope_type", type, true) ||
+      !readFloat("factor", spec.ropeScalingFactor, true, false) ||
+      !readInt("original_max_position_embeddings",
+               spec.ropeScalingOriginalMaxPositions, true, 1,
+               int64_t(1) << 31) ||
+      !readFloat("beta_fast", spec.ropeScalingBetaFast, false, true) ||
+      !readFloat("beta_slow", spec.ropeScalingBetaSlow, false, true) ||
+      !readBool("truncate", spec.ropeScalingTruncate) ||
+      !readFloat("attention_factor", attentionFactor, false, true) || !leave())
+    return false;
+  if (type != "yarn")
+    return failAt(prefix + "rope_type",
+                  "'" + prefix + "rope_type' is \"" + type +
+                      "\"; only YaRN (\"yarn\") is supported");
+  if (!(spec.ropeScalingFactor > 1)) {
+    std::ostringstream os;
+    os << "'" << prefix << "factor' is " << spec.ropeScalingFactor
+       << "; YaRN's factor must be above 1";
+    return failAt(prefix + "factor", os.str());
+  }
+  if (spec.ropeScalingOriginalMaxPositions >= spec.maxPositionEmbeddings)
+    return failAt(prefix + "original_max_position_embeddings",
+                  "'" + prefix + "original_max_position_embeddings' (" +
+                      std::to_string(spec.ropeScalingOriginalMaxPositions) +
+                      ") must be below 'drafter.max_position_embeddings' (" +
+                      std::to_string(spec.maxPositionEmbeddings) +
+                      "): the context YaRN extends is the shorter one");
+  if (spec.ropeScalingBetaFast < spec.ropeScalingBetaSlow)
+    return failAt(prefix + "beta_fast", "'" + prefix +
+                                            "beta_fast' must be at least '" +
+                                            prefix + "beta_slow'");
+  spec.ropeScalingAttentionFactor =
+      attentionFactor > 0 ? attentionFactor
+                          : 0.1 * std::log(spec.ropeScalingFactor) + 1.0;
   return true;
 }
 
@@ -775,6 +827,18 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
   os << "block_size = " << s.blockSize << "\n";
   os << "mask_token_id = " << s.maskTokenId << "\n";
   os << "max_position_embeddings = " << s.maxPositionEmbeddings << "\n\n";
+  if (s.ropeScaled()) {
+    os << "[drafter.rope_scaling]\n";
+    os << "rope_type = \"yarn\"\n";
+    os << "factor = " << fmtFloat(s.ropeScalingFactor) << "\n";
+    os << "original_max_position_embeddings = "
+       << s.ropeScalingOriginalMaxPositions << "\n";
+    os << "beta_fast = " << fmtFloat(s.ropeScalingBetaFast) << "\n";
+    os << "beta_slow = " << fmtFloat(s.ropeScalingBetaSlow) << "\n";
+    os << "truncate = " << (s.ropeScalingTruncate ? "true" : "false") << "\n";
+    os << "attention_factor = " << fmtFloat(s.ropeScalingAttentionFactor)
+       << "\n\n";
+  }
   os << "[attention]\n";
   bool anySliding = false;
   os << "layers = [";

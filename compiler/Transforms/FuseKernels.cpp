@@ -178,9 +178,10 @@ void fuseQkNormRope(func::FuncOp step) {
     if (!norm || !norm.getResult().hasOneUse())
       return;
     OpBuilder b(rope);
-    Value y = QkNormRopeOp::create(
-        b, rope.getLoc(), rope.getType(), norm.getInput(), norm.getWeight(),
-        rope.getPositions(), norm.getEpsAttr(), rope.getThetaAttr());
+    Value y = QkNormRopeOp::create(b, rope.getLoc(), rope.getType(),
+                                   norm.getInput(), norm.getWeight(),
+                                   rope.getPositions(), norm.getEpsAttr(),
+                                   rope.getThetaAttr(), rope.getYarnAttr());
     rope.getResult().replaceAllUsesWith(y);
     rope.erase();
     norm.erase();
@@ -194,7 +195,7 @@ void fuseQkNormRope(func::FuncOp step) {
         b, normGrad.getLoc(), normGrad.getInputGrad().getType(),
         normGrad.getWeightGrad().getType(), ropeGrad.getGrad(),
         normGrad.getInput(), normGrad.getWeight(), ropeGrad.getPositions(),
-        normGrad.getEpsAttr(), ropeGrad.getThetaAttr());
+        normGrad.getEpsAttr(), ropeGrad.getThetaAttr(), ropeGrad.getYarnAttr());
     normGrad.getInputGrad().replaceAllUsesWith(fused.getInputGrad());
     normGrad.getWeightGrad().replaceAllUsesWith(fused.getWeightGrad());
     normGrad.erase();

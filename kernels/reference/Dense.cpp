@@ -253,6 +253,14 @@ void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
   rotateHalf(dy, pos, dx, rows, heads, d, ropeInverseFrequencies(d, theta), -1);
 }
 
+template <typename T>
+void yarnRopeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
+                  int64_t heads, int64_t d, const YarnScaling &yarn) {
+  std::vector<float> invFreq(size_t(d / 2));
+  yarnInverseFrequencies(d, yarn, invFreq.data());
+  rotateHalf(dy, pos, dx, rows, heads, d, invFreq, -1, yarn.attentionFactor);
+}
+
 /// 1 / (1 + e^-z); e^-z overflowing to infinity gives the right limit 0.
 static double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
@@ -314,6 +322,8 @@ void swigluGrad(const T *dy, const T *g, const T *u, T *dg, T *du, int64_t n) {
                               double, int64_t);                                \
   template void yarnRope<T>(const T *, const int32_t *, T *, int64_t, int64_t, \
                             int64_t, const YarnScaling &);                     \
+  template void yarnRopeGrad<T>(const T *, const int32_t *, T *, int64_t,      \
+                                int64_t, int64_t, const YarnScaling &);        \
   template void swiglu<T>(const T *, const T *, T *, int64_t);                 \
   template void clampedSwiglu<T>(const T *, const T *, T *, int64_t, double,   \
                                  double);                                      \

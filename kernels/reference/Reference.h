@@ -95,7 +95,8 @@ void scaledRope(const T *x, const int32_t *pos, T *y, int64_t rows,
                 int64_t heads, int64_t d, double theta, double factor,
                 double lowFreqFactor, double highFreqFactor,
                 int64_t originalMaxPositions);
-/// YaRN's rope scaling (a gpt-oss target's), as transformers computes it:
+/// YaRN's rope scaling (a gpt-oss or Qwen3 target's, or the drafter's
+/// [drafter.rope_scaling]), as transformers computes it:
 /// with pos_i = theta^(2i/d) in fp32, inv_i blends 1 / pos_i
 /// (extrapolation) and 1 / (factor pos_i) (interpolation) by a linear ramp
 /// over i between the correction dimensions of betaFast and betaSlow
@@ -117,6 +118,10 @@ void yarnRope(const T *x, const int32_t *pos, T *y, int64_t rows, int64_t heads,
 template <typename T>
 void ropeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
               int64_t heads, int64_t d, double theta);
+/// dx of yarnRope: the opposite rotation, times the attention factor.
+template <typename T>
+void yarnRopeGrad(const T *dy, const int32_t *pos, T *dx, int64_t rows,
+                  int64_t heads, int64_t d, const YarnScaling &yarn);
 
 /// y = silu(g) * u elementwise, n elements.
 template <typename T> void swiglu(const T *g, const T *u, T *y, int64_t n);

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -53,6 +54,25 @@ Status dflash::rt::checkpointConfigJson(const ModelConfig &c,
   config["head_dim"] = c.headDim;
   config["rms_norm_eps"] = c.rmsNormEps;
   config["rope_theta"] = c.ropeTheta;
+  if (c.ropeScaled()) {
+    // transformers' rope_scaling (5 reads it into rope_parameters), the
+    // optional keys only where they differ from its defaults.
+    ordered_json yarn;
+    yarn["rope_type"] = "yarn";
+    yarn["factor"] = c.ropeScalingFactor;
+    yarn["original_max_position_embeddings"] =
+        c.ropeScalingOriginalMaxPositions;
+    if (c.ropeScalingBetaFast != 32.0)
+      yarn["beta_fast"] = c.ropeScalingBetaFast;
+    if (c.ropeScalingBetaSlow != 1.0)
+      yarn["beta_slow"] = c.ropeScalingBetaSlow;
+    if (!c.ropeScalingTruncate)
+      yarn["truncate"] = false;
+    if (c.ropeScalingAttentionFactor !=
+        0.1 * std::log(c.ropeScalingFactor) + 1.0)
+      yarn["attention_factor"] = c.ropeScalingAttentionFactor;
+    config["rope_scaling"] = yarn;
+  }
   config["vocab_size"] = c.vocabSize;
   config["max_position_embeddings"] = c.maxPositionEmbeddings;
   config["hidden_act"] = "silu";

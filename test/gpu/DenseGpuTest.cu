@@ -79,10 +79,21 @@ template <int H> void rmsNormCase(int64_t rows, bool residual, uint64_t seed) {
   EXPECT_CLOSE(downloadBf16(dwBf16), refDw, 1e-2, "dw bf16");
 }
 
+/// q/k norm + RoPE forward and backward against the reference; with YaRN's
+/// frequencies (the drafter's [drafter.rope_scaling]) where `yarn` is given.
 template <int D, int HEADS>
-void qkNormRopeCase(int64_t rows, double theta, uint64_t seed) {
-  SCOPED_TRACE(testing::Message()
-               << "D=" << D << " HEADS=" << HEADS << " rows=" << rows);
+void qkNormRopeCase(int64_t rows, double theta, uint64_t seed,
+                    const ref::YarnScaling *yarn = nullptr) {
+  SCOPED_TRACE(testing::Message() << "D=" << D << " HEADS=" << HEADS
+                                  << " rows=" << rows << " yarn=" << !!yarn);
+  kernels::RopeFrequencies f{static_cast<float>(theta)};
+  if (yarn) {
+    f.yarnFactor = float(yarn->factor);
+    kernels::yarnRampRange(D, theta, yarn->betaFast, yarn->betaSlow,
+                           double(yarn->originalMaxPositions), yarn->truncate,
+                           f.yarnLow, f.yarnHigh);
+    f.attentionFactor = float(yarn->attentionFactor);
+  }
   std::mt19937_64 rng(seed);
   const float eps = 1e-6f;
   const int64_t n = rows * HEADS * D;
@@ -100,26 +111,33 @@ void qkNormRopeCase(int64_t rows, double theta, uint64_t seed) {
                eps);
   for (auto &v : normed)
     v = roundBf16(v); // the kernel rounds between norm and rotation
-  ref::rope(normed.data(), pos.data(), ref.data(), rows, HEADS, D, theta);
+  if (yarn)
+    ref::yarnRope(normed.data(), pos.data(), ref.data(), rows, HEADS, D, *yarn);
+  else
+    ref::rope(normed.data(), pos.data(), ref.data(), rows, HEADS, D, theta);
   DeviceBuffer<bf16> y(n);
   y.poison();
   kernels::qk_norm_rope_fwd_bf16<D, HEADS>(x.ptr(), w.ptr(), dPos.get(),
-                                           y.get(), rows, eps,
-                                           static_cast<float>(theta), 0);
+                                           y.get(), rows, eps, f, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_CLOSE(downloadBf16(y), ref, 1e-2, "y");
 
   Bf16Tensor dy = randomBf16(n, rng);
   std::vector<double> dn(n), refDx(n), refDw(D);
-  ref::ropeGrad(dy.values.data(), pos.data(), dn.data(), rows, HEADS, D, theta);
+  if (yarn)
+    ref::yarnRopeGrad(dy.values.data(), pos.data(), dn.data(), rows, HEADS, D,
+                      *yarn);
+  else
+    ref::ropeGrad(dy.values.data(), pos.data(), dn.data(), rows, HEADS, D,
+                  theta);
   ref::rmsNormGrad(dn.data(), x.values.data(), w.values.data(), refDx.data(),
                    refDw.data(), rows * HEADS, D, eps);
   DeviceBuffer<bf16> dx(n);
   DeviceBuffer<float> dw(D), ws(kernels::qkNormRopeBwdWorkspaceBytes(D) / 4);
   poisonAll(dx, dw, ws);
-  kernels::qk_norm_rope_bwd_bf16<D, HEADS>(
-      dy.ptr(), x.ptr(), w.ptr(), dPos.get(), dx.get(), dw.get(), rows, eps,
-      static_cast<float>(theta), ws.get(), 0);
+  kernels::qk_norm_rope_bwd_bf16<D, HEADS>(dy.ptr(), x.ptr(), w.ptr(),
+                                           dPos.get(), dx.get(), dw.get(), rows,
+                                           eps, f, ws.get(), 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_CLOSE(downloadBf16(dx), refDx, 1e-2, "dx");
   EXPECT_CLOSE(downloadF32(dw), refDw, 1e-4, "dw");
@@ -385,6 +403,23 @@ TEST(RopeAlone, YarnScaled) {
   yarnCase<64, 64>(50, 1.5e5, 32.0, false, 17);
   yarnCase<64, 8>(200, 1.5e5, 32.0, true, 18);
   yarnCase<128, 4>(90, 1e6, 4.0, false, 19);
+}
+
+/// The drafter's YaRN through the fused q/k norm + RoPE kernels (what
+/// dflash-select-kernels refuses until this passes): Qwen3's block (head
+/// dim 128, theta 1e6, factor 4 over 32768, 32 query and 8 key heads), a
+/// short original context whose ramp the positions up to 4200 cross, and
+/// head dim 64 untruncated with a given attention factor.
+TEST(QkNormRope, YarnForwardAndBackward) {
+  const ref::YarnScaling qwen3{
+      1e6, 4.0, 32.0, 1.0, 32768, true, 0.1 * std::log(4.0) + 1.0};
+  qkNormRopeCase<128, 32>(70, 1e6, 31, &qwen3);
+  qkNormRopeCase<128, 8>(130, 1e6, 32, &qwen3);
+  const ref::YarnScaling shortContext{
+      1e6, 8.0, 32.0, 1.0, 1024, true, 0.1 * std::log(8.0) + 1.0};
+  qkNormRopeCase<128, 8>(90, 1e6, 33, &shortContext);
+  const ref::YarnScaling untruncated{1e4, 4.0, 16.0, 2.0, 512, false, 1.25};
+  qkNormRopeCase<64, 4>(110, 1e4, 34, &untruncated);
 }
 
 TEST(Embedding, RowsById) {

@@ -38,6 +38,7 @@ protected:
     auto loaded = loadSpec(std::string(DFLASH_SPECS_DIR) + "/tiny.toml", error);
     ASSERT_TRUE(loaded) << error.str();
     spec = *loaded;
+    configure(spec);
     forward = importSpec(context, spec);
     ASSERT_TRUE(forward);
     backward = forward->clone();
@@ -45,6 +46,12 @@ protected:
     pm.addPass(createGenerateBackward());
     ASSERT_TRUE(succeeded(pm.run(*backward)));
   }
+
+  /// Changes the spec before its graph is built (tiny.toml as it is here).
+  virtual void configure(DrafterSpec &) {}
+
+  /// Each gradient within `tolerance` (relative) of central differences.
+  void checkGradients(double tolerance = 1e-6);
 
   /// The results of two forms of one step on the same random inputs.
   struct TwoRuns {
@@ -159,7 +166,31 @@ protected:
   OwningOpRef<ModuleOp> forward, backward;
 };
 
-TEST_F(StepTest, GradientsMatchFiniteDifferences) {
+/// tiny.toml with YaRN over an original context of 16 positions (its rows
+/// hold 128): the rotation's transpose, scaled by the attention factor, is
+/// the gradient of the rotation.
+class YarnStepTest : public StepTest {
+protected:
+  void configure(DrafterSpec &s) override {
+    s.ropeScalingFactor = 4;
+    s.ropeScalingOriginalMaxPositions = 16;
+    s.ropeScalingAttentionFactor = 0.1 * std::log(4.0) + 1;
+  }
+};
+
+TEST_F(StepTest, GradientsMatchFiniteDifferences) { checkGradients(); }
+
+TEST_F(YarnStepTest, GradientsMatchFiniteDifferences) {
+  bool scaled = false;
+  forward->walk([&](RopeOp rope) { scaled |= bool(rope.getYarnAttr()); });
+  EXPECT_TRUE(scaled);
+  // Logits scaled by the attention factor squared curve the loss more: the
+  // differences' own error is about 1e-6 (a wrong transpose or factor is
+  // off by far more).
+  checkGradients(1e-5);
+}
+
+void StepTest::checkGradients(double tolerance) {
   func::FuncOp step = backward->lookupSymbol<func::FuncOp>("step");
   std::vector<HostTensor> args = randomArgs(step, 7);
   StepInterpreter interp(step, Precision::Exact);
@@ -193,14 +224,14 @@ TEST_F(StepTest, GradientsMatchFiniteDifferences) {
     double numeric = (forwardLoss(plus) - forwardLoss(minus)) / (2 * h);
     double rel =
         std::abs(numeric - analytic) / std::max(std::abs(analytic), 1e-12);
-    EXPECT_LT(rel, 1e-6) << name.str() << ": analytic " << analytic
-                         << " numeric " << numeric;
+    EXPECT_LT(rel, tolerance)
+        << name.str() << ": analytic " << analytic << " numeric " << numeric;
     errSq += (numeric - analytic) * (numeric - analytic);
     refSq += analytic * analytic;
     ++checked;
   }
   EXPECT_EQ(checked, 25); // fc, hidden_norm, 2 layers x 11, norm
-  EXPECT_LT(std::sqrt(errSq / refSq), 1e-6);
+  EXPECT_LT(std::sqrt(errSq / refSq), tolerance);
 }
 
 TEST_F(StepTest, AnchorsOwnContextPositionIsInvisible) {

@@ -293,7 +293,24 @@ Status writeStepDump(const std::string &path, const StepSignature &sig,
       ", \"head_dim\": " + std::to_string(config.headDim) + ", " + floats +
       ", \"mask_token_id\": " + std::to_string(config.maskTokenId) +
       ", \"num_parameters\": " + std::to_string(numGradients) +
-      ", \"layers\": [" + layers + "]}";
+      ", \"layers\": [" + layers + "]";
+  if (config.ropeScaled()) {
+    // The oracle rotates as transformers does from the exported config.json;
+    // these are what the step rotated by.
+    std::snprintf(floats, sizeof(floats),
+                  "\"factor\": %.17g, \"beta_fast\": %.17g, "
+                  "\"beta_slow\": %.17g, \"attention_factor\": %.17g",
+                  config.ropeScalingFactor, config.ropeScalingBetaFast,
+                  config.ropeScalingBetaSlow,
+                  config.ropeScalingAttentionFactor);
+    json +=
+        ", \"rope_scaling\": {\"rope_type\": \"yarn\", " + std::string(floats) +
+        ", \"original_max_position_embeddings\": " +
+        std::to_string(config.ropeScalingOriginalMaxPositions) +
+        ", \"truncate\": " + (config.ropeScalingTruncate ? "true" : "false") +
+        "}";
+  }
+  json += "}";
   return rt::writeSafetensors(path, tensors, {{"config", json}});
 }
 

@@ -43,6 +43,34 @@ void forEachColumnBand(Value wide, ValueRange bands, F f) {
     column += width;
   }
 }
+
+/// The RopeFrequencies of a YaRN rope, its ramp worked out here (the same
+/// yarnRampRange the reference mirrors): the kernel gets plain numbers.
+std::string yarnFrequencies(double theta, int64_t d, double factor,
+                            double betaFast, double betaSlow,
+                            int64_t originalMaxPositions, bool truncate,
+                            double attentionFactor) {
+  float low = 0, high = 0;
+  ::dflash::kernels::yarnRampRange(int(d), theta, betaFast, betaSlow,
+                                   double(originalMaxPositions), truncate, low,
+                                   high);
+  return llvm::formatv("{{{0}, 0.f, 1.f, 4.f, 8192.f, {1}, {2}, {3}, {4}}",
+                       formatFloat(theta), formatFloat(factor),
+                       formatFloat(double(low)), formatFloat(double(high)),
+                       formatFloat(attentionFactor));
+}
+
+/// The RopeFrequencies of a rope of head dim d: theta alone, or with the
+/// drafter's YaRN scaling.
+std::string ropeFrequencies(double theta, int64_t d, YarnAttr yarn) {
+  if (!yarn)
+    return "{" + formatFloat(theta) + "}";
+  return yarnFrequencies(theta, d, yarn.getFactor().getValueAsDouble(),
+                         yarn.getBetaFast().getValueAsDouble(),
+                         yarn.getBetaSlow().getValueAsDouble(),
+                         yarn.getOriginalMaxPositions(), yarn.getTruncate(),
+                         yarn.getAttentionFactor().getValueAsDouble());
+}
 } // namespace
 
 std::string StepEmitter::wrapper(KernelAttr kernel) {
@@ -306,7 +334,8 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             ptr(o.getPositions()), ptr(o.getResult()),
                             x.getDimSize(0) * x.getDimSize(1),
                             formatFloat(o.getEps().convertToDouble()),
-                            formatFloat(o.getTheta().convertToDouble()));
+                            ropeFrequencies(o.getTheta().convertToDouble(),
+                                            x.getDimSize(3), o.getYarnAttr()));
         return success();
       })
       .Case([&](QkNormRopeGradOp o) {
@@ -319,7 +348,9 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             ptr(o.getPositions()), ptr(o.getInputGrad()),
             ptr(o.getWeightGrad()), x.getDimSize(0) * x.getDimSize(1),
             formatFloat(o.getEps().convertToDouble()),
-            formatFloat(o.getTheta().convertToDouble()), workspace(o, "float"));
+            ropeFrequencies(o.getTheta().convertToDouble(), x.getDimSize(3),
+                            o.getYarnAttr()),
+            workspace(o, "float"));
         return success();
       })
       .Case<RopeOp, ScaledRopeOp, YarnRopeOp>([&](auto o) {
@@ -335,21 +366,16 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
               formatFloat(o.getLowFreqFactor().convertToDouble()),
               formatFloat(o.getHighFreqFactor().convertToDouble()),
               formatFloat(double(o.getOriginalMaxPositions())));
-        if constexpr (std::is_same_v<decltype(o), YarnRopeOp>) {
-          // The ramp is worked out here: the kernel gets plain numbers.
-          float low = 0, high = 0;
-          ::dflash::kernels::yarnRampRange(
-              int(x.getDimSize(3)), o.getTheta().convertToDouble(),
+        if constexpr (std::is_same_v<decltype(o), YarnRopeOp>)
+          freq = yarnFrequencies(
+              o.getTheta().convertToDouble(), x.getDimSize(3),
+              o.getFactor().convertToDouble(),
               o.getBetaFast().convertToDouble(),
-              o.getBetaSlow().convertToDouble(),
-              double(o.getOriginalMaxPositions()), o.getTruncate(), low, high);
-          freq = llvm::formatv(
-              "{{{0}, 0.f, 1.f, 4.f, 8192.f, {1}, {2}, {3}, {4}}",
-              formatFloat(o.getTheta().convertToDouble()),
-              formatFloat(o.getFactor().convertToDouble()),
-              formatFloat(double(low)), formatFloat(double(high)),
-              formatFloat(o.getAttentionFactor().convertToDouble()));
-        }
+              o.getBetaSlow().convertToDouble(), o.getOriginalMaxPositions(),
+              o.getTruncate(), o.getAttentionFactor().convertToDouble());
+        if constexpr (std::is_same_v<decltype(o), RopeOp>)
+          freq = ropeFrequencies(o.getTheta().convertToDouble(),
+                                 x.getDimSize(3), o.getYarnAttr());
         os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, stream);\n", name,
                             ptr(o.getInput()), ptr(o.getPositions()),
                             ptr(o.getResult()),

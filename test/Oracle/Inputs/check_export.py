@@ -44,6 +44,11 @@ def main():
                 "max_position_embeddings", "layer_types"]:
         if key not in cfg:
             problems.append("config.json lacks " + key)
+    scaling = cfg.get("rope_scaling")
+    if scaling is not None and (scaling.get("rope_type") != "yarn" or
+                                not scaling.get("factor", 0) > 1 or
+                                not isinstance(scaling.get("original_max_position_embeddings"), int)):
+        problems.append("config.json rope_scaling is not transformers' YaRN: %r" % scaling)
     dcfg = cfg.get("dflash_config", {})
     if dcfg.get("block_size", cfg.get("block_size")) != cfg.get("block_size") or \
             "mask_token_id" not in dcfg or "target_layer_ids" not in dcfg:

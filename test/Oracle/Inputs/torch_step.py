@@ -11,6 +11,11 @@ below --tolerance for the loss and every parameter's gradient.
 Nothing here shares code with dflashc: the safetensors reader is the few lines
 the format needs, and the math is written from docs/semantics.md.
 Runs with Debian's python3-torch (1.13, CPU) and with PyTorch 2.x.
+
+A drafter with [drafter.rope_scaling] (YaRN) rotates by transformers' own
+Qwen3 rotary embedding built from the exported config.json (--hf-config
+DIR, needs transformers): the step matches only if that file makes
+transformers rotate as the reference did.
 """
 
 import argparse
@@ -65,6 +70,25 @@ def rope(x, pos, theta):
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
+def transformers_rope(config_dir):
+    """rope() with cos and sin (attention factor included) from
+    transformers' Qwen3RotaryEmbedding of the checkpoint's config.json."""
+    import transformers
+    from transformers.models.qwen3 import modeling_qwen3
+    config = transformers.AutoConfig.from_pretrained(config_dir)
+    rotary = modeling_qwen3.Qwen3RotaryEmbedding(config=config)
+    print("oracle: rope from transformers %s, %s" % (
+        transformers.__version__, getattr(rotary, "rope_type", "?")))
+
+    def rotate(x, pos, theta):
+        cos, sin = rotary(x.float(), pos)  # [B, T, d], fp32
+        cos, sin = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
+        d = x.shape[-1]
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+    return rotate
+
+
 def visibility(anchors, keep, positions, S, bs, window, causal):
     """The [B, Q, S+Q] mask of docs/semantics.md sections 3 and 9: query (n, k)
     sees context key j iff keep and doc_start(anchor) <= j < anchor (and
@@ -108,7 +132,7 @@ def attention(q, k, v, mask):
     return torch.einsum("bhqj,bjhd->bqhd", p, v)
 
 
-def step(t, cfg, dtype):
+def step(t, cfg, dtype, rope=rope):
     ids = torch.tensor(t["input.input_ids"], dtype=torch.int64)
     loss_mask = torch.tensor(t["input.loss_mask"]) != 0
     hidden = torch.tensor(t["input.target_hidden"], dtype=dtype)
@@ -200,12 +224,18 @@ def main():
     ap.add_argument("dump", help="step dump from dflash-reference --dump-step")
     ap.add_argument("--tolerance", type=float, default=1e-4)
     ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    ap.add_argument("--hf-config", metavar="DIR",
+                    help="rotate as transformers does from DIR/config.json (YaRN)")
     args = ap.parse_args()
     torch.manual_seed(0)
     tensors, meta = read_safetensors(args.dump)
     cfg = json.loads(meta["config"])
     dtype = getattr(torch, args.dtype)
-    loss, grads, tau = step(tensors, cfg, dtype)
+    if "rope_scaling" in cfg and not args.hf_config:
+        print("oracle: the step has rope_scaling: give --hf-config", file=sys.stderr)
+        return 2
+    rotate = transformers_rope(args.hf_config) if args.hf_config else rope
+    loss, grads, tau = step(tensors, cfg, dtype, rotate)
 
     worst = rel(float(loss), float(tensors["result.loss"]))
     print("oracle: torch %s, loss torch %.8f reference %.8f rel err %.2e" %

@@ -129,6 +129,29 @@ HAND_WRITTEN = [
     ("duplicate-key", REQUIRED_ONLY.format(n=8, k=2) + "[training]\nseq_len = 64\n"
      "seq_len = 65\n"),
     ("empty", ""),
+    # [drafter.rope_scaling]: accepted, and each rule broken.
+    ("yarn", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\nrope_type = \"yarn\"\n"
+     "factor = 4.0\noriginal_max_position_embeddings = 8192\n"),
+    ("yarn-type", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"dynamic\"\nfactor = 4.0\noriginal_max_position_embeddings = 8192\n"),
+    ("yarn-factor", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"yarn\"\nfactor = 1\noriginal_max_position_embeddings = 8192\n"),
+    ("yarn-factor-type", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"yarn\"\nfactor = \"4\"\noriginal_max_position_embeddings = 8192\n"),
+    ("yarn-original", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"yarn\"\nfactor = 4.0\noriginal_max_position_embeddings = 40960\n"),
+    ("yarn-original-float", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"yarn\"\nfactor = 4.0\noriginal_max_position_embeddings = 8192.0\n"),
+    ("yarn-missing", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"yarn\"\nfactor = 4.0\n"),
+    ("yarn-unknown", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"yarn\"\nfactor = 4.0\noriginal_max_position_embeddings = 8192\n"
+     "mscale = 1.0\n"),
+    ("yarn-betas", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.rope_scaling]\n"
+     "rope_type = \"yarn\"\nfactor = 4.0\noriginal_max_position_embeddings = 8192\n"
+     "beta_fast = 0.5\n"),
+    ("yarn-not-table", REQUIRED_ONLY.format(n=8, k=2).replace(
+        "mask_token_id = 127", "mask_token_id = 127\nrope_scaling = 4")),
 ]
 
 
@@ -229,7 +252,9 @@ def schema_problems(spec_cpp):
     if tuple(tables) != TABLES:
         problems.append(f"{spec_cpp} reads the tables {tables}; dflash_prepare.spec.TABLES "
                         f"says {list(TABLES)}")
-    for table in ("",) + TABLES:
+    # The top-level tables, then sub-tables ([drafter.rope_scaling]).
+    subtables = sorted({k.table for k in list(keys) + list(SCHEMA)} - {""} - set(TABLES))
+    for table in ("",) + TABLES + tuple(subtables):
         cpp = [k for k in keys if k.table == table]
         ours = [k for k in SCHEMA if k.table == table]
         if cpp != ours:

@@ -53,7 +53,7 @@ def _split_arguments(text):
     return [p.strip() for p in parts]
 
 
-_CALL = re.compile(r'\b(enter|readInt|readFloat|readBool|readString|readIntArray|get)\("(\w*)"')
+_CALL = re.compile(r'\b(enter|readInt|readFloat|readBool|readString|readIntArray|get)\("([\w.]*)"')
 
 
 def cpp_schema(spec_cpp):

@@ -121,7 +121,16 @@ SCHEMA = (
             ("rope_theta", "float", False, None, None, True),
             ("block_size", "int", True, 2, 1024),
             ("mask_token_id", "int", True, 0, 1 << 24),
-            ("max_position_embeddings", "int", False, 1, 1 << 31))
+            ("max_position_embeddings", "int", False, 1, 1 << 31),
+            ("rope_scaling", "raw"))
+    + _keys("drafter.rope_scaling",
+            ("rope_type", "string", True),
+            ("factor", "float", True),
+            ("original_max_position_embeddings", "int", True, 1, 1 << 31),
+            ("beta_fast", "float", False, None, None, True),
+            ("beta_slow", "float", False, None, None, True),
+            ("truncate", "bool"),
+            ("attention_factor", "float", False, None, None, True))
     + _keys("attention",
             ("default", "string"),
             ("sliding_window", "int", False, _INT64_MIN, 1 << 31),
@@ -423,7 +432,9 @@ class _Reader:
         """Reads `table`'s keys in schema order, then refuses unknown keys,
         then a missing required key (a misspelt key shows as both)."""
         if table:
-            node = self.data.get(table)
+            node = self.data
+            for part in table.split("."):  # a sub-table by its path
+                node = node.get(part) if isinstance(node, dict) else None
             if node is None:
                 if table in REQUIRED_TABLES:
                     self.fail((1, 1), f"missing table [{table}]")
@@ -550,6 +561,31 @@ class _Reader:
             self.fail_at("drafter.mask_token_id",
                          f"'drafter.mask_token_id' ({v['drafter.mask_token_id']}) is outside "
                          f"the vocabulary of 'target.vocab_size' ({v['target.vocab_size']})")
+        self.read_rope_scaling()
+
+    def read_rope_scaling(self):
+        """[drafter.rope_scaling]: YaRN, as SpecReader::readRopeScaling."""
+        if self.read_table("drafter.rope_scaling") is None:
+            return
+        prefix, v = "drafter.rope_scaling.", self.values
+        if v[prefix + "rope_type"] != "yarn":
+            self.fail_at(prefix + "rope_type",
+                         f"'{prefix}rope_type' is \"{v[prefix + 'rope_type']}\"; only YaRN "
+                         "(\"yarn\") is supported")
+        factor = v[prefix + "factor"]
+        if not factor > 1:
+            self.fail_at(prefix + "factor", f"'{prefix}factor' is {factor:g}; YaRN's factor "
+                                            "must be above 1")
+        original = v[prefix + "original_max_position_embeddings"]
+        positions = self.value("drafter.max_position_embeddings")
+        if original >= positions:
+            self.fail_at(prefix + "original_max_position_embeddings",
+                         f"'{prefix}original_max_position_embeddings' ({original}) must be "
+                         f"below 'drafter.max_position_embeddings' ({positions}): the context "
+                         "YaRN extends is the shorter one")
+        if v.get(prefix + "beta_fast", 32.0) < v.get(prefix + "beta_slow", 1.0):
+            self.fail_at(prefix + "beta_fast",
+                         f"'{prefix}beta_fast' must be at least '{prefix}beta_slow'")
 
     def read_attention(self):
         count = self.values["drafter.num_layers"]

@@ -103,6 +103,50 @@ class SpecTest(TempDir):
         self.assertEqual(str(caught.exception),
                          f"{self.path('none.toml')}: error: cannot open spec file: no such file")
 
+    def test_rope_scaling(self):
+        """[drafter.rope_scaling] (YaRN): read, and each rule refused at its
+        line and field, as dflashc does."""
+        yarn = ("[drafter.rope_scaling]\nrope_type = \"yarn\"\nfactor = {factor}\n"
+                "original_max_position_embeddings = {original}\n{more}")
+
+        def spec(factor="4.0", original="8192", more=""):
+            return BASE + yarn.format(factor=factor, original=original, more=more)
+
+        read_spec(self.write_spec(spec(more="beta_fast = 16\ntruncate = false\n"
+                                            "attention_factor = 1.2\n"), "yarn.toml"))
+        self.assertEqual(self.refused(spec(factor="1.0")),
+                         "bad.toml:22:10: error: 'drafter.rope_scaling.factor' is 1; YaRN's "
+                         "factor must be above 1")
+        self.assertEqual(self.refused(spec(factor='"4"')),
+                         "bad.toml:22:10: error: 'drafter.rope_scaling.factor' must be a "
+                         "number, not a string")
+        self.assertEqual(self.refused(spec(original="40960")),
+                         "bad.toml:23:36: error: "
+                         "'drafter.rope_scaling.original_max_position_embeddings' (40960) "
+                         "must be below 'drafter.max_position_embeddings' (40960): the "
+                         "context YaRN extends is the shorter one")
+        self.assertEqual(self.refused(spec(original="0")),
+                         "bad.toml:23:36: error: "
+                         "'drafter.rope_scaling.original_max_position_embeddings' is 0; it "
+                         "must be at least 1")
+        self.assertEqual(self.refused(spec(original="8192.5")),
+                         "bad.toml:23:36: error: "
+                         "'drafter.rope_scaling.original_max_position_embeddings' must be an "
+                         "integer, not a float")
+        self.assertEqual(self.refused(spec().replace('"yarn"', '"dynamic"')),
+                         "bad.toml:21:13: error: 'drafter.rope_scaling.rope_type' is "
+                         "\"dynamic\"; only YaRN (\"yarn\") is supported")
+        self.assertEqual(self.refused(spec(more="mscale = 1.0\n")),
+                         "bad.toml:24:1: error: unknown key 'drafter.rope_scaling.mscale' in "
+                         "[drafter.rope_scaling] (see docs/spec.md)")
+        self.assertEqual(self.refused(spec(more="beta_fast = 0.5\n")),
+                         "bad.toml:24:13: error: 'drafter.rope_scaling.beta_fast' must be at "
+                         "least 'drafter.rope_scaling.beta_slow'")
+        self.assertEqual(self.refused(BASE + "[drafter.rope_scaling]\nfactor = 4.0\n"
+                                             "original_max_position_embeddings = 8192\n"),
+                         "bad.toml:20:1: error: missing required key "
+                         "'drafter.rope_scaling.rope_type'")
+
     @unittest.skipUnless(IN_CHECKOUT, "needs the checkout's C++ spec reader sources")
     def test_the_broken_specs_of_the_cpp_reader(self):
         """SpecTest.cpp's cases: read_spec refuses each with the message

@@ -272,6 +272,37 @@ TEST(RuntimeCheckpoint, ConfigJsonFields) {
             "config.json holds a single sliding_window");
 }
 
+// [drafter.rope_scaling] as transformers' rope_scaling: rope_type, factor and
+// the original context always, the rest only where they differ from
+// transformers' defaults; nothing without it.
+TEST(RuntimeCheckpoint, ConfigJsonRopeScaling) {
+  ModelConfig c = testConfig();
+  std::string text;
+  ASSERT_TRUE(checkpointConfigJson(c, text).ok());
+  EXPECT_FALSE(json::parse(text).contains("rope_scaling"));
+
+  c.ropeScalingFactor = 4;
+  c.ropeScalingOriginalMaxPositions = 64;
+  c.ropeScalingAttentionFactor = 0.1 * std::log(4.0) + 1;
+  ASSERT_TRUE(checkpointConfigJson(c, text).ok());
+  json config = json::parse(text);
+  EXPECT_EQ(config["rope_scaling"],
+            json({{"rope_type", "yarn"},
+                  {"factor", 4.0},
+                  {"original_max_position_embeddings", 64}}));
+
+  c.ropeScalingBetaFast = 16;
+  c.ropeScalingBetaSlow = 2;
+  c.ropeScalingTruncate = false;
+  c.ropeScalingAttentionFactor = 1.25;
+  ASSERT_TRUE(checkpointConfigJson(c, text).ok());
+  config = json::parse(text);
+  EXPECT_EQ(config["rope_scaling"]["beta_fast"], 16.0);
+  EXPECT_EQ(config["rope_scaling"]["beta_slow"], 2.0);
+  EXPECT_EQ(config["rope_scaling"]["truncate"], false);
+  EXPECT_EQ(config["rope_scaling"]["attention_factor"], 1.25);
+}
+
 TEST(RuntimeCheckpoint, ExportNamesShapesAndRoundTrip) {
   TempDir dir;
   ModelConfig c = testConfig();
