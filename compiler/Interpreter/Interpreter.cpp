@@ -80,13 +80,8 @@ void rope(const double *x, const int32_t *pos, double *y,
                             theta.convertToDouble());
     return;
   }
-  ref::YarnScaling scaling{theta.convertToDouble(),
-                           yarn.getFactor().getValueAsDouble(),
-                           yarn.getBetaFast().getValueAsDouble(),
-                           yarn.getBetaSlow().getValueAsDouble(),
-                           yarn.getOriginalMaxPositions(),
-                           yarn.getTruncate(),
-                           yarn.getAttentionFactor().getValueAsDouble()};
+  ref::YarnScaling scaling =
+      referenceYarnScaling(theta.convertToDouble(), yarn);
   if (direction > 0)
     ref::yarnRope<double>(x, pos, y, rows, shape[2], shape[3], scaling);
   else
@@ -996,3 +991,16 @@ StepInterpreter::run(const std::vector<HostTensor> &args) {
     results.push_back(eval.env.find(v)->second);
   return results;
 }
+
+namespace dflash {
+ref::YarnScaling referenceYarnScaling(double theta,
+                                      mlir::dflash::YarnAttr yarn) {
+  return {theta,
+          yarn.getFactor().getValueAsDouble(),
+          yarn.getBetaFast().getValueAsDouble(),
+          yarn.getBetaSlow().getValueAsDouble(),
+          yarn.getOriginalMaxPositions(),
+          yarn.getTruncate(),
+          yarn.getAttentionFactor().getValueAsDouble()};
+}
+} // namespace dflash

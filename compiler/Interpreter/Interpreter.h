@@ -9,6 +9,8 @@
 #ifndef DFLASH_COMPILER_INTERPRETER_INTERPRETER_H
 #define DFLASH_COMPILER_INTERPRETER_INTERPRETER_H
 
+#include "dialect/DFlashOps.h"
+#include "kernels/reference/Reference.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 
 #include <cstdint>
@@ -35,6 +37,11 @@ enum class Precision {
   /// stores it; the arithmetic inside an op stays wide.
   Storage,
 };
+
+/// The CPU reference's YaRN scaling for a rope op's `theta` and
+/// #dflash.yarn attribute (what the interpreter rotates by).
+ref::YarnScaling referenceYarnScaling(double theta,
+                                      mlir::dflash::YarnAttr yarn);
 
 class StepInterpreter {
 public:

@@ -326,17 +326,7 @@ def SelectKernels : Pass<"dflash-select-kernels", "mlir::ModuleOp"> {
         dflash.kernel = #dflash.kernel<name = "rms_norm_bwd_bf16",
             constants = [256], workspace = 405504, tables = 0>} : ...
     ```
-
-    A kernel and form whose GPU test has not passed yet is refused by
-    name, unless `untested-kernels` is set (lit tests of the emitted code
-    only; dflashc never sets it): today the q/k norm + RoPE kernels with
-    YaRN's frequencies (the drafter's [drafter.rope_scaling]), until
-    test/gpu/DenseGpuTest's QkNormRope.Yarn* pass.
   }];
-  let options = [
-    Option<"untestedKernels", "untested-kernels", "bool", "false",
-           "Also select kernels whose GPU test has not passed yet">,
-  ];
 }
 
 def PrintKernels : Pass<"dflash-print-kernels", "mlir::ModuleOp"> {

@@ -193,7 +193,7 @@ Choice named(StringRef name, ArrayRef<int64_t> constants = {}) {
   return c;
 }
 
-FailureOr<Choice> select(Operation *op, bool untestedKernels) {
+FailureOr<Choice> select(Operation *op) {
   using Result = FailureOr<Choice>;
   return llvm::TypeSwitch<Operation *, Result>(op)
       .Case<LinearOp, BiasedLinearOp, LinearResidualOp, LinearGradInputOp,
@@ -215,21 +215,12 @@ FailureOr<Choice> select(Operation *op, bool untestedKernels) {
         c.workspace = int64_t(kernels::rmsNormBwdWorkspaceBytes(H));
         return c;
       })
-      .Case<QkNormRopeOp, QkNormRopeGradOp>([&](Operation *o) -> Result {
+      .Case<QkNormRopeOp, QkNormRopeGradOp>([](Operation *o) -> Result {
         bool backward = isa<QkNormRopeGradOp>(o);
         auto x = tensorOf(o->getOperand(backward ? 1 : 0));
         int64_t heads = x.getDimSize(2), D = x.getDimSize(3);
         if (failed(checkHeadDimForRope(o, D)))
           return failure();
-        // Never run on a GPU yet: refused until its test has passed.
-        if (o->getAttr("yarn") && !untestedKernels)
-          return o->emitOpError()
-                 << "with YaRN's frequencies ([drafter.rope_scaling]) "
-                    "would run "
-                 << (backward ? ::dflash::kernel_names::kQkNormRopeBwd
-                              : ::dflash::kernel_names::kQkNormRopeFwd)
-                 << ", whose GPU test (test/gpu/DenseGpuTest, "
-                    "QkNormRope.Yarn*) has not passed yet";
         Choice c = named(backward ? ::dflash::kernel_names::kQkNormRopeBwd
                                   : ::dflash::kernel_names::kQkNormRopeFwd,
                          {D, heads});
@@ -487,7 +478,7 @@ void SelectKernelsPass::runOnOperation() {
       ++seen->second.more;
       continue;
     }
-    FailureOr<Choice> choice = select(&op, untestedKernels);
+    FailureOr<Choice> choice = select(&op);
     if (failed(choice)) {
       ok = false;
       refused.push_back({std::move(key), Refusal{&op}});

@@ -30,9 +30,16 @@ void HostBatch::resize(const ModelConfig &c) {
 }
 
 BatchBuffers HostBatch::buffers() {
-  return {inputIds.data(), lossMask.data(), hiddenStates.data(),
-          anchors.data(),  keep.data(),     positionIds.data(),
-          &rows,           &skippedRows};
+  BatchBuffers out;
+  out.inputIds = inputIds.data();
+  out.lossMask = lossMask.data();
+  out.hiddenStates = hiddenStates.data();
+  out.anchors = anchors.data();
+  out.keep = keep.data();
+  out.positionIds = positionIds.data();
+  out.rows = &rows;
+  out.skippedRows = &skippedRows;
+  return out;
 }
 
 /// The first element of `h` (bf16) that is NaN or infinite, or -1. Chunks

@@ -40,17 +40,22 @@ struct SkippedRow {
   std::string what;
 };
 
-/// Where BatchLoader::next writes one step's inputs on one rank: arrays of
-/// the shapes of HostBatch's, owned by the caller (a prefetch slot in pinned
-/// memory, so that a long row's features are written once, where the copy
-/// to the GPU reads them).
-struct BatchBuffers {
+/// The six input arrays of one step on one rank (docs/semantics.md section
+/// 1), row-major, owned elsewhere.
+struct BatchArrays {
   int32_t *inputIds = nullptr;      ///< [B, S]
   uint8_t *lossMask = nullptr;      ///< [B, S]
   uint16_t *hiddenStates = nullptr; ///< bf16 [B, S, L*H]
   int32_t *anchors = nullptr;       ///< [B, N]
   uint8_t *keep = nullptr;          ///< [B, N]
   int32_t *positionIds = nullptr;   ///< [B, S]
+};
+
+/// Where BatchLoader::next writes one step's inputs on one rank: the arrays
+/// of a caller (a prefetch slot in pinned memory, so that a long row's
+/// features are written once, where the copy to the GPU reads them), and the
+/// batch's source rows and skipped rows.
+struct BatchBuffers : BatchArrays {
   std::vector<int64_t> *rows = nullptr;
   std::vector<SkippedRow> *skippedRows = nullptr;
 };

@@ -132,9 +132,11 @@ void BatchPrefetcher::produce() {
     // The loader writes into the slot itself: a long row's features are
     // gigabytes, and a second copy would outlast the step.
     PrefetchedBatch &b = slots[index].batch;
-    Status status =
-        loader.next({b.inputIds, b.lossMask, b.hiddenStates, b.anchors, b.keep,
-                     b.positionIds, &b.rows, &b.skippedRows});
+    BatchBuffers out;
+    static_cast<BatchArrays &>(out) = b;
+    out.rows = &b.rows;
+    out.skippedRows = &b.skippedRows;
+    Status status = loader.next(out);
     if (!status.ok()) {
       std::lock_guard<std::mutex> lock(mutex);
       failure = status;

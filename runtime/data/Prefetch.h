@@ -37,14 +37,8 @@ enum class HostMemory { Pinned, Pageable };
 
 /// One prefetched batch; the arrays hold the inputs of docs/semantics.md
 /// section 1 for this rank's B rows, row-major.
-struct PrefetchedBatch {
-  int32_t *inputIds = nullptr;      ///< [B, S]
-  uint8_t *lossMask = nullptr;      ///< [B, S]
-  uint16_t *hiddenStates = nullptr; ///< bf16 [B, S, L*H]
-  int32_t *anchors = nullptr;       ///< [B, N]
-  uint8_t *keep = nullptr;          ///< [B, N]
-  int32_t *positionIds = nullptr;   ///< [B, S]
-  std::vector<int64_t> rows;        ///< source row of each batch row
+struct PrefetchedBatch : BatchArrays {
+  std::vector<int64_t> rows; ///< source row of each batch row
   /// Rows skipped for non-finite features (HostBatch::skippedRows).
   std::vector<SkippedRow> skippedRows;
   /// The loader's state after this batch.

@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Import/ImportSpec.h"
+#include "compiler/Interpreter/Interpreter.h"
 #include "compiler/Spec/Spec.h"
 #include "dialect/DFlashOps.h"
 #include "kernels/RopeFrequencies.h"
@@ -110,13 +111,8 @@ TEST(DrafterYarn, FrequenciesOfAQwen3LikeDrafter) {
   // The reference's frequencies from the graph's attribute (what the
   // interpreter rotates by), in fp32 as transformers keeps them.
   YarnAttr yarn = ropes[0].getYarnAttr();
-  ref::YarnScaling scaling{ropes[0].getTheta().convertToDouble(),
-                           yarn.getFactor().getValueAsDouble(),
-                           yarn.getBetaFast().getValueAsDouble(),
-                           yarn.getBetaSlow().getValueAsDouble(),
-                           yarn.getOriginalMaxPositions(),
-                           yarn.getTruncate(),
-                           yarn.getAttentionFactor().getValueAsDouble()};
+  ref::YarnScaling scaling =
+      referenceYarnScaling(ropes[0].getTheta().convertToDouble(), yarn);
   std::vector<float> inv(64);
   ref::yarnInverseFrequencies(128, scaling, inv.data());
   for (int i = 0; i < 64; ++i)

@@ -58,7 +58,10 @@ class StandInServer:
                 server.send(self, 404, b'{"detail": "Not Found"}')
 
             def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                try:
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                except (ValueError, ConnectionResetError):
+                    return  # the client stopped while sending (a stop, a full disk)
                 try:
                     server.answer(self, body)
                 except (BrokenPipeError, ConnectionResetError):
