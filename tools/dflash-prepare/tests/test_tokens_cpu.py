@@ -80,9 +80,17 @@ class TokensTest(TempDir):
             process = subprocess.Popen([sys.executable, driver, *argv],
                                        stdout=subprocess.PIPE, stderr=stderr, text=True,
                                        env=dict(os.environ, **(env or {})),
-                                       start_new_session=True)
+                                       start_new_session=True,
+                                       preexec_fn=self.default_sigint)
         self.addCleanup(self.end_group, process)
         return process
+
+    @staticmethod
+    def default_sigint():
+        # A runner that started these tests with SIGINT ignored (lit, a
+        # background job) would pass that on, and python then keeps Ctrl-C
+        # ignored: the tool under test must get it as a terminal sends it.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     @staticmethod
     def end_group(process):
