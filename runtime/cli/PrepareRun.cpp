@@ -269,7 +269,8 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.saveEvery = o.saveEvery;
   run.trainer.maxBadRows = o.maxBadRows;
   run.trainer.evalEvery = o.evalEvery;
-  run.trainer.exportFinal = true;
+  run.trainer.exportFinal = !o.evalOnly;
+  run.trainer.evalOnly = o.evalOnly;
   run.logPath = o.log.empty() ? o.out + "/metrics.jsonl" : o.log;
   run.layout.gpus = o.gpus;
   run.layout.targetGpus = online ? o.targetGpus : std::vector<int>();

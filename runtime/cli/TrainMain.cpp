@@ -280,7 +280,11 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
   else if (target)
     note("the rows carry their own features: the compiled online target "
          "is not used");
-  if (run.evalRows)
+  if (run.evalRows && options.evalOnly)
+    note("held-out data: " + options.evalData + ", " +
+         std::to_string(run.evalRows->numRows()) +
+         " rows, evaluated once (--eval-only: nothing is trained or saved)");
+  else if (run.evalRows)
     note("held-out data: " + options.evalData + ", " +
          std::to_string(run.evalRows->numRows()) + " rows, evaluated " +
          (options.evalEvery > 0
@@ -410,6 +414,10 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
            " large shapes run faster than cuBLASLt's first choice (timed in " +
            formatDuration(gemms.seconds) +
            " at the first step; --no-gemm-timing keeps its first choice)");
+  }
+  if (options.evalOnly) {
+    note("done: evaluated in " + formatDuration(seconds));
+    return 0;
   }
   note("done: " + std::to_string(outcome.stepsThisRun) + " steps in " +
        formatDuration(seconds) + "; " + formatBytes(usedAfterFirstStep) +

@@ -108,8 +108,6 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   steps->type_name("N");
   if (config.totalSteps > 0)
     steps->capture_default_str();
-  else
-    steps->required();
   CLI::Option *totalSteps = app.add_option(
       "--total-steps", options.totalSteps,
       "Length of the learning-rate schedule (default: --steps; on resume: the "
@@ -207,6 +205,12 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
                  "steps")
       ->type_name("N")
       ->capture_default_str();
+  app.add_flag("--eval-only", options.evalOnly,
+               "Evaluate the drafter (--init's, --resume's or the initial "
+               "weights) on --eval-data once and exit: no step, checkpoint or "
+               "export; the figures go to the log and the progress output. "
+               "--data still says whether rows carry features or the online "
+               "target computes them");
   app.add_flag("--no-graph", options.noGraph,
                "Run the step eagerly every time instead of replaying a "
                "captured CUDA graph (debugging)");
@@ -244,6 +248,11 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   if (targetGpus->count() > 0 &&
       !parseGpuList("--target-gpus", targetGpuText, options.targetGpus, text))
     return CommandLineAction::Fail;
+  options.givenSteps = steps->count() > 0;
+  if (!options.givenSteps && config.totalSteps <= 0 && !options.evalOnly) {
+    text = "--steps is required: the spec sets no total_steps";
+    return CommandLineAction::Fail;
+  }
   options.givenTotalSteps = totalSteps->count() > 0;
   options.givenLr = lr->count() > 0;
   options.givenWarmupRatio = warmup->count() > 0;
@@ -291,9 +300,19 @@ static Status checkDirectory(const std::string &option,
 
 Status dflash::rt::validateTrainOptions(const TrainOptions &o,
                                         const ModelConfig &config) {
-  if (o.steps < 1)
+  if (o.evalOnly) {
+    if (o.evalData.empty())
+      return Status::error(
+          "--eval-only needs --eval-data: the held-out rows to evaluate on");
+    if (o.givenSteps)
+      return Status::error("--eval-only trains nothing: leave --steps out");
+    if (o.saveEvery != 0 || o.givenEvalEvery)
+      return Status::error("--eval-only evaluates once and saves nothing: "
+                           "leave --save-every and --eval-every out");
+  } else if (o.steps < 1) {
     return Status::error("--steps must be at least 1 (got " +
                          std::to_string(o.steps) + ")");
+  }
   if (o.givenTotalSteps && o.totalSteps < 1)
     return Status::error("--total-steps must be at least 1 (got " +
                          std::to_string(o.totalSteps) + ")");
@@ -421,7 +440,9 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
     return Status::error("--out is empty");
   DFLASH_RETURN_IF_ERROR(checkWritableDirectory("--out", o.out));
   std::error_code ec;
-  if (o.resume.empty() && fs::exists(o.out + "/" + kLatestFile, ec)) {
+  // An evaluation writes only its log line: it may look at a finished run.
+  if (o.resume.empty() && !o.evalOnly &&
+      fs::exists(o.out + "/" + kLatestFile, ec)) {
     // A live run there is named first: resuming it would be refused too.
     DFLASH_RETURN_IF_ERROR(DirectoryLock::checkFree(o.out));
     return Status::error("--out " + o.out + " already holds a run (" + o.out +

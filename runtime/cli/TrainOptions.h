@@ -53,11 +53,14 @@ struct TrainOptions {
   /// for a checkpoint at hand
   bool randomTargetWeights = false;
   bool nccl = false; ///< --nccl: collectives even on one GPU
+  /// --eval-only: evaluate the initial weights on --eval-data and stop,
+  /// training, saving and exporting nothing.
+  bool evalOnly = false;
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,
        givenSeed = false, givenRows = false, givenEvalEvery = false,
-       givenEvalRows = false;
+       givenEvalRows = false, givenSteps = false;
 };
 
 enum class CommandLineAction { Train, ShowHelp, Fail };

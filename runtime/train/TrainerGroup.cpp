@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -497,6 +498,13 @@ Status TrainerGroup::run(const TrainerHooks &hooks, TrainerOutcome &outcome) {
     outcome.lastCheckpoint = lastCheckpoint;
     return status;
   };
+  if (options.evalOnly) {
+    if (!evaluates)
+      return finish(Status::error("--eval-only: the run has no held-out rows"));
+    // Nothing was trained, so nothing is "best": no export.
+    double unbeatable = std::numeric_limits<double>::infinity();
+    return finish(evaluate(hooks, /*writesFiles=*/false, unbeatable));
+  }
   auto save = [&]() -> Status {
     lastSaved = completedSteps;
     if (!writesFiles)

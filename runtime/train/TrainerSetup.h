@@ -52,6 +52,9 @@ struct TrainerOptions {
   int64_t saveEvery = 0;
   /// Export `<outDir>/final` after the last step.
   bool exportFinal = true;
+  /// Evaluate the held-out rows once instead of training (train
+  /// --eval-only): no step, checkpoint or export.
+  bool evalOnly = false;
   /// Host slots of the prefetch thread.
   int prefetchSlots = 2;
   /// Rows with non-finite features each rank may skip before the run stops

@@ -374,6 +374,14 @@ TEST(TrainValidation, NamesTheBadOption) {
        "holds feature shards but --data is synthetic"},
       {{"--data", dir.path, "--target", dir.path, "--eval-data", "synthetic"},
        "--eval-data synthetic evaluates the synthetic problem"},
+      {{"--data", "synthetic", "--eval-only"},
+       "--eval-only needs --eval-data"},
+      {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-only",
+        "--steps", "5"},
+       "--eval-only trains nothing: leave --steps out"},
+      {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-only",
+        "--save-every", "5"},
+       "--eval-only evaluates once and saves nothing"},
   };
   for (const Case &c : cases) {
     std::vector<std::string> args = c.args;
@@ -398,6 +406,28 @@ TEST(TrainValidation, NamesTheBadOption) {
     EXPECT_NE(s.message().find(c.message), std::string::npos)
         << s.message() << "\nexpected: " << c.message;
   }
+}
+
+// --eval-only reads a finished run's weights without training: the run's
+// directory may hold checkpoints, and no --steps is needed even where the
+// spec sets no total_steps.
+TEST(TrainValidation, EvalOnlyNeedsNoStepsAndMayLookAtAFinishedRun) {
+  TrainMainTempDir dir;
+  std::ofstream(dir.path + "/latest") << "checkpoint-5\n";
+  EXPECT_EQ(validationError({"--data", "synthetic", "--eval-data", "synthetic",
+                             "--eval-only", "--out", dir.path}),
+            "");
+  ModelConfig c = smallConfig();
+  c.totalSteps = 0;
+  TrainOptions o;
+  std::string text;
+  EXPECT_EQ(parse({"--data", "synthetic", "--eval-data", "synthetic",
+                   "--eval-only"},
+                  o, text, c),
+            CommandLineAction::Train)
+      << text;
+  EXPECT_TRUE(o.evalOnly);
+  EXPECT_FALSE(o.givenSteps);
 }
 
 TEST(TrainValidation, RefusesToOverwriteAnotherRun) {
