@@ -123,6 +123,24 @@ spec_for() {
       local seq=$(( ${kilo%k} * 1024 ))
       sed -i -e "s/^seq_len = .*/seq_len = $seq/" -e "s/^rows_per_gpu = .*/rows_per_gpu = 1/" \
         -e "s/^max_position_embeddings = .*/max_position_embeddings = $(( 2 * seq ))/" "$out" ;;
+    long-s[0-9]*k) # tiny on rows of N x 1024 tokens, 64 anchors, positions to
+      # 16384 (the same drafter at every S); the bucket edges 1K, 2K, 4K below S
+      local kilo=${form#long-s}
+      local seq=$(( ${kilo%k} * 1024 )) edges=() e
+      for e in 1024 2048 4096; do ((e < seq)) && edges+=("$e"); done
+      sed -i -e "s/^seq_len = .*/seq_len = $seq/" -e "s/^anchors_per_row = .*/anchors_per_row = 64/" \
+        -e "s/^max_position_embeddings = .*/max_position_embeddings = 16384/" "$out"
+      if ((${#edges[@]} > 0)); then
+        local list
+        list=$(IFS=,; echo "${edges[*]}")
+        sed -i "s/^seq_len = .*/&\nposition_buckets = [${list//,/, }]/" "$out"
+      fi ;;
+    yarn-s[0-9]*k) # tiny-long-sNk with YaRN factor 4 over 4096 positions
+      local kilo=${form#yarn-s}
+      local seq=$(( ${kilo%k} * 1024 ))
+      sed -i -e "s/^seq_len = .*/seq_len = $seq/" -e "s/^anchors_per_row = .*/anchors_per_row = 64/" \
+        -e "s/^max_position_embeddings = .*/max_position_embeddings = 16384/" "$out"
+      printf '\n[drafter.rope_scaling]\nrope_type = "yarn"\nfactor = 4.0\noriginal_max_position_embeddings = 4096\n' >> "$out" ;;
     k[0-9]*) # gradient accumulation: K micro-batches of rows_per_gpu rows
       sed -i "s/^rows_per_gpu = \(.*\)$/rows_per_gpu = \1\ngradient_accumulation = ${form#k}/" "$out" ;;
     *) die "no trainer '$name' (scripts/device/products.toml)" ;;

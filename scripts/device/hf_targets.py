@@ -202,7 +202,8 @@ A3B_SHARD = {"target": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
 Q36_SHARD = {"target": "Qwen/Qwen3.6-27B", "target_layer_ids": "[1, 16, 31, 46, 61]",
              "hidden_size": "5120"}
 # The token shards `SPEC-tokens WORK` writes: the shard's metadata, the vocabulary.
-TOKEN_SHARDS = {"a3b": (A3B_SHARD, 151936), "q36": (Q36_SHARD, 248320)}
+TOKEN_SHARDS = {"q8": (Q8_SHARD, 151936), "a3b": (A3B_SHARD, 151936),
+                "q36": (Q36_SHARD, 248320)}
 
 
 def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD):
@@ -473,11 +474,15 @@ def main(argv):
         return forward_bench(argv[1], "q8", 34)  # layers 0..33: the last tap is 33
     if len(argv) in (4, 5) and argv[0] == "forward" and argv[4:] in ([], ["--compile"]):
         return forward_bench(argv[1], argv[2], int(argv[3]), argv[4:] == ["--compile"])
-    if len(argv) == 2 and argv[0].endswith("-tokens") and argv[0][:-7] in TOKEN_SHARDS:
+    if len(argv) in (2, 4) and argv[0].endswith("-tokens") and argv[0][:-7] in TOKEN_SHARDS:
         spec, vocab = TOKEN_SHARDS[argv[0][:-7]]
+        seq = int(argv[3]) if argv[2:3] == ["--seq"] else 3072
+        if len(argv) == 4 and argv[2] != "--seq":
+            print(__doc__, file=sys.stderr)
+            return 2
         os.makedirs(os.path.join(argv[1], "tokens"), exist_ok=True)
         write_q8_tokens(os.path.join(argv[1], "tokens", "shard-00000.safetensors"), vocab,
-                        spec=spec)
+                        seq=seq, spec=spec)
         return 0
     if len(argv) == 2 and argv[0] == "oracle":
         return oracle(argv[1])
