@@ -6,6 +6,7 @@ add_executable(ReferenceTest
   ReferenceCrossEntropyTest.cpp
   ReferenceDeltaNetTest.cpp
   ReferenceDenseTest.cpp
+  ReferenceDFlash2Test.cpp
   ReferenceDraftBlocksTest.cpp
   ReferenceOptimizerTest.cpp
   ReferenceStepTest.cpp
