@@ -180,6 +180,7 @@ online() {
     thm) spec=specs/tiny.toml target=$D/tcfg/qwen35moe ;;
     tn) spec=specs/tiny.toml target=$D/tcfg/qwen3next ;;
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
+    q8yarn-s*k) spec=$(spec_for "qwen3-8b-${name#q8yarn-}") target=$D/tcfg/q8-yarn ;;
     a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
     q36) spec=specs/qwen3.6-27b-b16.toml target=$D/tcfg/q36 ;;
     q35a3b) # No drafter of this target is published: qwen3.6-27b-b16's
@@ -189,7 +190,7 @@ online() {
         -e 's/^num_layers = 64/num_layers = 40/' -e 's/^hidden_size = 5120/hidden_size = 2048/' \
         -e '/^layer_ids = /d' -e 's/^intermediate_size = 17408/intermediate_size = 6144/' \
         specs/qwen3.6-27b-b16.toml > "$spec" ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, tn, q8, a3b, q36, q35a3b)" ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, tn, q8, a3b, q36, q35a3b, q8yarn-sNk)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"
@@ -257,6 +258,14 @@ for item in "${items[@]}"; do
     ref:tiny-eval)
       step "CPU reference: 10 synthetic steps and an evaluation of 20 rows"
       reference "$D/ref/tiny-eval-10.jsonl" --data synthetic --rows 64 --steps 10 --eval-rows 20 ;;
+    ref:tiny-yarn-s8k)
+      step "CPU reference: 10 synthetic steps of tiny-yarn-s8k (bf16 storage and fp64)"
+      for precision in storage exact; do
+        suffix=; [[ $precision == exact ]] && suffix=-exact
+        build-dev/bin/dflash-reference "$(spec_for tiny-yarn-s8k)" --data synthetic --rows 16 \
+          --steps 10 --precision $precision --save "$D/ref/tiny-yarn-s8k-params$suffix" \
+          > "$D/ref/tiny-yarn-s8k-losses$suffix.jsonl"
+      done ;;
     ref:tiny-tau)
       step "CPU reference: 200 synthetic steps"
       reference "$D/ref/tiny-synthetic-200.jsonl" --data synthetic --rows 64 --steps 200 ;;

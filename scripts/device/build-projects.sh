@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds trainer projects emitted on the CPU machine (dflashc SPEC
 # --emit=cuda -o GEN/NAME) on the GPU machine, all at once on its cores, and
-# puts each trainer where device-check looks for it: .device/bin/train-NAME.
+# puts each trainer where device-check looks for it: .device/bin/train-NAME,
+# or for a project with an online target (dflashc --target) the online
+# items' names, .device/bin/train-NAMEo and .device/bin/target-features-NAME.
 # The CPU machine has two cores: six long-context trainers take 45 minutes
 # of nvcc there and two here. The flags are device-prepare.sh's (Release,
 # no MPI). Usage: scripts/device/build-projects.sh GEN
@@ -18,7 +20,12 @@ for name in "${names[@]}"; do
   (cmake -S "$gen/$name" -B "$gen/$name/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
      -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$gen/$name.cmake.log" &&
    ninja -C "$gen/$name/build" -j "$jobs" > "$gen/$name.build.log" &&
-   cp "$gen/$name/build/train" ".device/bin/train-$name") &
+   if [[ -f $gen/$name/target_features_main.cpp ]]; then
+     cp "$gen/$name/build/train" ".device/bin/train-${name}o" &&
+     cp "$gen/$name/build/target-features" ".device/bin/target-features-$name"
+   else
+     cp "$gen/$name/build/train" ".device/bin/train-$name"
+   fi) &
   pids+=($!)
 done
 failed=0

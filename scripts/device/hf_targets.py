@@ -25,9 +25,10 @@ features against transformers, for the online suites of device-check.
   hf_targets.py forward DEVICE CONFIG LAYERS [--compile]
       the same for DEVICE/tcfg/CONFIG's first LAYERS layers, eager or under
       torch.compile
-  hf_targets.py a3b-tokens WORK
-      a token shard of qwen3-coder-30b-a3b-b16's shape (8 rows of 3072, the
-      even rows packed) in WORK/tokens; q36-tokens: qwen3.6-27b-b16's
+  hf_targets.py a3b-tokens WORK [--seq S]
+      a token shard of qwen3-coder-30b-a3b-b16's shape (8 rows of 3072 or
+      S, the even rows packed) in WORK/tokens; q36-tokens: qwen3.6-27b-b16's;
+      q8-tokens: qwen3-8b-b16's
   hf_targets.py oracle DIR
       test/Reference/target_oracle.py's checkpoints in DIR/{qwen3,llama}
       through transformers against dflash-target-features' CPU features

@@ -381,7 +381,10 @@ def main(argv):
     measurements.py steps DIR NAME...: each run's median step and losses;
     measurements.py compare-steps DIR A A2 B B2: those, and the largest loss
     and grad-norm differences of B against A and of each against its second
-    run (the noise a change that only rounds differently stays within)."""
+    run (the noise a change that only rounds differently stays within);
+    measurements.py eval-buckets LOG LABEL: the last evaluation's tau, acc
+    and blocks per anchor-position bucket, a JSON line each (with LABEL),
+    buckets without blocks left out."""
     if len(argv) >= 3 and argv[0] == "fields":
         for row in metrics_lines(argv[1]):
             print(" ".join(repr(row.get(name)) for name in argv[2:]))
@@ -405,6 +408,22 @@ def main(argv):
             print(f"{key}: " + "; ".join(
                 f"{x} vs {y} %.2e" % worst_relative_difference(
                     runs[x], runs[y], [key], None, f"{x} vs {y}")[0] for x, y in pairs))
+        return 0
+    if len(argv) == 3 and argv[0] == "eval-buckets":
+        evals = metrics_lines(argv[1], "evals")
+        if not evals:
+            raise MeasurementError(f"{argv[1]}: no evaluation line")
+        last = evals[-1]
+        lists = []
+        for name in ("eval_tau_by_bucket", "eval_acc_by_bucket", "eval_blocks_by_bucket"):
+            if not isinstance(last.get(name), list):
+                raise MeasurementError(f"{argv[1]}: the last evaluation has no list '{name}'")
+            lists.append(last[name])
+        taus, accs, blocks = lists
+        for bucket, (tau, acc, count) in enumerate(zip(taus, accs, blocks)):
+            if count:
+                print(json.dumps({"label": argv[2], "bucket": bucket, "tau": tau,
+                                  "acc": acc, "blocks": count}))
         return 0
     print(main.__doc__)
     return 2
