@@ -20,7 +20,8 @@ for name in "${names[@]}"; do
   (cmake -S "$gen/$name" -B "$gen/$name/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
      -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$gen/$name.cmake.log" &&
    ninja -C "$gen/$name/build" -j "$jobs" > "$gen/$name.build.log" &&
-   if [[ -f $gen/$name/target_features_main.cpp ]]; then
+   # dflashc writes a target.cu either way; without --target it says so.
+   if ! grep -q "no online target was built in" "$gen/$name/target.cu"; then
      cp "$gen/$name/build/train" ".device/bin/train-${name}o" &&
      cp "$gen/$name/build/target-features" ".device/bin/target-features-$name"
    else

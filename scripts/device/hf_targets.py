@@ -25,9 +25,9 @@ features against transformers, for the online suites of device-check.
   hf_targets.py forward DEVICE CONFIG LAYERS [--compile]
       the same for DEVICE/tcfg/CONFIG's first LAYERS layers, eager or under
       torch.compile
-  hf_targets.py a3b-tokens WORK [--seq S]
+  hf_targets.py a3b-tokens WORK [--seq S] [--whole]
       a token shard of qwen3-coder-30b-a3b-b16's shape (8 rows of 3072 or
-      S, the even rows packed) in WORK/tokens; q36-tokens: qwen3.6-27b-b16's;
+      S, the even rows packed; --whole: none) in WORK/tokens; q36-tokens: qwen3.6-27b-b16's;
       q8-tokens: qwen3-8b-b16's
   hf_targets.py oracle DIR
       test/Reference/target_oracle.py's checkpoints in DIR/{qwen3,llama}
@@ -40,6 +40,7 @@ worst token) that the suite's checks hold against their limits. Needs torch,
 transformers and safetensors (the GPU machine's python3).
 """
 
+import argparse
 import json
 import os
 import subprocess
@@ -207,14 +208,15 @@ TOKEN_SHARDS = {"q8": (Q8_SHARD, 151936), "a3b": (A3B_SHARD, 151936),
                 "q36": (Q36_SHARD, 248320)}
 
 
-def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD):
+def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD, packed=True):
     """A token shard of qwen3-8b-b16's shape (or `spec`'s target): random
-    ids, the even rows packed with conversations of 64 to 1536 tokens, the
-    odd rows one conversation each. Returns (ids, pos)."""
+    ids, the even rows packed with conversations of 64 to 1536 tokens (all
+    rows one conversation without `packed`), the odd rows one conversation
+    each. Returns (ids, pos)."""
     from safetensors.numpy import save_file
     rng = np.random.default_rng(1)
     ids = rng.integers(0, vocab_size, size=(rows, seq)).astype(np.int32)
-    pos = packed_positions(rng, rows, seq, lambda r: r % 2 == 0,
+    pos = packed_positions(rng, rows, seq, lambda r: packed and r % 2 == 0,
                            lambda g: int(g.integers(64, 1537)))
     meta = dict(spec, format="dflash-token-shard", format_version="1", seq_len=str(seq),
                 packed="true")
@@ -475,15 +477,17 @@ def main(argv):
         return forward_bench(argv[1], "q8", 34)  # layers 0..33: the last tap is 33
     if len(argv) in (4, 5) and argv[0] == "forward" and argv[4:] in ([], ["--compile"]):
         return forward_bench(argv[1], argv[2], int(argv[3]), argv[4:] == ["--compile"])
-    if len(argv) in (2, 4) and argv[0].endswith("-tokens") and argv[0][:-7] in TOKEN_SHARDS:
+    if len(argv) >= 2 and argv[0].endswith("-tokens") and argv[0][:-7] in TOKEN_SHARDS:
         spec, vocab = TOKEN_SHARDS[argv[0][:-7]]
-        seq = int(argv[3]) if argv[2:3] == ["--seq"] else 3072
-        if len(argv) == 4 and argv[2] != "--seq":
-            print(__doc__, file=sys.stderr)
-            return 2
-        os.makedirs(os.path.join(argv[1], "tokens"), exist_ok=True)
-        write_q8_tokens(os.path.join(argv[1], "tokens", "shard-00000.safetensors"), vocab,
-                        seq=seq, spec=spec)
+        options = argparse.ArgumentParser(prog=f"hf_targets.py {argv[0]}")
+        options.add_argument("work")
+        options.add_argument("--seq", type=int, default=3072)
+        options.add_argument("--whole", action="store_true",
+                             help="every row one conversation (default: even rows packed)")
+        args = options.parse_args(argv[1:])
+        os.makedirs(os.path.join(args.work, "tokens"), exist_ok=True)
+        write_q8_tokens(os.path.join(args.work, "tokens", "shard-00000.safetensors"), vocab,
+                        seq=args.seq, spec=spec, packed=not args.whole)
         return 0
     if len(argv) == 2 and argv[0] == "oracle":
         return oracle(argv[1])
