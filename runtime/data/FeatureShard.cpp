@@ -232,6 +232,7 @@ Status FeatureShardReader::open(const std::string &path,
   shards.clear();
   rowIndex.clear();
   dropped = 0;
+  withFeatures = 0;
   pinned = false;
   Status status = validateModelConfig(config);
   if (!status.ok())
@@ -287,6 +288,7 @@ Status FeatureShardReader::open(const std::string &path,
       else
         ++dropped;
     }
+    withFeatures += shard.find("hidden_states") ? 1 : 0;
     shards.push_back(std::move(shard));
   }
   if (rowIndex.empty())
@@ -338,13 +340,6 @@ std::string FeatureShardReader::describeRow(int64_t index) const {
     return "row " + std::to_string(index) + " (out of range)";
   const RowLocation &location = rowIndex[size_t(index)];
   return shards[location.shard].path() + " row " + std::to_string(location.row);
-}
-
-int64_t FeatureShardReader::shardsWithFeatures() const {
-  int64_t n = 0;
-  for (const SafetensorsFile &shard : shards)
-    n += shard.find("hidden_states") ? 1 : 0;
-  return n;
 }
 
 /// The I32 [R, S] tensor `name` of `shard` into `out`.

@@ -58,8 +58,9 @@ public:
   Status readRow(int64_t index, const RowBuffers &out) const override;
 
   /// How many of the shards carry hidden_states (all of them unless opened
-  /// with ShardContents::Tokens).
-  int64_t shardsWithFeatures() const;
+  /// with ShardContents::Tokens); counted once by open(), since the loader
+  /// asks for every row it reads.
+  int64_t shardsWithFeatures() const { return withFeatures; }
   int64_t numShards() const { return int64_t(shards.size()); }
   /// Rows dropped for having no anchor candidate.
   int64_t numDroppedRows() const { return dropped; }
@@ -77,6 +78,7 @@ private:
   std::vector<SafetensorsFile> shards;
   std::vector<RowLocation> rowIndex;
   int64_t dropped = 0;
+  int64_t withFeatures = 0;
   bool pinned = false;
 };
 
