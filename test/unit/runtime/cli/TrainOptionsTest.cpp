@@ -374,8 +374,7 @@ TEST(TrainValidation, NamesTheBadOption) {
        "holds feature shards but --data is synthetic"},
       {{"--data", dir.path, "--target", dir.path, "--eval-data", "synthetic"},
        "--eval-data synthetic evaluates the synthetic problem"},
-      {{"--data", "synthetic", "--eval-only"},
-       "--eval-only needs --eval-data"},
+      {{"--data", "synthetic", "--eval-only"}, "--eval-only needs --eval-data"},
       {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-only",
         "--steps", "5"},
        "--eval-only trains nothing: leave --steps out"},
@@ -421,10 +420,10 @@ TEST(TrainValidation, EvalOnlyNeedsNoStepsAndMayLookAtAFinishedRun) {
   c.totalSteps = 0;
   TrainOptions o;
   std::string text;
-  EXPECT_EQ(parse({"--data", "synthetic", "--eval-data", "synthetic",
-                   "--eval-only"},
-                  o, text, c),
-            CommandLineAction::Train)
+  EXPECT_EQ(
+      parse({"--data", "synthetic", "--eval-data", "synthetic", "--eval-only"},
+            o, text, c),
+      CommandLineAction::Train)
       << text;
   EXPECT_TRUE(o.evalOnly);
   EXPECT_FALSE(o.givenSteps);
