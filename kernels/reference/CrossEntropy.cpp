@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "kernels/reference/LogSumExp.h"
 #include "kernels/reference/Reference.h"
 
 #include <algorithm>
@@ -37,14 +38,6 @@ void gatherRows(const T *y, const std::vector<int64_t> &selected, int64_t first,
   for (int64_t i = 0; i < count; ++i)
     std::copy(y + selected[first + i] * H, y + selected[first + i] * H + H,
               chunk.begin() + i * H);
-}
-
-template <typename T> double logSumExp(const T *logits, int64_t V) {
-  const double maxLogit = *std::max_element(logits, logits + V);
-  double sum = 0;
-  for (int64_t v = 0; v < V; ++v)
-    sum += std::exp(static_cast<double>(logits[v]) - maxLogit);
-  return maxLogit + std::log(sum);
 }
 
 } // namespace

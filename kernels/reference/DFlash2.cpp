@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/reference/DFlash2.h"
+#include "kernels/reference/LogSumExp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -120,14 +121,6 @@ void topK(const T *u, int64_t V, int64_t K, int32_t *indices) {
 }
 
 namespace {
-
-template <typename T> double logSumExp(const T *x, int64_t n) {
-  const double maxValue = *std::max_element(x, x + n);
-  double sum = 0;
-  for (int64_t i = 0; i < n; ++i)
-    sum += std::exp(static_cast<double>(x[i]) - maxValue);
-  return maxValue + std::log(sum);
-}
 
 template <typename T>
 double rowWeight(const SelectorInputs<T> &in, int64_t row) {
