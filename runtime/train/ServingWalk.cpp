@@ -21,9 +21,8 @@ int64_t dflash::rt::blockRun(const uint8_t *hits, const float *weights,
   return run;
 }
 
-ServingSums
-dflash::rt::walkServingOrder(const std::vector<int32_t> &candidates,
-                             const std::vector<int32_t> &runs) {
+ServingSums dflash::rt::walkServingOrder(const std::vector<int32_t> &candidates,
+                                         const std::vector<int32_t> &runs) {
   ServingSums sums;
   auto next = candidates.begin();
   while (next != candidates.end()) {
@@ -69,8 +68,7 @@ void ServingWalk::anchorsOfPass(int64_t p, int32_t *anchors,
   }
 }
 
-void ServingWalk::record(int64_t p, const uint8_t *hits,
-                         const float *weights) {
+void ServingWalk::record(int64_t p, const uint8_t *hits, const float *weights) {
   const int64_t Q = N * bs;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t n = 0; n < N; ++n) {

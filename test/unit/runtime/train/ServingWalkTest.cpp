@@ -175,10 +175,13 @@ TEST(ServingWalk, RowsOfABatchAdvanceTogether) {
   // runs 1 (8 is unsupervised): 4 + 2. Row 1: no candidate. Row 2 is left
   // out of the walk. Row 3: supervised 1..6, every prediction wrong: each
   // candidate 1..5 is walked with run 0, 5 blocks of 1.
-  Row r0 = unpacked({0, 0, 1, 1, 1, 1, 1, 1, 0, 0}, std::vector<uint8_t>(10, 1));
-  Row r1 = unpacked({0, 0, 0, 0, 1, 0, 0, 0, 0, 0}, std::vector<uint8_t>(10, 1));
+  Row r0 =
+      unpacked({0, 0, 1, 1, 1, 1, 1, 1, 0, 0}, std::vector<uint8_t>(10, 1));
+  Row r1 =
+      unpacked({0, 0, 0, 0, 1, 0, 0, 0, 0, 0}, std::vector<uint8_t>(10, 1));
   Row r2 = r0;
-  Row r3 = unpacked({0, 1, 1, 1, 1, 1, 1, 0, 0, 0}, std::vector<uint8_t>(10, 0));
+  Row r3 =
+      unpacked({0, 1, 1, 1, 1, 1, 1, 0, 0, 0}, std::vector<uint8_t>(10, 0));
   ServingWalk walk(4, 10, 2, 4);
   ServingSums s =
       runPasses(walk, {r0, r1, r2, r3}, 2, 4, {true, true, false, true});
