@@ -38,6 +38,11 @@ ServingSums dflash::rt::walkServingOrder(const std::vector<int32_t> &candidates,
   return sums;
 }
 
+int64_t dflash::rt::defaultServingRows(int64_t seqLen) {
+  constexpr int64_t kTokens = 131072;
+  return seqLen > 0 ? std::max<int64_t>(1, (kTokens + seqLen - 1) / seqLen) : 1;
+}
+
 ServingWalk::ServingWalk(int64_t B, int64_t S, int64_t N, int64_t bs)
     : B(B), S(S), N(N), bs(bs), candidates(size_t(B)), runs(size_t(B)) {}
 

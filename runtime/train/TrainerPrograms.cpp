@@ -37,6 +37,11 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
     floats += size_t(shapeNumel(specs[size_t(evalMap.sums[size_t(k)])].shape));
   }
   evalSumBytes = floats * sizeof(float);
+  // The serving walk's draft slots: every row's hits, then their weights.
+  const size_t slots =
+      size_t(config.rowsPerStep() * config.anchorsPerRow * config.blockSize);
+  evalWeightsOffset = (slots + 255) / 256 * 256;
+  evalSlotBytes = evalWeightsOffset + slots * sizeof(float);
   evalArenaBytes = std::max<size_t>(evalProgram->arenaBytes(), 256);
   DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaMalloc(&evalArena, evalArenaBytes),
                                         "allocating the evaluation arena of " +
@@ -46,8 +51,22 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
       cudaMalloc(reinterpret_cast<void **>(&evalSums), evalSumBytes),
       "allocating the evaluation sums"));
   DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaMalloc(reinterpret_cast<void **>(&evalSlots), evalSlotBytes),
+      "allocating the evaluation's draft slots"));
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
       cudaEventCreateWithFlags(&evalDone, cudaEventDisableTiming),
       "cudaEventCreateWithFlags"));
+  // Where micro-batch m's DraftSlots go: its rows of the two arrays.
+  const size_t microSlots =
+      size_t(config.rowsPerGpu * config.anchorsPerRow * config.blockSize);
+  auto slotPointer = [&](int64_t index) -> void * {
+    const int64_t k = index - kNumForwardSums;
+    const size_t m = size_t(k / kNumDraftSlots);
+    return DraftSlots(k % kNumDraftSlots) == DraftSlots::Hits
+               ? static_cast<void *>(evalSlots + m * microSlots)
+               : static_cast<void *>(evalSlots + evalWeightsOffset +
+                                     m * microSlots * sizeof(float));
+  };
   // The step's own inputs, frozen weights and parameters.
   const std::vector<void *> &stepBuffers = device.buffers();
   std::vector<void *> pointers(specs.size(), nullptr);
@@ -67,8 +86,10 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
     case BufferRole::Parameter:
       pointers[i] = stepBuffers[size_t(map.param[k])];
       break;
-    default: // a ForwardSum (mapEvalBuffers allows nothing else)
-      pointers[i] = evalSums + evalSumOffsets[k];
+    default: // a metric: a ForwardSum or DraftSlots (mapEvalBuffers)
+      pointers[i] = b.index < kNumForwardSums
+                        ? static_cast<void *>(evalSums + evalSumOffsets[k])
+                        : slotPointer(b.index);
       break;
     }
   }
