@@ -26,6 +26,8 @@ constexpr const char *kForwardSumNames[kNumForwardSums] = {
     "loss_sum",    "weight_sum",    "correct",       "count",
     "run_sum",     "kept_blocks",   "position_hits", "position_counts",
     "bucket_runs", "bucket_blocks", "bucket_hits",   "bucket_counts"};
+constexpr const char *kDraftSlotsNames[kNumDraftSlots] = {"draft_hits",
+                                                          "draft_weights"};
 
 template <class E, size_t N>
 std::optional<E> parse(const char *const (&names)[N], std::string_view name) {
@@ -53,6 +55,12 @@ const char *dflash::nameOf(StepMetric metric) {
 
 const char *dflash::nameOf(ForwardSum sum) {
   return kForwardSumNames[int(sum)];
+}
+const char *dflash::nameOf(DraftSlots slots) {
+  return kDraftSlotsNames[int(slots)];
+}
+DType dflash::dtypeOf(DraftSlots slots) {
+  return slots == DraftSlots::Hits ? DType::U8 : DType::F32;
 }
 bool dflash::isPerPosition(StepMetric metric) {
   return metric == StepMetric::PositionHits ||
@@ -100,6 +108,10 @@ std::optional<StepMetric> dflash::parseStepMetric(std::string_view name) {
 
 std::optional<ForwardSum> dflash::parseForwardSum(std::string_view name) {
   return parse<ForwardSum>(kForwardSumNames, name);
+}
+
+std::optional<DraftSlots> dflash::parseDraftSlots(std::string_view name) {
+  return parse<DraftSlots>(kDraftSlotsNames, name);
 }
 
 DType dflash::dtypeOf(StepInput input) { return kInputDTypes[int(input)]; }

@@ -96,12 +96,27 @@ enum class ForwardSum : uint8_t {
   BucketCounts
 };
 
+/// What an evaluation program reports besides its sums, for the
+/// serving-order acceptance (docs/runtime.md, "Serving tau"), which the
+/// runtime walks on the host: for each micro-batch, every draft slot's hit
+/// ([argmax == label], U8 [B, N*bs]) and loss weight (F32 [B, N*bs],
+/// docs/semantics.md section 4). Metric buffers whose index is
+/// draftSlotsIndex(which, microBatch): past the forward sums'.
+enum class DraftSlots : uint8_t { Hits, Weights };
+
 constexpr int kNumBufferRoles = 8;
 constexpr int kNumStepInputs = 6;
 constexpr int kNumFrozenWeights = 2;
 constexpr int kNumStepCounters = 2;
 constexpr int kNumStepMetrics = 11;
 constexpr int kNumForwardSums = 12;
+constexpr int kNumDraftSlots = 2;
+
+/// The metric index of micro-batch `microBatch`'s `which` in an evaluation
+/// program's buffers.
+inline int64_t draftSlotsIndex(DraftSlots which, int64_t microBatch) {
+  return kNumForwardSums + microBatch * kNumDraftSlots + int64_t(which);
+}
 
 /// "input", "frozen", "parameter", ...
 const char *nameOf(BufferRole role);
@@ -122,6 +137,10 @@ const char *nameOf(StepMetric metric);
 /// "position_hits", "position_counts", "bucket_runs", "bucket_blocks",
 /// "bucket_hits", "bucket_counts".
 const char *nameOf(ForwardSum sum);
+/// "draft_hits", "draft_weights".
+const char *nameOf(DraftSlots slots);
+/// Their dtypes: U8 and F32.
+DType dtypeOf(DraftSlots slots);
 /// Whether the metric or sum is [block_size].
 bool isPerPosition(StepMetric metric);
 bool isPerPosition(ForwardSum sum);
@@ -139,6 +158,7 @@ std::optional<FrozenWeight> parseFrozenWeight(std::string_view name);
 std::optional<StepCounter> parseStepCounter(std::string_view name);
 std::optional<StepMetric> parseStepMetric(std::string_view name);
 std::optional<ForwardSum> parseForwardSum(std::string_view name);
+std::optional<DraftSlots> parseDraftSlots(std::string_view name);
 
 /// The dtype and shape of an input for `config` (flags are U8).
 DType dtypeOf(StepInput input);

@@ -5,7 +5,8 @@
 // a batch with few supervised slots weighs what its slots weigh. The
 // program is the forward graph with its sums all-reduced; it is compiled as
 // a module of its own, beside the step's (the step's passes would
-// differentiate and update it).
+// differentiate and update it). It also returns each draft slot's hit and
+// weight, which the runtime walks in serving order (ServingWalk.h).
 //
 //===----------------------------------------------------------------------===//
 
@@ -66,7 +67,29 @@ void MakeEvalProgramPass::runOnOperation() {
   OpBuilder b(ret);
   auto reduced = AllReduceOp::create(
       b, ret.getLoc(), ret.getOperands().getTypes(), ret.getOperands());
-  ret->setOperands(reduced.getResults());
+  // Each micro-batch's per-slot hits and weights, this GPU's own, for the
+  // serving walk on the host (schema DraftSlots, in micro-batch order).
+  SmallVector<Value> results(reduced.getResults());
+  SmallVector<std::string> names;
+  step.walk([&](DraftAcceptanceOp accepted) {
+    results.push_back(accepted.getHits());
+    names.push_back(nameOf(DraftSlots::Hits));
+    results.push_back(accepted.getWeights());
+    names.push_back(nameOf(DraftSlots::Weights));
+  });
+  ret->setOperands(results);
+  SmallVector<Attribute> resultAttrs;
+  for (unsigned k = 0; k < results.size(); ++k)
+    resultAttrs.push_back(
+        k < unsigned(kNumForwardSums)
+            ? Attribute(step.getResultAttrDict(k))
+            : Attribute(b.getDictionaryAttr(b.getNamedAttr(
+                  kArgAttrName,
+                  ArgAttr::get(b.getContext(), ArgRole::Metric,
+                               names[k - unsigned(kNumForwardSums)])))));
+  step.setFunctionType(b.getFunctionType(step.getArgumentTypes(),
+                                         ValueRange(results).getTypes()));
+  step.setAllResultAttrs(resultAttrs);
   step.setSymName(kEvalFunctionName);
 }
 

@@ -54,17 +54,25 @@ def MakeEvalProgram : Pass<"dflash-make-eval-program", "mlir::ModuleOp"> {
     `position_hits`, `position_counts` and the four `bucket_*` sums per
     anchor-position bucket) all-reduced over the GPUs, so that
     the runtime adds up global sums batch by batch and divides once at the
-    end. The lowering then runs on `@eval` as on a step
-    (`dflash-lower-eval-to-kernels`).
+    end. After the sums it also returns, for each micro-batch, the hits and
+    weights of every draft slot that its `dflash.draft_acceptance` reads
+    (the schema's `DraftSlots`: `draft_hits` [B, N*bs] i8, `draft_weights`
+    [B, N*bs] f32), this GPU's own: the runtime walks them on the host for
+    the serving-order acceptance (docs/runtime.md, "Serving tau"). Being
+    results, they live to the end of the program and are copied into
+    buffers of their own, which the memory plan never reuses. The lowering
+    then runs on `@eval` as on a step (`dflash-lower-eval-to-kernels`).
 
     After:
     ```mlir
-    func.func @eval(...) -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}, ...) {
+    func.func @eval(...) -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}, ...,
+        tensor<4x64xi8> {dflash.arg = #dflash.arg<metric, "draft_hits">},
+        tensor<4x64xf32> {dflash.arg = #dflash.arg<metric, "draft_weights">}) {
       ...forward...
       %run_sum, %kept_blocks, %hits_k, %counts_k, %b_runs, %b_blocks,
-          %b_hits, %b_counts = dflash.draft_acceptance ...
+          %b_hits, %b_counts = dflash.draft_acceptance %hits, %weights, ...
       %sums:12 = dflash.all_reduce %loss_sum, ..., %b_counts : ...
-      return %sums#0, ..., %sums#11 : ...
+      return %sums#0, ..., %sums#11, %hits, %weights : ...
     }
     ```
   }];

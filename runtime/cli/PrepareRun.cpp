@@ -5,6 +5,7 @@
 #include "runtime/data/BatchLoader.h"
 #include "runtime/data/FeatureShard.h"
 #include "runtime/data/InitialParameters.h"
+#include "runtime/train/ServingWalk.h"
 #include "schema/Parameters.h"
 
 #include <CLI/CLI.hpp>
@@ -269,6 +270,9 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.saveEvery = o.saveEvery;
   run.trainer.maxBadRows = o.maxBadRows;
   run.trainer.evalEvery = o.evalEvery;
+  run.trainer.evalServingRows = o.evalServingRows < 0
+                                    ? defaultServingRows(config.seqLen)
+                                    : o.evalServingRows;
   run.trainer.exportFinal = !o.evalOnly;
   run.trainer.evalOnly = o.evalOnly;
   run.logPath = o.log.empty() ? o.out + "/metrics.jsonl" : o.log;

@@ -141,6 +141,14 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   CLI::Option *evalRows = app.add_option("--eval-rows", options.evalRows,
                                          "Rows of --eval-data synthetic");
   evalRows->type_name("R")->capture_default_str();
+  CLI::Option *evalServingRows = app.add_option(
+      "--eval-serving-rows", options.evalServingRows,
+      "Also walk the first K held-out rows in serving order, drafting from "
+      "wherever the last block's accepted tokens end: eval_serving_tau, the "
+      "acceptance a server would measure (about seq_len / anchors_per_row "
+      "evaluation passes per batch of rows; default: the rows of 131072 "
+      "tokens; 0: none)");
+  evalServingRows->type_name("K");
   app.add_option("--out", options.out,
                  "Output directory: checkpoint-<step>/, latest, final/, "
                  "best/ (with --eval-data), metrics.jsonl")
@@ -260,6 +268,7 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
   options.givenRows = rows->count() > 0;
   options.givenEvalEvery = evalEvery->count() > 0;
   options.givenEvalRows = evalRows->count() > 0;
+  options.givenEvalServingRows = evalServingRows->count() > 0;
   return CommandLineAction::Train;
 }
 
@@ -342,6 +351,12 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
   if (o.evalRows < 1)
     return Status::error("--eval-rows must be at least 1 (got " +
                          std::to_string(o.evalRows) + ")");
+  if (o.givenEvalServingRows && o.evalServingRows < 0)
+    return Status::error("--eval-serving-rows must not be negative (got " +
+                         std::to_string(o.evalServingRows) + ")");
+  if (o.evalData.empty() && o.givenEvalServingRows)
+    return Status::error("--eval-serving-rows needs --eval-data: the "
+                         "held-out rows to walk");
   if (o.evalData.empty() && o.givenEvalEvery)
     return Status::error("--eval-every needs --eval-data: the held-out rows "
                          "to evaluate on");

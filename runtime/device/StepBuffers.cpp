@@ -319,10 +319,26 @@ Status dflash::rt::mapEvalBuffers(const std::vector<BufferSpec> &buffers,
   m.inputs.fill(-1);
   m.frozen.fill(-1);
   m.sums.fill(-1);
+  const int64_t microBatches = c.gradientAccumulation;
+  std::array<int, kNumDraftSlots> none;
+  none.fill(-1);
+  m.draftSlots.assign(size_t(microBatches), none);
   for (int i = 0; i < int(buffers.size()); ++i) {
     const BufferSpec &b = buffers[size_t(i)];
     Status status;
-    if (b.role == BufferRole::Metric) {
+    if (b.role == BufferRole::Metric && b.index >= kNumForwardSums) {
+      status = check.member(i, kNumForwardSums + microBatches * kNumDraftSlots,
+                            "a forward sum or a micro-batch's draft slots");
+      const int64_t k = b.index - kNumForwardSums;
+      const DraftSlots which = DraftSlots(k % kNumDraftSlots);
+      std::initializer_list<DType> flag = {DType::U8, DType::BOOL};
+      std::initializer_list<DType> exact = {dtypeOf(which)};
+      if (status.ok())
+        status = check.claim(
+            i, m.draftSlots[size_t(k / kNumDraftSlots)][size_t(which)],
+            which == DraftSlots::Hits ? flag : exact,
+            {c.rowsPerGpu, c.anchorsPerRow * c.blockSize});
+    } else if (b.role == BufferRole::Metric) {
       status = check.member(i, kNumForwardSums, "a forward sum");
       std::vector<int64_t> shape = status.ok() ? shapeOf(ForwardSum(b.index), c)
                                                : std::vector<int64_t>{};
@@ -343,6 +359,14 @@ Status dflash::rt::mapEvalBuffers(const std::vector<BufferSpec> &buffers,
     if (m.sums[size_t(k)] < 0)
       return Status::error("evaluation program: has no metric buffer '" +
                            std::string(nameOf(ForwardSum(k))) + "'");
+  for (int64_t mb = 0; mb < microBatches; ++mb)
+    for (int k = 0; k < kNumDraftSlots; ++k)
+      if (m.draftSlots[size_t(mb)][size_t(k)] < 0)
+        return Status::error("evaluation program: has no metric buffer '" +
+                             std::string(nameOf(DraftSlots(k))) +
+                             "' of micro-batch " + std::to_string(mb) +
+                             " (compiled by an older dflashc? compile "
+                             "the trainer again)");
   map = std::move(m);
   return Status::success();
 }

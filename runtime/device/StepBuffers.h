@@ -79,12 +79,15 @@ struct EvalBufferMap {
   std::array<int, kNumFrozenWeights> frozen{};
   std::vector<int> param; ///< per parameterTable(config) tensor
   std::array<int, kNumForwardSums> sums{}; ///< by ForwardSum
+  /// Per micro-batch, by DraftSlots: its rows' per-slot hits and weights.
+  std::vector<std::array<int, kNumDraftSlots>> draftSlots;
 };
 
 /// Maps every buffer of an evaluation program (StepProgram.h,
 /// createEvalProgram) and checks it against `config`: the six inputs,
-/// embed (and lm_head unless tied), one parameter per trainable tensor and
-/// one metric per ForwardSum, nothing else. Messages name the buffer.
+/// embed (and lm_head unless tied), one parameter per trainable tensor, one
+/// metric per ForwardSum and per micro-batch its two DraftSlots ([rowsPerGpu,
+/// N*bs]), nothing else. Messages name the buffer.
 Status mapEvalBuffers(const std::vector<BufferSpec> &buffers,
                       const ModelConfig &config, EvalBufferMap &map);
 

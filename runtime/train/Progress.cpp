@@ -164,13 +164,23 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          jsonList("rank_step_ms", m.rankStepMs, "%.4f") + "}";
 }
 
+/// The serving-order acceptance's fields of an evaluation line, when it was
+/// computed.
+static std::string servingFields(const EvalMetrics &m) {
+  if (m.servingRows <= 0)
+    return "";
+  return ", \"eval_serving_tau\": " + jsonNumber("%.9g", m.servingTau) +
+         ", \"eval_serving_blocks\": " + std::to_string(m.servingBlocks) +
+         ", \"eval_serving_rows\": " + std::to_string(m.servingRows);
+}
+
 std::string dflash::rt::evalJsonLine(const EvalMetrics &m) {
   return "{\"step\": " + std::to_string(m.step) +
          ", \"eval_loss\": " + jsonNumber("%.9g", m.loss) +
          ", \"eval_acc\": " + jsonNumber("%.9g", m.acc) +
          ", \"eval_tau\": " + jsonNumber("%.9g", m.tau) +
          jsonList("eval_acc_by_position", m.accByPosition, "%.6g") +
-         bucketLists("eval_", m.buckets) +
+         bucketLists("eval_", m.buckets) + servingFields(m) +
          ", \"eval_rows\": " + std::to_string(m.rows) +
          ", \"eval_batches\": " + std::to_string(m.batches) +
          ", \"eval_s\": " + jsonNumber("%.3f", m.seconds) + "}";
@@ -184,7 +194,12 @@ std::string dflash::rt::evalLine(const EvalMetrics &m) {
   char tail[96];
   std::snprintf(tail, sizeof(tail), "  (%lld rows, %s)", (long long)m.rows,
                 formatDuration(m.seconds).c_str());
-  return text + positionText(m.accByPosition) + bucketText(m.buckets) + tail;
+  char serving[80] = "";
+  if (m.servingRows > 0)
+    std::snprintf(serving, sizeof(serving), "  serving tau %.2f (%lld blocks)",
+                  m.servingTau, (long long)m.servingBlocks);
+  return text + positionText(m.accByPosition) + bucketText(m.buckets) +
+         serving + tail;
 }
 
 //===----------------------------------------------------------------------===//

@@ -34,6 +34,7 @@
 #include "schema/StepBuffers.h"
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -99,9 +100,15 @@ struct EvalMetrics {
   double loss = 0, acc = 0, tau = 0;
   std::vector<double> accByPosition; ///< as StepMetrics::accByPosition
   BucketFigures buckets;             ///< as StepMetrics::buckets
-  int64_t rows = 0;                  ///< held-out rows read, over every GPU
-  int64_t batches = 0;               ///< forward passes per GPU
-  double seconds = 0;                ///< wall time of the evaluation
+  /// The serving-order acceptance of the first servingRows held-out rows
+  /// (ServingWalk.h; docs/runtime.md, "Serving tau"): NaN without a walked
+  /// block; servingBlocks the blocks walked, over every GPU. servingRows 0:
+  /// not computed (the line leaves the figures out).
+  double servingTau = std::nan("");
+  int64_t servingBlocks = 0, servingRows = 0;
+  int64_t rows = 0;    ///< held-out rows read, over every GPU
+  int64_t batches = 0; ///< forward passes per GPU
+  double seconds = 0;  ///< wall time of the evaluation
 };
 
 /// The accuracy per block position k = 1 .. bs - 1 from the sums a step or
@@ -141,12 +148,15 @@ void setThroughput(StepMetrics &metrics, const ModelConfig &config,
 std::string metricsJsonLine(const StepMetrics &metrics);
 /// {"step": ..., "eval_loss", "eval_acc", "eval_tau", "eval_acc_by_position",
 /// "eval_tau_by_bucket", "eval_acc_by_bucket", "eval_blocks_by_bucket"
-/// (with more than one bucket), "eval_rows", "eval_batches", "eval_s"}: the
+/// (with more than one bucket), "eval_serving_tau", "eval_serving_blocks",
+/// "eval_serving_rows" (when computed), "eval_rows", "eval_batches",
+/// "eval_s"}: the
 /// line of an evaluation, in the same log as the steps, after the line of
 /// the step it followed.
 std::string evalJsonLine(const EvalMetrics &metrics);
 /// "eval after step 300: loss 2.1345  acc 0.5120  tau 3.02  acc@k 91 80 ..
-/// tau@pos 3.1 2.9 (80 rows, 1.2s)" (tau@pos with more than one bucket).
+/// tau@pos 3.1 2.9  serving tau 3.41 (812 blocks)  (80 rows, 1.2s)" (tau@pos
+/// with more than one bucket, serving tau when computed).
 std::string evalLine(const EvalMetrics &metrics);
 
 /// The JSONL metrics file of a run.

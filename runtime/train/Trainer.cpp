@@ -62,8 +62,11 @@ void Trainer::releaseDeviceObjects() {
     (void)cudaFree(evalSums);
   if (evalDone)
     (void)cudaEventDestroy(evalDone);
+  if (evalSlots)
+    (void)cudaFree(evalSlots);
   evalArena = nullptr;
   evalSums = nullptr;
+  evalSlots = nullptr;
   evalDone = nullptr;
   if (targetGraphExec)
     (void)cudaGraphExecDestroy(targetGraphExec);

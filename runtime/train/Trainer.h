@@ -26,6 +26,7 @@
 #include "runtime/device/DeviceContext.h"
 #include "runtime/device/StepBuffers.h"
 #include "runtime/device/StepProgram.h"
+#include "runtime/train/ServingWalk.h"
 #include "runtime/train/TrainerSetup.h"
 #include "schema/Parameters.h"
 
@@ -84,10 +85,19 @@ public:
   /// the sums of every batch and GPU, then divided. Changes nothing the
   /// step keeps (its inputs are rewritten by the next step's copy). Fails
   /// without held-out rows, naming a row it cannot read.
+  /// With TrainerOptions::evalServingRows, the batches holding the first
+  /// of those rows also run the serving walk (ServingWalk.h): this rank's
+  /// sums are servingSums(), and `metrics` carries this rank's figures
+  /// until TrainerGroup adds up every rank's.
   Status evaluate(EvalMetrics &metrics);
   bool evaluates() const { return evalRows != nullptr; }
-  /// Bytes of the evaluation's own arena and sums (0 without held-out rows).
-  size_t evalBytes() const { return evalArenaBytes + evalSumBytes; }
+  /// The last evaluation's serving walk over this rank's rows.
+  const ServingSums &servingSums() const { return serving; }
+  /// Bytes of the evaluation's own arena, sums and draft slots (0 without
+  /// held-out rows).
+  size_t evalBytes() const {
+    return evalArenaBytes + evalSumBytes + evalSlotBytes;
+  }
 
   /// Saves `<outDir>/checkpoint-<steps>` and updates `<outDir>/latest`.
   /// With several ranks, `rankRngStates` holds every rank's anchor Rng
@@ -246,6 +256,18 @@ private:
   std::vector<size_t> evalSumOffsets; ///< in floats, by ForwardSum
   size_t evalArenaBytes = 0, evalSumBytes = 0;
   cudaEvent_t evalDone = nullptr;
+  /// device: every micro-batch's DraftSlots, the hits of all rows
+  /// ([rowsPerStep, N*bs] U8) then their weights (F32), as the serving walk
+  /// reads them.
+  uint8_t *evalSlots = nullptr;
+  size_t evalSlotBytes = 0, evalWeightsOffset = 0;
+  ServingSums serving;
+  /// Runs the serving walk's passes over the batch now in the step's input
+  /// buffers (its lossMask and positionIds on the host), adding to
+  /// `serving`; every rank runs the same number of passes.
+  Status walkServingOrder(const uint8_t *lossMask, const int32_t *positionIds,
+                          const std::vector<int64_t> &rows,
+                          const std::string &where);
 
   // The online target (TrainerInputs::targetProgram): its program, its own
   // frozen buffers, and its arena where the step's is too small to share

@@ -450,10 +450,29 @@ Status TrainerGroup::evaluate(const TrainerHooks &hooks, bool writesFiles,
   // held-out set's.
   EvalMetrics metrics = workers.front()->eval;
   metrics.rows = 0;
-  for (std::unique_ptr<Worker> &w : workers)
+  ServingSums serving;
+  for (std::unique_ptr<Worker> &w : workers) {
     metrics.rows += w->eval.rows;
+    serving += w->trainer->servingSums();
+  }
   if (layout.nodes > 1 && evalRows)
     metrics.rows = evalRows->numRows();
+  // The serving walk's sums are each rank's own (the host walks them): add
+  // up the other processes'.
+  if (layout.processes && layout.nodes > 1) {
+    const double mine[2] = {serving.runs, serving.blocks};
+    std::vector<double> all(2 * size_t(layout.nodes));
+    if (Status s = layout.processes->allGather(mine, sizeof(mine), all.data());
+        !s.ok())
+      return Status::error("exchanging the serving walk's sums with the "
+                           "other nodes: " +
+                           s.message());
+    serving = ServingSums();
+    for (size_t node = 0; node < size_t(layout.nodes); ++node)
+      serving += ServingSums{all[2 * node], all[2 * node + 1]};
+  }
+  metrics.servingTau = serving.tau();
+  metrics.servingBlocks = int64_t(serving.blocks);
   if (hooks.onEval)
     DFLASH_RETURN_IF_ERROR(hooks.onEval(metrics));
   if (!(metrics.tau > bestTau))

@@ -37,6 +37,11 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
     floats += size_t(shapeNumel(specs[size_t(evalMap.sums[size_t(k)])].shape));
   }
   evalSumBytes = floats * sizeof(float);
+  // The serving walk's draft slots: every row's hits, then their weights.
+  const size_t slots =
+      size_t(config.rowsPerStep() * config.anchorsPerRow * config.blockSize);
+  evalWeightsOffset = (slots + 255) / 256 * 256;
+  evalSlotBytes = evalWeightsOffset + slots * sizeof(float);
   evalArenaBytes = std::max<size_t>(evalProgram->arenaBytes(), 256);
   DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaMalloc(&evalArena, evalArenaBytes),
                                         "allocating the evaluation arena of " +
@@ -46,8 +51,22 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
       cudaMalloc(reinterpret_cast<void **>(&evalSums), evalSumBytes),
       "allocating the evaluation sums"));
   DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+      cudaMalloc(reinterpret_cast<void **>(&evalSlots), evalSlotBytes),
+      "allocating the evaluation's draft slots"));
+  DFLASH_RETURN_IF_ERROR(cudaCallStatus(
       cudaEventCreateWithFlags(&evalDone, cudaEventDisableTiming),
       "cudaEventCreateWithFlags"));
+  // Where micro-batch m's DraftSlots go: its rows of the two arrays.
+  const size_t microSlots =
+      size_t(config.rowsPerGpu * config.anchorsPerRow * config.blockSize);
+  auto slotPointer = [&](int64_t index) -> void * {
+    const int64_t k = index - kNumForwardSums;
+    const size_t m = size_t(k / kNumDraftSlots);
+    return DraftSlots(k % kNumDraftSlots) == DraftSlots::Hits
+               ? static_cast<void *>(evalSlots + m * microSlots)
+               : static_cast<void *>(evalSlots + evalWeightsOffset +
+                                     m * microSlots * sizeof(float));
+  };
   // The step's own inputs, frozen weights and parameters.
   const std::vector<void *> &stepBuffers = device.buffers();
   std::vector<void *> pointers(specs.size(), nullptr);
@@ -67,8 +86,10 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
     case BufferRole::Parameter:
       pointers[i] = stepBuffers[size_t(map.param[k])];
       break;
-    default: // a ForwardSum (mapEvalBuffers allows nothing else)
-      pointers[i] = evalSums + evalSumOffsets[k];
+    default: // a metric: a ForwardSum or DraftSlots (mapEvalBuffers)
+      pointers[i] = b.index < kNumForwardSums
+                        ? static_cast<void *>(evalSums + evalSumOffsets[k])
+                        : slotPointer(b.index);
       break;
     }
   }
@@ -171,6 +192,9 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
   std::vector<double> total(host.size(), 0.0);
   cudaStream_t stream = device.stream();
   int64_t rowsRead = 0;
+  serving = ServingSums();
+  const int64_t servingRows =
+      std::min(options.evalServingRows, evalRows->numRows());
   const int64_t batches = loader.batchesPerPass();
   // A thread assembles batch g + 1 in pinned memory while batch g runs.
   BatchPrefetcher prefetch(loader, config, HostMemory::Pinned, 2);
@@ -226,6 +250,13 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     for (int64_t row : batch->rows)
       rowsRead += row >= 0 ? 1 : 0;
     rowsRead -= int64_t(batch->skippedRows.size());
+    // Global batch g holds rows [g W B, (g + 1) W B): every rank walks the
+    // same batches.
+    if (g * options.run.worldSize * config.rowsPerStep() < servingRows)
+      DFLASH_RETURN_IF_ERROR(walkServingOrder(
+          static_cast<const uint8_t *>(sources[size_t(StepInput::LossMask)]),
+          static_cast<const int32_t *>(sources[size_t(StepInput::PositionIds)]),
+          batch->rows, where));
   }
   std::array<const double *, kNumForwardSums> sums{};
   for (int k = 0; k < kNumForwardSums; ++k)
@@ -236,8 +267,75 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
   // The sums are every GPU's; the rows this rank's (TrainerGroup adds them).
   metrics.rows = rowsRead;
   metrics.batches = batches;
+  metrics.servingRows = servingRows;
+  metrics.servingTau = serving.tau();
+  metrics.servingBlocks = int64_t(serving.blocks);
   metrics.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
           .count();
+  return Status::success();
+}
+
+Status Trainer::walkServingOrder(const uint8_t *lossMask,
+                                 const int32_t *positionIds,
+                                 const std::vector<int64_t> &rows,
+                                 const std::string &where) {
+  const int64_t B = config.rowsPerStep(), N = config.anchorsPerRow;
+  const size_t slots = size_t(B * N * config.blockSize);
+  const int64_t servingRows =
+      std::min(options.evalServingRows, evalRows->numRows());
+  std::vector<bool> walked(size_t(B), false);
+  for (size_t b = 0; b < rows.size() && b < walked.size(); ++b)
+    walked[b] = rows[b] >= 0 && rows[b] < servingRows;
+  ServingWalk walk(B, config.seqLen, N, config.blockSize);
+  walk.start(lossMask, positionIds, walked);
+  std::vector<int32_t> anchors(size_t(B * N));
+  std::vector<uint8_t> keep(size_t(B * N)), hits(slots);
+  std::vector<float> weights(slots), sums(evalSumBytes / sizeof(float));
+  cudaStream_t stream = device.stream();
+  const int anchorsBuffer = map.input(StepInput::Anchors),
+            keepBuffer = map.input(StepInput::Keep);
+  const size_t keptBlocks = evalSumOffsets[size_t(ForwardSum::KeptBlocks)];
+  // The features, ids and masks of the batch stay in the step's inputs;
+  // each pass rewrites only the anchors. The program all-reduces its sums,
+  // so with several ranks every rank runs passes until one in which no rank
+  // kept a block (its all-reduced kept_blocks is 0): the same count
+  // everywhere, one pass more than the longest rank needs.
+  const bool alone = options.run.worldSize == 1;
+  for (int64_t p = 0; !alone || p < walk.passes(); ++p) {
+    walk.anchorsOfPass(p, anchors.data(), keep.data());
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(device.buffers()[size_t(anchorsBuffer)], anchors.data(),
+                        anchors.size() * sizeof(int32_t),
+                        cudaMemcpyHostToDevice, stream),
+        where + ": copying the serving walk's anchors to the device"));
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(device.buffers()[size_t(keepBuffer)], keep.data(),
+                        keep.size(), cudaMemcpyHostToDevice, stream),
+        where + ": copying the serving walk's keep flags to the device"));
+    if (Status s = evalProgram->enqueue(stream); !s.ok())
+      return Status::error(where + ": the serving walk: " + s.message());
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaGetLastError(), where + ": launching the serving walk's pass"));
+    DFLASH_RETURN_IF_ERROR(
+        cudaCallStatus(cudaMemcpyAsync(hits.data(), evalSlots, slots,
+                                       cudaMemcpyDeviceToHost, stream),
+                       where + ": copying the draft hits from the device"));
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(weights.data(), evalSlots + evalWeightsOffset,
+                        slots * sizeof(float), cudaMemcpyDeviceToHost, stream),
+        where + ": copying the draft weights from the device"));
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(
+        cudaMemcpyAsync(sums.data(), evalSums, evalSumBytes,
+                        cudaMemcpyDeviceToHost, stream),
+        where + ": copying the serving pass's sums from the device"));
+    DFLASH_RETURN_IF_ERROR(cudaCallStatus(cudaEventRecord(evalDone, stream),
+                                          where + ": cudaEventRecord"));
+    DFLASH_RETURN_IF_ERROR(waitForStep(evalDone, where));
+    walk.record(p, hits.data(), weights.data());
+    if (!alone && !(sums[keptBlocks] > 0))
+      break;
+  }
+  serving += walk.sums();
   return Status::success();
 }

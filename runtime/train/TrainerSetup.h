@@ -65,6 +65,9 @@ struct TrainerOptions {
   /// drafter with the highest eval tau so far is exported to
   /// `<outDir>/best` (RunLayout.h).
   int64_t evalEvery = 0;
+  /// Of the held-out rows, the first this many are also walked in serving
+  /// order at every evaluation (ServingWalk.h; 0: none).
+  int64_t evalServingRows = 0;
 };
 
 /// The host-side state a run starts from, loaded and checked before the GPU

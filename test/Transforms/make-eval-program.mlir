@@ -5,17 +5,19 @@
 
 // The evaluation program is the forward graph under another name, its twelve
 // sums all-reduced once at the end; nothing is differentiated or updated.
+// After the sums come the hits and weights of every draft slot, this GPU's
+// own (not all-reduced), for the serving walk on the host.
 // CHECK-LABEL: func.func @eval(
 // CHECK-SAME: {dflash.arg = #dflash.arg<parameter, "fc.weight">}
 // CHECK-NOT: master
 // CHECK-SAME: -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}
 // CHECK-SAME: tensor<8xf32> {dflash.arg = #dflash.arg<metric, "position_counts">}
-// CHECK-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">})
+// CHECK-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">}, tensor<2x96xi8> {dflash.arg = #dflash.arg<metric, "draft_hits">}, tensor<2x96xf32> {dflash.arg = #dflash.arg<metric, "draft_weights">})
 // CHECK-NOT: _grad
 // CHECK: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
-// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// CHECK-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]], %[[W:[a-z_0-9]+]],
 // CHECK-NEXT: %[[R:.+]]:12 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]], %[[BR]], %[[BB]], %[[BH]], %[[BC]]
-// CHECK-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11 :
+// CHECK-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11, %[[HITS]], %[[W]] :
 
 // Lowered like a step, with an arena of its own: the lm_head runs the
 // cross-entropy kernel without the dX GEMM, and nothing optimizes.
@@ -34,9 +36,9 @@
 // MINI-NOT: master
 // MINI-SAME: -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}
 // MINI-SAME: tensor<4xf32> {dflash.arg = #dflash.arg<metric, "position_counts">}
-// MINI-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">})
+// MINI-SAME: tensor<1xf32> {dflash.arg = #dflash.arg<metric, "bucket_counts">}, tensor<{{[0-9]+x[0-9]+}}xi8> {dflash.arg = #dflash.arg<metric, "draft_hits">}, tensor<{{[0-9]+x[0-9]+}}xf32> {dflash.arg = #dflash.arg<metric, "draft_weights">})
 // MINI-NOT: _grad
 // MINI: %[[LS:[a-z_0-9]+]], %[[WS:[a-z_0-9]+]], %[[C:[a-z_0-9]+]], %[[N:[a-z_0-9]+]], %[[HITS:[a-z_0-9]+]] = dflash.lm_head_ce
-// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]]
+// MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]], %[[W:[a-z_0-9]+]],
 // MINI-NEXT: %[[R:.+]]:12 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]], %[[BR]], %[[BB]], %[[BH]], %[[BC]]
-// MINI-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11 :
+// MINI-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11, %[[HITS]], %[[W]] :

@@ -24,6 +24,7 @@
 #include "runtime/io/Safetensors.h"
 #include "runtime/io/TargetWeights.h"
 #include "runtime/train/Progress.h"
+#include "runtime/train/ServingWalk.h"
 #include "schema/Parameters.h"
 #include "schema/StepBuffers.h"
 #include "tools/dflash-reference/TargetProgram.h"
@@ -41,6 +42,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <unistd.h>
 
 using namespace mlir;
@@ -387,9 +389,65 @@ Status saveParameters(const std::string &dir, const ModelConfig &config,
   return rt::exportCheckpoint(dir, config, pointers);
 }
 
+/// Lines "ROW A1 A2 ..." of `path`: the anchors of each evaluation of a row
+/// (ReferenceOptions::evalAnchors).
+Status readPinnedAnchors(const std::string &path, int64_t N,
+                         std::multimap<int64_t, std::vector<int32_t>> &out) {
+  std::ifstream in(path);
+  if (!in)
+    return Status::error(path + ": cannot open the evaluation anchors");
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    std::istringstream words(line);
+    int64_t row = -1;
+    if (!(words >> row))
+      continue; // a blank line
+    std::vector<int32_t> anchors;
+    int64_t a = 0;
+    while (words >> a)
+      anchors.push_back(int32_t(a));
+    if (row < 0 || !words.eof() || int64_t(anchors.size()) > N ||
+        !std::is_sorted(anchors.begin(), anchors.end()))
+      return Status::error(path + ":" + std::to_string(number) +
+                           ": expected ROW and at most " + std::to_string(N) +
+                           " ascending anchors");
+    out.emplace(row, std::move(anchors));
+  }
+  return Status::success();
+}
+
+/// One pass of the evaluation program over `state`'s inputs: its results
+/// by name.
+Status runEvalPass(StepInterpreter &interpreter, const StepSignature &sig,
+                   const StepState &state, int64_t g,
+                   std::map<std::string, std::vector<double>> &results) {
+  auto args = bindArguments(sig, state, 0, 0, 0.0);
+  if (failed(args))
+    return Status::error("cannot bind the evaluation's arguments");
+  auto values = interpreter.run(*args);
+  if (failed(values))
+    return Status::error("the evaluation failed at batch " + std::to_string(g));
+  results.clear();
+  for (unsigned r = 0; r < values->size(); ++r) {
+    std::vector<double> &to = results[sig.resultInfo(r).getName().str()];
+    const std::vector<double> &value = (*values)[r].data;
+    to.insert(to.end(), value.begin(), value.end()); // micro-batches in order
+  }
+  return Status::success();
+}
+
+/// "[1, 0, 3]".
+template <typename T> std::string jsonInts(const T *values, size_t n) {
+  std::string text = "[";
+  for (size_t i = 0; i < n; ++i)
+    text += (i ? ", " : "") + std::to_string(int64_t(values[i]));
+  return text + "]";
+}
+
 /// The evaluation program over `options.evalRows` held-out synthetic rows
 /// (those past the training set's, as `train --eval-data synthetic` reads
-/// them) with the parameters of `state`: one line as the trainer logs it.
+/// them) with the parameters of `state`: one line as the trainer logs it,
+/// with the serving-order acceptance of its first rows (ServingWalk.h).
 Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
                 const ReferenceOptions &options, Problem &problem,
                 StepState &state, uint64_t seed, llvm::raw_ostream &out) {
@@ -406,30 +464,115 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
   if (failed(sig))
     return Status::error("the evaluation program has no usable signature");
   const ModelConfig &config = spec;
+  const int64_t B = config.rowsPerStep(), S = config.seqLen,
+                N = config.anchorsPerRow, bs = config.blockSize;
+  std::multimap<int64_t, std::vector<int32_t>> pinned;
+  if (!options.evalAnchors.empty())
+    DFLASH_RETURN_IF_ERROR(readPinnedAnchors(options.evalAnchors, N, pinned));
+  const int64_t servingRows =
+      options.evalAnchors.empty()
+          ? std::min(options.evalRows, options.evalServingRows < 0
+                                           ? rt::defaultServingRows(S)
+                                           : options.evalServingRows)
+          : 0;
+  std::unique_ptr<llvm::raw_fd_ostream> dump;
+  if (!options.servingDump.empty()) {
+    std::error_code error;
+    dump = std::make_unique<llvm::raw_fd_ostream>(options.servingDump, error);
+    if (error)
+      return Status::error(options.servingDump + ": " + error.message());
+  }
   rt::SyntheticRowSource rows(problem.synthetic, options.evalRows,
                               /*pinAnchors=*/false,
                               /*firstRow=*/options.syntheticRows);
   rt::BatchLoader loader(rows, config, seed);
   loader.setEvaluationOrder();
   StepInterpreter interpreter(sig->func(), options.precision);
-  std::map<std::string, std::vector<double>> sums;
+  std::map<std::string, std::vector<double>> sums, results;
+  for (int k = 0; k < ::dflash::kNumForwardSums; ++k) {
+    const auto sum = ::dflash::ForwardSum(k);
+    std::vector<int64_t> shape = ::dflash::shapeOf(sum, config);
+    sums[::dflash::nameOf(sum)].assign(shape.empty() ? 1 : size_t(shape[0]),
+                                       0.0);
+  }
+  auto addSums = [&]() {
+    for (auto &[name, total] : sums) {
+      const std::vector<double> &value = results[name];
+      for (size_t i = 0; i < total.size() && i < value.size(); ++i)
+        total[i] += value[i];
+    }
+  };
+  rt::ServingWalk walk(B, S, N, bs);
+  rt::ServingSums serving;
   rt::HostBatch batch;
   for (int64_t g = 0; g < loader.batchesPerPass(); ++g) {
     DFLASH_RETURN_IF_ERROR(loader.next(batch));
-    setInputs(state, batch);
-    auto args = bindArguments(*sig, state, 0, 0, 0.0);
-    if (failed(args))
-      return Status::error("cannot bind the evaluation's arguments");
-    auto results = interpreter.run(*args);
-    if (failed(results))
-      return Status::error("the evaluation failed at batch " +
-                           std::to_string(g));
-    for (unsigned r = 0; r < results->size(); ++r) {
-      std::vector<double> &total = sums[sig->resultInfo(r).getName().str()];
-      const std::vector<double> &value = (*results)[r].data;
-      total.resize(value.size(), 0.0);
-      for (size_t i = 0; i < value.size(); ++i)
-        total[i] += value[i];
+    if (options.evalAnchors.empty()) {
+      setInputs(state, batch);
+      DFLASH_RETURN_IF_ERROR(runEvalPass(interpreter, *sig, state, g, results));
+      addSums();
+    }
+    // Pinned anchors: each line on its own, the batch's other rows unkept.
+    for (int64_t b = 0; b < B; ++b) {
+      auto [first, last] = pinned.equal_range(batch.rows[size_t(b)]);
+      for (auto it = first; it != last; ++it) {
+        rt::HostBatch one = batch;
+        std::fill(one.keep.begin(), one.keep.end(), uint8_t(0));
+        std::fill(one.anchors.begin(), one.anchors.end(), 0);
+        for (size_t n = 0; n < it->second.size(); ++n) {
+          one.anchors[size_t(b * N) + n] = it->second[n];
+          one.keep[size_t(b * N) + n] = 1;
+        }
+        setInputs(state, one);
+        DFLASH_RETURN_IF_ERROR(
+            runEvalPass(interpreter, *sig, state, g, results));
+        addSums();
+      }
+    }
+    // The serving walk of the batch's rows among the first servingRows.
+    std::vector<bool> walked(size_t(B), false);
+    bool any = false;
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t row = batch.rows[size_t(b)];
+      walked[size_t(b)] = row >= 0 && row < servingRows;
+      any |= walked[size_t(b)];
+    }
+    if (!any)
+      continue;
+    walk.start(batch.lossMask.data(), batch.positionIds.data(), walked);
+    rt::HostBatch pass = batch;
+    for (int64_t p = 0; p < walk.passes(); ++p) {
+      walk.anchorsOfPass(p, pass.anchors.data(), pass.keep.data());
+      setInputs(state, pass);
+      DFLASH_RETURN_IF_ERROR(runEvalPass(interpreter, *sig, state, g, results));
+      const std::vector<double> &hits =
+          results[::dflash::nameOf(::dflash::DraftSlots::Hits)];
+      const std::vector<double> &weights =
+          results[::dflash::nameOf(::dflash::DraftSlots::Weights)];
+      if (hits.size() != size_t(B * N * bs) || weights.size() != hits.size())
+        return Status::error(
+            "the evaluation program reports " + std::to_string(hits.size()) +
+            " draft slots, not B * N * bs = " + std::to_string(B * N * bs));
+      std::vector<uint8_t> hit(hits.size());
+      std::vector<float> weight(weights.size());
+      for (size_t i = 0; i < hits.size(); ++i) {
+        hit[i] = hits[i] != 0 ? 1 : 0;
+        weight[i] = float(weights[i]);
+      }
+      walk.record(p, hit.data(), weight.data());
+    }
+    serving += walk.sums();
+    for (int64_t b = 0; dump && b < B; ++b) {
+      if (!walked[size_t(b)])
+        continue;
+      const std::vector<int32_t> &c = walk.candidatesOf(b);
+      const std::vector<int32_t> &r = walk.runsOf(b);
+      *dump << "{\"row\": " << batch.rows[size_t(b)] << ", \"loss_mask\": "
+            << jsonInts(batch.lossMask.data() + b * S, size_t(S))
+            << ", \"position_ids\": "
+            << jsonInts(batch.positionIds.data() + b * S, size_t(S))
+            << ", \"candidates\": " << jsonInts(c.data(), c.size())
+            << ", \"runs\": " << jsonInts(r.data(), r.size()) << "}\n";
     }
   }
   std::array<const double *, ::dflash::kNumForwardSums> byIndex{};
@@ -441,6 +584,9 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
                      config.numPositionBuckets());
   metrics.rows = options.evalRows;
   metrics.batches = loader.batchesPerPass();
+  metrics.servingRows = servingRows;
+  metrics.servingTau = serving.tau();
+  metrics.servingBlocks = int64_t(serving.blocks);
   out << rt::evalJsonLine(metrics) << "\n";
   return Status::success();
 }
@@ -536,8 +682,12 @@ std::optional<double> availableMemoryBytes() {
 
 int ::dflash::runReference(const ReferenceOptions &options,
                            llvm::raw_ostream &out) {
-  if (options.steps < 1)
-    return fail("--steps must be at least 1");
+  // --steps 0 evaluates an --init checkpoint as it is.
+  const bool evaluateOnly =
+      options.steps == 0 && !options.initDir.empty() && options.evalRows > 0;
+  if (options.steps < 1 && !evaluateOnly)
+    return fail("--steps must be at least 1 (0 only with --init and "
+                "--eval-rows: evaluating a checkpoint)");
   if (options.syntheticRows < 1)
     return fail("--rows must be at least 1");
   if (!(options.memoryGiB >= 0 && std::isfinite(options.memoryGiB)))

@@ -29,7 +29,8 @@ namespace dflash {
 struct ReferenceOptions {
   /// The drafter spec (TOML) to compile and train.
   std::string specFile;
-  /// Optimizer steps to run; at least 1.
+  /// Optimizer steps to run; at least 1, or 0 with `initDir` and `evalRows`
+  /// (the checkpoint evaluated as it is).
   int64_t steps = 1;
   /// Length of the learning-rate schedule; 0 or less: `steps`.
   int64_t totalSteps = 0;
@@ -63,6 +64,18 @@ struct ReferenceOptions {
   /// the last step, as `train --eval-data synthetic --eval-rows` does; 0:
   /// none.
   int64_t evalRows = 0;
+  /// Of those, the first rows whose serving-order acceptance the evaluation
+  /// also reports (as `train --eval-serving-rows`): negative, the trainer's
+  /// default (rt::defaultServingRows); 0, none.
+  int64_t evalServingRows = -1;
+  /// When set, every walked row's loss_mask, position_ids, candidates, the
+  /// run at each and the anchors walked go to this file, a JSON line a row.
+  std::string servingDump;
+  /// When set, the evaluation takes its anchors from this file instead of
+  /// sampling them: lines "ROW A1 A2 ..." (at most anchors_per_row,
+  /// ascending), each evaluated on its own (ROW's other lines and the batch's
+  /// other rows keep = 0), rows without a line not at all.
+  std::string evalAnchors;
   /// The memory the run may use, in GiB: a run estimated to need more is
   /// refused before it loads anything. 0: what the machine has available.
   double memoryGiB = 0;

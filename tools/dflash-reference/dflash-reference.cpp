@@ -43,6 +43,23 @@ cl::opt<int64_t> evalRows(
              "rows (past --rows) and print the line train --eval-data "
              "synthetic logs (0: none)"),
     cl::init(0), cl::cat(category));
+cl::opt<int64_t> evalServingRows(
+    "eval-serving-rows",
+    cl::desc("Of the held-out rows, the first this many are also walked in "
+             "serving order: the line's eval_serving_tau (default: as train, "
+             "the rows of 131072 tokens; 0: none)"),
+    cl::init(-1), cl::cat(category));
+cl::opt<std::string> servingDump(
+    "eval-serving-dump",
+    cl::desc("Write each walked row's loss_mask, position_ids, anchor "
+             "candidates and the run at each to this file, a JSON line a row"),
+    cl::value_desc("file"), cl::cat(category));
+cl::opt<std::string> evalAnchors(
+    "eval-anchors",
+    cl::desc("Evaluate at the anchors of this file instead of sampled ones: "
+             "lines 'ROW A1 A2 ...' (at most anchors_per_row, ascending), "
+             "each evaluated on its own; rows without a line are left out"),
+    cl::value_desc("file"), cl::cat(category));
 cl::opt<int64_t>
     syntheticRows("rows",
                   cl::desc("Rows of the synthetic data set (default 64)"),
@@ -118,6 +135,9 @@ int main(int argc, char **argv) {
   options.data = dataSource;
   options.syntheticRows = syntheticRows;
   options.evalRows = evalRows;
+  options.evalServingRows = evalServingRows;
+  options.servingDump = servingDump;
+  options.evalAnchors = evalAnchors;
   options.seed = seedOption;
   options.initDir = initDir;
   options.precision = precision;

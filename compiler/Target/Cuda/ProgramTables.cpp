@@ -20,6 +20,8 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <array>
+
 using namespace mlir;
 using namespace mlir::dflash;
 using namespace ::dflash;
@@ -272,16 +274,23 @@ FailureOr<std::string> StepEmitter::emit() {
   // into their buffers, which follow the arguments.
   unsigned metricIndex = step.getNumArguments();
   std::string metricCopies, metricSpecs = outputSpecs;
+  // An evaluation's draft slots, by micro-batch (schema DraftSlots).
+  std::array<int64_t, kNumDraftSlots> draftSlotsSeen{};
   for (unsigned i = 0; i < ret.getNumOperands() && !sig.isTarget(); ++i) {
     ArgAttr info = sig.resultInfo(i);
     Value v = ret.getOperand(i);
     if (info.getRole() == ArgRole::Metric) {
       std::optional<int64_t> named = metricSchemaIndex(info.getName().str());
+      std::optional<DraftSlots> slots =
+          sig.isEval() ? parseDraftSlots(info.getName().str()) : std::nullopt;
+      if (slots)
+        named = draftSlotsIndex(*slots, draftSlotsSeen[size_t(*slots)]++);
       std::string name = uniqueName("buffer", identifier(info.getName()));
       bufferNames += "constexpr int " + name + " = " +
                      std::to_string(metricIndex++) + ";\n";
       metricSpecs += "      {" + quoted(info.getName()) +
-                     ", BufferRole::Metric, DType::F32, " +
+                     ", BufferRole::Metric, DType::" +
+                     dtypeName(dtypeOf(tensorOf(v).getElementType())) + ", " +
                      intList(tensorOf(v).getShape()) + ", " +
                      std::to_string(named ? int64_t(*named) : -1) + "},\n";
       metricCopies +=

@@ -5,7 +5,10 @@ A metrics line is a JSON object with an integer "step" and any of "loss",
 "acc", "tau" (training) and "eval_loss", "eval_acc", "eval_tau" (held-out
 evaluation; on the same lines or on lines of their own). Missing keys and
 nulls (the trainer writes a non-finite value as null) are left out of the
-curves; a panel with no data says so. Where the lines carry "tau_by_bucket"
+curves; a panel with no data says so. The tau panel also draws
+"eval_serving_tau" where the evaluation lines carry it (the serving-order
+acceptance, docs/runtime.md "Serving tau": the figure to watch, as a server
+would measure it). Where the lines carry "tau_by_bucket"
 or "eval_tau_by_bucket" (tau per anchor-position bucket, docs/semantics.md
 section 14), a fourth panel draws one curve per bucket, named after the
 edges of the run's "position_buckets".
@@ -24,7 +27,8 @@ PROG = "dflash-plot"
 PANELS = [
     ("loss", "loss", [("loss", "train"), ("eval_loss", "eval")]),
     ("accuracy", "acc", [("acc", "train"), ("eval_acc", "eval")]),
-    ("acceptance length", "tau", [("tau", "train"), ("eval_tau", "eval")]),
+    ("acceptance length", "tau", [("tau", "train"), ("eval_tau", "eval"),
+                                  ("eval_serving_tau", "eval serving")]),
 ]
 KEYS = [key for _, _, series in PANELS for key, _ in series]
 # Per-bucket lists: (metrics key, series label).
@@ -178,8 +182,11 @@ def plot(runs, output, title=None, window=1):
                     axis.plot(steps, smooth(values, window), color=color,
                               linewidth=1.0, alpha=0.45, label=name, zorder=2)
                 else:
+                    # Serving tau solid with squares, beside eval tau's dashes.
+                    serving = kind == "eval serving"
                     axis.plot(steps, values, color="black" if len(runs) == 1 else color,
-                              linestyle="--", marker="o", markersize=5,
+                              linestyle="-" if serving else "--",
+                              marker="s" if serving else "o", markersize=5,
                               linewidth=1.8, label=name, zorder=3)
                 drawn += 1
         axis.set_title(panel)

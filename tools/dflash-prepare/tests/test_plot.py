@@ -40,7 +40,8 @@ def write_metrics(path, steps, eval_every=None, tau=True, extra=""):
             f.write(json.dumps(line) + "\n")
             if eval_every and s % eval_every == eval_every - 1:
                 f.write(json.dumps({"step": s, "eval_loss": 6.0 / (1 + s), "eval_acc": 0.5,
-                                    "eval_tau": 1.5}) + "\n")
+                                    "eval_tau": 1.5, "eval_serving_tau": 2.0 + s / steps})
+                        + "\n")
         f.write(extra)
 
 
@@ -53,6 +54,7 @@ class ReadMetricsTest(TempDir):
         self.assertEqual(series["tau"], [])
         self.assertEqual(series["eval_loss"], [(4, 6.0 / 5), (9, 0.6)])
         self.assertEqual(len(series["eval_tau"]), 2)
+        self.assertEqual(series["eval_serving_tau"], [(4, 2.4), (9, 2.9)])
 
     def test_malformed_lines(self):
         path = self.path("metrics.jsonl")

@@ -111,6 +111,17 @@ TEST(TrainPrepare, SyntheticHeldOutRows) {
   ASSERT_TRUE(run.inputs.evalRows);
   EXPECT_EQ(run.inputs.evalRows->numRows(), 5);
   EXPECT_EQ(run.trainer.evalEvery, 4);
+  ModelConfig config = smallConfig();
+  // The rows of 131072 tokens unless told (ServingWalk.h).
+  EXPECT_EQ(run.trainer.evalServingRows,
+            (131072 + config.seqLen - 1) / config.seqLen);
+  PreparedRun none;
+  ASSERT_TRUE(prepare({"--data", "synthetic", "--steps", "20", "--out",
+                       dir.path + "/none", "--eval-data", "synthetic",
+                       "--eval-serving-rows", "0"},
+                      none)
+                  .ok());
+  EXPECT_EQ(none.trainer.evalServingRows, 0);
   EXPECT_TRUE(run.trainer.useGraph);
   EXPECT_TRUE(run.trainer.timeGemms); // by default
   ModelConfig c = smallConfig();

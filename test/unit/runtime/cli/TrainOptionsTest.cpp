@@ -63,7 +63,15 @@ TEST(TrainCommandLine, DefaultsComeFromTheConfig) {
   EXPECT_FALSE(o.noGraph);
   EXPECT_FALSE(o.nccl);
   EXPECT_FALSE(o.givenLr || o.givenSeed || o.givenTotalSteps ||
-               o.givenWarmupRatio || o.givenRows);
+               o.givenWarmupRatio || o.givenRows || o.givenEvalServingRows);
+  EXPECT_EQ(o.evalServingRows, -1); // defaultServingRows of the seq_len
+  ASSERT_EQ(parse({"--data", "synthetic", "--eval-data", "synthetic",
+                   "--eval-serving-rows", "0"},
+                  o, text),
+            CommandLineAction::Train)
+      << text;
+  EXPECT_EQ(o.evalServingRows, 0);
+  EXPECT_TRUE(o.givenEvalServingRows);
 }
 
 TEST(TrainCommandLine, EveryOptionIsRead) {
@@ -132,19 +140,34 @@ TEST(TrainCommandLine, HelpListsOptionsWithDefaults) {
   TrainOptions o;
   std::string text;
   ASSERT_EQ(parse({"--help"}, o, text), CommandLineAction::ShowHelp);
-  for (const char *expected : {"--target",       "--data",
-                               "--steps",        "--total-steps",
-                               "--lr",           "--warmup-ratio",
-                               "--save-every",   "--out",
-                               "--resume",       "--init",
-                               "--seed",         "--log",
-                               "--rows",         "--gpus",
-                               "--no-graph",     "--nccl",
-                               "--max-bad-rows", "N=8",
-                               "0.003",          "0.04",
-                               "./dflash-out",   "256",
-                               "'trainmain'",    "SIGINT",
-                               "--accumulate",   "--random-target-weights"})
+  for (const char *expected : {"--target",
+                               "--data",
+                               "--steps",
+                               "--total-steps",
+                               "--lr",
+                               "--warmup-ratio",
+                               "--save-every",
+                               "--out",
+                               "--resume",
+                               "--init",
+                               "--seed",
+                               "--log",
+                               "--rows",
+                               "--gpus",
+                               "--no-graph",
+                               "--nccl",
+                               "--max-bad-rows",
+                               "N=8",
+                               "0.003",
+                               "0.04",
+                               "./dflash-out",
+                               "256",
+                               "'trainmain'",
+                               "SIGINT",
+                               "--accumulate",
+                               "--random-target-weights",
+                               "--eval-serving-rows",
+                               "131072 tokens"})
     EXPECT_NE(text.find(expected), std::string::npos) << expected << "\n"
                                                       << text;
 }
@@ -365,6 +388,11 @@ TEST(TrainValidation, NamesTheBadOption) {
        "--eval-every must not be negative"},
       {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-rows", "0"},
        "--eval-rows must be at least 1"},
+      {{"--data", "synthetic", "--eval-serving-rows", "4"},
+       "--eval-serving-rows needs --eval-data"},
+      {{"--data", "synthetic", "--eval-data", "synthetic",
+        "--eval-serving-rows", "-2"},
+       "--eval-serving-rows must not be negative"},
       {{"--data", dir.path, "--target", dir.path, "--eval-data", dir.path,
         "--eval-rows", "4"},
        "--eval-rows applies only to --eval-data synthetic"},

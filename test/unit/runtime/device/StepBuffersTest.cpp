@@ -58,8 +58,9 @@ TEST(TrainBuffers, MapsEveryBuffer) {
   EXPECT_EQ(map.frozenWeight(FrozenWeight::LmHead), -1);
 }
 
-// An evaluation program: the step's inputs, frozen weights and parameters
-// and one metric per forward sum, nothing else.
+// An evaluation program: the step's inputs, frozen weights and parameters,
+// one metric per forward sum and the draft slots of each micro-batch,
+// nothing else.
 TEST(TrainBuffers, MapsAnEvaluationProgram) {
   ModelConfig c = smallConfig();
   std::vector<BufferSpec> buffers;
@@ -70,11 +71,20 @@ TEST(TrainBuffers, MapsAnEvaluationProgram) {
   for (int k = 0; k < kNumForwardSums; ++k)
     buffers.push_back({nameOf(ForwardSum(k)), BufferRole::Metric, DType::F32,
                        shapeOf(ForwardSum(k), c), k});
+  const std::vector<int64_t> slots = {c.rowsPerGpu,
+                                      c.anchorsPerRow * c.blockSize};
+  for (DraftSlots which : {DraftSlots::Hits, DraftSlots::Weights})
+    buffers.push_back({nameOf(which), BufferRole::Metric, dtypeOf(which), slots,
+                       draftSlotsIndex(which, 0)});
   EvalBufferMap map;
   Status s = mapEvalBuffers(buffers, c, map);
   ASSERT_TRUE(s.ok()) << s.message();
   EXPECT_EQ(buffers[size_t(map.sums[size_t(ForwardSum::RunSum)])].name,
             "run_sum");
+  ASSERT_EQ(map.draftSlots.size(), 1u);
+  EXPECT_EQ(
+      buffers[size_t(map.draftSlots[0][size_t(DraftSlots::Weights)])].name,
+      "draft_weights");
   EXPECT_EQ(buffers[size_t(map.param.back())].role, BufferRole::Parameter);
   auto expectError = [&](std::vector<BufferSpec> list,
                          const std::string &message) {
@@ -87,9 +97,22 @@ TEST(TrainBuffers, MapsAnEvaluationProgram) {
   // A step's buffers are not an evaluation program's.
   expectError(stepBuffers(c), "evaluation program: master buffer");
   auto noSum = buffers;
-  noSum.pop_back();
+  noSum.erase(noSum.begin() + map.sums[size_t(ForwardSum::BucketCounts)]);
   expectError(noSum, "evaluation program: has no metric buffer "
                      "'bucket_counts'");
+  auto noSlots = buffers;
+  noSlots.pop_back();
+  expectError(noSlots, "has no metric buffer 'draft_weights' of micro-batch 0");
+  auto wideHits = buffers;
+  wideHits[size_t(map.draftSlots[0][0])].shape = {c.rowsPerStep() + 1,
+                                                  slots[1]};
+  expectError(wideHits, "metric buffer 'draft_hits' has shape");
+  // A second micro-batch's slots where the config has one.
+  auto extra = buffers;
+  extra.push_back({"draft_hits", BufferRole::Metric, DType::U8, slots,
+                   draftSlotsIndex(DraftSlots::Hits, 1)});
+  expectError(extra, "which is not a forward sum or a micro-batch's draft "
+                     "slots");
   auto noParam = buffers;
   noParam.erase(
       std::find_if(noParam.begin(), noParam.end(), [](const BufferSpec &b) {
@@ -103,7 +126,7 @@ TEST(TrainBuffers, MapsAnEvaluationProgram) {
   c.positionBuckets = {8, 16};
   auto buckets = buffers;
   for (BufferSpec &b : buckets)
-    if (b.role == BufferRole::Metric)
+    if (b.role == BufferRole::Metric && b.index < kNumForwardSums)
       b.shape = shapeOf(ForwardSum(b.index), c);
   EvalBufferMap bucketMap;
   s = mapEvalBuffers(buckets, c, bucketMap);

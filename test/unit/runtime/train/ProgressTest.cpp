@@ -311,6 +311,24 @@ TEST(TrainMetrics, EvalLines) {
             "\"eval_rows\": 80, \"eval_batches\": 40, \"eval_s\": 1.500}");
   EXPECT_EQ(evalLine(e), "eval after step 300: loss 2.1250  acc 0.5000  tau "
                          "3.25  acc@k 75 50  (80 rows, 2s)");
+  // With the serving walk (ServingWalk.h) of 16 rows.
+  EvalMetrics walked = e;
+  walked.servingTau = 4.125;
+  walked.servingBlocks = 96;
+  walked.servingRows = 16;
+  EXPECT_NE(evalJsonLine(walked).find(
+                "[0.75, 0.5], \"eval_serving_tau\": 4.125, "
+                "\"eval_serving_blocks\": 96, \"eval_serving_rows\": 16, "
+                "\"eval_rows\": 80"),
+            std::string::npos)
+      << evalJsonLine(walked);
+  EXPECT_EQ(evalLine(walked),
+            "eval after step 300: loss 2.1250  acc 0.5000  tau 3.25  acc@k 75 "
+            "50  serving tau 4.12 (96 blocks)  (80 rows, 2s)");
+  walked.servingBlocks = 0;
+  walked.servingTau = std::nan("");
+  EXPECT_NE(evalJsonLine(walked).find("\"eval_serving_tau\": null"),
+            std::string::npos);
   // The log keeps an evaluation with the step it followed on resume.
   TrainMainTempDir dir;
   std::string path = dir.path + "/metrics.jsonl";
