@@ -266,6 +266,11 @@ for item in "${items[@]}"; do
           --steps 10 --precision $precision --save "$D/ref/tiny-yarn-s8k-params$suffix" \
           > "$D/ref/tiny-yarn-s8k-losses$suffix.jsonl"
       done ;;
+    ref:tiny-serving)
+      step "CPU reference: 150 synthetic steps, then that drafter evaluated with its serving walk"
+      reference /dev/null --data synthetic --rows 64 --steps 150 --save "$D/ref/tiny-150"
+      reference "$D/ref/tiny-150-eval.jsonl" --data synthetic --rows 64 --steps 0 \
+        --init "$D/ref/tiny-150" --eval-rows 20 ;;
     ref:tiny-tau)
       step "CPU reference: 200 synthetic steps"
       reference "$D/ref/tiny-synthetic-200.jsonl" --data synthetic --rows 64 --steps 200 ;;

@@ -224,7 +224,8 @@ class PlanTest(unittest.TestCase):
         out = device_check("tiny", "packing", "eval", "--prepare", "--dry-run")
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.strip(),
-                         "scripts/device-prepare.sh --items trainer:tiny data:tiny ref:tiny-eval")
+                         "scripts/device-prepare.sh --items trainer:tiny data:tiny ref:tiny-eval "
+                         "ref:tiny-serving")
 
     def test_unknown_suite(self):
         out = device_check("tinny", "--dry-run")
