@@ -88,6 +88,40 @@ Status dflash::validateModelConfig(const ModelConfig &c) {
     if (i > 0 && edge <= c.positionBuckets[i - 1])
       return fieldError(c, "'position_buckets' is not strictly increasing");
   }
+  if (c.dflash2) {
+    if (c.convKernelSize < 1 || c.convKernelSize > kMaxConvKernelSize ||
+        c.convKernelSize > c.blockSize)
+      return fieldError(
+          c, "'conv_kernel_size' (" + std::to_string(c.convKernelSize) +
+                 ") is outside 1.." + std::to_string(kMaxConvKernelSize) +
+                 " or past 'block_size'");
+    if (c.convGroupSize < 1 || c.hiddenSize % c.convGroupSize != 0)
+      return fieldError(c, "'conv_group_size' (" +
+                               std::to_string(c.convGroupSize) +
+                               ") does not divide 'hidden_size' (" +
+                               std::to_string(c.hiddenSize) + ")");
+    if (c.selectorRank < 1)
+      return fieldError(c, "'selector_rank' (" +
+                               std::to_string(c.selectorRank) +
+                               ") must be positive");
+    if (c.selectorTopK < 1 || c.selectorTopK > kMaxSelectorTopK ||
+        c.selectorTopK > c.vocabSize)
+      return fieldError(
+          c, "'selector_top_k' (" + std::to_string(c.selectorTopK) +
+                 ") is outside 1.." + std::to_string(kMaxSelectorTopK) +
+                 " or past 'vocab_size'");
+    if (!(c.outputMultiplier > 0) || !(c.finalLogitSoftcapping >= 0) ||
+        !(c.inputEmbeddingScale > 0))
+      return fieldError(c, "'output_multiplier' and 'input_embedding_scale' "
+                           "must be positive, 'final_logit_softcapping' "
+                           "positive or 0 (none)");
+    if (!(c.selectorAlpha >= 0) || !(c.selectorWarmupRatio >= 0) ||
+        !(c.selectorRampRatio >= 0) ||
+        !(c.selectorWarmupRatio + c.selectorRampRatio <= 1))
+      return fieldError(c, "'selector_alpha' must be at least 0, and "
+                           "'selector_warmup_ratio' and 'selector_ramp_ratio' "
+                           "at least 0 with a sum of at most 1");
+  }
   return Status::success();
 }
 

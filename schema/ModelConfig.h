@@ -54,6 +54,18 @@ struct ModelConfig {
   double ropeScalingAttentionFactor = 1;
   /// Sliding window of each layer; 0 for a full-attention layer.
   std::vector<int64_t> layerWindows;
+  /// [drafter.dflash2]: a DFlash2 drafter (docs/semantics.md section 13),
+  /// off while dflash2 is false; the rest keep their defaults then. Every
+  /// layer of a DFlash2 drafter is bidirectional inside its block (see
+  /// blockCausal).
+  bool dflash2 = false;
+  int64_t convKernelSize = 2;       ///< kc: taps of each grouped convolution
+  int64_t convGroupSize = 16;       ///< gs: channels per group, G = H / gs
+  int64_t selectorRank = 256;       ///< r: width of the selector's codebooks
+  int64_t selectorTopK = 16;        ///< K: candidates the selector re-ranks
+  double outputMultiplier = 1;      ///< m of the unary transform
+  double finalLogitSoftcapping = 0; ///< c of the unary transform; 0: none
+  double inputEmbeddingScale = 1;   ///< the draft stream's embedding scale
 
   // Training ([training]).
   int64_t seqLen = 3072;
@@ -75,6 +87,21 @@ struct ModelConfig {
   /// Strictly increasing, positive and below seqLen (no anchor reaches an
   /// edge past it); empty: one bucket, [0, seqLen).
   std::vector<int64_t> positionBuckets;
+  /// [training.dflash2]: the selector's loss term (docs/semantics.md
+  /// section 13), read only for a DFlash2 drafter. Its weight is 0 for the
+  /// first selectorWarmupRatio of the optimizer steps, then ramps linearly
+  /// to selectorAlpha over selectorRampRatio of them.
+  double selectorAlpha = 1;
+  double selectorWarmupRatio = 0;
+  double selectorRampRatio = 0;
+  /// The selector's gradient stops at the unary logits and y.
+  bool selectorStopGradient = false;
+  /// selector_gold = "inject": a label missing from the top K takes the
+  /// place of candidate K (so cov = 1); else ("topk") it is not covered.
+  bool selectorGoldInject = false;
+  /// selector_denominator = "covered": the selector term is divided by
+  /// sum(w * cov) instead of sum(w) ("all").
+  bool selectorDenominatorCovered = false;
 
   // Optimizer ([optimizer]).
   double lr = 6e-4;
@@ -98,6 +125,15 @@ struct ModelConfig {
   bool layerSlides(int64_t layer) const {
     return layerWindows[size_t(layer)] > 0;
   }
+  /// Whether a query of `layer` sees only the slots of its block up to its
+  /// own (docs/semantics.md section 3): a sliding layer of a DFlash drafter.
+  /// Full layers, and every layer of a DFlash2 drafter (section 13), see
+  /// their whole block (within the window).
+  bool blockCausal(int64_t layer) const {
+    return !dflash2 && layerSlides(layer);
+  }
+  /// G: the groups of a DFlash2 convolution's per-token kernel.
+  int64_t convGroups() const { return hiddenSize / convGroupSize; }
   int64_t numPositionBuckets() const {
     return int64_t(positionBuckets.size()) + 1;
   }
@@ -106,6 +142,13 @@ struct ModelConfig {
 /// The most anchor-position buckets a step reports: draft_acceptance_f32
 /// keeps one shared-memory counter per bucket (kernels/DraftBlocks.cuh).
 constexpr int64_t kMaxPositionBuckets = 8;
+
+/// The most taps a DFlash2 convolution may have (kc; 2 in every published
+/// drafter) and the most candidates its selector may re-rank (K; 16): the
+/// bounds the DFlash2 kernels are to be written for, each slot's taps and
+/// candidates in fixed-size arrays (docs/semantics.md section 13).
+constexpr int64_t kMaxConvKernelSize = 4;
+constexpr int64_t kMaxSelectorTopK = 64;
 
 /// The default bucket edges for a sequence of seqLen tokens: 4K, 16K, 64K,
 /// 256K, ... (4096 * 4^i), those below seqLen (none for seqLen <= 4096).
@@ -145,6 +188,14 @@ void forEachModelConfigField(Config &c, Visitor &&visit) {
   DFLASH_FIELD("rope_scaling_truncate", ropeScalingTruncate);
   DFLASH_FIELD("rope_scaling_attention_factor", ropeScalingAttentionFactor);
   DFLASH_FIELD("layer_windows", layerWindows);
+  DFLASH_FIELD("dflash2", dflash2);
+  DFLASH_FIELD("conv_kernel_size", convKernelSize);
+  DFLASH_FIELD("conv_group_size", convGroupSize);
+  DFLASH_FIELD("selector_rank", selectorRank);
+  DFLASH_FIELD("selector_top_k", selectorTopK);
+  DFLASH_FIELD("output_multiplier", outputMultiplier);
+  DFLASH_FIELD("final_logit_softcapping", finalLogitSoftcapping);
+  DFLASH_FIELD("input_embedding_scale", inputEmbeddingScale);
   DFLASH_FIELD("seq_len", seqLen);
   DFLASH_FIELD("anchors_per_row", anchorsPerRow);
   DFLASH_FIELD("rows_per_gpu", rowsPerGpu);
@@ -153,6 +204,12 @@ void forEachModelConfigField(Config &c, Visitor &&visit) {
   DFLASH_FIELD("seed", seed);
   DFLASH_FIELD("init_std", initStd);
   DFLASH_FIELD("position_buckets", positionBuckets);
+  DFLASH_FIELD("selector_alpha", selectorAlpha);
+  DFLASH_FIELD("selector_warmup_ratio", selectorWarmupRatio);
+  DFLASH_FIELD("selector_ramp_ratio", selectorRampRatio);
+  DFLASH_FIELD("selector_stop_gradient", selectorStopGradient);
+  DFLASH_FIELD("selector_gold_inject", selectorGoldInject);
+  DFLASH_FIELD("selector_denominator_covered", selectorDenominatorCovered);
   DFLASH_FIELD("lr", lr);
   DFLASH_FIELD("warmup_ratio", warmupRatio);
   DFLASH_FIELD("max_grad_norm", maxGradNorm);

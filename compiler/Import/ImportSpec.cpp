@@ -247,7 +247,7 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
       bool sliding = spec.layerSlides(i);
       IntegerAttr window =
           sliding ? b.getI64IntegerAttr(spec.layerWindows[size_t(i)]) : nullptr;
-      UnitAttr causal = sliding ? b.getUnitAttr() : nullptr;
+      UnitAttr causal = spec.blockCausal(i) ? b.getUnitAttr() : nullptr;
       auto attn = BlockAttentionOp::create(
           b, attnLoc, TypeRange{q.getType(), t({B, Q, nh}, f32)}, q, kc, vc, kd,
           vd, anchors, keep, positions, b.getI64IntegerAttr(bs), window,
@@ -346,6 +346,15 @@ namespace dflash {
 OwningOpRef<ModuleOp> importSpec(MLIRContext &context,
                                  const DrafterSpec &spec) {
   context.loadDialect<DFlashDialect, func::FuncDialect>();
+  // The graph below is a DFlash drafter's (sections 3-4), not a DFlash2
+  // drafter's (section 13).
+  if (spec.dflash2) {
+    SpecError error = dflash2NotBuiltError(spec, "no graph is imported");
+    emitError(FileLineColLoc::get(&context, spec.file, error.loc.line,
+                                  error.loc.column),
+              error.message);
+    return nullptr;
+  }
   GraphBuilder builder(context, spec);
   OwningOpRef<ModuleOp> module = builder.build();
   if (failed(verify(*module)))

@@ -169,8 +169,12 @@ private:
   bool readTarget();
   bool readDrafter();
   bool readRopeScaling();
+  /// [drafter.dflash2]: a DFlash2 drafter's shapes and unary transform.
+  bool readDFlash2();
   bool readAttention();
   bool readTraining();
+  /// [training.dflash2]: the selector's loss term, for a DFlash2 drafter.
+  bool readTrainingDFlash2();
   /// training.position_buckets: the default edges, or the given ones
   /// checked (docs/spec.md) and cut to those below seq_len.
   bool resolvePositionBuckets(bool given);
@@ -401,7 +405,9 @@ bool SpecReader::readDrafter() {
       !readInt("max_position_embeddings", spec.maxPositionEmbeddings, false, 1,
                int64_t(1) << 31))
     return false;
-  get("rope_scaling", false); // a table of its own, read last
+  // Tables of their own, read last.
+  get("rope_scaling", false);
+  get("dflash2", false);
   if (!leave())
     return false;
   if (spec.hiddenSize != spec.targetHiddenSize)
@@ -431,7 +437,7 @@ bool SpecReader::readDrafter() {
                       std::to_string(spec.maskTokenId) +
                       ") is outside the vocabulary of 'target.vocab_size' (" +
                       std::to_string(spec.vocabSize) + ")");
-  return readRopeScaling();
+  return readRopeScaling() && readDFlash2();
 }
 
 /// [drafter.rope_scaling]: transformers' rope_scaling keys for YaRN, with
@@ -478,6 +484,56 @@ bool SpecReader::readRopeScaling() {
   spec.ropeScalingAttentionFactor =
       attentionFactor > 0 ? attentionFactor
                           : 0.1 * std::log(spec.ropeScalingFactor) + 1.0;
+  return true;
+}
+
+/// [drafter.dflash2] (docs/semantics.md section 13): present, even empty,
+/// makes a DFlash2 drafter; the shapes default to the published drafters'.
+bool SpecReader::readDFlash2() {
+  if (!enter("drafter.dflash2", false))
+    return false;
+  if (!table)
+    return true;
+  spec.dflash2 = true;
+  if (!readInt("conv_kernel_size", spec.convKernelSize, false, 1, 1 << 10) ||
+      !readInt("conv_group_size", spec.convGroupSize, false, 1, 1 << 20) ||
+      !readInt("selector_rank", spec.selectorRank, false, 1, 1 << 16) ||
+      !readInt("selector_top_k", spec.selectorTopK, false, 1, 1 << 24) ||
+      !readFloat("output_multiplier", spec.outputMultiplier, false, true) ||
+      !readFloat("final_logit_softcapping", spec.finalLogitSoftcapping, false,
+                 true) ||
+      !readFloat("input_embedding_scale", spec.inputEmbeddingScale, false,
+                 true) ||
+      !leave())
+    return false;
+  const std::string kc = prefix + "conv_kernel_size";
+  if (spec.convKernelSize > kMaxConvKernelSize)
+    return failAt(kc, "'" + kc + "' is " + std::to_string(spec.convKernelSize) +
+                          "; the DFlash2 convolution kernels take at most " +
+                          std::to_string(kMaxConvKernelSize) + " taps");
+  if (spec.convKernelSize > spec.blockSize)
+    return failAt(kc, "'" + kc + "' (" + std::to_string(spec.convKernelSize) +
+                          ") is above 'drafter.block_size' (" +
+                          std::to_string(spec.blockSize) +
+                          "): the convolution stays inside one block, so "
+                          "taps past it see nothing");
+  const std::string gs = prefix + "conv_group_size";
+  if (spec.hiddenSize % spec.convGroupSize != 0)
+    return failAt(gs, "'" + gs + "' (" + std::to_string(spec.convGroupSize) +
+                          ") does not divide 'drafter.hidden_size' (" +
+                          std::to_string(spec.hiddenSize) +
+                          "): the channels form hidden_size / " +
+                          "conv_group_size groups");
+  const std::string k = prefix + "selector_top_k";
+  if (spec.selectorTopK > spec.vocabSize)
+    return failAt(k, "'" + k + "' (" + std::to_string(spec.selectorTopK) +
+                         ") is above 'target.vocab_size' (" +
+                         std::to_string(spec.vocabSize) +
+                         "): the selector re-ranks the top K tokens");
+  if (spec.selectorTopK > kMaxSelectorTopK)
+    return failAt(k, "'" + k + "' is " + std::to_string(spec.selectorTopK) +
+                         "; the DFlash2 selector kernels take at most " +
+                         std::to_string(kMaxSelectorTopK) + " candidates");
   return true;
 }
 
@@ -572,8 +628,10 @@ bool SpecReader::readTraining() {
       !readInt("seed", spec.seed, false, 0,
                std::numeric_limits<int64_t>::max()) ||
       !readFloat("init_std", spec.initStd, false, true) ||
-      !readIntArray("position_buckets", spec.positionBuckets, bucketsGiven) ||
-      !leave())
+      !readIntArray("position_buckets", spec.positionBuckets, bucketsGiven))
+    return false;
+  get("dflash2", false); // a table of its own, read last
+  if (!leave())
     return false;
   spec.gammaDefaulted = !spec.locations.count("training.gamma");
   if (spec.gammaDefaulted) {
@@ -606,7 +664,8 @@ bool SpecReader::readTraining() {
             ") is longer than 'training.seq_len' (" +
             std::to_string(spec.seqLen) +
             "): at this length the window hides (almost) no context, so the "
-            "sliding layers train like full ones but for their causal blocks",
+            "sliding layers train like full ones" +
+            (spec.dflash2 ? "" : " but for their causal blocks"),
         /*warning=*/true});
   if (spec.maxPositionEmbeddings < spec.seqLen + spec.blockSize)
     return failAt("drafter.max_position_embeddings",
@@ -614,7 +673,73 @@ bool SpecReader::readTraining() {
                       std::to_string(spec.maxPositionEmbeddings) +
                       ") is below seq_len + block_size (" +
                       std::to_string(spec.seqLen + spec.blockSize) + ")");
-  return resolvePositionBuckets(bucketsGiven);
+  return resolvePositionBuckets(bucketsGiven) && readTrainingDFlash2();
+}
+
+/// [training.dflash2] (docs/semantics.md section 13, "Loss"): SpecForge's
+/// objective by default; selector_gold and selector_denominator reproduce
+/// the other trainers'.
+bool SpecReader::readTrainingDFlash2() {
+  if (!enter("training.dflash2", false))
+    return false;
+  if (!table)
+    return true;
+  if (!spec.dflash2)
+    return failAt("training.dflash2",
+                  "[training.dflash2] sets the loss of a selector, but the "
+                  "drafter has no selector: only a DFlash2 drafter (a "
+                  "[drafter.dflash2] table) has one");
+  std::string gold = "topk", denominator = "all";
+  if (!readFloat("selector_alpha", spec.selectorAlpha, false, true, true) ||
+      !readFloat("selector_warmup_ratio", spec.selectorWarmupRatio, false, true,
+                 true) ||
+      !readFloat("selector_ramp_ratio", spec.selectorRampRatio, false, true,
+                 true) ||
+      !readBool("selector_stop_gradient", spec.selectorStopGradient) ||
+      !readString("selector_gold", gold, false) ||
+      !readString("selector_denominator", denominator, false) || !leave())
+    return false;
+  const std::string warmup = prefix + "selector_warmup_ratio",
+                    ramp = prefix + "selector_ramp_ratio";
+  if (spec.selectorWarmupRatio >= 1)
+    return failAt(warmup, "'" + warmup +
+                              "' must be below 1: the selector would never "
+                              "be trained");
+  if (spec.selectorRampRatio > 1)
+    return failAt(ramp, "'" + ramp + "' must be at most 1");
+  if (spec.selectorWarmupRatio + spec.selectorRampRatio > 1)
+    return failAt(ramp, "'" + warmup + "' + '" + ramp +
+                            "' must be at most 1: the ramp would end after "
+                            "the last step");
+  const std::string goldKey = prefix + "selector_gold",
+                    denominatorKey = prefix + "selector_denominator";
+  if (gold != "topk" && gold != "inject")
+    return failAt(goldKey, "'" + goldKey + "' is \"" + gold +
+                               "\"; it must be \"topk\" or \"inject\"");
+  if (denominator != "all" && denominator != "covered")
+    return failAt(denominatorKey, "'" + denominatorKey + "' is \"" +
+                                      denominator +
+                                      "\"; it must be \"all\" or \"covered\"");
+  spec.selectorGoldInject = gold == "inject";
+  spec.selectorDenominatorCovered = denominator == "covered";
+  if (spec.selectorGoldInject && spec.selectorDenominatorCovered)
+    return failAt(denominatorKey,
+                  "'" + denominatorKey + "' = \"covered\" contradicts '" +
+                      goldKey +
+                      "' = \"inject\": an injected label covers every "
+                      "slot (cov = 1), so \"covered\" would divide by the "
+                      "same sum as \"all\"; say \"all\"");
+  // A selector weight of 0 trains no selector: valid (an ablation), but
+  // then the options that shape its term do nothing.
+  const std::string alpha = prefix + "selector_alpha";
+  if (spec.selectorAlpha == 0 && table->size() > 1)
+    spec.warnings.push_back(SpecError{
+        spec.file, spec.locationOf(alpha),
+        "'" + alpha +
+            "' is 0, so the selector is never trained and the other keys of "
+            "[training.dflash2] do nothing",
+        /*warning=*/true});
+  return true;
 }
 
 bool SpecReader::resolvePositionBuckets(bool given) {
@@ -765,6 +890,15 @@ std::optional<DrafterSpec> dflash::loadSpec(const std::string &path,
   return parseSpec(ss.str(), path, error);
 }
 
+SpecError dflash::dflash2NotBuiltError(const DrafterSpec &spec,
+                                       const std::string &consequence) {
+  return SpecError{spec.file, spec.locationOf("drafter.dflash2"),
+                   "[drafter.dflash2] makes this a DFlash2 drafter "
+                   "(docs/semantics.md section 13), and DFlash2 lowering is "
+                   "not built yet: " +
+                       consequence};
+}
+
 namespace {
 /// The shortest decimal form that reads back as exactly `v`.
 std::string fmtFloat(double v) {
@@ -839,6 +973,21 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
     os << "attention_factor = " << fmtFloat(s.ropeScalingAttentionFactor)
        << "\n\n";
   }
+  if (s.dflash2) {
+    os << "[drafter.dflash2]\n";
+    os << "conv_kernel_size = " << s.convKernelSize << "\n";
+    os << "conv_group_size = " << s.convGroupSize << "\n";
+    os << "selector_rank = " << s.selectorRank << "\n";
+    os << "selector_top_k = " << s.selectorTopK << "\n";
+    os << "output_multiplier = " << fmtFloat(s.outputMultiplier) << "\n";
+    if (s.finalLogitSoftcapping > 0)
+      os << "final_logit_softcapping = " << fmtFloat(s.finalLogitSoftcapping)
+         << "\n";
+    else
+      os << "# final_logit_softcapping: none\n";
+    os << "input_embedding_scale = " << fmtFloat(s.inputEmbeddingScale)
+       << "\n\n";
+  }
   os << "[attention]\n";
   bool anySliding = false;
   os << "layers = [";
@@ -847,7 +996,10 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
     anySliding |= sl;
     os << (i ? ", " : "") << (sl ? "\"sliding\"" : "\"full\"");
   }
-  os << "]\n";
+  os << "]"
+     << (s.dflash2 ? "  # DFlash2: each layer bidirectional inside its block"
+                   : "")
+     << "\n";
   if (anySliding)
     os << "sliding_window = " << s.slidingWindow << "\n";
   os << "\n[training]\n";
@@ -865,6 +1017,18 @@ std::string dflash::printCanonicalSpec(const DrafterSpec &s) {
     os << "position_buckets = " << fmtIds(s.positionBuckets)
        << (bucketsGiven ? "" : "  # default for this seq_len") << "\n";
   os << "\n";
+  if (s.dflash2) {
+    os << "[training.dflash2]\n";
+    os << "selector_alpha = " << fmtFloat(s.selectorAlpha) << "\n";
+    os << "selector_warmup_ratio = " << fmtFloat(s.selectorWarmupRatio) << "\n";
+    os << "selector_ramp_ratio = " << fmtFloat(s.selectorRampRatio) << "\n";
+    os << "selector_stop_gradient = "
+       << (s.selectorStopGradient ? "true" : "false") << "\n";
+    os << "selector_gold = "
+       << (s.selectorGoldInject ? "\"inject\"" : "\"topk\"") << "\n";
+    os << "selector_denominator = "
+       << (s.selectorDenominatorCovered ? "\"covered\"" : "\"all\"") << "\n\n";
+  }
   os << "[optimizer]\n";
   os << "lr = " << fmtFloat(s.lr) << "\n";
   os << "warmup_ratio = " << fmtFloat(s.warmupRatio) << "\n";

@@ -262,7 +262,8 @@ std::string withoutComments(const std::string &text) {
 
 TEST(Spec, CanonicalFormRoundTrips) {
   for (const char *name :
-       {"tiny", "qwen3-8b-b16", "qwen3.6-27b-b16", "qwen3-coder-30b-a3b-b16"}) {
+       {"tiny", "qwen3-8b-b16", "qwen3.6-27b-b16", "qwen3-coder-30b-a3b-b16",
+        "tiny-dflash2", "qwen3.8-27b-dflash2-b8"}) {
     SCOPED_TRACE(name);
     SpecError error;
     auto spec =
@@ -332,6 +333,222 @@ TEST(Spec, PositionBuckets) {
   EXPECT_TRUE(none->positionBuckets.empty());
   EXPECT_NE(printCanonicalSpec(*none).find("position_buckets = []\n"),
             std::string::npos);
+}
+
+// [drafter.dflash2] (docs/semantics.md section 13): an empty table makes a
+// DFlash2 drafter with the published drafters' shapes; [training.dflash2]
+// defaults to SpecForge's objective. Without the table nothing changes.
+TEST(Spec, DFlash2Defaults) {
+  SpecError error;
+  auto plain = parseSpec(kBase, "base.toml", error);
+  ASSERT_TRUE(plain) << error.str();
+  EXPECT_FALSE(plain->dflash2);
+  EXPECT_TRUE(plain->blockCausal(0)); // the sliding layer, causal in-block
+  EXPECT_EQ(printCanonicalSpec(*plain).find("dflash2"), std::string::npos);
+
+  auto spec =
+      parseSpec(std::string(kBase) + "[drafter.dflash2]\n", "d2.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  EXPECT_TRUE(spec->dflash2);
+  EXPECT_EQ(spec->convKernelSize, 2);
+  EXPECT_EQ(spec->convGroupSize, 16);
+  EXPECT_EQ(spec->convGroups(), 4); // 64 / 16
+  EXPECT_EQ(spec->selectorRank, 256);
+  EXPECT_EQ(spec->selectorTopK, 16);
+  EXPECT_EQ(spec->outputMultiplier, 1.0);
+  EXPECT_EQ(spec->finalLogitSoftcapping, 0.0); // none
+  EXPECT_EQ(spec->inputEmbeddingScale, 1.0);
+  EXPECT_EQ(spec->selectorAlpha, 1.0);
+  EXPECT_EQ(spec->selectorWarmupRatio, 0.0);
+  EXPECT_EQ(spec->selectorRampRatio, 0.0);
+  EXPECT_FALSE(spec->selectorStopGradient);
+  EXPECT_FALSE(spec->selectorGoldInject);
+  EXPECT_FALSE(spec->selectorDenominatorCovered);
+  // The sliding layer keeps its window but sees its whole block.
+  EXPECT_EQ(spec->layerWindows, (std::vector<int64_t>{8, 0}));
+  EXPECT_FALSE(spec->blockCausal(0));
+  EXPECT_FALSE(spec->blockCausal(1));
+  EXPECT_TRUE(spec->warnings.empty());
+
+  // Every key given, the canonical form keeps each.
+  auto given = parseSpec(std::string(kBase) +
+                             "[drafter.dflash2]\nconv_kernel_size = 3\n"
+                             "conv_group_size = 8\nselector_rank = 32\n"
+                             "selector_top_k = 64\noutput_multiplier = 0.5\n"
+                             "final_logit_softcapping = 30\n"
+                             "input_embedding_scale = 8.0\n"
+                             "[training.dflash2]\nselector_alpha = 0.25\n"
+                             "selector_warmup_ratio = 0.1\n"
+                             "selector_ramp_ratio = 0.9\n"
+                             "selector_stop_gradient = true\n"
+                             "selector_gold = \"inject\"\n"
+                             "selector_denominator = \"all\"\n",
+                         "given.toml", error);
+  ASSERT_TRUE(given) << error.str();
+  EXPECT_EQ(given->convKernelSize, 3);
+  EXPECT_EQ(given->convGroups(), 8);
+  EXPECT_EQ(given->selectorRank, 32);
+  EXPECT_EQ(given->selectorTopK, 64);
+  EXPECT_EQ(given->outputMultiplier, 0.5);
+  EXPECT_EQ(given->finalLogitSoftcapping, 30.0);
+  EXPECT_EQ(given->inputEmbeddingScale, 8.0);
+  EXPECT_EQ(given->selectorAlpha, 0.25);
+  EXPECT_EQ(given->selectorWarmupRatio, 0.1);
+  EXPECT_EQ(given->selectorRampRatio, 0.9);
+  EXPECT_TRUE(given->selectorStopGradient);
+  EXPECT_TRUE(given->selectorGoldInject);
+  EXPECT_FALSE(given->selectorDenominatorCovered);
+  for (const DrafterSpec *s : {&*spec, &*given}) {
+    std::string canonical = printCanonicalSpec(*s);
+    auto again = parseSpec(canonical, "canonical.toml", error);
+    ASSERT_TRUE(again) << error.str() << "\n" << canonical;
+    EXPECT_EQ(withoutComments(printCanonicalSpec(*again)),
+              withoutComments(canonical));
+    EXPECT_TRUE(again->dflash2);
+    EXPECT_EQ(again->convKernelSize, s->convKernelSize);
+    EXPECT_EQ(again->convGroupSize, s->convGroupSize);
+    EXPECT_EQ(again->selectorRank, s->selectorRank);
+    EXPECT_EQ(again->selectorTopK, s->selectorTopK);
+    EXPECT_EQ(again->outputMultiplier, s->outputMultiplier);
+    EXPECT_EQ(again->finalLogitSoftcapping, s->finalLogitSoftcapping);
+    EXPECT_EQ(again->inputEmbeddingScale, s->inputEmbeddingScale);
+    EXPECT_EQ(again->selectorAlpha, s->selectorAlpha);
+    EXPECT_EQ(again->selectorWarmupRatio, s->selectorWarmupRatio);
+    EXPECT_EQ(again->selectorRampRatio, s->selectorRampRatio);
+    EXPECT_EQ(again->selectorStopGradient, s->selectorStopGradient);
+    EXPECT_EQ(again->selectorGoldInject, s->selectorGoldInject);
+    EXPECT_EQ(again->selectorDenominatorCovered, s->selectorDenominatorCovered);
+  }
+  // "covered" alone (NeMo's denominator) is valid.
+  auto covered =
+      parseSpec(std::string(kBase) + "[drafter.dflash2]\n[training.dflash2]\n"
+                                     "selector_denominator = \"covered\"\n",
+                "covered.toml", error);
+  ASSERT_TRUE(covered) << error.str();
+  EXPECT_TRUE(covered->selectorDenominatorCovered);
+  EXPECT_FALSE(covered->selectorGoldInject);
+}
+
+// A vocabulary smaller than the kernels' limit bounds the selector's K.
+TEST(Spec, DFlash2TopKPastSmallVocabulary) {
+  std::string text = kBase;
+  text.replace(text.find("vocab_size = 1000"), 17, "vocab_size = 48");
+  text.replace(text.find("mask_token_id = 999"), 19, "mask_token_id = 47");
+  SpecError error;
+  ASSERT_TRUE(parseSpec(text + "[drafter.dflash2]\nselector_top_k = 48\n",
+                        "ok.toml", error))
+      << error.str();
+  text += "[drafter.dflash2]\nselector_top_k = 49\n";
+  EXPECT_FALSE(parseSpec(text, "bad.toml", error));
+  EXPECT_EQ(error.str(),
+            "bad.toml:" + std::to_string(lineOf(text, "selector_top_k")) +
+                ":18: error: 'drafter.dflash2.selector_top_k' "
+                "(49) is above 'target.vocab_size' (48): the "
+                "selector re-ranks the top K tokens");
+}
+
+// Valid but likely not meant: a selector weight of 0 with options that
+// shape its term; a window past the sequence says nothing of causal blocks
+// in a DFlash2 drafter.
+TEST(Spec, DFlash2Warnings) {
+  SpecError error;
+  std::string text = std::string(kBase) +
+                     "[drafter.dflash2]\n[training.dflash2]\n"
+                     "selector_alpha = 0\nselector_ramp_ratio = 0.5\n";
+  auto spec = parseSpec(text, "zero.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  ASSERT_EQ(spec->warnings.size(), 1u);
+  EXPECT_EQ(spec->warnings[0].str(),
+            "zero.toml:" + std::to_string(lineOf(text, "selector_alpha")) +
+                ":18: warning: 'training.dflash2.selector_alpha' is 0, so the "
+                "selector is never trained and the other keys of "
+                "[training.dflash2] do nothing");
+  // Alone, a weight of 0 is an ablation: no warning.
+  spec = parseSpec(std::string(kBase) + "[drafter.dflash2]\n"
+                                        "[training.dflash2]\nselector_alpha = "
+                                        "0\n",
+                   "ablation.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  EXPECT_TRUE(spec->warnings.empty());
+
+  text = replaced("sliding_window = 8", "sliding_window = 100") +
+         "[drafter.dflash2]\n";
+  spec = parseSpec(text, "window.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  ASSERT_EQ(spec->warnings.size(), 1u);
+  EXPECT_EQ(spec->warnings[0].message.find("causal"), std::string::npos)
+      << spec->warnings[0].str();
+}
+
+// The tools that cannot handle a DFlash2 drafter yet say so at its table.
+TEST(Spec, DFlash2NotBuiltErrorNamesTheTable) {
+  std::string text = std::string(kBase) + "[drafter.dflash2]\n";
+  SpecError error;
+  auto spec = parseSpec(text, "d2.toml", error);
+  ASSERT_TRUE(spec) << error.str();
+  EXPECT_EQ(dflash2NotBuiltError(*spec, "nothing is run").str(),
+            "d2.toml:" + std::to_string(lineOf(text, "[drafter.dflash2]")) +
+                ":1: error: [drafter.dflash2] makes this a DFlash2 drafter "
+                "(docs/semantics.md section 13), and DFlash2 lowering is not "
+                "built yet: nothing is run");
+}
+
+// The shipped DFlash2 specs: the published Qwen3.8-27B drafter and SpecForge's
+// recipe (docs/semantics.md section 13), and the tiny one for tests.
+TEST(Spec, ShippedDFlash2Specs) {
+  SpecError error;
+  auto qwen = loadSpec(
+      std::string(DFLASH_SPECS_DIR) + "/qwen3.8-27b-dflash2-b8.toml", error);
+  ASSERT_TRUE(qwen) << error.str();
+  EXPECT_TRUE(qwen->dflash2);
+  EXPECT_EQ(qwen->targetModel, "Qwen/Qwen3.8-27B");
+  EXPECT_EQ(qwen->targetNumLayers, 64);
+  EXPECT_EQ(qwen->numLayers, 5);
+  EXPECT_EQ(qwen->hiddenSize, 5120);
+  EXPECT_EQ(qwen->intermediateSize, 17408);
+  EXPECT_EQ(qwen->numHeads, 32);
+  EXPECT_EQ(qwen->numKvHeads, 8);
+  EXPECT_EQ(qwen->headDim, 128);
+  EXPECT_EQ(qwen->targetLayerIds, (std::vector<int64_t>{5, 19, 33, 47, 61}));
+  EXPECT_EQ(qwen->blockSize, 8);
+  EXPECT_EQ(qwen->vocabSize, 248320);
+  EXPECT_EQ(qwen->maskTokenId, 248070);
+  EXPECT_EQ(qwen->ropeTheta, 1e7);
+  EXPECT_EQ(qwen->layerWindows, (std::vector<int64_t>(5, 2048)));
+  for (int64_t layer = 0; layer < 5; ++layer)
+    EXPECT_FALSE(qwen->blockCausal(layer));
+  EXPECT_EQ(qwen->convKernelSize, 2);
+  EXPECT_EQ(qwen->convGroupSize, 16);
+  EXPECT_EQ(qwen->selectorRank, 256);
+  EXPECT_EQ(qwen->selectorTopK, 16);
+  EXPECT_EQ(qwen->outputMultiplier, 1.0);
+  EXPECT_EQ(qwen->finalLogitSoftcapping, 0.0);
+  EXPECT_EQ(qwen->inputEmbeddingScale, 1.0);
+  EXPECT_EQ(qwen->gamma, 7.0);
+  EXPECT_FALSE(qwen->gammaDefaulted); // 4 is block 8's default
+  EXPECT_EQ(qwen->anchorsPerRow, 512);
+  EXPECT_EQ(qwen->seqLen, 8192);
+  EXPECT_EQ(qwen->lr, 5e-4);
+  EXPECT_EQ(qwen->selectorAlpha, 1.0);
+  EXPECT_FALSE(qwen->selectorGoldInject);
+  EXPECT_FALSE(qwen->selectorDenominatorCovered);
+  EXPECT_TRUE(qwen->warnings.empty());
+
+  // tiny's shapes, with K > 1 candidates and G > 1 groups.
+  auto tiny = loadSpec(std::string(DFLASH_SPECS_DIR) + "/tiny.toml", error);
+  auto tiny2 =
+      loadSpec(std::string(DFLASH_SPECS_DIR) + "/tiny-dflash2.toml", error);
+  ASSERT_TRUE(tiny && tiny2) << error.str();
+  EXPECT_TRUE(tiny2->dflash2);
+  DrafterSpec same = *tiny2;
+  same.name = tiny->name;
+  same.dflash2 = false;
+  std::string v1 = printCanonicalSpec(*tiny);
+  std::string asV1 = printCanonicalSpec(same);
+  EXPECT_EQ(asV1.substr(asV1.find('\n')), v1.substr(v1.find('\n')));
+  EXPECT_GT(tiny2->selectorTopK, 1);
+  EXPECT_GT(tiny2->convGroups(), 1);
+  EXPECT_LT(tiny2->selectorRank, 256);
 }
 
 TEST(Spec, MissingFileIsAnError) {
@@ -572,6 +789,141 @@ const ErrorCase kErrorCases[] = {
      "'training.position_buckets' has 8 edges; at most 7 (8 buckets) are "
      "supported",
      "position_buckets"},
+    // [drafter.dflash2] and [training.dflash2] (docs/semantics.md section
+    // 13), appended after [training]: hidden_size 64, vocab 1000, block 4.
+    {"DFlash2NotATable", "mask_token_id = 999",
+     "mask_token_id = 999\ndflash2 = true",
+     "'drafter.dflash2' must be a table, not a boolean", "dflash2 = true"},
+    {"DFlash2UnknownKey", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nconv_kernal_size = 2",
+     "unknown key 'drafter.dflash2.conv_kernal_size' in [drafter.dflash2]; "
+     "did you mean 'conv_kernel_size'?",
+     "conv_kernal_size"},
+    {"GroupSizeDoesNotDivideHidden", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nconv_group_size = 24",
+     "'drafter.dflash2.conv_group_size' (24) does not divide "
+     "'drafter.hidden_size' (64)",
+     "conv_group_size"},
+    {"GroupSizeZero", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nconv_group_size = 0",
+     "'drafter.dflash2.conv_group_size' is 0; it must be at least 1",
+     "conv_group_size"},
+    {"ConvKernelZero", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nconv_kernel_size = 0",
+     "'drafter.dflash2.conv_kernel_size' is 0; it must be at least 1",
+     "conv_kernel_size"},
+    {"ConvKernelPastKernelLimit", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nconv_kernel_size = 5",
+     "'drafter.dflash2.conv_kernel_size' is 5; the DFlash2 convolution "
+     "kernels take at most 4 taps",
+     "conv_kernel_size"},
+    {"ConvKernelPastBlock", "block_size = 4\nmask_token_id = 999",
+     "block_size = 2\nmask_token_id = 999\n[drafter.dflash2]\n"
+     "conv_kernel_size = 3",
+     "'drafter.dflash2.conv_kernel_size' (3) is above 'drafter.block_size' "
+     "(2): the convolution stays inside one block",
+     "conv_kernel_size"},
+    {"ConvKernelFloat", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nconv_kernel_size = 2.0",
+     "'drafter.dflash2.conv_kernel_size' must be an integer, not a float",
+     "conv_kernel_size"},
+    {"SelectorRankZero", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nselector_rank = 0",
+     "'drafter.dflash2.selector_rank' is 0; it must be at least 1",
+     "selector_rank"},
+    {"SelectorRankNegative", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nselector_rank = -8",
+     "'drafter.dflash2.selector_rank' is -8; it must be at least 1",
+     "selector_rank"},
+    {"TopKZero", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nselector_top_k = 0",
+     "'drafter.dflash2.selector_top_k' is 0; it must be at least 1",
+     "selector_top_k"},
+    {"TopKPastKernelLimit", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nselector_top_k = 65",
+     "'drafter.dflash2.selector_top_k' is 65; the DFlash2 selector kernels "
+     "take at most 64 candidates",
+     "selector_top_k"},
+    {"TopKPastVocabulary", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nselector_top_k = 1001",
+     "'drafter.dflash2.selector_top_k' (1001) is above 'target.vocab_size' "
+     "(1000): the selector re-ranks the top K tokens",
+     "selector_top_k"},
+    {"OutputMultiplierNotPositive", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\noutput_multiplier = -1.0",
+     "'drafter.dflash2.output_multiplier' must be positive",
+     "output_multiplier"},
+    {"SoftcappingZero", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\nfinal_logit_softcapping = 0",
+     "'drafter.dflash2.final_logit_softcapping' must be positive",
+     "final_logit_softcapping"},
+    {"EmbeddingScaleZero", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\ninput_embedding_scale = 0.0",
+     "'drafter.dflash2.input_embedding_scale' must be positive",
+     "input_embedding_scale"},
+    {"SelectorWithoutDFlash2", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[training.dflash2]\nselector_alpha = 0.5",
+     "[training.dflash2] sets the loss of a selector, but the drafter has no "
+     "selector: only a DFlash2 drafter (a [drafter.dflash2] table) has one",
+     "[training.dflash2]"},
+    {"TrainingDFlash2UnknownKey", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_aplha = 1.0",
+     "unknown key 'training.dflash2.selector_aplha' in [training.dflash2]; "
+     "did you mean 'selector_alpha'?",
+     "selector_aplha"},
+    {"NegativeAlpha", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_alpha = -1.0",
+     "'training.dflash2.selector_alpha' must be zero or positive",
+     "selector_alpha"},
+    {"NegativeRampRatio", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_ramp_ratio = -0.1",
+     "'training.dflash2.selector_ramp_ratio' must be zero or positive",
+     "selector_ramp_ratio"},
+    {"WarmupRatioOne", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_warmup_ratio = 1.0",
+     "'training.dflash2.selector_warmup_ratio' must be below 1: the "
+     "selector would never be trained",
+     "selector_warmup_ratio"},
+    {"RampRatioAboveOne", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_ramp_ratio = 1.5",
+     "'training.dflash2.selector_ramp_ratio' must be at most 1",
+     "selector_ramp_ratio"},
+    {"RatiosPastTheRun", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_warmup_ratio = 0.5\nselector_ramp_ratio = 0.75",
+     "'training.dflash2.selector_warmup_ratio' + "
+     "'training.dflash2.selector_ramp_ratio' must be at most 1",
+     "selector_ramp_ratio"},
+    {"StopGradientNotBool", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_stop_gradient = 1",
+     "'training.dflash2.selector_stop_gradient' must be a boolean, not an "
+     "integer",
+     "selector_stop_gradient"},
+    {"UnknownSelectorGold", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_gold = \"label\"",
+     "'training.dflash2.selector_gold' is \"label\"; it must be \"topk\" or "
+     "\"inject\"",
+     "selector_gold"},
+    {"UnknownSelectorDenominator", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_denominator = \"kept\"",
+     "'training.dflash2.selector_denominator' is \"kept\"; it must be "
+     "\"all\" or \"covered\"",
+     "selector_denominator"},
+    {"CoveredWithInjectedGold", "rows_per_gpu = 2",
+     "rows_per_gpu = 2\n[drafter.dflash2]\n[training.dflash2]\n"
+     "selector_gold = \"inject\"\nselector_denominator = \"covered\"",
+     "'training.dflash2.selector_denominator' = \"covered\" contradicts "
+     "'training.dflash2.selector_gold' = \"inject\": an injected label "
+     "covers every slot (cov = 1)",
+     "selector_denominator"},
 };
 
 INSTANTIATE_TEST_SUITE_P(AllRules, SpecErrors, ::testing::ValuesIn(kErrorCases),

@@ -66,6 +66,9 @@ CONTRACT = {
     # dflashc prints the edges only where there are some or they were given.
     "position_buckets": ("training.position_buckets",
                          canonical_value("training", "position_buckets", [])),
+    # dflashc prints [drafter.dflash2] for a DFlash2 drafter alone.
+    "dflash2": ("drafter.dflash2",
+                lambda canonical: "dflash2" in canonical.values["drafter"]),
 }
 # Spec fields that are not read from the spec's keys.
 NOT_RESOLVED = {"path"}
@@ -152,6 +155,29 @@ HAND_WRITTEN = [
      "beta_fast = 0.5\n"),
     ("yarn-not-table", REQUIRED_ONLY.format(n=8, k=2).replace(
         "mask_token_id = 127", "mask_token_id = 127\nrope_scaling = 4")),
+    # [drafter.dflash2] and [training.dflash2]: accepted (empty, and every key
+    # given), and the rules SpecTest.cpp's cases cannot reach.
+    ("dflash2-empty", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.dflash2]\n"),
+    ("dflash2-all", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.dflash2]\n"
+     "conv_kernel_size = 4\nconv_group_size = 8\nselector_rank = 2\nselector_top_k = 64\n"
+     "output_multiplier = 2\nfinal_logit_softcapping = 30.0\ninput_embedding_scale = 0.5\n"
+     "[training.dflash2]\nselector_alpha = 0\nselector_warmup_ratio = 0.5\n"
+     "selector_ramp_ratio = 0.5\nselector_stop_gradient = true\nselector_gold = \"inject\"\n"
+     "selector_denominator = \"all\"\n"),
+    ("dflash2-covered", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.dflash2]\n"
+     "[training.dflash2]\nselector_denominator = \"covered\"\n"),
+    ("dflash2-top-k-past-vocabulary", REQUIRED_ONLY.format(n=8, k=2).replace(
+        "vocab_size = 128", "vocab_size = 48").replace("mask_token_id = 127",
+                                                       "mask_token_id = 47")
+     + "[drafter.dflash2]\nselector_top_k = 49\n"),
+    ("dflash2-training-not-table", REQUIRED_ONLY.format(n=8, k=2)
+     + "[drafter.dflash2]\n[training]\ndflash2 = 1\n"),
+    ("dflash2-training-alone-and-broken", REQUIRED_ONLY.format(n=8, k=2)
+     + "[training.dflash2]\nselector_gold = 5\n"),
+    ("dflash2-gold-type", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.dflash2]\n"
+     "[training.dflash2]\nselector_gold = 5\n"),
+    ("dflash2-softcap-string", REQUIRED_ONLY.format(n=8, k=2) + "[drafter.dflash2]\n"
+     "final_logit_softcapping = \"30\"\n"),
 ]
 
 

@@ -43,6 +43,9 @@ class Spec:
     anchors_per_row: int
     tie_word_embeddings: bool
     position_buckets: list
+    # A DFlash2 drafter ([drafter.dflash2], docs/semantics.md section 13):
+    # it trains on the same tokens and features as a DFlash drafter.
+    dflash2: bool
 
     @property
     def context_width(self):
@@ -122,7 +125,7 @@ SCHEMA = (
             ("block_size", "int", True, 2, 1024),
             ("mask_token_id", "int", True, 0, 1 << 24),
             ("max_position_embeddings", "int", False, 1, 1 << 31),
-            ("rope_scaling", "raw"))
+            ("rope_scaling", "raw"), ("dflash2", "raw"))
     + _keys("drafter.rope_scaling",
             ("rope_type", "string", True),
             ("factor", "float", True),
@@ -131,6 +134,14 @@ SCHEMA = (
             ("beta_slow", "float", False, None, None, True),
             ("truncate", "bool"),
             ("attention_factor", "float", False, None, None, True))
+    + _keys("drafter.dflash2",
+            ("conv_kernel_size", "int", False, 1, 1 << 10),
+            ("conv_group_size", "int", False, 1, 1 << 20),
+            ("selector_rank", "int", False, 1, 1 << 16),
+            ("selector_top_k", "int", False, 1, 1 << 24),
+            ("output_multiplier", "float", False, None, None, True),
+            ("final_logit_softcapping", "float", False, None, None, True),
+            ("input_embedding_scale", "float", False, None, None, True))
     + _keys("attention",
             ("default", "string"),
             ("sliding_window", "int", False, _INT64_MIN, 1 << 31),
@@ -143,7 +154,14 @@ SCHEMA = (
             ("gamma", "float", False, None, None, True, True),
             ("seed", "int", False, 0, _INT64_MAX),
             ("init_std", "float", False, None, None, True),
-            ("position_buckets", "ints"))
+            ("position_buckets", "ints"), ("dflash2", "raw"))
+    + _keys("training.dflash2",
+            ("selector_alpha", "float", False, None, None, True, True),
+            ("selector_warmup_ratio", "float", False, None, None, True, True),
+            ("selector_ramp_ratio", "float", False, None, None, True, True),
+            ("selector_stop_gradient", "bool"),
+            ("selector_gold", "string"),
+            ("selector_denominator", "string"))
     + _keys("optimizer",
             ("lr", "float", False, None, None, True),
             ("warmup_ratio", "float", False, None, None, True, True),
@@ -174,6 +192,10 @@ DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 MAX_GPU_MEMORY_GIB = 1024.0
 # The most anchor-position buckets a step reports (schema/ModelConfig.h).
 MAX_POSITION_BUCKETS = 8
+# The most taps of a DFlash2 convolution and candidates of its selector
+# (kMaxConvKernelSize, kMaxSelectorTopK of schema/ModelConfig.h).
+MAX_CONV_KERNEL_SIZE = 4
+MAX_SELECTOR_TOP_K = 64
 
 
 def default_position_buckets(seq_len):
@@ -188,7 +210,14 @@ def default_position_buckets(seq_len):
 # The defaults of the keys the rules below need (schema/ModelConfig.h).
 DEFAULTS = {"drafter.max_position_embeddings": 40960, "training.seq_len": 3072,
             "training.anchors_per_row": 512, "target.tie_word_embeddings": False,
-            "target.model": "", "attention.default": "full"}
+            "target.model": "", "attention.default": "full",
+            "drafter.dflash2.conv_kernel_size": 2, "drafter.dflash2.conv_group_size": 16,
+            "drafter.dflash2.selector_top_k": 16,
+            "training.dflash2.selector_alpha": 1.0,
+            "training.dflash2.selector_warmup_ratio": 0.0,
+            "training.dflash2.selector_ramp_ratio": 0.0,
+            "training.dflash2.selector_gold": "topk",
+            "training.dflash2.selector_denominator": "all"}
 
 
 def _type_name(value):
@@ -406,6 +435,7 @@ class _Reader:
         self.where = _Positions(text)
         self.known_keys_only = known_keys_only
         self.values = {}   # "table.key" -> value, the keys read (defaults not)
+        self.dflash2 = False
 
     def fail(self, at, message):
         line, column = at if at else (0, 0)
@@ -562,6 +592,7 @@ class _Reader:
                          f"'drafter.mask_token_id' ({v['drafter.mask_token_id']}) is outside "
                          f"the vocabulary of 'target.vocab_size' ({v['target.vocab_size']})")
         self.read_rope_scaling()
+        self.read_dflash2()
 
     def read_rope_scaling(self):
         """[drafter.rope_scaling]: YaRN, as SpecReader::readRopeScaling."""
@@ -586,6 +617,38 @@ class _Reader:
         if v.get(prefix + "beta_fast", 32.0) < v.get(prefix + "beta_slow", 1.0):
             self.fail_at(prefix + "beta_fast",
                          f"'{prefix}beta_fast' must be at least '{prefix}beta_slow'")
+
+    def read_dflash2(self):
+        """[drafter.dflash2], as SpecReader::readDFlash2."""
+        self.dflash2 = self.read_table("drafter.dflash2") is not None
+        if not self.dflash2:
+            return
+        prefix = "drafter.dflash2."
+        kc, block = self.value(prefix + "conv_kernel_size"), self.values["drafter.block_size"]
+        if kc > MAX_CONV_KERNEL_SIZE:
+            self.fail_at(prefix + "conv_kernel_size",
+                         f"'{prefix}conv_kernel_size' is {kc}; the DFlash2 convolution kernels "
+                         f"take at most {MAX_CONV_KERNEL_SIZE} taps")
+        if kc > block:
+            self.fail_at(prefix + "conv_kernel_size",
+                         f"'{prefix}conv_kernel_size' ({kc}) is above 'drafter.block_size' "
+                         f"({block}): the convolution stays inside one block, so taps past "
+                         "it see nothing")
+        group, hidden = self.value(prefix + "conv_group_size"), self.values["target.hidden_size"]
+        if hidden % group:
+            self.fail_at(prefix + "conv_group_size",
+                         f"'{prefix}conv_group_size' ({group}) does not divide "
+                         f"'drafter.hidden_size' ({hidden}): the channels form hidden_size / "
+                         "conv_group_size groups")
+        top_k, vocab = self.value(prefix + "selector_top_k"), self.values["target.vocab_size"]
+        if top_k > vocab:
+            self.fail_at(prefix + "selector_top_k",
+                         f"'{prefix}selector_top_k' ({top_k}) is above 'target.vocab_size' "
+                         f"({vocab}): the selector re-ranks the top K tokens")
+        if top_k > MAX_SELECTOR_TOP_K:
+            self.fail_at(prefix + "selector_top_k",
+                         f"'{prefix}selector_top_k' is {top_k}; the DFlash2 selector kernels "
+                         f"take at most {MAX_SELECTOR_TOP_K} candidates")
 
     def read_attention(self):
         count = self.values["drafter.num_layers"]
@@ -644,6 +707,7 @@ class _Reader:
                          f"'drafter.max_position_embeddings' ({positions}) is below "
                          f"seq_len + block_size ({seq_len + block})")
         self.position_buckets = self.resolve_position_buckets(seq_len, positions)
+        self.read_training_dflash2()
 
     def resolve_position_buckets(self, seq_len, positions):
         key = "training.position_buckets"
@@ -666,6 +730,45 @@ class _Reader:
                                    f"'drafter.max_position_embeddings' ({positions})")
         # No anchor of a row of seq_len tokens reaches an edge past it.
         return [edge for edge in edges if edge < seq_len]
+
+    def read_training_dflash2(self):
+        """[training.dflash2], as SpecReader::readTrainingDFlash2."""
+        table = "training.dflash2"
+        node = self.data.get("training")
+        node = node.get("dflash2") if isinstance(node, dict) else None
+        if node is None:
+            return
+        if not isinstance(node, dict):
+            self.fail(self.where.values.get(table),
+                      f"'{table}' must be a table, not {_type_name(node)}")
+        if not self.dflash2:
+            self.fail_at(table, "[training.dflash2] sets the loss of a selector, but the drafter "
+                                "has no selector: only a DFlash2 drafter (a [drafter.dflash2] "
+                                "table) has one")
+        self.read_table(table)
+        prefix = table + "."
+        warmup, ramp = prefix + "selector_warmup_ratio", prefix + "selector_ramp_ratio"
+        if self.value(warmup) >= 1:
+            self.fail_at(warmup, f"'{warmup}' must be below 1: the selector would never be "
+                                 "trained")
+        if self.value(ramp) > 1:
+            self.fail_at(ramp, f"'{ramp}' must be at most 1")
+        if self.value(warmup) + self.value(ramp) > 1:
+            self.fail_at(ramp, f"'{warmup}' + '{ramp}' must be at most 1: the ramp would end "
+                               "after the last step")
+        gold_key, denominator_key = prefix + "selector_gold", prefix + "selector_denominator"
+        gold, denominator = self.value(gold_key), self.value(denominator_key)
+        if gold not in ("topk", "inject"):
+            self.fail_at(gold_key, f"'{gold_key}' is \"{gold}\"; it must be \"topk\" or "
+                                   "\"inject\"")
+        if denominator not in ("all", "covered"):
+            self.fail_at(denominator_key, f"'{denominator_key}' is \"{denominator}\"; it must "
+                                          "be \"all\" or \"covered\"")
+        if gold == "inject" and denominator == "covered":
+            self.fail_at(denominator_key,
+                         f"'{denominator_key}' = \"covered\" contradicts '{gold_key}' = "
+                         "\"inject\": an injected label covers every slot (cov = 1), so "
+                         "\"covered\" would divide by the same sum as \"all\"; say \"all\"")
 
     def read_optimizer_rules(self):
         for key, message in (("warmup_ratio", "must be below 1"), ("beta1", "must be below 1"),
@@ -704,7 +807,7 @@ def read_spec(path, known_keys_only=True):
                 mask_token_id=v("drafter.mask_token_id"), block_size=v("drafter.block_size"),
                 seq_len=v("training.seq_len"), anchors_per_row=v("training.anchors_per_row"),
                 tie_word_embeddings=v("target.tie_word_embeddings"),
-                position_buckets=list(reader.position_buckets))
+                position_buckets=list(reader.position_buckets), dflash2=reader.dflash2)
 
 
 def find_dflashc():

@@ -147,6 +147,51 @@ class SpecTest(TempDir):
                          "bad.toml:20:1: error: missing required key "
                          "'drafter.rope_scaling.rope_type'")
 
+    def test_dflash2(self):
+        """[drafter.dflash2] and [training.dflash2] (docs/semantics.md section
+        13): read, and refused at the line and field dflashc names. A DFlash2
+        drafter trains on the same tokens and features, so the data tools
+        read its spec; Spec.dflash2 says what it is."""
+        self.assertTrue(read_spec(os.path.join(SPECS, "tiny-dflash2.toml")).dflash2)
+        qwen = read_spec(os.path.join(SPECS, "qwen3.8-27b-dflash2-b8.toml"))
+        self.assertTrue(qwen.dflash2)
+        self.assertEqual((qwen.layer_ids, qwen.block_size, qwen.seq_len, qwen.mask_token_id),
+                         ([5, 19, 33, 47, 61], 8, 8192, 248070))
+        self.assertFalse(read_spec(os.path.join(SPECS, "tiny.toml")).dflash2)
+        spec = read_spec(self.write_spec(BASE + "[drafter.dflash2]\nconv_group_size = 4\n"
+                                                "[training.dflash2]\nselector_gold = "
+                                                "\"inject\"\n", "d2.toml"))
+        self.assertTrue(spec.dflash2)
+        # The default group of 16 channels does not divide hidden_size 8: the
+        # error is at the table, where the default comes from.
+        self.assertEqual(self.refused(BASE + "[drafter.dflash2]\n"),
+                         "bad.toml:20:1: error: 'drafter.dflash2.conv_group_size' (16) does "
+                         "not divide 'drafter.hidden_size' (8): the channels form "
+                         "hidden_size / conv_group_size groups")
+        d2 = BASE + "[drafter.dflash2]\nconv_group_size = 8\n"
+        self.assertEqual(self.refused(d2 + "selector_top_k = 65\n"),
+                         "bad.toml:22:18: error: 'drafter.dflash2.selector_top_k' (65) is "
+                         "above 'target.vocab_size' (64): the selector re-ranks the top K "
+                         "tokens")
+        self.assertEqual(self.refused(d2 + "conv_kernel_size = 5\n"),
+                         "bad.toml:22:20: error: 'drafter.dflash2.conv_kernel_size' is 5; the "
+                         "DFlash2 convolution kernels take at most 4 taps")
+        self.assertEqual(self.refused(BASE + "[training.dflash2]\nselector_alpha = 2.0\n"),
+                         "bad.toml:20:1: error: [training.dflash2] sets the loss of a "
+                         "selector, but the drafter has no selector: only a DFlash2 drafter "
+                         "(a [drafter.dflash2] table) has one")
+        self.assertEqual(self.refused(d2 + "[training.dflash2]\nselector_gold = \"inject\"\n"
+                                           "selector_denominator = \"covered\"\n"),
+                         "bad.toml:24:24: error: 'training.dflash2.selector_denominator' = "
+                         "\"covered\" contradicts 'training.dflash2.selector_gold' = "
+                         "\"inject\": an injected label covers every slot (cov = 1), so "
+                         "\"covered\" would divide by the same sum as \"all\"; say \"all\"")
+        self.assertEqual(self.refused(d2 + "[training.dflash2]\nselector_warmup_ratio = 0.5\n"
+                                           "selector_ramp_ratio = 0.75\n"),
+                         "bad.toml:24:23: error: 'training.dflash2.selector_warmup_ratio' + "
+                         "'training.dflash2.selector_ramp_ratio' must be at most 1: the ramp "
+                         "would end after the last step")
+
     @unittest.skipUnless(IN_CHECKOUT, "needs the checkout's C++ spec reader sources")
     def test_the_broken_specs_of_the_cpp_reader(self):
         """SpecTest.cpp's cases: read_spec refuses each with the message

@@ -185,6 +185,44 @@ TEST(RuntimeModelConfig, Validation) {
   c.seqLen = 0;
   EXPECT_EQ(validateModelConfig(c).message(),
             "unit: 'seq_len' is 0 but must be positive");
+  // A DFlash2 drafter's shapes (docs/semantics.md section 13); a v1
+  // drafter's DFlash2 fields are not read.
+  c = testConfig();
+  c.convGroupSize = 5;
+  EXPECT_TRUE(validateModelConfig(c).ok());
+  c.dflash2 = true;
+  EXPECT_EQ(validateModelConfig(c).message(),
+            "unit: 'conv_group_size' (5) does not divide 'hidden_size' (32)");
+  c = testConfig();
+  c.dflash2 = true;
+  c.convGroupSize = 8;
+  EXPECT_TRUE(validateModelConfig(c).ok());
+  EXPECT_EQ(c.convGroups(), 4);
+  c.convKernelSize = 5; // past the block of 4
+  EXPECT_NE(validateModelConfig(c).message().find("'conv_kernel_size' (5)"),
+            std::string::npos);
+  c.convKernelSize = 2;
+  c.selectorTopK = 65; // past the vocabulary of 64
+  EXPECT_NE(validateModelConfig(c).message().find("'selector_top_k' (65)"),
+            std::string::npos);
+  c.selectorTopK = 16;
+  c.selectorWarmupRatio = 0.6;
+  c.selectorRampRatio = 0.6;
+  EXPECT_NE(validateModelConfig(c).message().find("'selector_warmup_ratio'"),
+            std::string::npos);
+}
+
+// Sliding layers of a DFlash drafter are causal inside their block; every
+// layer of a DFlash2 drafter is bidirectional there (docs/semantics.md
+// sections 3 and 13).
+TEST(RuntimeModelConfig, BlockCausality) {
+  ModelConfig c = testConfig(); // layer 0 slides, layer 1 is full
+  EXPECT_TRUE(c.blockCausal(0));
+  EXPECT_FALSE(c.blockCausal(1));
+  c.dflash2 = true;
+  EXPECT_FALSE(c.blockCausal(0));
+  EXPECT_FALSE(c.blockCausal(1));
+  EXPECT_TRUE(c.layerSlides(0)); // the window still applies
 }
 
 TEST(RuntimeModelConfig, InitialParameters) {

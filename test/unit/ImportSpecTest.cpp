@@ -1,0 +1,65 @@
+//===- ImportSpecTest.cpp - What the importer takes from a spec -----------===//
+//
+// The in-block causality of each layer's dflash.block_attention
+// (docs/semantics.md section 3: a sliding layer of a DFlash drafter is
+// causal inside its block, a full one bidirectional), and the refusal of a
+// DFlash2 spec (section 13), whose step is not lowered yet.
+//
+//===----------------------------------------------------------------------===//
+
+#include "compiler/Import/ImportSpec.h"
+#include "compiler/Spec/Spec.h"
+#include "dialect/DFlashOps.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+using namespace mlir;
+using namespace mlir::dflash;
+using namespace ::dflash;
+
+namespace {
+
+std::optional<DrafterSpec> load(const char *name) {
+  SpecError error;
+  auto spec =
+      loadSpec(std::string(DFLASH_SPECS_DIR) + "/" + name + ".toml", error);
+  EXPECT_TRUE(spec) << error.str();
+  return spec;
+}
+
+TEST(ImportSpec, SlidingLayersOfADFlashDrafterAreCausalInTheirBlock) {
+  std::optional<DrafterSpec> spec = load("tiny"); // sliding, full
+  ASSERT_TRUE(spec);
+  MLIRContext context;
+  OwningOpRef<ModuleOp> module = importSpec(context, *spec);
+  ASSERT_TRUE(module);
+  std::vector<BlockAttentionOp> layers;
+  module->walk([&](BlockAttentionOp op) { layers.push_back(op); });
+  ASSERT_EQ(layers.size(), 2u);
+  EXPECT_TRUE(layers[0].getCausal());
+  EXPECT_EQ(layers[0].getWindow(), std::optional<uint64_t>(32));
+  EXPECT_FALSE(layers[1].getCausal());
+  EXPECT_FALSE(layers[1].getWindow());
+}
+
+TEST(ImportSpec, RefusesADFlash2Drafter) {
+  std::optional<DrafterSpec> spec = load("tiny-dflash2");
+  ASSERT_TRUE(spec);
+  MLIRContext context;
+  std::string said;
+  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diagnostic) {
+    said += diagnostic.str();
+    return success();
+  });
+  EXPECT_FALSE(importSpec(context, *spec));
+  EXPECT_EQ(said, dflash2NotBuiltError(*spec, "no graph is imported").message);
+}
+
+} // namespace
