@@ -63,8 +63,7 @@ struct TrainOptions {
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,
        givenSeed = false, givenRows = false, givenEvalEvery = false,
-       givenEvalRows = false, givenSteps = false,
-       givenEvalServingRows = false;
+       givenEvalRows = false, givenSteps = false, givenEvalServingRows = false;
 };
 
 enum class CommandLineAction { Train, ShowHelp, Fail };
