@@ -9,6 +9,8 @@
 
 #include "dialect/DFlashOps.h"
 
+#include <algorithm>
+
 using namespace mlir;
 using namespace mlir::dflash;
 
@@ -144,4 +146,25 @@ int64_t CausalAttentionOp::getFlopCount() {
   if (int64_t W = getWindowAttr().getInt(); W > 0 && W < S)
     pairs = W * (W + 1) / 2 + (S - W) * W;
   return q[0] * q[2] * pairs * 4 * q[3];
+}
+
+/// (slot, tap) pairs of a grouped convolution's input [B, Q, H] that lie
+/// inside their block, times H: slot k of a block reads min(kc, k + 1) taps.
+static int64_t convolutionTaps(Value input, int64_t bs, int64_t kc) {
+  auto x = cast<RankedTensorType>(input.getType()).getShape();
+  int64_t perBlock = 0;
+  for (int64_t k = 0; k < bs; ++k)
+    perBlock += std::min(kc, k + 1);
+  return x[0] * (x[1] / bs) * perBlock * x[2];
+}
+
+// Per tap and channel: base + delta, then a multiply-add.
+int64_t GroupedConvOp::getFlopCount() {
+  return 3 * convolutionTaps(getInput(), getBlockSize(), getKernelSize());
+}
+
+// Per tap and channel: the input gradient's 3, the delta gradient's
+// multiply-add, and the product's add into the base gradient.
+int64_t GroupedConvGradOp::getFlopCount() {
+  return 6 * convolutionTaps(getInput(), getBlockSize(), getKernelSize());
 }

@@ -163,4 +163,45 @@ def DFlash_LmHeadCeGradOp : DFlash_PureOp<"lm_head_ce_grad"> {
       "attr-dict `:` functional-type(operands, results)";
 }
 
+def DFlash_GroupedConvGradOp : DFlash_PureOp<"grouped_conv_grad"> {
+  let summary = "Gradients of the DFlash2 grouped convolution";
+  let description = [{
+    Given the output gradient `grad` of `dflash.grouped_conv` (same
+    attributes and forward operands), with `q = n * block_size + k`:
+    - `input_grad[b, q, c] = sum over o with k + o < block_size of
+      (base[o, c] + D[b, q + o, half, o, c / gs]) * grad[b, q + o, c]`;
+    - `delta_grad[b, q, half, o, g] = sum over c in group g of
+      grad[b, q, c] * input[b, q - o, c]` (0 where `k < o`); the other half
+      of `delta_grad` is 0;
+    - `base_grad[o, c] = sum over b, q with k >= o of grad[b, q, c] *
+      input[b, q - o, c]`, at `base`'s row `half` when `base` is
+      `[2, kc, H]`, the other row 0.
+    The zeros make `delta_grad` (and a whole `base_grad`) accumulate
+    exactly: the `dflash.add` that `dflash-generate-backward` puts between
+    the two convolutions sharing one `D` adds each entry to a 0, so a
+    kernel may as well write its half into a buffer that holds the other
+    half's.
+
+    ```mlir
+    %dh, %dd, %dbase = dflash.grouped_conv_grad %dy, %h, %d, %base
+        {block_size = 8 : i64, kernel_size = 2 : i64, group_size = 16 : i64,
+         half = 0 : i64}
+        : (tensor<4x4096x5120xbf16>, tensor<4x4096x5120xbf16>,
+           tensor<4x4096x1280xbf16>, tensor<2x2x5120xbf16>)
+        -> (tensor<4x4096x5120xbf16>, tensor<4x4096x1280xbf16>,
+            tensor<2x2x5120xbf16>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$grad, DFlash_FloatTensor:$input,
+                       DFlash_FloatTensor:$delta, DFlash_FloatTensor:$base,
+                       I64Attr:$block_size, I64Attr:$kernel_size,
+                       I64Attr:$group_size, I64Attr:$half);
+  let results = (outs DFlash_FloatTensor:$input_grad,
+                      DFlash_FloatTensor:$delta_grad,
+                      DFlash_FloatTensor:$base_grad);
+  let assemblyFormat =
+      "$grad `,` $input `,` $delta `,` $base attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 #endif // DFLASH_GRADIENT_OPS_TD

@@ -564,6 +564,65 @@ LogicalResult DraftAcceptanceOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// DFlash2 drafters
+//===----------------------------------------------------------------------===//
+
+/// grouped_conv's C1-C5 and C6's element types, which grouped_conv_grad
+/// checks on the same forward operands.
+static LogicalResult verifyGroupedConvOperands(Operation *op, Value input,
+                                               Value delta, Value base,
+                                               int64_t bs, int64_t kc,
+                                               int64_t gs, int64_t half) {
+  // grouped_conv C1
+  if (failed(expectAtLeast(op, "C1", "block_size", bs, 1)) ||
+      failed(expectAtLeast(op, "C1", "kernel_size", kc, 1)) ||
+      failed(expectAtLeast(op, "C1", "group_size", gs, 1)))
+    return failure();
+  if (half != 0 && half != 1)
+    return op->emitOpError() << "(C1) half is " << half
+                             << " but must be 0 (before the sublayer) or 1 "
+                                "(after it)";
+  // grouped_conv C2
+  if (failed(expectRank(op, "C2", "input", input, 3)))
+    return failure();
+  auto x = tensorType(input).getShape();
+  int64_t B = x[0], Q = x[1], H = x[2];
+  if (Q % bs != 0)
+    return op->emitOpError()
+           << "(C2) input's " << Q
+           << " slots must be a multiple of block_size (" << bs << ")";
+  // grouped_conv C3
+  if (H % gs != 0)
+    return op->emitOpError()
+           << "(C3) hidden size " << H << " must be a multiple of group_size ("
+           << gs << ")";
+  // grouped_conv C4
+  if (failed(expectShape(op, "C4", "delta", delta, {B, Q, 2 * kc * (H / gs)})))
+    return failure();
+  // grouped_conv C5
+  auto w = tensorType(base).getShape();
+  if (w != ArrayRef<int64_t>{kc, H} && w != ArrayRef<int64_t>{2, kc, H})
+    return op->emitOpError()
+           << "(C5) base must have shape " << shapeString({kc, H}) << " or "
+           << shapeString({2, kc, H}) << " but has " << shapeString(w);
+  // grouped_conv C6 (element types)
+  if (failed(expectSameElementType(op, "C6", "input", input, "delta", delta)) ||
+      failed(expectSameElementType(op, "C6", "input", input, "base", base)))
+    return failure();
+  return success();
+}
+
+LogicalResult GroupedConvOp::verify() {
+  if (failed(verifyGroupedConvOperands(*this, getInput(), getDelta(), getBase(),
+                                       getBlockSize(), getKernelSize(),
+                                       getGroupSize(), getHalf())))
+    return failure();
+  // grouped_conv C6
+  return expectSameType(*this, "C6", "result", getResult(), "input",
+                        getInput());
+}
+
+//===----------------------------------------------------------------------===//
 // Gradient ops
 //===----------------------------------------------------------------------===//
 
@@ -732,6 +791,26 @@ LogicalResult LmHeadCeGradOp::verify() {
     return failure();
   // lm_head_ce_grad C4
   return expectSameType(op, "C4", "result", getResult(), "input", getInput());
+}
+
+LogicalResult GroupedConvGradOp::verify() {
+  Operation *op = *this;
+  // grouped_conv_grad C1-C6: those of grouped_conv, grad in the result's
+  // place.
+  if (failed(verifyGroupedConvOperands(op, getInput(), getDelta(), getBase(),
+                                       getBlockSize(), getKernelSize(),
+                                       getGroupSize(), getHalf())) ||
+      failed(expectSameType(op, "C6", "grad", getGrad(), "input", getInput())))
+    return failure();
+  // grouped_conv_grad C7
+  if (failed(expectSameType(op, "C7", "input_grad", getInputGrad(), "input",
+                            getInput())) ||
+      failed(expectSameType(op, "C7", "delta_grad", getDeltaGrad(), "delta",
+                            getDelta())) ||
+      failed(expectSameType(op, "C7", "base_grad", getBaseGrad(), "base",
+                            getBase())))
+    return failure();
+  return success();
 }
 
 //===----------------------------------------------------------------------===//

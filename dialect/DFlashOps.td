@@ -535,6 +535,45 @@ def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {
       "functional-type(operands, results)";
 }
 
+//===----------------------------------------------------------------------===//
+// DFlash2 drafters (docs/semantics.md section 13)
+//===----------------------------------------------------------------------===//
+
+def DFlash_GroupedConvOp
+    : DFlash_PureOp<"grouped_conv", [DFlash_Differentiable]> {
+  let summary = "Block-local grouped dynamic convolution of a DFlash2 layer";
+  let description = [{
+    docs/semantics.md section 13, "Convolution": with `kc = kernel_size`,
+    `gs = group_size`, `G = H / gs` and slot `q = n * block_size + k`,
+    `result[b, q, c] = sum over o in [0, kc) with k - o >= 0 of
+    (base[o, c] + D[b, q, half, o, c / gs]) * input[b, q - o, c]`: causal
+    inside each block, never reaching the previous block, the per-token
+    delta taken at the output slot. `D` is a layer's whole projection
+    `h @ Wc^T` `[B, Q, 2*kc*G]`, read as `[2, kc, G]` per slot; `half` (0
+    before the sublayer, 1 after it) picks the half this convolution reads,
+    so both convolutions of a sublayer share one `D`. `base` is that
+    convolution's `[kc, H]`, or the checkpoint's whole `base_kernel`
+    `[2, kc, H]`, of which `half` picks the row. `base + delta` in fp32,
+    the result rounded once.
+
+    ```mlir
+    %hc = dflash.grouped_conv %h, %d, %base
+        {block_size = 8 : i64, kernel_size = 2 : i64, group_size = 16 : i64,
+         half = 0 : i64}
+        : (tensor<4x4096x5120xbf16>, tensor<4x4096x1280xbf16>,
+           tensor<2x2x5120xbf16>) -> tensor<4x4096x5120xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$delta,
+                       DFlash_FloatTensor:$base, I64Attr:$block_size,
+                       I64Attr:$kernel_size, I64Attr:$group_size,
+                       I64Attr:$half);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $delta `,` $base attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 include "dialect/DFlashGradientOps.td"
 include "dialect/DFlashOptimizerOps.td"
 include "dialect/DFlashKernelOps.td"

@@ -80,3 +80,14 @@ SmallVector<Value> LmHeadCeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
                              getWeight(), getLabels(), getWeights(), grads[0]);
   return {dy, Value(), Value(), Value()};
 }
+
+SmallVector<Value> GroupedConvOp::buildVJP(OpBuilder &b,
+                                           ArrayRef<Value> grads) {
+  auto g = GroupedConvGradOp::create(
+      b, getLoc(),
+      TypeRange{getInput().getType(), getDelta().getType(),
+                getBase().getType()},
+      grads[0], getInput(), getDelta(), getBase(), getBlockSizeAttr(),
+      getKernelSizeAttr(), getGroupSizeAttr(), getHalfAttr());
+  return {g.getInputGrad(), g.getDeltaGrad(), g.getBaseGrad()};
+}

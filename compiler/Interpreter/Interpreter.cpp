@@ -11,6 +11,7 @@
 
 #include "dialect/DFlashOps.h"
 #include "kernels/Bf16.h"
+#include "kernels/reference/DFlash2.h"
 #include "kernels/reference/Reference.h"
 
 #include "llvm/ADT/DenseMap.h"
@@ -154,6 +155,9 @@ private:
   /// DeltaNet.cpp).
   LogicalResult evalHybrid(Operation *op);
   LogicalResult evalGradient(Operation *op);
+  /// A DFlash2 drafter's convolution and selector, forward and backward
+  /// (kernels/reference/DFlash2.cpp).
+  LogicalResult evalDFlash2(Operation *op);
   LogicalResult evalOptimizer(Operation *op);
   /// The ops of dflash-fuse-kernels, as the compositions they replace.
   LogicalResult evalFused(Operation *op);
@@ -214,6 +218,8 @@ LogicalResult Evaluator::eval(Operation *op) {
                ZeroCentredRmsNormOp, PartialRopeOp, SplitLastOp, SigmoidGateOp>(
                op))
     result = evalHybrid(op);
+  else if (isa<GroupedConvOp, GroupedConvGradOp>(op))
+    result = evalDFlash2(op);
   else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
                ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
                RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
@@ -299,6 +305,56 @@ LogicalResult Evaluator::evalHybrid(Operation *op) {
       })
       .Default([](Operation *o) {
         return o->emitOpError("is not a hybrid-target op");
+      });
+}
+
+/// The reference's shape of a grouped_conv or grouped_conv_grad: `delta`
+/// is the whole D, read at its slot stride from half `half`'s offset.
+template <typename ConvOp> ref::GroupedConvShape convShape(ConvOp o) {
+  auto x = shapeOf(o.getInput());
+  ref::GroupedConvShape s;
+  s.B = x[0];
+  s.bs = o.getBlockSize();
+  s.N = x[1] / s.bs;
+  s.H = x[2];
+  s.kc = o.getKernelSize();
+  s.gs = o.getGroupSize();
+  s.deltaStride = shapeOf(o.getDelta()).back();
+  return s;
+}
+
+/// Offsets of the half a convolution reads in D and in base (a [kc, H]
+/// base has one half, at 0).
+template <typename ConvOp>
+std::pair<int64_t, int64_t> convHalfOffsets(ConvOp o) {
+  const int64_t half = o.getHalf(), kc = o.getKernelSize();
+  const int64_t G = shapeOf(o.getInput())[2] / o.getGroupSize();
+  const bool wholeBase = shapeOf(o.getBase()).size() == 3;
+  return {half * kc * G, wholeBase ? half * kc * shapeOf(o.getInput())[2] : 0};
+}
+
+LogicalResult Evaluator::evalDFlash2(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](GroupedConvOp o) {
+        auto [deltaAt, baseAt] = convHalfOffsets(o);
+        ref::groupedConv<double>(ptr(o.getInput()), ptr(o.getDelta()) + deltaAt,
+                                 ptr(o.getBase()) + baseAt,
+                                 outPtr(o.getResult()), convShape(o));
+        return success();
+      })
+      .Case([&](GroupedConvGradOp o) {
+        // The gradients start at 0 (eval() makes them): the half of D and
+        // of a [2, kc, H] base this convolution does not read stays 0.
+        auto [deltaAt, baseAt] = convHalfOffsets(o);
+        ref::groupedConvGrad<double>(
+            ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getDelta()) + deltaAt,
+            ptr(o.getBase()) + baseAt, outPtr(o.getInputGrad()),
+            outPtr(o.getDeltaGrad()) + deltaAt,
+            outPtr(o.getBaseGrad()) + baseAt, convShape(o));
+        return success();
+      })
+      .Default([](Operation *other) {
+        return other->emitOpError("is not a DFlash2 op");
       });
 }
 

@@ -104,3 +104,25 @@ func.func @linear_residual(%r: tensor<2x12x16xbf16>, %x: tensor<2x12x64xbf16>,
       -> tensor<2x12x16xbf16>
   return %y : tensor<2x12x16xbf16>
 }
+
+// DFlash2 (docs/semantics.md section 13): one layer's D [2, 8, 2*2*2] feeds
+// both convolutions; base [kc, H] or the whole [2, kc, H].
+// CHECK-LABEL: func.func @dflash2_conv
+func.func @dflash2_conv(%x: tensor<2x8x32xbf16>, %d: tensor<2x8x8xbf16>,
+                        %b: tensor<2x2x32xbf16>, %b1: tensor<2x32xbf16>)
+    -> (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>) {
+  // CHECK: dflash.grouped_conv %{{.*}}, %{{.*}}, %{{.*}} {block_size = 4 : i64, group_size = 16 : i64, half = 0 : i64, kernel_size = 2 : i64} : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<2x8x32xbf16>
+  %y = dflash.grouped_conv %x, %d, %b
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<2x8x32xbf16>
+  // CHECK: dflash.grouped_conv {{.*}} half = 1 : i64{{.*}} : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x32xbf16>) -> tensor<2x8x32xbf16>
+  %z = dflash.grouped_conv %y, %d, %b1
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 1 : i64}
+      : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x32xbf16>) -> tensor<2x8x32xbf16>
+  // CHECK: dflash.grouped_conv_grad {{.*}} -> (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>)
+  %dx, %dd, %db = dflash.grouped_conv_grad %z, %x, %d, %b
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<2x8x32xbf16>, tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>)
+      -> (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>)
+  return %dx, %dd, %db : tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>
+}

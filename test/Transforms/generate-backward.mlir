@@ -65,3 +65,37 @@ func.func @step(%q: tensor<1x8x2x4xbf16> {dflash.arg = #dflash.arg<parameter, "q
       -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<1x8xi8>)
   return %ls : tensor<f32>
 }
+
+// -----
+
+// DFlash2: the two convolutions of a sublayer read one D and one base, each
+// its half; their gradients (the other half 0) are added.
+// CHECK-LABEL: func.func @step(
+// CHECK: %[[D:.+]] = dflash.linear
+// CHECK: %[[H:.+]] = dflash.grouped_conv %{{.*}}, %[[D]], %[[BASE:[a-z0-9]+]] {{.*}}half = 0
+// CHECK: %[[O:.+]] = dflash.grouped_conv %[[H]], %[[D]], %[[BASE]] {{.*}}half = 1
+// CHECK: %[[DO:.+]] = dflash.lm_head_ce_grad %[[O]]
+// CHECK: %[[DH:.+]], %[[DD1:.+]], %[[DB1:.+]] = dflash.grouped_conv_grad %[[DO]], %[[H]], %[[D]], %[[BASE]] {{.*}}half = 1
+// CHECK: %{{.+}}, %[[DD0:.+]], %[[DB0:.+]] = dflash.grouped_conv_grad %[[DH]], %{{.*}}, %[[D]], %[[BASE]] {{.*}}half = 0
+// CHECK-DAG: %[[DD:.+]] = dflash.add %[[DD1]], %[[DD0]] : (tensor<1x8x8xbf16>
+// CHECK-DAG: %[[DB:.+]] = dflash.add %[[DB1]], %[[DB0]] : (tensor<2x2x32xbf16>
+// CHECK: dflash.linear_grad_weight %[[DD]]
+func.func @step(%x: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
+                %wc: tensor<8x32xbf16> {dflash.arg = #dflash.arg<parameter, "layers.0.attention_conv.kernel_projection.weight">},
+                %base: tensor<2x2x32xbf16> {dflash.arg = #dflash.arg<parameter, "layers.0.attention_conv.base_kernel">},
+                %head: tensor<16x32xbf16> {dflash.arg = #dflash.arg<frozen, "lm_head">},
+                %labels: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %weights: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">})
+    -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
+  %d = dflash.linear %x, %wc : (tensor<1x8x32xbf16>, tensor<8x32xbf16>) -> tensor<1x8x8xbf16>
+  %h = dflash.grouped_conv %x, %d, %base
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<1x8x32xbf16>, tensor<1x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<1x8x32xbf16>
+  %o = dflash.grouped_conv %h, %d, %base
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 1 : i64}
+      : (tensor<1x8x32xbf16>, tensor<1x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<1x8x32xbf16>
+  %ls, %ws, %c, %n, %hits = dflash.lm_head_ce %o, %head, %labels, %weights
+      : (tensor<1x8x32xbf16>, tensor<16x32xbf16>, tensor<1x8xi32>, tensor<1x8xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<1x8xi8>)
+  return %ls : tensor<f32>
+}

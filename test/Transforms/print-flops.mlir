@@ -1,5 +1,6 @@
 // RUN: dflash-opt %S/Inputs/mini-train.mlir --dflash-print-flops -o /dev/null | FileCheck %s
 // RUN: dflashc %specs/qwen3-8b-b16.toml --emit=train | dflash-opt --dflash-print-flops -o /dev/null | FileCheck %s --check-prefix=QWEN
+// RUN: dflash-opt %S/Inputs/dflash2-step.mlir --dflash-generate-backward --dflash-print-flops -o /dev/null | FileCheck %s --check-prefix=DFLASH2
 
 // Inputs/mini.toml: 1 row x 12 draft slots (3 blocks of 4); lm_head 64 x 32:
 // forward lm_head_ce = 2 * 12 * 64 * 32, its gradient twice that.
@@ -12,3 +13,10 @@
 // qwen3-8b: lm_head 32768 rows x 151936 x 4096 = 40.78 TFLOP forward.
 // QWEN: flops forward dflash.lm_head_ce 40785009442816
 // QWEN: flops backward dflash.lm_head_ce_grad 81570018885632
+
+// Inputs/dflash2-step.mlir: slot k of a block of 4 reads min(2, k + 1) taps,
+// 7 a block; 2 blocks x 7 x 32 channels = 448 (slot, tap, channel) triples,
+// 3 FLOPs each forward (base + delta, a multiply-add) and 6 backward, for
+// each of the two convolutions.
+// DFLASH2: flops forward dflash.grouped_conv 2688
+// DFLASH2: flops backward dflash.grouped_conv_grad 5376
