@@ -168,3 +168,42 @@ int64_t GroupedConvOp::getFlopCount() {
 int64_t GroupedConvGradOp::getFlopCount() {
   return 6 * convolutionTaps(getInput(), getBlockSize(), getKernelSize());
 }
+
+/// Rows and K of a selector op's values [rows..., K].
+static std::pair<int64_t, int64_t> selectorRows(Value values) {
+  auto v = cast<RankedTensorType>(values.getType());
+  return {v.getNumElements() / v.getShape().back(), v.getShape().back()};
+}
+
+// The logits' GEMM (the transform and the top-K are not counted, as
+// lm_head_ce does not count its softmax).
+int64_t SelectorCandidatesOp::getFlopCount() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t rows = numElements(getLabels());
+  return 2 * rows * w.getDimSize(0) * w.getDimSize(1);
+}
+
+// Per row, K + 1 lm_head rows: their logits again, then into the input
+// gradient.
+int64_t SelectorCandidatesGradOp::getFlopCount() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t rows = numElements(getLabels());
+  return 4 * rows * (getTopK() + 1) * w.getDimSize(1);
+}
+
+// t = input @ Wh^T (2 r H a row), z = P[p] * t (r), the K scores (2 K r).
+int64_t SelectorLossOp::getFlopCount() {
+  auto [rows, K] = selectorRows(getValues());
+  auto wh = cast<RankedTensorType>(getProjection().getType());
+  int64_t r = wh.getDimSize(0), H = wh.getDimSize(1);
+  return rows * (2 * r * H + r + 2 * K * r);
+}
+
+// The forward again, then dz (2 K r), the K successor rows (K r), dt and
+// the predecessor row (2 r).
+int64_t SelectorLossGradOp::getFlopCount() {
+  auto [rows, K] = selectorRows(getValues());
+  auto wh = cast<RankedTensorType>(getProjection().getType());
+  int64_t r = wh.getDimSize(0), H = wh.getDimSize(1);
+  return rows * (2 * r * H + 3 * r + 5 * K * r);
+}

@@ -453,7 +453,9 @@ FailureOr<Choice> select(Operation *op) {
       })
       // DFlash2 drafters (docs/semantics.md section 13) have no CUDA kernels
       // yet: refused here, by name, rather than by dflash-verify-lowering.
-      .Case<GroupedConvOp, GroupedConvGradOp>([](Operation *o) -> Result {
+      .Case<GroupedConvOp, GroupedConvGradOp, SelectorCandidatesOp,
+            SelectorCandidatesGradOp, SelectorLossOp,
+            SelectorLossGradOp>([](Operation *o) -> Result {
         return o->emitOpError()
                << "has no CUDA kernel: DFlash2 drafters (docs/semantics.md "
                   "section 13) run only in the reference interpreter so far";

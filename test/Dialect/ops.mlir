@@ -126,3 +126,42 @@ func.func @dflash2_conv(%x: tensor<2x8x32xbf16>, %d: tensor<2x8x8xbf16>,
       -> (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>)
   return %dx, %dd, %db : tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>
 }
+
+// The selector: rows [2, 8], H 32, V 64, top 4, rank 8.
+// CHECK-LABEL: func.func @dflash2_selector
+func.func @dflash2_selector(%y: tensor<2x8x32xbf16>, %head: tensor<64x32xbf16>,
+                            %l: tensor<2x8xi32>, %wt: tensor<2x8xf32>,
+                            %wh: tensor<8x32xbf16>, %p: tensor<2x8xi32>,
+                            %pcb: tensor<64x8xbf16>, %scb: tensor<64x8xbf16>,
+                            %seed: tensor<f32>) -> tensor<2x8x32xbf16> {
+  // CHECK: dflash.selector_candidates {{.*}} {multiplier = 1.500000e+00 : f64, softcap = 3.000000e+01 : f64, top_k = 4 : i64} : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8xi32>, tensor<2x8xf32>) -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
+  %v, %c, %lv = dflash.selector_candidates %y, %head, %l, %wt
+      {top_k = 4 : i64, multiplier = 1.5 : f64, softcap = 30.0 : f64}
+      : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
+  // CHECK: dflash.selector_loss {{.*}} {gold = "inject", stop_gradient} : {{.*}} -> (tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  %loss, %covered, %hits = dflash.selector_loss %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb
+      {gold = "inject", stop_gradient}
+      : (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>, tensor<2x8x32xbf16>,
+         tensor<8x32xbf16>, tensor<2x8xi32>, tensor<2x8xi32>, tensor<2x8xf32>,
+         tensor<64x8xbf16>, tensor<64x8xbf16>)
+      -> (tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  // CHECK: dflash.selector_loss_grad {{.*}} {gold = "topk"} : {{.*}} -> (tensor<2x8x4xf32>, tensor<2x8xf32>, tensor<2x8x8xbf16>, tensor<64x8xbf16>, tensor<64x8xbf16>)
+  %dv, %dl, %dt, %dp, %ds = dflash.selector_loss_grad %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb, %seed
+      {gold = "topk"}
+      : (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>, tensor<2x8x32xbf16>,
+         tensor<8x32xbf16>, tensor<2x8xi32>, tensor<2x8xi32>, tensor<2x8xf32>,
+         tensor<64x8xbf16>, tensor<64x8xbf16>, tensor<f32>)
+      -> (tensor<2x8x4xf32>, tensor<2x8xf32>, tensor<2x8x8xbf16>, tensor<64x8xbf16>, tensor<64x8xbf16>)
+  // CHECK: dflash.selector_candidates_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} values_grad %{{.*}} label_values_grad %{{.*}} {multiplier = 1.500000e+00 : f64, softcap = 3.000000e+01 : f64, top_k = 4 : i64}
+  %dy = dflash.selector_candidates_grad %y, %head, %c, %l, %wt values_grad %dv label_values_grad %dl
+      {top_k = 4 : i64, multiplier = 1.5 : f64, softcap = 30.0 : f64}
+      : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8x4xi32>, tensor<2x8xi32>,
+         tensor<2x8xf32>, tensor<2x8x4xf32>, tensor<2x8xf32>) -> tensor<2x8x32xbf16>
+  // CHECK: dflash.selector_candidates_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} values_grad %{{.*}} {
+  %dy2 = dflash.selector_candidates_grad %y, %head, %c, %l, %wt values_grad %dv
+      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+      : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8x4xi32>, tensor<2x8xi32>,
+         tensor<2x8xf32>, tensor<2x8x4xf32>) -> tensor<2x8x32xbf16>
+  return %dy : tensor<2x8x32xbf16>
+}

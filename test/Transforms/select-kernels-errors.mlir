@@ -117,3 +117,25 @@ func.func @step(%x: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "target
       : (tensor<1x8x32xbf16>, tensor<1x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<1x8x32xbf16>
   return %z : tensor<1x8x32xbf16>
 }
+
+// -----
+
+func.func @step(%v: tensor<1x8x4xf32> {dflash.arg = #dflash.arg<input, "v">},
+                %c: tensor<1x8x4xi32> {dflash.arg = #dflash.arg<input, "c">},
+                %lv: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "lv">},
+                %y: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "y">},
+                %wh: tensor<8x32xbf16> {dflash.arg = #dflash.arg<parameter, "wh">},
+                %p: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "p">},
+                %l: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %wt: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">},
+                %pcb: tensor<64x8xbf16> {dflash.arg = #dflash.arg<parameter, "pcb">},
+                %scb: tensor<64x8xbf16> {dflash.arg = #dflash.arg<parameter, "scb">})
+    -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
+  // expected-error @+1 {{'dflash.selector_loss' op has no CUDA kernel}}
+  %loss, %covered, %hits = dflash.selector_loss %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb {gold = "topk"}
+      : (tensor<1x8x4xf32>, tensor<1x8x4xi32>, tensor<1x8xf32>, tensor<1x8x32xbf16>,
+         tensor<8x32xbf16>, tensor<1x8xi32>, tensor<1x8xi32>, tensor<1x8xf32>,
+         tensor<64x8xbf16>, tensor<64x8xbf16>)
+      -> (tensor<f32>, tensor<f32>, tensor<1x8xi8>)
+  return %loss : tensor<f32>
+}

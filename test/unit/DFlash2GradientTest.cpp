@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <string>
@@ -263,6 +264,164 @@ TEST(DFlash2Gradient, GroupedConvGradientLeavesTheOtherHalfZero) {
       EXPECT_EQ(sums[1 - half], 0) << what << " half " << half;
     }
   }
+}
+
+//===----------------------------------------------------------------------===//
+// The selector
+//===----------------------------------------------------------------------===//
+
+/// B 2, Q 8 (blocks of 4), H 32, V 64, top 4, rank 8. y = x @ wy^T feeds
+/// the unary top-K, lm_head_ce (CE_u) and the selector; the loss is their
+/// sum. The step also returns the selector's covered weight and hits, the
+/// candidates (to pick labels among them) and CE_u alone.
+const char *kSelectorStep = R"mlir(
+func.func @step(%x: tensor<2x8x32xf32> {dflash.arg = #dflash.arg<input, "target_hidden">},
+                %wy: tensor<32x32xf32> {dflash.arg = #dflash.arg<parameter, "wy">},
+                %wh: tensor<8x32xf32> {dflash.arg = #dflash.arg<parameter, "candidate_selector.hidden_projection.weight">},
+                %pcb: tensor<64x8xf32> {dflash.arg = #dflash.arg<parameter, "candidate_selector.predecessor_codebook">},
+                %scb: tensor<64x8xf32> {dflash.arg = #dflash.arg<parameter, "candidate_selector.successor_codebook">},
+                %head: tensor<64x32xf32> {dflash.arg = #dflash.arg<frozen, "lm_head">},
+                %labels: tensor<2x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %preds: tensor<2x8xi32> {dflash.arg = #dflash.arg<input, "predecessors">},
+                %weights: tensor<2x8xf32> {dflash.arg = #dflash.arg<input, "weights">})
+    -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">},
+        tensor<f32> {dflash.arg = #dflash.arg<metric, "covered_weight">},
+        tensor<2x8xi8> {dflash.arg = #dflash.arg<metric, "hits">},
+        tensor<2x8x4xi32> {dflash.arg = #dflash.arg<metric, "candidates">},
+        tensor<f32> {dflash.arg = #dflash.arg<metric, "ce_u">}) {
+  %y = dflash.linear %x, %wy : (tensor<2x8x32xf32>, tensor<32x32xf32>) -> tensor<2x8x32xf32>
+  %v, %c, %lv = dflash.selector_candidates %y, %head, %labels, %weights
+      {top_k = 4 : i64, multiplier = {m} : f64, softcap = {cap} : f64}
+      : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
+  %ce, %ws, %correct, %count, %ce_hits = dflash.lm_head_ce %y, %head, %labels, %weights
+      : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  %sel, %covered, %hits = dflash.selector_loss %v, %c, %lv, %y, %wh, %preds, %labels, %weights, %pcb, %scb
+      {gold = "{gold}"{stop}}
+      : (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>, tensor<2x8x32xf32>,
+         tensor<8x32xf32>, tensor<2x8xi32>, tensor<2x8xi32>, tensor<2x8xf32>,
+         tensor<64x8xf32>, tensor<64x8xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  %loss = dflash.add %ce, %sel : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  return %loss, %covered, %hits, %c, %ce : tensor<f32>, tensor<f32>, tensor<2x8xi8>, tensor<2x8x4xi32>, tensor<f32>
+}
+)mlir";
+
+struct SelectorCase {
+  const char *gold;
+  bool stopGradient;
+  double multiplier, softcap;
+};
+
+std::string selectorStep(const SelectorCase &c) {
+  char m[32], cap[32];
+  std::snprintf(m, sizeof m, "%.17e", c.multiplier);
+  std::snprintf(cap, sizeof cap, "%.17e", c.softcap);
+  return substitute(kSelectorStep,
+                    {{"gold", c.gold},
+                     {"stop", c.stopGradient ? ", stop_gradient" : ""},
+                     {"m", m},
+                     {"cap", cap}});
+}
+
+constexpr int64_t kSelectorV = 64, kSelectorK = 4, kSelectorBs = 4;
+enum SelectorResult { Loss, CoveredWeight, Hits, Candidates, CeU };
+
+/// Random arguments whose labels are, for two slots in three, one of the
+/// slot's candidates (a different rank each time), and a random token
+/// (almost always outside the top-K) for the third.
+std::vector<HostTensor> selectorArgs(Step &step, uint64_t seed) {
+  std::vector<HostTensor> args =
+      step.randomArgs(seed, kSelectorV, kSelectorBs, 0.3);
+  StepSignature sig = step.signature(*step.backward);
+  unsigned labels = *sig.findArg(ArgRole::Input, "labels");
+  std::vector<HostTensor> out = step.runForward(args);
+  EXPECT_EQ(out.size(), 5u);
+  if (out.size() != 5)
+    return args;
+  const HostTensor &candidates = out[Candidates];
+  for (size_t s = 0; s < args[labels].data.size(); ++s)
+    if (s % 3 != 0 && candidates.data[s * kSelectorK] >= 0)
+      args[labels].data[s] = candidates.data[s * kSelectorK + s % kSelectorK];
+  return args;
+}
+
+TEST(DFlash2Gradient, SelectorMatchesFiniteDifferences) {
+  for (SelectorCase c : {SelectorCase{"topk", false, 1.0, 0.0},
+                         SelectorCase{"topk", false, 1.5, 3.0},
+                         SelectorCase{"inject", false, 1.0, 0.0},
+                         SelectorCase{"inject", false, 0.7, 2.0}}) {
+    Step step(selectorStep(c));
+    ASSERT_TRUE(step.ok()) << c.gold;
+    std::vector<HostTensor> args = selectorArgs(step, 31);
+    std::vector<HostTensor> out = step.runForward(args);
+    ASSERT_EQ(out.size(), 5u);
+    // Both kinds of slot are present: covered ones, and (with "topk") ones
+    // without a selector term.
+    double weightSum = 0;
+    for (double w : args[*step.signature(*step.backward)
+                              .findArg(ArgRole::Input, "weights")]
+                        .data)
+      weightSum += w;
+    const double covered = out[CoveredWeight].data[0];
+    EXPECT_GT(covered, 0) << c.gold;
+    if (std::string(c.gold) == "inject")
+      EXPECT_NEAR(covered, weightSum, 1e-12);
+    else
+      EXPECT_LT(covered, weightSum - 0.5);
+    EXPECT_EQ(step.checkGradients(args, 1e-6), 4)
+        << c.gold << " multiplier " << c.multiplier << " softcap " << c.softcap;
+  }
+}
+
+/// With stop_gradient the selector still trains Wh and both codebooks (the
+/// true gradients), and nothing of it reaches y: wy's gradient is CE_u's.
+TEST(DFlash2Gradient, SelectorStopGradientReachesOnlyItsOwnWeights) {
+  Step stopped(selectorStep({"inject", true, 1.5, 3.0}));
+  Step full(selectorStep({"inject", false, 1.5, 3.0}));
+  ASSERT_TRUE(stopped.ok() && full.ok());
+  std::vector<HostTensor> args = selectorArgs(stopped, 41);
+  std::map<std::string, HostTensor> stoppedGrads = stopped.gradients(args);
+  std::map<std::string, HostTensor> fullGrads = full.gradients(args);
+  ASSERT_EQ(stoppedGrads.size(), 4u);
+  for (const auto &[name, grad] : stoppedGrads) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < grad.data.size(); ++i) {
+      diff += std::abs(grad.data[i] - fullGrads[name].data[i]);
+      norm += std::abs(fullGrads[name].data[i]);
+    }
+    if (name == "wy")
+      EXPECT_GT(diff, 1e-3 * norm) << name;
+    else
+      EXPECT_EQ(diff, 0) << name;
+  }
+  // wy's gradient against central differences of CE_u alone.
+  StepSignature sig = stopped.signature(*stopped.backward);
+  unsigned wy = *sig.findArg(ArgRole::Parameter, "wy");
+  std::mt19937_64 rng(5);
+  std::normal_distribution<double> normal;
+  const HostTensor &grad = stoppedGrads["wy"];
+  std::vector<double> dir(grad.data.size());
+  double analytic = 0;
+  for (size_t i = 0; i < dir.size(); ++i) {
+    dir[i] = normal(rng);
+    analytic += dir[i] * grad.data[i];
+  }
+  const double h = 1e-6;
+  std::vector<HostTensor> plus = args, minus = args;
+  for (size_t i = 0; i < dir.size(); ++i) {
+    plus[wy].data[i] += h * dir[i];
+    minus[wy].data[i] -= h * dir[i];
+  }
+  double numeric = (stopped.runForward(plus)[CeU].data[0] -
+                    stopped.runForward(minus)[CeU].data[0]) /
+                   (2 * h);
+  EXPECT_LT(std::abs(numeric - analytic) / std::abs(analytic), 1e-6)
+      << "analytic " << analytic << " numeric " << numeric;
+  // Those of the other three, equal to the full step's, are the whole
+  // loss's.
+  EXPECT_EQ(full.checkGradients(args, 1e-6), 4);
 }
 
 } // namespace
