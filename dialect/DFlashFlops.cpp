@@ -9,6 +9,8 @@
 
 #include "dialect/DFlashOps.h"
 
+#include <algorithm>
+
 using namespace mlir;
 using namespace mlir::dflash;
 
@@ -144,4 +146,64 @@ int64_t CausalAttentionOp::getFlopCount() {
   if (int64_t W = getWindowAttr().getInt(); W > 0 && W < S)
     pairs = W * (W + 1) / 2 + (S - W) * W;
   return q[0] * q[2] * pairs * 4 * q[3];
+}
+
+/// (slot, tap) pairs of a grouped convolution's input [B, Q, H] that lie
+/// inside their block, times H: slot k of a block reads min(kc, k + 1) taps.
+static int64_t convolutionTaps(Value input, int64_t bs, int64_t kc) {
+  auto x = cast<RankedTensorType>(input.getType()).getShape();
+  int64_t perBlock = 0;
+  for (int64_t k = 0; k < bs; ++k)
+    perBlock += std::min(kc, k + 1);
+  return x[0] * (x[1] / bs) * perBlock * x[2];
+}
+
+// Per tap and channel: base + delta, then a multiply-add.
+int64_t GroupedConvOp::getFlopCount() {
+  return 3 * convolutionTaps(getInput(), getBlockSize(), getKernelSize());
+}
+
+// Per tap and channel: the input gradient's 3, the delta gradient's
+// multiply-add, and the product's add into the base gradient.
+int64_t GroupedConvGradOp::getFlopCount() {
+  return 6 * convolutionTaps(getInput(), getBlockSize(), getKernelSize());
+}
+
+/// Rows and K of a selector op's values [rows..., K].
+static std::pair<int64_t, int64_t> selectorRows(Value values) {
+  auto v = cast<RankedTensorType>(values.getType());
+  return {v.getNumElements() / v.getShape().back(), v.getShape().back()};
+}
+
+// The logits' GEMM (the transform and the top-K are not counted, as
+// lm_head_ce does not count its softmax).
+int64_t SelectorCandidatesOp::getFlopCount() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t rows = numElements(getLabels());
+  return 2 * rows * w.getDimSize(0) * w.getDimSize(1);
+}
+
+// Per row, K + 1 lm_head rows: their logits again, then into the input
+// gradient.
+int64_t SelectorCandidatesGradOp::getFlopCount() {
+  auto w = cast<RankedTensorType>(getWeight().getType());
+  int64_t rows = numElements(getLabels());
+  return 4 * rows * (getTopK() + 1) * w.getDimSize(1);
+}
+
+// t = input @ Wh^T (2 r H a row), z = P[p] * t (r), the K scores (2 K r).
+int64_t SelectorLossOp::getFlopCount() {
+  auto [rows, K] = selectorRows(getValues());
+  auto wh = cast<RankedTensorType>(getProjection().getType());
+  int64_t r = wh.getDimSize(0), H = wh.getDimSize(1);
+  return rows * (2 * r * H + r + 2 * K * r);
+}
+
+// The forward again, then dz (2 K r), the K successor rows (K r), dt and
+// the predecessor row (2 r).
+int64_t SelectorLossGradOp::getFlopCount() {
+  auto [rows, K] = selectorRows(getValues());
+  auto wh = cast<RankedTensorType>(getProjection().getType());
+  int64_t r = wh.getDimSize(0), H = wh.getDimSize(1);
+  return rows * (2 * r * H + 3 * r + 5 * K * r);
 }

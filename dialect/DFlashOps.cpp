@@ -564,6 +564,199 @@ LogicalResult DraftAcceptanceOp::verify() {
 }
 
 //===----------------------------------------------------------------------===//
+// DFlash2 drafters
+//===----------------------------------------------------------------------===//
+
+/// grouped_conv's C1-C5 and C6's element types, which grouped_conv_grad
+/// checks on the same forward operands.
+static LogicalResult verifyGroupedConvOperands(Operation *op, Value input,
+                                               Value delta, Value base,
+                                               int64_t bs, int64_t kc,
+                                               int64_t gs, int64_t half) {
+  // grouped_conv C1
+  if (failed(expectAtLeast(op, "C1", "block_size", bs, 1)) ||
+      failed(expectAtLeast(op, "C1", "kernel_size", kc, 1)) ||
+      failed(expectAtLeast(op, "C1", "group_size", gs, 1)))
+    return failure();
+  if (half != 0 && half != 1)
+    return op->emitOpError() << "(C1) half is " << half
+                             << " but must be 0 (before the sublayer) or 1 "
+                                "(after it)";
+  // grouped_conv C2
+  if (failed(expectRank(op, "C2", "input", input, 3)))
+    return failure();
+  auto x = tensorType(input).getShape();
+  int64_t B = x[0], Q = x[1], H = x[2];
+  if (Q % bs != 0)
+    return op->emitOpError()
+           << "(C2) input's " << Q
+           << " slots must be a multiple of block_size (" << bs << ")";
+  // grouped_conv C3
+  if (H % gs != 0)
+    return op->emitOpError()
+           << "(C3) hidden size " << H << " must be a multiple of group_size ("
+           << gs << ")";
+  // grouped_conv C4
+  if (failed(expectShape(op, "C4", "delta", delta, {B, Q, 2 * kc * (H / gs)})))
+    return failure();
+  // grouped_conv C5
+  auto w = tensorType(base).getShape();
+  if (w != ArrayRef<int64_t>{kc, H} && w != ArrayRef<int64_t>{2, kc, H})
+    return op->emitOpError()
+           << "(C5) base must have shape " << shapeString({kc, H}) << " or "
+           << shapeString({2, kc, H}) << " but has " << shapeString(w);
+  // grouped_conv C6 (element types)
+  if (failed(expectSameElementType(op, "C6", "input", input, "delta", delta)) ||
+      failed(expectSameElementType(op, "C6", "input", input, "base", base)))
+    return failure();
+  return success();
+}
+
+LogicalResult GroupedConvOp::verify() {
+  if (failed(verifyGroupedConvOperands(*this, getInput(), getDelta(), getBase(),
+                                       getBlockSize(), getKernelSize(),
+                                       getGroupSize(), getHalf())))
+    return failure();
+  // grouped_conv C6
+  return expectSameType(*this, "C6", "result", getResult(), "input",
+                        getInput());
+}
+
+/// selector_candidates' C1-C4, which selector_candidates_grad checks too.
+/// `rows` gets the input's shape without its last dimension.
+static LogicalResult verifyCandidatesOperands(Operation *op, Value input,
+                                              Value weight, Value labels,
+                                              Value weights, int64_t topK,
+                                              double multiplier, double softcap,
+                                              SmallVectorImpl<int64_t> &rows) {
+  // selector_candidates C1
+  if (failed(expectAtLeast(op, "C1", "top_k", topK, 1)))
+    return failure();
+  if (!(multiplier > 0))
+    return op->emitOpError()
+           << "(C1) multiplier is " << formatDouble(multiplier)
+           << " but must be positive";
+  if (!(softcap >= 0))
+    return op->emitOpError() << "(C1) softcap is " << formatDouble(softcap)
+                             << " but must be 0 (none) or positive";
+  // selector_candidates C2
+  if (failed(expectRank(op, "C2", "weight", weight, 2)))
+    return failure();
+  RankedTensorType y = tensorType(input);
+  if (y.getRank() < 2)
+    return op->emitOpError()
+           << "(C2) input must have rank 2 or more but has rank "
+           << y.getRank();
+  auto w = tensorType(weight).getShape();
+  if (w[1] != y.getShape().back())
+    return op->emitOpError() << "(C2) weight's hidden dimension (" << w[1]
+                             << ") must equal the input's last dimension ("
+                             << y.getShape().back() << ")";
+  if (failed(expectSameElementType(op, "C2", "input", input, "weight", weight)))
+    return failure();
+  // selector_candidates C3
+  if (topK > w[0])
+    return op->emitOpError()
+           << "(C3) top_k is " << topK
+           << " but must be at most the vocabulary (" << w[0] << ")";
+  // selector_candidates C4
+  rows.assign(y.getShape().begin(), y.getShape().end() - 1);
+  if (failed(expectShape(op, "C4", "labels", labels, rows)) ||
+      failed(expectShape(op, "C4", "weights", weights, rows)))
+    return failure();
+  return success();
+}
+
+LogicalResult SelectorCandidatesOp::verify() {
+  Operation *op = *this;
+  SmallVector<int64_t> rows;
+  if (failed(verifyCandidatesOperands(op, getInput(), getWeight(), getLabels(),
+                                      getWeights(), getTopK(),
+                                      getMultiplier().convertToDouble(),
+                                      getSoftcap().convertToDouble(), rows)))
+    return failure();
+  // selector_candidates C5
+  SmallVector<int64_t> perCandidate(rows);
+  perCandidate.push_back(getTopK());
+  if (failed(expectShape(op, "C5", "values", getValues(), perCandidate)) ||
+      failed(
+          expectShape(op, "C5", "candidates", getCandidates(), perCandidate)) ||
+      failed(expectShape(op, "C5", "label_values", getLabelValues(), rows)))
+    return failure();
+  return success();
+}
+
+/// selector_loss' C1-C4, which selector_loss_grad checks too. `rows` gets
+/// the values' shape without its last dimension.
+static LogicalResult verifySelectorOperands(
+    Operation *op, StringRef gold, Value values, Value candidates,
+    Value labelValues, Value input, Value projection, Value predecessors,
+    Value labels, Value weights, Value predecessorCodebook,
+    Value successorCodebook, SmallVectorImpl<int64_t> &rows) {
+  // selector_loss C1
+  if (gold != "topk" && gold != "inject")
+    return op->emitOpError() << "(C1) gold is \"" << gold
+                             << "\" but must be \"topk\" or \"inject\"";
+  // selector_loss C2
+  RankedTensorType v = tensorType(values);
+  if (v.getRank() < 2)
+    return op->emitOpError()
+           << "(C2) values must have rank 2 or more but has rank "
+           << v.getRank();
+  rows.assign(v.getShape().begin(), v.getShape().end() - 1);
+  const int64_t K = v.getShape().back();
+  if (failed(expectShape(op, "C2", "candidates", candidates, v.getShape())) ||
+      failed(expectShape(op, "C2", "label_values", labelValues, rows)) ||
+      failed(expectShape(op, "C2", "predecessors", predecessors, rows)) ||
+      failed(expectShape(op, "C2", "labels", labels, rows)) ||
+      failed(expectShape(op, "C2", "weights", weights, rows)))
+    return failure();
+  // selector_loss C3
+  if (failed(expectRank(op, "C3", "input", input, v.getRank())) ||
+      failed(expectRank(op, "C3", "projection", projection, 2)))
+    return failure();
+  const int64_t H = tensorType(input).getShape().back();
+  const int64_t r = tensorType(projection).getDimSize(0);
+  SmallVector<int64_t> inputShape(rows.begin(), rows.end());
+  inputShape.push_back(H);
+  if (failed(expectShape(op, "C3", "input", input, inputShape)) ||
+      failed(expectShape(op, "C3", "projection", projection, {r, H})) ||
+      failed(expectSameElementType(op, "C3", "input", input, "projection",
+                                   projection)))
+    return failure();
+  // selector_loss C4
+  if (failed(
+          expectRank(op, "C4", "predecessor_codebook", predecessorCodebook, 2)))
+    return failure();
+  const int64_t V = tensorType(predecessorCodebook).getDimSize(0);
+  if (failed(expectShape(op, "C4", "predecessor_codebook", predecessorCodebook,
+                         {V, r})) ||
+      failed(expectSameType(op, "C4", "successor_codebook", successorCodebook,
+                            "predecessor_codebook", predecessorCodebook)) ||
+      failed(expectSameElementType(op, "C4", "predecessor_codebook",
+                                   predecessorCodebook, "input", input)))
+    return failure();
+  if (K > V)
+    return op->emitOpError() << "(C4) " << K
+                             << " candidates per row but the codebooks hold "
+                                "a vocabulary of "
+                             << V;
+  return success();
+}
+
+LogicalResult SelectorLossOp::verify() {
+  SmallVector<int64_t> rows;
+  if (failed(verifySelectorOperands(
+          *this, getGold(), getValues(), getCandidates(), getLabelValues(),
+          getInput(), getProjection(), getPredecessors(), getLabels(),
+          getWeights(), getPredecessorCodebook(), getSuccessorCodebook(),
+          rows)))
+    return failure();
+  // selector_loss C5
+  return expectShape(*this, "C5", "hits", getHits(), rows);
+}
+
+//===----------------------------------------------------------------------===//
 // Gradient ops
 //===----------------------------------------------------------------------===//
 
@@ -732,6 +925,85 @@ LogicalResult LmHeadCeGradOp::verify() {
     return failure();
   // lm_head_ce_grad C4
   return expectSameType(op, "C4", "result", getResult(), "input", getInput());
+}
+
+LogicalResult GroupedConvGradOp::verify() {
+  Operation *op = *this;
+  // grouped_conv_grad C1-C6: those of grouped_conv, grad in the result's
+  // place.
+  if (failed(verifyGroupedConvOperands(op, getInput(), getDelta(), getBase(),
+                                       getBlockSize(), getKernelSize(),
+                                       getGroupSize(), getHalf())) ||
+      failed(expectSameType(op, "C6", "grad", getGrad(), "input", getInput())))
+    return failure();
+  // grouped_conv_grad C7
+  if (failed(expectSameType(op, "C7", "input_grad", getInputGrad(), "input",
+                            getInput())) ||
+      failed(expectSameType(op, "C7", "delta_grad", getDeltaGrad(), "delta",
+                            getDelta())) ||
+      failed(expectSameType(op, "C7", "base_grad", getBaseGrad(), "base",
+                            getBase())))
+    return failure();
+  return success();
+}
+
+LogicalResult SelectorCandidatesGradOp::verify() {
+  Operation *op = *this;
+  // selector_candidates_grad C1-C4: those of selector_candidates.
+  SmallVector<int64_t> rows;
+  if (failed(verifyCandidatesOperands(op, getInput(), getWeight(), getLabels(),
+                                      getWeights(), getTopK(),
+                                      getMultiplier().convertToDouble(),
+                                      getSoftcap().convertToDouble(), rows)))
+    return failure();
+  // selector_candidates_grad C5
+  SmallVector<int64_t> perCandidate(rows);
+  perCandidate.push_back(getTopK());
+  if (failed(
+          expectShape(op, "C5", "candidates", getCandidates(), perCandidate)))
+    return failure();
+  if (!getValuesGrad() && !getLabelValuesGrad())
+    return emitOpError() << "(C5) needs values_grad, label_values_grad or both";
+  if ((getValuesGrad() && failed(expectShape(op, "C5", "values_grad",
+                                             getValuesGrad(), perCandidate))) ||
+      (getLabelValuesGrad() && failed(expectShape(op, "C5", "label_values_grad",
+                                                  getLabelValuesGrad(), rows))))
+    return failure();
+  // selector_candidates_grad C6
+  return expectSameType(op, "C6", "result", getResult(), "input", getInput());
+}
+
+LogicalResult SelectorLossGradOp::verify() {
+  Operation *op = *this;
+  // selector_loss_grad C1-C4: those of selector_loss.
+  SmallVector<int64_t> rows;
+  if (failed(verifySelectorOperands(
+          op, getGold(), getValues(), getCandidates(), getLabelValues(),
+          getInput(), getProjection(), getPredecessors(), getLabels(),
+          getWeights(), getPredecessorCodebook(), getSuccessorCodebook(),
+          rows)))
+    return failure();
+  // selector_loss_grad C5
+  if (failed(expectSameType(op, "C5", "values_grad", getValuesGrad(), "values",
+                            getValues())) ||
+      failed(expectSameType(op, "C5", "label_values_grad", getLabelValuesGrad(),
+                            "label_values", getLabelValues())))
+    return failure();
+  // selector_loss_grad C6
+  SmallVector<int64_t> projected(rows);
+  projected.push_back(tensorType(getProjection()).getDimSize(0));
+  if (failed(expectShape(op, "C6", "projected_grad", getProjectedGrad(),
+                         projected)) ||
+      failed(expectSameElementType(op, "C6", "projected_grad",
+                                   getProjectedGrad(), "input", getInput())) ||
+      failed(expectSameType(
+          op, "C6", "predecessor_codebook_grad", getPredecessorCodebookGrad(),
+          "predecessor_codebook", getPredecessorCodebook())) ||
+      failed(expectSameType(op, "C6", "successor_codebook_grad",
+                            getSuccessorCodebookGrad(), "successor_codebook",
+                            getSuccessorCodebook())))
+    return failure();
+  return success();
 }
 
 //===----------------------------------------------------------------------===//

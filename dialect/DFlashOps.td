@@ -535,6 +535,143 @@ def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {
       "functional-type(operands, results)";
 }
 
+//===----------------------------------------------------------------------===//
+// DFlash2 drafters (docs/semantics.md section 13)
+//===----------------------------------------------------------------------===//
+
+def DFlash_GroupedConvOp
+    : DFlash_PureOp<"grouped_conv", [DFlash_Differentiable]> {
+  let summary = "Block-local grouped dynamic convolution of a DFlash2 layer";
+  let description = [{
+    docs/semantics.md section 13, "Convolution": with `kc = kernel_size`,
+    `gs = group_size`, `G = H / gs` and slot `q = n * block_size + k`,
+    `result[b, q, c] = sum over o in [0, kc) with k - o >= 0 of
+    (base[o, c] + D[b, q, half, o, c / gs]) * input[b, q - o, c]`: causal
+    inside each block, never reaching the previous block, the per-token
+    delta taken at the output slot. `D` is a layer's whole projection
+    `h @ Wc^T` `[B, Q, 2*kc*G]`, read as `[2, kc, G]` per slot; `half` (0
+    before the sublayer, 1 after it) picks the half this convolution reads,
+    so both convolutions of a sublayer share one `D`. `base` is that
+    convolution's `[kc, H]`, or the checkpoint's whole `base_kernel`
+    `[2, kc, H]`, of which `half` picks the row. `base + delta` in fp32,
+    the result rounded once.
+
+    ```mlir
+    %hc = dflash.grouped_conv %h, %d, %base
+        {block_size = 8 : i64, kernel_size = 2 : i64, group_size = 16 : i64,
+         half = 0 : i64}
+        : (tensor<4x4096x5120xbf16>, tensor<4x4096x1280xbf16>,
+           tensor<2x2x5120xbf16>) -> tensor<4x4096x5120xbf16>
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$delta,
+                       DFlash_FloatTensor:$base, I64Attr:$block_size,
+                       I64Attr:$kernel_size, I64Attr:$group_size,
+                       I64Attr:$half);
+  let results = (outs DFlash_FloatTensor:$result);
+  let assemblyFormat =
+      "$input `,` $delta `,` $base attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_SelectorCandidatesOp
+    : DFlash_PureOp<"selector_candidates", [DFlash_Differentiable]> {
+  let summary = "Top-K of a DFlash2 drafter's unary logits, never materialised";
+  let description = [{
+    docs/semantics.md section 13, "Unary logits" and "Selector": with
+    `u = T(input @ weight^T)` in fp32 (`weight` the frozen lm_head [V, H],
+    `T(z) = softcap * tanh(multiplier * z / softcap)`, or `multiplier * z`
+    when `softcap` is 0), per row with a nonzero weight:
+    `candidates` = the `top_k` tokens of largest `u` in descending order
+    (ties: the lower token first), `values` their `u`, and `label_values` =
+    `u[labels]` (the logit an injected label is scored with). A row whose
+    weight is 0 (every slot `k = 0`) is skipped: candidates -1, values and
+    label value 0.
+
+    Like `dflash.lm_head_ce`, it takes the `(input, lm_head)` pair and not
+    the logits: its kernel streams the logits chunk by chunk and keeps each
+    row's running top-K, so that a later pass can fold it into the lm_head
+    cross-entropy kernel, which computes the same logits (with this
+    transform) for `CE_u`. Only `[rows, K]` leaves it.
+
+    ```mlir
+    %values, %candidates, %label_values = dflash.selector_candidates %y,
+        %lm_head, %labels, %weights
+        {top_k = 16 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+        : (tensor<4x4096x5120xbf16>, tensor<248320x5120xbf16>,
+           tensor<4x4096xi32>, tensor<4x4096xf32>)
+        -> (tensor<4x4096x16xf32>, tensor<4x4096x16xi32>, tensor<4x4096xf32>)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       DFlash_IndexTensor:$labels, DFlash_F32Tensor:$weights,
+                       I64Attr:$top_k, F64Attr:$multiplier, F64Attr:$softcap);
+  let results = (outs DFlash_F32Tensor:$values,
+                      DFlash_IndexTensor:$candidates,
+                      DFlash_F32Tensor:$label_values);
+  let assemblyFormat =
+      "$input `,` $weight `,` $labels `,` $weights attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_SelectorLossOp
+    : DFlash_PureOp<"selector_loss", [DFlash_Differentiable]> {
+  let summary = "The DFlash2 selector's weighted cross-entropy sums and hits";
+  let description = [{
+    docs/semantics.md section 13, "Selector" and "Loss", over
+    `selector_candidates`' results. Per row with a nonzero weight `w`, with
+    predecessor token `p`, `t = input @ projection^T` ([r], `projection`
+    being `Wh` [r, H]) and `z = predecessor_codebook[p] * t`
+    (elementwise): the scores are `s_j = values_j +
+    z . successor_codebook[candidates_j]`; `cov = [label among the
+    candidates]` and `CE_s = -log softmax(s)[j*]` at the label's index
+    `j*`. With `gold = "inject"` a label outside the top-K takes the place
+    of candidate K, scored with `label_values` (so `cov = 1`); with
+    `gold = "topk"` such a row has no term.
+    - `loss_sum = sum(w * cov * CE_s)`, `covered_weight = sum(w * cov)`:
+      the selector term's numerator and NeMo's "covered" denominator. The
+      loss is assembled elsewhere: `alpha_t * loss_sum / sum(w)` (or
+      `/ covered_weight`), so its gradient reaches this op as
+      `loss_sum_grad`.
+    - `hits = [argmax_j s_j == label] * [w > 0]`, over the true top-K
+      (never an injected label): the token greedy serving picks, what
+      `dflash.draft_acceptance` counts.
+    `t` is a GEMM of this op (as the logits are `lm_head_ce`'s): its
+    gradient goes to `projection` always, and to `input` unless
+    `stop_gradient` is set, which also stops the gradient at `values`
+    (docs/semantics.md: "it stops at u and y").
+
+    ```mlir
+    %loss, %covered, %hits = dflash.selector_loss %values, %candidates,
+        %label_values, %y, %wh, %predecessors, %labels, %weights, %pcb, %scb
+        {gold = "topk"}
+        : (tensor<4x4096x16xf32>, tensor<4x4096x16xi32>, tensor<4x4096xf32>,
+           tensor<4x4096x5120xbf16>, tensor<256x5120xbf16>, tensor<4x4096xi32>,
+           tensor<4x4096xi32>, tensor<4x4096xf32>, tensor<248320x256xbf16>,
+           tensor<248320x256xbf16>)
+        -> (tensor<f32>, tensor<f32>, tensor<4x4096xi8>)
+    ```
+  }];
+  let arguments = (ins DFlash_F32Tensor:$values,
+                       DFlash_IndexTensor:$candidates,
+                       DFlash_F32Tensor:$label_values,
+                       DFlash_FloatTensor:$input,
+                       DFlash_FloatTensor:$projection,
+                       DFlash_IndexTensor:$predecessors,
+                       DFlash_IndexTensor:$labels, DFlash_F32Tensor:$weights,
+                       DFlash_FloatTensor:$predecessor_codebook,
+                       DFlash_FloatTensor:$successor_codebook,
+                       StrAttr:$gold, UnitAttr:$stop_gradient);
+  let results = (outs DFlash_F32Scalar:$loss_sum,
+                      DFlash_F32Scalar:$covered_weight,
+                      DFlash_FlagTensor:$hits);
+  let assemblyFormat =
+      "$values `,` $candidates `,` $label_values `,` $input `,` $projection "
+      "`,` $predecessors `,` $labels `,` $weights `,` $predecessor_codebook "
+      "`,` $successor_codebook attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 include "dialect/DFlashGradientOps.td"
 include "dialect/DFlashOptimizerOps.td"
 include "dialect/DFlashKernelOps.td"

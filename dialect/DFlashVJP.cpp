@@ -80,3 +80,67 @@ SmallVector<Value> LmHeadCeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
                              getWeight(), getLabels(), getWeights(), grads[0]);
   return {dy, Value(), Value(), Value()};
 }
+
+SmallVector<Value> GroupedConvOp::buildVJP(OpBuilder &b,
+                                           ArrayRef<Value> grads) {
+  auto g = GroupedConvGradOp::create(
+      b, getLoc(),
+      TypeRange{getInput().getType(), getDelta().getType(),
+                getBase().getType()},
+      grads[0], getInput(), getDelta(), getBase(), getBlockSizeAttr(),
+      getKernelSizeAttr(), getGroupSizeAttr(), getHalfAttr());
+  return {g.getInputGrad(), g.getDeltaGrad(), g.getBaseGrad()};
+}
+
+SmallVector<Value> SelectorCandidatesOp::buildVJP(OpBuilder &b,
+                                                  ArrayRef<Value> grads) {
+  // candidates are indices; the weight is frozen.
+  SmallVector<Value> result(4, Value());
+  if (grads[0] || grads[2])
+    result[0] = SelectorCandidatesGradOp::create(
+        b, getLoc(), getInput().getType(), getInput(), getWeight(),
+        getCandidates(), getLabels(), getWeights(), grads[0], grads[2],
+        getTopKAttr(), getMultiplierAttr(), getSoftcapAttr());
+  return result;
+}
+
+SmallVector<Value> SelectorLossOp::buildVJP(OpBuilder &b,
+                                            ArrayRef<Value> grads) {
+  // Only loss_sum is differentiable (covered_weight is piecewise
+  // constant); indices, labels and weights get nothing.
+  SmallVector<Value> result(getOperation()->getNumOperands(), Value());
+  if (!grads[0])
+    return result;
+  auto input = cast<RankedTensorType>(getInput().getType());
+  SmallVector<int64_t> projected(input.getShape().drop_back());
+  projected.push_back(
+      cast<RankedTensorType>(getProjection().getType()).getDimSize(0));
+  auto g = SelectorLossGradOp::create(
+      b, getLoc(),
+      TypeRange{getValues().getType(), getLabelValues().getType(),
+                RankedTensorType::get(projected, input.getElementType()),
+                getPredecessorCodebook().getType(),
+                getSuccessorCodebook().getType()},
+      getValues(), getCandidates(), getLabelValues(), getInput(),
+      getProjection(), getPredecessors(), getLabels(), getWeights(),
+      getPredecessorCodebook(), getSuccessorCodebook(), grads[0], getGoldAttr(),
+      getStopGradientAttr());
+  // t = input @ projection^T: Wh always learns from dt; with stop_gradient
+  // nothing of the selector reaches the input or the unary logits.
+  result[getProjectionMutable().getOperandNumber()] =
+      LinearGradWeightOp::create(b, getLoc(), getProjection().getType(),
+                                 g.getProjectedGrad(), getInput());
+  result[getPredecessorCodebookMutable().getOperandNumber()] =
+      g.getPredecessorCodebookGrad();
+  result[getSuccessorCodebookMutable().getOperandNumber()] =
+      g.getSuccessorCodebookGrad();
+  if (getStopGradient())
+    return result;
+  result[getInputMutable().getOperandNumber()] = LinearGradInputOp::create(
+      b, getLoc(), getInput().getType(), g.getProjectedGrad(), getProjection());
+  result[getValuesMutable().getOperandNumber()] = g.getValuesGrad();
+  // A label value scores only an injected label.
+  if (getGold() == "inject")
+    result[getLabelValuesMutable().getOperandNumber()] = g.getLabelValuesGrad();
+  return result;
+}

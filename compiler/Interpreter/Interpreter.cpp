@@ -11,12 +11,16 @@
 
 #include "dialect/DFlashOps.h"
 #include "kernels/Bf16.h"
+#include "kernels/reference/DFlash2.h"
 #include "kernels/reference/Reference.h"
 
 #include "llvm/ADT/DenseMap.h"
 #include "llvm/ADT/TypeSwitch.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <type_traits>
 
 using namespace mlir;
 using namespace mlir::dflash;
@@ -154,6 +158,12 @@ private:
   /// DeltaNet.cpp).
   LogicalResult evalHybrid(Operation *op);
   LogicalResult evalGradient(Operation *op);
+  /// A DFlash2 drafter's convolution and selector, forward and backward
+  /// (kernels/reference/DFlash2.cpp).
+  LogicalResult evalDFlash2(Operation *op);
+  /// selector_loss or selector_loss_grad: ref::selectorForward (and
+  /// selectorBackward) one row at a time.
+  template <typename SelectorOp> LogicalResult selector(SelectorOp o);
   LogicalResult evalOptimizer(Operation *op);
   /// The ops of dflash-fuse-kernels, as the compositions they replace.
   LogicalResult evalFused(Operation *op);
@@ -214,6 +224,10 @@ LogicalResult Evaluator::eval(Operation *op) {
                ZeroCentredRmsNormOp, PartialRopeOp, SplitLastOp, SigmoidGateOp>(
                op))
     result = evalHybrid(op);
+  else if (isa<GroupedConvOp, GroupedConvGradOp, SelectorCandidatesOp,
+               SelectorCandidatesGradOp, SelectorLossOp, SelectorLossGradOp>(
+               op))
+    result = evalDFlash2(op);
   else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
                ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
                RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
@@ -299,6 +313,244 @@ LogicalResult Evaluator::evalHybrid(Operation *op) {
       })
       .Default([](Operation *o) {
         return o->emitOpError("is not a hybrid-target op");
+      });
+}
+
+/// The reference's shape of a grouped_conv or grouped_conv_grad: `delta`
+/// is the whole D, read at its slot stride from half `half`'s offset.
+template <typename ConvOp> ref::GroupedConvShape convShape(ConvOp o) {
+  auto x = shapeOf(o.getInput());
+  ref::GroupedConvShape s;
+  s.B = x[0];
+  s.bs = o.getBlockSize();
+  s.N = x[1] / s.bs;
+  s.H = x[2];
+  s.kc = o.getKernelSize();
+  s.gs = o.getGroupSize();
+  s.deltaStride = shapeOf(o.getDelta()).back();
+  return s;
+}
+
+/// Offsets of the half a convolution reads in D and in base (a [kc, H]
+/// base has one half, at 0).
+template <typename ConvOp>
+std::pair<int64_t, int64_t> convHalfOffsets(ConvOp o) {
+  const int64_t half = o.getHalf(), kc = o.getKernelSize();
+  const int64_t G = shapeOf(o.getInput())[2] / o.getGroupSize();
+  const bool wholeBase = shapeOf(o.getBase()).size() == 3;
+  return {half * kc * G, wholeBase ? half * kc * shapeOf(o.getInput())[2] : 0};
+}
+
+/// The reference's transform of a selector_candidates(_grad) op.
+template <typename CandidatesOp>
+ref::UnaryTransform transformOf(CandidatesOp o) {
+  return {o.getMultiplier().convertToDouble(),
+          o.getSoftcap().convertToDouble()};
+}
+
+/// One row of selector_loss in the reference's terms. The op gets the
+/// candidates and values that selector_candidates took from the whole u;
+/// ref::selectorForward takes u and redoes the top-K. So each row becomes
+/// a vocabulary of K + 1 entries: the K candidates in their order, then the
+/// label (-inf when it is among them). Its top-K are the candidates again,
+/// in the same order (ties go to the lower index, and a label outside the
+/// top-K has a value at most the K-th's), and entry K is the injected one.
+struct CompactSelectorRow {
+  std::vector<double> u, S;    ///< [K + 1], [K + 1, r]
+  std::vector<int32_t> tokens; ///< entry -> token id
+  int32_t label = 0, predecessor = 0;
+};
+
+template <typename SelectorOp> LogicalResult Evaluator::selector(SelectorOp o) {
+  constexpr bool backward = std::is_same_v<SelectorOp, SelectorLossGradOp>;
+  const int64_t K = lastDim(o.getValues()), n = rows(o.getValues());
+  auto wh = shapeOf(o.getProjection());
+  const int64_t r = wh[0], H = wh[1];
+  const int64_t V = shapeOf(o.getPredecessorCodebook())[0];
+  // t = input @ projection^T, stored as its GEMM stores it.
+  HostTensor t({n, r});
+  ref::linear<double>(ptr(o.getInput()), ptr(o.getProjection()), t.data.data(),
+                      n, r, H);
+  store(t, o.getInput().getType());
+  const std::vector<int32_t> candidates = asIndices(in(o.getCandidates()));
+  const std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+  const std::vector<int32_t> predecessors = asIndices(in(o.getPredecessors()));
+  const double *values = ptr(o.getValues());
+  const double *labelValues = ptr(o.getLabelValues());
+  const double *weights = ptr(o.getWeights());
+  const double *P = ptr(o.getPredecessorCodebook());
+  const double *S = ptr(o.getSuccessorCodebook());
+  auto inVocabulary = [V](int32_t id) { return id >= 0 && id < V; };
+  double lossSum = 0, coveredWeight = 0;
+  std::vector<uint8_t> hits(size_t(n), 0);
+  CompactSelectorRow c;
+  for (int64_t row = 0; row < n; ++row) {
+    const double w = weights[row];
+    if (w == 0)
+      continue;
+    const int32_t *rowCandidates = candidates.data() + row * K;
+    const int32_t label = labels[row], p = predecessors[row];
+    if (!inVocabulary(label) || !inVocabulary(p) ||
+        !std::all_of(rowCandidates, rowCandidates + K, inVocabulary))
+      return o.emitOpError()
+             << "row " << row
+             << " has a label, predecessor or candidate outside the "
+                "vocabulary of "
+             << V;
+    c.tokens.assign(rowCandidates, rowCandidates + K);
+    c.tokens.push_back(label);
+    c.u.assign(size_t(K + 1), -std::numeric_limits<double>::infinity());
+    c.label = int32_t(K);
+    for (int64_t j = 0; j < K; ++j) {
+      c.u[size_t(j)] = values[row * K + j];
+      if (rowCandidates[j] == label)
+        c.label = int32_t(j);
+    }
+    if (c.label == K)
+      c.u[size_t(K)] = labelValues[row];
+    c.S.resize(size_t((K + 1) * r));
+    for (int64_t e = 0; e <= K; ++e)
+      std::copy_n(S + int64_t(c.tokens[size_t(e)]) * r, r, c.S.begin() + e * r);
+    ref::SelectorInputs<double> sel;
+    sel.u = c.u.data();
+    sel.t = t.data.data() + row * r;
+    sel.predecessors = &c.predecessor;
+    sel.labels = &c.label;
+    sel.weights = &w;
+    sel.P = P + int64_t(p) * r;
+    sel.S = c.S.data();
+    sel.rows = 1;
+    sel.V = K + 1;
+    sel.r = r;
+    sel.K = K;
+    sel.gold = o.getGold() == "inject" ? ref::SelectorGold::Inject
+                                       : ref::SelectorGold::Skip;
+    const ref::SelectorForward<double> f = ref::selectorForward(sel);
+    lossSum += f.lossSum;
+    coveredWeight += f.coveredWeight;
+    hits[size_t(row)] = f.hits[0];
+    if constexpr (backward) {
+      std::vector<double> du(static_cast<size_t>(K + 1)),
+          dt(static_cast<size_t>(r));
+      ref::RowGradients<double> dP, dS;
+      ref::selectorBackward(sel, f, scalar(o.getLossSumGrad()),
+                            o.getStopGradient(), du.data(), dt.data(), dP, dS);
+      std::copy_n(du.begin(), K, outPtr(o.getValuesGrad()) + row * K);
+      outPtr(o.getLabelValuesGrad())[row] = du[size_t(K)];
+      std::copy_n(dt.begin(), r, outPtr(o.getProjectedGrad()) + row * r);
+      // Back from the row's entries to token ids.
+      for (int32_t &e : dP.rows)
+        e = p;
+      for (int32_t &e : dS.rows)
+        e = c.tokens[size_t(e)];
+      ref::scatterAddRows(dP, outPtr(o.getPredecessorCodebookGrad()), V);
+      ref::scatterAddRows(dS, outPtr(o.getSuccessorCodebookGrad()), V);
+    }
+  }
+  if constexpr (!backward) {
+    setScalar(o.getLossSum(), lossSum);
+    setScalar(o.getCoveredWeight(), coveredWeight);
+    setFlags(o.getHits(), hits);
+  }
+  return success();
+}
+
+LogicalResult Evaluator::evalDFlash2(Operation *op) {
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](GroupedConvOp o) {
+        auto [deltaAt, baseAt] = convHalfOffsets(o);
+        ref::groupedConv<double>(ptr(o.getInput()), ptr(o.getDelta()) + deltaAt,
+                                 ptr(o.getBase()) + baseAt,
+                                 outPtr(o.getResult()), convShape(o));
+        return success();
+      })
+      .Case([&](GroupedConvGradOp o) {
+        // The gradients start at 0 (eval() makes them): the half of D and
+        // of a [2, kc, H] base this convolution does not read stays 0.
+        auto [deltaAt, baseAt] = convHalfOffsets(o);
+        ref::groupedConvGrad<double>(
+            ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getDelta()) + deltaAt,
+            ptr(o.getBase()) + baseAt, outPtr(o.getInputGrad()),
+            outPtr(o.getDeltaGrad()) + deltaAt,
+            outPtr(o.getBaseGrad()) + baseAt, convShape(o));
+        return success();
+      })
+      .Case([&](SelectorCandidatesOp o) -> LogicalResult {
+        auto w = shapeOf(o.getWeight());
+        const int64_t V = w[0], H = w[1], K = o.getTopK();
+        const int64_t n = rows(o.getInput());
+        std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+        const double *weights = ptr(o.getWeights());
+        // The logits of every row (the kernel streams them).
+        std::vector<double> u(size_t(n * V));
+        ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()), u.data(), n,
+                            V, H);
+        ref::unaryTransform<double>(u.data(), u.data(), n * V, transformOf(o));
+        double *values = outPtr(o.getValues());
+        double *labelValues = outPtr(o.getLabelValues());
+        std::vector<double> &candidates = out(o.getCandidates()).data;
+        std::fill(candidates.begin(), candidates.end(), -1.0);
+        std::vector<int32_t> top(static_cast<size_t>(K));
+        for (int64_t row = 0; row < n; ++row) {
+          if (weights[row] == 0)
+            continue;
+          if (labels[row] < 0 || labels[row] >= V)
+            return o.emitOpError() << "label " << labels[row]
+                                   << " is outside the vocabulary of " << V;
+          const double *uRow = u.data() + row * V;
+          ref::topK(uRow, V, K, top.data());
+          for (int64_t j = 0; j < K; ++j) {
+            candidates[size_t(row * K + j)] = top[j];
+            values[row * K + j] = uRow[top[j]];
+          }
+          labelValues[row] = uRow[labels[row]];
+        }
+        return success();
+      })
+      .Case([&](SelectorCandidatesGradOp o) -> LogicalResult {
+        auto w = shapeOf(o.getWeight());
+        const int64_t V = w[0], H = w[1], K = o.getTopK();
+        const int64_t n = rows(o.getInput());
+        std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+        std::vector<int32_t> candidates = asIndices(in(o.getCandidates()));
+        const double *weights = ptr(o.getWeights());
+        const double *dValues =
+            o.getValuesGrad() ? ptr(o.getValuesGrad()) : nullptr;
+        const double *dLabel =
+            o.getLabelValuesGrad() ? ptr(o.getLabelValuesGrad()) : nullptr;
+        // du [rows, V]: the K + 1 entries of each row (dense only here).
+        std::vector<double> du(size_t(n * V), 0.0);
+        for (int64_t row = 0; row < n; ++row) {
+          if (weights[row] == 0)
+            continue;
+          double *duRow = du.data() + row * V;
+          for (int64_t j = 0; dValues && j < K; ++j) {
+            const int32_t c = candidates[size_t(row * K + j)];
+            if (c < 0 || c >= V)
+              return o.emitOpError() << "candidate " << c
+                                     << " is outside the vocabulary of " << V;
+            duRow[c] += dValues[row * K + j];
+          }
+          if (dLabel) {
+            if (labels[row] < 0 || labels[row] >= V)
+              return o.emitOpError() << "label " << labels[row]
+                                     << " is outside the vocabulary of " << V;
+            duRow[labels[row]] += dLabel[row];
+          }
+        }
+        std::vector<double> z(du.size());
+        ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()), z.data(), n,
+                            V, H);
+        ref::unaryTransformGrad<double>(du.data(), z.data(), du.data(), n * V,
+                                        transformOf(o));
+        ref::linearGradInput<double>(du.data(), ptr(o.getWeight()),
+                                     outPtr(o.getResult()), n, V, H);
+        return success();
+      })
+      .Case([&](SelectorLossOp o) { return selector(o); })
+      .Case([&](SelectorLossGradOp o) { return selector(o); })
+      .Default([](Operation *other) {
+        return other->emitOpError("is not a DFlash2 op");
       });
 }
 

@@ -451,6 +451,15 @@ FailureOr<Choice> select(Operation *op) {
             tensorOf(o.getSource()).getDimSize(0)));
         return c;
       })
+      // DFlash2 drafters (docs/semantics.md section 13) have no CUDA kernels
+      // yet: refused here, by name, rather than by dflash-verify-lowering.
+      .Case<GroupedConvOp, GroupedConvGradOp, SelectorCandidatesOp,
+            SelectorCandidatesGradOp, SelectorLossOp,
+            SelectorLossGradOp>([](Operation *o) -> Result {
+        return o->emitOpError()
+               << "has no CUDA kernel: DFlash2 drafters (docs/semantics.md "
+                  "section 13) run only in the reference interpreter so far";
+      })
       .Default([](Operation *) -> Result { return Choice(); });
 }
 

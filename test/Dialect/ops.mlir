@@ -104,3 +104,64 @@ func.func @linear_residual(%r: tensor<2x12x16xbf16>, %x: tensor<2x12x64xbf16>,
       -> tensor<2x12x16xbf16>
   return %y : tensor<2x12x16xbf16>
 }
+
+// DFlash2 (docs/semantics.md section 13): one layer's D [2, 8, 2*2*2] feeds
+// both convolutions; base [kc, H] or the whole [2, kc, H].
+// CHECK-LABEL: func.func @dflash2_conv
+func.func @dflash2_conv(%x: tensor<2x8x32xbf16>, %d: tensor<2x8x8xbf16>,
+                        %b: tensor<2x2x32xbf16>, %b1: tensor<2x32xbf16>)
+    -> (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>) {
+  // CHECK: dflash.grouped_conv %{{.*}}, %{{.*}}, %{{.*}} {block_size = 4 : i64, group_size = 16 : i64, half = 0 : i64, kernel_size = 2 : i64} : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<2x8x32xbf16>
+  %y = dflash.grouped_conv %x, %d, %b
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<2x8x32xbf16>
+  // CHECK: dflash.grouped_conv {{.*}} half = 1 : i64{{.*}} : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x32xbf16>) -> tensor<2x8x32xbf16>
+  %z = dflash.grouped_conv %y, %d, %b1
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 1 : i64}
+      : (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x32xbf16>) -> tensor<2x8x32xbf16>
+  // CHECK: dflash.grouped_conv_grad {{.*}} -> (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>)
+  %dx, %dd, %db = dflash.grouped_conv_grad %z, %x, %d, %b
+      {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<2x8x32xbf16>, tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>)
+      -> (tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>)
+  return %dx, %dd, %db : tensor<2x8x32xbf16>, tensor<2x8x8xbf16>, tensor<2x2x32xbf16>
+}
+
+// The selector: rows [2, 8], H 32, V 64, top 4, rank 8.
+// CHECK-LABEL: func.func @dflash2_selector
+func.func @dflash2_selector(%y: tensor<2x8x32xbf16>, %head: tensor<64x32xbf16>,
+                            %l: tensor<2x8xi32>, %wt: tensor<2x8xf32>,
+                            %wh: tensor<8x32xbf16>, %p: tensor<2x8xi32>,
+                            %pcb: tensor<64x8xbf16>, %scb: tensor<64x8xbf16>,
+                            %seed: tensor<f32>) -> tensor<2x8x32xbf16> {
+  // CHECK: dflash.selector_candidates {{.*}} {multiplier = 1.500000e+00 : f64, softcap = 3.000000e+01 : f64, top_k = 4 : i64} : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8xi32>, tensor<2x8xf32>) -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
+  %v, %c, %lv = dflash.selector_candidates %y, %head, %l, %wt
+      {top_k = 4 : i64, multiplier = 1.5 : f64, softcap = 30.0 : f64}
+      : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
+  // CHECK: dflash.selector_loss {{.*}} {gold = "inject", stop_gradient} : {{.*}} -> (tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  %loss, %covered, %hits = dflash.selector_loss %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb
+      {gold = "inject", stop_gradient}
+      : (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>, tensor<2x8x32xbf16>,
+         tensor<8x32xbf16>, tensor<2x8xi32>, tensor<2x8xi32>, tensor<2x8xf32>,
+         tensor<64x8xbf16>, tensor<64x8xbf16>)
+      -> (tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  // CHECK: dflash.selector_loss_grad {{.*}} {gold = "topk"} : {{.*}} -> (tensor<2x8x4xf32>, tensor<2x8xf32>, tensor<2x8x8xbf16>, tensor<64x8xbf16>, tensor<64x8xbf16>)
+  %dv, %dl, %dt, %dp, %ds = dflash.selector_loss_grad %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb, %seed
+      {gold = "topk"}
+      : (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>, tensor<2x8x32xbf16>,
+         tensor<8x32xbf16>, tensor<2x8xi32>, tensor<2x8xi32>, tensor<2x8xf32>,
+         tensor<64x8xbf16>, tensor<64x8xbf16>, tensor<f32>)
+      -> (tensor<2x8x4xf32>, tensor<2x8xf32>, tensor<2x8x8xbf16>, tensor<64x8xbf16>, tensor<64x8xbf16>)
+  // CHECK: dflash.selector_candidates_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} values_grad %{{.*}} label_values_grad %{{.*}} {multiplier = 1.500000e+00 : f64, softcap = 3.000000e+01 : f64, top_k = 4 : i64}
+  %dy = dflash.selector_candidates_grad %y, %head, %c, %l, %wt values_grad %dv label_values_grad %dl
+      {top_k = 4 : i64, multiplier = 1.5 : f64, softcap = 30.0 : f64}
+      : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8x4xi32>, tensor<2x8xi32>,
+         tensor<2x8xf32>, tensor<2x8x4xf32>, tensor<2x8xf32>) -> tensor<2x8x32xbf16>
+  // CHECK: dflash.selector_candidates_grad %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}, %{{.*}} values_grad %{{.*}} {
+  %dy2 = dflash.selector_candidates_grad %y, %head, %c, %l, %wt values_grad %dv
+      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+      : (tensor<2x8x32xbf16>, tensor<64x32xbf16>, tensor<2x8x4xi32>, tensor<2x8xi32>,
+         tensor<2x8xf32>, tensor<2x8x4xf32>) -> tensor<2x8x32xbf16>
+  return %dy : tensor<2x8x32xbf16>
+}

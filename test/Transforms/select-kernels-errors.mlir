@@ -100,3 +100,42 @@ func.func @step(%x: tensor<4x12xbf16> {dflash.arg = #dflash.arg<input, "input_id
   %y = dflash.linear_swiglu %x, %wg, %wu : (tensor<4x12xbf16>, tensor<96x12xbf16>, tensor<96x12xbf16>) -> tensor<4x96xbf16>
   return %y : tensor<4x96xbf16>
 }
+
+// -----
+
+// DFlash2's ops have no CUDA kernels yet: refused by name, not left to
+// dflash-verify-lowering.
+func.func @step(%x: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
+                %d: tensor<1x8x8xbf16> {dflash.arg = #dflash.arg<parameter, "d">},
+                %b: tensor<2x2x32xbf16> {dflash.arg = #dflash.arg<parameter, "base">})
+    -> (tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+2 {{'dflash.grouped_conv' op has no CUDA kernel: DFlash2 drafters (docs/semantics.md section 13) run only in the reference interpreter so far}}
+  // expected-remark @+1 {{and 1 more 'dflash.grouped_conv' ops of these operand types, refused alike}}
+  %y = dflash.grouped_conv %x, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<1x8x32xbf16>, tensor<1x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<1x8x32xbf16>
+  %z = dflash.grouped_conv %y, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 1 : i64}
+      : (tensor<1x8x32xbf16>, tensor<1x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<1x8x32xbf16>
+  return %z : tensor<1x8x32xbf16>
+}
+
+// -----
+
+func.func @step(%v: tensor<1x8x4xf32> {dflash.arg = #dflash.arg<input, "v">},
+                %c: tensor<1x8x4xi32> {dflash.arg = #dflash.arg<input, "c">},
+                %lv: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "lv">},
+                %y: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "y">},
+                %wh: tensor<8x32xbf16> {dflash.arg = #dflash.arg<parameter, "wh">},
+                %p: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "p">},
+                %l: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %wt: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">},
+                %pcb: tensor<64x8xbf16> {dflash.arg = #dflash.arg<parameter, "pcb">},
+                %scb: tensor<64x8xbf16> {dflash.arg = #dflash.arg<parameter, "scb">})
+    -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
+  // expected-error @+1 {{'dflash.selector_loss' op has no CUDA kernel}}
+  %loss, %covered, %hits = dflash.selector_loss %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb {gold = "topk"}
+      : (tensor<1x8x4xf32>, tensor<1x8x4xi32>, tensor<1x8xf32>, tensor<1x8x32xbf16>,
+         tensor<8x32xbf16>, tensor<1x8xi32>, tensor<1x8xi32>, tensor<1x8xf32>,
+         tensor<64x8xbf16>, tensor<64x8xbf16>)
+      -> (tensor<f32>, tensor<f32>, tensor<1x8xi8>)
+  return %loss : tensor<f32>
+}
