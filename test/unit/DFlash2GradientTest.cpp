@@ -11,6 +11,7 @@
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Interpreter/Interpreter.h"
 #include "compiler/Transforms/Passes.h"
+#include "test/unit/StepGradientSupport.h"
 
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
@@ -141,27 +142,15 @@ public:
     std::map<std::string, HostTensor> grads = gradients(args);
     StepSignature sig = signature(*backward);
     std::mt19937_64 rng(11);
-    std::normal_distribution<double> normal;
     int checked = 0;
     for (const auto &[name, grad] : grads) {
       unsigned p = *sig.findArg(ArgRole::Parameter, name);
-      std::vector<double> dir(grad.data.size());
-      double analytic = 0;
-      for (size_t i = 0; i < dir.size(); ++i) {
-        dir[i] = normal(rng);
-        analytic += dir[i] * grad.data[i];
-      }
-      const double h = 1e-6;
-      std::vector<HostTensor> plus = args, minus = args;
-      for (size_t i = 0; i < dir.size(); ++i) {
-        plus[p].data[i] += h * dir[i];
-        minus[p].data[i] -= h * dir[i];
-      }
-      double numeric = (forwardLoss(plus) - forwardLoss(minus)) / (2 * h);
-      double rel =
-          std::abs(numeric - analytic) / std::max(std::abs(analytic), 1e-12);
-      EXPECT_LT(rel, tolerance)
-          << name << ": analytic " << analytic << " numeric " << numeric;
+      steptest::DirectionalDerivative d = steptest::directionalDerivative(
+          args, p, grad,
+          [&](const std::vector<HostTensor> &a) { return forwardLoss(a); },
+          1e-6, rng);
+      EXPECT_LT(d.relativeError(), tolerance)
+          << name << ": analytic " << d.analytic << " numeric " << d.numeric;
       ++checked;
     }
     return checked;

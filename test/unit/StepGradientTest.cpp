@@ -15,6 +15,7 @@
 #include "compiler/Interpreter/Interpreter.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Transforms/Passes.h"
+#include "test/unit/StepGradientSupport.h"
 
 #include "mlir/Pass/PassManager.h"
 
@@ -202,32 +203,20 @@ void StepTest::checkGradients(double tolerance) {
   // Directional derivative along a random direction per parameter tensor:
   // (L(p + h d) - L(p - h d)) / 2h against <grad, d>.
   std::mt19937_64 rng(11);
-  std::normal_distribution<double> normal;
   double errSq = 0, refSq = 0;
   int checked = 0;
   for (unsigned r : sig->resultsWithRole(ArgRole::Gradient)) {
     StringRef name = sig->resultInfo(r).getName();
     unsigned p = *sig->findArg(ArgRole::Parameter, name);
-    const HostTensor &grad = (*out)[r];
-    std::vector<double> dir(grad.data.size());
-    double analytic = 0;
-    for (size_t i = 0; i < dir.size(); ++i) {
-      dir[i] = normal(rng);
-      analytic += dir[i] * grad.data[i];
-    }
-    const double h = 1e-5;
-    std::vector<HostTensor> plus = args, minus = args;
-    for (size_t i = 0; i < dir.size(); ++i) {
-      plus[p].data[i] += h * dir[i];
-      minus[p].data[i] -= h * dir[i];
-    }
-    double numeric = (forwardLoss(plus) - forwardLoss(minus)) / (2 * h);
-    double rel =
-        std::abs(numeric - analytic) / std::max(std::abs(analytic), 1e-12);
-    EXPECT_LT(rel, tolerance)
-        << name.str() << ": analytic " << analytic << " numeric " << numeric;
-    errSq += (numeric - analytic) * (numeric - analytic);
-    refSq += analytic * analytic;
+    steptest::DirectionalDerivative d = steptest::directionalDerivative(
+        args, p, (*out)[r],
+        [&](const std::vector<HostTensor> &a) { return forwardLoss(a); }, 1e-5,
+        rng);
+    EXPECT_LT(d.relativeError(), tolerance)
+        << name.str() << ": analytic " << d.analytic << " numeric "
+        << d.numeric;
+    errSq += (d.numeric - d.analytic) * (d.numeric - d.analytic);
+    refSq += d.analytic * d.analytic;
     ++checked;
   }
   EXPECT_EQ(checked, 25); // fc, hidden_norm, 2 layers x 11, norm
