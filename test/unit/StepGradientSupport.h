@@ -1,4 +1,4 @@
-//===- StepGradientSupport.h - Interpreted gradients by differences -*- C++ -*-===//
+//===- StepGradientSupport.h - Gradients by differences ---------*- C++ -*-===//
 //
 // What the tests of interpreted steps share (StepGradientTest, the DFlash2
 // gradient tests): one parameter's gradient checked along a random
