@@ -389,25 +389,14 @@ TEST(DFlash2Gradient, SelectorStopGradientReachesOnlyItsOwnWeights) {
   StepSignature sig = stopped.signature(*stopped.backward);
   unsigned wy = *sig.findArg(ArgRole::Parameter, "wy");
   std::mt19937_64 rng(5);
-  std::normal_distribution<double> normal;
-  const HostTensor &grad = stoppedGrads["wy"];
-  std::vector<double> dir(grad.data.size());
-  double analytic = 0;
-  for (size_t i = 0; i < dir.size(); ++i) {
-    dir[i] = normal(rng);
-    analytic += dir[i] * grad.data[i];
-  }
-  const double h = 1e-6;
-  std::vector<HostTensor> plus = args, minus = args;
-  for (size_t i = 0; i < dir.size(); ++i) {
-    plus[wy].data[i] += h * dir[i];
-    minus[wy].data[i] -= h * dir[i];
-  }
-  double numeric = (stopped.runForward(plus)[CeU].data[0] -
-                    stopped.runForward(minus)[CeU].data[0]) /
-                   (2 * h);
-  EXPECT_LT(std::abs(numeric - analytic) / std::abs(analytic), 1e-6)
-      << "analytic " << analytic << " numeric " << numeric;
+  steptest::DirectionalDerivative d = steptest::directionalDerivative(
+      args, wy, stoppedGrads["wy"],
+      [&](const std::vector<HostTensor> &a) {
+        return stopped.runForward(a)[CeU].data[0];
+      },
+      1e-6, rng);
+  EXPECT_LT(d.relativeError(), 1e-6)
+      << "analytic " << d.analytic << " numeric " << d.numeric;
   // Those of the other three, equal to the full step's, are the whole
   // loss's.
   EXPECT_EQ(full.checkGradients(args, 1e-6), 4);
