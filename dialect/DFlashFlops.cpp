@@ -23,6 +23,11 @@ int64_t DraftTokensOp::getFlopCount() { return 0; }
 int64_t DraftTargetsOp::getFlopCount() { return 0; }
 int64_t DraftAcceptanceOp::getFlopCount() { return 0; }
 int64_t EmbedOp::getFlopCount() { return 0; }
+int64_t DraftPredecessorsOp::getFlopCount() { return 0; }
+// Scalars.
+int64_t SelectorAlphaOp::getFlopCount() { return 0; }
+int64_t SelectorObjectiveOp::getFlopCount() { return 0; }
+int64_t SelectorObjectiveGradOp::getFlopCount() { return 0; }
 int64_t ReshapeOp::getFlopCount() { return 0; }
 int64_t RowSliceOp::getFlopCount() { return 0; }
 

@@ -289,4 +289,25 @@ def DFlash_SelectorLossGradOp : DFlash_PureOp<"selector_loss_grad"> {
       "functional-type(operands, results)";
 }
 
+def DFlash_SelectorObjectiveGradOp : DFlash_PureOp<"selector_objective_grad"> {
+  let summary = "The selector sum's gradient in selector_objective";
+  let description = [{
+    `result = grad * alpha`, or with `covered` `grad * alpha * weight_sum /
+    covered_weight` (0 when `covered_weight` is 0): the derivative of
+    `dflash.selector_objective` by its `selector_sum`.
+
+    ```mlir
+    %g = dflash.selector_objective_grad %grad, %alpha, %wsum, %covered
+        : (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins DFlash_F32Scalar:$grad, DFlash_F32Scalar:$alpha,
+                       DFlash_F32Scalar:$weight_sum,
+                       DFlash_F32Scalar:$covered_weight, UnitAttr:$covered);
+  let results = (outs DFlash_F32Scalar:$result);
+  let assemblyFormat =
+      "$grad `,` $alpha `,` $weight_sum `,` $covered_weight attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
 #endif // DFLASH_GRADIENT_OPS_TD

@@ -113,8 +113,15 @@ LogicalResult EmbedOp::verify() {
   if (failed(expectShape(op, "C2", "result", getResult(), shape)))
     return failure();
   // embed C3
-  return expectSameElementType(op, "C3", "result", getResult(), "table",
-                               getTable());
+  if (failed(expectSameElementType(op, "C3", "result", getResult(), "table",
+                                   getTable())))
+    return failure();
+  // embed C4
+  if (getScale() && !(getScale()->convertToDouble() > 0))
+    return emitOpError() << "(C4) scale is "
+                         << formatDouble(getScale()->convertToDouble())
+                         << " but must be positive";
+  return success();
 }
 
 /// linear's constraints (C1-C5), which biased_linear's input, weight and
@@ -756,6 +763,45 @@ LogicalResult SelectorLossOp::verify() {
   return expectShape(*this, "C5", "hits", getHits(), rows);
 }
 
+LogicalResult DraftPredecessorsOp::verify() {
+  Operation *op = *this;
+  // draft_predecessors C1
+  if (failed(expectAtLeast(op, "C1", "block_size", getBlockSize(), 1)))
+    return failure();
+  // draft_predecessors C2
+  if (failed(expectRank(op, "C2", "input_ids", getInputIds(), 2)) ||
+      failed(expectRank(op, "C2", "anchors", getAnchors(), 2)))
+    return failure();
+  auto ids = tensorType(getInputIds()).getShape();
+  auto a = tensorType(getAnchors()).getShape();
+  // draft_predecessors C3
+  if (failed(expectShape(op, "C3", "anchors", getAnchors(), {ids[0], a[1]})) ||
+      failed(expectShape(op, "C3", "keep", getKeep(), {ids[0], a[1]})))
+    return failure();
+  // draft_predecessors C4
+  return expectShape(op, "C4", "result", getResult(),
+                     {ids[0], a[1] * int64_t(getBlockSize())});
+}
+
+LogicalResult SelectorAlphaOp::verify() {
+  // selector_alpha C1
+  double alpha = getAlpha().convertToDouble();
+  double warm = getWarmupRatio().convertToDouble();
+  double ramp = getRampRatio().convertToDouble();
+  if (!(alpha >= 0))
+    return emitOpError() << "(C1) alpha is " << formatDouble(alpha)
+                         << " but must be zero or positive";
+  // selector_alpha C2
+  if (!(warm >= 0 && warm < 1) || !(ramp >= 0 && warm + ramp <= 1))
+    return emitOpError() << "(C2) warmup_ratio " << formatDouble(warm)
+                         << " and ramp_ratio " << formatDouble(ramp)
+                         << " must lie in [0, 1) and [0, 1] with a sum of at "
+                            "most 1";
+  return success();
+}
+
+LogicalResult SelectorObjectiveOp::verify() { return success(); }
+
 //===----------------------------------------------------------------------===//
 // Gradient ops
 //===----------------------------------------------------------------------===//
@@ -1024,6 +1070,8 @@ LogicalResult AllReduceOp::verify() {
 }
 
 LogicalResult LossStatsOp::verify() { return success(); }
+
+LogicalResult SelectorObjectiveGradOp::verify() { return success(); }
 
 LogicalResult ConvertOp::verify() {
   // convert C1

@@ -164,7 +164,9 @@ def DFlash_DraftAcceptanceOp : DFlash_PureOp<"draft_acceptance"> {
 def DFlash_EmbedOp : DFlash_PureOp<"embed"> {
   let summary = "Row gather from a frozen embedding table";
   let description = [{
-    `result[b, t, :] = table[ids[b, t], :]`, unscaled.
+    `result[b, t, :] = table[ids[b, t], :]`, unscaled; with `scale` (a
+    DFlash2 drafter's `input_embedding_scale`, docs/semantics.md section
+    13) times `scale` in fp32, rounded once.
 
     ```mlir
     %x = dflash.embed %embed, %ids
@@ -172,7 +174,8 @@ def DFlash_EmbedOp : DFlash_PureOp<"embed"> {
         -> tensor<4x8192x4096xbf16>
     ```
   }];
-  let arguments = (ins DFlash_FloatTensor:$table, DFlash_IndexTensor:$ids);
+  let arguments = (ins DFlash_FloatTensor:$table, DFlash_IndexTensor:$ids,
+                       OptionalAttr<F64Attr>:$scale);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
       "$table `,` $ids attr-dict `:` functional-type(operands, results)";
@@ -670,6 +673,82 @@ def DFlash_SelectorLossOp
       "`,` $predecessors `,` $labels `,` $weights `,` $predecessor_codebook "
       "`,` $successor_codebook attr-dict `:` "
       "functional-type(operands, results)";
+}
+
+def DFlash_DraftPredecessorsOp : DFlash_PureOp<"draft_predecessors"> {
+  let summary = "The DFlash2 selector's predecessor tokens (teacher forcing)";
+  let description = [{
+    docs/semantics.md section 13, "Selector": slot `(n, k)` with `k >= 1`
+    gets `input_ids[b, anchors[b,n] + k - 1]`, the token before its label;
+    slot 0, a slot of a block with `keep = 0` and one whose position lies
+    past the row get 0 (their loss weight is 0).
+
+    ```mlir
+    %p = dflash.draft_predecessors %input_ids, %anchors, %keep
+        {block_size = 8 : i64}
+        : (tensor<4x8192xi32>, tensor<4x512xi32>, tensor<4x512xi8>)
+        -> tensor<4x4096xi32>
+    ```
+  }];
+  let arguments = (ins DFlash_IndexTensor:$input_ids,
+                       DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
+                       I64Attr:$block_size);
+  let results = (outs DFlash_IndexTensor:$result);
+  let assemblyFormat =
+      "$input_ids `,` $anchors `,` $keep attr-dict `:` "
+      "functional-type(operands, results)";
+}
+
+def DFlash_SelectorAlphaOp : DFlash_PureOp<"selector_alpha"> {
+  let summary = "The selector term's weight alpha_t at an optimizer step";
+  let description = [{
+    docs/semantics.md section 13, "Loss": with `warm = int(warmup_ratio *
+    total)` and `ramp = int(ramp_ratio * total)`, step `t < warm` (0-based)
+    gives 0, `warm <= t < warm + ramp` gives `alpha * (t - warm + 1) /
+    ramp`, later steps `alpha` (`kernels/reference/DFlash2.h`,
+    `selectorAlphaAt`).
+
+    ```mlir
+    %alpha = dflash.selector_alpha %step, %total {alpha = 1.0 : f64,
+        warmup_ratio = 0.1 : f64, ramp_ratio = 0.2 : f64}
+        : (tensor<i32>, tensor<i32>) -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins 0DTensorOf<[I32]>:$step, 0DTensorOf<[I32]>:$total,
+                       F64Attr:$alpha, F64Attr:$warmup_ratio,
+                       F64Attr:$ramp_ratio);
+  let results = (outs DFlash_F32Scalar:$result);
+  let assemblyFormat =
+      "$step `,` $total attr-dict `:` functional-type(operands, results)";
+}
+
+def DFlash_SelectorObjectiveOp
+    : DFlash_PureOp<"selector_objective", [DFlash_Differentiable]> {
+  let summary = "A DFlash2 step's loss numerator over sum(w)";
+  let description = [{
+    docs/semantics.md section 13, "Loss", written as the numerator that the
+    step divides by `sum(w)` (`dflash.loss_stats`, whose seed `1 / sum(w)`
+    starts the backward pass): `result = unary_sum + alpha * selector_sum`,
+    or with `covered` `unary_sum + alpha * selector_sum * weight_sum /
+    covered_weight` (0 when `covered_weight` is 0), so that the selector
+    term is divided by `sum(w * cov)`. The sums are the step's (every
+    micro-batch's); `alpha`, `weight_sum` and `covered_weight` get no
+    gradient (the last is piecewise constant).
+
+    ```mlir
+    %loss = dflash.selector_objective %ce, %sel, %alpha, %wsum, %covered
+        : (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>)
+        -> tensor<f32>
+    ```
+  }];
+  let arguments = (ins DFlash_F32Scalar:$unary_sum,
+                       DFlash_F32Scalar:$selector_sum,
+                       DFlash_F32Scalar:$alpha, DFlash_F32Scalar:$weight_sum,
+                       DFlash_F32Scalar:$covered_weight, UnitAttr:$covered);
+  let results = (outs DFlash_F32Scalar:$result);
+  let assemblyFormat =
+      "$unary_sum `,` $selector_sum `,` $alpha `,` $weight_sum `,` "
+      "$covered_weight attr-dict `:` functional-type(operands, results)";
 }
 
 include "dialect/DFlashGradientOps.td"

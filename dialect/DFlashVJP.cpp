@@ -71,6 +71,20 @@ SmallVector<Value> AddOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
   return {grads[0], grads[0]};
 }
 
+SmallVector<Value> SelectorObjectiveOp::buildVJP(OpBuilder &b,
+                                                 ArrayRef<Value> grads) {
+  // Linear in the two sums; alpha and the sums of weights are data.
+  SmallVector<Value> result(getOperation()->getNumOperands(), Value());
+  if (!grads[0])
+    return result;
+  result[getUnarySumMutable().getOperandNumber()] = grads[0];
+  result[getSelectorSumMutable().getOperandNumber()] =
+      SelectorObjectiveGradOp::create(b, getLoc(), grads[0].getType(), grads[0],
+                                      getAlpha(), getWeightSum(),
+                                      getCoveredWeight(), getCoveredAttr());
+  return result;
+}
+
 SmallVector<Value> LmHeadCeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
   // Only loss_sum is differentiable; the weight is frozen.
   if (!grads[0])

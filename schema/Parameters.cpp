@@ -35,8 +35,27 @@ std::vector<ParamInfo> dflash::parameterTable(const ModelConfig &c) {
     add("mlp.gate_proj.weight", {I, H}, linear);
     add("mlp.up_proj.weight", {I, H}, linear);
     add("mlp.down_proj.weight", {H, I}, linear);
+    if (c.dflash2) {
+      // docs/semantics.md section 13, "Checkpoint" and "Initialisation".
+      const int64_t kc = c.convKernelSize, G = H / c.convGroupSize;
+      for (const char *conv : {"attention_conv.", "mlp_conv."}) {
+        add(std::string(conv) + "base_kernel", {2, kc, H}, ParamKind::ConvBase);
+        add(std::string(conv) + "kernel_projection.weight", {2 * kc * G, H},
+            ParamKind::Zero);
+      }
+    }
   }
   table.push_back({"norm.weight", {H}, norm, -1});
+  if (c.dflash2) {
+    // The order of SelectorParam; the codebooks carry no ".weight".
+    const int64_t r = c.selectorRank, V = c.vocabSize;
+    table.push_back(
+        {"candidate_selector.hidden_projection.weight", {r, H}, linear, -1});
+    table.push_back(
+        {"candidate_selector.predecessor_codebook", {V, r}, linear, -1});
+    table.push_back(
+        {"candidate_selector.successor_codebook", {V, r}, ParamKind::Zero, -1});
+  }
   return table;
 }
 

@@ -216,17 +216,6 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     output->keep();
     return 0;
   }
-  // Nothing past the spec until the DFlash2 step is lowered: the graph
-  // below is a DFlash drafter's.
-  if (spec->dflash2) {
-    llvm::errs() << dflash2NotBuiltError(*spec,
-                                         "dflashc checks and prints its spec "
-                                         "(--emit=spec) but compiles it no "
-                                         "further")
-                        .str()
-                 << "\n";
-    return 1;
-  }
 
   mlir::MLIRContext context;
   // Errors name a spec line; the op behind them is for compiler developers,

@@ -1,7 +1,8 @@
 //===- ImportSpec.cpp - Spec to dflash forward graph ----------------------===//
 //
 // Writes the forward pass of docs/semantics.md section 3 and the loss of
-// section 4 op by op. Shapes come from the spec: B rows, S context positions, N
+// section 4 op by op; for a DFlash2 drafter, section 13's convolutions,
+// selector and loss. Shapes come from the spec: B rows, S context positions, N
 // anchors, Q = N * block_size draft slots per row.
 //
 //===----------------------------------------------------------------------===//
@@ -25,6 +26,7 @@ using ::dflash::kFcParam;
 using ::dflash::kHiddenNormParam;
 using ::dflash::LayerParam;
 using ::dflash::ParamInfo;
+using ::dflash::SelectorParam;
 using ::dflash::StepInput;
 
 namespace {
@@ -130,13 +132,30 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                                            "layers." + std::to_string(p.layer))
                  : index == kFcParam ? loc("target.layer_ids", "fc")
                  : index == kHiddenNormParam ? loc("drafter", "hidden_norm")
-                                             : loc("drafter", "norm");
+                 : index > finalNormParamIndex(spec)
+                     ? loc("drafter.dflash2", "candidate_selector")
+                     : loc("drafter", "norm");
     paramArgs.push_back(
         addArg(t(p.shape, bf16()), ArgRole::Parameter, p.name, l));
   }
   auto layerArg = [&](int64_t layer, LayerParam which) {
-    return paramArgs[size_t(layerParamIndex(layer, which))];
+    return paramArgs[size_t(layerParamIndex(spec, layer, which))];
   };
+  auto selectorArg = [&](SelectorParam which) {
+    return paramArgs[size_t(selectorParamIndex(spec, which))];
+  };
+  // A DFlash2 drafter's alpha_t reads the optimizer step (section 13,
+  // "Loss"); dflash-append-optimizer's schedule reads the same counters.
+  Value alpha;
+  unsigned aStep = 0, aTotal = 0;
+  if (spec.dflash2) {
+    Location l = loc("training.dflash2", "selector_alpha");
+    Type counter = t({}, i32);
+    aStep = addArg(counter, ArgRole::Counter,
+                   ::dflash::nameOf(::dflash::StepCounter::Step), l);
+    aTotal = addArg(counter, ArgRole::Counter,
+                    ::dflash::nameOf(::dflash::StepCounter::TotalSteps), l);
+  }
   unsigned aFc = paramArgs[kFcParam];
   unsigned aHiddenNorm = paramArgs[kHiddenNormParam];
   unsigned aNorm = paramArgs[size_t(finalNormParamIndex(spec))];
@@ -182,6 +201,12 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     (*module)->setAttr(kRecomputeMlpProductsAttrName, b.getUnitAttr());
   b.setInsertionPointToStart(entry);
   auto arg = [&](unsigned i) -> Value { return entry->getArgument(i); };
+  if (spec.dflash2)
+    alpha = SelectorAlphaOp::create(
+        b, loc("training.dflash2", "selector_alpha"), scalar, arg(aStep),
+        arg(aTotal), b.getF64FloatAttr(spec.selectorAlpha),
+        b.getF64FloatAttr(spec.selectorWarmupRatio),
+        b.getF64FloatAttr(spec.selectorRampRatio));
 
   // One micro-batch's forward graph: B rows of the inputs (the whole step
   // without accumulation), its labels and weights when the step computed
@@ -201,8 +226,12 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
         b, loc("drafter.mask_token_id", "draft_tokens"), t({B, Q}, i32), ids,
         anchors, keep, b.getI64IntegerAttr(bs),
         b.getI64IntegerAttr(spec.maskTokenId));
+    // A DFlash2 drafter's embedding is scaled (section 13, "Unary logits").
+    FloatAttr embedScale;
+    if (spec.dflash2 && spec.inputEmbeddingScale != 1)
+      embedScale = b.getF64FloatAttr(spec.inputEmbeddingScale);
     Value x = EmbedOp::create(b, loc("target", "embed"), t({B, Q, H}, bf16()),
-                              embed, noiseIds);
+                              embed, noiseIds, embedScale);
     Value draftPos =
         DraftPositionsOp::create(b, blockLoc, t({B, Q}, i32), anchors,
                                  positions, b.getI64IntegerAttr(bs));
@@ -225,9 +254,26 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
       Location attnLoc = loc(key, p + "self_attn");
       Location mlpLoc = loc(key, p + "mlp");
 
+      // A DFlash2 layer's convolution `half` of a sublayer (section 13,
+      // "Convolution"): its projection D is the sublayer input's.
+      Location convLoc = loc("drafter.dflash2", p + "conv");
+      auto conv = [&](Value in, Value d, LayerParam base, int64_t half) {
+        return GroupedConvOp::create(b, convLoc, in.getType(), in, d,
+                                     arg(la(base)), b.getI64IntegerAttr(bs),
+                                     b.getI64IntegerAttr(spec.convKernelSize),
+                                     b.getI64IntegerAttr(spec.convGroupSize),
+                                     b.getI64IntegerAttr(half))
+            .getResult();
+      };
+
       Value h = rmsNorm(x, arg(la(LayerParam::InputNorm)),
                         loc(key, p + "input_layernorm"));
-      Value q = reshape(linear(h, arg(la(LayerParam::QProj)), attnLoc),
+      Value dAttn, hd = h;
+      if (spec.dflash2) {
+        dAttn = linear(h, arg(la(LayerParam::AttentionConvProj)), convLoc);
+        hd = conv(h, dAttn, LayerParam::AttentionConvBase, 0);
+      }
+      Value q = reshape(linear(hd, arg(la(LayerParam::QProj)), attnLoc),
                         {B, Q, nh, d}, attnLoc);
       q = rope(rmsNorm(q, arg(la(LayerParam::QNorm)), attnLoc), draftPos,
                attnLoc);
@@ -242,7 +288,8 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
                        {B, rows, nkv, d}, attnLoc);
       };
       Value kc = keys(ctx, S, ctxPos), vc = values(ctx, S);
-      Value kd = keys(h, Q, draftPos), vd = values(h, Q);
+      // The context is not convolved.
+      Value kd = keys(hd, Q, draftPos), vd = values(hd, Q);
 
       bool sliding = spec.layerSlides(i);
       IntegerAttr window =
@@ -253,16 +300,25 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
           vd, anchors, keep, positions, b.getI64IntegerAttr(bs), window,
           causal);
       Value o = reshape(attn.getResult(), {B, Q, nh * d}, attnLoc);
-      x = AddOp::create(b, attnLoc, x.getType(), x,
-                        linear(o, arg(la(LayerParam::OProj)), attnLoc));
+      Value attnOut = linear(o, arg(la(LayerParam::OProj)), attnLoc);
+      if (spec.dflash2)
+        attnOut = conv(attnOut, dAttn, LayerParam::AttentionConvBase, 1);
+      x = AddOp::create(b, attnLoc, x.getType(), x, attnOut);
 
       Value h2 = rmsNorm(x, arg(la(LayerParam::PostNorm)),
                          loc(key, p + "post_attention_layernorm"));
-      Value g = linear(h2, arg(la(LayerParam::GateProj)), mlpLoc);
-      Value u = linear(h2, arg(la(LayerParam::UpProj)), mlpLoc);
+      Value dMlp, h2d = h2;
+      if (spec.dflash2) {
+        dMlp = linear(h2, arg(la(LayerParam::MlpConvProj)), convLoc);
+        h2d = conv(h2, dMlp, LayerParam::MlpConvBase, 0);
+      }
+      Value g = linear(h2d, arg(la(LayerParam::GateProj)), mlpLoc);
+      Value u = linear(h2d, arg(la(LayerParam::UpProj)), mlpLoc);
       Value s = SwigluOp::create(b, mlpLoc, g.getType(), g, u);
-      x = AddOp::create(b, mlpLoc, x.getType(), x,
-                        linear(s, arg(la(LayerParam::DownProj)), mlpLoc));
+      Value mlpOut = linear(s, arg(la(LayerParam::DownProj)), mlpLoc);
+      if (spec.dflash2)
+        mlpOut = conv(mlpOut, dMlp, LayerParam::MlpConvBase, 1);
+      x = AddOp::create(b, mlpLoc, x.getType(), x, mlpOut);
     }
 
     // 5. Final norm, lm_head and the weighted cross-entropy.
@@ -270,26 +326,58 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     auto ce = LmHeadCeOp::create(b, loc("target.vocab_size", "lm_head_ce"),
                                  scalar, scalar, scalar, scalar, t({B, Q}, i8),
                                  y, head, labels, weights);
+    // A DFlash2 drafter's selector (section 13, "Selector" and "Loss"),
+    // teacher-forced: its sums join the loss after every micro-batch's, and
+    // greedy serving picks its argmax.
+    Value hits = ce.getHits(), selectorSum, coveredWeight;
+    if (spec.dflash2) {
+      Location selLoc = loc("drafter.dflash2", "candidate_selector");
+      const int64_t K = spec.selectorTopK;
+      auto candidates = SelectorCandidatesOp::create(
+          b, selLoc,
+          TypeRange{t({B, Q, K}, f32), t({B, Q, K}, i32), t({B, Q}, f32)}, y,
+          head, labels, weights, b.getI64IntegerAttr(K),
+          b.getF64FloatAttr(spec.outputMultiplier),
+          b.getF64FloatAttr(spec.finalLogitSoftcapping));
+      Value predecessors =
+          DraftPredecessorsOp::create(b, selLoc, t({B, Q}, i32), ids, anchors,
+                                      keep, b.getI64IntegerAttr(bs));
+      auto selector = SelectorLossOp::create(
+          b, selLoc, TypeRange{scalar, scalar, t({B, Q}, i8)},
+          candidates.getValues(), candidates.getCandidates(),
+          candidates.getLabelValues(), y,
+          arg(selectorArg(SelectorParam::HiddenProjection)), predecessors,
+          labels, weights, arg(selectorArg(SelectorParam::PredecessorCodebook)),
+          arg(selectorArg(SelectorParam::SuccessorCodebook)),
+          b.getStringAttr(spec.selectorGoldInject ? "inject" : "topk"),
+          spec.selectorStopGradient ? b.getUnitAttr() : nullptr);
+      hits = selector.getHits();
+      selectorSum = selector.getLossSum();
+      coveredWeight = selector.getCoveredWeight();
+    }
     // What greedy verification would accept (docs/semantics.md section 10),
     // also per bucket of anchor position (section 14).
     auto accepted = DraftAcceptanceOp::create(
         b, blockLoc, scalar, scalar, perPosition, perPosition, perBucket,
-        perBucket, perBucket, perBucket, ce.getHits(), weights, keep, anchors,
+        perBucket, perBucket, perBucket, hits, weights, keep, anchors,
         positions, b.getI64IntegerAttr(bs),
         b.getDenseI64ArrayAttr(spec.positionBuckets));
-    // In ForwardSum order.
-    return {ce.getLossSum(),
-            ce.getWeightSum(),
-            ce.getCorrect(),
-            ce.getCount(),
-            accepted.getRunSum(),
-            accepted.getKeptBlocks(),
-            accepted.getPositionHits(),
-            accepted.getPositionCounts(),
-            accepted.getBucketRuns(),
-            accepted.getBucketBlocks(),
-            accepted.getBucketHits(),
-            accepted.getBucketCounts()};
+    // In ForwardSum order, then a DFlash2 drafter's selector sums.
+    SmallVector<Value> sums = {ce.getLossSum(),
+                               ce.getWeightSum(),
+                               ce.getCorrect(),
+                               ce.getCount(),
+                               accepted.getRunSum(),
+                               accepted.getKeptBlocks(),
+                               accepted.getPositionHits(),
+                               accepted.getPositionCounts(),
+                               accepted.getBucketRuns(),
+                               accepted.getBucketBlocks(),
+                               accepted.getBucketHits(),
+                               accepted.getBucketCounts()};
+    if (spec.dflash2)
+      sums.append({selectorSum, coveredWeight});
+    return sums;
   };
 
   // With gradient accumulation the step's rows are K micro-batches of B
@@ -335,6 +423,20 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
     for (auto [total, part] : llvm::zip(stepSums, sums))
       total = AddOp::create(b, accumulationLoc, total.getType(), total, part);
   }
+  if (spec.dflash2) {
+    // loss_sum / sum(w) is section 13's loss: the selector's sum joins
+    // CE_u's scaled by alpha_t (and for "covered" by sum(w) / sum(w cov)),
+    // from the sums of every micro-batch.
+    auto sum = [](::dflash::ForwardSum k) { return size_t(k); };
+    Value &lossSum = stepSums[sum(::dflash::ForwardSum::LossSum)];
+    lossSum = SelectorObjectiveOp::create(
+        b, loc("training.dflash2", "selector_loss"), scalar, lossSum,
+        stepSums[::dflash::kNumForwardSums], alpha,
+        stepSums[sum(::dflash::ForwardSum::WeightSum)],
+        stepSums[::dflash::kNumForwardSums + 1],
+        spec.selectorDenominatorCovered ? b.getUnitAttr() : nullptr);
+    stepSums.resize(::dflash::kNumForwardSums);
+  }
   // In ForwardSum order.
   func::ReturnOp::create(b, specLoc, stepSums);
   return module;
@@ -346,14 +448,24 @@ namespace dflash {
 OwningOpRef<ModuleOp> importSpec(MLIRContext &context,
                                  const DrafterSpec &spec) {
   context.loadDialect<DFlashDialect, func::FuncDialect>();
-  // The graph below is a DFlash drafter's (sections 3-4), not a DFlash2
-  // drafter's (section 13).
+  // CE_u is lm_head_ce's, which has no unary transform yet (section 13,
+  // "Unary logits"): refused rather than trained on other logits.
   if (spec.dflash2) {
-    SpecError error = dflash2NotBuiltError(spec, "no graph is imported");
-    emitError(FileLineColLoc::get(&context, spec.file, error.loc.line,
-                                  error.loc.column),
-              error.message);
-    return nullptr;
+    auto refuse = [&](const char *key) {
+      ::dflash::SourceLoc l =
+          spec.locationOf(std::string("drafter.dflash2.") + key);
+      emitError(FileLineColLoc::get(&context, spec.file, l.line, l.column))
+          << "[drafter.dflash2] " << key
+          << " is not supported yet: the unary cross-entropy "
+             "(dflash.lm_head_ce) "
+             "has no output_multiplier or final_logit_softcapping; leave it "
+             "out";
+      return nullptr;
+    };
+    if (spec.outputMultiplier != 1)
+      return refuse("output_multiplier");
+    if (spec.finalLogitSoftcapping != 0)
+      return refuse("final_logit_softcapping");
   }
   GraphBuilder builder(context, spec);
   OwningOpRef<ModuleOp> module = builder.build();

@@ -313,7 +313,7 @@ OwningOpRef<ModuleOp> TargetGraphBuilder::build() {
   Value positions = arg(aPositions);
 
   Value x = EmbedOp::create(b, loc("model.embed_tokens"), t({B, S, H}, bf16()),
-                            arg(aEmbed), arg(aIds));
+                            arg(aEmbed), arg(aIds), /*scale=*/FloatAttr());
   SmallVector<Value> taps;
   for (int64_t i = 0; i <= lastTap; ++i) {
     const LayerArgs &a = layers[size_t(i)];

@@ -225,8 +225,9 @@ LogicalResult Evaluator::eval(Operation *op) {
                op))
     result = evalHybrid(op);
   else if (isa<GroupedConvOp, GroupedConvGradOp, SelectorCandidatesOp,
-               SelectorCandidatesGradOp, SelectorLossOp, SelectorLossGradOp>(
-               op))
+               SelectorCandidatesGradOp, SelectorLossOp, SelectorLossGradOp,
+               DraftPredecessorsOp, SelectorAlphaOp, SelectorObjectiveOp,
+               SelectorObjectiveGradOp>(op))
     result = evalDFlash2(op);
   else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
                ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
@@ -549,6 +550,42 @@ LogicalResult Evaluator::evalDFlash2(Operation *op) {
       })
       .Case([&](SelectorLossOp o) { return selector(o); })
       .Case([&](SelectorLossGradOp o) { return selector(o); })
+      .Case([&](DraftPredecessorsOp o) {
+        auto ids = shapeOf(o.getInputIds()), a = shapeOf(o.getAnchors());
+        std::vector<int32_t> p(size_t(a[0] * a[1] * o.getBlockSize()));
+        ref::draftPredecessors(asIndices(in(o.getInputIds())).data(),
+                               asIndices(in(o.getAnchors())).data(),
+                               asFlags(in(o.getKeep())).data(), p.data(),
+                               ids[0], ids[1], a[1], o.getBlockSize());
+        env[o.getResult()] = fromIndices(p, shapeOf(o.getResult()));
+        return success();
+      })
+      .Case([&](SelectorAlphaOp o) {
+        setScalar(o.getResult(),
+                  ref::selectorAlphaAt(int64_t(scalar(o.getStep())),
+                                       int64_t(scalar(o.getTotal())),
+                                       o.getAlpha().convertToDouble(),
+                                       o.getWarmupRatio().convertToDouble(),
+                                       o.getRampRatio().convertToDouble()));
+        return success();
+      })
+      .Case([&](SelectorObjectiveOp o) {
+        setScalar(o.getResult(),
+                  scalar(o.getUnarySum()) +
+                      scalar(o.getSelectorSum()) *
+                          ref::selectorTermScale(
+                              scalar(o.getAlpha()), scalar(o.getWeightSum()),
+                              scalar(o.getCoveredWeight()), o.getCovered()));
+        return success();
+      })
+      .Case([&](SelectorObjectiveGradOp o) {
+        setScalar(o.getResult(),
+                  scalar(o.getGrad()) *
+                      ref::selectorTermScale(
+                          scalar(o.getAlpha()), scalar(o.getWeightSum()),
+                          scalar(o.getCoveredWeight()), o.getCovered()));
+        return success();
+      })
       .Default([](Operation *other) {
         return other->emitOpError("is not a DFlash2 op");
       });
@@ -695,8 +732,14 @@ LogicalResult Evaluator::evalForward(Operation *op) {
             return o.emitOpError()
                    << "token id " << id << " is outside the table of "
                    << table[0] << " rows";
-        ref::embed<double>(ptr(o.getTable()), ids.data(), outPtr(o.getResult()),
+        double *x = outPtr(o.getResult());
+        ref::embed<double>(ptr(o.getTable()), ids.data(), x,
                            int64_t(ids.size()), table[1]);
+        if (o.getScale()) {
+          const double scale = o.getScale()->convertToDouble();
+          for (int64_t i = 0, n = int64_t(ids.size()) * table[1]; i < n; ++i)
+            x[i] *= scale;
+        }
         return success();
       })
       .Case([&](LinearOp o) {

@@ -890,15 +890,6 @@ std::optional<DrafterSpec> dflash::loadSpec(const std::string &path,
   return parseSpec(ss.str(), path, error);
 }
 
-SpecError dflash::dflash2NotBuiltError(const DrafterSpec &spec,
-                                       const std::string &consequence) {
-  return SpecError{spec.file, spec.locationOf("drafter.dflash2"),
-                   "[drafter.dflash2] makes this a DFlash2 drafter "
-                   "(docs/semantics.md section 13), and DFlash2 lowering is "
-                   "not built yet: " +
-                       consequence};
-}
-
 namespace {
 /// The shortest decimal form that reads back as exactly `v`.
 std::string fmtFloat(double v) {

@@ -108,13 +108,6 @@ std::optional<DrafterSpec> parseSpec(const std::string &text,
 /// Reads `path` and parses it.
 std::optional<DrafterSpec> loadSpec(const std::string &path, SpecError &error);
 
-/// The error of a tool that meets a DFlash2 drafter (docs/semantics.md
-/// section 13) before DFlash2 lowering is built: at the spec's
-/// [drafter.dflash2] table, so that no tool trains or writes a DFlash
-/// drafter in its place. `consequence` says what the tool does not do.
-SpecError dflash2NotBuiltError(const DrafterSpec &spec,
-                               const std::string &consequence);
-
 /// The spec with every default resolved, as canonical TOML that parses back
 /// to the same spec.
 std::string printCanonicalSpec(const DrafterSpec &spec);

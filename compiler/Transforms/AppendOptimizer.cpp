@@ -125,9 +125,17 @@ void AppendOptimizerPass::runOnOperation() {
     s.m = appendArg(f32, ArgRole::Moment1, s.name);
     s.v = appendArg(f32, ArgRole::Moment2, s.name);
   }
+  // A DFlash2 forward graph already reads the counters (its selector's
+  // alpha_t, docs/semantics.md section 13): the schedule reads the same ones.
   Type counter = RankedTensorType::get({}, IntegerType::get(ctx, 32));
-  Value stepArg = appendArg(counter, ArgRole::Counter, "step");
-  Value totalArg = appendArg(counter, ArgRole::Counter, "total_steps");
+  auto counterArg = [&](StepCounter which) -> Value {
+    const char *name = nameOf(which);
+    if (std::optional<unsigned> i = sig->findArg(ArgRole::Counter, name))
+      return step.getArgument(*i);
+    return appendArg(counter, ArgRole::Counter, name);
+  };
+  Value stepArg = counterArg(StepCounter::Step);
+  Value totalArg = counterArg(StepCounter::TotalSteps);
   if (!stepArg || !totalArg) {
     step.emitError("cannot add the optimizer's arguments");
     return signalPassFailure();

@@ -69,7 +69,8 @@ Value otherOperand(AddOp add, Value one) {
 void fuseDraftEmbed(func::FuncOp step) {
   step.walk([](EmbedOp embed) {
     auto tokens = embed.getIds().getDefiningOp<DraftTokensOp>();
-    if (!tokens || !tokens.getResult().hasOneUse())
+    // draft_embed has no scale (a DFlash2 drafter's, which has no kernels).
+    if (!tokens || !tokens.getResult().hasOneUse() || embed.getScale())
       return;
     OpBuilder b(embed);
     Value x = DraftEmbedOp::create(

@@ -306,6 +306,11 @@ FailureOr<Choice> select(Operation *op) {
       })
       .Case([](EmbedOp o) -> Result {
         // A target's token embedding (the drafter's is draft_embed).
+        if (o.getScale())
+          return o.emitOpError()
+                 << "has no CUDA kernel with a scale: DFlash2 drafters "
+                    "(docs/semantics.md section 13) run only in the "
+                    "reference interpreter so far";
         int64_t H = tensorOf(o.getTable()).getDimSize(1);
         if (H % 8 != 0)
           return o.emitOpError() << "has no embedding kernel for rows of " << H
@@ -454,8 +459,9 @@ FailureOr<Choice> select(Operation *op) {
       // DFlash2 drafters (docs/semantics.md section 13) have no CUDA kernels
       // yet: refused here, by name, rather than by dflash-verify-lowering.
       .Case<GroupedConvOp, GroupedConvGradOp, SelectorCandidatesOp,
-            SelectorCandidatesGradOp, SelectorLossOp,
-            SelectorLossGradOp>([](Operation *o) -> Result {
+            SelectorCandidatesGradOp, SelectorLossOp, SelectorLossGradOp,
+            DraftPredecessorsOp, SelectorAlphaOp, SelectorObjectiveOp,
+            SelectorObjectiveGradOp>([](Operation *o) -> Result {
         return o->emitOpError()
                << "has no CUDA kernel: DFlash2 drafters (docs/semantics.md "
                   "section 13) run only in the reference interpreter so far";

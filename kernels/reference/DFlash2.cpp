@@ -274,6 +274,40 @@ void selectorBackward(const SelectorInputs<T> &in,
   }
 }
 
+void draftPredecessors(const int32_t *inputIds, const int32_t *anchors,
+                       const uint8_t *keep, int32_t *out, int64_t B, int64_t S,
+                       int64_t N, int64_t bs) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t a = anchors[b * N + n];
+      int32_t *block = out + (b * N + n) * bs;
+      for (int64_t k = 0; k < bs; ++k) {
+        const int64_t at = a + k - 1;
+        block[k] = k >= 1 && keep[b * N + n] && at >= 0 && at < S
+                       ? inputIds[b * S + at]
+                       : 0;
+      }
+    }
+}
+
+double selectorAlphaAt(int64_t step, int64_t total, double alpha,
+                       double warmupRatio, double rampRatio) {
+  const int64_t warm = int64_t(warmupRatio * double(total));
+  const int64_t ramp = int64_t(rampRatio * double(total));
+  if (step < warm)
+    return 0.0;
+  if (step - warm < ramp)
+    return alpha * double(step - warm + 1) / double(ramp);
+  return alpha;
+}
+
+double selectorTermScale(double alpha, double weightSum, double coveredWeight,
+                         bool covered) {
+  if (!covered)
+    return alpha;
+  return coveredWeight > 0 ? alpha * weightSum / coveredWeight : 0.0;
+}
+
 #define DFLASH_INSTANTIATE_DFLASH2(T)                                          \
   template void groupedConv<T>(const T *, const T *, const T *, T *,           \
                                const GroupedConvShape &);                      \

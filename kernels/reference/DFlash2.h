@@ -176,6 +176,29 @@ void selectorBackward(const SelectorInputs<T> &in,
                       bool stopGradient, T *du, T *dt, RowGradients<T> &dP,
                       RowGradients<T> &dS);
 
+//===----------------------------------------------------------------------===//
+// The step around the selector (docs/semantics.md section 13, "Selector" and
+// "Loss")
+//===----------------------------------------------------------------------===//
+
+/// Teacher forcing: out[b, n*bs + k] = inputIds[b, anchors[b, n] + k - 1]
+/// for k >= 1 of a kept block whose position lies in the row, else 0.
+/// inputIds [B, S], anchors and keep [B, N], out [B, N*bs].
+void draftPredecessors(const int32_t *inputIds, const int32_t *anchors,
+                       const uint8_t *keep, int32_t *out, int64_t B, int64_t S,
+                       int64_t N, int64_t bs);
+
+/// alpha_t at 0-based optimizer step `step` of `total`: 0 for the first
+/// int(warmupRatio * total) steps, then linear up to `alpha` over the next
+/// int(rampRatio * total) (at once when that is 0), then `alpha`.
+double selectorAlphaAt(int64_t step, int64_t total, double alpha,
+                       double warmupRatio, double rampRatio);
+
+/// d(loss numerator)/d(selector_sum): alpha, times weightSum / coveredWeight
+/// (0 when that is 0) for selector_denominator = "covered".
+double selectorTermScale(double alpha, double weightSum, double coveredWeight,
+                         bool covered);
+
 } // namespace dflash::ref
 
 #endif // DFLASH_KERNELS_REFERENCE_DFLASH2_H

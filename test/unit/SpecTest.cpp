@@ -480,19 +480,6 @@ TEST(Spec, DFlash2Warnings) {
       << spec->warnings[0].str();
 }
 
-// The tools that cannot handle a DFlash2 drafter yet say so at its table.
-TEST(Spec, DFlash2NotBuiltErrorNamesTheTable) {
-  std::string text = std::string(kBase) + "[drafter.dflash2]\n";
-  SpecError error;
-  auto spec = parseSpec(text, "d2.toml", error);
-  ASSERT_TRUE(spec) << error.str();
-  EXPECT_EQ(dflash2NotBuiltError(*spec, "nothing is run").str(),
-            "d2.toml:" + std::to_string(lineOf(text, "[drafter.dflash2]")) +
-                ":1: error: [drafter.dflash2] makes this a DFlash2 drafter "
-                "(docs/semantics.md section 13), and DFlash2 lowering is not "
-                "built yet: nothing is run");
-}
-
 // The shipped DFlash2 specs: the published Qwen3.8-27B drafter and SpecForge's
 // recipe (docs/semantics.md section 13), and the tiny one for tests.
 TEST(Spec, ShippedDFlash2Specs) {

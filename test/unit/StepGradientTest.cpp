@@ -5,7 +5,9 @@
 //   differences of the forward graph's loss, for every parameter, with a
 //   sliding layer and keep = 0 blocks present;
 // - the two traps of docs/semantics.md section 8: labels are same-position, and
-//   an anchor's own context position is invisible to its block.
+//   an anchor's own context position is invisible to its block;
+// - the same gradients for specs/tiny-dflash2.toml (section 13), with each of
+//   the selector's loss options and alpha_t in its warmup, ramp and full.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,6 +17,8 @@
 #include "compiler/Interpreter/Interpreter.h"
 #include "compiler/Pipelines/Pipelines.h"
 #include "compiler/Transforms/Passes.h"
+#include "kernels/reference/DFlash2.h"
+#include "schema/Parameters.h"
 #include "test/unit/StepGradientSupport.h"
 
 #include "mlir/Pass/PassManager.h"
@@ -36,7 +40,8 @@ class StepTest : public ::testing::Test {
 protected:
   void SetUp() override {
     SpecError error;
-    auto loaded = loadSpec(std::string(DFLASH_SPECS_DIR) + "/tiny.toml", error);
+    auto loaded = loadSpec(
+        std::string(DFLASH_SPECS_DIR) + "/" + specName() + ".toml", error);
     ASSERT_TRUE(loaded) << error.str();
     spec = *loaded;
     configure(spec);
@@ -48,11 +53,14 @@ protected:
     ASSERT_TRUE(succeeded(pm.run(*backward)));
   }
 
-  /// Changes the spec before its graph is built (tiny.toml as it is here).
+  /// The shipped spec (specs/NAME.toml) and what changes it before its graph
+  /// is built (tiny.toml as it is here).
+  virtual const char *specName() const { return "tiny"; }
   virtual void configure(DrafterSpec &) {}
 
-  /// Each gradient within `tolerance` (relative) of central differences.
-  void checkGradients(double tolerance = 1e-6);
+  /// Each gradient within `tolerance` (relative) of central differences
+  /// with step `h`.
+  void checkGradients(double tolerance = 1e-6, double h = 1e-5);
 
   /// The results of two forms of one step on the same random inputs.
   struct TwoRuns {
@@ -191,7 +199,7 @@ TEST_F(YarnStepTest, GradientsMatchFiniteDifferences) {
   checkGradients(1e-5);
 }
 
-void StepTest::checkGradients(double tolerance) {
+void StepTest::checkGradients(double tolerance, double h) {
   func::FuncOp step = backward->lookupSymbol<func::FuncOp>("step");
   std::vector<HostTensor> args = randomArgs(step, 7);
   StepInterpreter interp(step, Precision::Exact);
@@ -210,7 +218,7 @@ void StepTest::checkGradients(double tolerance) {
     unsigned p = *sig->findArg(ArgRole::Parameter, name);
     steptest::DirectionalDerivative d = steptest::directionalDerivative(
         args, p, (*out)[r],
-        [&](const std::vector<HostTensor> &a) { return forwardLoss(a); }, 1e-5,
+        [&](const std::vector<HostTensor> &a) { return forwardLoss(a); }, h,
         rng);
     EXPECT_LT(d.relativeError(), tolerance)
         << name.str() << ": analytic " << d.analytic << " numeric "
@@ -219,9 +227,69 @@ void StepTest::checkGradients(double tolerance) {
     refSq += d.analytic * d.analytic;
     ++checked;
   }
-  EXPECT_EQ(checked, 25); // fc, hidden_norm, 2 layers x 11, norm
+  // tiny: fc, hidden_norm, 2 layers x 11, norm; tiny-dflash2 4 more a layer
+  // and the selector's 3.
+  EXPECT_EQ(checked, spec.dflash2 ? 36 : 25);
+  EXPECT_EQ(size_t(checked), parameterTable(spec).size());
   EXPECT_LT(std::sqrt(errSq / refSq), tolerance);
 }
+
+/// specs/tiny-dflash2.toml, run at step 3 of 10 (randomArgs' counters), with
+/// random convolution and selector weights (not their identity start). The
+/// selector's loss options and its alpha_t schedule come from the test.
+struct DFlash2Options {
+  const char *name;
+  bool inject, covered, stopGradient;
+  double warmupRatio, rampRatio; ///< of 10 steps; at step 3
+};
+
+class DFlash2StepTest : public StepTest,
+                        public ::testing::WithParamInterface<DFlash2Options> {
+protected:
+  const char *specName() const override { return "tiny-dflash2"; }
+  void configure(DrafterSpec &s) override {
+    const DFlash2Options &o = GetParam();
+    s.selectorGoldInject = o.inject;
+    s.selectorDenominatorCovered = o.covered;
+    s.selectorStopGradient = o.stopGradient;
+    s.selectorAlpha = 0.7;
+    s.selectorWarmupRatio = o.warmupRatio;
+    s.selectorRampRatio = o.rampRatio;
+  }
+};
+
+TEST_P(DFlash2StepTest, GradientsMatchFiniteDifferences) {
+  ASSERT_TRUE(spec.dflash2);
+  // A smaller step: the top-K is piecewise constant, and with "inject" a
+  // step of 1e-5 crosses a near-tie of the unary logits, which changes the
+  // set of candidates (a jump, not a wrong gradient). At 1e-6 the
+  // differences' rounding is about 1e-7 of a loss sum near 1e3: a few 1e-6
+  // relative on the smallest gradients (0.05); a wrong one is off by far
+  // more.
+  checkGradients(1e-5, 1e-6);
+}
+
+// alpha_t as docs/semantics.md section 13 defines it, at step 3 of 10.
+TEST(DFlash2Schedule, SelectorAlpha) {
+  EXPECT_EQ(ref::selectorAlphaAt(3, 10, 0.7, 0.5, 0.0), 0.0); // warm 5
+  EXPECT_DOUBLE_EQ(ref::selectorAlphaAt(3, 10, 0.7, 0.2, 0.5),
+                   0.7 * 2 / 5); // warm 2, the 2nd of 5 ramp steps
+  EXPECT_EQ(ref::selectorAlphaAt(3, 10, 0.7, 0.0, 0.0), 0.7);
+  EXPECT_EQ(ref::selectorAlphaAt(3, 10, 0.7, 0.1, 0.2), 0.7); // ramped at 2
+  EXPECT_EQ(ref::selectorAlphaAt(0, 0, 0.7, 0.5, 0.5), 0.7);  // no schedule
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Options, DFlash2StepTest,
+    ::testing::Values(DFlash2Options{"topk_all", false, false, false, 0, 0},
+                      DFlash2Options{"inject", true, false, false, 0, 0},
+                      DFlash2Options{"covered", false, true, false, 0, 0},
+                      DFlash2Options{"stop_gradient", false, false, true, 0, 0},
+                      DFlash2Options{"warmup", false, false, false, 0.5, 0},
+                      DFlash2Options{"ramp", false, true, false, 0.2, 0.5}),
+    [](const ::testing::TestParamInfo<DFlash2Options> &info) {
+      return std::string(info.param.name);
+    });
 
 TEST_F(StepTest, AnchorsOwnContextPositionIsInvisible) {
   func::FuncOp step = forward->lookupSymbol<func::FuncOp>("step");

@@ -703,13 +703,6 @@ int ::dflash::runReference(const ReferenceOptions &options,
   }
   for (const SpecError &warning : spec->warnings)
     llvm::errs() << warning.str() << "\n";
-  if (spec->dflash2) {
-    llvm::errs() << dflash2NotBuiltError(
-                        *spec, "dflash-reference runs only DFlash drafters")
-                        .str()
-                 << "\n";
-    return 1;
-  }
   const ModelConfig &config = *spec;
   uint64_t seed =
       options.seed >= 0 ? uint64_t(options.seed) : uint64_t(spec->seed);

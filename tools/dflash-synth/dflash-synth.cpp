@@ -85,14 +85,6 @@ int main(int argc, char **argv) {
     std::cerr << specError.str() << "\n";
     return 1;
   }
-  // Its initial checkpoint would be a DFlash drafter's.
-  if (spec->dflash2) {
-    std::cerr << dflash2NotBuiltError(*spec, "dflash-synth writes only "
-                                             "DFlash drafters' problems")
-                     .str()
-              << "\n";
-    return 1;
-  }
   const ModelConfig &config = *spec;
   uint64_t problemSeed = seed ? *seed : uint64_t(config.seed);
 

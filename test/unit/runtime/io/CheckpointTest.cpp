@@ -260,6 +260,75 @@ TEST(RuntimeModelConfig, InitialParameters) {
   EXPECT_EQ(widerParams[3], params[3]);
 }
 
+// docs/semantics.md section 13: a DFlash2 drafter's tensors, named as its
+// checkpoint, and their start (each convolution the identity, the selector
+// changing nothing); the others are a DFlash drafter's.
+TEST(RuntimeModelConfig, DFlash2Parameters) {
+  ModelConfig c = testConfig();
+  c.initStd = 0.5;
+  ModelConfig d2 = c;
+  d2.dflash2 = true;
+  d2.convKernelSize = 2;
+  d2.convGroupSize = 8;
+  d2.selectorRank = 4;
+  d2.selectorTopK = 2;
+  const int64_t H = c.hiddenSize, V = c.vocabSize, kc = 2, G = H / 8;
+  std::vector<ParamInfo> v1 = parameterTable(c), table = parameterTable(d2);
+  ASSERT_EQ(table.size(), v1.size() + 4 * size_t(c.numLayers) + 3);
+  auto at = [&](const std::string &name) -> const ParamInfo * {
+    for (const ParamInfo &p : table)
+      if (p.name == name)
+        return &p;
+    ADD_FAILURE() << "no tensor " << name;
+    return nullptr;
+  };
+  for (const char *conv : {"attention_conv", "mlp_conv"})
+    for (int64_t i = 0; i < c.numLayers; ++i) {
+      std::string layer = "layers." + std::to_string(i) + "." + conv;
+      const ParamInfo *base = at(layer + ".base_kernel");
+      const ParamInfo *proj = at(layer + ".kernel_projection.weight");
+      ASSERT_TRUE(base && proj);
+      EXPECT_EQ(base->shape, (std::vector<int64_t>{2, kc, H}));
+      EXPECT_EQ(proj->shape, (std::vector<int64_t>{2 * kc * G, H}));
+      EXPECT_EQ(base->layer, i);
+    }
+  const ParamInfo *wh = at("candidate_selector.hidden_projection.weight");
+  const ParamInfo *pc = at("candidate_selector.predecessor_codebook");
+  const ParamInfo *sc = at("candidate_selector.successor_codebook");
+  ASSERT_TRUE(wh && pc && sc);
+  EXPECT_EQ(wh->shape, (std::vector<int64_t>{4, H}));
+  EXPECT_EQ(pc->shape, (std::vector<int64_t>{V, 4}));
+  EXPECT_EQ(sc->shape, (std::vector<int64_t>{V, 4}));
+  EXPECT_EQ(table[size_t(finalNormParamIndex(d2))].name, "norm.weight");
+  EXPECT_EQ(table[size_t(layerParamIndex(d2, 1, LayerParam::MlpConvProj))].name,
+            "layers.1.mlp_conv.kernel_projection.weight");
+
+  auto params = initialParameters(d2, 1);
+  for (size_t t = 0; t < table.size(); ++t) {
+    const std::string &name = table[t].name;
+    std::vector<float> x;
+    for (uint16_t value : params[t])
+      x.push_back(bf16ToFloat(value));
+    if (tensorNameEndsWith(name, "base_kernel")) {
+      for (size_t i = 0; i < x.size(); ++i) // [2, kc, H]: tap 0 of each half
+        ASSERT_EQ(x[i], (i / size_t(H)) % size_t(kc) == 0 ? 1.0f : 0.0f)
+            << name << " " << i;
+    } else if (tensorNameEndsWith(name, "kernel_projection.weight") ||
+               name == sc->name) {
+      for (float value : x)
+        ASSERT_EQ(value, 0.0f) << name;
+    } else if (table[t].isNorm()) {
+      for (float value : x)
+        ASSERT_EQ(value, 1.0f) << name;
+    } else { // N(0, init_std): the other linears, Wh and the predecessors'
+      double sumSq = 0;
+      for (float value : x)
+        sumSq += double(value) * value;
+      EXPECT_NEAR(std::sqrt(sumSq / double(x.size())), 0.5, 0.1) << name;
+    }
+  }
+}
+
 //===----------------------------------------------------------------------===//
 // Exported checkpoints
 //===----------------------------------------------------------------------===//
