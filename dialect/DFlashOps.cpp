@@ -47,25 +47,32 @@ LogicalResult DraftPositionsOp::verify() {
                      {a[0], a[1] * int64_t(getBlockSize())});
 }
 
+/// C2-C4 of the ops that give each draft slot a token of its row
+/// (draft_tokens, draft_predecessors): input_ids and anchors of rank 2,
+/// anchors and keep [B, N], the result [B, N * block_size].
+static LogicalResult verifyDraftSlotTokens(Operation *op, Value inputIds,
+                                           Value anchors, Value keep,
+                                           Value result, int64_t blockSize) {
+  if (failed(expectRank(op, "C2", "input_ids", inputIds, 2)) ||
+      failed(expectRank(op, "C2", "anchors", anchors, 2)))
+    return failure();
+  auto ids = tensorType(inputIds).getShape();
+  auto a = tensorType(anchors).getShape();
+  if (failed(expectShape(op, "C3", "anchors", anchors, {ids[0], a[1]})) ||
+      failed(expectShape(op, "C3", "keep", keep, {ids[0], a[1]})))
+    return failure();
+  return expectShape(op, "C4", "result", result, {ids[0], a[1] * blockSize});
+}
+
 LogicalResult DraftTokensOp::verify() {
   Operation *op = *this;
   // draft_tokens C1
   if (failed(expectAtLeast(op, "C1", "block_size", getBlockSize(), 1)) ||
       failed(expectAtLeast(op, "C1", "mask_token_id", getMaskTokenId(), 0)))
     return failure();
-  // draft_tokens C2
-  if (failed(expectRank(op, "C2", "input_ids", getInputIds(), 2)) ||
-      failed(expectRank(op, "C2", "anchors", getAnchors(), 2)))
-    return failure();
-  auto ids = tensorType(getInputIds()).getShape();
-  auto a = tensorType(getAnchors()).getShape();
-  // draft_tokens C3
-  if (failed(expectShape(op, "C3", "anchors", getAnchors(), {ids[0], a[1]})) ||
-      failed(expectShape(op, "C3", "keep", getKeep(), {ids[0], a[1]})))
-    return failure();
-  // draft_tokens C4
-  return expectShape(op, "C4", "result", getResult(),
-                     {ids[0], a[1] * int64_t(getBlockSize())});
+  // draft_tokens C2-C4
+  return verifyDraftSlotTokens(op, getInputIds(), getAnchors(), getKeep(),
+                               getResult(), int64_t(getBlockSize()));
 }
 
 LogicalResult DraftTargetsOp::verify() {
@@ -768,19 +775,9 @@ LogicalResult DraftPredecessorsOp::verify() {
   // draft_predecessors C1
   if (failed(expectAtLeast(op, "C1", "block_size", getBlockSize(), 1)))
     return failure();
-  // draft_predecessors C2
-  if (failed(expectRank(op, "C2", "input_ids", getInputIds(), 2)) ||
-      failed(expectRank(op, "C2", "anchors", getAnchors(), 2)))
-    return failure();
-  auto ids = tensorType(getInputIds()).getShape();
-  auto a = tensorType(getAnchors()).getShape();
-  // draft_predecessors C3
-  if (failed(expectShape(op, "C3", "anchors", getAnchors(), {ids[0], a[1]})) ||
-      failed(expectShape(op, "C3", "keep", getKeep(), {ids[0], a[1]})))
-    return failure();
-  // draft_predecessors C4
-  return expectShape(op, "C4", "result", getResult(),
-                     {ids[0], a[1] * int64_t(getBlockSize())});
+  // draft_predecessors C2-C4
+  return verifyDraftSlotTokens(op, getInputIds(), getAnchors(), getKeep(),
+                               getResult(), int64_t(getBlockSize()));
 }
 
 LogicalResult SelectorAlphaOp::verify() {
