@@ -40,11 +40,29 @@ Status dflash::rt::checkpointConfigJson(const ModelConfig &c,
   }
 
   ordered_json config;
-  config["architectures"] = {"DFlashDraftModel"};
+  config["architectures"] = {c.dflash2 ? "DFlash2DraftModel"
+                                       : "DFlashDraftModel"};
   config["model_type"] = "qwen3";
   config["block_size"] = c.blockSize;
   config["dflash_config"] = {{"mask_token_id", c.maskTokenId},
                              {"target_layer_ids", c.targetLayerIds}};
+  if (c.dflash2) {
+    // docs/semantics.md section 13: the DFlash2 class reads its shapes from
+    // dflash_config, and the unary transform's keys only where they are set.
+    ordered_json &d = config["dflash_config"];
+    d["block_size"] = c.blockSize;
+    d["conv_kernel_size"] = c.convKernelSize;
+    d["conv_group_size"] = c.convGroupSize;
+    d["selector_rank"] = c.selectorRank;
+    d["selector_top_k"] = c.selectorTopK;
+    if (c.outputMultiplier != 1.0)
+      d["output_multiplier"] = c.outputMultiplier;
+    if (c.finalLogitSoftcapping > 0)
+      d["final_logit_softcapping"] = c.finalLogitSoftcapping;
+    if (c.inputEmbeddingScale != 1.0)
+      d["input_embedding_scale"] = c.inputEmbeddingScale;
+    config["is_causal"] = false;
+  }
   config["num_target_layers"] = c.targetNumLayers;
   config["hidden_size"] = c.hiddenSize;
   config["intermediate_size"] = c.intermediateSize;
@@ -210,6 +228,20 @@ static Status checkCheckpointConfig(const std::string &dir,
       {"dflash_config.target_layer_ids", c.targetLayerIds},
   };
   for (const auto &[key, value] : expected) {
+    status = checkConfigValue(root, path, key, value);
+    if (!status.ok())
+      return status;
+  }
+  if (!c.dflash2)
+    return Status::success();
+  // A DFlash2 drafter's extra shapes: its tensors' shapes follow from them.
+  std::pair<const char *, json> dflash2[] = {
+      {"dflash_config.conv_kernel_size", c.convKernelSize},
+      {"dflash_config.conv_group_size", c.convGroupSize},
+      {"dflash_config.selector_rank", c.selectorRank},
+      {"dflash_config.selector_top_k", c.selectorTopK},
+  };
+  for (const auto &[key, value] : dflash2) {
     status = checkConfigValue(root, path, key, value);
     if (!status.ok())
       return status;

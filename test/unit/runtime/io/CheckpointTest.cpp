@@ -444,6 +444,60 @@ TEST(RuntimeCheckpoint, ExportNamesShapesAndRoundTrip) {
   EXPECT_EQ(loaded, params);
 }
 
+// docs/semantics.md section 13: a DFlash2 drafter exports section 13's
+// tensor names, its class, is_causal false and its shapes in dflash_config
+// (the unary transform's keys only where set), and loads back; a
+// config.json of other selector shapes is refused by key.
+TEST(RuntimeCheckpoint, ExportsADFlash2Drafter) {
+  TempDir dir;
+  ModelConfig c = testConfig();
+  c.dflash2 = true;
+  c.convKernelSize = 2;
+  c.convGroupSize = 8;
+  c.selectorRank = 4;
+  c.selectorTopK = 3;
+  c.finalLogitSoftcapping = 30;
+  std::string out = dir / "d2";
+  auto params = initialParameters(c, 1);
+  Status status = exportCheckpoint(out, c, pointers(params));
+  ASSERT_TRUE(status.ok()) << status.message();
+  SafetensorsFile file;
+  ASSERT_TRUE(file.open(out + "/model.safetensors").ok());
+  EXPECT_TRUE(file.find("layers.0.mlp_conv.kernel_projection.weight"));
+  EXPECT_TRUE(file.find("candidate_selector.successor_codebook"));
+  EXPECT_EQ(file.tensors().size(), parameterTable(c).size());
+  auto config = readJson(out + "/config.json");
+  EXPECT_EQ(config["architectures"][0], "DFlash2DraftModel");
+  EXPECT_EQ(config["is_causal"], false);
+  EXPECT_EQ(config["dflash_config"]["block_size"], c.blockSize);
+  EXPECT_EQ(config["dflash_config"]["conv_kernel_size"], 2);
+  EXPECT_EQ(config["dflash_config"]["conv_group_size"], 8);
+  EXPECT_EQ(config["dflash_config"]["selector_rank"], 4);
+  EXPECT_EQ(config["dflash_config"]["selector_top_k"], 3);
+  EXPECT_EQ(config["dflash_config"]["final_logit_softcapping"], 30.0);
+  EXPECT_FALSE(config["dflash_config"].contains("output_multiplier"));
+  EXPECT_FALSE(config["dflash_config"].contains("input_embedding_scale"));
+  std::vector<std::vector<uint16_t>> loaded;
+  status = loadCheckpoint(out, c, loaded);
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(loaded, params);
+  ModelConfig other = c;
+  other.selectorTopK = 4;
+  status = loadCheckpoint(out, other, loaded);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("selector_top_k"), std::string::npos)
+      << status.message();
+  // A v1 drafter's config.json says nothing of DFlash2.
+  ModelConfig v1 = testConfig();
+  std::string plain = dir / "v1";
+  auto v1Params = initialParameters(v1, 1);
+  ASSERT_TRUE(exportCheckpoint(plain, v1, pointers(v1Params)).ok());
+  auto v1Config = readJson(plain + "/config.json");
+  EXPECT_EQ(v1Config["architectures"][0], "DFlashDraftModel");
+  EXPECT_FALSE(v1Config.contains("is_causal"));
+  EXPECT_FALSE(v1Config["dflash_config"].contains("selector_top_k"));
+}
+
 TEST(RuntimeCheckpoint, ReplacesAnExistingCheckpointWhole) {
   TempDir dir;
   ModelConfig c = testConfig();
