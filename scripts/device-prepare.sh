@@ -27,7 +27,9 @@
 # Environment: DFLASHC=path/to/dflashc emits with another compiler (an A/B
 # pair from two trees), ONLINE_TARGETS="q8" (--online) builds only those
 # targets' binaries, FUSE_TARGET_MLP=1 compiles the online targets with
-# `[memory] fuse_target_mlp = true`, NVCC, PYTHON.
+# `[memory] fuse_target_mlp = true`, EMIT_ONLY=1 leaves trainer and online
+# projects emitted under .device/gen for scripts/device/build-projects.sh
+# to build on the GPU machine's cores, NVCC, PYTHON.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -155,6 +157,7 @@ project() {
   shift
   rm -rf "$dir"
   "$dflashc" "$@" --emit=cuda -o "$dir" > /dev/null
+  [[ ${EMIT_ONLY:-0} == 1 ]] && return
   cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
   ninja -C "$dir/build" > "$dir.build.log" || { tail -20 "$dir.build.log"; exit 1; }
@@ -165,8 +168,8 @@ trainer() {
   spec=$(spec_for "$name")
   step "trainer $name ($spec)"
   project "$name" "$spec"
-  cp "$D/gen/$name/build/train" "$D/bin/train-$name"
   cp "$D/gen/$name/manifest.json" "$D/ref/$name-manifest.json"
+  [[ ${EMIT_ONLY:-0} == 1 ]] || cp "$D/gen/$name/build/train" "$D/bin/train-$name"
 }
 # An online-target project: its target-features and train binaries.
 online() {
@@ -199,6 +202,7 @@ online() {
   fi
   step "online target $name ($spec --target $target)"
   project "$name" "$spec" --target "$target"
+  [[ ${EMIT_ONLY:-0} == 1 ]] && return
   cp "$D/gen/$name/build/target-features" "$D/bin/target-features-$name$binSuffix"
   cp "$D/gen/$name/build/train" "$D/bin/train-${name}o$binSuffix"
 }
@@ -287,6 +291,6 @@ for item in "${items[@]}"; do
     *) die "unknown item '$item' (scripts/device/products.toml)" ;;
   esac
 done
-rm -rf "$D/gen"
+[[ ${EMIT_ONLY:-0} == 1 ]] || rm -rf "$D/gen"
 du -sh "$D"
 step "done; carry [\".device\"] (the device tool takes 64 MiB at most)"
