@@ -17,7 +17,7 @@
 #       (scripts/device/device-check --prepare SUITE... names them); the
 #       items and the files each leaves are in scripts/device/products.toml:
 #       test:NAME tool:NAME trainer:NAME online:NAME kernelbench data:tiny
-#       ref:tiny-eval ref:tiny-tau target-oracle
+#       ref:tiny-eval ref:tiny-tau ref:tiny-dflash2 target-oracle
 #   scripts/device-prepare.sh [--no-qwen]       the GPU tests, the tiny and
 #       qwen3-8b trainers and the tiny problem (qwen3-8b trainers take a few
 #       minutes of nvcc each; --no-qwen leaves them out)
@@ -91,6 +91,14 @@ spec_for() {
     regen-demo) echo scripts/regenerate-demo.toml; return ;;
     qwen3-8b) echo specs/qwen3-8b-b16.toml; return ;;
     qwen3.6-27b) echo specs/qwen3.6-27b-b16.toml; return ;;
+    tiny-dflash2) echo specs/tiny-dflash2.toml; return ;;
+    qwen3.8-27b-dflash2) echo specs/qwen3.8-27b-dflash2-b8.toml; return ;;
+    qwen3.8-27b-v1) # The DFlash v1 drafter of qwen3.8-27b-dflash2-b8's shape:
+      # the same spec without its dflash2 tables (the step DFlash2 is measured against).
+      out=$D/specs/$name.toml
+      awk '/^\[/ { skip = ($0 ~ /dflash2\]/) } !skip' specs/qwen3.8-27b-dflash2-b8.toml |
+        sed "s/^name = .*/name = \"$name\"/" > "$out"
+      echo "$out"; return ;;
     tiny-*) base=specs/tiny.toml ;;
     qwen3-8b-*) base=specs/qwen3-8b-b16.toml ;;
     qwen3.6-27b-*) base=specs/qwen3.6-27b-b16.toml ;;
@@ -269,6 +277,14 @@ for item in "${items[@]}"; do
         build-dev/bin/dflash-reference "$(spec_for tiny-yarn-s8k)" --data synthetic --rows 16 \
           --steps 10 --precision $precision --save "$D/ref/tiny-yarn-s8k-params$suffix" \
           > "$D/ref/tiny-yarn-s8k-losses$suffix.jsonl"
+      done ;;
+    ref:tiny-dflash2)
+      step "CPU reference: 10 synthetic steps of tiny-dflash2 (bf16 storage and fp64)"
+      for precision in storage exact; do
+        suffix=; [[ $precision == exact ]] && suffix=-exact
+        build-dev/bin/dflash-reference specs/tiny-dflash2.toml --data synthetic --rows 16 \
+          --steps 10 --precision $precision --save "$D/ref/tiny-dflash2-params$suffix" \
+          > "$D/ref/tiny-dflash2-losses$suffix.jsonl"
       done ;;
     ref:tiny-serving)
       step "CPU reference: 150 synthetic steps, then that drafter evaluated with its serving walk"

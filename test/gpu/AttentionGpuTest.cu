@@ -479,6 +479,16 @@ TEST(BlockAttention, SmallBlocksWindow7) {
   sweep<64, 4, 4, 2, 0, false>(1, 40, 37, 9);
 }
 
+// DFlash2 drafters' sliding layers (docs/semantics.md section 13): a window
+// and no in-block causality. tiny-dflash2 (d 64, 4/2 heads, bs 8, window 32)
+// and the published qwen3.8-27b-dflash2-b8 layer (d 128, 32/8 heads, bs 8),
+// with a window that cuts contexts mid-tile and one wider than the context.
+TEST(BlockAttention, SlidingWindowBidirectional) {
+  sweep<64, 8, 4, 2, 32, false>(2, 128, 12, 71);
+  sweep<128, 8, 32, 8, 200, false>(2, 900, 30, 72);
+  sweep<128, 8, 32, 8, 2048, false>(1, 400, 21, 73);
+}
+
 TEST(BlockAttention, NothingKept) {
   runCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 10);
 }
@@ -548,6 +558,11 @@ TEST(BlockAttentionBwdWgmma, TwoBlocksPerTileOddN) {
   sweepBwdWgmma<128, 8, 32, 8, 100, true, false>(1, 400, 33, 47);
 }
 
+TEST(BlockAttentionBwdWgmma, SlidingWindowBidirectional) {
+  sweepBwdWgmma<128, 8, 32, 8, 200, false, false>(2, 900, 30, 76);
+  sweepBwdWgmma<128, 8, 32, 8, 2048, false, false>(1, 1100, 37, 77);
+}
+
 TEST(BlockAttentionBwdWgmma, NothingKept) {
   runBwdWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 46);
 }
@@ -590,4 +605,7 @@ TEST(BlockAttentionStepEntryPoints, EveryKernelChoice) {
   checkStepEntryPoints<128, 16, 32, 8, 0, false>(2, 300, 21, 45, Rows::Packed);
   checkStepEntryPoints<128, 10, 8, 2, 0, false>(2, 220, 20, 46, Rows::Packed);
   checkStepEntryPoints<128, 10, 8, 2, 0, false>(2, 220, 20, 45);
+  // DFlash2's sliding layers: a window without in-block causality.
+  checkStepEntryPoints<64, 8, 4, 2, 32, false>(2, 128, 12, 47);
+  checkStepEntryPoints<128, 8, 32, 8, 200, false>(1, 700, 25, 48);
 }
