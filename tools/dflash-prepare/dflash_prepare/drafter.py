@@ -11,6 +11,12 @@ inference, in PyTorch, written from docs/semantics.md sections 3 and 9:
   block's slots `k' <= k`;
 - slot `k` predicts the token at position `anchor + k`.
 The shared `embed` and `lm_head` are the target's.
+
+A DFlash2 drafter (section 13) adds a grouped convolution around each
+sublayer, is bidirectional inside its block at every layer, and proposes by
+the greedy walk with its selector: at slot `k` the top-K of the unary
+logits re-ranked by `z . S[c_j]`, `z = P[p] * (y @ Wh^T)`, `p` the anchor's
+token at `k = 1` and the token chosen at `k - 1` after it.
 """
 import json
 import os
@@ -30,13 +36,17 @@ def _read_config(directory):
         raise UserError(f"{path}: cannot read: {error.strerror}") from None
     except ValueError as error:
         raise UserError(f"{path}: not json ({error})") from None
-    if "DFlashDraftModel" not in (config.get("architectures") or []):
-        raise UserError(f"{path}: architectures is {config.get('architectures')!r}, not "
-                        "[\"DFlashDraftModel\"]: not an exported DFlash drafter")
+    architectures = config.get("architectures") or []
+    if not {"DFlashDraftModel", "DFlash2DraftModel"} & set(architectures):
+        raise UserError(f"{path}: architectures is {architectures!r}, not "
+                        "[\"DFlashDraftModel\"] or [\"DFlash2DraftModel\"]: not an exported "
+                        "DFlash drafter")
     dflash = config.get("dflash_config") or {}
-    for key, value in [("block_size", config.get("block_size")),
-                       ("dflash_config.mask_token_id", dflash.get("mask_token_id")),
-                       ("dflash_config.target_layer_ids", dflash.get("target_layer_ids"))]:
+    keys = ["mask_token_id", "target_layer_ids"]
+    if "DFlash2DraftModel" in architectures:
+        keys += ["conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"]
+    for key, value in [("block_size", config.get("block_size"))] + [
+            ("dflash_config." + key, dflash.get(key)) for key in keys]:
         if value is None:
             raise UserError(f"{path}: has no '{key}'")
     return config
@@ -98,6 +108,22 @@ class Drafter:
             weights = SafetensorsFile(path)
         except ShardError as error:
             raise UserError(str(error)) from None
+        dflash = config["dflash_config"]
+        self.dflash2 = "DFlash2DraftModel" in config["architectures"]
+        if self.dflash2:
+            self.conv_taps = int(dflash["conv_kernel_size"])
+            self.conv_group = int(dflash["conv_group_size"])
+            self.top_k = int(dflash["selector_top_k"])
+            self.multiplier = float(dflash.get("output_multiplier") or 1.0)
+            self.softcap = float(dflash.get("final_logit_softcapping") or 0.0)
+            self.embedding_scale = float(dflash.get("input_embedding_scale") or 1.0)
+            if self.conv_group <= 0 or H % self.conv_group:
+                raise UserError(f"{directory}/config.json: dflash_config.conv_group_size "
+                                f"{self.conv_group} does not divide hidden_size {H}")
+            # Every layer sees its whole block (within its window).
+            self.windows_causal = False
+        else:
+            self.windows_causal = True
         L, I = len(self.target_layer_ids), int(config["intermediate_size"])
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
 
@@ -132,6 +158,21 @@ class Drafter:
                 "up": tensor(p + "mlp.up_proj.weight", [I, H]),
                 "down": tensor(p + "mlp.down_proj.weight", [H, I]),
             })
+        if self.dflash2:
+            kc, G, r = self.conv_taps, H // self.conv_group, int(dflash["selector_rank"])
+            V = int(tuple(lm_head.shape)[0])
+            for i, layer in enumerate(self.layers):
+                for conv in ("attention_conv", "mlp_conv"):
+                    p = f"layers.{i}.{conv}."
+                    layer[conv] = (tensor(p + "base_kernel", [2, kc, H]),
+                                   tensor(p + "kernel_projection.weight", [2 * kc * G, H]))
+            p = "candidate_selector."
+            self.hidden_projection = tensor(p + "hidden_projection.weight", [r, H])
+            self.predecessor_codebook = tensor(p + "predecessor_codebook", [V, r])
+            self.successor_codebook = tensor(p + "successor_codebook", [V, r])
+            if not 0 < self.top_k <= V:
+                raise UserError(f"{directory}/config.json: dflash_config.selector_top_k "
+                                f"{self.top_k} is not in 1..{V}")
         if tuple(embed.shape)[1] != H or tuple(lm_head.shape)[1] != H:
             raise UserError(f"{directory}: the drafter's hidden size {H} is not the "
                             f"target's ({tuple(embed.shape)[1]})")
@@ -168,6 +209,8 @@ class Drafter:
         if window:
             context = j >= anchor + k - (window - 1)
             block = torch.arange(bs, device=self.device)[None, :] <= k
+            if not self.windows_causal:  # DFlash2: the whole block, inside the window
+                block = torch.ones(bs, bs, dtype=torch.bool, device=self.device)
         else:
             context = torch.ones(bs, anchor, dtype=torch.bool, device=self.device)
             block = torch.ones(bs, bs, dtype=torch.bool, device=self.device)
@@ -176,10 +219,51 @@ class Drafter:
     def propose(self, context, token, anchor):
         """The bs - 1 tokens the drafter proposes after `token` at position
         `anchor`; `context` holds exactly the positions before it."""
-        return self.block_logits(context, token, anchor)[1:].argmax(-1).tolist()
+        if not self.dflash2:
+            return self.block_logits(context, token, anchor)[1:].argmax(-1).tolist()
+        y = self.block_hidden(context, token, anchor)[1:]
+        values, candidates = self.unary(y @ self.lm_head.T).topk(self.top_k, -1)
+        projected = (y @ self.hidden_projection.T).float()
+        chosen, predecessor = [], token
+        for k in range(len(y)):  # the walk: each slot's predecessor is the last choice
+            z = self.predecessor_codebook[predecessor].float() * projected[k]
+            scores = values[k] + self.successor_codebook[candidates[k]].float() @ z
+            predecessor = int(candidates[k][int(scores.argmax())])
+            chosen.append(predecessor)
+        return chosen
+
+    def unary(self, logits):
+        """Section 13's T(z) in fp32: c * tanh(m * z / c), or m * z without a cap."""
+        z = logits.to(self.torch.promote_types(self.torch.float32, self.dtype))
+        if self.softcap:
+            return self.softcap * self.torch.tanh(self.multiplier * z / self.softcap)
+        return self.multiplier * z
+
+    def conv(self, x, delta, base):
+        """Section 13's gconv over one block: x [bs, H], delta [bs, kc, G],
+        base [kc, H]; causal inside the block, base + delta in fp32, the
+        output rounded once."""
+        torch, bs = self.torch, len(x)
+        wide = torch.promote_types(torch.float32, self.dtype)
+        out = torch.zeros(x.shape, dtype=wide, device=self.device)
+        kernel = base.to(wide)[None] + delta.to(wide).repeat_interleave(self.conv_group, -1)
+        for o in range(self.conv_taps):
+            out[o:] += kernel[o:, o] * x[:bs - o].to(wide)
+        return out.to(self.dtype)
+
+    def conv_deltas(self, h, projection):
+        """The two halves [2][bs, kc, G] of a sublayer's D = h @ Wc^T."""
+        delta = (h @ projection.T).view(len(h), 2, self.conv_taps, -1)
+        return delta[:, 0], delta[:, 1]
 
     def block_logits(self, context, token, anchor):
-        """The logits [bs, V] of the block [token, mask, ...] at `anchor`."""
+        """The logits [bs, V] of the block [token, mask, ...] at `anchor`
+        (a DFlash2 drafter's before its unary transform)."""
+        return self.block_hidden(context, token, anchor) @ self.lm_head.T
+
+    def block_hidden(self, context, token, anchor):
+        """The final hidden states [bs, H] of the block [token, mask, ...] at
+        `anchor`, after the final norm."""
         torch, bs, d = self.torch, self.block_size, self.head_dim
         if context.length != anchor:
             raise ValueError(f"the context holds {context.length} positions, "
@@ -187,10 +271,16 @@ class Drafter:
         ids = torch.full((bs,), self.mask_token_id, device=self.device)
         ids[0] = token
         x = self.embed[ids]
+        if self.dflash2 and self.embedding_scale != 1.0:
+            x = (x.float() * self.embedding_scale).to(self.dtype)
         positions = torch.arange(anchor, anchor + bs, device=self.device)
         group = self.heads // self.kv_heads
         for i, layer in enumerate(self.layers):
             h = self.rms_norm(x, layer["input_norm"])
+            if self.dflash2:
+                base, projection = layer["attention_conv"]
+                before, after = self.conv_deltas(h, projection)
+                h = self.conv(h, before, base[0])
             q = self.rope(self.rms_norm((h @ layer["q"].T).view(bs, self.heads, d),
                                         layer["q_norm"]), positions)
             k = self.rope(self.rms_norm((h @ layer["k"].T).view(bs, self.kv_heads, d),
@@ -202,8 +292,18 @@ class Drafter:
             scores = torch.einsum("qhd,khd->hqk", q.float(), keys.float()) * d ** -0.5
             scores = scores.masked_fill(~self.visible(self.windows[i], anchor), float("-inf"))
             attention = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values.float())
-            x = x + attention.reshape(bs, -1).to(self.dtype) @ layer["o"].T
+            out = attention.reshape(bs, -1).to(self.dtype) @ layer["o"].T
+            if self.dflash2:
+                out = self.conv(out, after, base[1])
+            x = x + out
             h2 = self.rms_norm(x, layer["post_norm"])
-            x = x + (torch.nn.functional.silu(h2 @ layer["gate"].T) *
-                     (h2 @ layer["up"].T)) @ layer["down"].T
-        return self.rms_norm(x, self.norm) @ self.lm_head.T
+            if self.dflash2:
+                base, projection = layer["mlp_conv"]
+                before, after = self.conv_deltas(h2, projection)
+                h2 = self.conv(h2, before, base[0])
+            out = (torch.nn.functional.silu(h2 @ layer["gate"].T) *
+                   (h2 @ layer["up"].T)) @ layer["down"].T
+            if self.dflash2:
+                out = self.conv(out, after, base[1])
+            x = x + out
+        return self.rms_norm(x, self.norm)

@@ -60,8 +60,14 @@ class StandInTarget:
         return torch.stack(logits).float(), torch.stack(features).float()
 
 
-def write_export(directory, layer_types, seed=0, window=4):
-    """An exported drafter (docs/semantics.md section 6) with random weights."""
+KC, GS, RANK, TOPK = 2, 4, 6, 5  # a DFlash2 drafter's convolution and selector
+
+
+def write_export(directory, layer_types, seed=0, window=4, dflash2=None):
+    """An exported drafter (docs/semantics.md section 6) with random weights;
+    with `dflash2` ("identity" or "random") a DFlash2 drafter (section 13)
+    whose convolutions and successor codebook start as section 13 says
+    (identity, S = 0) or are random too."""
     rng = np.random.default_rng(seed)
     nh, nkv, d, inter = 2, 1, 8, 32
     shapes = {"fc.weight": [H, TAPS * H], "hidden_norm.weight": [H], "norm.weight": [H]}
@@ -76,10 +82,25 @@ def write_export(directory, layer_types, seed=0, window=4):
                        p + "self_attn.q_norm.weight": [d], p + "self_attn.k_norm.weight": [d],
                        p + "mlp.gate_proj.weight": [inter, H], p + "mlp.up_proj.weight": [inter, H],
                        p + "mlp.down_proj.weight": [H, inter]})
+    if dflash2:
+        for i in range(len(layer_types)):
+            for conv in ("attention_conv", "mlp_conv"):
+                p = f"layers.{i}.{conv}."
+                shapes.update({p + "base_kernel": [2, KC, H],
+                               p + "kernel_projection.weight": [2 * KC * (H // GS), H]})
+        shapes.update({"candidate_selector.hidden_projection.weight": [RANK, H],
+                       "candidate_selector.predecessor_codebook": [V, RANK],
+                       "candidate_selector.successor_codebook": [V, RANK]})
     tensors = {}
     for name, shape in shapes.items():
         values = (1 + 0.1 * rng.standard_normal(shape) if name.endswith("norm.weight")
                   else 0.3 * rng.standard_normal(shape)).astype(np.float32)
+        if dflash2 == "identity" and name.endswith("base_kernel"):
+            values = np.zeros(shape, np.float32)
+            values[:, 0, :] = 1
+        if dflash2 == "identity" and (name.endswith("kernel_projection.weight") or
+                                      name.endswith("successor_codebook")):
+            values = np.zeros(shape, np.float32)
         tensors[name] = shards.Tensor("BF16", shards.float32_to_bf16_bits(values))
     os.makedirs(directory, exist_ok=True)
     shards.write_shard(os.path.join(directory, "model.safetensors"), tensors)
@@ -93,6 +114,12 @@ def write_export(directory, layer_types, seed=0, window=4):
               "use_sliding_window": "sliding_attention" in layer_types}
     if "sliding_attention" in layer_types:
         config["sliding_window"] = window
+    if dflash2:
+        config["architectures"] = ["DFlash2DraftModel"]
+        config["is_causal"] = False
+        config["dflash_config"].update({"block_size": BS, "conv_kernel_size": KC,
+                                        "conv_group_size": GS, "selector_rank": RANK,
+                                        "selector_top_k": TOPK})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
     return directory
@@ -135,9 +162,10 @@ class ServeCheckTest(TempDir):
         self.target = StandInTarget()
         self.prompts = [[1, 2, 3], [5, 9, 11, 30, 2], [20]]
 
-    def drafter(self, layer_types, **kw):
+    def drafter(self, layer_types, name=None, **kw):
         from dflash_prepare.drafter import Drafter
-        path = write_export(self.path("drafter-" + "-".join(layer_types)), layer_types, **kw)
+        path = write_export(self.path(name or "drafter-" + "-".join(layer_types)),
+                            layer_types, **kw)
         return Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
                        "cpu", torch.float32)
 
@@ -243,6 +271,97 @@ class ServeCheckTest(TempDir):
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(config, f)
         with self.assertRaisesRegex(UserError, "not an exported DFlash drafter"):
+            Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
+                    "cpu", torch.float32)
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class DFlash2DrafterTest(TempDir):
+    """A DFlash2 export (docs/semantics.md section 13) drafting by its
+    selector's greedy walk, checked against the section's formulas written
+    out here in float64."""
+
+    def setUp(self):
+        super().setUp()
+        self.target = StandInTarget()
+
+    def drafter(self, name, layer_types, **kw):
+        from dflash_prepare.drafter import Drafter
+        path = write_export(self.path(name), layer_types, **kw)
+        return Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
+                       "cpu", torch.float64)
+
+    def context(self, drafter, anchor):
+        self.target.reset()
+        _, features = self.target.run(list(range(1, anchor + 1)))
+        context = drafter.context()
+        context.append(features[:anchor].double())
+        return context
+
+    def test_at_initialisation_it_drafts_as_the_same_v1_drafter(self):
+        # Identity convolutions and S = 0: the scores are the unary logits,
+        # so the walk picks their argmax (full layers see the whole block
+        # either way).
+        layers = ["full_attention", "full_attention"]
+        v1 = self.drafter("v1", layers, seed=3)
+        v2 = self.drafter("v2", layers, seed=3, dflash2="identity")
+        for anchor in (5, 9):
+            self.assertEqual(v2.propose(self.context(v2, anchor), 4, anchor),
+                             v1.propose(self.context(v1, anchor), 4, anchor))
+        # A random convolution changes the block.
+        v2r = self.drafter("v2r", layers, seed=3, dflash2="random")
+        self.assertFalse(torch.equal(v2r.block_logits(self.context(v2r, 9), 4, 9),
+                                     v2.block_logits(self.context(v2, 9), 4, 9)))
+
+    def test_the_convolution_is_section_13s(self):
+        d = self.drafter("conv", ["full_attention"], dflash2="random")
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(BS, H, generator=g, dtype=torch.float64)
+        delta = torch.randn(BS, KC, H // GS, generator=g, dtype=torch.float64)
+        base = torch.randn(KC, H, generator=g, dtype=torch.float64)
+        want = torch.zeros(BS, H, dtype=torch.float64)
+        for k in range(BS):
+            for c in range(H):
+                for o in range(KC):
+                    if k - o >= 0:
+                        want[k, c] += (base[o, c] + delta[k, o, c // GS]) * x[k - o, c]
+        self.assertLess(float((d.conv(x, delta, base) - want).norm() / want.norm()), 1e-12)
+
+    def test_the_walk_reranks_the_top_k_with_each_slots_predecessor(self):
+        d = self.drafter("walk", ["sliding_attention", "full_attention"], dflash2="random")
+        anchor, token = 10, 6
+        d.successor_codebook *= 30  # large enough to overturn the unary order
+        context = self.context(d, anchor)
+        y = d.block_hidden(context, token, anchor)[1:]
+        u = y @ d.lm_head.T
+        chosen, predecessor = [], token
+        for k in range(BS - 1):
+            candidates = sorted(range(V), key=lambda v: -float(u[k, v]))[:TOPK]
+            t = d.hidden_projection @ y[k]
+            z = d.predecessor_codebook[predecessor] * t
+            scores = [float(u[k, c] + d.successor_codebook[c] @ z) for c in candidates]
+            predecessor = candidates[max(range(TOPK), key=lambda j: scores[j])]
+            chosen.append(predecessor)
+        self.assertEqual(d.propose(context, token, anchor), chosen)
+        # The selector does re-rank here: not every pick is the unary argmax.
+        self.assertNotEqual(chosen, u.argmax(-1).tolist())
+
+    def test_every_layer_sees_its_whole_block(self):
+        d = self.drafter("bidirectional", ["sliding_attention"], dflash2="identity")
+        visible = d.visible(4, 12)
+        self.assertTrue(bool(visible[:, 12:].all()))
+        v1 = self.drafter("causal", ["sliding_attention"])
+        self.assertFalse(bool(v1.visible(4, 12)[:, 12:].all()))
+
+    def test_a_dflash2_export_without_its_selector_is_named(self):
+        from dflash_prepare.drafter import Drafter
+        path = write_export(self.path("bad2"), ["full_attention"], dflash2="random")
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        del config["dflash_config"]["selector_top_k"]
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+        with self.assertRaisesRegex(UserError, "has no 'dflash_config.selector_top_k'"):
             Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
                     "cpu", torch.float32)
 
