@@ -188,6 +188,7 @@ online() {
     tm) spec=specs/tiny.toml target=$D/tcfg/qwen3moe ;;
     tg) spec=specs/tiny.toml target=$D/tcfg/gptoss ;;
     th) spec=specs/tiny.toml target=$D/tcfg/qwen35 ;;
+    thd2) spec=specs/tiny-dflash2.toml target=$D/tcfg/qwen35 ;; # DFlash2 over the hybrid
     thm) spec=specs/tiny.toml target=$D/tcfg/qwen35moe ;;
     tn) spec=specs/tiny.toml target=$D/tcfg/qwen3next ;;
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
@@ -201,7 +202,7 @@ online() {
         -e 's/^num_layers = 64/num_layers = 40/' -e 's/^hidden_size = 5120/hidden_size = 2048/' \
         -e '/^layer_ids = /d' -e 's/^intermediate_size = 17408/intermediate_size = 6144/' \
         specs/qwen3.6-27b-b16.toml > "$spec" ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, th, thm, tn, q8, a3b, q36, q35a3b, q8yarn-sNk)" ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thd2, thm, tn, q8, a3b, q36, q35a3b, q8yarn-sNk)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"

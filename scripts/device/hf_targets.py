@@ -203,9 +203,11 @@ A3B_SHARD = {"target": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
              "target_layer_ids": "[1, 7, 14, 20, 26, 32, 39, 45]", "hidden_size": "2048"}
 Q36_SHARD = {"target": "Qwen/Qwen3.6-27B", "target_layer_ids": "[1, 16, 31, 46, 61]",
              "hidden_size": "5120"}
+TINY_SHARD = {"target": "dflash-synth/tiny-target", "target_layer_ids": "[1, 5]",
+              "hidden_size": "256"}
 # The token shards `SPEC-tokens WORK` writes: the shard's metadata, the vocabulary.
 TOKEN_SHARDS = {"q8": (Q8_SHARD, 151936), "a3b": (A3B_SHARD, 151936),
-                "q36": (Q36_SHARD, 248320)}
+                "q36": (Q36_SHARD, 248320), "tiny": (TINY_SHARD, 1024)}
 
 
 def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD, packed=True):
