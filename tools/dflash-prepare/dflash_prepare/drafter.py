@@ -52,6 +52,41 @@ def _read_config(directory):
     return config
 
 
+def rope_frequencies(config, d, theta, torch, device, directory):
+    """(inverse frequencies [d/2] in fp32, the factor cos and sin are scaled
+    by): theta's, or YaRN's where config.json has `rope_scaling` (or
+    transformers 5's `rope_parameters`) of rope_type "yarn"
+    (docs/semantics.md section 14, computed as transformers' Qwen3 does)."""
+    import math
+    base = theta ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return 1.0 / base, 1.0
+    if kind != "yarn":
+        raise UserError(f"{directory}/config.json: rope_scaling.rope_type {kind!r} is not "
+                        "\"yarn\", the one scaling a DFlash drafter has")
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+    fast, slow = float(scaling.get("beta_fast", 32)), float(scaling.get("beta_slow", 1))
+    attention = scaling.get("attention_factor")
+    attention = 0.1 * math.log(factor) + 1.0 if attention is None else float(attention)
+
+    def dimension(rotations):  # where `rotations` turns fit the original positions
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = dimension(fast), dimension(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, device=device, dtype=torch.float32) - low) /
+            (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp  # 1: the original frequency, 0: divided by factor
+    inverse = (1.0 / (factor * base)) * (1 - extrapolated) + (1.0 / base) * extrapolated
+    return inverse, attention
+
+
 class Context:
     """Each layer's context keys and values, position by position."""
 
@@ -178,9 +213,8 @@ class Drafter:
                             f"target's ({tuple(embed.shape)[1]})")
         self.embed = embed.to(device, dtype)
         self.lm_head = lm_head.to(device, dtype)
-        d = self.head_dim
-        self.inverse_frequencies = 1.0 / (self.theta ** (
-            torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+        self.inverse_frequencies, self.attention_factor = rope_frequencies(
+            config, self.head_dim, self.theta, torch, device, directory)
 
     def rms_norm(self, x, weight):
         xf = x.float()
@@ -191,8 +225,8 @@ class Drafter:
         """Rotate-half RoPE of x [n, heads, d] at `positions` [n], fp32 angles."""
         torch = self.torch
         angles = positions.float()[:, None] * self.inverse_frequencies
-        cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None]
-        sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None]
+        cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None] * self.attention_factor
+        sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None] * self.attention_factor
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
         return (x.float() * cos + rotated.float() * sin).to(self.dtype)

@@ -63,7 +63,7 @@ class StandInTarget:
 KC, GS, RANK, TOPK = 2, 4, 6, 5  # a DFlash2 drafter's convolution and selector
 
 
-def write_export(directory, layer_types, seed=0, window=4, dflash2=None):
+def write_export(directory, layer_types, seed=0, window=4, dflash2=None, rope_scaling=None):
     """An exported drafter (docs/semantics.md section 6) with random weights;
     with `dflash2` ("identity" or "random") a DFlash2 drafter (section 13)
     whose convolutions and successor codebook start as section 13 says
@@ -114,6 +114,12 @@ def write_export(directory, layer_types, seed=0, window=4, dflash2=None):
               "use_sliding_window": "sliding_attention" in layer_types}
     if "sliding_attention" in layer_types:
         config["sliding_window"] = window
+    if rope_scaling:
+        config["rope_scaling"] = rope_scaling
+        # factor x the original positions, as exports write (some
+        # transformers versions take the factor from this ratio).
+        config["max_position_embeddings"] = int(
+            rope_scaling["factor"] * rope_scaling.get("original_max_position_embeddings", 1))
     if dflash2:
         config["architectures"] = ["DFlash2DraftModel"]
         config["is_causal"] = False
@@ -253,6 +259,36 @@ class ServeCheckTest(TempDir):
         with self.assertRaises(ValueError):
             drafter.propose(context, 1, 6)
         self.assertEqual(len(drafter.propose(context, 1, 5)), BS - 1)
+
+    def test_yarn_rotates_as_section_14_says(self):
+        # d 8, theta 1e4, 16 original positions: only frequency 0 turns 32
+        # times within them (kept); 1..3 turn less than once (divided by 4).
+        yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+        drafter = self.drafter(["full_attention"], name="yarn", rope_scaling=yarn)
+        base = 1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
+        want = torch.cat([base[:1], base[1:] / 4])
+        self.assertTrue(torch.allclose(drafter.inverse_frequencies, want, rtol=1e-6))
+        self.assertAlmostEqual(drafter.attention_factor, 0.1 * np.log(4.0) + 1.0)
+        plain = self.drafter(["full_attention"], name="plain")
+        self.assertTrue(torch.allclose(plain.inverse_frequencies, base))
+        try:
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+            from transformers import Qwen3Config
+        except ImportError:  # the GPU machine has transformers
+            return
+        with open(os.path.join(self.path("yarn"), "config.json")) as f:
+            config = Qwen3Config(**json.load(f))
+        inverse, factor = ROPE_INIT_FUNCTIONS["yarn"](config, "cpu")
+        self.assertTrue(torch.allclose(drafter.inverse_frequencies, inverse.float(), rtol=1e-6))
+        self.assertAlmostEqual(drafter.attention_factor, float(factor), places=6)
+
+    def test_an_unknown_rope_type_is_named(self):
+        from dflash_prepare.drafter import Drafter
+        path = write_export(self.path("dynamic"), ["full_attention"],
+                            rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+        with self.assertRaisesRegex(UserError, "rope_scaling.rope_type 'dynamic'"):
+            Drafter(path, self.target.embed.float(), self.target.head.float(), torch,
+                    "cpu", torch.float32)
 
     def test_a_bad_export_is_named(self):
         from dflash_prepare.drafter import Drafter
