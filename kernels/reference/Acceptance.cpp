@@ -8,6 +8,8 @@
 
 #include "kernels/reference/Reference.h"
 
+#include "kernels/BlockRun.h"
+
 namespace dflash::ref {
 
 template <typename T>
@@ -21,9 +23,7 @@ AcceptanceSums draftAcceptance(const uint8_t *hits, const T *weights,
     const uint8_t *hit = hits + block * bs;
     const T *w = weights + block * bs;
     // Slot 0 holds the anchor's own token: it is given, never drafted.
-    int64_t run = 0;
-    while (run + 1 < bs && w[run + 1] > 0 && hit[run + 1])
-      ++run;
+    const int64_t run = kernels::blockRun(hit, w, bs);
     sums.runSum += 1 + run;
     sums.keptBlocks += 1;
     double blockHits = 0, blockCounts = 0;

@@ -2,6 +2,7 @@
 
 #include "runtime/train/ServingWalk.h"
 
+#include "kernels/BlockRun.h"
 #include "runtime/data/AnchorSampler.h"
 
 #include <algorithm>
@@ -11,14 +12,6 @@ using namespace dflash::rt;
 
 double ServingSums::tau() const {
   return blocks > 0 ? runs / blocks : std::nan("");
-}
-
-int64_t dflash::rt::blockRun(const uint8_t *hits, const float *weights,
-                             int64_t bs) {
-  int64_t run = 0;
-  while (run + 1 < bs && weights[run + 1] > 0 && hits[run + 1])
-    ++run;
-  return run;
 }
 
 ServingSums dflash::rt::walkServingOrder(const std::vector<int32_t> &candidates,
@@ -82,7 +75,7 @@ void ServingWalk::record(int64_t p, const uint8_t *hits, const float *weights) {
         break;
       const int64_t slot = b * Q + n * bs;
       runs[size_t(b)][size_t(i)] =
-          int32_t(blockRun(hits + slot, weights + slot, bs));
+          int32_t(dflash::kernels::blockRun(hits + slot, weights + slot, bs));
     }
 }
 

@@ -41,12 +41,6 @@ struct ServingSums {
   }
 };
 
-/// The run of one block (docs/semantics.md section 10): the largest r <
-/// bs such that every 1 <= k <= r has weights[k] > 0 and hits[k] (nonzero:
-/// the prediction is the label). Slot 0, the given anchor token, is not
-/// looked at.
-int64_t blockRun(const uint8_t *hits, const float *weights, int64_t bs);
-
 /// The walk of one row: `candidates` ascending (anchorCandidates),
 /// runs[i] the run of the block anchored at candidates[i].
 ServingSums walkServingOrder(const std::vector<int32_t> &candidates,

@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/train/ServingWalk.h"
+#include "kernels/BlockRun.h"
 
 #include <gtest/gtest.h>
 
@@ -85,14 +86,15 @@ ServingSums runPasses(ServingWalk &walk, const std::vector<Row> &rows,
 TEST(ServingWalk, BlockRunStopsAtAMissOrAZeroWeight) {
   const uint8_t hits[] = {0, 1, 1, 0, 1};
   const float weights[] = {0, 1, 1, 1, 1};
-  EXPECT_EQ(blockRun(hits, weights, 5), 2); // slot 0 is not looked at
+  EXPECT_EQ(dflash::kernels::blockRun(hits, weights, 5),
+            2); // slot 0 is not looked at
   const float cut[] = {0, 1, 0, 1, 1};
-  EXPECT_EQ(blockRun(hits, cut, 5), 1);
+  EXPECT_EQ(dflash::kernels::blockRun(hits, cut, 5), 1);
   const uint8_t all[] = {1, 1, 1, 1, 1};
   const float full[] = {0, 1, 1, 1, 1};
-  EXPECT_EQ(blockRun(all, full, 5), 4); // bs - 1 at most
+  EXPECT_EQ(dflash::kernels::blockRun(all, full, 5), 4); // bs - 1 at most
   const uint8_t none[] = {1, 0, 1, 1, 1};
-  EXPECT_EQ(blockRun(none, full, 5), 0);
+  EXPECT_EQ(dflash::kernels::blockRun(none, full, 5), 0);
 }
 
 TEST(ServingWalk, WalksFromEachAcceptedEnd) {
