@@ -237,11 +237,13 @@ FailureOr<CompiledStep> compile(MLIRContext &ctx, const DrafterSpec &spec) {
 
 /// Writes the first step for the PyTorch oracle: inputs, frozen weights and
 /// parameters as the step saw them, the loss and the gradients of the mean
-/// loss, and the shapes the oracle needs as metadata.
+/// loss, and the shapes the oracle needs as metadata (with a DFlash2
+/// drafter's convolution, selector and objective, and the schedule's `total`
+/// steps).
 Status writeStepDump(const std::string &path, const StepSignature &sig,
                      const std::vector<HostTensor> &args,
                      const std::vector<HostTensor> &results,
-                     const ModelConfig &config) {
+                     const ModelConfig &config, int64_t total) {
   func::FuncOp f = sig.func();
   std::vector<rt::TensorData> tensors;
   std::vector<std::vector<double>> keepAlive;
@@ -312,6 +314,31 @@ Status writeStepDump(const std::string &path, const StepSignature &sig,
         ", \"truncate\": " + (config.ropeScalingTruncate ? "true" : "false") +
         "}";
   }
+  if (config.dflash2) {
+    // Section 13's shapes and objective, and the counters alpha_t is
+    // scheduled by: the oracle computes alpha_t itself.
+    char d2[512];
+    std::snprintf(
+        d2, sizeof(d2),
+        "\"conv_kernel_size\": %lld, \"conv_group_size\": %lld, "
+        "\"selector_rank\": %lld, \"selector_top_k\": %lld, "
+        "\"output_multiplier\": %.17g, \"final_logit_softcapping\": %.17g, "
+        "\"input_embedding_scale\": %.17g, \"selector_alpha\": %.17g, "
+        "\"selector_warmup_ratio\": %.17g, \"selector_ramp_ratio\": %.17g",
+        (long long)config.convKernelSize, (long long)config.convGroupSize,
+        (long long)config.selectorRank, (long long)config.selectorTopK,
+        config.outputMultiplier, config.finalLogitSoftcapping,
+        config.inputEmbeddingScale, config.selectorAlpha,
+        config.selectorWarmupRatio, config.selectorRampRatio);
+    json += ", \"dflash2\": {" + std::string(d2) +
+            ", \"selector_stop_gradient\": " +
+            (config.selectorStopGradient ? "true" : "false") +
+            ", \"selector_gold\": " +
+            (config.selectorGoldInject ? "\"inject\"" : "\"topk\"") +
+            ", \"selector_denominator\": " +
+            (config.selectorDenominatorCovered ? "\"covered\"" : "\"all\"") +
+            ", \"step\": 0, \"total_steps\": " + std::to_string(total) + "}";
+  }
   json += "}";
   return rt::writeSafetensors(path, tensors, {{"config", json}});
 }
@@ -328,7 +355,7 @@ Status dumpFirstStep(const std::string &path, const StepSignature &gradSig,
   auto results = grads.run(*args);
   if (failed(results))
     return Status::error("the gradient step failed");
-  return writeStepDump(path, gradSig, *args, *results, config);
+  return writeStepDump(path, gradSig, *args, *results, config, total);
 }
 
 /// Runs training step `step`: the new parameters and optimizer state go

@@ -60,10 +60,13 @@ def rms_norm(x, w, eps):
 
 def rope(x, pos, theta):
     """Rotate-half RoPE of x [B, T, heads, d] at positions pos [B, T]; the
-    inverse frequencies and angles in fp32, as Hugging Face computes them."""
+    inverse frequencies and angles in fp32, as Hugging Face computes them;
+    cos and sin of those angles in fp32, or in fp64 for an fp64 x (the
+    reference's --precision exact)."""
     d = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     angle = pos.float()[..., None] * inv  # [B, T, d/2], fp32
+    angle = angle.to(torch.promote_types(x.dtype, torch.float32))
     cos = torch.cat([angle.cos(), angle.cos()], -1)[:, :, None, :].to(x.dtype)
     sin = torch.cat([angle.sin(), angle.sin()], -1)[:, :, None, :].to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2:]
