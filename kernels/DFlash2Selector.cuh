@@ -67,10 +67,10 @@ struct SelectorCandidatesGradArgs {
 /// selector_loss and selector_loss_grad: the same operands; the forward
 /// writes lossSum, coveredWeight and hits, the backward the gradients.
 struct SelectorLossArgs {
-  const float *values;       ///< [rows, K]
-  const int32_t *candidates; ///< [rows, K]
-  const float *labelValues;  ///< [rows]
-  const __nv_bfloat16 *y;    ///< [rows, H]
+  const float *values;             ///< [rows, K]
+  const int32_t *candidates;       ///< [rows, K]
+  const float *labelValues;        ///< [rows]
+  const __nv_bfloat16 *y;          ///< [rows, H]
   const __nv_bfloat16 *projection; ///< Wh [r, H]
   const int32_t *predecessors, *labels;
   const float *weights;
@@ -83,8 +83,8 @@ struct SelectorLossArgs {
   const float *lossSumGrad = nullptr;
   float *valuesGrad = nullptr, *labelValuesGrad = nullptr;
   __nv_bfloat16 *projectedGrad = nullptr; ///< [rows, r]
-  __nv_bfloat16 *predecessorCodebookGrad = nullptr, *successorCodebookGrad =
-                                                        nullptr;
+  __nv_bfloat16 *predecessorCodebookGrad = nullptr,
+                *successorCodebookGrad = nullptr;
   // Workspace (useSelectorLossWorkspace).
   float *projected = nullptr; ///< t [rows, r]
   float *rowTerms = nullptr;  ///< forward: [rows, 2]
@@ -158,11 +158,13 @@ __device__ __forceinline__ void warpTopKInsert(WarpTopK &l, float v, int i,
 /// Rows of weight 0 get their final results (candidates -1, values 0);
 /// the others an empty running top-K (-inf, token INT_MAX). label_values
 /// start at 0: the chunk that holds the label overwrites it.
-static __global__ void selector_candidates_init_kernel(
-    const float *weights, int64_t rows, int64_t K, float *values,
-    int32_t *candidates, float *labelValues) {
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-       e < rows * K; e += int64_t(gridDim.x) * blockDim.x) {
+static __global__ void selector_candidates_init_kernel(const float *weights,
+                                                       int64_t rows, int64_t K,
+                                                       float *values,
+                                                       int32_t *candidates,
+                                                       float *labelValues) {
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < rows * K;
+       e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = e / K;
     const bool skip = weights[row] == 0.f;
     values[e] = skip ? 0.f : -INFINITY;
@@ -363,9 +365,9 @@ __global__ void __launch_bounds__(Threads)
         threadIdx.x < K ? a.candidates[row * a.K + threadIdx.x] : label;
   // A row of weight 0 has no term; so has one whose indices lie outside the
   // vocabulary (the interpreter refuses those), rather than a stray read.
-  const bool skip = __syncthreads_or(
-      w == 0.f || !inVocabulary(label) || !inVocabulary(p) ||
-      (threadIdx.x < K && !inVocabulary(sTok[threadIdx.x])));
+  const bool skip =
+      __syncthreads_or(w == 0.f || !inVocabulary(label) || !inVocabulary(p) ||
+                       (threadIdx.x < K && !inVocabulary(sTok[threadIdx.x])));
   float *tRow = a.projected + row * r;
   if (skip) {
     if constexpr (Backward) {
@@ -446,8 +448,7 @@ __global__ void __launch_bounds__(Threads)
       a.valuesGrad[row * K + j] =
           a.stopGradient || (injected && j == K - 1) ? 0.f : sE[j];
     if (threadIdx.x == 0)
-      a.labelValuesGrad[row] =
-          !a.stopGradient && injected ? sE[K - 1] : 0.f;
+      a.labelValuesGrad[row] = !a.stopGradient && injected ? sE[K - 1] : 0.f;
     if (gold < 0) { // uncovered: no term
       for (int64_t i = threadIdx.x; i < r; i += Threads)
         a.projectedGrad[row * r + i] = __float2bfloat16(0.f);
@@ -502,9 +503,11 @@ static __global__ void __launch_bounds__(1024)
 }
 
 /// out = bf16(acc) over n elements, for both codebooks.
-static __global__ void selector_round_accumulators_kernel(
-    const float *pAcc, const float *sAcc, __nv_bfloat16 *pOut,
-    __nv_bfloat16 *sOut, int64_t n) {
+static __global__ void selector_round_accumulators_kernel(const float *pAcc,
+                                                          const float *sAcc,
+                                                          __nv_bfloat16 *pOut,
+                                                          __nv_bfloat16 *sOut,
+                                                          int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     pOut[i] = __float2bfloat16(pAcc[i]);
@@ -547,9 +550,9 @@ selector_objective_kernel(const float *unarySum, const float *selectorSum,
                           bool covered, float *out) {
   const double scale =
       selectorTermScale(*alpha, *weightSum, *coveredWeight, covered);
-  *out = static_cast<float>(
-      grad ? double(*grad) * scale
-           : double(*unarySum) + double(*selectorSum) * scale);
+  *out = static_cast<float>(grad ? double(*grad) * scale
+                                 : double(*unarySum) +
+                                       double(*selectorSum) * scale);
 }
 
 inline unsigned selectorGrid(int64_t total, int64_t cap) {
@@ -583,9 +586,8 @@ inline void selector_candidates_bf16(CublasLtGemm &gemm,
                    stream);
     detail::selector_topk_merge_kernel<kThreads>
         <<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(
-            a.logitsChunk, n, v0, a.labels, a.weights, a.multiplier,
-            a.softcap, static_cast<int>(a.K), a.values, a.candidates,
-            a.labelValues);
+            a.logitsChunk, n, v0, a.labels, a.weights, a.multiplier, a.softcap,
+            static_cast<int>(a.K), a.values, a.candidates, a.labelValues);
     DFLASH_CUDA_CHECK_LAUNCH("selector_topk_merge");
   }
 }
@@ -691,9 +693,8 @@ inline void selector_alpha_f32(const int32_t *step, const int32_t *total,
                                double alpha, double warmupRatio,
                                double rampRatio, float *out,
                                cudaStream_t stream) {
-  detail::selector_alpha_kernel<<<1, 1, 0, stream>>>(step, total, alpha,
-                                                     warmupRatio, rampRatio,
-                                                     out);
+  detail::selector_alpha_kernel<<<1, 1, 0, stream>>>(
+      step, total, alpha, warmupRatio, rampRatio, out);
   DFLASH_CUDA_CHECK_LAUNCH("selector_alpha_f32");
 }
 

@@ -100,8 +100,8 @@ public:
   /// and projection, kernels/DFlash2Selector.cuh).
   void linearF32(const __nv_bfloat16 *x, const __nv_bfloat16 *w, float *y,
                  int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
-    matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_32F,
-           0.f, stream, {"linear", M, N, K});
+    matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_32F, 0.f,
+           stream, {"linear", M, N, K});
   }
 
   /// y [M, N] = r [M, N] + x [M, K] w [N, K]^T, rounded once: r is the

@@ -127,10 +127,8 @@ constexpr int64_t selectorVocabChunk(int64_t rows, int64_t vocab) {
     chunk = 256;
   return vocab < chunk ? vocab : chunk;
 }
-constexpr size_t selectorCandidatesWorkspaceBytes(int64_t rows,
-                                                  int64_t vocab) {
-  return size_t(rows) * size_t(selectorVocabChunk(rows, vocab)) *
-         sizeof(float);
+constexpr size_t selectorCandidatesWorkspaceBytes(int64_t rows, int64_t vocab) {
+  return size_t(rows) * size_t(selectorVocabChunk(rows, vocab)) * sizeof(float);
 }
 
 /// selector_loss_bf16's workspace: t = input @ projection^T [rows, r] fp32
@@ -140,8 +138,7 @@ constexpr size_t selectorProjectedBytes(int64_t rows, int64_t rank) {
   return (size_t(rows) * size_t(rank) * sizeof(float) + 255) / 256 * 256;
 }
 constexpr size_t selectorLossWorkspaceBytes(int64_t rows, int64_t rank) {
-  return selectorProjectedBytes(rows, rank) +
-         size_t(rows) * 2 * sizeof(float);
+  return selectorProjectedBytes(rows, rank) + size_t(rows) * 2 * sizeof(float);
 }
 /// selector_loss_grad_bf16's workspace: t [rows, r] fp32 as above, then the
 /// two codebook gradients' fp32 accumulators [V, r] each (their rows are

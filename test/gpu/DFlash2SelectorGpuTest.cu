@@ -68,15 +68,16 @@ std::vector<int32_t> randomTokens(int64_t n, int64_t V, std::mt19937_64 &rng) {
 /// Checks one row's candidates against the reference top-K of uRow: token
 /// for token, but for swaps within kTieMargin (counted in `swaps`).
 void expectTopK(const double *uRow, int64_t V, int64_t K,
-                const int32_t *gotTokens, const float *gotValues,
-                int64_t row, int64_t &swaps) {
+                const int32_t *gotTokens, const float *gotValues, int64_t row,
+                int64_t &swaps) {
   std::vector<int32_t> want(K);
   ref::topK(uRow, V, K, want.data());
   std::set<int32_t> seen;
   for (int64_t j = 0; j < K; ++j) {
     const int32_t c = gotTokens[j];
     ASSERT_TRUE(c >= 0 && c < V) << "row " << row << " slot " << j << ": " << c;
-    EXPECT_TRUE(seen.insert(c).second) << "row " << row << ": " << c << " twice";
+    EXPECT_TRUE(seen.insert(c).second)
+        << "row " << row << ": " << c << " twice";
     EXPECT_NEAR(gotValues[j], uRow[c], 1e-5 * (1 + std::fabs(uRow[c])))
         << "row " << row << " slot " << j;
     if (c != want[j]) {
@@ -534,8 +535,7 @@ void lossCase(const LossCase &c, uint64_t seed) {
   DeviceBuffer<float> sums(2), valuesGrad(c.rows * c.K),
       labelValuesGrad(c.rows);
   DeviceBuffer<uint8_t> hits(c.rows);
-  DeviceBuffer<bf16> projectedGrad(c.rows * c.r), dP(c.V * c.r),
-      dS(c.V * c.r);
+  DeviceBuffer<bf16> projectedGrad(c.rows * c.r), dP(c.V * c.r), dS(c.V * c.r);
   DeviceBuffer<char> forwardWs(
       kernels::selectorLossWorkspaceBytes(c.rows, c.r)),
       backwardWs(kernels::selectorLossGradWorkspaceBytes(c.rows, c.r, c.V));
@@ -605,8 +605,7 @@ void lossCase(const LossCase &c, uint64_t seed) {
       ASSERT_EQ(g, 0.0) << "label_values_grad under stop_gradient";
   } else {
     EXPECT_CLOSE(gotValuesGrad, want.valuesGrad, 1e-4, "values_grad");
-    EXPECT_CLOSE(gotLabelGrad, want.labelValuesGrad, 1e-4,
-                 "label_values_grad");
+    EXPECT_CLOSE(gotLabelGrad, want.labelValuesGrad, 1e-4, "label_values_grad");
   }
   if (c.inject && !c.stopGradient && c.K > 1) { // K = 1: CE_s is 0
     double sum = 0;
