@@ -661,9 +661,10 @@ inline void selector_loss_grad_bf16(CublasLtGemm &gemm,
   constexpr int kThreads = 128;
   detail::selectorLossCheck(a, "selector_loss_grad_bf16");
   const int64_t n = a.V * a.r;
-  // The two accumulators are adjacent: one memset.
   DFLASH_CUDA_CHECK(cudaMemsetAsync(a.predecessorAccum, 0,
-                                    2 * size_t(n) * sizeof(float), stream));
+                                    size_t(n) * sizeof(float), stream));
+  DFLASH_CUDA_CHECK(
+      cudaMemsetAsync(a.successorAccum, 0, size_t(n) * sizeof(float), stream));
   if (a.rows > 0) {
     gemm.linearF32(a.y, a.projection, a.projected, a.rows, a.r, a.H, stream);
     detail::selector_loss_rows_kernel<true, kThreads>
