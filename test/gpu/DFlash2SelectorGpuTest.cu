@@ -38,8 +38,10 @@ using bf16 = __nv_bfloat16;
 namespace {
 
 /// fp32 GEMMs over H = 5120 against double: logits this close may come out
-/// in either order.
-constexpr double kTieMargin = 1e-4;
+/// in either order (the GPU's logits are within kValueTolerance of the
+/// reference's, rounding and accumulation order included).
+constexpr double kTieMargin = 3e-4;
+double valueTolerance(double u) { return 1e-4 + 1e-5 * std::fabs(u); }
 
 struct LtContext {
   cublasLtHandle_t handle;
@@ -78,7 +80,7 @@ void expectTopK(const double *uRow, int64_t V, int64_t K,
     ASSERT_TRUE(c >= 0 && c < V) << "row " << row << " slot " << j << ": " << c;
     EXPECT_TRUE(seen.insert(c).second)
         << "row " << row << ": " << c << " twice";
-    EXPECT_NEAR(gotValues[j], uRow[c], 1e-5 * (1 + std::fabs(uRow[c])))
+    EXPECT_NEAR(gotValues[j], uRow[c], valueTolerance(uRow[c]))
         << "row " << row << " slot " << j;
     if (c != want[j]) {
       ++swaps;
@@ -167,7 +169,7 @@ void candidatesCase(const CandidatesCase &c, uint64_t seed) {
     const double *uRow = u.data() + row * c.V;
     expectTopK(uRow, c.V, c.K, tokens, vals, row, swaps);
     EXPECT_NEAR(gotLabel[row], uRow[labels[row]],
-                1e-5 * (1 + std::fabs(uRow[labels[row]])))
+                valueTolerance(uRow[labels[row]]))
         << "label value of row " << row;
     if (testing::Test::HasFatalFailure())
       return;
