@@ -2,7 +2,8 @@
 //
 // The three products of a bias-free linear layer, on row-major bf16 tensors
 // with fp32 accumulation:
-//   linear:           y  [M, N] = x [M, K] * w [N, K]^T
+//   linear:           y  [M, N] = x [M, K] * w [N, K]^T  (bf16, or fp32:
+//                     linearF32)
 //   linearResidual:   y  [M, N] = r [M, N] + x [M, K] * w [N, K]^T
 //   linearBias:       y  [M, N] = x [M, K] * w [N, K]^T + b [N]  (a target's
 //                     biased projections; cuBLASLt's bias epilogue)
@@ -93,6 +94,14 @@ public:
               float beta = 0.f) {
     matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_16BF,
            beta, stream, {"linear", M, N, K});
+  }
+
+  /// y [M, N] = x [M, K] w [N, K]^T in fp32 (the DFlash2 selector's logits
+  /// and projection, kernels/DFlash2Selector.cuh).
+  void linearF32(const __nv_bfloat16 *x, const __nv_bfloat16 *w, float *y,
+                 int64_t M, int64_t N, int64_t K, cudaStream_t stream) {
+    matmul(CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, w, K, x, K, y, N, CUDA_R_32F, 0.f,
+           stream, {"linear", M, N, K});
   }
 
   /// y [M, N] = r [M, N] + x [M, K] w [N, K]^T, rounded once: r is the

@@ -114,6 +114,41 @@ constexpr size_t lmHeadCrossEntropyWorkspaceBytes(int64_t rows, int64_t vocab,
          (blockSize >= 2 ? 2 * lmHeadGatherBytes(chunkRows, hidden) : 0);
 }
 
+/// The DFlash2 selector (kernels/DFlash2Selector.cuh, docs/semantics.md
+/// section 13). selector_candidates_bf16 streams the vocabulary: per chunk of
+/// vocabulary columns one fp32 GEMM [rows, chunk] into its workspace, at most
+/// kSelectorMaxChunkBytes, a multiple of 256 columns (at least 256), the
+/// whole vocabulary if smaller.
+constexpr int64_t kSelectorMaxChunkBytes = int64_t(512) << 20;
+constexpr int64_t selectorVocabChunk(int64_t rows, int64_t vocab) {
+  int64_t chunk = kSelectorMaxChunkBytes / ((rows > 0 ? rows : 1) * 4);
+  chunk = chunk / 256 * 256;
+  if (chunk < 256)
+    chunk = 256;
+  return vocab < chunk ? vocab : chunk;
+}
+constexpr size_t selectorCandidatesWorkspaceBytes(int64_t rows, int64_t vocab) {
+  return size_t(rows) * size_t(selectorVocabChunk(rows, vocab)) * sizeof(float);
+}
+
+/// selector_loss_bf16's workspace: t = input @ projection^T [rows, r] fp32
+/// (rounded up to 256 bytes), then two fp32 terms per row [rows, 2] (w cov
+/// CE_s, w cov), summed in a fixed order.
+constexpr size_t selectorProjectedBytes(int64_t rows, int64_t rank) {
+  return (size_t(rows) * size_t(rank) * sizeof(float) + 255) / 256 * 256;
+}
+constexpr size_t selectorLossWorkspaceBytes(int64_t rows, int64_t rank) {
+  return selectorProjectedBytes(rows, rank) + size_t(rows) * 2 * sizeof(float);
+}
+/// selector_loss_grad_bf16's workspace: t [rows, r] fp32 as above, then the
+/// two codebook gradients' fp32 accumulators [V, r] each (their rows are
+/// scatter-added, then rounded once into the bf16 results).
+constexpr size_t selectorLossGradWorkspaceBytes(int64_t rows, int64_t rank,
+                                                int64_t vocab) {
+  return selectorProjectedBytes(rows, rank) +
+         2 * size_t(vocab) * size_t(rank) * sizeof(float);
+}
+
 /// Routed rows (t * k + j) moe_permute_bf16 counts in one CTA: each row's
 /// rank among its chunk's rows of the same expert is found by comparing it
 /// with the rows before it, so the grouping is stable and deterministic.

@@ -58,6 +58,18 @@ inline constexpr std::string_view kLmHeadCrossEntropy =
 inline constexpr std::string_view kConvertBf16F32 = "convert_bf16_f32";
 inline constexpr std::string_view kAdamWMultiTensor = "adamw_multi_tensor_step";
 inline constexpr std::string_view kAdamWSharded = "adamw_sharded";
+// DFlash2 selector (kernels/DFlash2Selector.cuh).
+inline constexpr std::string_view kSelectorCandidates =
+    "selector_candidates_bf16";
+inline constexpr std::string_view kSelectorCandidatesGrad =
+    "selector_candidates_grad_bf16";
+inline constexpr std::string_view kSelectorLoss = "selector_loss_bf16";
+inline constexpr std::string_view kSelectorLossGrad = "selector_loss_grad_bf16";
+inline constexpr std::string_view kDraftPredecessors = "draft_predecessors";
+inline constexpr std::string_view kSelectorAlpha = "selector_alpha_f32";
+inline constexpr std::string_view kSelectorObjective = "selector_objective_f32";
+inline constexpr std::string_view kSelectorObjectiveGrad =
+    "selector_objective_grad_f32";
 } // namespace dflash::kernel_names
 
 namespace dflash {

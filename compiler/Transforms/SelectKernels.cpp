@@ -16,8 +16,10 @@
 #include "kernels/AttentionLimits.h"
 #include "kernels/DeltaNetLimits.h"
 #include "kernels/GemmLimits.h"
+#include "kernels/Selector.h"
 #include "kernels/Workspaces.h"
 #include "schema/KernelEntryPoints.h"
+#include "schema/ModelConfig.h"
 
 #include "mlir/IR/Builders.h"
 #include "llvm/ADT/TypeSwitch.h"
@@ -191,6 +193,105 @@ Choice named(StringRef name, ArrayRef<int64_t> constants = {}) {
   c.name = name.str();
   c.constants.assign(constants.begin(), constants.end());
   return c;
+}
+
+// The selector kernels keep the top-K in fixed-size arrays: every K the
+// spec accepts must fit them.
+static_assert(::dflash::kMaxSelectorTopK <= kernels::kSelectorKernelMaxTopK,
+              "the selector kernels must take every top_k a spec may set");
+
+/// The DFlash2 selector's ops (kernels/DFlash2Selector.cuh): bf16 tensors,
+/// K within the kernels' arrays and the vocabulary, r within shared memory,
+/// H a multiple of 8 (16-byte rows).
+FailureOr<Choice> selectorKernel(Operation *op) {
+  using Result = FailureOr<Choice>;
+  auto bf16Operands = [&](std::initializer_list<Value> values) -> bool {
+    return llvm::all_of(
+        values, [](Value v) { return tensorOf(v).getElementType().isBF16(); });
+  };
+  auto notBf16 = [&]() -> Result {
+    return op->emitOpError() << "has a kernel for bf16 inputs, weights and "
+                                "codebooks only";
+  };
+  auto checkTopK = [&](int64_t K, int64_t V) -> LogicalResult {
+    if (K <= kernels::kSelectorKernelMaxTopK && K <= V)
+      return success();
+    return op->emitOpError()
+           << "has no kernel for the top " << K << " of a vocabulary of " << V
+           << ": 'drafter.dflash2.selector_top_k' must be at most "
+           << kernels::kSelectorKernelMaxTopK
+           << " and at most 'target.vocab_size'";
+  };
+  auto checkHidden = [&](int64_t H) -> LogicalResult {
+    if (H % 8 == 0)
+      return success();
+    return op->emitOpError() << "has no selector kernel for rows of " << H
+                             << ": 'drafter.hidden_size' must be a multiple "
+                                "of 8";
+  };
+  auto checkRank = [&](int64_t r) -> LogicalResult {
+    if (r <= kernels::kSelectorKernelMaxRank)
+      return success();
+    return op->emitOpError() << "has no selector kernel for rank " << r
+                             << ": 'drafter.dflash2.selector_rank' must be at "
+                                "most "
+                             << kernels::kSelectorKernelMaxRank;
+  };
+  // selector_candidates(_grad): the lm_head's logits, chunk by chunk.
+  auto candidates = [&](auto o, bool backward) -> Result {
+    auto w = tensorOf(o.getWeight());
+    const int64_t V = w.getDimSize(0), H = w.getDimSize(1);
+    if (!bf16Operands({o.getInput(), o.getWeight()}))
+      return notBf16();
+    if (failed(checkTopK(o.getTopK(), V)) || failed(checkHidden(H)))
+      return failure();
+    if (backward)
+      return named(::dflash::kernel_names::kSelectorCandidatesGrad);
+    const int64_t rows = rowsOf(o.getInput());
+    Choice c = named(::dflash::kernel_names::kSelectorCandidates,
+                     {kernels::selectorVocabChunk(rows, V)});
+    c.workspace = int64_t(kernels::selectorCandidatesWorkspaceBytes(rows, V));
+    return c;
+  };
+  // selector_loss(_grad): t = y Wh^T, then a CTA a row.
+  auto loss = [&](auto o, bool backward) -> Result {
+    auto codebook = tensorOf(o.getPredecessorCodebook());
+    const int64_t V = codebook.getDimSize(0), r = codebook.getDimSize(1);
+    const int64_t K = tensorOf(o.getValues()).getShape().back();
+    if (!bf16Operands({o.getInput(), o.getProjection(),
+                       o.getPredecessorCodebook(), o.getSuccessorCodebook()}))
+      return notBf16();
+    if (failed(checkTopK(K, V)) || failed(checkRank(r)) ||
+        failed(checkHidden(tensorOf(o.getInput()).getShape().back())))
+      return failure();
+    const int64_t rows = rowsOf(o.getValues());
+    Choice c = named(backward ? ::dflash::kernel_names::kSelectorLossGrad
+                              : ::dflash::kernel_names::kSelectorLoss);
+    c.workspace =
+        int64_t(backward ? kernels::selectorLossGradWorkspaceBytes(rows, r, V)
+                         : kernels::selectorLossWorkspaceBytes(rows, r));
+    return c;
+  };
+  return llvm::TypeSwitch<Operation *, Result>(op)
+      .Case([&](SelectorCandidatesOp o) { return candidates(o, false); })
+      .Case([&](SelectorCandidatesGradOp o) { return candidates(o, true); })
+      .Case([&](SelectorLossOp o) { return loss(o, false); })
+      .Case([&](SelectorLossGradOp o) { return loss(o, true); })
+      .Case([](DraftPredecessorsOp) -> Result {
+        return named(::dflash::kernel_names::kDraftPredecessors);
+      })
+      .Case([](SelectorAlphaOp) -> Result {
+        return named(::dflash::kernel_names::kSelectorAlpha);
+      })
+      .Case([](SelectorObjectiveOp) -> Result {
+        return named(::dflash::kernel_names::kSelectorObjective);
+      })
+      .Case([](SelectorObjectiveGradOp) -> Result {
+        return named(::dflash::kernel_names::kSelectorObjectiveGrad);
+      })
+      .Default([](Operation *o) -> Result {
+        return o->emitOpError("is not a DFlash2 selector op");
+      });
 }
 
 FailureOr<Choice> select(Operation *op) {
@@ -456,12 +557,15 @@ FailureOr<Choice> select(Operation *op) {
             tensorOf(o.getSource()).getDimSize(0)));
         return c;
       })
-      // DFlash2 drafters (docs/semantics.md section 13) have no CUDA kernels
-      // yet: refused here, by name, rather than by dflash-verify-lowering.
-      .Case<GroupedConvOp, GroupedConvGradOp, SelectorCandidatesOp,
-            SelectorCandidatesGradOp, SelectorLossOp, SelectorLossGradOp,
-            DraftPredecessorsOp, SelectorAlphaOp, SelectorObjectiveOp,
-            SelectorObjectiveGradOp>([](Operation *o) -> Result {
+      // The DFlash2 selector (docs/semantics.md section 13,
+      // kernels/DFlash2Selector.cuh).
+      .Case<SelectorCandidatesOp, SelectorCandidatesGradOp, SelectorLossOp,
+            SelectorLossGradOp, DraftPredecessorsOp, SelectorAlphaOp,
+            SelectorObjectiveOp, SelectorObjectiveGradOp>(
+          [](Operation *o) { return selectorKernel(o); })
+      // The DFlash2 convolution has no CUDA kernel yet: refused here, by
+      // name, rather than by dflash-verify-lowering.
+      .Case<GroupedConvOp, GroupedConvGradOp>([](Operation *o) -> Result {
         return o->emitOpError()
                << "has no CUDA kernel: DFlash2 drafters (docs/semantics.md "
                   "section 13) run only in the reference interpreter so far";

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "kernels/reference/DFlash2.h"
+#include "kernels/Selector.h"
 #include "kernels/reference/LogSumExp.h"
 
 #include <algorithm>
@@ -292,20 +293,12 @@ void draftPredecessors(const int32_t *inputIds, const int32_t *anchors,
 
 double selectorAlphaAt(int64_t step, int64_t total, double alpha,
                        double warmupRatio, double rampRatio) {
-  const int64_t warm = int64_t(warmupRatio * double(total));
-  const int64_t ramp = int64_t(rampRatio * double(total));
-  if (step < warm)
-    return 0.0;
-  if (step - warm < ramp)
-    return alpha * double(step - warm + 1) / double(ramp);
-  return alpha;
+  return kernels::selectorAlphaAt(step, total, alpha, warmupRatio, rampRatio);
 }
 
 double selectorTermScale(double alpha, double weightSum, double coveredWeight,
                          bool covered) {
-  if (!covered)
-    return alpha;
-  return coveredWeight > 0 ? alpha * weightSum / coveredWeight : 0.0;
+  return kernels::selectorTermScale(alpha, weightSum, coveredWeight, covered);
 }
 
 #define DFLASH_INSTANTIATE_DFLASH2(T)                                          \

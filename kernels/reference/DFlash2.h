@@ -190,12 +190,14 @@ void draftPredecessors(const int32_t *inputIds, const int32_t *anchors,
 
 /// alpha_t at 0-based optimizer step `step` of `total`: 0 for the first
 /// int(warmupRatio * total) steps, then linear up to `alpha` over the next
-/// int(rampRatio * total) (at once when that is 0), then `alpha`.
+/// int(rampRatio * total) (at once when that is 0), then `alpha`. The
+/// formula is kernels/Selector.h's, which the device calls too.
 double selectorAlphaAt(int64_t step, int64_t total, double alpha,
                        double warmupRatio, double rampRatio);
 
 /// d(loss numerator)/d(selector_sum): alpha, times weightSum / coveredWeight
-/// (0 when that is 0) for selector_denominator = "covered".
+/// (0 when that is 0) for selector_denominator = "covered"
+/// (kernels/Selector.h's, as the device's).
 double selectorTermScale(double alpha, double weightSum, double coveredWeight,
                          bool covered);
 

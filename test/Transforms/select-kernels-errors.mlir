@@ -103,8 +103,8 @@ func.func @step(%x: tensor<4x12xbf16> {dflash.arg = #dflash.arg<input, "input_id
 
 // -----
 
-// DFlash2's ops have no CUDA kernels yet: refused by name, not left to
-// dflash-verify-lowering.
+// DFlash2's convolution has no CUDA kernel yet: refused by name, not left
+// to dflash-verify-lowering.
 func.func @step(%x: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
                 %d: tensor<1x8x8xbf16> {dflash.arg = #dflash.arg<parameter, "d">},
                 %b: tensor<2x2x32xbf16> {dflash.arg = #dflash.arg<parameter, "base">})
@@ -120,22 +120,61 @@ func.func @step(%x: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "target
 
 // -----
 
+// The DFlash2 selector's kernels (kernels/DFlash2Selector.cuh) take bf16
+// inputs and codebooks, a rank of at most 4096 and rows of a multiple of 8.
+func.func @step(%v: tensor<1x8x4xf32> {dflash.arg = #dflash.arg<input, "v">},
+                %c: tensor<1x8x4xi32> {dflash.arg = #dflash.arg<input, "c">},
+                %lv: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "lv">},
+                %y: tensor<1x8x32xf32> {dflash.arg = #dflash.arg<input, "y">},
+                %wh: tensor<8x32xf32> {dflash.arg = #dflash.arg<parameter, "wh">},
+                %p: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "p">},
+                %l: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %wt: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">},
+                %pcb: tensor<64x8xf32> {dflash.arg = #dflash.arg<parameter, "pcb">},
+                %scb: tensor<64x8xf32> {dflash.arg = #dflash.arg<parameter, "scb">})
+    -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
+  // expected-error @+1 {{'dflash.selector_loss' op has a kernel for bf16 inputs, weights and codebooks only}}
+  %loss, %covered, %hits = dflash.selector_loss %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb {gold = "topk"}
+      : (tensor<1x8x4xf32>, tensor<1x8x4xi32>, tensor<1x8xf32>, tensor<1x8x32xf32>,
+         tensor<8x32xf32>, tensor<1x8xi32>, tensor<1x8xi32>, tensor<1x8xf32>,
+         tensor<64x8xf32>, tensor<64x8xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<1x8xi8>)
+  return %loss : tensor<f32>
+}
+
+// -----
+
 func.func @step(%v: tensor<1x8x4xf32> {dflash.arg = #dflash.arg<input, "v">},
                 %c: tensor<1x8x4xi32> {dflash.arg = #dflash.arg<input, "c">},
                 %lv: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "lv">},
                 %y: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "y">},
-                %wh: tensor<8x32xbf16> {dflash.arg = #dflash.arg<parameter, "wh">},
+                %wh: tensor<4100x32xbf16> {dflash.arg = #dflash.arg<parameter, "wh">},
                 %p: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "p">},
                 %l: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
                 %wt: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">},
-                %pcb: tensor<64x8xbf16> {dflash.arg = #dflash.arg<parameter, "pcb">},
-                %scb: tensor<64x8xbf16> {dflash.arg = #dflash.arg<parameter, "scb">})
+                %pcb: tensor<64x4100xbf16> {dflash.arg = #dflash.arg<parameter, "pcb">},
+                %scb: tensor<64x4100xbf16> {dflash.arg = #dflash.arg<parameter, "scb">})
     -> (tensor<f32> {dflash.arg = #dflash.arg<metric, "loss_sum">}) {
-  // expected-error @+1 {{'dflash.selector_loss' op has no CUDA kernel}}
+  // expected-error @+1 {{'dflash.selector_loss' op has no selector kernel for rank 4100: 'drafter.dflash2.selector_rank' must be at most 4096}}
   %loss, %covered, %hits = dflash.selector_loss %v, %c, %lv, %y, %wh, %p, %l, %wt, %pcb, %scb {gold = "topk"}
       : (tensor<1x8x4xf32>, tensor<1x8x4xi32>, tensor<1x8xf32>, tensor<1x8x32xbf16>,
-         tensor<8x32xbf16>, tensor<1x8xi32>, tensor<1x8xi32>, tensor<1x8xf32>,
-         tensor<64x8xbf16>, tensor<64x8xbf16>)
+         tensor<4100x32xbf16>, tensor<1x8xi32>, tensor<1x8xi32>, tensor<1x8xf32>,
+         tensor<64x4100xbf16>, tensor<64x4100xbf16>)
       -> (tensor<f32>, tensor<f32>, tensor<1x8xi8>)
   return %loss : tensor<f32>
+}
+
+// -----
+
+func.func @step(%y: tensor<1x8x36xbf16> {dflash.arg = #dflash.arg<input, "y">},
+                %head: tensor<64x36xbf16> {dflash.arg = #dflash.arg<frozen, "lm_head">},
+                %l: tensor<1x8xi32> {dflash.arg = #dflash.arg<input, "labels">},
+                %wt: tensor<1x8xf32> {dflash.arg = #dflash.arg<input, "weights">})
+    -> (tensor<1x8xf32> {dflash.arg = #dflash.arg<metric, "lv">}) {
+  // expected-error @+1 {{'dflash.selector_candidates' op has no selector kernel for rows of 36: 'drafter.hidden_size' must be a multiple of 8}}
+  %v, %c, %lv = dflash.selector_candidates %y, %head, %l, %wt
+      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+      : (tensor<1x8x36xbf16>, tensor<64x36xbf16>, tensor<1x8xi32>, tensor<1x8xf32>)
+      -> (tensor<1x8x4xf32>, tensor<1x8x4xi32>, tensor<1x8xf32>)
+  return %lv : tensor<1x8xf32>
 }

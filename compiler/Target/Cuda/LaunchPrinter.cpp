@@ -734,8 +734,169 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             ptr(o.getLrValue()), ptr(o.getGradNorm()));
         return success();
       })
+      // The DFlash2 selector (kernels/DFlash2Selector.cuh).
+      .Case<SelectorCandidatesOp, SelectorCandidatesGradOp, SelectorLossOp,
+            SelectorLossGradOp, DraftPredecessorsOp, SelectorAlphaOp,
+            SelectorObjectiveOp, SelectorObjectiveGradOp>(
+          [&](Operation *o) { return emitSelector(o, kernel); })
       .Default([&](Operation *other) {
         return other->emitOpError("has no CUDA translation");
+      });
+}
+
+LogicalResult StepEmitter::emitSelector(Operation *op, KernelAttr kernel) {
+  // selector_candidates(_grad)'s fields after the pointers.
+  auto candidateShape = [&](auto o) {
+    auto w = tensorOf(o.getWeight());
+    os << llvm::formatv("      a.rows = {0};\n      a.V = {1};\n"
+                        "      a.H = {2};\n      a.K = {3};\n"
+                        "      a.multiplier = {4};\n      a.softcap = {5};\n",
+                        rowsOf(o.getInput()), w.getDimSize(0), w.getDimSize(1),
+                        o.getTopK(),
+                        formatFloat(o.getMultiplier().convertToDouble()),
+                        formatFloat(o.getSoftcap().convertToDouble()));
+  };
+  // selector_loss(_grad)'s operands and shape.
+  auto lossOperands = [&](auto o) {
+    auto codebook = tensorOf(o.getPredecessorCodebook());
+    os << "      dflash::kernels::SelectorLossArgs a{};\n"
+       << llvm::formatv(
+              "      a.values = {0};\n      a.candidates = {1};\n"
+              "      a.labelValues = {2};\n      a.y = {3};\n"
+              "      a.projection = {4};\n      a.predecessors = {5};\n"
+              "      a.labels = {6};\n      a.weights = {7};\n"
+              "      a.predecessorCodebook = {8};\n"
+              "      a.successorCodebook = {9};\n",
+              ptr(o.getValues()), ptr(o.getCandidates()),
+              ptr(o.getLabelValues()), ptr(o.getInput()),
+              ptr(o.getProjection()), ptr(o.getPredecessors()),
+              ptr(o.getLabels()), ptr(o.getWeights()),
+              ptr(o.getPredecessorCodebook()), ptr(o.getSuccessorCodebook()))
+       << llvm::formatv("      a.inject = {0};\n      a.stopGradient = {1};\n",
+                        o.getGold() == "inject" ? "true" : "false",
+                        o.getStopGradient() ? "true" : "false")
+       << llvm::formatv("      a.rows = {0};\n      a.V = {1};\n"
+                        "      a.H = {2};\n      a.r = {3};\n"
+                        "      a.K = {4};\n",
+                        rowsOf(o.getValues()), codebook.getDimSize(0),
+                        tensorOf(o.getInput()).getShape().back(),
+                        codebook.getDimSize(1),
+                        tensorOf(o.getValues()).getShape().back());
+  };
+  return llvm::TypeSwitch<Operation *, LogicalResult>(op)
+      .Case([&](SelectorCandidatesOp o) {
+        os << "    {\n"
+           << "      dflash::kernels::SelectorCandidatesArgs a{};\n"
+           << llvm::formatv(
+                  "      a.y = {0};\n      a.lmHead = {1};\n"
+                  "      a.labels = {2};\n      a.weights = {3};\n"
+                  "      a.values = {4};\n      a.candidates = {5};\n"
+                  "      a.labelValues = {6};\n      a.logitsChunk = {7};\n"
+                  "      a.chunk = {8};\n",
+                  ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getLabels()),
+                  ptr(o.getWeights()), ptr(o.getValues()),
+                  ptr(o.getCandidates()), ptr(o.getLabelValues()),
+                  workspace(o, "float"), kernel.getConstants()[0]);
+        candidateShape(o);
+        os << "      dflash::kernels::selector_candidates_bf16(gemm(), a, "
+              "stream);\n"
+           << "    }\n";
+        return success();
+      })
+      .Case([&](SelectorCandidatesGradOp o) {
+        os << "    {\n"
+           << "      dflash::kernels::SelectorCandidatesGradArgs a{};\n"
+           << llvm::formatv(
+                  "      a.y = {0};\n      a.lmHead = {1};\n"
+                  "      a.candidates = {2};\n      a.labels = {3};\n"
+                  "      a.weights = {4};\n      a.valuesGrad = {5};\n"
+                  "      a.labelValuesGrad = {6};\n      a.dy = {7};\n",
+                  ptr(o.getInput()), ptr(o.getWeight()), ptr(o.getCandidates()),
+                  ptr(o.getLabels()), ptr(o.getWeights()),
+                  o.getValuesGrad() ? ptr(o.getValuesGrad()) : "nullptr",
+                  o.getLabelValuesGrad() ? ptr(o.getLabelValuesGrad())
+                                         : "nullptr",
+                  ptr(o.getResult()));
+        candidateShape(o);
+        os << "      dflash::kernels::selector_candidates_grad_bf16(a, "
+              "stream);\n"
+           << "    }\n";
+        return success();
+      })
+      .Case([&](SelectorLossOp o) {
+        os << "    {\n";
+        lossOperands(o);
+        os << llvm::formatv("      a.lossSum = {0};\n"
+                            "      a.coveredWeight = {1};\n"
+                            "      a.hits = {2};\n",
+                            ptr(o.getLossSum()), ptr(o.getCoveredWeight()),
+                            ptr(o.getHits()))
+           << "      dflash::kernels::useSelectorLossWorkspace(a, "
+           << workspace(o, "char") << ", false);\n"
+           << "      dflash::kernels::selector_loss_bf16(gemm(), a, stream);\n"
+           << "    }\n";
+        return success();
+      })
+      .Case([&](SelectorLossGradOp o) {
+        os << "    {\n";
+        lossOperands(o);
+        os << llvm::formatv(
+                  "      a.lossSumGrad = {0};\n      a.valuesGrad = {1};\n"
+                  "      a.labelValuesGrad = {2};\n"
+                  "      a.projectedGrad = {3};\n"
+                  "      a.predecessorCodebookGrad = {4};\n"
+                  "      a.successorCodebookGrad = {5};\n",
+                  ptr(o.getLossSumGrad()), ptr(o.getValuesGrad()),
+                  ptr(o.getLabelValuesGrad()), ptr(o.getProjectedGrad()),
+                  ptr(o.getPredecessorCodebookGrad()),
+                  ptr(o.getSuccessorCodebookGrad()))
+           << "      dflash::kernels::useSelectorLossWorkspace(a, "
+           << workspace(o, "char") << ", true);\n"
+           << "      dflash::kernels::selector_loss_grad_bf16(gemm(), a, "
+              "stream);\n"
+           << "    }\n";
+        return success();
+      })
+      .Case([&](DraftPredecessorsOp o) {
+        os << llvm::formatv("    dflash::kernels::draft_predecessors({0}, {1}, "
+                            "{2}, {3}, {4}, stream);\n",
+                            ptr(o.getInputIds()), ptr(o.getAnchors()),
+                            ptr(o.getKeep()), ptr(o.getResult()),
+                            blocks(o.getAnchors()));
+        return success();
+      })
+      .Case([&](SelectorAlphaOp o) {
+        // The step counter and the step count are device scalars: alpha_t
+        // follows the step without a host round trip.
+        os << llvm::formatv("    dflash::kernels::selector_alpha_f32({0}, {1}, "
+                            "{2}, {3}, {4}, {5}, stream);\n",
+                            ptr(o.getStep()), ptr(o.getTotal()),
+                            doubleText(o.getAlpha().convertToDouble()),
+                            doubleText(o.getWarmupRatio().convertToDouble()),
+                            doubleText(o.getRampRatio().convertToDouble()),
+                            ptr(o.getResult()));
+        return success();
+      })
+      .Case([&](SelectorObjectiveOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::selector_objective_f32({0}, {1}, {2}, {3}, "
+            "{4}, {5}, {6}, stream);\n",
+            ptr(o.getUnarySum()), ptr(o.getSelectorSum()), ptr(o.getAlpha()),
+            ptr(o.getWeightSum()), ptr(o.getCoveredWeight()),
+            o.getCovered() ? "true" : "false", ptr(o.getResult()));
+        return success();
+      })
+      .Case([&](SelectorObjectiveGradOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::selector_objective_grad_f32({0}, {1}, {2}, "
+            "{3}, {4}, {5}, stream);\n",
+            ptr(o.getGrad()), ptr(o.getAlpha()), ptr(o.getWeightSum()),
+            ptr(o.getCoveredWeight()), o.getCovered() ? "true" : "false",
+            ptr(o.getResult()));
+        return success();
+      })
+      .Default([](Operation *other) {
+        return other->emitOpError("is not a DFlash2 selector op");
       });
 }
 

@@ -360,9 +360,14 @@ FailureOr<std::string> StepEmitter::emit() {
 
   const bool eval = sig.isEval(), target = sig.isTarget();
   // Only a mixture-of-experts target's program instantiates its kernels,
-  // and only a hybrid target's the DeltaNet's.
-  bool hasMoe = false, hasDeltaNet = false;
+  // only a hybrid target's the DeltaNet's, only a DFlash2 drafter's step
+  // the selector's.
+  bool hasMoe = false, hasDeltaNet = false, hasSelector = false;
   step.walk([&](Operation *op) {
+    hasSelector |=
+        isa<SelectorCandidatesOp, SelectorCandidatesGradOp, SelectorLossOp,
+            SelectorLossGradOp, DraftPredecessorsOp, SelectorAlphaOp,
+            SelectorObjectiveOp, SelectorObjectiveGradOp>(op);
     hasMoe |= isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp,
                   GroupedLinearSwigluOp, MoeUnpermuteOp>(op);
     hasDeltaNet |= isa<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
@@ -390,6 +395,7 @@ FailureOr<std::string> StepEmitter::emit() {
         "one "
      << (eval || target ? "batch" : "step") << ".\n\n"
      << "#include \"kernels.h\"\n"
+     << (hasSelector ? "#include \"kernels/DFlash2Selector.cuh\"\n" : "")
      << "#include \"kernels/DraftBlocks.cuh\"\n"
      << "#include \"kernels/Embedding.cuh\"\n"
      << (hasDeltaNet ? "#include \"kernels/GatedDeltaRule.cuh\"\n" : "")

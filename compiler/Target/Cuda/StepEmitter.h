@@ -123,6 +123,8 @@ private:
 
   LogicalResult emitOp(Operation *op);
   LogicalResult emitKernel(Operation *op, KernelAttr kernel);
+  /// The DFlash2 selector's ops (kernels/DFlash2Selector.cuh).
+  LogicalResult emitSelector(Operation *op, KernelAttr kernel);
   void emitNorm(KernelAttr kernel, Value input, Value delta, Value weight,
                 Value sum, Value result, double eps);
   void emitNormGrad(Operation *op, KernelAttr kernel, Value residualGrad);
