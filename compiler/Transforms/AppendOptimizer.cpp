@@ -83,12 +83,29 @@ void AppendOptimizerPass::runOnOperation() {
   b.setInsertionPointAfter(lastSum);
   Location loc = sums[0].getDefiningOp()->getLoc();
   Type scalar = RankedTensorType::get({}, Float32Type::get(ctx));
-  auto reduced = AllReduceOp::create(b, loc, ValueRange(sums).getTypes(), sums);
+  // A DFlash2 step's "covered" denominator sum(w cov) is global too
+  // (docs/semantics.md section 13): reduced with the forward sums.
+  SmallVector<Value> reducedSums(sums);
+  step.walk([&](SelectorObjectiveOp o) {
+    if (!llvm::is_contained(reducedSums, o.getCoveredWeight()))
+      reducedSums.push_back(o.getCoveredWeight());
+  });
+  auto reduced = AllReduceOp::create(b, loc, ValueRange(reducedSums).getTypes(),
+                                     reducedSums);
   auto stats = LossStatsOp::create(b, loc, scalar, scalar, scalar, scalar,
                                    reduced.getResult(0), reduced.getResult(1),
                                    reduced.getResult(2), reduced.getResult(3),
                                    reduced.getResult(4), reduced.getResult(5));
   step.getArgument(*seedArg).replaceAllUsesWith(stats.getLossSumGrad());
+  // The all-reduce sums in place: an op after it that reads a sum (the
+  // selector's objective gradient reads sum(w) and sum(w cov)) reads the
+  // global one, not the bytes it overwrote.
+  for (auto [i, sum] : llvm::enumerate(reducedSums))
+    sum.replaceUsesWithIf(reduced.getResult(i), [&](OpOperand &use) {
+      Operation *user = use.getOwner();
+      return user != reduced && user->getBlock() == reduced->getBlock() &&
+             reduced->isBeforeInBlock(user);
+    });
 
   // Optimizer state arguments, appended in parameter order.
   SmallVector<unsigned> params = sig->argsWithRole(ArgRole::Parameter);
