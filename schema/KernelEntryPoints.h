@@ -39,6 +39,8 @@ inline constexpr std::string_view kGroupedLinearSwiglu =
     "grouped_linear_swiglu_bf16";
 inline constexpr std::string_view kMoeUnpermute = "moe_unpermute_bf16";
 inline constexpr std::string_view kCausalConv = "causal_conv_bf16";
+inline constexpr std::string_view kGroupedConv = "grouped_conv_bf16";
+inline constexpr std::string_view kGroupedConvGrad = "grouped_conv_grad_bf16";
 inline constexpr std::string_view kGatedDeltaRule = "gated_delta_rule_bf16";
 inline constexpr std::string_view kGatedRmsNorm = "gated_rms_norm_bf16";
 inline constexpr std::string_view kZeroCentredRmsNorm =
@@ -131,8 +133,9 @@ inline constexpr KernelTemplate kKernelTemplates[] = {
      "",
      "const __nv_bfloat16 *embed, const int32_t *ids, const int32_t *anchors, "
      "const uint8_t *keep, __nv_bfloat16 *out, "
-     "dflash::kernels::DraftBlocksShape shape, int mask, cudaStream_t stream",
-     "embed, ids, anchors, keep, out, nullptr, shape, mask, stream"},
+     "dflash::kernels::DraftBlocksShape shape, int mask, float scale, "
+     "cudaStream_t stream",
+     "embed, ids, anchors, keep, out, nullptr, shape, mask, scale, stream"},
     {kernel_names::kRopeFwd,
      {"d", "h"},
      -1,

@@ -360,9 +360,11 @@ FailureOr<std::string> StepEmitter::emit() {
 
   const bool eval = sig.isEval(), target = sig.isTarget();
   // Only a mixture-of-experts target's program instantiates its kernels,
-  // and only a hybrid target's the DeltaNet's.
-  bool hasMoe = false, hasDeltaNet = false;
+  // only a hybrid target's the DeltaNet's, only a DFlash2 drafter's the
+  // grouped convolution's.
+  bool hasMoe = false, hasDeltaNet = false, hasDFlash2 = false;
   step.walk([&](Operation *op) {
+    hasDFlash2 |= isa<GroupedConvOp, GroupedConvGradOp>(op);
     hasMoe |= isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp,
                   GroupedLinearSwigluOp, MoeUnpermuteOp>(op);
     hasDeltaNet |= isa<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
@@ -390,6 +392,7 @@ FailureOr<std::string> StepEmitter::emit() {
         "one "
      << (eval || target ? "batch" : "step") << ".\n\n"
      << "#include \"kernels.h\"\n"
+     << (hasDFlash2 ? "#include \"kernels/DFlash2Conv.cuh\"\n" : "")
      << "#include \"kernels/DraftBlocks.cuh\"\n"
      << "#include \"kernels/Embedding.cuh\"\n"
      << (hasDeltaNet ? "#include \"kernels/GatedDeltaRule.cuh\"\n" : "")
