@@ -68,8 +68,10 @@ void convCase(const ConvCase &c) {
              delta = randomBf16(size_t(rows * D), rng, 0.5),
              base = randomBf16(size_t(baseSize), rng, 0.5, 0.25),
              dy = randomBf16(size_t(rows * c.H), rng);
-  DeviceBuffer<bf16> y(size_t(rows * c.H)), dx(size_t(rows * c.H)),
-      dDelta(size_t(rows * D)), dBase(size_t(baseSize));
+  DeviceBuffer<bf16> y(static_cast<size_t>(rows * c.H)),
+      dx(static_cast<size_t>(rows * c.H)),
+      dDelta(static_cast<size_t>(rows * D)),
+      dBase(static_cast<size_t>(baseSize));
   const kernels::GroupedConvShape shape{c.B,  Q,    c.H,    c.bs,
                                         c.kc, c.gs, c.half, c.wholeBase};
   DeviceBuffer<float> workspace(
@@ -174,8 +176,9 @@ TEST(GroupedConv, BaseGradientIsDeterministic) {
       sizeof(float));
   std::vector<std::vector<uint16_t>> runs;
   for (int run = 0; run < 3; ++run) {
-    DeviceBuffer<bf16> dx(size_t(B * Q * H)), dDelta(size_t(B * Q * D)),
-        dBase(size_t(2 * kc * H));
+    DeviceBuffer<bf16> dx(static_cast<size_t>(B * Q * H)),
+        dDelta(static_cast<size_t>(B * Q * D)),
+        dBase(static_cast<size_t>(2 * kc * H));
     poisonAll(dx, dDelta, dBase, workspace);
     kernels::grouped_conv_grad_bf16(dy.ptr(), x.ptr(), delta.ptr(), base.ptr(),
                                     dx.get(), dDelta.get(), dBase.get(),
@@ -197,8 +200,9 @@ TEST(ScaledEmbedding, RowsAndDraftBlocks) {
   const int64_t Q = int64_t(N) * bs, rows = B * Q;
   const float scale = 0.3125f * 7.f; // not a power of two: the product rounds
   Bf16Tensor table = randomBf16(size_t(V) * H, rng);
-  std::vector<int32_t> ids(size_t(B * S)), anchors(size_t(B * N));
-  std::vector<uint8_t> keep(size_t(B * N));
+  std::vector<int32_t> ids(static_cast<size_t>(B * S)),
+      anchors(static_cast<size_t>(B * N));
+  std::vector<uint8_t> keep(static_cast<size_t>(B * N));
   std::uniform_int_distribution<int> tok(0, V - 2), pos(0, S - 1);
   for (auto &t : ids)
     t = tok(rng);
@@ -206,7 +210,7 @@ TEST(ScaledEmbedding, RowsAndDraftBlocks) {
     anchors[size_t(i)] = pos(rng);
     keep[size_t(i)] = i % 3 != 1;
   }
-  std::vector<int32_t> tokens(size_t(rows));
+  std::vector<int32_t> tokens(static_cast<size_t>(rows));
   ref::draftTokens(ids.data(), anchors.data(), keep.data(), tokens.data(), B, S,
                    N, bs, mask);
   DeviceBuffer<int32_t> dIds(ids.size()), dAnchors(anchors.size()),
@@ -218,13 +222,15 @@ TEST(ScaledEmbedding, RowsAndDraftBlocks) {
   dTokens.upload(tokens);
 
   // The reference in double: rows times the scale, rounded to bf16.
-  std::vector<double> copy(size_t(rows * H)), want(copy.size());
+  std::vector<double> copy(static_cast<size_t>(rows * H)), want(copy.size());
   ref::embed(table.values.data(), tokens.data(), copy.data(), rows, H);
   for (size_t i = 0; i < copy.size(); ++i)
     want[i] = roundBf16(copy[i] * double(scale));
 
-  DeviceBuffer<bf16> rowsOut(size_t(rows * H)), draftOut(size_t(rows * H)),
-      plainRows(size_t(rows * H)), plainDraft(size_t(rows * H));
+  DeviceBuffer<bf16> rowsOut(static_cast<size_t>(rows * H)),
+      draftOut(static_cast<size_t>(rows * H)),
+      plainRows(static_cast<size_t>(rows * H)),
+      plainDraft(static_cast<size_t>(rows * H));
   poisonAll(rowsOut, draftOut, plainRows, plainDraft);
   const kernels::DraftBlocksShape shape{B, S, N, bs};
   kernels::embed_rows_bf16(table.ptr(), dTokens.get(), rowsOut.get(), rows, H,
@@ -244,7 +250,7 @@ TEST(ScaledEmbedding, RowsAndDraftBlocks) {
   // The control: unscaled rows are far from the scaled ones.
   EXPECT_GT(relativeError(copy, want), 0.3) << "the scale matters";
   // Scale 1: the table's bits, as before the scale existed.
-  std::vector<uint16_t> bits(size_t(rows * H));
+  std::vector<uint16_t> bits(static_cast<size_t>(rows * H));
   for (int64_t r = 0; r < rows; ++r)
     std::copy_n(table.bits.begin() + int64_t(tokens[size_t(r)]) * H, H,
                 bits.begin() + r * H);
