@@ -7,9 +7,11 @@
 // blocks than the gradient has partials, both halves of D, a [kc, H] and a
 // [2, kc, H] base. The half of delta_grad (and the row of a whole base_grad)
 // that the convolution does not read must be exactly 0; base_grad must be
-// the same bits run after run. Then the embedding kernels with a DFlash2
-// drafter's input_embedding_scale, and without one an exact copy. Outputs are
-// poisoned (NaN) before each launch.
+// the same bits run after run; both timed at the published shape and a
+// training step's rows (GroupedConv.PublishedShapeThroughput prints the
+// bandwidth). Then the embedding kernels with a DFlash2 drafter's
+// input_embedding_scale, and without one an exact copy. Outputs are poisoned
+// (NaN) before each launch.
 //
 //===----------------------------------------------------------------------===//
 
@@ -188,6 +190,77 @@ TEST(GroupedConv, BaseGradientIsDeterministic) {
   }
   EXPECT_EQ(runs[0], runs[1]);
   EXPECT_EQ(runs[0], runs[2]);
+}
+
+// The published shape at a training step's rows (2 x 8192 slots): the time
+// of each kernel and the bandwidth it reaches on what it must move (input,
+// this half of D and the result; the gradient also dy, dx and both halves of
+// delta_grad), printed for docs/kernels.md. The outputs are checked for
+// being written (finite after the NaN fill); the values are the cases above.
+TEST(GroupedConv, PublishedShapeThroughput) {
+  const int64_t B = 2, Q = 8192, H = 5120, bs = 8, kc = 2, gs = 16;
+  const int64_t G = H / gs, D = 2 * kc * G, rows = B * Q;
+  std::mt19937_64 rng(15);
+  Bf16Tensor x = randomBf16(static_cast<size_t>(rows * H), rng),
+             delta = randomBf16(static_cast<size_t>(rows * D), rng, 0.5),
+             base = randomBf16(static_cast<size_t>(2 * kc * H), rng, 0.5),
+             dy = randomBf16(static_cast<size_t>(rows * H), rng);
+  const kernels::GroupedConvShape shape{B, Q, H, bs, kc, gs, 1, true};
+  DeviceBuffer<bf16> y(static_cast<size_t>(rows * H)),
+      dx(static_cast<size_t>(rows * H)), dDelta(static_cast<size_t>(rows * D)),
+      dBase(static_cast<size_t>(2 * kc * H));
+  DeviceBuffer<float> workspace(
+      kernels::groupedConvGradWorkspaceBytes(shape.blocks(), kc, H) /
+      sizeof(float));
+  poisonAll(y, dx, dDelta, dBase, workspace);
+  cudaEvent_t start, mid, stop;
+  DFLASH_CUDA_CHECK(cudaEventCreate(&start));
+  DFLASH_CUDA_CHECK(cudaEventCreate(&mid));
+  DFLASH_CUDA_CHECK(cudaEventCreate(&stop));
+  const int iterations = 20;
+  auto forward = [&] {
+    kernels::grouped_conv_bf16(x.ptr(), delta.ptr(), base.ptr(), y.get(), shape,
+                               0);
+  };
+  auto backward = [&] {
+    kernels::grouped_conv_grad_bf16(dy.ptr(), x.ptr(), delta.ptr(), base.ptr(),
+                                    dx.get(), dDelta.get(), dBase.get(),
+                                    workspace.get(), shape, 0);
+  };
+  forward(); // warm-up
+  backward();
+  DFLASH_CUDA_CHECK(cudaEventRecord(start, 0));
+  for (int i = 0; i < iterations; ++i)
+    forward();
+  DFLASH_CUDA_CHECK(cudaEventRecord(mid, 0));
+  for (int i = 0; i < iterations; ++i)
+    backward();
+  DFLASH_CUDA_CHECK(cudaEventRecord(stop, 0));
+  DFLASH_CUDA_CHECK(cudaEventSynchronize(stop));
+  float fwdMs = 0, bwdMs = 0;
+  DFLASH_CUDA_CHECK(cudaEventElapsedTime(&fwdMs, start, mid));
+  DFLASH_CUDA_CHECK(cudaEventElapsedTime(&bwdMs, mid, stop));
+  fwdMs /= iterations;
+  bwdMs /= iterations;
+  const double act = double(rows * H) * 2, half = double(rows * kc * G) * 2;
+  const double fwdBytes = 2 * act + half;
+  const double bwdBytes = 3 * act + half + double(rows * D) * 2;
+  std::printf("  B=%lld Q=%lld H=%lld kc=%lld gs=%lld bs=%lld: forward %.1f us "
+              "(%.0f GB/s), gradient %.1f us (%.0f GB/s)\n",
+              (long long)B, (long long)Q, (long long)H, (long long)kc,
+              (long long)gs, (long long)bs, fwdMs * 1e3,
+              fwdBytes / (fwdMs * 1e-3) / 1e9, bwdMs * 1e3,
+              bwdBytes / (bwdMs * 1e-3) / 1e9);
+  for (cudaEvent_t e : {start, mid, stop})
+    DFLASH_CUDA_CHECK(cudaEventDestroy(e));
+  auto finite = [](const std::vector<double> &v) {
+    return std::all_of(v.begin(), v.end(),
+                       [](double e) { return std::isfinite(e); });
+  };
+  EXPECT_TRUE(finite(downloadBf16(y))) << "result";
+  EXPECT_TRUE(finite(downloadBf16(dx))) << "input_grad";
+  EXPECT_TRUE(finite(downloadBf16(dDelta))) << "delta_grad";
+  EXPECT_TRUE(finite(downloadBf16(dBase))) << "base_grad";
 }
 
 // A DFlash2 drafter's scaled embedding (dflash.embed / draft_embed with
