@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "dialect/DFlashOps.h"
+#include "dialect/VerifyHelpers.h"
 
 #include "llvm/Support/Format.h"
 
@@ -67,6 +68,11 @@ LogicalResult DraftEmbedOp::verify() {
     return emitOpError() << "(C2) result must be [B, N*block_size, H] of the "
                             "table's element type, not "
                          << r;
+  // draft_embed C3 (embed's C4, which it carries over)
+  if (getScale() && !(getScale()->convertToDouble() > 0))
+    return emitOpError() << "(C3) scale is "
+                         << verify::formatDouble(getScale()->convertToDouble())
+                         << " but must be positive";
   return success();
 }
 

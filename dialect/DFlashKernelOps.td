@@ -14,7 +14,9 @@ def DFlash_DraftEmbedOp : DFlash_PureOp<"draft_embed"> {
   let summary = "draft_tokens + embed in one gather";
   let description = [{
     The embedding of the noised draft blocks, without materialising their
-    token ids: `embed(table, draft_tokens(input_ids, anchors, keep))`.
+    token ids: `embed(table, draft_tokens(input_ids, anchors, keep))`, with
+    the embed's `scale` when it has one (a DFlash2 drafter's
+    `input_embedding_scale`): the rows times `scale` in fp32, rounded once.
 
     ```mlir
     %x = dflash.draft_embed %embed, %ids, %anchors, %keep
@@ -25,7 +27,8 @@ def DFlash_DraftEmbedOp : DFlash_PureOp<"draft_embed"> {
   }];
   let arguments = (ins DFlash_FloatTensor:$table, DFlash_IndexTensor:$input_ids,
                        DFlash_IndexTensor:$anchors, DFlash_FlagTensor:$keep,
-                       I64Attr:$block_size, I64Attr:$mask_token_id);
+                       I64Attr:$block_size, I64Attr:$mask_token_id,
+                       OptionalAttr<F64Attr>:$scale);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
       "$table `,` $input_ids `,` $anchors `,` $keep attr-dict `:` "

@@ -1,9 +1,10 @@
 //===- DraftBlocks.cuh - Draft-block bookkeeping ---------------*- CUDA -*-===//
 //
 // The per-step bookkeeping of docs/semantics.md sections 3 and 4 on the device:
-// - draft_embed_bf16: x[b, n*bs + k] = embed[token], token = input_ids[b,
-//   anchor_n] for the first slot of a kept block, the mask token otherwise
-//   (ref::draftTokens followed by ref::embed, fused);
+// - draft_embed_bf16: x[b, n*bs + k] = embed[token] * scale, token =
+//   input_ids[b, anchor_n] for the first slot of a kept block, the mask token
+//   otherwise (ref::draftTokens followed by ref::embed, fused; the scale is a
+//   DFlash2 drafter's input_embedding_scale, 1 otherwise);
 // - draft_positions: the anchor's position in its conversation plus k
 //   (ref::draftPositions);
 // - draft_targets: labels (same position, no shift) and fp32 weights with the
@@ -18,6 +19,7 @@
 #define DFLASH_KERNELS_DRAFTBLOCKS_CUH
 
 #include "kernels/CudaCheck.cuh"
+#include "kernels/Embedding.cuh"
 
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -65,7 +67,8 @@ __global__ void __launch_bounds__(128)
     draft_embed_bf16_kernel(const __nv_bfloat16 *embed, const int32_t *inputIds,
                             const int32_t *anchors, const uint8_t *keep,
                             __nv_bfloat16 *out, int32_t *tokensOut,
-                            DraftBlocksShape shape, int maskTokenId) {
+                            DraftBlocksShape shape, int maskTokenId,
+                            float scale) {
   static_assert(H % 8 == 0, "hidden size must be a multiple of 8");
   const int64_t slot = blockIdx.x;
   int32_t token = draftToken(inputIds, anchors, keep, shape, slot, maskTokenId);
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(128)
       reinterpret_cast<const uint4 *>(embed + static_cast<int64_t>(token) * H);
   uint4 *dst = reinterpret_cast<uint4 *>(out + slot * H);
   for (int c = threadIdx.x; c < H / 8; c += blockDim.x)
-    dst[c] = src[c];
+    dst[c] = scaledEmbedVector(src[c], scale);
 }
 
 static __global__ void draft_positions_kernel(const int32_t *anchors,
@@ -206,20 +209,22 @@ inline unsigned gridFor(int64_t total) {
 
 } // namespace detail
 
-/// out [B, Q, H] = embed[draft tokens]; tokensOut [B, Q] (optional) gets
-/// the ids. embed [V, H], inputIds [B, S], anchors/keep [B, N].
+/// out [B, Q, H] = embed[draft tokens] * scale (1: a copy); tokensOut
+/// [B, Q] (optional) gets the ids. embed [V, H], inputIds [B, S],
+/// anchors/keep [B, N].
 template <int H>
 void draft_embed_bf16(const __nv_bfloat16 *embed, const int32_t *inputIds,
                       const int32_t *anchors, const uint8_t *keep,
                       __nv_bfloat16 *out, int32_t *tokensOut,
-                      DraftBlocksShape shape, int maskTokenId,
+                      DraftBlocksShape shape, int maskTokenId, float scale,
                       cudaStream_t stream) {
   int64_t slots = shape.B * shape.Q();
   if (slots == 0)
     return;
   detail::draft_embed_bf16_kernel<H>
       <<<static_cast<unsigned>(slots), 128, 0, stream>>>(
-          embed, inputIds, anchors, keep, out, tokensOut, shape, maskTokenId);
+          embed, inputIds, anchors, keep, out, tokensOut, shape, maskTokenId,
+          scale);
   DFLASH_CUDA_CHECK_LAUNCH("draft_embed_bf16");
 }
 

@@ -170,6 +170,23 @@ constexpr size_t moeUnpermuteWorkspaceBytes(int64_t routedRows) {
   return size_t(routedRows) * sizeof(int32_t);
 }
 
+/// CTAs along the draft blocks (and fp32 base-gradient partials) of
+/// grouped_conv_grad_bf16: two per SM of an H100/H200, fewer when there are
+/// fewer blocks. Each CTA sums its blocks' base gradient in registers and
+/// writes one partial; a second pass adds the partials in a fixed order, so
+/// base_grad does not depend on scheduling as fp32 atomics would.
+constexpr int64_t kGroupedConvGradPartials = 264;
+constexpr int64_t groupedConvGradPartials(int64_t blocks) {
+  return blocks < kGroupedConvGradPartials ? blocks : kGroupedConvGradPartials;
+}
+/// grouped_conv_grad_bf16's fp32 workspace: the partials [P, kc, H] for
+/// `blocks` draft blocks (B * N) of kc taps and H channels.
+constexpr size_t groupedConvGradWorkspaceBytes(int64_t blocks, int64_t kc,
+                                               int64_t H) {
+  return size_t(groupedConvGradPartials(blocks)) * size_t(kc) * size_t(H) *
+         sizeof(float);
+}
+
 } // namespace dflash::kernels
 
 #endif // DFLASH_KERNELS_WORKSPACES_H

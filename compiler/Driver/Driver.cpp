@@ -23,12 +23,14 @@
 #include "compiler/Target/Cuda/TranslateToCuda.h"
 #include "compiler/Transforms/Passes.h"
 #include "dialect/DFlashOps.h"
+#include "schema/KernelEntryPoints.h"
 
 #include "mlir/IR/AsmState.h"
 #include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
+#include "llvm/ADT/StringSet.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
@@ -116,6 +118,14 @@ cl::opt<std::string> sourceDir(
              "is built from (default: the tree dflashc was built from)"),
     cl::value_desc("dir"), cl::init(DFLASH_SOURCE_DIR), cl::cat(category));
 
+cl::opt<bool> allowUnvalidatedKernels(
+    "allow-unvalidated-kernels",
+    cl::desc("Write a trainer that runs kernels not yet validated by their "
+             "GPU test on a GPU (schema/KernelEntryPoints.h, "
+             "kUnvalidatedKernels): for running those tests and checks on "
+             "the GPU machine, not for training"),
+    cl::init(false), cl::cat(category));
+
 cl::opt<bool> printSummary(
     "summary",
     cl::desc("Print a one-screen summary (shapes, windows per layer, "
@@ -126,6 +136,52 @@ cl::opt<bool> printSummary(
 int fail(const llvm::Twine &msg) {
   llvm::WithColor::error(llvm::errs(), "dflashc") << msg << "\n";
   return 1;
+}
+
+/// The GPU test that has yet to pass for the kernel `op` runs, if any.
+std::optional<std::string_view> pendingGpuTest(mlir::Operation *op) {
+  auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
+  if (!kernel)
+    return std::nullopt;
+  const std::string_view name(kernel.getName().data(),
+                              kernel.getName().size());
+  for (const UnvalidatedKernel &k : kUnvalidatedKernels)
+    if (name == k.name)
+      return k.gpuTest;
+  // Block attention constants: D, BS, NH, NKV, window, causal.
+  llvm::ArrayRef<int64_t> c = kernel.getConstants();
+  if ((name == kernel_names::kBlockAttentionFwd ||
+       name == kernel_names::kBlockAttentionBwd) &&
+      c.size() == 6 && c[4] > 0 && c[5] == 0)
+    return kUnvalidatedBidirectionalWindowTest;
+  return std::nullopt;
+}
+
+/// Refuses, op by op, kernels whose GPU tests have not passed on a GPU:
+/// one error per kernel, at the first op that runs it.
+bool refuseUnvalidatedKernels(llvm::ArrayRef<mlir::ModuleOp> programs) {
+  llvm::StringSet<> named;
+  for (mlir::ModuleOp program : programs) {
+    if (!program)
+      continue;
+    program.walk([&](mlir::Operation *op) {
+      std::optional<std::string_view> test = pendingGpuTest(op);
+      if (!test)
+        return;
+      auto kernel =
+          op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
+      std::string key = kernel.getName().str() + "/" + std::string(*test);
+      if (!named.insert(key).second)
+        return;
+      op->emitError() << "runs " << kernel.getName()
+                      << ", which has not passed its GPU test ("
+                      << std::string(*test)
+                      << ") on a GPU yet: dflashc writes no trainer with "
+                         "it (--allow-unvalidated-kernels builds one for "
+                         "that test)";
+    });
+  }
+  return !named.empty();
 }
 
 } // namespace
@@ -336,6 +392,12 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   }
 
   if (directoryOutput) {
+    if (!allowUnvalidatedKernels &&
+        refuseUnvalidatedKernels(
+            {*module, *evalModule,
+             targetModule ? *targetModule : mlir::ModuleOp()}))
+      return fail("'" + inputFile +
+                  "' needs kernels that have not passed their GPU tests");
     mlir::FailureOr<CudaTrainerSources> sources = translateToCuda(
         *module, *evalModule, targetModule ? *targetModule : mlir::ModuleOp());
     if (failed(sources))

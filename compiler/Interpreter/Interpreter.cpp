@@ -317,6 +317,16 @@ LogicalResult Evaluator::evalHybrid(Operation *op) {
       });
 }
 
+/// An embed's (or draft_embed's) optional scale (a DFlash2 drafter's
+/// input_embedding_scale) applied to its n gathered values.
+void scaleEmbedding(std::optional<APFloat> scale, double *x, int64_t n) {
+  if (!scale)
+    return;
+  const double s = scale->convertToDouble();
+  for (int64_t i = 0; i < n; ++i)
+    x[i] *= s;
+}
+
 /// The reference's shape of a grouped_conv or grouped_conv_grad: `delta`
 /// is the whole D, read at its slot stride from half `half`'s offset.
 template <typename ConvOp> ref::GroupedConvShape convShape(ConvOp o) {
@@ -735,11 +745,7 @@ LogicalResult Evaluator::evalForward(Operation *op) {
         double *x = outPtr(o.getResult());
         ref::embed<double>(ptr(o.getTable()), ids.data(), x,
                            int64_t(ids.size()), table[1]);
-        if (o.getScale()) {
-          const double scale = o.getScale()->convertToDouble();
-          for (int64_t i = 0, n = int64_t(ids.size()) * table[1]; i < n; ++i)
-            x[i] *= scale;
-        }
+        scaleEmbedding(o.getScale(), x, int64_t(ids.size()) * table[1]);
         return success();
       })
       .Case([&](LinearOp o) {
@@ -1062,9 +1068,10 @@ LogicalResult Evaluator::evalFused(Operation *op) {
             return o.emitOpError()
                    << "token id " << id << " is outside the table of "
                    << table[0] << " rows";
-        ref::embed<double>(ptr(o.getTable()), tokens.data(),
-                           outPtr(o.getResult()), int64_t(tokens.size()),
-                           table[1]);
+        double *x = outPtr(o.getResult());
+        ref::embed<double>(ptr(o.getTable()), tokens.data(), x,
+                           int64_t(tokens.size()), table[1]);
+        scaleEmbedding(o.getScale(), x, int64_t(tokens.size()) * table[1]);
         return success();
       })
       .Case([&](ResidualRmsNormOp o) {

@@ -69,14 +69,15 @@ Value otherOperand(AddOp add, Value one) {
 void fuseDraftEmbed(func::FuncOp step) {
   step.walk([](EmbedOp embed) {
     auto tokens = embed.getIds().getDefiningOp<DraftTokensOp>();
-    // draft_embed has no scale (a DFlash2 drafter's, which has no kernels).
-    if (!tokens || !tokens.getResult().hasOneUse() || embed.getScale())
+    if (!tokens || !tokens.getResult().hasOneUse())
       return;
     OpBuilder b(embed);
+    // A DFlash2 drafter's scale goes with it (docs/semantics.md section 13).
     Value x = DraftEmbedOp::create(
         b, embed.getLoc(), embed.getType(), embed.getTable(),
         tokens.getInputIds(), tokens.getAnchors(), tokens.getKeep(),
-        tokens.getBlockSizeAttr(), tokens.getMaskTokenIdAttr());
+        tokens.getBlockSizeAttr(), tokens.getMaskTokenIdAttr(),
+        embed.getScaleAttr());
     embed.getResult().replaceAllUsesWith(x);
     embed.erase();
     tokens.erase();

@@ -3,7 +3,8 @@
 // The decisions between grouping ops into kernels and planning memory: which
 // entry point of kernels/ runs each op, with which template constants, and
 // how much scratch it needs, from the same plain headers the kernels use
-// (kernels/AttentionLimits.h, kernels/Workspaces.h, kernels/AdamWTables.h).
+// (kernels/AttentionLimits.h, kernels/GroupedConvLimits.h,
+// kernels/Workspaces.h, kernels/AdamWTables.h).
 // A shape no kernel supports is rejected here, naming the spec field, long
 // before nvcc runs.
 //
@@ -16,6 +17,7 @@
 #include "kernels/AttentionLimits.h"
 #include "kernels/DeltaNetLimits.h"
 #include "kernels/GemmLimits.h"
+#include "kernels/GroupedConvLimits.h"
 #include "kernels/Selector.h"
 #include "kernels/Workspaces.h"
 #include "schema/KernelEntryPoints.h"
@@ -63,6 +65,40 @@ int64_t lmHeadSkippedSlotPeriod(LmHeadOp op, int64_t rows, int64_t H) {
       tensorOf(op.getWeights()).getNumElements() != rows)
     return 0;
   return bs;
+}
+
+static_assert(kernels::kGroupedConvMaxTaps == ::dflash::kMaxConvKernelSize,
+              "the spec reader's limit on conv_kernel_size is the kernels'");
+
+/// grouped_conv_bf16 / grouped_conv_grad_bf16's shapes (bf16, H channels in
+/// 16-byte vectors, groups of 8 to 256 channels summed by warp shuffles,
+/// at most kGroupedConvMaxTaps taps), each refusal naming its spec field.
+LogicalResult checkGroupedConv(Operation *op, Value input, int64_t kc,
+                               int64_t gs) {
+  auto x = tensorOf(input);
+  const int64_t H = x.getShape().back();
+  if (!x.getElementType().isBF16())
+    return op->emitOpError() << "has a grouped-convolution kernel for bf16 "
+                                "tensors only, not "
+                             << x.getElementType();
+  if (H % 8 != 0)
+    return op->emitOpError()
+           << "has no grouped-convolution kernel for rows of " << H
+           << ": 'drafter.hidden_size' must be a multiple of 8";
+  if (kc < 1 || kc > kernels::kGroupedConvMaxTaps)
+    return op->emitOpError()
+           << "has no grouped-convolution kernel for " << kc
+           << " taps: 'drafter.dflash2.conv_kernel_size' must be 1 to "
+           << kernels::kGroupedConvMaxTaps;
+  if (!kernels::groupedConvSupportsGroupSize(gs) || H % gs != 0)
+    return op->emitOpError()
+           << "has no grouped-convolution kernel for groups of " << gs
+           << " channels: 'drafter.dflash2.conv_group_size' must be 8, 16, "
+              "32, 64, 128 or "
+           << kernels::kGroupedConvMaxGroupSize
+           << " (a thread's 8 channels, summed over a power of two of warp "
+              "lanes)";
+  return success();
 }
 
 /// What one op runs: the attribute's fields before it is built.
@@ -406,12 +442,8 @@ FailureOr<Choice> select(Operation *op) {
         return named(::dflash::kernel_names::kCausalAttentionFwd, {D, NH, NKV});
       })
       .Case([](EmbedOp o) -> Result {
-        // A target's token embedding (the drafter's is draft_embed).
-        if (o.getScale())
-          return o.emitOpError()
-                 << "has no CUDA kernel with a scale: DFlash2 drafters "
-                    "(docs/semantics.md section 13) run only in the "
-                    "reference interpreter so far";
+        // A target's token embedding (the drafter's is draft_embed); a
+        // scale is the kernel's float argument.
         int64_t H = tensorOf(o.getTable()).getDimSize(1);
         if (H % 8 != 0)
           return o.emitOpError() << "has no embedding kernel for rows of " << H
@@ -557,18 +589,29 @@ FailureOr<Choice> select(Operation *op) {
             tensorOf(o.getSource()).getDimSize(0)));
         return c;
       })
-      // The DFlash2 selector (docs/semantics.md section 13,
-      // kernels/DFlash2Selector.cuh).
+      // DFlash2 drafters (docs/semantics.md section 13): the selector
+      // (kernels/DFlash2Selector.cuh) and the convolutions
+      // (kernels/DFlash2Conv.cuh).
       .Case<SelectorCandidatesOp, SelectorCandidatesGradOp, SelectorLossOp,
             SelectorLossGradOp, DraftPredecessorsOp, SelectorAlphaOp,
             SelectorObjectiveOp, SelectorObjectiveGradOp>(
           [](Operation *o) { return selectorKernel(o); })
-      // The DFlash2 convolution has no CUDA kernel yet: refused here, by
-      // name, rather than by dflash-verify-lowering.
-      .Case<GroupedConvOp, GroupedConvGradOp>([](Operation *o) -> Result {
-        return o->emitOpError()
-               << "has no CUDA kernel: DFlash2 drafters (docs/semantics.md "
-                  "section 13) run only in the reference interpreter so far";
+      .Case([](GroupedConvOp o) -> Result {
+        if (failed(checkGroupedConv(o, o.getInput(), o.getKernelSize(),
+                                    o.getGroupSize())))
+          return failure();
+        return named(::dflash::kernel_names::kGroupedConv);
+      })
+      .Case([](GroupedConvGradOp o) -> Result {
+        if (failed(checkGroupedConv(o, o.getInput(), o.getKernelSize(),
+                                    o.getGroupSize())))
+          return failure();
+        auto x = tensorOf(o.getInput());
+        Choice c = named(::dflash::kernel_names::kGroupedConvGrad);
+        c.workspace = int64_t(kernels::groupedConvGradWorkspaceBytes(
+            x.getDimSize(0) * (x.getDimSize(1) / int64_t(o.getBlockSize())),
+            o.getKernelSize(), x.getDimSize(2)));
+        return c;
       })
       .Default([](Operation *) -> Result { return Choice(); });
 }

@@ -103,19 +103,21 @@ func.func @step(%x: tensor<4x12xbf16> {dflash.arg = #dflash.arg<input, "input_id
 
 // -----
 
-// DFlash2's convolution has no CUDA kernel yet: refused by name, not left
-// to dflash-verify-lowering.
-func.func @step(%x: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
+// The DFlash2 convolution's kernels (kernels/DFlash2Conv.cuh) refuse what
+// they were not built for, each at its spec field: groups that are not a
+// power of two of 16-byte vectors, rows not of whole vectors, more taps than
+// kernels/GroupedConvLimits.h's, tensors not in bf16.
+func.func @step(%x: tensor<1x8x48xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
                 %d: tensor<1x8x8xbf16> {dflash.arg = #dflash.arg<parameter, "d">},
-                %b: tensor<2x2x32xbf16> {dflash.arg = #dflash.arg<parameter, "base">})
-    -> (tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
-  // expected-error @+2 {{'dflash.grouped_conv' op has no CUDA kernel: DFlash2 drafters (docs/semantics.md section 13) run only in the reference interpreter so far}}
+                %b: tensor<2x2x48xbf16> {dflash.arg = #dflash.arg<parameter, "base">})
+    -> (tensor<1x8x48xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+2 {{'dflash.grouped_conv' op has no grouped-convolution kernel for groups of 24 channels: 'drafter.dflash2.conv_group_size' must be 8, 16, 32, 64, 128 or 256 (a thread's 8 channels, summed over a power of two of warp lanes)}}
   // expected-remark @+1 {{and 1 more 'dflash.grouped_conv' ops of these operand types, refused alike}}
-  %y = dflash.grouped_conv %x, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
-      : (tensor<1x8x32xbf16>, tensor<1x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<1x8x32xbf16>
-  %z = dflash.grouped_conv %y, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 1 : i64}
-      : (tensor<1x8x32xbf16>, tensor<1x8x8xbf16>, tensor<2x2x32xbf16>) -> tensor<1x8x32xbf16>
-  return %z : tensor<1x8x32xbf16>
+  %y = dflash.grouped_conv %x, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 24 : i64, half = 0 : i64}
+      : (tensor<1x8x48xbf16>, tensor<1x8x8xbf16>, tensor<2x2x48xbf16>) -> tensor<1x8x48xbf16>
+  %z = dflash.grouped_conv %y, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 24 : i64, half = 1 : i64}
+      : (tensor<1x8x48xbf16>, tensor<1x8x8xbf16>, tensor<2x2x48xbf16>) -> tensor<1x8x48xbf16>
+  return %z : tensor<1x8x48xbf16>
 }
 
 // -----
@@ -140,6 +142,44 @@ func.func @step(%v: tensor<1x8x4xf32> {dflash.arg = #dflash.arg<input, "v">},
          tensor<64x8xf32>, tensor<64x8xf32>)
       -> (tensor<f32>, tensor<f32>, tensor<1x8xi8>)
   return %loss : tensor<f32>
+}
+
+// -----
+
+func.func @step(%g: tensor<1x8x36xbf16> {dflash.arg = #dflash.arg<input, "g">},
+                %x: tensor<1x8x36xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
+                %d: tensor<1x8x12xbf16> {dflash.arg = #dflash.arg<parameter, "d">},
+                %b: tensor<2x36xbf16> {dflash.arg = #dflash.arg<parameter, "base">})
+    -> (tensor<1x8x36xbf16> {dflash.arg = #dflash.arg<metric, "dx">}) {
+  // expected-error @+1 {{'dflash.grouped_conv_grad' op has no grouped-convolution kernel for rows of 36: 'drafter.hidden_size' must be a multiple of 8}}
+  %dx, %dd, %db = dflash.grouped_conv_grad %g, %x, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 12 : i64, half = 0 : i64}
+      : (tensor<1x8x36xbf16>, tensor<1x8x36xbf16>, tensor<1x8x12xbf16>, tensor<2x36xbf16>)
+      -> (tensor<1x8x36xbf16>, tensor<1x8x12xbf16>, tensor<2x36xbf16>)
+  return %dx : tensor<1x8x36xbf16>
+}
+
+// -----
+
+func.func @step(%x: tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<input, "target_hidden">},
+                %d: tensor<1x8x20xbf16> {dflash.arg = #dflash.arg<parameter, "d">},
+                %b: tensor<5x32xbf16> {dflash.arg = #dflash.arg<parameter, "base">})
+    -> (tensor<1x8x32xbf16> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+1 {{'dflash.grouped_conv' op has no grouped-convolution kernel for 5 taps: 'drafter.dflash2.conv_kernel_size' must be 1 to 4}}
+  %y = dflash.grouped_conv %x, %d, %b {block_size = 8 : i64, kernel_size = 5 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<1x8x32xbf16>, tensor<1x8x20xbf16>, tensor<5x32xbf16>) -> tensor<1x8x32xbf16>
+  return %y : tensor<1x8x32xbf16>
+}
+
+// -----
+
+func.func @step(%x: tensor<1x8x32xf32> {dflash.arg = #dflash.arg<input, "target_hidden">},
+                %d: tensor<1x8x8xf32> {dflash.arg = #dflash.arg<parameter, "d">},
+                %b: tensor<2x32xf32> {dflash.arg = #dflash.arg<parameter, "base">})
+    -> (tensor<1x8x32xf32> {dflash.arg = #dflash.arg<metric, "y">}) {
+  // expected-error @+1 {{'dflash.grouped_conv' op has a grouped-convolution kernel for bf16 tensors only, not 'f32'}}
+  %y = dflash.grouped_conv %x, %d, %b {block_size = 4 : i64, kernel_size = 2 : i64, group_size = 16 : i64, half = 0 : i64}
+      : (tensor<1x8x32xf32>, tensor<1x8x8xf32>, tensor<2x32xf32>) -> tensor<1x8x32xf32>
+  return %y : tensor<1x8x32xf32>
 }
 
 // -----

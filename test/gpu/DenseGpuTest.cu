@@ -436,7 +436,7 @@ TEST(Embedding, RowsById) {
   dIds.upload(ids);
   DeviceBuffer<bf16> out(size_t(rows * H));
   out.poison();
-  kernels::embed_rows_bf16(table.ptr(), dIds.get(), out.get(), rows, H, 0);
+  kernels::embed_rows_bf16(table.ptr(), dIds.get(), out.get(), rows, H, 1.f, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<double> ref(size_t(rows * H));
   ref::embed(table.values.data(), ids.data(), ref.data(), rows, H);
@@ -539,7 +539,7 @@ TEST(DraftBlocks, EmbedPositionsTargets) {
   poisonAll(tokens, dPos, labels, x, weights);
   kernels::draft_embed_bf16<H>(table.ptr(), dIds.get(), dAnchors.get(),
                                dKeep.get(), x.get(), tokens.get(), shape, mask,
-                               0);
+                               1.f, 0);
   kernels::draft_positions(dAnchors.get(), dPositions.get(), dPos.get(), shape,
                            0);
   kernels::draft_targets(dIds.get(), dMask.get(), dAnchors.get(), dKeep.get(),

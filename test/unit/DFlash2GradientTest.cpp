@@ -4,7 +4,7 @@
 // docs/semantics.md section 13, differentiated by dflash-generate-backward
 // and run in the reference interpreter in fp64: every parameter's gradient
 // equals central differences of the interpreted forward, on fresh random
-// inputs.
+// inputs; and the scaled embedding through dflash-fuse-kernels.
 //
 //===----------------------------------------------------------------------===//
 
@@ -400,6 +400,60 @@ TEST(DFlash2Gradient, SelectorStopGradientReachesOnlyItsOwnWeights) {
   // Those of the other three, equal to the full step's, are the whole
   // loss's.
   EXPECT_EQ(full.checkGradients(args, 1e-6), 4);
+}
+
+// A DFlash2 drafter's scaled embedding of the draft tokens: after
+// dflash-fuse-kernels the scale rides on draft_embed (whose kernel takes
+// it), and the interpreter gives the fused op what it gave the pair.
+TEST(DFlash2Gradient, ScaledEmbeddingKeepsItsScaleWhenFused) {
+  const char *text = R"(
+func.func @step(%ids: tensor<1x12xi32> {dflash.arg = #dflash.arg<input, "input_ids">},
+                %anchors: tensor<1x2xi32> {dflash.arg = #dflash.arg<input, "anchors">},
+                %keep: tensor<1x2xi8> {dflash.arg = #dflash.arg<input, "keep">},
+                %table: tensor<16x8xbf16> {dflash.arg = #dflash.arg<frozen, "embed">})
+    -> (tensor<1x8x8xbf16> {dflash.arg = #dflash.arg<metric, "x">}) {
+  %t = dflash.draft_tokens %ids, %anchors, %keep {block_size = 4 : i64, mask_token_id = 15 : i64}
+      : (tensor<1x12xi32>, tensor<1x2xi32>, tensor<1x2xi8>) -> tensor<1x8xi32>
+  %x = dflash.embed %table, %t {scale = 2.5 : f64}
+      : (tensor<16x8xbf16>, tensor<1x8xi32>) -> tensor<1x8x8xbf16>
+  return %x : tensor<1x8x8xbf16>
+})";
+  MLIRContext context;
+  context.loadDialect<DFlashDialect, func::FuncDialect>();
+  OwningOpRef<ModuleOp> graph = parseSourceString<ModuleOp>(text, &context);
+  ASSERT_TRUE(graph);
+  OwningOpRef<ModuleOp> fused = graph->clone();
+  PassManager pm(&context);
+  pm.addPass(createFuseKernels());
+  ASSERT_TRUE(succeeded(pm.run(*fused)));
+  auto fusedStep = fused->lookupSymbol<func::FuncOp>("step");
+  DraftEmbedOp embed;
+  fusedStep.walk([&](DraftEmbedOp o) { embed = o; });
+  ASSERT_TRUE(embed) << "draft_tokens + embed were not fused";
+  ASSERT_TRUE(embed.getScale().has_value());
+  EXPECT_EQ(embed.getScale()->convertToDouble(), 2.5);
+
+  std::mt19937_64 rng(21);
+  std::normal_distribution<double> normal;
+  std::vector<HostTensor> args = {HostTensor({1, 12}), HostTensor({1, 2}),
+                                  HostTensor({1, 2}), HostTensor({16, 8})};
+  for (double &id : args[0].data)
+    id = double(rng() % 15);
+  args[1].data = {0, 5};
+  args[2].data = {1, 1};
+  for (double &w : args[3].data)
+    w = normal(rng);
+  auto want = StepInterpreter(graph->lookupSymbol<func::FuncOp>("step"),
+                              Precision::Exact)
+                  .run(args);
+  auto got = StepInterpreter(fusedStep, Precision::Exact).run(args);
+  ASSERT_TRUE(succeeded(want) && succeeded(got));
+  EXPECT_EQ((*got)[0].data, (*want)[0].data);
+  // The scale is there: the anchor's row is 2.5 times its table row.
+  const int64_t token = int64_t(args[0].data[0]);
+  for (int64_t c = 0; c < 8; ++c)
+    EXPECT_EQ((*got)[0].data[size_t(c)],
+              2.5 * args[3].data[size_t(token * 8 + c)]);
 }
 
 } // namespace

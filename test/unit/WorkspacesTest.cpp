@@ -3,11 +3,13 @@
 // kernels/Workspaces.h is shared by the planner and the kernels; the parts a
 // GPU test cannot reach from the CPU are pinned here: which rows the fused
 // lm_head computes when slot 0 of every block is skipped, and how its
-// workspace grows.
+// workspace grows; the DFlash2 convolution gradient's partials and the
+// shapes its kernels take (kernels/GroupedConvLimits.h).
 //
 //===----------------------------------------------------------------------===//
 
 #include "kernels/Workspaces.h"
+#include "kernels/GroupedConvLimits.h"
 
 #include <gtest/gtest.h>
 
@@ -56,4 +58,29 @@ TEST(LmHeadWorkspace, GatherBuffersOnlyWhenBlocksAreSkipped) {
   // Chunks stop at kLmHeadMaxChunkBytes of logits.
   const int64_t big = 32768, vocab = 151936;
   EXPECT_EQ(lmHeadChunkRows(lmHeadComputedRows(big, 16), vocab), 1728);
+}
+
+TEST(GroupedConvWorkspace, OnePartialABlockUpToTwoPerSm) {
+  EXPECT_EQ(groupedConvGradPartials(1), 1);
+  EXPECT_EQ(groupedConvGradPartials(4), 4);
+  EXPECT_EQ(groupedConvGradPartials(264), 264);
+  EXPECT_EQ(groupedConvGradPartials(100000), kGroupedConvGradPartials);
+  // [P, kc, H] floats: tiny's 4 blocks of kc 2, H 256; the published
+  // drafter's H 5120 with more blocks than partials.
+  EXPECT_EQ(groupedConvGradWorkspaceBytes(4, 2, 256), 4u * 2u * 256u * 4u);
+  EXPECT_EQ(groupedConvGradWorkspaceBytes(2048, 2, 5120),
+            264u * 2u * 5120u * 4u);
+}
+
+TEST(GroupedConvLimits, GroupsOfAPowerOfTwoOfVectors) {
+  for (int64_t gs : {8, 16, 32, 64, 128, 256})
+    EXPECT_TRUE(groupedConvSupports(5120, 2, gs)) << gs;
+  for (int64_t gs : {1, 4, 12, 24, 40, 512})
+    EXPECT_FALSE(groupedConvSupportsGroupSize(gs)) << gs;
+  EXPECT_TRUE(groupedConvSupports(264, 4, 8));
+  EXPECT_FALSE(groupedConvSupports(260, 2, 4));  // rows not of whole vectors
+  EXPECT_FALSE(groupedConvSupports(264, 2, 16)); // 16 does not divide 264
+  EXPECT_FALSE(groupedConvSupports(256, 0, 16));
+  EXPECT_FALSE(groupedConvSupports(256, kGroupedConvMaxTaps + 1, 16));
+  EXPECT_TRUE(groupedConvSupports(256, kGroupedConvMaxTaps, 16));
 }

@@ -71,6 +71,23 @@ std::string ropeFrequencies(double theta, int64_t d, YarnAttr yarn) {
                          yarn.getOriginalMaxPositions(), yarn.getTruncate(),
                          yarn.getAttentionFactor().getValueAsDouble());
 }
+/// An embedding kernel's float scale: the op's (a DFlash2 drafter's
+/// input_embedding_scale), else 1, with which the kernels copy the rows.
+std::string embedScale(std::optional<APFloat> scale) {
+  return formatFloat(scale ? scale->convertToDouble() : 1.0);
+}
+
+/// The kernels::GroupedConvShape of a grouped_conv(_grad), as an
+/// initializer: B, Q, H, bs, kc, gs, half, whether base is [2, kc, H].
+template <typename ConvOp> std::string groupedConvShape(ConvOp o) {
+  auto x = tensorOf(o.getInput());
+  return llvm::formatv(
+      "dflash::kernels::GroupedConvShape{{{0}, {1}, {2}, {3}, {4}, {5}, {6}, "
+      "{7}}",
+      x.getDimSize(0), x.getDimSize(1), x.getDimSize(2), o.getBlockSize(),
+      o.getKernelSize(), o.getGroupSize(), o.getHalf(),
+      tensorOf(o.getBase()).getRank() == 3 ? "true" : "false");
+}
 } // namespace
 
 std::string StepEmitter::wrapper(KernelAttr kernel) {
@@ -404,11 +421,12 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](EmbedOp o) {
         auto table = tensorOf(o.getTable());
-        os << llvm::formatv(
-            "    dflash::kernels::embed_rows_bf16({0}, {1}, "
-            "{2}, {3}, {4}, stream);\n",
-            ptr(o.getTable()), ptr(o.getIds()), ptr(o.getResult()),
-            tensorOf(o.getIds()).getNumElements(), table.getDimSize(1));
+        os << llvm::formatv("    dflash::kernels::embed_rows_bf16({0}, {1}, "
+                            "{2}, {3}, {4}, {5}, stream);\n",
+                            ptr(o.getTable()), ptr(o.getIds()),
+                            ptr(o.getResult()),
+                            tensorOf(o.getIds()).getNumElements(),
+                            table.getDimSize(1), embedScale(o.getScale()));
         return success();
       })
       .Case([&](ConcatLastOp o) {
@@ -459,6 +477,24 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             ptr(o.getPositionIds()), ptr(o.getResult()),
                             x.getDimSize(0), x.getDimSize(1), x.getDimSize(2),
                             tensorOf(o.getWeight()).getDimSize(1));
+        return success();
+      })
+      // A DFlash2 drafter's convolutions (kernels/DFlash2Conv.cuh).
+      .Case([&](GroupedConvOp o) {
+        os << llvm::formatv("    dflash::kernels::grouped_conv_bf16({0}, {1}, "
+                            "{2}, {3}, {4}, stream);\n",
+                            ptr(o.getInput()), ptr(o.getDelta()),
+                            ptr(o.getBase()), ptr(o.getResult()),
+                            groupedConvShape(o));
+        return success();
+      })
+      .Case([&](GroupedConvGradOp o) {
+        os << llvm::formatv(
+            "    dflash::kernels::grouped_conv_grad_bf16({0}, {1}, {2}, {3}, "
+            "{4}, {5}, {6}, {7}, {8}, stream);\n",
+            ptr(o.getGrad()), ptr(o.getInput()), ptr(o.getDelta()),
+            ptr(o.getBase()), ptr(o.getInputGrad()), ptr(o.getDeltaGrad()),
+            ptr(o.getBaseGrad()), workspace(o, "float"), groupedConvShape(o));
         return success();
       })
       .Case([&](GatedDeltaRuleOp o) {
@@ -599,12 +635,12 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
       })
       .Case([&](DraftEmbedOp o) {
         std::string name = wrapper(kernel);
-        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, "
+        os << llvm::formatv("    {0}({1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, "
                             "stream);\n",
                             name, ptr(o.getTable()), ptr(o.getInputIds()),
                             ptr(o.getAnchors()), ptr(o.getKeep()),
                             ptr(o.getResult()), blocks(o.getAnchors()),
-                            o.getMaskTokenId());
+                            o.getMaskTokenId(), embedScale(o.getScale()));
         return success();
       })
       .Case([&](DraftPositionsOp o) {

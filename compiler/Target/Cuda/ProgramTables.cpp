@@ -361,13 +361,15 @@ FailureOr<std::string> StepEmitter::emit() {
   const bool eval = sig.isEval(), target = sig.isTarget();
   // Only a mixture-of-experts target's program instantiates its kernels,
   // only a hybrid target's the DeltaNet's, only a DFlash2 drafter's step
-  // the selector's.
-  bool hasMoe = false, hasDeltaNet = false, hasSelector = false;
+  // the selector's and the grouped convolution's.
+  bool hasMoe = false, hasDeltaNet = false, hasSelector = false,
+       hasGroupedConv = false;
   step.walk([&](Operation *op) {
     hasSelector |=
         isa<SelectorCandidatesOp, SelectorCandidatesGradOp, SelectorLossOp,
             SelectorLossGradOp, DraftPredecessorsOp, SelectorAlphaOp,
             SelectorObjectiveOp, SelectorObjectiveGradOp>(op);
+    hasGroupedConv |= isa<GroupedConvOp, GroupedConvGradOp>(op);
     hasMoe |= isa<MoeRouteOp, MoePermuteOp, GroupedLinearOp,
                   GroupedLinearSwigluOp, MoeUnpermuteOp>(op);
     hasDeltaNet |= isa<CausalConvOp, GatedDeltaRuleOp, GatedRmsNormOp,
@@ -395,6 +397,7 @@ FailureOr<std::string> StepEmitter::emit() {
         "one "
      << (eval || target ? "batch" : "step") << ".\n\n"
      << "#include \"kernels.h\"\n"
+     << (hasGroupedConv ? "#include \"kernels/DFlash2Conv.cuh\"\n" : "")
      << (hasSelector ? "#include \"kernels/DFlash2Selector.cuh\"\n" : "")
      << "#include \"kernels/DraftBlocks.cuh\"\n"
      << "#include \"kernels/Embedding.cuh\"\n"
