@@ -143,8 +143,7 @@ std::optional<std::string_view> pendingGpuTest(mlir::Operation *op) {
   auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
   if (!kernel)
     return std::nullopt;
-  const std::string_view name(kernel.getName().data(),
-                              kernel.getName().size());
+  const std::string_view name(kernel.getName().data(), kernel.getName().size());
   for (const UnvalidatedKernel &k : kUnvalidatedKernels)
     if (name == k.name)
       return k.gpuTest;
