@@ -249,9 +249,9 @@ static LogicalResult verifyLmHeadTopK(Operation *op, StringRef rangeC,
                                       Value candidates, Value labelValues) {
   const int64_t V = tensorOf(weight).getDimSize(0);
   if (topK < 1 || topK > V)
-    return op->emitOpError() << "(" << rangeC << ") top_k is " << topK
-                             << " but must lie in 1.." << V
-                             << " (the vocabulary)";
+    return op->emitOpError()
+           << "(" << rangeC << ") top_k is " << topK << " but must lie in 1.."
+           << V << " (the vocabulary)";
   SmallVector<int64_t> rows(tensorOf(input).getShape().drop_back());
   SmallVector<int64_t> perCandidate(rows);
   perCandidate.push_back(topK);

@@ -149,8 +149,7 @@ __global__ void __launch_bounds__(Threads)
   if (vec) {
     const uint4 *xv = reinterpret_cast<const uint4 *>(x);
     const int64_t V8 = V / 8;
-    for (int64_t v = threadIdx.x; keep ? v - lane < V8 : v < V8;
-         v += Threads) {
+    for (int64_t v = threadIdx.x; keep ? v - lane < V8 : v < V8; v += Threads) {
       // With the top-K every lane of a warp takes each turn (the list's
       // shuffles): one past the row's end offers nothing.
       const bool in = !keep || v < V8;
@@ -417,8 +416,7 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
     if (blocks) {
       detail::
           lm_head_gather_rows_bf16_kernel<<<grid, kCopyThreads, 0, stream>>>(
-              args.y, args.yChunk, r0, args.blockSize, args.H, args.hits,
-              top);
+              args.y, args.yChunk, r0, args.blockSize, args.H, args.hits, top);
       DFLASH_CUDA_CHECK_LAUNCH("lm_head_gather_rows_bf16");
       y = args.yChunk;
     }

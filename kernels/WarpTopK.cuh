@@ -96,8 +96,8 @@ struct WarpList {
   /// Offers each lane's N consecutive tokens first, first + 1, ... (ok:
   /// the lane has them); warp-uniform call.
   template <int N>
-  __device__ __forceinline__ void offer(bool ok, const float (&f)[N],
-                                        int first, int K, int lane) {
+  __device__ __forceinline__ void offer(bool ok, const float (&f)[N], int first,
+                                        int K, int lane) {
     unsigned mine = 0;
     if (ok)
 #pragma unroll
@@ -132,8 +132,8 @@ struct WarpList {
 };
 
 /// Entries of the sorted list (v[0, K), i[0, K)) that come before (w, j).
-__device__ __forceinline__ int countBefore(const float *v, const int *i,
-                                           int K, float w, int j) {
+__device__ __forceinline__ int countBefore(const float *v, const int *i, int K,
+                                           float w, int j) {
   int lo = 0, hi = K; // the answer lies in [lo, hi]
   while (lo < hi) {
     const int mid = (lo + hi) / 2;

@@ -466,7 +466,7 @@ template <typename SelectorOp> LogicalResult Evaluator::selector(SelectorOp o) {
 
 template <typename CandidatesOp>
 LogicalResult Evaluator::topKCandidates(CandidatesOp o, int64_t K,
-                                    ref::UnaryTransform transform) {
+                                        ref::UnaryTransform transform) {
   auto w = shapeOf(o.getWeight());
   const int64_t V = w[0], H = w[1];
   const int64_t n = rows(o.getInput());
@@ -474,8 +474,7 @@ LogicalResult Evaluator::topKCandidates(CandidatesOp o, int64_t K,
   const double *weights = ptr(o.getWeights());
   // The logits of every row (the kernel streams them).
   std::vector<double> u(size_t(n * V));
-  ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()), u.data(), n, V,
-                      H);
+  ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()), u.data(), n, V, H);
   ref::unaryTransform<double>(u.data(), u.data(), n * V, transform);
   double *values = outPtr(o.getValues());
   double *labelValues = outPtr(o.getLabelValues());
@@ -504,12 +503,12 @@ template <typename LossOp> LogicalResult Evaluator::lmHeadLoss(LossOp o) {
   std::vector<int32_t> labels = asIndices(in(o.getLabels()));
   for (int32_t l : labels)
     if (l < 0 || l >= w[0])
-      return o.emitOpError() << "label " << l << " is outside the vocabulary of "
-                             << w[0];
+      return o.emitOpError()
+             << "label " << l << " is outside the vocabulary of " << w[0];
   std::vector<uint8_t> hits(labels.size());
   ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
-      ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
-      ptr(o.getWeights()), int64_t(labels.size()), w[0], w[1], hits.data());
+      ptr(o.getInput()), ptr(o.getWeight()), labels.data(), ptr(o.getWeights()),
+      int64_t(labels.size()), w[0], w[1], hits.data());
   setScalar(o.getLossSum(), sums.lossSum);
   setScalar(o.getWeightSum(), sums.weightSum);
   setScalar(o.getCorrect(), sums.correct);

@@ -301,7 +301,8 @@ LogicalResult fuseLmHead(func::FuncOp step) {
     Operation *first = loss;
     if (candidates && candidates->isBeforeInBlock(loss))
       first = candidates;
-    Type scalar = RankedTensorType::get({}, Float32Type::get(step.getContext()));
+    Type scalar =
+        RankedTensorType::get({}, Float32Type::get(step.getContext()));
     SmallVector<Type> topKTypes;
     if (candidates)
       topKTypes.assign(candidates->getResultTypes().begin(),

@@ -383,33 +383,32 @@ FailureOr<Choice> select(Operation *op) {
       .Case([](LossStatsOp) -> Result {
         return named(::dflash::kernel_names::kLossStats);
       })
-      .Case<LmHeadCeFusedOp, LmHeadCeOp, LmHeadCeTopKOp>(
-          [](auto o) -> Result {
-            // The forward alone (an evaluation program's) is the same
-            // kernel without the dX GEMM. A folded top-K is a third
-            // constant (none: two, as without DFlash2).
-            int64_t rows = rowsOf(o.getInput());
-            auto table = tensorOf(o.getWeight());
-            int64_t V = table.getDimSize(0), H = table.getDimSize(1);
-            int64_t blockSize = lmHeadSkippedSlotPeriod(o, rows, H);
-            int64_t computed = kernels::lmHeadComputedRows(rows, blockSize);
-            SmallVector<int64_t> constants = {
-                kernels::lmHeadChunkRows(computed, V), blockSize};
-            if (int64_t K = lmHeadTopK(o)) {
-              if (K > kernels::kLmHeadMaxTopK)
-                return o.emitOpError()
-                       << "has no kernel for the top " << K
-                       << " of the lm_head's logits: "
-                          "'drafter.dflash2.selector_top_k' must be at most "
-                       << kernels::kLmHeadMaxTopK;
-              constants.push_back(K);
-            }
-            Choice c =
-                named(::dflash::kernel_names::kLmHeadCrossEntropy, constants);
-            c.workspace = int64_t(kernels::lmHeadCrossEntropyWorkspaceBytes(
-                rows, V, H, blockSize));
-            return c;
-          })
+      .Case<LmHeadCeFusedOp, LmHeadCeOp, LmHeadCeTopKOp>([](auto o) -> Result {
+        // The forward alone (an evaluation program's) is the same
+        // kernel without the dX GEMM. A folded top-K is a third
+        // constant (none: two, as without DFlash2).
+        int64_t rows = rowsOf(o.getInput());
+        auto table = tensorOf(o.getWeight());
+        int64_t V = table.getDimSize(0), H = table.getDimSize(1);
+        int64_t blockSize = lmHeadSkippedSlotPeriod(o, rows, H);
+        int64_t computed = kernels::lmHeadComputedRows(rows, blockSize);
+        SmallVector<int64_t> constants = {kernels::lmHeadChunkRows(computed, V),
+                                          blockSize};
+        if (int64_t K = lmHeadTopK(o)) {
+          if (K > kernels::kLmHeadMaxTopK)
+            return o.emitOpError()
+                   << "has no kernel for the top " << K
+                   << " of the lm_head's logits: "
+                      "'drafter.dflash2.selector_top_k' must be at most "
+                   << kernels::kLmHeadMaxTopK;
+          constants.push_back(K);
+        }
+        Choice c =
+            named(::dflash::kernel_names::kLmHeadCrossEntropy, constants);
+        c.workspace = int64_t(
+            kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize));
+        return c;
+      })
       .Case([](GradientBucketOp) -> Result {
         return named(::dflash::kernel_names::kConvertBf16F32);
       })

@@ -325,9 +325,9 @@ LmHeadOutputs runLmHead(kernels::CublasLtGemm &gemm, const Bf16Tensor &y,
 void lmHeadTopKCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
                     int64_t blockSize, int64_t K, bool exact, uint64_t seed) {
   SCOPED_TRACE(testing::Message()
-               << "rows=" << rows << " V=" << V << " H=" << H << " chunk="
-               << chunkRows << " blockSize=" << blockSize << " K=" << K
-               << (exact ? " exact" : " random"));
+               << "rows=" << rows << " V=" << V << " H=" << H
+               << " chunk=" << chunkRows << " blockSize=" << blockSize
+               << " K=" << K << (exact ? " exact" : " random"));
   std::mt19937_64 rng(seed);
   LtContext lt;
   kernels::CublasLtGemm gemm(lt.handle, lt.workspace.get(),
@@ -396,8 +396,9 @@ void lmHeadTopKCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
     // The reference's order of the rounded logits: the top K + 1.
     std::iota(order.begin(), order.end(), 0);
     const int64_t n = std::min(K + 1, V);
-    std::partial_sort(order.begin(), order.begin() + n, order.end(),
-                      [&](int32_t a, int32_t b) { return before(z[a], a, z[b], b); });
+    std::partial_sort(
+        order.begin(), order.begin() + n, order.end(),
+        [&](int32_t a, int32_t b) { return before(z[a], a, z[b], b); });
     // The label's logit, and each candidate's value, to the logits'
     // rounding (exactly when the logits are exact).
     const double tol = exact ? 0.0 : 1.0;
@@ -426,7 +427,8 @@ void lmHeadTopKCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
     std::sort(gotSet.begin(), gotSet.end());
     if (K < V)
       for (int64_t j = 0; j <= K; ++j)
-        if (!std::binary_search(gotSet.begin(), gotSet.end(), order[size_t(j)])) {
+        if (!std::binary_search(gotSet.begin(), gotSet.end(),
+                                order[size_t(j)])) {
           const double zo = z[order[size_t(j)]];
           ASSERT_LE(zo, z[last] + 2 * std::max(bf16Ulp(zo), bf16Ulp(z[last])))
               << "token " << order[size_t(j)] << " left out";

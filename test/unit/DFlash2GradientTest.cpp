@@ -403,7 +403,6 @@ TEST(DFlash2Gradient, SelectorStopGradientReachesOnlyItsOwnWeights) {
   EXPECT_EQ(full.checkGradients(args, 1e-6), 4);
 }
 
-
 //===----------------------------------------------------------------------===//
 // The top-K folded into the lm_head ops
 //===----------------------------------------------------------------------===//
@@ -501,9 +500,9 @@ TEST(DFlash2Gradient, FoldedTopKInterpretsAsTheSeparateOps) {
     auto a = StepInterpreter(separate->lookupSymbol<func::FuncOp>(name),
                              Precision::Exact)
                  .run(args);
-    auto b =
-        StepInterpreter(fused->lookupSymbol<func::FuncOp>(name), Precision::Exact)
-            .run(args);
+    auto b = StepInterpreter(fused->lookupSymbol<func::FuncOp>(name),
+                             Precision::Exact)
+                 .run(args);
     ASSERT_TRUE(succeeded(a));
     ASSERT_TRUE(succeeded(b));
     ASSERT_EQ(a->size(), b->size());
