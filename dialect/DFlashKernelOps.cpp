@@ -227,23 +227,90 @@ LogicalResult AccumulateLinearGradOp::verify() {
 
 LogicalResult LossSeedOp::verify() { return success(); }
 
-LogicalResult LmHeadCeFusedOp::verify() {
-  Operation *op = *this;
-  auto y = tensorOf(getInput()), w = tensorOf(getWeight());
+/// lm_head_ce_fused's C1-C2, which lm_head_ce_top_k checks too.
+static LogicalResult verifyLmHeadOperands(Operation *op, Value input,
+                                          Value weight, Value labels,
+                                          Value weights, Value hits) {
+  auto y = tensorOf(input), w = tensorOf(weight);
   // lm_head_ce_fused C1
   if (w.getRank() != 2 || y.getRank() < 2 ||
       w.getDimSize(1) != y.getShape().back())
-    return emitOpError("(C1) weight must be [V, H] with H the input's last "
-                       "dimension");
+    return op->emitOpError("(C1) weight must be [V, H] with H the input's "
+                           "last dimension");
   // lm_head_ce_fused C2
   ArrayRef<int64_t> rows = y.getShape().drop_back();
-  if (tensorOf(getLabels()).getShape() != rows ||
-      tensorOf(getWeights()).getShape() != rows ||
-      tensorOf(getHits()).getShape() != rows)
-    return emitOpError(
+  if (tensorOf(labels).getShape() != rows ||
+      tensorOf(weights).getShape() != rows || tensorOf(hits).getShape() != rows)
+    return op->emitOpError(
         "(C2) labels, weights and hits must have one entry per row");
+  return success();
+}
+
+/// The folded top-K's attribute and results (lm_head_ce_fused C4-C5,
+/// lm_head_ce_top_k C3-C4): 1 <= top_k <= V; values [rows, K] f32,
+/// candidates [rows, K] i32, label_values [rows] f32.
+static LogicalResult verifyLmHeadTopK(Operation *op, StringRef rangeC,
+                                      StringRef shapeC, Value input,
+                                      Value weight, int64_t topK, Value values,
+                                      Value candidates, Value labelValues) {
+  const int64_t V = tensorOf(weight).getDimSize(0);
+  if (topK < 1 || topK > V)
+    return op->emitOpError()
+           << "(" << rangeC << ") top_k is " << topK << " but must lie in 1.."
+           << V << " (the vocabulary)";
+  SmallVector<int64_t> rows(tensorOf(input).getShape().drop_back());
+  SmallVector<int64_t> perCandidate(rows);
+  perCandidate.push_back(topK);
+  auto expect = [&](StringRef name, Value v, ArrayRef<int64_t> shape,
+                    Type element) -> LogicalResult {
+    auto t = tensorOf(v);
+    if (t.getShape() == shape && t.getElementType() == element)
+      return success();
+    return op->emitOpError()
+           << "(" << shapeC << ") " << name << " is " << t << " but must be "
+           << RankedTensorType::get(shape, element);
+  };
+  Builder b(op->getContext());
+  if (failed(expect("values", values, perCandidate, b.getF32Type())) ||
+      failed(expect("candidates", candidates, perCandidate,
+                    b.getIntegerType(32))) ||
+      failed(expect("label_values", labelValues, rows, b.getF32Type())))
+    return failure();
+  return success();
+}
+
+LogicalResult LmHeadCeFusedOp::verify() {
+  Operation *op = *this;
+  if (failed(verifyLmHeadOperands(op, getInput(), getWeight(), getLabels(),
+                                  getWeights(), getHits())))
+    return failure();
   // lm_head_ce_fused C3
-  return sameType(op, "C3", "input_grad", getInputGrad(), "input", getInput());
+  if (failed(sameType(op, "C3", "input_grad", getInputGrad(), "input",
+                      getInput())))
+    return failure();
+  // lm_head_ce_fused C4
+  const size_t n = getTopKResults().size();
+  if (getTopK() ? n != 3 : n != 0)
+    return emitOpError() << "(C4) has " << n
+                         << " top_k_results but needs 3 with top_k, else none";
+  if (!getTopK())
+    return success();
+  // lm_head_ce_fused C5
+  return verifyLmHeadTopK(op, "C5", "C5", getInput(), getWeight(),
+                          int64_t(*getTopK()), getValues(), getCandidates(),
+                          getLabelValues());
+}
+
+LogicalResult LmHeadCeTopKOp::verify() {
+  Operation *op = *this;
+  // lm_head_ce_top_k C1-C2: lm_head_ce_fused's.
+  if (failed(verifyLmHeadOperands(op, getInput(), getWeight(), getLabels(),
+                                  getWeights(), getHits())))
+    return failure();
+  // lm_head_ce_top_k C3, C4
+  return verifyLmHeadTopK(op, "C3", "C4", getInput(), getWeight(),
+                          int64_t(getTopK()), getValues(), getCandidates(),
+                          getLabelValues());
 }
 
 LogicalResult AdamWMultiOp::verify() {
@@ -416,6 +483,11 @@ int64_t LossSeedOp::getFlopCount() { return numElements(getWeights()); }
 int64_t LmHeadCeFusedOp::getFlopCount() {
   auto w = tensorOf(getWeight());
   return 4 * numElements(getLabels()) * w.getDimSize(0) * w.getDimSize(1);
+}
+// The logits' GEMM, once for the loss and the top-K.
+int64_t LmHeadCeTopKOp::getFlopCount() {
+  auto w = tensorOf(getWeight());
+  return 2 * numElements(getLabels()) * w.getDimSize(0) * w.getDimSize(1);
 }
 int64_t AdamWMultiOp::getFlopCount() {
   int64_t n = 0;

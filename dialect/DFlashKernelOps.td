@@ -216,22 +216,72 @@ def DFlash_LmHeadCeFusedOp : DFlash_PureOp<"lm_head_ce_fused"> {
     rows computes its logits once (never the whole batch), adds to the sums
     and writes its rows of the input gradient, scaled by `loss_sum_grad`.
 
+    With `top_k`, also a `dflash.selector_candidates` of the same operands
+    whose transform is the identity (multiplier 1, no softcap): the three
+    `top_k_results` are its `values`, `candidates` and `label_values`, taken
+    from the same bf16 logits before they become their gradient (a DFlash2
+    drafter's unary logits are `CE_u`'s; docs/semantics.md section 13).
+
     ```mlir
     %loss, %wsum, %correct, %count, %hits, %dy = dflash.lm_head_ce_fused %y,
         %w, %labels, %weights, %seed : (...) -> (...)
+    %loss, %wsum, %correct, %count, %hits, %dy, %values, %candidates,
+        %label_values = dflash.lm_head_ce_fused %y, %w, %labels, %weights,
+        %seed {top_k = 16 : i64} : (...) -> (...)
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
                        DFlash_IndexTensor:$labels,
                        DFlash_F32Tensor:$weights,
-                       DFlash_F32Scalar:$loss_sum_grad);
+                       DFlash_F32Scalar:$loss_sum_grad,
+                       OptionalAttr<I64Attr>:$top_k);
+  // top_k_results: none, or values [rows, K] f32, candidates [rows, K] i32
+  // and label_values [rows] f32 (C4, C5).
   let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
                       DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
                       DFlash_FlagTensor:$hits,
-                      DFlash_FloatTensor:$input_grad);
+                      DFlash_FloatTensor:$input_grad,
+                      Variadic<AnyRankedTensor>:$top_k_results);
   let assemblyFormat =
       "$input `,` $weight `,` $labels `,` $weights `,` $loss_sum_grad "
       "attr-dict `:` functional-type(operands, results)";
+  let extraClassDeclaration = [{
+    /// The folded selector_candidates' results, or null without top_k.
+    ::mlir::Value getValues() { return topKResult(0); }
+    ::mlir::Value getCandidates() { return topKResult(1); }
+    ::mlir::Value getLabelValues() { return topKResult(2); }
+    ::mlir::Value topKResult(unsigned i) {
+      return getTopKResults().size() == 3 ? getTopKResults()[i]
+                                          : ::mlir::Value();
+    }
+  }];
+}
+
+def DFlash_LmHeadCeTopKOp : DFlash_PureOp<"lm_head_ce_top_k"> {
+  let summary = "lm_head_ce and the selector's top-K of the same logits";
+  let description = [{
+    `lm_head_ce` (the forward alone: an evaluation program's) and a
+    `dflash.selector_candidates` of the same operands whose transform is the
+    identity, in one chunked pass: each chunk's logits are made once, for
+    the sums and for each row's top `top_k` (docs/semantics.md section 13).
+
+    ```mlir
+    %loss, %wsum, %correct, %count, %hits, %values, %candidates,
+        %label_values = dflash.lm_head_ce_top_k %y, %lm_head, %labels,
+        %weights {top_k = 16 : i64} : (...) -> (...)
+    ```
+  }];
+  let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
+                       DFlash_IndexTensor:$labels,
+                       DFlash_F32Tensor:$weights, I64Attr:$top_k);
+  let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
+                      DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
+                      DFlash_FlagTensor:$hits, DFlash_F32Tensor:$values,
+                      DFlash_IndexTensor:$candidates,
+                      DFlash_F32Tensor:$label_values);
+  let assemblyFormat =
+      "$input `,` $weight `,` $labels `,` $weights attr-dict `:` "
+      "functional-type(operands, results)";
 }
 
 def DFlash_AdamWMultiOp : DFlash_PureOp<"adamw_multi", [AttrSizedOperandSegments]> {

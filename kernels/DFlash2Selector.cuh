@@ -31,6 +31,7 @@
 #include "kernels/Gemm.cuh"
 #include "kernels/Reduce.cuh"
 #include "kernels/Selector.h"
+#include "kernels/WarpTopK.cuh"
 #include "kernels/Workspaces.h"
 
 #include <climits>
@@ -101,60 +102,6 @@ __device__ __forceinline__ float selectorUnary(float z, float m, float c) {
   return c != 0.f ? c * tanhf(m * z / c) : m * z;
 }
 
-/// (v, i) comes before (w, j) in the top-K's order: the larger value, on
-/// ties the lower token. NaN comes before nothing.
-__device__ __forceinline__ bool topKBefore(float v, int i, float w, int j) {
-  return v > w || (v == w && i < j);
-}
-
-/// A warp's sorted top-K list, K <= 64: lane l holds slots l (a) and l + 32
-/// (b); slots from K on are unused. thr is slot K - 1, the entry to beat.
-struct WarpTopK {
-  float av, bv, thrV;
-  int ai, bi, thrI;
-};
-
-__device__ __forceinline__ void warpTopKThreshold(WarpTopK &l, int K) {
-  const int s = K - 1;
-  l.thrV = __shfl_sync(kSelectorFullMask, s < 32 ? l.av : l.bv, s & 31);
-  l.thrI = __shfl_sync(kSelectorFullMask, s < 32 ? l.ai : l.bi, s & 31);
-}
-
-/// Inserts (v, i) at its place (warp-uniform arguments), shifting the
-/// later slots down one; the last falls out.
-__device__ __forceinline__ void warpTopKInsert(WarpTopK &l, float v, int i,
-                                               int K, int lane) {
-  const bool pa = lane < K && topKBefore(l.av, l.ai, v, i);
-  const bool pb = lane + 32 < K && topKBefore(l.bv, l.bi, v, i);
-  // The list is sorted: the slots before (v, i) are a prefix.
-  const int pos = __popc(__ballot_sync(kSelectorFullMask, pa)) +
-                  __popc(__ballot_sync(kSelectorFullMask, pb));
-  if (pos >= K)
-    return;
-  const float upAv = __shfl_up_sync(kSelectorFullMask, l.av, 1);
-  const int upAi = __shfl_up_sync(kSelectorFullMask, l.ai, 1);
-  const float upBv = __shfl_up_sync(kSelectorFullMask, l.bv, 1);
-  const int upBi = __shfl_up_sync(kSelectorFullMask, l.bi, 1);
-  const float lastAv = __shfl_sync(kSelectorFullMask, l.av, 31);
-  const int lastAi = __shfl_sync(kSelectorFullMask, l.ai, 31);
-  const int sb = lane + 32;
-  if (sb == pos) {
-    l.bv = v;
-    l.bi = i;
-  } else if (sb > pos) {
-    l.bv = lane == 0 ? lastAv : upBv;
-    l.bi = lane == 0 ? lastAi : upBi;
-  }
-  if (lane == pos) {
-    l.av = v;
-    l.ai = i;
-  } else if (lane > pos) {
-    l.av = upAv;
-    l.ai = upAi;
-  }
-  warpTopKThreshold(l, K);
-}
-
 /// Rows of weight 0 get their final results (candidates -1, values 0);
 /// the others an empty running top-K (-inf, token INT_MAX). label_values
 /// start at 0: the chunk that holds the label overwrites it.
@@ -175,10 +122,11 @@ static __global__ void selector_candidates_init_kernel(const float *weights,
 }
 
 /// One CTA a row: merges the chunk's u (columns [v0, v0 + n)) into the
-/// row's running top-K. Every warp starts from the running list (so it only
-/// inserts what beats its K-th entry), scans a strided share of the chunk,
-/// and the warps' lists are then ranked together; the result is the same
-/// whatever the order of the scan, as the order is total.
+/// row's running top-K (kernels/WarpTopK.cuh, as the lm_head kernel's
+/// folded top-K): each warp keeps the top-K of a strided share of the chunk,
+/// warp 0's also of the running list, and the warps' lists are merged by
+/// rank; the result is the same whatever the order of the scan, as the order
+/// is total.
 template <int Threads>
 __global__ void __launch_bounds__(Threads)
     selector_topk_merge_kernel(const float *logits, int64_t n, int64_t v0,
@@ -196,67 +144,32 @@ __global__ void __launch_bounds__(Threads)
   const float *x = logits + row * n;
   float *rowValues = values + row * K;
   int32_t *rowCandidates = candidates + row * K;
-  WarpTopK l;
-  l.av = lane < K ? rowValues[lane] : -INFINITY;
-  l.ai = lane < K ? rowCandidates[lane] : INT_MAX;
-  l.bv = lane + 32 < K ? rowValues[lane + 32] : -INFINITY;
-  l.bi = lane + 32 < K ? rowCandidates[lane + 32] : INT_MAX;
-  warpTopKThreshold(l, K);
+  // Warp 0 starts from the running list of the earlier chunks, the other
+  // warps from empty lists: every token is in one list at most, and the
+  // lists stay sorted for blockTopKMerge.
+  topk::WarpList l;
+  l.clear();
+  if (warp == 0) {
+    l.av = lane < K ? rowValues[lane] : -INFINITY;
+    l.ai = lane < K ? rowCandidates[lane] : INT_MAX;
+    l.bv = lane + 32 < K ? rowValues[lane + 32] : -INFINITY;
+    l.bi = lane + 32 < K ? rowCandidates[lane + 32] : INT_MAX;
+    l.refreshThreshold(K);
+  }
   for (int64_t base = int64_t(warp) * 32; base < n; base += Threads) {
     const int64_t c = base + lane;
-    float v = -INFINITY;
-    int i = INT_MAX;
-    bool beats = false;
-    if (c < n) {
-      v = selectorUnary(x[c], multiplier, softcap);
-      i = static_cast<int>(v0 + c);
-      beats = topKBefore(v, i, l.thrV, l.thrI);
-    }
-    // Rarely more than a few lanes once the list holds the row's large
-    // logits: insert them one by one, each against the updated K-th.
-    for (unsigned mask = __ballot_sync(kSelectorFullMask, beats); mask;
-         mask &= mask - 1) {
-      const int src = __ffs(mask) - 1;
-      const float cv = __shfl_sync(kSelectorFullMask, v, src);
-      const int ci = __shfl_sync(kSelectorFullMask, i, src);
-      if (topKBefore(cv, ci, l.thrV, l.thrI))
-        warpTopKInsert(l, cv, ci, K, lane);
-    }
+    const bool have = c < n;
+    const float v = have ? selectorUnary(x[c], multiplier, softcap) : 0.f;
+    l.offer(have, v, static_cast<int>(v0 + c), K, lane);
   }
   if (threadIdx.x == 0) {
     const int64_t at = int64_t(labels[row]) - v0;
     if (at >= 0 && at < n)
       labelValues[row] = selectorUnary(x[at], multiplier, softcap);
   }
-  // An entry of an earlier chunk counts once: warp 0's copy (every warp
-  // started from the running list). The rest become empty slots.
-  auto store = [&](int slot, float v, int i) {
-    const bool own = warp == 0 || i == INT_MAX || int64_t(i) >= v0;
-    sV[warp * K + slot] = own ? v : -INFINITY;
-    sI[warp * K + slot] = own ? i : INT_MAX;
-  };
-  if (lane < K)
-    store(lane, l.av, l.ai);
-  if (lane + 32 < K)
-    store(lane + 32, l.bv, l.bi);
-  __syncthreads();
-  // Each entry's rank among the warps' lists; equal empty slots are told
-  // apart by their place.
-  const int total = kWarps * K;
-  for (int e = threadIdx.x; e < total; e += Threads) {
-    const float v = sV[e];
-    const int i = sI[e];
-    int rank = 0;
-    for (int f = 0; f < total && rank < K; ++f) {
-      const float w = sV[f];
-      const int j = sI[f];
-      rank += (topKBefore(w, j, v, i) || (w == v && j == i && f < e)) ? 1 : 0;
-    }
-    if (rank < K) {
-      rowValues[rank] = v;
-      rowCandidates[rank] = i;
-    }
-  }
+  l.store(sV + warp * K, sI + warp * K, K, lane);
+  __syncthreads(); // the running list was read before any write below
+  topk::blockTopKMerge(sV, sI, kWarps, K, rowValues, rowCandidates);
 }
 
 /// One CTA a row: dy = sum_e g_e T'(z_e) lm_head[tok_e] over the K

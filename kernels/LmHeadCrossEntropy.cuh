@@ -17,6 +17,15 @@
 // The per-row terms are summed at the end in a fixed order (double), so the
 // four results are deterministic. lm_head is frozen: no weight gradient.
 //
+// With topK (a DFlash2 drafter's selector_candidates folded in, its
+// transform the identity; docs/semantics.md section 13), step 2 also keeps
+// each row's top-K of the same bf16 logits while it scans them for the
+// log-sum-exp (kernels/WarpTopK.cuh: a list per warp, merged by rank), and
+// writes values (fp32 of the bf16 logits), candidates and label values
+// before the logits become their gradient; no second lm_head GEMM. Rows of
+// weight 0 and the skipped slot-0 rows get candidates -1, values 0. Without
+// topK the row kernel is the same code as before (a template switch).
+//
 //===----------------------------------------------------------------------===//
 
 #ifndef DFLASH_KERNELS_LMHEADCROSSENTROPY_CUH
@@ -25,6 +34,7 @@
 #include "kernels/CudaCheck.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/Reduce.cuh"
+#include "kernels/WarpTopK.cuh"
 #include "kernels/Workspaces.h"
 
 #include <climits>
@@ -61,6 +71,12 @@ struct LmHeadCrossEntropyArgs {
   /// is skipped (its weight is 0 by docs/semantics.md section 4's [k > 0]);
   /// rows must be a multiple of it and H of 8. 0: every row is computed.
   int64_t blockSize;
+  /// 1..min(kLmHeadMaxTopK, V): also each row's top topK of the logits
+  /// (selector_candidates with the identity transform). 0: none.
+  int64_t topK = 0;
+  float *values = nullptr;       ///< [rows, topK] descending
+  int32_t *candidates = nullptr; ///< [rows, topK] ties: the lower token
+  float *labelValues = nullptr;  ///< [rows] the label's logit
 };
 
 namespace detail {
@@ -87,17 +103,32 @@ __device__ __forceinline__ void combineArgmax(float &v, int &i, float v2,
   }
 }
 
-template <int Threads>
+/// The row's top-K (TopK): where it goes, and its warp lists' room.
+struct RowTopK {
+  int K;
+  float *values;
+  int32_t *candidates;
+  float *labelValues;
+};
+
+template <int Threads, bool TopK> struct RowTopKShared {
+  float v[Threads / 32 * topk::kMaxK];
+  int i[Threads / 32 * topk::kMaxK];
+};
+template <int Threads> struct RowTopKShared<Threads, false> {};
+
+template <int Threads, bool TopK>
 __global__ void __launch_bounds__(Threads)
     cross_entropy_rows_bf16_kernel(__nv_bfloat16 *logits, int64_t V,
                                    int64_t firstRow, int64_t blockSize,
                                    const int32_t *labels, const float *weights,
                                    const float *dLossSum, float *rowTerms,
-                                   uint8_t *hits) {
+                                   uint8_t *hits, RowTopK top) {
   constexpr int kWarps = Threads / 32;
   __shared__ float sM[kWarps], sS[kWarps], sBest[kWarps];
   __shared__ int sIdx[kWarps];
   __shared__ float sLabelLogit;
+  __shared__ RowTopKShared<Threads, TopK> sTop;
   // Chunk row blockIdx.x is computed row `computed`, batch row `row`.
   const int64_t computed = firstRow + blockIdx.x;
   const int64_t row = lmHeadSourceRow(computed, blockSize);
@@ -105,44 +136,65 @@ __global__ void __launch_bounds__(Threads)
   const int label = labels[row];
   const float w = weights[row];
   const bool vec = V % 8 == 0;
+  // The top-K of a row that counts (CTA-uniform); the scan's loops run
+  // warp-uniform trip counts then, for the list's shuffles.
+  const bool keep = TopK && w != 0.f;
+  const int lane = threadIdx.x % 32;
+  topk::WarpList list;
+  if constexpr (TopK)
+    list.clear();
 
   float m = -INFINITY, s = 0.f, best = -INFINITY;
   int bestIdx = INT_MAX;
   if (vec) {
     const uint4 *xv = reinterpret_cast<const uint4 *>(x);
-    for (int64_t v = threadIdx.x; v < V / 8; v += Threads) {
+    const int64_t V8 = V / 8;
+    for (int64_t v = threadIdx.x; keep ? v - lane < V8 : v < V8; v += Threads) {
+      // With the top-K every lane of a warp takes each turn (the list's
+      // shuffles): one past the row's end offers nothing.
+      const bool in = !keep || v < V8;
       float f[8];
-      unpackBf16x8(xv[v], f);
-      float lmax = f[0];
-      int li = 0;
+      if (in) {
+        unpackBf16x8(xv[v], f);
+        float lmax = f[0];
+        int li = 0;
 #pragma unroll
-      for (int e = 1; e < 8; ++e)
-        if (f[e] > lmax) {
-          lmax = f[e];
-          li = e;
+        for (int e = 1; e < 8; ++e)
+          if (f[e] > lmax) {
+            lmax = f[e];
+            li = e;
+          }
+        if (lmax > best) {
+          best = lmax;
+          bestIdx = static_cast<int>(v * 8 + li);
         }
-      if (lmax > best) {
-        best = lmax;
-        bestIdx = static_cast<int>(v * 8 + li);
-      }
-      float mn = fmaxf(m, lmax * kLog2eF);
-      float acc = 0.f;
+        float mn = fmaxf(m, lmax * kLog2eF);
+        float acc = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
-        acc += exp2f(f[e] * kLog2eF - mn);
-      s = s * exp2f(m - mn) + acc;
-      m = mn;
+        for (int e = 0; e < 8; ++e)
+          acc += exp2f(f[e] * kLog2eF - mn);
+        s = s * exp2f(m - mn) + acc;
+        m = mn;
+      }
+      if (keep)
+        list.offer(in, f, static_cast<int>(v * 8), top.K, lane);
     }
   } else {
-    for (int64_t v = threadIdx.x; v < V; v += Threads) {
-      float f = __bfloat162float(x[v]);
-      if (f > best) {
-        best = f;
-        bestIdx = static_cast<int>(v);
+    for (int64_t v = threadIdx.x; keep ? v - lane < V : v < V; v += Threads) {
+      const bool in = !keep || v < V;
+      float f = -INFINITY;
+      if (in) {
+        f = __bfloat162float(x[v]);
+        if (f > best) {
+          best = f;
+          bestIdx = static_cast<int>(v);
+        }
+        float mn = fmaxf(m, f * kLog2eF);
+        s = s * exp2f(m - mn) + exp2f(f * kLog2eF - mn);
+        m = mn;
       }
-      float mn = fmaxf(m, f * kLog2eF);
-      s = s * exp2f(m - mn) + exp2f(f * kLog2eF - mn);
-      m = mn;
+      if (keep)
+        list.offer(in, f, static_cast<int>(v), top.K, lane);
     }
   }
   if (threadIdx.x == 0)
@@ -160,7 +212,27 @@ __global__ void __launch_bounds__(Threads)
     sBest[threadIdx.x / 32] = best;
     sIdx[threadIdx.x / 32] = bestIdx;
   }
+  if constexpr (TopK)
+    if (keep)
+      list.store(sTop.v + threadIdx.x / 32 * top.K,
+                 sTop.i + threadIdx.x / 32 * top.K, top.K, lane);
   __syncthreads();
+  if constexpr (TopK) {
+    // From the lists and sLabelLogit only: the row itself may change now.
+    float *rowValues = top.values + row * top.K;
+    int32_t *rowCandidates = top.candidates + row * top.K;
+    if (keep) {
+      topk::blockTopKMerge(sTop.v, sTop.i, kWarps, top.K, rowValues,
+                           rowCandidates);
+    } else {
+      for (int j = threadIdx.x; j < top.K; j += Threads) {
+        rowValues[j] = 0.f;
+        rowCandidates[j] = -1;
+      }
+    }
+    if (threadIdx.x == 0)
+      top.labelValues[row] = keep ? sLabelLogit : 0.f;
+  }
   m = sM[0];
   s = sS[0];
   best = sBest[0];
@@ -219,15 +291,26 @@ __global__ void __launch_bounds__(Threads)
 static __global__ void __launch_bounds__(256)
     lm_head_gather_rows_bf16_kernel(const __nv_bfloat16 *y, __nv_bfloat16 *out,
                                     int64_t firstRow, int64_t blockSize,
-                                    int64_t H, uint8_t *hits) {
+                                    int64_t H, uint8_t *hits, RowTopK top) {
   const int64_t computed = firstRow + blockIdx.x;
   const int64_t row = lmHeadSourceRow(computed, blockSize);
   const uint4 *src = reinterpret_cast<const uint4 *>(y + row * H);
   uint4 *dst = reinterpret_cast<uint4 *>(out + int64_t(blockIdx.x) * H);
   for (int64_t i = threadIdx.x; i < H / 8; i += blockDim.x)
     dst[i] = src[i];
-  if (hits && threadIdx.x == 0 && computed % (blockSize - 1) == 0)
+  if (computed % (blockSize - 1) != 0)
+    return;
+  if (hits && threadIdx.x == 0)
     hits[row - 1] = 0;
+  // Slot 0's top-K: a row of weight 0.
+  if (top.K > 0) {
+    for (int j = threadIdx.x; j < top.K; j += blockDim.x) {
+      top.values[(row - 1) * top.K + j] = 0.f;
+      top.candidates[(row - 1) * top.K + j] = -1;
+    }
+    if (threadIdx.x == 0)
+      top.labelValues[row - 1] = 0.f;
+  }
 }
 
 /// dy[lmHeadSourceRow(firstRow + i)] = dyChunk[i] for the m rows of a chunk,
@@ -315,6 +398,16 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
     detail::reportCudaFailure(__FILE__, __LINE__, "lm_head_cross_entropy_bf16",
                               "rows must be whole blocks and H a multiple "
                               "of 8 to skip slot 0");
+  if (args.topK < 0 || args.topK > kLmHeadMaxTopK || args.topK > args.V ||
+      (args.topK > 0 &&
+       (!args.values || !args.candidates || !args.labelValues)))
+    detail::reportCudaFailure(__FILE__, __LINE__, "lm_head_cross_entropy_bf16",
+                              "topK must lie in 0..min(64, V), with its "
+                              "three results");
+  static_assert(kLmHeadMaxTopK <= topk::kMaxK,
+                "a warp's list holds the largest top-K");
+  const detail::RowTopK top{static_cast<int>(args.topK), args.values,
+                            args.candidates, args.labelValues};
   const int64_t computed = lmHeadComputedRows(args.rows, args.blockSize);
   for (int64_t r0 = 0; r0 < computed; r0 += args.chunkRows) {
     int64_t m = computed - r0 < args.chunkRows ? computed - r0 : args.chunkRows;
@@ -323,15 +416,23 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
     if (blocks) {
       detail::
           lm_head_gather_rows_bf16_kernel<<<grid, kCopyThreads, 0, stream>>>(
-              args.y, args.yChunk, r0, args.blockSize, args.H, args.hits);
+              args.y, args.yChunk, r0, args.blockSize, args.H, args.hits, top);
       DFLASH_CUDA_CHECK_LAUNCH("lm_head_gather_rows_bf16");
       y = args.yChunk;
     }
     gemm.linear(y, args.lmHead, args.logitsChunk, m, args.V, args.H, stream);
-    detail::cross_entropy_rows_bf16_kernel<kThreads>
-        <<<grid, kThreads, 0, stream>>>(
-            args.logitsChunk, args.V, r0, blocks ? args.blockSize : 0,
-            args.labels, args.weights, args.dLossSum, args.rowTerms, args.hits);
+    if (top.K > 0)
+      detail::cross_entropy_rows_bf16_kernel<kThreads, true>
+          <<<grid, kThreads, 0, stream>>>(
+              args.logitsChunk, args.V, r0, blocks ? args.blockSize : 0,
+              args.labels, args.weights, args.dLossSum, args.rowTerms,
+              args.hits, top);
+    else
+      detail::cross_entropy_rows_bf16_kernel<kThreads, false>
+          <<<grid, kThreads, 0, stream>>>(
+              args.logitsChunk, args.V, r0, blocks ? args.blockSize : 0,
+              args.labels, args.weights, args.dLossSum, args.rowTerms,
+              args.hits, top);
     DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_rows_bf16");
     if (!args.dy)
       continue;

@@ -59,6 +59,11 @@ constexpr size_t blockAttentionBwdDotOffset(int64_t D, int64_t BS, int64_t NH,
 /// Bytes of the largest logits chunk lm_head_cross_entropy_bf16 keeps.
 constexpr int64_t kLmHeadMaxChunkBytes = int64_t(512) << 20;
 
+/// The most candidates per row lm_head_cross_entropy_bf16 keeps when a
+/// DFlash2 selector's top-K is folded into it (one warp's list of two
+/// entries a lane).
+constexpr int64_t kLmHeadMaxTopK = 64;
+
 /// Rows the fused lm_head + cross-entropy computes. With blockSize >= 2 the
 /// rows are draft blocks of blockSize slots, and slot 0 of each (the
 /// anchor's, whose weight docs/semantics.md section 4 fixes at 0 through

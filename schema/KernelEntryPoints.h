@@ -101,6 +101,10 @@ inline constexpr std::array<UnvalidatedKernel, 10> kUnvalidatedKernels = {{
 /// of them not yet run on a GPU.
 inline constexpr std::string_view kUnvalidatedBidirectionalWindowTest =
     "AttentionGpuTest --gtest_filter='*Bidirectional*'";
+/// The lm_head cross-entropy with a DFlash2 selector's top-K folded in (its
+/// third constant, K).
+inline constexpr std::string_view kUnvalidatedLmHeadTopKTest =
+    "LmHeadGpuTest --gtest_filter='*TopK*'";
 
 } // namespace dflash
 

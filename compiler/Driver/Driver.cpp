@@ -153,6 +153,8 @@ std::optional<std::string_view> pendingGpuTest(mlir::Operation *op) {
        name == kernel_names::kBlockAttentionBwd) &&
       c.size() == 6 && c[4] > 0 && c[5] == 0)
     return kUnvalidatedBidirectionalWindowTest;
+  if (name == kernel_names::kLmHeadCrossEntropy && c.size() == 3)
+    return kUnvalidatedLmHeadTopKTest;
   return std::nullopt;
 }
 

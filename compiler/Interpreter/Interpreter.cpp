@@ -164,6 +164,14 @@ private:
   /// selector_loss or selector_loss_grad: ref::selectorForward (and
   /// selectorBackward) one row at a time.
   template <typename SelectorOp> LogicalResult selector(SelectorOp o);
+  /// selector_candidates' top `K` of T(input @ weight^T), into `o`'s
+  /// values, candidates and label values: the op's own, or those of an
+  /// lm_head op it was folded into (with T the identity).
+  template <typename CandidatesOp>
+  LogicalResult topKCandidates(CandidatesOp o, int64_t K,
+                               ref::UnaryTransform t);
+  /// lm_head_ce's sums and hits, of it or of an op it was fused into.
+  template <typename LossOp> LogicalResult lmHeadLoss(LossOp o);
   LogicalResult evalOptimizer(Operation *op);
   /// The ops of dflash-fuse-kernels, as the compositions they replace.
   LogicalResult evalFused(Operation *op);
@@ -232,8 +240,8 @@ LogicalResult Evaluator::eval(Operation *op) {
   else if (isa<DraftEmbedOp, LinearResidualOp, LinearSwigluOp,
                ResidualRmsNormOp, QkNormRopeOp, QkNormRopeGradOp,
                RmsNormGradResidualOp, AccumulateLinearGradOp, LossSeedOp,
-               LmHeadCeFusedOp, AdamWMultiOp, AdamWShardedOp, GradientBucketOp>(
-               op))
+               LmHeadCeFusedOp, LmHeadCeTopKOp, AdamWMultiOp, AdamWShardedOp,
+               GradientBucketOp>(op))
     result = evalFused(op);
   else
     result = evalForward(op);
@@ -466,6 +474,59 @@ template <typename SelectorOp> LogicalResult Evaluator::selector(SelectorOp o) {
   return success();
 }
 
+template <typename CandidatesOp>
+LogicalResult Evaluator::topKCandidates(CandidatesOp o, int64_t K,
+                                        ref::UnaryTransform transform) {
+  auto w = shapeOf(o.getWeight());
+  const int64_t V = w[0], H = w[1];
+  const int64_t n = rows(o.getInput());
+  std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+  const double *weights = ptr(o.getWeights());
+  // The logits of every row (the kernel streams them).
+  std::vector<double> u(size_t(n * V));
+  ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()), u.data(), n, V, H);
+  ref::unaryTransform<double>(u.data(), u.data(), n * V, transform);
+  double *values = outPtr(o.getValues());
+  double *labelValues = outPtr(o.getLabelValues());
+  std::vector<double> &tokens = out(o.getCandidates()).data;
+  std::fill(tokens.begin(), tokens.end(), -1.0);
+  std::vector<int32_t> top(static_cast<size_t>(K));
+  for (int64_t row = 0; row < n; ++row) {
+    if (weights[row] == 0)
+      continue;
+    if (labels[row] < 0 || labels[row] >= V)
+      return o.emitOpError() << "label " << labels[row]
+                             << " is outside the vocabulary of " << V;
+    const double *uRow = u.data() + row * V;
+    ref::topK(uRow, V, K, top.data());
+    for (int64_t j = 0; j < K; ++j) {
+      tokens[size_t(row * K + j)] = top[j];
+      values[row * K + j] = uRow[top[j]];
+    }
+    labelValues[row] = uRow[labels[row]];
+  }
+  return success();
+}
+
+template <typename LossOp> LogicalResult Evaluator::lmHeadLoss(LossOp o) {
+  auto w = shapeOf(o.getWeight());
+  std::vector<int32_t> labels = asIndices(in(o.getLabels()));
+  for (int32_t l : labels)
+    if (l < 0 || l >= w[0])
+      return o.emitOpError()
+             << "label " << l << " is outside the vocabulary of " << w[0];
+  std::vector<uint8_t> hits(labels.size());
+  ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
+      ptr(o.getInput()), ptr(o.getWeight()), labels.data(), ptr(o.getWeights()),
+      int64_t(labels.size()), w[0], w[1], hits.data());
+  setScalar(o.getLossSum(), sums.lossSum);
+  setScalar(o.getWeightSum(), sums.weightSum);
+  setScalar(o.getCorrect(), sums.correct);
+  setScalar(o.getCount(), sums.count);
+  setFlags(o.getHits(), hits);
+  return success();
+}
+
 LogicalResult Evaluator::evalDFlash2(Operation *op) {
   return llvm::TypeSwitch<Operation *, LogicalResult>(op)
       .Case([&](GroupedConvOp o) {
@@ -486,37 +547,8 @@ LogicalResult Evaluator::evalDFlash2(Operation *op) {
             outPtr(o.getBaseGrad()) + baseAt, convShape(o));
         return success();
       })
-      .Case([&](SelectorCandidatesOp o) -> LogicalResult {
-        auto w = shapeOf(o.getWeight());
-        const int64_t V = w[0], H = w[1], K = o.getTopK();
-        const int64_t n = rows(o.getInput());
-        std::vector<int32_t> labels = asIndices(in(o.getLabels()));
-        const double *weights = ptr(o.getWeights());
-        // The logits of every row (the kernel streams them).
-        std::vector<double> u(size_t(n * V));
-        ref::linear<double>(ptr(o.getInput()), ptr(o.getWeight()), u.data(), n,
-                            V, H);
-        ref::unaryTransform<double>(u.data(), u.data(), n * V, transformOf(o));
-        double *values = outPtr(o.getValues());
-        double *labelValues = outPtr(o.getLabelValues());
-        std::vector<double> &candidates = out(o.getCandidates()).data;
-        std::fill(candidates.begin(), candidates.end(), -1.0);
-        std::vector<int32_t> top(static_cast<size_t>(K));
-        for (int64_t row = 0; row < n; ++row) {
-          if (weights[row] == 0)
-            continue;
-          if (labels[row] < 0 || labels[row] >= V)
-            return o.emitOpError() << "label " << labels[row]
-                                   << " is outside the vocabulary of " << V;
-          const double *uRow = u.data() + row * V;
-          ref::topK(uRow, V, K, top.data());
-          for (int64_t j = 0; j < K; ++j) {
-            candidates[size_t(row * K + j)] = top[j];
-            values[row * K + j] = uRow[top[j]];
-          }
-          labelValues[row] = uRow[labels[row]];
-        }
-        return success();
+      .Case([&](SelectorCandidatesOp o) {
+        return topKCandidates(o, int64_t(o.getTopK()), transformOf(o));
       })
       .Case([&](SelectorCandidatesGradOp o) -> LogicalResult {
         auto w = shapeOf(o.getWeight());
@@ -871,25 +903,7 @@ LogicalResult Evaluator::evalForward(Operation *op) {
           r.data[i] = a.data[i] + b.data[i];
         return success();
       })
-      .Case([&](LmHeadCeOp o) -> LogicalResult {
-        auto w = shapeOf(o.getWeight());
-        std::vector<int32_t> labels = asIndices(in(o.getLabels()));
-        for (int32_t l : labels)
-          if (l < 0 || l >= w[0])
-            return o.emitOpError()
-                   << "label " << l << " is outside the vocabulary of " << w[0];
-        std::vector<uint8_t> hits(labels.size());
-        ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
-            ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
-            ptr(o.getWeights()), int64_t(labels.size()), w[0], w[1],
-            hits.data());
-        setScalar(o.getLossSum(), sums.lossSum);
-        setScalar(o.getWeightSum(), sums.weightSum);
-        setScalar(o.getCorrect(), sums.correct);
-        setScalar(o.getCount(), sums.count);
-        setFlags(o.getHits(), hits);
-        return success();
-      })
+      .Case([&](LmHeadCeOp o) { return lmHeadLoss(o); })
       .Case([&](DraftAcceptanceOp o) {
         auto keep = shapeOf(o.getKeep());
         std::vector<int32_t> anchors = asIndices(in(o.getAnchors()));
@@ -1179,27 +1193,23 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         return success();
       })
       .Case([&](LmHeadCeFusedOp o) -> LogicalResult {
+        if (failed(lmHeadLoss(o)))
+          return failure();
         auto w = shapeOf(o.getWeight());
         std::vector<int32_t> labels = asIndices(in(o.getLabels()));
-        for (int32_t l : labels)
-          if (l < 0 || l >= w[0])
-            return o.emitOpError()
-                   << "label " << l << " is outside the vocabulary of " << w[0];
-        int64_t n = int64_t(labels.size());
-        std::vector<uint8_t> hits(labels.size());
-        ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
-            ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
-            ptr(o.getWeights()), n, w[0], w[1], hits.data());
-        setScalar(o.getLossSum(), sums.lossSum);
-        setScalar(o.getWeightSum(), sums.weightSum);
-        setScalar(o.getCorrect(), sums.correct);
-        setScalar(o.getCount(), sums.count);
-        setFlags(o.getHits(), hits);
         ref::lmHeadCrossEntropyGrad<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
             ptr(o.getWeights()), scalar(o.getLossSumGrad()),
-            outPtr(o.getInputGrad()), n, w[0], w[1]);
+            outPtr(o.getInputGrad()), int64_t(labels.size()), w[0], w[1]);
+        // A folded selector_candidates: the logits have no transform.
+        if (std::optional<uint64_t> K = o.getTopK())
+          return topKCandidates(o, int64_t(*K), ref::UnaryTransform{});
         return success();
+      })
+      .Case([&](LmHeadCeTopKOp o) -> LogicalResult {
+        if (failed(lmHeadLoss(o)))
+          return failure();
+        return topKCandidates(o, int64_t(o.getTopK()), ref::UnaryTransform{});
       })
       .Case([&](AdamWMultiOp o) {
         unsigned n = o.getNumParams();

@@ -25,6 +25,12 @@
 //   the logits of each chunk are made once, for the loss and the gradient;
 //   micro-batches (gradient accumulation) share one seed over the step's
 //   weights, of which theirs are row slices
+// - lm_head_ce (+ lm_head_ce_grad) + selector_candidates of the same
+//   operands, multiplier 1 and no softcap (a DFlash2 drafter's top-K of
+//   its unary logits, which are CE_u's)
+//                                         -> lm_head_ce_fused {top_k}, or
+//   lm_head_ce_top_k without the gradient (an evaluation): the top-K comes
+//   from the logits the loss makes anyway, not from a second lm_head GEMM
 // - convert, all_reduce, global_norm, clip_coefficient, lr_schedule and
 //   one adamw per parameter               -> adamw_multi
 // Each rewrite needs the intermediate values to have no other use, so no
@@ -35,6 +41,7 @@
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Transforms/Passes.h"
 #include "kernels/GemmLimits.h"
+#include "kernels/Workspaces.h"
 
 #include "mlir/IR/Builders.h"
 
@@ -261,6 +268,22 @@ void fuseGradientAccumulation(func::FuncOp step) {
   });
 }
 
+/// The selector_candidates that can share `loss`'s logits: the same four
+/// operands and no transform (lm_head_ce's logits have none), with a top-K
+/// the lm_head kernel keeps.
+SelectorCandidatesOp foldableCandidates(LmHeadCeOp loss) {
+  for (Operation *user : loss.getInput().getUsers())
+    if (auto c = dyn_cast<SelectorCandidatesOp>(user))
+      if (c.getWeight() == loss.getWeight() &&
+          c.getLabels() == loss.getLabels() &&
+          c.getWeights() == loss.getWeights() &&
+          c.getMultiplier().convertToDouble() == 1.0 &&
+          c.getSoftcap().convertToDouble() == 0.0 &&
+          int64_t(c.getTopK()) <= kernels::kLmHeadMaxTopK)
+        return c;
+  return nullptr;
+}
+
 LogicalResult fuseLmHead(func::FuncOp step) {
   SmallVector<LmHeadCeOp> losses;
   step.walk([&](LmHeadCeOp op) { losses.push_back(op); });
@@ -273,8 +296,40 @@ LogicalResult fuseLmHead(func::FuncOp step) {
             g.getLabels() == loss.getLabels() &&
             g.getWeights() == loss.getWeights())
           grad = g;
-    if (!grad)
+    SelectorCandidatesOp candidates = foldableCandidates(loss);
+    // The fused op takes the place of the first of the two forward ops: the
+    // users of either come after it.
+    Operation *first = loss;
+    if (candidates && candidates->isBeforeInBlock(loss))
+      first = candidates;
+    Type scalar =
+        RankedTensorType::get({}, Float32Type::get(step.getContext()));
+    SmallVector<Type> topKTypes;
+    if (candidates)
+      topKTypes.assign(candidates->getResultTypes().begin(),
+                       candidates->getResultTypes().end());
+    auto foldCandidates = [&](ValueRange topK) {
+      for (unsigned i = 0; i < 3; ++i)
+        candidates->getResult(i).replaceAllUsesWith(topK[i]);
+      candidates.erase();
+    };
+    if (!grad) {
+      // The forward alone (an evaluation program's): only the top-K folds.
+      if (!candidates)
+        continue;
+      OpBuilder b(first);
+      SmallVector<Type> types(4, scalar);
+      types.push_back(loss.getHits().getType());
+      types.append(topKTypes);
+      auto fused = LmHeadCeTopKOp::create(
+          b, loss.getLoc(), types, loss.getInput(), loss.getWeight(),
+          loss.getLabels(), loss.getWeights(), candidates.getTopKAttr());
+      for (unsigned i = 0; i < 5; ++i)
+        loss.getResult(i).replaceAllUsesWith(fused->getResult(i));
+      foldCandidates(fused->getResults().drop_front(5));
+      loss.erase();
       continue;
+    }
     // The seed right after the loss weights exist. With gradient
     // accumulation each micro-batch's weights are rows of the step's: one
     // seed over all of them, shared by every micro-batch's loss.
@@ -287,21 +342,23 @@ LogicalResult fuseLmHead(func::FuncOp step) {
                               "passed as an argument: the loss seed is placed "
                               "right after them");
     OpBuilder b(weightsDef->getContext());
-    Type scalar = RankedTensorType::get({}, b.getF32Type());
     LossSeedOp &seed = seeds[stepWeights];
     if (!seed) {
       b.setInsertionPointAfter(weightsDef);
       seed = LossSeedOp::create(b, loss.getLoc(), scalar, scalar, stepWeights);
     }
-    b.setInsertionPoint(loss);
+    b.setInsertionPoint(first);
     auto fused = LmHeadCeFusedOp::create(
         b, loss.getLoc(), scalar, scalar, scalar, scalar,
-        loss.getHits().getType(), grad.getResult().getType(), loss.getInput(),
-        loss.getWeight(), loss.getLabels(), loss.getWeights(),
-        seed.getLossSumGrad());
+        loss.getHits().getType(), grad.getResult().getType(), topKTypes,
+        loss.getInput(), loss.getWeight(), loss.getLabels(), loss.getWeights(),
+        seed.getLossSumGrad(),
+        candidates ? candidates.getTopKAttr() : IntegerAttr());
     for (unsigned i = 0; i < 5; ++i)
       loss.getResult(i).replaceAllUsesWith(fused.getResult(i));
     grad.getResult().replaceAllUsesWith(fused.getInputGrad());
+    if (candidates)
+      foldCandidates(fused.getTopKResults());
     grad.erase();
     loss.erase();
   }

@@ -141,7 +141,9 @@ def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
     and RMS norm, per-head norm and RoPE (and their gradients), the residual
     stream's gradient, gradient accumulation into GEMMs (beta = 1), the
     draft embedding gather, lm_head with the cross-entropy and its gradient
-    (chunked; logits never materialised for the whole batch) and the whole
+    (chunked; logits never materialised for the whole batch; a DFlash2
+    drafter's `selector_candidates` of the same operands with the identity
+    transform folded in, its top-K kept from the same logits) and the whole
     optimizer. See docs/dialect.md for the fused ops.
 
     Before:

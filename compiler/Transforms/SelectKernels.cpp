@@ -101,6 +101,15 @@ LogicalResult checkGroupedConv(Operation *op, Value input, int64_t kc,
   return success();
 }
 
+/// The top-K a DFlash2 selector folded into an lm_head op keeps (0: none).
+int64_t lmHeadTopK(Operation *op) {
+  if (auto fused = dyn_cast<LmHeadCeFusedOp>(op))
+    return int64_t(fused.getTopK().value_or(0));
+  if (auto topK = dyn_cast<LmHeadCeTopKOp>(op))
+    return int64_t(topK.getTopK());
+  return 0;
+}
+
 /// What one op runs: the attribute's fields before it is built.
 struct Choice {
   std::string name;
@@ -507,16 +516,28 @@ FailureOr<Choice> select(Operation *op) {
       .Case([](LossStatsOp) -> Result {
         return named(::dflash::kernel_names::kLossStats);
       })
-      .Case<LmHeadCeFusedOp, LmHeadCeOp>([](auto o) -> Result {
-        // The forward alone (an evaluation program's) is the same kernel
-        // without the dX GEMM.
+      .Case<LmHeadCeFusedOp, LmHeadCeOp, LmHeadCeTopKOp>([](auto o) -> Result {
+        // The forward alone (an evaluation program's) is the same
+        // kernel without the dX GEMM. A folded top-K is a third
+        // constant (none: two, as without DFlash2).
         int64_t rows = rowsOf(o.getInput());
         auto table = tensorOf(o.getWeight());
         int64_t V = table.getDimSize(0), H = table.getDimSize(1);
         int64_t blockSize = lmHeadSkippedSlotPeriod(o, rows, H);
         int64_t computed = kernels::lmHeadComputedRows(rows, blockSize);
-        Choice c = named(::dflash::kernel_names::kLmHeadCrossEntropy,
-                         {kernels::lmHeadChunkRows(computed, V), blockSize});
+        SmallVector<int64_t> constants = {kernels::lmHeadChunkRows(computed, V),
+                                          blockSize};
+        if (int64_t K = lmHeadTopK(o)) {
+          if (K > kernels::kLmHeadMaxTopK)
+            return o.emitOpError()
+                   << "has no kernel for the top " << K
+                   << " of the lm_head's logits: "
+                      "'drafter.dflash2.selector_top_k' must be at most "
+                   << kernels::kLmHeadMaxTopK;
+          constants.push_back(K);
+        }
+        Choice c =
+            named(::dflash::kernel_names::kLmHeadCrossEntropy, constants);
         c.workspace = int64_t(
             kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize));
         return c;

@@ -56,3 +56,70 @@ func.func @linear_swiglu_types(%x: tensor<4x64xbf16>, %wg: tensor<96x64xbf16>, %
   %y = dflash.linear_swiglu %x, %wg, %wu : (tensor<4x64xbf16>, tensor<96x64xbf16>, tensor<96x64xbf16>) -> tensor<4x96xf32>
   return
 }
+
+// -----
+
+// lm_head_ce_fused with a folded top-K: three results with top_k, none
+// without.
+func.func @lm_head_ce_fused_top_k_results(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x4xi32>, %wt: tensor<2x4xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{(C4) has 0 top_k_results but needs 3 with top_k, else none}}
+  %a, %b, %c, %d, %hits, %dy = dflash.lm_head_ce_fused %y, %w, %l, %wt, %s {top_k = 2 : i64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>, tensor<2x4x8xbf16>)
+  return
+}
+
+// -----
+
+func.func @lm_head_ce_fused_top_k_range(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x4xi32>, %wt: tensor<2x4xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{(C5) top_k is 17 but must lie in 1..16 (the vocabulary)}}
+  %a, %b, %c, %d, %hits, %dy, %v, %cand, %lv = dflash.lm_head_ce_fused %y, %w, %l, %wt, %s {top_k = 17 : i64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>, tensor<2x4x8xbf16>,
+          tensor<2x4x17xf32>, tensor<2x4x17xi32>, tensor<2x4xf32>)
+  return
+}
+
+// -----
+
+func.func @lm_head_ce_fused_top_k_shapes(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x4xi32>, %wt: tensor<2x4xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{(C5) candidates is 'tensor<2x4x3xi32>' but must be 'tensor<2x4x2xi32>'}}
+  %a, %b, %c, %d, %hits, %dy, %v, %cand, %lv = dflash.lm_head_ce_fused %y, %w, %l, %wt, %s {top_k = 2 : i64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>, tensor<2x4x8xbf16>,
+          tensor<2x4x2xf32>, tensor<2x4x3xi32>, tensor<2x4xf32>)
+  return
+}
+
+// -----
+
+func.func @lm_head_ce_top_k_rows(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x5xi32>, %wt: tensor<2x4xf32>) {
+  // expected-error @+1 {{(C2) labels, weights and hits must have one entry per row}}
+  %a, %b, %c, %d, %hits, %v, %cand, %lv = dflash.lm_head_ce_top_k %y, %w, %l, %wt {top_k = 2 : i64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x5xi32>, tensor<2x4xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>,
+          tensor<2x4x2xf32>, tensor<2x4x2xi32>, tensor<2x4xf32>)
+  return
+}
+
+// -----
+
+func.func @lm_head_ce_top_k_range(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x4xi32>, %wt: tensor<2x4xf32>) {
+  // expected-error @+1 {{(C3) top_k is 0 but must lie in 1..16 (the vocabulary)}}
+  %a, %b, %c, %d, %hits, %v, %cand, %lv = dflash.lm_head_ce_top_k %y, %w, %l, %wt {top_k = 0 : i64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>,
+          tensor<2x4x0xf32>, tensor<2x4x0xi32>, tensor<2x4xf32>)
+  return
+}
+
+// -----
+
+func.func @lm_head_ce_top_k_label_values(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x4xi32>, %wt: tensor<2x4xf32>) {
+  // expected-error @+1 {{(C4) label_values is 'tensor<2x5xf32>' but must be 'tensor<2x4xf32>'}}
+  %a, %b, %c, %d, %hits, %v, %cand, %lv = dflash.lm_head_ce_top_k %y, %w, %l, %wt {top_k = 2 : i64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>,
+          tensor<2x4x2xf32>, tensor<2x4x2xi32>, tensor<2x5xf32>)
+  return
+}

@@ -8,7 +8,12 @@
 // ref::lmHeadCrossEntropy(Grad), over several chunks with a partial last one,
 // vector (V % 8 == 0) and scalar vocabularies, every row computed or slot 0 of
 // each block left out (the reference computes every row: the skipped rows'
-// zeros must come out).
+// zeros must come out). With a DFlash2 selector's top-K folded in (topK):
+// candidates, values and label values against a double reference of the
+// same bf16 logits, exactly where the logits are exact (small integers
+// times 1/4: many ties, so the lower-token rule is exercised) and up to the
+// logits' rounding otherwise; the loss, hits and dy bit for bit those of the
+// same call without the top-K.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +23,8 @@
 #include "test/gpu/GpuTestUtil.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 using namespace dflash;
 using namespace dflash::gputest;
@@ -237,6 +244,214 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   }
 }
 
+/// One bf16 ulp at x (the spacing of bf16 values around it).
+double bf16Ulp(double x) {
+  int e = 0;
+  std::frexp(std::max(std::abs(x), 1e-30), &e); // |x| = f 2^e, f in [0.5, 1)
+  return std::ldexp(1.0, e - 8);
+}
+
+/// What one lm_head_cross_entropy_bf16 call wrote (every output poisoned
+/// first).
+struct LmHeadOutputs {
+  std::vector<float> sums;
+  std::vector<uint8_t> hits;
+  std::vector<uint16_t> dy;
+  std::vector<float> values, labelValues;
+  std::vector<int32_t> candidates;
+};
+
+LmHeadOutputs runLmHead(kernels::CublasLtGemm &gemm, const Bf16Tensor &y,
+                        const Bf16Tensor &w, const std::vector<int32_t> &labels,
+                        const std::vector<float> &weights, int64_t rows,
+                        int64_t V, int64_t H, int64_t chunkRows,
+                        int64_t blockSize, int64_t K, float dLossSum) {
+  DeviceBuffer<int32_t> dLabels(rows);
+  DeviceBuffer<float> dWeights(rows), dScale(1), sums(4);
+  DeviceBuffer<char> workspace(
+      kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize));
+  DeviceBuffer<bf16> dy(rows * H);
+  DeviceBuffer<uint8_t> hits(rows);
+  DeviceBuffer<float> values(std::max<int64_t>(rows * K, 1)), labelValues(rows);
+  DeviceBuffer<int32_t> candidates(std::max<int64_t>(rows * K, 1));
+  dLabels.upload(labels);
+  dWeights.upload(weights);
+  dScale.upload(std::vector<float>{dLossSum});
+  poisonAll(workspace, dy, hits, values, labelValues);
+  // Not 0xFF bytes: -1 is what rows of weight 0 must get.
+  candidates.upload(std::vector<int32_t>(candidates.size(), 0x5a5a5a5a));
+  kernels::LmHeadCrossEntropyArgs args{};
+  args.y = y.ptr();
+  args.lmHead = w.ptr();
+  args.labels = dLabels.get();
+  args.weights = dWeights.get();
+  args.dLossSum = dScale.get();
+  args.dy = dy.get();
+  args.hits = hits.get();
+  args.rows = rows;
+  args.V = V;
+  args.H = H;
+  args.chunkRows = chunkRows;
+  args.blockSize = blockSize;
+  if (K > 0) {
+    args.topK = K;
+    args.values = values.get();
+    args.candidates = candidates.get();
+    args.labelValues = labelValues.get();
+  }
+  kernels::useLmHeadWorkspace(args, workspace.get());
+  args.sums = sums.get();
+  poisonAll(sums);
+  kernels::lm_head_cross_entropy_bf16(gemm, args, 0);
+  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  LmHeadOutputs out;
+  out.sums = sums.download();
+  out.hits = hits.download();
+  out.dy = dy.download<uint16_t>();
+  if (K > 0) {
+    out.values = values.download();
+    out.candidates = candidates.download();
+    out.labelValues = labelValues.download();
+  }
+  return out;
+}
+
+/// The top K of a DFlash2 selector (selector_candidates with the identity
+/// transform) from the kernel's logits. `exact`: y in {-1, 0, 1} and
+/// lm_head in {-1/4, 0, 1/4}, so every logit is a multiple of 1/4 the GEMM
+/// computes exactly and bf16 holds (H <= 256), with many ties; otherwise
+/// normal values, whose bf16 logits may differ by one ulp from the rounded
+/// exact ones.
+void lmHeadTopKCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
+                    int64_t blockSize, int64_t K, bool exact, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "rows=" << rows << " V=" << V << " H=" << H
+               << " chunk=" << chunkRows << " blockSize=" << blockSize
+               << " K=" << K << (exact ? " exact" : " random"));
+  std::mt19937_64 rng(seed);
+  LtContext lt;
+  kernels::CublasLtGemm gemm(lt.handle, lt.workspace.get(),
+                             lt.workspace.bytes());
+  auto make = [&](int64_t n, double scale) {
+    if (!exact)
+      return randomBf16(size_t(n), rng, scale);
+    Bf16Tensor t{size_t(n)};
+    std::uniform_int_distribution<int> three(-1, 1);
+    for (size_t i = 0; i < t.values.size(); ++i)
+      t.set(i, static_cast<float>(scale * three(rng)));
+    t.upload();
+    return t;
+  };
+  Bf16Tensor y = make(rows * H, 1.0);
+  Bf16Tensor w = make(V * H, exact ? 0.25 : 0.2);
+  // The bf16 logits the kernel should see, as the reference rounds them.
+  std::vector<double> logits(rows * V);
+  ref::linear(y.values.data(), w.values.data(), logits.data(), rows, V, H);
+  for (double &z : logits)
+    z = roundBf16(z);
+  std::vector<int32_t> labels(rows);
+  std::vector<float> weights(rows);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(V) - 1);
+  std::uniform_real_distribution<double> unit(0, 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double *row = logits.data() + r * V;
+    labels[r] = r % 3 == 0
+                    ? static_cast<int32_t>(std::max_element(row, row + V) - row)
+                    : tok(rng);
+    double u = unit(rng);
+    weights[r] = u < 0.25 ? 0.f : static_cast<float>(std::exp(-u * 3));
+    if (blockSize >= 2 && r % blockSize == 0) // draft_targets' [k > 0]
+      weights[r] = 0.f;
+  }
+  const float dLossSum = 0.37f;
+  LmHeadOutputs plain = runLmHead(gemm, y, w, labels, weights, rows, V, H,
+                                  chunkRows, blockSize, 0, dLossSum);
+  LmHeadOutputs top = runLmHead(gemm, y, w, labels, weights, rows, V, H,
+                                chunkRows, blockSize, K, dLossSum);
+  // The cross-entropy is untouched by the top-K.
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(top.sums[size_t(i)], plain.sums[size_t(i)]) << "sum " << i;
+  EXPECT_EQ(top.hits, plain.hits) << "hits";
+  EXPECT_TRUE(top.dy == plain.dy) << "dy";
+
+  auto before = [](double v, int64_t i, double u, int64_t j) {
+    return v > u || (v == u && i < j);
+  };
+  int64_t checkedRows = 0;
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t r = 0; r < rows; ++r) {
+    SCOPED_TRACE(testing::Message() << "row " << r);
+    const float *gotV = top.values.data() + r * K;
+    const int32_t *gotC = top.candidates.data() + r * K;
+    if (weights[size_t(r)] == 0.f) { // weight 0, slot 0 among them
+      for (int64_t j = 0; j < K; ++j) {
+        ASSERT_EQ(gotC[j], -1) << "candidate " << j;
+        ASSERT_EQ(gotV[j], 0.f) << "value " << j;
+      }
+      ASSERT_EQ(top.labelValues[size_t(r)], 0.f) << "label value";
+      continue;
+    }
+    ++checkedRows;
+    const double *z = logits.data() + r * V;
+    // The reference's order of the rounded logits: the top K + 1.
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t n = std::min(K + 1, V);
+    std::partial_sort(
+        order.begin(), order.begin() + n, order.end(),
+        [&](int32_t a, int32_t b) { return before(z[a], a, z[b], b); });
+    // The label's logit, and each candidate's value, to the logits'
+    // rounding (exactly when the logits are exact).
+    const double tol = exact ? 0.0 : 1.0;
+    const double zl = z[labels[size_t(r)]];
+    ASSERT_LE(std::abs(top.labelValues[size_t(r)] - zl), tol * bf16Ulp(zl))
+        << "label value";
+    for (int64_t j = 0; j < K; ++j) {
+      ASSERT_GE(gotC[j], 0) << "candidate " << j;
+      ASSERT_LT(gotC[j], V) << "candidate " << j;
+      const double zc = z[gotC[j]];
+      ASSERT_LE(std::abs(gotV[j] - zc), tol * bf16Ulp(zc)) << "value " << j;
+      if (j > 0) // descending, ties the lower token first: also distinct
+        ASSERT_TRUE(before(gotV[j - 1], gotC[j - 1], gotV[j], gotC[j]))
+            << "candidates " << j - 1 << " and " << j << " out of order";
+    }
+    if (exact) {
+      for (int64_t j = 0; j < K; ++j)
+        ASSERT_EQ(gotC[j], order[size_t(j)]) << "candidate " << j;
+      continue;
+    }
+    // Rounded differently by one ulp, logits two ulps apart keep their
+    // order. Nothing left out stands more than that above the K-th: the
+    // first token of the reference's order that the kernel left out.
+    const int64_t last = gotC[K - 1];
+    std::vector<int32_t> gotSet(gotC, gotC + K);
+    std::sort(gotSet.begin(), gotSet.end());
+    if (K < V)
+      for (int64_t j = 0; j <= K; ++j)
+        if (!std::binary_search(gotSet.begin(), gotSet.end(),
+                                order[size_t(j)])) {
+          const double zo = z[order[size_t(j)]];
+          ASSERT_LE(zo, z[last] + 2 * std::max(bf16Ulp(zo), bf16Ulp(z[last])))
+              << "token " << order[size_t(j)] << " left out";
+          break;
+        }
+    // Where the K-th and the next stand apart, the set is the reference's,
+    // and so is each place whose neighbours stand apart from it.
+    auto apart = [&](int64_t a, int64_t b) {
+      const double za = z[order[size_t(a)]], zb = z[order[size_t(b)]];
+      return za - zb >= 2 * bf16Ulp(za);
+    };
+    if (K < V && !apart(K - 1, K))
+      continue;
+    std::vector<int32_t> refSet(order.begin(), order.begin() + K);
+    std::sort(refSet.begin(), refSet.end());
+    ASSERT_EQ(gotSet, refSet) << "the top-K set";
+    for (int64_t j = 0; j < K; ++j)
+      if ((j == 0 || apart(j - 1, j)) && (j + 1 == K || apart(j, j + 1)))
+        ASSERT_EQ(gotC[j], order[size_t(j)]) << "candidate " << j;
+  }
+  EXPECT_GT(checkedRows, 0) << "rows with a weight";
+}
+
 } // namespace
 
 TEST(CublasLtGemm, LinearProducts) {
@@ -338,4 +553,30 @@ TEST(LmHeadCrossEntropy, ScalarVocab) { lmHeadCase(70, 1003, 64, 64, 0, 4); }
 TEST(LmHeadCrossEntropy, SkipsSlotZeroOfBlocks) {
   lmHeadCase(320, 4000, 128, 128, 16, 5);
   lmHeadCase(96, 1003, 64, 64, 2, 6);
+}
+
+// A DFlash2 selector's top-K folded into the kernel: exact logits with many
+// ties (every candidate checked), then random ones, over chunks, vector and
+// scalar vocabularies (1003), with and without skipped slot-0 rows; K 1, 16
+// and the most, 64.
+TEST(LmHeadCrossEntropy, TopKExactLogits) {
+  lmHeadTopKCase(300, 4000, 64, 128, 0, 16, true, 11);
+  lmHeadTopKCase(70, 1003, 64, 64, 0, 1, true, 12);
+  lmHeadTopKCase(96, 1003, 64, 64, 2, 64, true, 13);
+  lmHeadTopKCase(320, 4000, 64, 128, 16, 64, true, 14);
+}
+
+TEST(LmHeadCrossEntropy, TopKRandomLogits) {
+  lmHeadTopKCase(300, 4000, 128, 128, 0, 16, false, 15);
+  lmHeadTopKCase(70, 1003, 64, 64, 0, 1, false, 16);
+  lmHeadTopKCase(320, 4000, 128, 128, 16, 64, false, 17);
+  lmHeadTopKCase(64, 1003, 64, 32, 4, 16, false, 18);
+}
+
+// Qwen3.5's 248320-wide vocabulary at a few rows: two blocks of 4 (six rows
+// computed, in chunks of 4).
+TEST(LmHeadCrossEntropy, TopKWideVocab) {
+  lmHeadTopKCase(8, 248320, 64, 4, 4, 64, true, 19);
+  lmHeadTopKCase(8, 248320, 64, 4, 4, 16, false, 20);
+  lmHeadTopKCase(6, 248320, 64, 6, 0, 1, false, 21);
 }

@@ -4,7 +4,9 @@
 // docs/semantics.md section 13, differentiated by dflash-generate-backward
 // and run in the reference interpreter in fp64: every parameter's gradient
 // equals central differences of the interpreted forward, on fresh random
-// inputs; and the scaled embedding through dflash-fuse-kernels.
+// inputs; the scaled embedding through dflash-fuse-kernels; and the
+// selector's top-K that dflash-fuse-kernels folds into the lm_head ops: the
+// fused ops interpret as the ops they replace.
 //
 //===----------------------------------------------------------------------===//
 
@@ -454,6 +456,128 @@ func.func @step(%ids: tensor<1x12xi32> {dflash.arg = #dflash.arg<input, "input_i
   for (int64_t c = 0; c < 8; ++c)
     EXPECT_EQ((*got)[0].data[size_t(c)],
               2.5 * args[3].data[size_t(token * 8 + c)]);
+}
+
+//===----------------------------------------------------------------------===//
+// The top-K folded into the lm_head ops
+//===----------------------------------------------------------------------===//
+
+/// selector_candidates (identity transform, before the loss: the fused op
+/// takes its place) beside lm_head_ce with and without its gradient: what
+/// dflash-fuse-kernels folds into lm_head_ce_fused {top_k} and
+/// lm_head_ce_top_k. The weights are an op's (the fused loss seed is placed
+/// after it): wa + wb.
+const char *kFoldedTopK = R"mlir(
+func.func @train(%y: tensor<2x8x32xf32>, %head: tensor<64x32xf32>, %labels: tensor<2x8xi32>,
+                 %wa: tensor<2x8xf32>, %wb: tensor<2x8xf32>, %seed: tensor<f32>)
+    -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>, tensor<2x8x32xf32>,
+        tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>) {
+  %weights = dflash.add %wa, %wb : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xf32>
+  %v, %c, %lv = dflash.selector_candidates %y, %head, %labels, %weights
+      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+      : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
+  %ls, %ws, %correct, %count, %hits = dflash.lm_head_ce %y, %head, %labels, %weights
+      : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  %dy = dflash.lm_head_ce_grad %y, %head, %labels, %weights, %seed
+      : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>, tensor<f32>)
+      -> tensor<2x8x32xf32>
+  return %ls, %ws, %correct, %count, %hits, %dy, %v, %c, %lv
+      : tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>, tensor<2x8x32xf32>,
+        tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>
+}
+func.func @eval(%y: tensor<2x8x32xf32>, %head: tensor<64x32xf32>, %labels: tensor<2x8xi32>,
+                %wa: tensor<2x8xf32>, %wb: tensor<2x8xf32>)
+    -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>,
+        tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>) {
+  %weights = dflash.add %wa, %wb : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xf32>
+  %ls, %ws, %correct, %count, %hits = dflash.lm_head_ce %y, %head, %labels, %weights
+      : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>)
+  %v, %c, %lv = dflash.selector_candidates %y, %head, %labels, %weights
+      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+      : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
+      -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
+  return %ls, %ws, %correct, %count, %hits, %v, %c, %lv
+      : tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>,
+        tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>
+}
+)mlir";
+
+// The interpreter runs the fused ops with the results of the ops they
+// replace: the same sums, hits, top-K and label values, and the same input
+// gradient (up to the seed: the fused op's is 1 / sum(w) of loss_seed).
+TEST(DFlash2Gradient, FoldedTopKInterpretsAsTheSeparateOps) {
+  MLIRContext context;
+  context.loadDialect<DFlashDialect, func::FuncDialect>();
+  OwningOpRef<ModuleOp> separate =
+      parseSourceString<ModuleOp>(kFoldedTopK, &context);
+  ASSERT_TRUE(separate);
+  OwningOpRef<ModuleOp> fused = separate->clone();
+  PassManager pm(&context);
+  pm.addPass(createFuseKernels());
+  ASSERT_TRUE(succeeded(pm.run(*fused)));
+  int folded = 0, left = 0;
+  fused->walk([&](Operation *op) {
+    if (auto f = dyn_cast<LmHeadCeFusedOp>(op))
+      folded += f.getTopK() == 4u;
+    folded += isa<LmHeadCeTopKOp>(op);
+    left += isa<SelectorCandidatesOp, LmHeadCeOp>(op);
+  });
+  ASSERT_EQ(folded, 2);
+  ASSERT_EQ(left, 0);
+
+  std::mt19937_64 rng(31);
+  std::normal_distribution<double> normal;
+  std::uniform_int_distribution<int> token(0, 63);
+  const int64_t rows = 16;
+  HostTensor y({2, 8, 32}), head({64, 32}), labels({2, 8}), wa({2, 8}),
+      wb({2, 8}), seed(std::vector<int64_t>{});
+  for (HostTensor *t : {&y, &head})
+    for (double &v : t->data)
+      v = normal(rng);
+  double sum = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    labels.data[r] = token(rng);
+    // Rows of weight 0 (candidates -1, values 0) among weighted ones.
+    wa.data[r] = r % 3 == 0 ? 0.0 : std::exp(-std::abs(normal(rng)));
+    wb.data[r] = 0.0;
+    sum += wa.data[r];
+  }
+  seed.data[0] = 1.0 / sum;
+  for (const char *name : {"train", "eval"}) {
+    SCOPED_TRACE(name);
+    const bool train = std::string(name) == "train";
+    std::vector<HostTensor> args = {y, head, labels, wa, wb};
+    if (train)
+      args.push_back(seed);
+    auto a = StepInterpreter(separate->lookupSymbol<func::FuncOp>(name),
+                             Precision::Exact)
+                 .run(args);
+    auto b = StepInterpreter(fused->lookupSymbol<func::FuncOp>(name),
+                             Precision::Exact)
+                 .run(args);
+    ASSERT_TRUE(succeeded(a));
+    ASSERT_TRUE(succeeded(b));
+    ASSERT_EQ(a->size(), b->size());
+    const size_t dy = train ? 5 : size_t(-1);
+    for (size_t i = 0; i < a->size(); ++i) {
+      const std::vector<double> &x = (*a)[i].data, &z = (*b)[i].data;
+      ASSERT_EQ(x.size(), z.size()) << "result " << i;
+      for (size_t e = 0; e < x.size(); ++e) {
+        if (i == dy)
+          EXPECT_NEAR(z[e], x[e], 1e-12 * (1 + std::abs(x[e])))
+              << "input gradient " << e;
+        else
+          EXPECT_EQ(z[e], x[e]) << "result " << i << " element " << e;
+      }
+    }
+    // Weighted rows have their top 4, the others -1.
+    const std::vector<double> &candidates = (*b)[train ? 7 : 6].data;
+    for (int64_t r = 0; r < rows; ++r)
+      EXPECT_EQ(candidates[size_t(r * 4)] < 0, r % 3 == 0) << "row " << r;
+  }
 }
 
 } // namespace

@@ -669,11 +669,12 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
             ptr(o.getWeightSum()), ptr(o.getLossSumGrad()));
         return success();
       })
-      .Case<LmHeadCeFusedOp, LmHeadCeOp>([&](auto o) {
+      .Case<LmHeadCeFusedOp, LmHeadCeOp, LmHeadCeTopKOp>([&](auto o) {
         auto w = tensorOf(o.getWeight());
+        using Op = decltype(o);
         // Without the gradient (an evaluation's): no seed, no dX.
         std::string seed = "nullptr", dy = "nullptr";
-        if constexpr (std::is_same_v<decltype(o), LmHeadCeFusedOp>) {
+        if constexpr (std::is_same_v<Op, LmHeadCeFusedOp>) {
           seed = ptr(o.getLossSumGrad());
           dy = ptr(o.getInputGrad());
         }
@@ -691,8 +692,18 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                             "      a.blockSize = {4};\n",
                             rowsOf(o.getInput()), w.getDimSize(0),
                             w.getDimSize(1), kernel.getConstants()[0],
-                            kernel.getConstants()[1])
-           << "      dflash::kernels::useLmHeadWorkspace(a, "
+                            kernel.getConstants()[1]);
+        // A folded DFlash2 top-K (select-kernels' third constant).
+        if constexpr (!std::is_same_v<Op, LmHeadCeOp>) {
+          if (kernel.getConstants().size() > 2)
+            os << llvm::formatv("      a.topK = {0};\n      a.values = {1};\n"
+                                "      a.candidates = {2};\n"
+                                "      a.labelValues = {3};\n",
+                                kernel.getConstants()[2], ptr(o.getValues()),
+                                ptr(o.getCandidates()),
+                                ptr(o.getLabelValues()));
+        }
+        os << "      dflash::kernels::useLmHeadWorkspace(a, "
            << workspace(o, "char") << ");\n"
            << "      dflash::kernels::lm_head_cross_entropy_bf16(gemm(), a, "
               "stream);\n";
