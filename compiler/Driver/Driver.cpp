@@ -147,13 +147,10 @@ std::optional<std::string_view> pendingGpuTest(mlir::Operation *op) {
   for (const UnvalidatedKernel &k : kUnvalidatedKernels)
     if (name == k.name)
       return k.gpuTest;
-  // Block attention constants: D, BS, NH, NKV, window, causal.
-  llvm::ArrayRef<int64_t> c = kernel.getConstants();
-  if ((name == kernel_names::kBlockAttentionFwd ||
-       name == kernel_names::kBlockAttentionBwd) &&
-      c.size() == 6 && c[4] > 0 && c[5] == 0)
-    return kUnvalidatedBidirectionalWindowTest;
-  if (name == kernel_names::kLmHeadCrossEntropy && c.size() == 3)
+  // The lm_head kernel's constants: chunk rows, block size, and K when a
+  // selector's top-K is folded in.
+  if (name == kernel_names::kLmHeadCrossEntropy &&
+      kernel.getConstants().size() == 3)
     return kUnvalidatedLmHeadTopKTest;
   return std::nullopt;
 }
