@@ -310,10 +310,20 @@ class SuiteRun:
             return (worst <= check["limit"], f"worst relative difference {_rel(worst)} at {at} "
                     f"(limit {check['limit']:.0e})", worst, "relative error")
         if kind == "params":
-            worst, name = m.parameter_difference(self.path(check["a"], where),
-                                                 self.path(check["b"], where))
-            return (worst <= check["limit"], f"worst relative difference {_rel(worst)} ({name}; "
-                    f"limit {check['limit']:.0e})", worst, "relative error")
+            noise = None
+            if "noise_a" in check:
+                noise = m.parameter_differences(self.path(check["noise_a"], where),
+                                                self.path(check["noise_b"], where))
+            diffs = m.parameter_differences(self.path(check["a"], where),
+                                            self.path(check["b"], where))
+            name, diff, allowed = m.parameters_within(diffs, check["limit"], noise,
+                                                      check.get("factor", 4))
+            held = f"limit {check['limit']:.0e}" if allowed == check["limit"] else (
+                f"allowed {_rel(allowed)}: {check.get('factor', 4):g} x its references' "
+                f"difference {_rel(noise[name])}")
+            worst, worst_name = max((d, n) for n, d in diffs.items())
+            return (diff <= allowed, f"furthest {_rel(diff)} ({name}; {held}); largest "
+                    f"{_rel(worst)} ({worst_name})", worst, "relative error")
         if kind == "identical_files":
             for a_path, b_path in check["pairs"]:
                 a_file, b_file = self.path(a_path, where), self.path(b_path, where)

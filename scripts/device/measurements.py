@@ -250,22 +250,41 @@ def read_safetensors(path):
     return tensors
 
 
-def parameter_difference(a_path, b_path):
-    """(worst, name): the largest ||a - b|| / ||b|| over the tensors of two
-    safetensors files, which must hold the same names."""
+def parameter_differences(a_path, b_path):
+    """{name: ||a - b|| / ||b||} over the tensors of two safetensors files,
+    which must hold the same names and shapes."""
     import numpy as np
     a, b = read_safetensors(a_path), read_safetensors(b_path)
     if sorted(a) != sorted(b):
         only = sorted(set(a) ^ set(b))
         raise MeasurementError(f"{a_path} and {b_path}: tensor names differ ({', '.join(only[:4])})")
-    worst, worst_name = 0.0, ""
+    out = {}
     for name in sorted(a):
         if a[name].shape != b[name].shape:
             raise MeasurementError(f"{a_path} and {b_path}: tensor '{name}' shapes differ")
-        diff = float(np.linalg.norm(a[name] - b[name]) / max(np.linalg.norm(b[name]), 1e-30))
-        if diff > worst or not worst_name:
-            worst, worst_name = diff, name
-    return worst, worst_name
+        out[name] = float(np.linalg.norm(a[name] - b[name]) / max(np.linalg.norm(b[name]), 1e-30))
+    return out
+
+
+def parameter_difference(a_path, b_path):
+    """(worst, name): the largest ||a - b|| / ||b|| over the tensors of two
+    safetensors files, which must hold the same names."""
+    diffs = parameter_differences(a_path, b_path)
+    name = max(sorted(diffs), key=lambda n: diffs[n])
+    return diffs[name], name
+
+
+def parameters_within(diffs, limit, noise=None, factor=4.0):
+    """(name, difference, allowed) of the tensor furthest past what it is
+    allowed: `limit`, or with `noise` ({name: difference} of two references,
+    e.g. bf16 storage against fp64) max(limit, factor x its noise), so that
+    a tensor the references themselves disagree on (a codebook that starts
+    at 0 and gets sparse, near-zero gradients through Adam) is held to that
+    disagreement and the others to the limit."""
+    def allowed(name):
+        return max(limit, factor * noise.get(name, 0.0)) if noise else limit
+    name = max(sorted(diffs), key=lambda n: diffs[n] / allowed(n))
+    return name, diffs[name], allowed(name)
 
 
 # -- result lines -----------------------------------------------------------

@@ -97,7 +97,8 @@ CHECK_COMMON = {"name": "str", "kind": "str", "runs": "strs"}
 CHECK_KINDS = {
     "losses": ({"a": "str", "b": "str", "limit": "number"},
                {"fields": "strs", "steps": "int", "lines": "lines"}),
-    "params": ({"a": "str", "b": "str", "limit": "number"}, {}),
+    "params": ({"a": "str", "b": "str", "limit": "number"},
+               {"noise_a": "str", "noise_b": "str", "factor": "number"}),
     "identical_files": ({"pairs": "pairs"}, {}),
     "identical_fields": ({"a": "str", "b": "str", "fields": "strs"},
                          {"lines": "lines", "min_lines": "int"}),

@@ -195,6 +195,24 @@ class CheckpointTest(unittest.TestCase):
         self.assertAlmostEqual(worst, 0.5)
         self.assertEqual(m.parameter_difference(a, a), (0.0, "b"))
 
+    def test_parameters_within_the_references_noise(self):
+        folder = tempfile.mkdtemp()
+        x = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+        a = safetensors(os.path.join(folder, "a.safetensors"), {"w": x, "s": [1.0, 2.0]})
+        # s differs by 30%, w by 3%: s's references differ by 10% themselves.
+        b = safetensors(os.path.join(folder, "b.safetensors"), {"w": x * 1.03, "s": [1.3, 2.6]})
+        diffs = m.parameter_differences(b, a)
+        self.assertAlmostEqual(diffs["s"], 0.3, places=6)
+        self.assertEqual(m.parameters_within(diffs, 0.05)[0], "s")  # 0.3 > 0.05: fails
+        name, diff, allowed = m.parameters_within(diffs, 0.05, {"w": 0.0, "s": 0.1}, 4)
+        self.assertEqual(name, "s")  # 0.3 of 0.4 allowed, w 0.03 of 0.05
+        self.assertAlmostEqual(allowed, 0.4, places=6)
+        self.assertLessEqual(diff, allowed)
+        name, diff, allowed = m.parameters_within(diffs, 0.05, {"w": 0.0, "s": 0.1}, 2)
+        self.assertEqual(name, "s")
+        self.assertGreater(diff, allowed)  # 0.3 > 2 x 0.1
+        self.assertAlmostEqual(allowed, 0.2, places=6)
+
     def test_bf16_reads_the_truncated_values(self):
         folder = tempfile.mkdtemp()
         path = safetensors(os.path.join(folder, "h.safetensors"), {"w": [1.0, -2.5, 3.0]}, "BF16")
