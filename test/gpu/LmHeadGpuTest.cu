@@ -138,6 +138,29 @@ std::vector<double> pickRows(const std::vector<double> &all,
   return out;
 }
 
+/// The kernel's arguments over buffers the caller owns (no top-K, no
+/// workspace yet).
+kernels::LmHeadCrossEntropyArgs
+lmHeadArgs(const Bf16Tensor &y, const Bf16Tensor &w, const int32_t *labels,
+           const float *weights, const float *dLossSum, bf16 *dy, uint8_t *hits,
+           int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
+           int64_t blockSize) {
+  kernels::LmHeadCrossEntropyArgs args{};
+  args.y = y.ptr();
+  args.lmHead = w.ptr();
+  args.labels = labels;
+  args.weights = weights;
+  args.dLossSum = dLossSum;
+  args.dy = dy;
+  args.hits = hits;
+  args.rows = rows;
+  args.V = V;
+  args.H = H;
+  args.chunkRows = chunkRows;
+  args.blockSize = blockSize;
+  return args;
+}
+
 void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
                 int64_t blockSize, uint64_t seed) {
   SCOPED_TRACE(testing::Message()
@@ -193,19 +216,9 @@ void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   std::vector<float> scale{static_cast<float>(dLossSum)};
   dScale.upload(scale);
   poisonAll(workspace, dy);
-  kernels::LmHeadCrossEntropyArgs args{};
-  args.y = y.ptr();
-  args.lmHead = w.ptr();
-  args.labels = dLabels.get();
-  args.weights = dWeights.get();
-  args.dLossSum = dScale.get();
-  args.dy = dy.get();
-  args.hits = hits.get();
-  args.rows = rows;
-  args.V = V;
-  args.H = H;
-  args.chunkRows = chunkRows;
-  args.blockSize = blockSize;
+  kernels::LmHeadCrossEntropyArgs args =
+      lmHeadArgs(y, w, dLabels.get(), dWeights.get(), dScale.get(), dy.get(),
+                 hits.get(), rows, V, H, chunkRows, blockSize);
   kernels::useLmHeadWorkspace(args, workspace.get());
   DeviceBuffer<float> sums(4);
   args.sums = sums.get(); // poisoned on its own: read back below
@@ -280,19 +293,9 @@ LmHeadOutputs runLmHead(kernels::CublasLtGemm &gemm, const Bf16Tensor &y,
   poisonAll(workspace, dy, hits, values, labelValues);
   // Not 0xFF bytes: -1 is what rows of weight 0 must get.
   candidates.upload(std::vector<int32_t>(candidates.size(), 0x5a5a5a5a));
-  kernels::LmHeadCrossEntropyArgs args{};
-  args.y = y.ptr();
-  args.lmHead = w.ptr();
-  args.labels = dLabels.get();
-  args.weights = dWeights.get();
-  args.dLossSum = dScale.get();
-  args.dy = dy.get();
-  args.hits = hits.get();
-  args.rows = rows;
-  args.V = V;
-  args.H = H;
-  args.chunkRows = chunkRows;
-  args.blockSize = blockSize;
+  kernels::LmHeadCrossEntropyArgs args =
+      lmHeadArgs(y, w, dLabels.get(), dWeights.get(), dScale.get(), dy.get(),
+                 hits.get(), rows, V, H, chunkRows, blockSize);
   if (K > 0) {
     args.topK = K;
     args.values = values.get();
