@@ -46,7 +46,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_step import attention, read_safetensors, rel, rms_norm, rope, visibility  # noqa: E402
+from torch_step import (attention, labels_and_weights, read_safetensors, rel, rms_norm,  # noqa: E402
+                        rope, visibility)
 
 # Deliberate mistakes for the self-checks: the oracle must tell each one.
 BREAKS = {
@@ -151,26 +152,6 @@ def forward(P, embed, lm_head, ids, hidden, anchors, keep, positions, cfg, d2, b
         x = x + gconv(mlp, D2[:, :, 1], base2[1], bs, gs, broken)
     y = rms_norm(x, P("norm.weight"), eps)
     return y, unary(y @ lm_head.T, d2)
-
-
-def labels_and_weights(ids, loss_mask, anchors, keep, positions, bs, gamma, dtype):
-    """Section 4 (with section 9's conversation rule): the label of slot
-    (n, k) is input_ids[anchor + k] (0 past the row) and its weight."""
-    B, S = ids.shape
-    N = anchors.shape[1]
-    labels = torch.zeros(B, N * bs, dtype=torch.int64)
-    w = torch.zeros(B, N * bs, dtype=dtype)
-    for b in range(B):
-        for n in range(N):
-            a = int(anchors[b, n])
-            for k in range(bs):
-                pos = a + k
-                if pos < S:
-                    labels[b, n * bs + k] = ids[b, pos]
-                if keep[b, n] and k > 0 and pos < S and loss_mask[b, pos] \
-                        and positions[b, pos] == positions[b, a] + k:
-                    w[b, n * bs + k] = np.exp(-(k - 1) / gamma) if gamma > 0 else 1.0
-    return labels, w
 
 
 def selector_scores(u, y, pred, cands, P):

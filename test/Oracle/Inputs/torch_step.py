@@ -135,6 +135,26 @@ def attention(q, k, v, mask):
     return torch.einsum("bhqj,bjhd->bqhd", p, v)
 
 
+def labels_and_weights(ids, loss_mask, anchors, keep, positions, bs, gamma, dtype):
+    """Section 4 (with section 9's conversation rule): the label of slot
+    (n, k) is input_ids[anchor + k] (0 past the row) and its weight."""
+    B, S = ids.shape
+    N = anchors.shape[1]
+    labels = torch.zeros(B, N * bs, dtype=torch.int64)
+    w = torch.zeros(B, N * bs, dtype=dtype)
+    for b in range(B):
+        for n in range(N):
+            a = int(anchors[b, n])
+            for k in range(bs):
+                pos = a + k
+                if pos < S:
+                    labels[b, n * bs + k] = ids[b, pos]
+                if keep[b, n] and k > 0 and pos < S and loss_mask[b, pos] \
+                        and positions[b, pos] == positions[b, a] + k:
+                    w[b, n * bs + k] = np.exp(-(k - 1) / gamma) if gamma > 0 else 1.0
+    return labels, w
+
+
 def step(t, cfg, dtype, rope=rope):
     ids = torch.tensor(t["input.input_ids"], dtype=torch.int64)
     loss_mask = torch.tensor(t["input.loss_mask"]) != 0
@@ -191,19 +211,7 @@ def step(t, cfg, dtype, rope=rope):
     logits = y @ lm_head.T
     # Loss: same-position labels, k > 0, inside the row and the anchor's
     # conversation, supervised, decayed.
-    labels = torch.zeros(B, Q, dtype=torch.int64)
-    w = torch.zeros(B, Q, dtype=dtype)
-    for b in range(B):
-        for n in range(N):
-            a = int(anchors[b, n])
-            for kk in range(bs):
-                pos = a + kk
-                if pos < S:
-                    labels[b, n * bs + kk] = ids[b, pos]
-                if keep[b, n] and kk > 0 and pos < S and loss_mask[b, pos] \
-                        and positions[b, pos] == positions[b, a] + kk:
-                    decay = np.exp(-(kk - 1) / gamma) if gamma > 0 else 1.0
-                    w[b, n * bs + kk] = decay
+    labels, w = labels_and_weights(ids, loss_mask, anchors, keep, positions, bs, gamma, dtype)
     ce = torch.logsumexp(logits, -1) - logits.gather(-1, labels[..., None])[..., 0]
     loss = (w * ce).sum() / w.sum()
     # Acceptance length (docs/semantics.md section 10): per kept block, the run of
