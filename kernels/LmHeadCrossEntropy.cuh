@@ -370,6 +370,12 @@ static __global__ void __launch_bounds__(1024)
 inline void useLmHeadWorkspace(LmHeadCrossEntropyArgs &args, void *workspace) {
   char *base = static_cast<char *>(workspace);
   const int64_t computed = lmHeadComputedRows(args.rows, args.blockSize);
+  // The workspace holds lmHeadChunkRows rows of logits and gathered rows; a
+  // longer chunk would run past it into whatever lies next.
+  if (args.chunkRows < 1 || args.chunkRows > lmHeadChunkRows(computed, args.V))
+    detail::reportCudaFailure(__FILE__, __LINE__, "useLmHeadWorkspace",
+                              "chunkRows must lie in 1..lmHeadChunkRows of "
+                              "the computed rows, the workspace's chunk");
   args.sums = reinterpret_cast<float *>(base);
   base += kLmHeadSumsBytes;
   args.rowTerms = reinterpret_cast<float *>(base);
