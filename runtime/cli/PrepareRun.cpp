@@ -266,7 +266,8 @@ Status dflash::rt::prepareRun(const TrainOptions &o, const ModelConfig &config,
   run.trainer.finalStep = o.steps;
   run.trainer.useGraph = !o.noGraph;
   run.trainer.timeGemms = !o.noGemmTiming;
-  run.trainer.outDir = o.out;
+  // Empty: no checkpoint and no export (TrainerSetup).
+  run.trainer.outDir = o.noSave ? std::string() : o.out;
   run.trainer.saveEvery = o.saveEvery;
   run.trainer.maxBadRows = o.maxBadRows;
   run.trainer.evalEvery = o.evalEvery;

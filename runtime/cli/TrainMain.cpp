@@ -422,7 +422,9 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
   note("done: " + std::to_string(outcome.stepsThisRun) + " steps in " +
        formatDuration(seconds) + "; " + formatBytes(usedAfterFirstStep) +
        " in use on the " + (group.localRanks() > 1 ? "fullest " : "") +
-       "device after the first step; drafter in " + outcome.finalExport);
+       "device after the first step; " +
+       (outcome.finalExport.empty() ? std::string("nothing saved (--no-save)")
+                                    : "drafter in " + outcome.finalExport));
   return 0;
 }
 

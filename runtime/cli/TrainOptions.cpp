@@ -219,6 +219,11 @@ CommandLineAction dflash::rt::parseTrainCommandLine(int argc,
                "export; the figures go to the log and the progress output. "
                "--data still says whether rows carry features or the online "
                "target computes them");
+  app.add_flag("--no-save", options.noSave,
+               "Timing only: save no checkpoint and export no drafter (the "
+               "log is still written; a stopped run keeps nothing), for "
+               "benchmarks of drafters whose checkpoints would take minutes "
+               "and tens of GB to write");
   app.add_flag("--no-graph", options.noGraph,
                "Run the step eagerly every time instead of replaying a "
                "captured CUDA graph (debugging)");
@@ -321,6 +326,17 @@ Status dflash::rt::validateTrainOptions(const TrainOptions &o,
   } else if (o.steps < 1) {
     return Status::error("--steps must be at least 1 (got " +
                          std::to_string(o.steps) + ")");
+  }
+  if (o.noSave) {
+    if (o.evalOnly)
+      return Status::error("--eval-only saves nothing anyway: leave --no-save "
+                           "out");
+    if (o.saveEvery != 0)
+      return Status::error("--no-save writes no checkpoint: leave "
+                           "--save-every out");
+    if (!o.evalData.empty())
+      return Status::error("--no-save exports no best drafter: leave "
+                           "--eval-data out");
   }
   if (o.givenTotalSteps && o.totalSteps < 1)
     return Status::error("--total-steps must be at least 1 (got " +

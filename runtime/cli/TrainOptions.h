@@ -59,6 +59,8 @@ struct TrainOptions {
   /// --eval-only: evaluate the initial weights on --eval-data and stop,
   /// training, saving and exporting nothing.
   bool evalOnly = false;
+  /// --no-save: timing runs write no checkpoint and no export.
+  bool noSave = false;
 
   /// Options whose value on resume comes from the checkpoint unless given.
   bool givenTotalSteps = false, givenLr = false, givenWarmupRatio = false,

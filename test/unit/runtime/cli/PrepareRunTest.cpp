@@ -98,6 +98,19 @@ TEST(TrainPrepare, SyntheticFreshRun) {
   EXPECT_EQ(run.logPath, dir.path + "/metrics.jsonl");
 }
 
+// --no-save: the trainer gets no output directory (no checkpoint, no
+// export), while the log still goes to <out>/metrics.jsonl.
+TEST(TrainPrepare, NoSaveWritesOnlyTheLog) {
+  TrainMainTempDir dir;
+  PreparedRun run;
+  Status s = prepare({"--data", "synthetic", "--steps", "3", "--rows", "9",
+                      "--out", dir.path, "--no-save", "--no-graph"},
+                     run);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_TRUE(run.trainer.outDir.empty());
+  EXPECT_EQ(run.logPath, dir.path + "/metrics.jsonl");
+}
+
 // Held-out synthetic rows are rows training never reads: those past the
 // training set's.
 TEST(TrainPrepare, SyntheticHeldOutRows) {

@@ -409,6 +409,15 @@ TEST(TrainValidation, NamesTheBadOption) {
       {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-only",
         "--save-every", "5"},
        "--eval-only evaluates once and saves nothing"},
+      {{"--data", "synthetic", "--steps", "5", "--no-save", "--save-every",
+        "5"},
+       "--no-save writes no checkpoint: leave --save-every out"},
+      {{"--data", "synthetic", "--steps", "5", "--no-save", "--eval-data",
+        "synthetic"},
+       "--no-save exports no best drafter: leave --eval-data out"},
+      {{"--data", "synthetic", "--eval-data", "synthetic", "--eval-only",
+        "--no-save"},
+       "--eval-only saves nothing anyway: leave --no-save out"},
   };
   for (const Case &c : cases) {
     std::vector<std::string> args = c.args;
