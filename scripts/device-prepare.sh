@@ -197,6 +197,9 @@ online() {
     q8yarn-s*k) spec=$(spec_for "qwen3-8b-${name#q8yarn-}") target=$D/tcfg/q8-yarn ;;
     a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
     q36) spec=specs/qwen3.6-27b-b16.toml target=$D/tcfg/q36 ;;
+    # The published DFlash2 drafter over the Qwen3.6-27B-shaped hybrid
+    # (Qwen3.8-27B's shape: 64 layers, H 5120, V 248320).
+    q38d2) spec=specs/qwen3.8-27b-dflash2-b8.toml target=$D/tcfg/q36 ;;
     q35a3b) # No drafter of this target is published: qwen3.6-27b-b16's
       # drafter on the target's width and depth, the default taps.
       spec=$D/specs/qwen3.5-35b-a3b-b16.toml target=$D/tcfg/q35a3b
@@ -204,7 +207,7 @@ online() {
         -e 's/^num_layers = 64/num_layers = 40/' -e 's/^hidden_size = 5120/hidden_size = 2048/' \
         -e '/^layer_ids = /d' -e 's/^intermediate_size = 17408/intermediate_size = 6144/' \
         specs/qwen3.6-27b-b16.toml > "$spec" ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, th, thd2, thm, tn, q8, a3b, q36, q35a3b, q8yarn-sNk)" ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thd2, thm, tn, q8, a3b, q36, q38d2, q35a3b, q8yarn-sNk)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"

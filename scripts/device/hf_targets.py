@@ -28,7 +28,7 @@ features against transformers, for the online suites of device-check.
   hf_targets.py a3b-tokens WORK [--seq S] [--whole]
       a token shard of qwen3-coder-30b-a3b-b16's shape (8 rows of 3072 or
       S, the even rows packed; --whole: none) in WORK/tokens; q36-tokens: qwen3.6-27b-b16's;
-      q8-tokens: qwen3-8b-b16's
+      q38-tokens: qwen3.8-27b-dflash2-b8's; q8-tokens: qwen3-8b-b16's
   hf_targets.py oracle DIR
       test/Reference/target_oracle.py's checkpoints in DIR/{qwen3,llama}
       through transformers against dflash-target-features' CPU features
@@ -203,11 +203,14 @@ A3B_SHARD = {"target": "Qwen/Qwen3-Coder-30B-A3B-Instruct",
              "target_layer_ids": "[1, 7, 14, 20, 26, 32, 39, 45]", "hidden_size": "2048"}
 Q36_SHARD = {"target": "Qwen/Qwen3.6-27B", "target_layer_ids": "[1, 16, 31, 46, 61]",
              "hidden_size": "5120"}
+Q38_SHARD = {"target": "Qwen/Qwen3.8-27B", "target_layer_ids": "[5, 19, 33, 47, 61]",
+             "hidden_size": "5120"}
 TINY_SHARD = {"target": "dflash-synth/tiny-target", "target_layer_ids": "[1, 5]",
               "hidden_size": "256"}
 # The token shards `SPEC-tokens WORK` writes: the shard's metadata, the vocabulary.
 TOKEN_SHARDS = {"q8": (Q8_SHARD, 151936), "a3b": (A3B_SHARD, 151936),
-                "q36": (Q36_SHARD, 248320), "tiny": (TINY_SHARD, 1024)}
+                "q36": (Q36_SHARD, 248320), "q38": (Q38_SHARD, 248320),
+                "tiny": (TINY_SHARD, 1024)}
 
 
 def write_q8_tokens(path, vocab_size, rows=8, seq=3072, spec=Q8_SHARD, packed=True):
