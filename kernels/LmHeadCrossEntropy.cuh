@@ -18,13 +18,13 @@
 // four results are deterministic. lm_head is frozen: no weight gradient.
 //
 // With topK (a DFlash2 drafter's selector_candidates folded in, its
-// transform the identity; docs/semantics.md section 13), step 2 also keeps
-// each row's top-K of the same bf16 logits while it scans them for the
+// transform the cross-entropy's; docs/semantics.md section 13), step 2 also
+// keeps each row's top-K of the same logits while it scans them for the
 // log-sum-exp (kernels/WarpTopK.cuh: a list per warp, merged by rank), and
-// writes values (fp32 of the bf16 logits), candidates and label values
-// before the logits become their gradient; no second lm_head GEMM. Rows of
-// weight 0 and the skipped slot-0 rows get candidates -1, values 0. Without
-// topK the row kernel is the same code as before (a template switch).
+// writes values (fp32 of the bf16 logits, or their transform), candidates and
+// label values before the logits become their gradient; no second lm_head GEMM.
+// Rows of weight 0 and the skipped slot-0 rows get candidates -1, values 0.
+// Without topK the row kernel is the same code as before (a template switch).
 //
 // With a unary transform (a DFlash2 drafter's CE_u: multiplier != 1 or
 // softcap != 0; docs/semantics.md section 13, "Unary logits"), step 2 reads
@@ -81,7 +81,7 @@ struct LmHeadCrossEntropyArgs {
   /// rows must be a multiple of it and H of 8. 0: every row is computed.
   int64_t blockSize;
   /// 1..min(kLmHeadMaxTopK, V): also each row's top topK of the logits
-  /// (selector_candidates with the identity transform). 0: none.
+  /// (selector_candidates with the cross-entropy's transform). 0: none.
   int64_t topK = 0;
   float *values = nullptr;       ///< [rows, topK] descending
   int32_t *candidates = nullptr; ///< [rows, topK] ties: the lower token
