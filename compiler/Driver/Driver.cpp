@@ -31,6 +31,7 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/ADT/StringSet.h"
+#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
@@ -148,20 +149,17 @@ struct PendingGpuTest {
 /// The spec key of a DFlash2 drafter's unary transform on an lm_head op,
 /// or null for the identity.
 const char *unaryTransformKey(mlir::Operation *op) {
-  std::optional<std::pair<double, double>> t;
-  if (auto o = llvm::dyn_cast<mlir::dflash::LmHeadCeFusedOp>(op))
-    t = {o.getMultiplier().convertToDouble(), o.getSoftcap().convertToDouble()};
-  else if (auto o = llvm::dyn_cast<mlir::dflash::LmHeadCeTopKOp>(op))
-    t = {o.getMultiplier().convertToDouble(), o.getSoftcap().convertToDouble()};
-  else if (auto o = llvm::dyn_cast<mlir::dflash::LmHeadCeOp>(op))
-    t = {o.getMultiplier().convertToDouble(), o.getSoftcap().convertToDouble()};
-  if (!t)
-    return nullptr;
-  if (t->second != 0)
-    return "drafter.dflash2.final_logit_softcapping";
-  if (t->first != 1)
-    return "drafter.dflash2.output_multiplier";
-  return nullptr;
+  using namespace mlir::dflash;
+  return llvm::TypeSwitch<mlir::Operation *, const char *>(op)
+      .Case<LmHeadCeFusedOp, LmHeadCeTopKOp, LmHeadCeOp>(
+          [](auto o) -> const char * {
+            if (o.getSoftcap().convertToDouble() != 0)
+              return "drafter.dflash2.final_logit_softcapping";
+            if (o.getMultiplier().convertToDouble() != 1)
+              return "drafter.dflash2.output_multiplier";
+            return nullptr;
+          })
+      .Default([](mlir::Operation *) { return nullptr; });
 }
 
 /// The GPU tests that have yet to pass for the kernel `op` runs.
