@@ -142,9 +142,11 @@ def DFlash_SwigluGradOp : DFlash_PureOp<"swiglu_grad"> {
 def DFlash_LmHeadCeGradOp : DFlash_PureOp<"lm_head_ce_grad"> {
   let summary = "Input gradient of the fused lm_head cross-entropy";
   let description = [{
-    `d(loss_sum_grad * loss_sum) / d input` of `dflash.lm_head_ce`:
-    `result = loss_sum_grad * sum over rows of w * (softmax(logits) - onehot)
-    @ weight`, the logits recomputed one chunk of rows at a time.
+    `d(loss_sum_grad * loss_sum) / d input` of `dflash.lm_head_ce` (same
+    `multiplier` and `softcap`): with `z = input @ weight^T` and
+    `u = T(z)`, `result = loss_sum_grad * sum over rows of T'(z) * w *
+    (softmax(u) - onehot) @ weight`, the logits recomputed one chunk of rows
+    at a time (`T'` = 1 for the identity).
 
     ```mlir
     %dy = dflash.lm_head_ce_grad %y, %lm_head, %labels, %weights, %seed
@@ -156,7 +158,9 @@ def DFlash_LmHeadCeGradOp : DFlash_PureOp<"lm_head_ce_grad"> {
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
                        DFlash_IndexTensor:$labels,
                        DFlash_F32Tensor:$weights,
-                       DFlash_F32Scalar:$loss_sum_grad);
+                       DFlash_F32Scalar:$loss_sum_grad,
+                       DefaultValuedAttr<F64Attr, "1.0">:$multiplier,
+                       DefaultValuedAttr<F64Attr, "0.0">:$softcap);
   let results = (outs DFlash_FloatTensor:$result);
   let assemblyFormat =
       "$input `,` $weight `,` $labels `,` $weights `,` $loss_sum_grad "

@@ -293,12 +293,16 @@ LogicalResult LmHeadCeFusedOp::verify() {
   if (getTopK() ? n != 3 : n != 0)
     return emitOpError() << "(C4) has " << n
                          << " top_k_results but needs 3 with top_k, else none";
-  if (!getTopK())
-    return success();
   // lm_head_ce_fused C5
-  return verifyLmHeadTopK(op, "C5", "C5", getInput(), getWeight(),
-                          int64_t(*getTopK()), getValues(), getCandidates(),
-                          getLabelValues());
+  if (getTopK() &&
+      failed(verifyLmHeadTopK(op, "C5", "C5", getInput(), getWeight(),
+                              int64_t(*getTopK()), getValues(), getCandidates(),
+                              getLabelValues())))
+    return failure();
+  // lm_head_ce_fused C6
+  return verify::expectUnaryTransform(op, "C6",
+                                      getMultiplier().convertToDouble(),
+                                      getSoftcap().convertToDouble());
 }
 
 LogicalResult LmHeadCeTopKOp::verify() {
@@ -308,9 +312,14 @@ LogicalResult LmHeadCeTopKOp::verify() {
                                   getWeights(), getHits())))
     return failure();
   // lm_head_ce_top_k C3, C4
-  return verifyLmHeadTopK(op, "C3", "C4", getInput(), getWeight(),
-                          int64_t(getTopK()), getValues(), getCandidates(),
-                          getLabelValues());
+  if (failed(verifyLmHeadTopK(op, "C3", "C4", getInput(), getWeight(),
+                              int64_t(getTopK()), getValues(), getCandidates(),
+                              getLabelValues())))
+    return failure();
+  // lm_head_ce_top_k C5
+  return verify::expectUnaryTransform(op, "C5",
+                                      getMultiplier().convertToDouble(),
+                                      getSoftcap().convertToDouble());
 }
 
 LogicalResult AdamWMultiOp::verify() {

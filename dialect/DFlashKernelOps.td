@@ -215,12 +215,14 @@ def DFlash_LmHeadCeFusedOp : DFlash_PureOp<"lm_head_ce_fused"> {
     `lm_head_ce` and `lm_head_ce_grad` in one chunked pass: each chunk of
     rows computes its logits once (never the whole batch), adds to the sums
     and writes its rows of the input gradient, scaled by `loss_sum_grad`.
+    `multiplier` and `softcap` are the two ops' unary transform (identity by
+    default).
 
     With `top_k`, also a `dflash.selector_candidates` of the same operands
-    whose transform is the identity (multiplier 1, no softcap): the three
-    `top_k_results` are its `values`, `candidates` and `label_values`, taken
-    from the same bf16 logits before they become their gradient (a DFlash2
-    drafter's unary logits are `CE_u`'s; docs/semantics.md section 13).
+    and the same transform: the three `top_k_results` are its `values`,
+    `candidates` and `label_values`, taken from the same transformed logits
+    before they become their gradient (a DFlash2 drafter's unary logits are
+    `CE_u`'s; docs/semantics.md section 13).
 
     ```mlir
     %loss, %wsum, %correct, %count, %hits, %dy = dflash.lm_head_ce_fused %y,
@@ -234,7 +236,9 @@ def DFlash_LmHeadCeFusedOp : DFlash_PureOp<"lm_head_ce_fused"> {
                        DFlash_IndexTensor:$labels,
                        DFlash_F32Tensor:$weights,
                        DFlash_F32Scalar:$loss_sum_grad,
-                       OptionalAttr<I64Attr>:$top_k);
+                       OptionalAttr<I64Attr>:$top_k,
+                       DefaultValuedAttr<F64Attr, "1.0">:$multiplier,
+                       DefaultValuedAttr<F64Attr, "0.0">:$softcap);
   // top_k_results: none, or values [rows, K] f32, candidates [rows, K] i32
   // and label_values [rows] f32 (C4, C5).
   let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
@@ -261,9 +265,10 @@ def DFlash_LmHeadCeTopKOp : DFlash_PureOp<"lm_head_ce_top_k"> {
   let summary = "lm_head_ce and the selector's top-K of the same logits";
   let description = [{
     `lm_head_ce` (the forward alone: an evaluation program's) and a
-    `dflash.selector_candidates` of the same operands whose transform is the
-    identity, in one chunked pass: each chunk's logits are made once, for
-    the sums and for each row's top `top_k` (docs/semantics.md section 13).
+    `dflash.selector_candidates` of the same operands and the same unary
+    transform (`multiplier`, `softcap`; identity by default), in one chunked
+    pass: each chunk's logits are made once, for the sums and for each row's
+    top `top_k` (docs/semantics.md section 13).
 
     ```mlir
     %loss, %wsum, %correct, %count, %hits, %values, %candidates,
@@ -273,7 +278,9 @@ def DFlash_LmHeadCeTopKOp : DFlash_PureOp<"lm_head_ce_top_k"> {
   }];
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
                        DFlash_IndexTensor:$labels,
-                       DFlash_F32Tensor:$weights, I64Attr:$top_k);
+                       DFlash_F32Tensor:$weights, I64Attr:$top_k,
+                       DefaultValuedAttr<F64Attr, "1.0">:$multiplier,
+                       DefaultValuedAttr<F64Attr, "0.0">:$softcap);
   let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
                       DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
                       DFlash_FlagTensor:$hits, DFlash_F32Tensor:$values,

@@ -518,7 +518,9 @@ LogicalResult LmHeadCeOp::verify() {
       failed(expectShape(op, "C3", "weights", getWeights(), rows)) ||
       failed(expectShape(op, "C3", "hits", getHits(), rows)))
     return failure();
-  return success();
+  // lm_head_ce C4
+  return expectUnaryTransform(op, "C4", getMultiplier().convertToDouble(),
+                              getSoftcap().convertToDouble());
 }
 
 LogicalResult DraftAcceptanceOp::verify() {
@@ -644,15 +646,9 @@ static LogicalResult verifyCandidatesOperands(Operation *op, Value input,
                                               double multiplier, double softcap,
                                               SmallVectorImpl<int64_t> &rows) {
   // selector_candidates C1
-  if (failed(expectAtLeast(op, "C1", "top_k", topK, 1)))
+  if (failed(expectAtLeast(op, "C1", "top_k", topK, 1)) ||
+      failed(expectUnaryTransform(op, "C1", multiplier, softcap)))
     return failure();
-  if (!(multiplier > 0))
-    return op->emitOpError()
-           << "(C1) multiplier is " << formatDouble(multiplier)
-           << " but must be positive";
-  if (!(softcap >= 0))
-    return op->emitOpError() << "(C1) softcap is " << formatDouble(softcap)
-                             << " but must be 0 (none) or positive";
   // selector_candidates C2
   if (failed(expectRank(op, "C2", "weight", weight, 2)))
     return failure();
@@ -967,7 +963,12 @@ LogicalResult LmHeadCeGradOp::verify() {
       failed(expectShape(op, "C3", "weights", getWeights(), rows)))
     return failure();
   // lm_head_ce_grad C4
-  return expectSameType(op, "C4", "result", getResult(), "input", getInput());
+  if (failed(
+          expectSameType(op, "C4", "result", getResult(), "input", getInput())))
+    return failure();
+  // lm_head_ce_grad C5
+  return expectUnaryTransform(op, "C5", getMultiplier().convertToDouble(),
+                              getSoftcap().convertToDouble());
 }
 
 LogicalResult GroupedConvGradOp::verify() {

@@ -512,24 +512,33 @@ def DFlash_ConcatLastOp : DFlash_PureOp<"concat_last"> {
 def DFlash_LmHeadCeOp : DFlash_PureOp<"lm_head_ce", [DFlash_Differentiable]> {
   let summary = "Fused lm_head, weighted cross-entropy and accuracy";
   let description = [{
-    With `logits = input @ weight^T` (never materialised whole) and
+    With `logits = T(input @ weight^T)` (never materialised whole) and
     `w = weights`, returns four fp32 scalars summed over every row:
     `loss_sum = sum(w * CE(logits, labels))` (CE in fp32 from bf16 logits),
     `weight_sum = sum(w)`, `correct = sum([argmax == label] * [w > 0])` and
     `count = sum([w > 0])` (docs/semantics.md section 4), and per row
     `hits = [argmax == label] * [w > 0]` (what `draft_acceptance` counts).
-    The weight is frozen.
+    The weight is frozen. `T` is a DFlash2 drafter's unary transform
+    (docs/semantics.md section 13, "Unary logits"; `CE_u`), applied in fp32
+    to each bf16 logit: `T(z) = softcap * tanh(multiplier * z / softcap)`,
+    or `multiplier * z` when `softcap` is 0; the defaults (multiplier 1,
+    softcap 0, elided) make it the identity. `T` is monotonic, so the
+    argmax is the raw logits'.
 
     ```mlir
     %loss, %wsum, %correct, %count, %hits = dflash.lm_head_ce %y, %lm_head,
         %labels, %weights : (tensor<4x8192x4096xbf16>, tensor<151936x4096xbf16>,
                              tensor<4x8192xi32>, tensor<4x8192xf32>)
         -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<4x8192xi8>)
+    %loss, %wsum, %correct, %count, %hits = dflash.lm_head_ce %y, %lm_head,
+        %labels, %weights {softcap = 3.000000e+01 : f64} : (...) -> (...)
     ```
   }];
   let arguments = (ins DFlash_FloatTensor:$input, DFlash_FloatTensor:$weight,
                        DFlash_IndexTensor:$labels,
-                       DFlash_F32Tensor:$weights);
+                       DFlash_F32Tensor:$weights,
+                       DefaultValuedAttr<F64Attr, "1.0">:$multiplier,
+                       DefaultValuedAttr<F64Attr, "0.0">:$softcap);
   let results = (outs DFlash_F32Scalar:$loss_sum, DFlash_F32Scalar:$weight_sum,
                       DFlash_F32Scalar:$correct, DFlash_F32Scalar:$count,
                       DFlash_FlagTensor:$hits);

@@ -89,9 +89,9 @@ SmallVector<Value> LmHeadCeOp::buildVJP(OpBuilder &b, ArrayRef<Value> grads) {
   // Only loss_sum is differentiable; the weight is frozen.
   if (!grads[0])
     return {Value(), Value(), Value(), Value()};
-  Value dy =
-      LmHeadCeGradOp::create(b, getLoc(), getInput().getType(), getInput(),
-                             getWeight(), getLabels(), getWeights(), grads[0]);
+  Value dy = LmHeadCeGradOp::create(
+      b, getLoc(), getInput().getType(), getInput(), getWeight(), getLabels(),
+      getWeights(), grads[0], getMultiplierAttr(), getSoftcapAttr());
   return {dy, Value(), Value(), Value()};
 }
 

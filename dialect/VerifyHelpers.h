@@ -86,6 +86,21 @@ inline LogicalResult expectAtLeast(Operation *op, StringRef c, StringRef what,
                            << " but must be at least " << min;
 }
 
+/// A unary transform's attributes (docs/semantics.md section 13, "Unary
+/// logits"): multiplier > 0, softcap 0 (none) or positive.
+inline LogicalResult expectUnaryTransform(Operation *op, StringRef c,
+                                          double multiplier, double softcap) {
+  if (!(multiplier > 0))
+    return op->emitOpError()
+           << "(" << c << ") multiplier is " << formatDouble(multiplier)
+           << " but must be positive";
+  if (!(softcap >= 0))
+    return op->emitOpError()
+           << "(" << c << ") softcap is " << formatDouble(softcap)
+           << " but must be 0 (none) or positive";
+  return success();
+}
+
 } // namespace mlir::dflash::verify
 
 #endif // DFLASH_DIALECT_VERIFYHELPERS_H

@@ -31,6 +31,7 @@
 #include "kernels/Gemm.cuh"
 #include "kernels/Reduce.cuh"
 #include "kernels/Selector.h"
+#include "kernels/UnaryTransform.cuh"
 #include "kernels/WarpTopK.cuh"
 #include "kernels/Workspaces.h"
 
@@ -97,11 +98,6 @@ namespace detail {
 
 constexpr unsigned kSelectorFullMask = 0xffffffffu;
 
-/// T(z) = c tanh(m z / c), or m z without a cap (c = 0).
-__device__ __forceinline__ float selectorUnary(float z, float m, float c) {
-  return c != 0.f ? c * tanhf(m * z / c) : m * z;
-}
-
 /// Rows of weight 0 get their final results (candidates -1, values 0);
 /// the others an empty running top-K (-inf, token INT_MAX). label_values
 /// start at 0: the chunk that holds the label overwrites it.
@@ -159,13 +155,13 @@ __global__ void __launch_bounds__(Threads)
   for (int64_t base = int64_t(warp) * 32; base < n; base += Threads) {
     const int64_t c = base + lane;
     const bool have = c < n;
-    const float v = have ? selectorUnary(x[c], multiplier, softcap) : 0.f;
+    const float v = have ? unaryLogit(x[c], multiplier, softcap) : 0.f;
     l.offer(have, v, static_cast<int>(v0 + c), K, lane);
   }
   if (threadIdx.x == 0) {
     const int64_t at = int64_t(labels[row]) - v0;
     if (at >= 0 && at < n)
-      labelValues[row] = selectorUnary(x[at], multiplier, softcap);
+      labelValues[row] = unaryLogit(x[at], multiplier, softcap);
   }
   l.store(sV + warp * K, sI + warp * K, K, lane);
   __syncthreads(); // the running list was read before any write below

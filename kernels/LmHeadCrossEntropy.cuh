@@ -18,13 +18,21 @@
 // four results are deterministic. lm_head is frozen: no weight gradient.
 //
 // With topK (a DFlash2 drafter's selector_candidates folded in, its
-// transform the identity; docs/semantics.md section 13), step 2 also keeps
-// each row's top-K of the same bf16 logits while it scans them for the
+// transform the cross-entropy's; docs/semantics.md section 13), step 2 also
+// keeps each row's top-K of the same logits while it scans them for the
 // log-sum-exp (kernels/WarpTopK.cuh: a list per warp, merged by rank), and
-// writes values (fp32 of the bf16 logits), candidates and label values
-// before the logits become their gradient; no second lm_head GEMM. Rows of
-// weight 0 and the skipped slot-0 rows get candidates -1, values 0. Without
-// topK the row kernel is the same code as before (a template switch).
+// writes values (fp32 of the bf16 logits, or their transform), candidates and
+// label values before the logits become their gradient; no second lm_head GEMM.
+// Rows of weight 0 and the skipped slot-0 rows get candidates -1, values 0.
+// Without topK the row kernel is the same code as before (a template switch).
+//
+// With a unary transform (a DFlash2 drafter's CE_u: multiplier != 1 or
+// softcap != 0; docs/semantics.md section 13, "Unary logits"), step 2 reads
+// each bf16 logit z as u = T(z) in fp32 (kernels/UnaryTransform.cuh): the
+// max, argmax, log-sum-exp, label value and top-K values are u's (the
+// candidates are z's too: T is monotonic), and the gradient is
+// T'(z) * w * dLossSum * (softmax(u) - onehot). Without one the row kernel is
+// the same code as before (a second template switch).
 //
 //===----------------------------------------------------------------------===//
 
@@ -34,6 +42,7 @@
 #include "kernels/CudaCheck.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/Reduce.cuh"
+#include "kernels/UnaryTransform.cuh"
 #include "kernels/WarpTopK.cuh"
 #include "kernels/Workspaces.h"
 
@@ -72,11 +81,16 @@ struct LmHeadCrossEntropyArgs {
   /// rows must be a multiple of it and H of 8. 0: every row is computed.
   int64_t blockSize;
   /// 1..min(kLmHeadMaxTopK, V): also each row's top topK of the logits
-  /// (selector_candidates with the identity transform). 0: none.
+  /// (selector_candidates with the cross-entropy's transform). 0: none.
   int64_t topK = 0;
   float *values = nullptr;       ///< [rows, topK] descending
   int32_t *candidates = nullptr; ///< [rows, topK] ties: the lower token
   float *labelValues = nullptr;  ///< [rows] the label's logit
+  /// The unary transform T(z) = softcap tanh(multiplier z / softcap), or
+  /// multiplier z without a cap (softcap 0): CE, argmax and the top-K are
+  /// of T(logits). multiplier > 0, softcap >= 0; the defaults are the
+  /// identity.
+  float multiplier = 1.f, softcap = 0.f;
 };
 
 namespace detail {
@@ -117,13 +131,18 @@ template <int Threads, bool TopK> struct RowTopKShared {
 };
 template <int Threads> struct RowTopKShared<Threads, false> {};
 
-template <int Threads, bool TopK>
+/// The unary transform's m and c (Unary; unread otherwise).
+struct RowUnary {
+  float m, c;
+};
+
+template <int Threads, bool TopK, bool Unary>
 __global__ void __launch_bounds__(Threads)
     cross_entropy_rows_bf16_kernel(__nv_bfloat16 *logits, int64_t V,
                                    int64_t firstRow, int64_t blockSize,
                                    const int32_t *labels, const float *weights,
                                    const float *dLossSum, float *rowTerms,
-                                   uint8_t *hits, RowTopK top) {
+                                   uint8_t *hits, RowTopK top, RowUnary t) {
   constexpr int kWarps = Threads / 32;
   __shared__ float sM[kWarps], sS[kWarps], sBest[kWarps];
   __shared__ int sIdx[kWarps];
@@ -156,6 +175,11 @@ __global__ void __launch_bounds__(Threads)
       float f[8];
       if (in) {
         unpackBf16x8(xv[v], f);
+        if constexpr (Unary) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            f[e] = unaryLogit(f[e], t.m, t.c);
+        }
         float lmax = f[0];
         int li = 0;
 #pragma unroll
@@ -185,6 +209,8 @@ __global__ void __launch_bounds__(Threads)
       float f = -INFINITY;
       if (in) {
         f = __bfloat162float(x[v]);
+        if constexpr (Unary)
+          f = unaryLogit(f, t.m, t.c);
         if (f > best) {
           best = f;
           bestIdx = static_cast<int>(v);
@@ -197,8 +223,11 @@ __global__ void __launch_bounds__(Threads)
         list.offer(in, f, static_cast<int>(v), top.K, lane);
     }
   }
-  if (threadIdx.x == 0)
+  if (threadIdx.x == 0) {
     sLabelLogit = __bfloat162float(x[label]);
+    if constexpr (Unary)
+      sLabelLogit = unaryLogit(sLabelLogit, t.m, t.c);
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     combineLse(m, s, __shfl_xor_sync(0xffffffffu, m, o),
@@ -263,8 +292,16 @@ __global__ void __launch_bounds__(Threads)
         unpackBf16x8(xv[v], f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          float p = exp2f(f[e] * kLog2eF - lse2);
-          f[e] = scale * (p - (v * 8 + e == label ? 1.f : 0.f));
+          if constexpr (Unary) {
+            // d/dz = T'(z) d/du, T'(z) from u = T(z).
+            const float u = unaryLogit(f[e], t.m, t.c);
+            float p = exp2f(u * kLog2eF - lse2);
+            f[e] = scale * (p - (v * 8 + e == label ? 1.f : 0.f)) *
+                   unaryLogitSlope(u, t.m, t.c);
+          } else {
+            float p = exp2f(f[e] * kLog2eF - lse2);
+            f[e] = scale * (p - (v * 8 + e == label ? 1.f : 0.f));
+          }
         }
       } else {
 #pragma unroll
@@ -277,8 +314,15 @@ __global__ void __launch_bounds__(Threads)
     for (int64_t v = threadIdx.x; v < V; v += Threads) {
       float g = 0.f;
       if (scale != 0.f) {
-        float p = exp2f(__bfloat162float(x[v]) * kLog2eF - lse2);
-        g = scale * (p - (v == label ? 1.f : 0.f));
+        if constexpr (Unary) {
+          const float u = unaryLogit(__bfloat162float(x[v]), t.m, t.c);
+          float p = exp2f(u * kLog2eF - lse2);
+          g = scale * (p - (v == label ? 1.f : 0.f)) *
+              unaryLogitSlope(u, t.m, t.c);
+        } else {
+          float p = exp2f(__bfloat162float(x[v]) * kLog2eF - lse2);
+          g = scale * (p - (v == label ? 1.f : 0.f));
+        }
       }
       x[v] = __float2bfloat16(g);
     }
@@ -412,8 +456,14 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
                               "three results");
   static_assert(kLmHeadMaxTopK <= topk::kMaxK,
                 "a warp's list holds the largest top-K");
+  if (!(args.multiplier > 0.f) || !(args.softcap >= 0.f))
+    detail::reportCudaFailure(__FILE__, __LINE__, "lm_head_cross_entropy_bf16",
+                              "the unary transform needs multiplier > 0 and "
+                              "softcap >= 0");
   const detail::RowTopK top{static_cast<int>(args.topK), args.values,
                             args.candidates, args.labelValues};
+  const detail::RowUnary unary{args.multiplier, args.softcap};
+  const bool transform = args.multiplier != 1.f || args.softcap != 0.f;
   const int64_t computed = lmHeadComputedRows(args.rows, args.blockSize);
   for (int64_t r0 = 0; r0 < computed; r0 += args.chunkRows) {
     int64_t m = computed - r0 < args.chunkRows ? computed - r0 : args.chunkRows;
@@ -427,18 +477,22 @@ inline void lm_head_cross_entropy_bf16(CublasLtGemm &gemm,
       y = args.yChunk;
     }
     gemm.linear(y, args.lmHead, args.logitsChunk, m, args.V, args.H, stream);
-    if (top.K > 0)
-      detail::cross_entropy_rows_bf16_kernel<kThreads, true>
-          <<<grid, kThreads, 0, stream>>>(
-              args.logitsChunk, args.V, r0, blocks ? args.blockSize : 0,
-              args.labels, args.weights, args.dLossSum, args.rowTerms,
-              args.hits, top);
+    // The row kernel of (top-K, transform): without either it is the code
+    // validated before them.
+    auto rowKernel = [&](auto kernel) {
+      kernel<<<grid, kThreads, 0, stream>>>(
+          args.logitsChunk, args.V, r0, blocks ? args.blockSize : 0,
+          args.labels, args.weights, args.dLossSum, args.rowTerms, args.hits,
+          top, unary);
+    };
+    if (top.K > 0 && transform)
+      rowKernel(detail::cross_entropy_rows_bf16_kernel<kThreads, true, true>);
+    else if (top.K > 0)
+      rowKernel(detail::cross_entropy_rows_bf16_kernel<kThreads, true, false>);
+    else if (transform)
+      rowKernel(detail::cross_entropy_rows_bf16_kernel<kThreads, false, true>);
     else
-      detail::cross_entropy_rows_bf16_kernel<kThreads, false>
-          <<<grid, kThreads, 0, stream>>>(
-              args.logitsChunk, args.V, r0, blocks ? args.blockSize : 0,
-              args.labels, args.weights, args.dLossSum, args.rowTerms,
-              args.hits, top);
+      rowKernel(detail::cross_entropy_rows_bf16_kernel<kThreads, false, false>);
     DFLASH_CUDA_CHECK_LAUNCH("cross_entropy_rows_bf16");
     if (!args.dy)
       continue;

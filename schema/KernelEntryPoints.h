@@ -92,6 +92,11 @@ inline constexpr std::array<UnvalidatedKernel, 0> kUnvalidatedKernels = {};
 /// third constant, K).
 inline constexpr std::string_view kUnvalidatedLmHeadTopKTest =
     "LmHeadGpuTest --gtest_filter='*TopK*'";
+/// The lm_head cross-entropy with a DFlash2 drafter's unary transform
+/// (multiplier != 1 or softcap != 0 on the op: CE_u of output_multiplier
+/// and final_logit_softcapping).
+inline constexpr std::string_view kUnvalidatedLmHeadUnaryTransformTest =
+    "LmHeadGpuTest --gtest_filter='*UnaryTransform*'";
 
 } // namespace dflash
 

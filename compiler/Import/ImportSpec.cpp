@@ -323,9 +323,16 @@ OwningOpRef<ModuleOp> GraphBuilder::build() {
 
     // 5. Final norm, lm_head and the weighted cross-entropy.
     Value y = rmsNorm(x, arg(aNorm), loc("drafter", "norm"));
+    // A DFlash2 drafter's CE_u is on the unary logits (section 13, "Unary
+    // logits"); the defaults (multiplier 1, no cap) are left out of the IR.
+    FloatAttr multiplier, softcap;
+    if (spec.dflash2 && spec.outputMultiplier != 1)
+      multiplier = b.getF64FloatAttr(spec.outputMultiplier);
+    if (spec.dflash2 && spec.finalLogitSoftcapping != 0)
+      softcap = b.getF64FloatAttr(spec.finalLogitSoftcapping);
     auto ce = LmHeadCeOp::create(b, loc("target.vocab_size", "lm_head_ce"),
                                  scalar, scalar, scalar, scalar, t({B, Q}, i8),
-                                 y, head, labels, weights);
+                                 y, head, labels, weights, multiplier, softcap);
     // A DFlash2 drafter's selector (section 13, "Selector" and "Loss"),
     // teacher-forced: its sums join the loss after every micro-batch's, and
     // greedy serving picks its argmax.
@@ -448,25 +455,6 @@ namespace dflash {
 OwningOpRef<ModuleOp> importSpec(MLIRContext &context,
                                  const DrafterSpec &spec) {
   context.loadDialect<DFlashDialect, func::FuncDialect>();
-  // CE_u is lm_head_ce's, which has no unary transform yet (section 13,
-  // "Unary logits"): refused rather than trained on other logits.
-  if (spec.dflash2) {
-    auto refuse = [&](const char *key) {
-      ::dflash::SourceLoc l =
-          spec.locationOf(std::string("drafter.dflash2.") + key);
-      emitError(FileLineColLoc::get(&context, spec.file, l.line, l.column))
-          << "[drafter.dflash2] " << key
-          << " is not supported yet: the unary cross-entropy "
-             "(dflash.lm_head_ce) "
-             "has no output_multiplier or final_logit_softcapping; leave it "
-             "out";
-      return nullptr;
-    };
-    if (spec.outputMultiplier != 1)
-      return refuse("output_multiplier");
-    if (spec.finalLogitSoftcapping != 0)
-      return refuse("final_logit_softcapping");
-  }
   GraphBuilder builder(context, spec);
   OwningOpRef<ModuleOp> module = builder.build();
   if (failed(verify(*module)))

@@ -166,7 +166,7 @@ private:
   template <typename SelectorOp> LogicalResult selector(SelectorOp o);
   /// selector_candidates' top `K` of T(input @ weight^T), into `o`'s
   /// values, candidates and label values: the op's own, or those of an
-  /// lm_head op it was folded into (with T the identity).
+  /// lm_head op it was folded into (with that op's T).
   template <typename CandidatesOp>
   LogicalResult topKCandidates(CandidatesOp o, int64_t K,
                                ref::UnaryTransform t);
@@ -360,9 +360,9 @@ std::pair<int64_t, int64_t> convHalfOffsets(ConvOp o) {
   return {half * kc * G, wholeBase ? half * kc * shapeOf(o.getInput())[2] : 0};
 }
 
-/// The reference's transform of a selector_candidates(_grad) op.
-template <typename CandidatesOp>
-ref::UnaryTransform transformOf(CandidatesOp o) {
+/// The reference's transform of an op with multiplier and softcap
+/// (selector_candidates(_grad) and the lm_head ops).
+template <typename Op> ref::UnaryTransform transformOf(Op o) {
   return {o.getMultiplier().convertToDouble(),
           o.getSoftcap().convertToDouble()};
 }
@@ -518,7 +518,7 @@ template <typename LossOp> LogicalResult Evaluator::lmHeadLoss(LossOp o) {
   std::vector<uint8_t> hits(labels.size());
   ref::CrossEntropySums sums = ref::lmHeadCrossEntropy<double>(
       ptr(o.getInput()), ptr(o.getWeight()), labels.data(), ptr(o.getWeights()),
-      int64_t(labels.size()), w[0], w[1], hits.data());
+      int64_t(labels.size()), w[0], w[1], hits.data(), transformOf(o));
   setScalar(o.getLossSum(), sums.lossSum);
   setScalar(o.getWeightSum(), sums.weightSum);
   setScalar(o.getCorrect(), sums.correct);
@@ -995,7 +995,8 @@ LogicalResult Evaluator::evalGradient(Operation *op) {
         ref::lmHeadCrossEntropyGrad<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
             ptr(o.getWeights()), scalar(o.getLossSumGrad()),
-            outPtr(o.getResult()), int64_t(labels.size()), w[0], w[1]);
+            outPtr(o.getResult()), int64_t(labels.size()), w[0], w[1],
+            transformOf(o));
         return success();
       })
       .Default([&](Operation *other) { return failure(); });
@@ -1200,16 +1201,17 @@ LogicalResult Evaluator::evalFused(Operation *op) {
         ref::lmHeadCrossEntropyGrad<double>(
             ptr(o.getInput()), ptr(o.getWeight()), labels.data(),
             ptr(o.getWeights()), scalar(o.getLossSumGrad()),
-            outPtr(o.getInputGrad()), int64_t(labels.size()), w[0], w[1]);
-        // A folded selector_candidates: the logits have no transform.
+            outPtr(o.getInputGrad()), int64_t(labels.size()), w[0], w[1],
+            transformOf(o));
+        // A folded selector_candidates: the same transformed logits.
         if (std::optional<uint64_t> K = o.getTopK())
-          return topKCandidates(o, int64_t(*K), ref::UnaryTransform{});
+          return topKCandidates(o, int64_t(*K), transformOf(o));
         return success();
       })
       .Case([&](LmHeadCeTopKOp o) -> LogicalResult {
         if (failed(lmHeadLoss(o)))
           return failure();
-        return topKCandidates(o, int64_t(o.getTopK()), ref::UnaryTransform{});
+        return topKCandidates(o, int64_t(o.getTopK()), transformOf(o));
       })
       .Case([&](AdamWMultiOp o) {
         unsigned n = o.getNumParams();

@@ -269,16 +269,16 @@ void fuseGradientAccumulation(func::FuncOp step) {
 }
 
 /// The selector_candidates that can share `loss`'s logits: the same four
-/// operands and no transform (lm_head_ce's logits have none), with a top-K
-/// the lm_head kernel keeps.
+/// operands and the same unary transform as the cross-entropy's, with a
+/// top-K the lm_head kernel keeps.
 SelectorCandidatesOp foldableCandidates(LmHeadCeOp loss) {
   for (Operation *user : loss.getInput().getUsers())
     if (auto c = dyn_cast<SelectorCandidatesOp>(user))
       if (c.getWeight() == loss.getWeight() &&
           c.getLabels() == loss.getLabels() &&
           c.getWeights() == loss.getWeights() &&
-          c.getMultiplier().convertToDouble() == 1.0 &&
-          c.getSoftcap().convertToDouble() == 0.0 &&
+          c.getMultiplier() == loss.getMultiplier() &&
+          c.getSoftcap() == loss.getSoftcap() &&
           int64_t(c.getTopK()) <= kernels::kLmHeadMaxTopK)
         return c;
   return nullptr;
@@ -294,7 +294,9 @@ LogicalResult fuseLmHead(func::FuncOp step) {
       if (auto g = dyn_cast<LmHeadCeGradOp>(user))
         if (g.getWeight() == loss.getWeight() &&
             g.getLabels() == loss.getLabels() &&
-            g.getWeights() == loss.getWeights())
+            g.getWeights() == loss.getWeights() &&
+            g.getMultiplier() == loss.getMultiplier() &&
+            g.getSoftcap() == loss.getSoftcap())
           grad = g;
     SelectorCandidatesOp candidates = foldableCandidates(loss);
     // The fused op takes the place of the first of the two forward ops: the
@@ -323,7 +325,8 @@ LogicalResult fuseLmHead(func::FuncOp step) {
       types.append(topKTypes);
       auto fused = LmHeadCeTopKOp::create(
           b, loss.getLoc(), types, loss.getInput(), loss.getWeight(),
-          loss.getLabels(), loss.getWeights(), candidates.getTopKAttr());
+          loss.getLabels(), loss.getWeights(), candidates.getTopKAttr(),
+          loss.getMultiplierAttr(), loss.getSoftcapAttr());
       for (unsigned i = 0; i < 5; ++i)
         loss.getResult(i).replaceAllUsesWith(fused->getResult(i));
       foldCandidates(fused->getResults().drop_front(5));
@@ -353,7 +356,8 @@ LogicalResult fuseLmHead(func::FuncOp step) {
         loss.getHits().getType(), grad.getResult().getType(), topKTypes,
         loss.getInput(), loss.getWeight(), loss.getLabels(), loss.getWeights(),
         seed.getLossSumGrad(),
-        candidates ? candidates.getTopKAttr() : IntegerAttr());
+        candidates ? candidates.getTopKAttr() : IntegerAttr(),
+        loss.getMultiplierAttr(), loss.getSoftcapAttr());
     for (unsigned i = 0; i < 5; ++i)
       loss.getResult(i).replaceAllUsesWith(fused.getResult(i));
     grad.getResult().replaceAllUsesWith(fused.getInputGrad());

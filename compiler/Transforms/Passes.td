@@ -142,7 +142,7 @@ def FuseKernels : Pass<"dflash-fuse-kernels", "mlir::ModuleOp"> {
     stream's gradient, gradient accumulation into GEMMs (beta = 1), the
     draft embedding gather, lm_head with the cross-entropy and its gradient
     (chunked; logits never materialised for the whole batch; a DFlash2
-    drafter's `selector_candidates` of the same operands with the identity
+    drafter's `selector_candidates` of the same operands and the same unary
     transform folded in, its top-K kept from the same logits) and the whole
     optimizer. See docs/dialect.md for the fused ops.
 

@@ -1,8 +1,9 @@
 //===- CrossEntropy.cpp - lm_head + weighted cross-entropy reference ------===//
 //
 // The loss of docs/semantics.md section 4 and its gradient with respect to the
-// final hidden states. Logits are formed a few rows at a time so the scratch
-// stays small at full vocabularies.
+// final hidden states, on the logits as they are or (a DFlash2 drafter's
+// CE_u, section 13) through its unary transform. Logits are formed a few rows
+// at a time so the scratch stays small at full vocabularies.
 //
 //===----------------------------------------------------------------------===//
 
@@ -43,10 +44,10 @@ void gatherRows(const T *y, const std::vector<int64_t> &selected, int64_t first,
 } // namespace
 
 template <typename T>
-CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
-                                    const int32_t *labels, const T *weights,
-                                    int64_t rows, int64_t V, int64_t H,
-                                    uint8_t *hits) {
+CrossEntropySums
+lmHeadCrossEntropy(const T *y, const T *w, const int32_t *labels,
+                   const T *weights, int64_t rows, int64_t V, int64_t H,
+                   uint8_t *hits, const UnaryTransform &transform) {
   CrossEntropySums sums;
   if (hits)
     std::fill(hits, hits + rows, uint8_t(0));
@@ -58,6 +59,8 @@ CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
     gatherRows(y, selected, first, count, H, chunk);
     logits.resize(count * V);
     linear(chunk.data(), w, logits.data(), count, V, H);
+    if (!transform.identity())
+      unaryTransform(logits.data(), logits.data(), count * V, transform);
     for (int64_t i = 0; i < count; ++i) {
       const int64_t r = selected[first + i];
       const T *rowLogits = logits.data() + i * V;
@@ -80,20 +83,27 @@ CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
   return sums;
 }
 
-// d(w_r CE_r)/dlogits_r = w_r (softmax_r - onehot(label_r)); dy = dlogits W.
+// d(w_r CE_r)/du_r = w_r (softmax(u_r) - onehot(label_r)), u = T(z);
+// dz = T'(z) du; dy = dz W.
 template <typename T>
 void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
                             const T *weights, double dLossSum, T *dy,
-                            int64_t rows, int64_t V, int64_t H) {
+                            int64_t rows, int64_t V, int64_t H,
+                            const UnaryTransform &transform) {
   std::fill(dy, dy + rows * H, T(0));
   const std::vector<int64_t> selected = weightedRows(weights, rows);
   const auto total = static_cast<int64_t>(selected.size());
-  std::vector<T> chunk, logits, dChunk;
+  const bool identity = transform.identity();
+  std::vector<T> chunk, logits, z, dChunk;
   for (int64_t first = 0; first < total; first += kRowsPerChunk) {
     const int64_t count = std::min(kRowsPerChunk, total - first);
     gatherRows(y, selected, first, count, H, chunk);
     logits.resize(count * V);
     linear(chunk.data(), w, logits.data(), count, V, H);
+    if (!identity) {
+      z = logits; // T'(z) needs the logits before the transform
+      unaryTransform(logits.data(), logits.data(), count * V, transform);
+    }
     for (int64_t i = 0; i < count; ++i) {
       const int64_t r = selected[first + i];
       T *rowLogits = logits.data() + i * V;
@@ -105,6 +115,9 @@ void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
         rowLogits[v] = static_cast<T>(rowScale * (v == labels[r] ? p - 1 : p));
       }
     }
+    if (!identity)
+      unaryTransformGrad(logits.data(), z.data(), logits.data(), count * V,
+                         transform);
     dChunk.resize(count * H);
     linearGradInput(logits.data(), w, dChunk.data(), count, V, H);
     for (int64_t i = 0; i < count; ++i)
@@ -116,10 +129,10 @@ void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
 #define DFLASH_INSTANTIATE_CROSS_ENTROPY(T)                                    \
   template CrossEntropySums lmHeadCrossEntropy<T>(                             \
       const T *, const T *, const int32_t *, const T *, int64_t, int64_t,      \
-      int64_t, uint8_t *);                                                     \
-  template void lmHeadCrossEntropyGrad<T>(const T *, const T *,                \
-                                          const int32_t *, const T *, double,  \
-                                          T *, int64_t, int64_t, int64_t);
+      int64_t, uint8_t *, const UnaryTransform &);                             \
+  template void lmHeadCrossEntropyGrad<T>(                                     \
+      const T *, const T *, const int32_t *, const T *, double, T *, int64_t,  \
+      int64_t, int64_t, const UnaryTransform &);
 
 DFLASH_INSTANTIATE_CROSS_ENTROPY(float)
 DFLASH_INSTANTIATE_CROSS_ENTROPY(double)

@@ -1,9 +1,10 @@
 //===- DFlash2.h - CPU reference of the DFlash2 drafter's ops ---*- C++ -*-===//
 //
 // The two additions of a DFlash2 drafter (docs/semantics.md section 13): the
-// block-local grouped dynamic convolution around each sublayer, the unary
-// transform of the logits, and the low-rank selector that re-ranks the top-K
-// of the unary logits, each with its gradient. Conventions as Reference.h's:
+// block-local grouped dynamic convolution around each sublayer and the
+// low-rank selector that re-ranks the top-K of the unary logits (their
+// transform is Reference.h's, with the cross-entropy that takes it too),
+// each with its gradient. Conventions as Reference.h's:
 // row-major arrays, `T` float or double, sums in double, gradients overwrite
 // their outputs, letters of docs/semantics.md (B rows, N blocks, bs block
 // size, Q = N*bs, H hidden, V vocabulary, kc taps, gs channels per group,
@@ -13,6 +14,8 @@
 
 #ifndef DFLASH_KERNELS_REFERENCE_DFLASH2_H
 #define DFLASH_KERNELS_REFERENCE_DFLASH2_H
+
+#include "kernels/reference/Reference.h"
 
 #include <cstdint>
 #include <vector>
@@ -58,26 +61,6 @@ template <typename T>
 void groupedConvGrad(const T *dOut, const T *in, const T *delta, const T *base,
                      T *dIn, T *dDelta, T *dBase,
                      const GroupedConvShape &shape);
-
-//===----------------------------------------------------------------------===//
-// Unary transform of the logits (docs/semantics.md section 13, "Unary logits")
-//===----------------------------------------------------------------------===//
-
-/// T(z) = c tanh(m z / c), m = output_multiplier, c =
-/// final_logit_softcapping; without a cap (softcap 0) T(z) = m z.
-struct UnaryTransform {
-  double multiplier = 1.0;
-  double softcap = 0.0; ///< 0: none
-};
-
-/// u = T(z) elementwise over n values (u may be z).
-template <typename T>
-void unaryTransform(const T *z, T *u, int64_t n, const UnaryTransform &t);
-/// dz = du * T'(z), T'(z) = m (1 - tanh^2(m z / c)) (m without a cap); dz
-/// may be du.
-template <typename T>
-void unaryTransformGrad(const T *du, const T *z, T *dz, int64_t n,
-                        const UnaryTransform &t);
 
 //===----------------------------------------------------------------------===//
 // The selector (docs/semantics.md section 13, "Selector" and "Loss")

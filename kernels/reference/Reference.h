@@ -191,6 +191,25 @@ void blockAttentionGrad(const T *dOut, const T *q, const T *contextKeys,
 // lm_head + weighted cross-entropy (docs/semantics.md section 4)
 //===----------------------------------------------------------------------===//
 
+/// The unary transform of a DFlash2 drafter's logits (docs/semantics.md
+/// section 13, "Unary logits"): T(z) = c tanh(m z / c), m =
+/// output_multiplier, c = final_logit_softcapping; without a cap (softcap
+/// 0) T(z) = m z. The default is the identity (every other drafter's).
+struct UnaryTransform {
+  double multiplier = 1.0;
+  double softcap = 0.0; ///< 0: none
+  bool identity() const { return multiplier == 1.0 && softcap == 0.0; }
+};
+
+/// u = T(z) elementwise over n values (u may be z).
+template <typename T>
+void unaryTransform(const T *z, T *u, int64_t n, const UnaryTransform &t);
+/// dz = du * T'(z), T'(z) = m (1 - tanh^2(m z / c)) (m without a cap); dz
+/// may be du.
+template <typename T>
+void unaryTransformGrad(const T *du, const T *z, T *dz, int64_t n,
+                        const UnaryTransform &t);
+
 struct CrossEntropySums {
   double lossSum = 0;   ///< sum(w * CE)
   double weightSum = 0; ///< sum(w)
@@ -198,20 +217,24 @@ struct CrossEntropySums {
   double count = 0;     ///< sum([w > 0])
 };
 
-/// logits = y [rows, H] * w [V, H]^T; CE from logits in the working
-/// precision. argmax takes the first maximum. hits [rows], when given, gets
-/// [argmax == label] * [w > 0] per row (what acceptance counts).
+/// logits = transform(y [rows, H] * w [V, H]^T); CE from logits in the
+/// working precision. argmax takes the first maximum (the transform is
+/// monotonic, so it is z's). hits [rows], when given, gets [argmax == label]
+/// * [w > 0] per row (what acceptance counts).
 template <typename T>
 CrossEntropySums lmHeadCrossEntropy(const T *y, const T *w,
                                     const int32_t *labels, const T *weights,
                                     int64_t rows, int64_t V, int64_t H,
-                                    uint8_t *hits = nullptr);
+                                    uint8_t *hits = nullptr,
+                                    const UnaryTransform &transform = {});
 
-/// dy [rows, H] of dLossSum * sum(w * CE) with respect to y.
+/// dy [rows, H] of dLossSum * sum(w * CE) with respect to y: dz = T'(z) *
+/// w * dLossSum * (softmax(T(z)) - onehot), dy = dz w.
 template <typename T>
 void lmHeadCrossEntropyGrad(const T *y, const T *w, const int32_t *labels,
                             const T *weights, double dLossSum, T *dy,
-                            int64_t rows, int64_t V, int64_t H);
+                            int64_t rows, int64_t V, int64_t H,
+                            const UnaryTransform &transform = {});
 
 //===----------------------------------------------------------------------===//
 // Acceptance length (docs/semantics.md section 10)

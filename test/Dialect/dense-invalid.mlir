@@ -184,3 +184,21 @@ func.func @ce_labels(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>, %l: tens
       : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x11xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x11xi8>)
   return
 }
+
+// -----
+
+func.func @ce_multiplier(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>, %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>) {
+  // expected-error @+1 {{(C4) multiplier is 0 but must be positive}}
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt {multiplier = 0.0 : f64}
+      : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x12xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x12xi8>)
+  return
+}
+
+// -----
+
+func.func @ce_softcap(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>, %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>) {
+  // expected-error @+1 {{(C4) softcap is -30 but must be 0 (none) or positive}}
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt {softcap = -30.0 : f64}
+      : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x12xi32>, tensor<2x12xf32>) -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x12xi8>)
+  return
+}

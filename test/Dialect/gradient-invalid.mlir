@@ -139,3 +139,11 @@ func.func @ce_grad_hidden(%y: tensor<2x12x64xbf16>, %w: tensor<100x32xbf16>, %l:
   %dy = dflash.lm_head_ce_grad %y, %w, %l, %wt, %s : (tensor<2x12x64xbf16>, tensor<100x32xbf16>, tensor<2x12xi32>, tensor<2x12xf32>, tensor<f32>) -> tensor<2x12x64xbf16>
   return
 }
+
+// -----
+
+func.func @ce_grad_multiplier(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>, %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{(C5) multiplier is -1.5 but must be positive}}
+  %dy = dflash.lm_head_ce_grad %y, %w, %l, %wt, %s {multiplier = -1.5 : f64} : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x12xi32>, tensor<2x12xf32>, tensor<f32>) -> tensor<2x12x64xbf16>
+  return
+}

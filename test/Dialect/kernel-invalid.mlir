@@ -123,3 +123,24 @@ func.func @lm_head_ce_top_k_label_values(%y: tensor<2x4x8xbf16>, %w: tensor<16x8
           tensor<2x4x2xf32>, tensor<2x4x2xi32>, tensor<2x5xf32>)
   return
 }
+
+// -----
+
+func.func @lm_head_ce_fused_softcap(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x4xi32>, %wt: tensor<2x4xf32>, %s: tensor<f32>) {
+  // expected-error @+1 {{(C6) softcap is -4 but must be 0 (none) or positive}}
+  %a, %b, %c, %d, %hits, %dy = dflash.lm_head_ce_fused %y, %w, %l, %wt, %s {softcap = -4.0 : f64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>, tensor<f32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>, tensor<2x4x8xbf16>)
+  return
+}
+
+// -----
+
+func.func @lm_head_ce_top_k_multiplier(%y: tensor<2x4x8xbf16>, %w: tensor<16x8xbf16>, %l: tensor<2x4xi32>, %wt: tensor<2x4xf32>) {
+  // expected-error @+1 {{(C5) multiplier is 0 but must be positive}}
+  %a, %b, %c, %d, %hits, %v, %cand, %lv = dflash.lm_head_ce_top_k %y, %w, %l, %wt {top_k = 2 : i64, multiplier = 0.0 : f64}
+      : (tensor<2x4x8xbf16>, tensor<16x8xbf16>, tensor<2x4xi32>, tensor<2x4xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x4xi8>,
+          tensor<2x4x2xf32>, tensor<2x4x2xi32>, tensor<2x4xf32>)
+  return
+}

@@ -89,6 +89,23 @@ func.func @loss(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>,
   return %a : tensor<f32>
 }
 
+// A DFlash2 unary transform: the defaults are elided, the rest printed.
+// CHECK-LABEL: func.func @unary_loss
+func.func @unary_loss(%y: tensor<2x12x64xbf16>, %w: tensor<100x64xbf16>,
+                      %l: tensor<2x12xi32>, %wt: tensor<2x12xf32>, %s: tensor<f32>)
+    -> (tensor<f32>, tensor<2x12x64xbf16>) {
+  // CHECK: dflash.lm_head_ce %{{.*}} {softcap = 3.000000e+01 : f64} :
+  %a, %b, %c, %d, %hits = dflash.lm_head_ce %y, %w, %l, %wt
+      {multiplier = 1.0 : f64, softcap = 30.0 : f64}
+      : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x12xi32>, tensor<2x12xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x12xi8>)
+  // CHECK: dflash.lm_head_ce_grad %{{.*}} {multiplier = 1.500000e+00 : f64} :
+  %dy = dflash.lm_head_ce_grad %y, %w, %l, %wt, %s {multiplier = 1.5 : f64}
+      : (tensor<2x12x64xbf16>, tensor<100x64xbf16>, tensor<2x12xi32>, tensor<2x12xf32>, tensor<f32>)
+      -> tensor<2x12x64xbf16>
+  return %a, %dy : tensor<f32>, tensor<2x12x64xbf16>
+}
+
 // CHECK-LABEL: func.func @arg_attr
 // CHECK-SAME: {dflash.arg = #dflash.arg<parameter, "fc.weight">}
 func.func @arg_attr(%w: tensor<4x8xbf16> {dflash.arg = #dflash.arg<parameter, "fc.weight">}) {

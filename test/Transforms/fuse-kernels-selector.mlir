@@ -3,8 +3,8 @@
 // RUN: dflashc %specs/tiny-dflash2.toml --emit=graph | dflash-opt --dflash-make-eval-program --dflash-fuse-kernels | FileCheck %s --check-prefix=EVAL
 
 // A DFlash2 drafter's top-K of its unary logits (selector_candidates) reads
-// what lm_head_ce reads: with no transform (multiplier 1, no softcap) its
-// logits are the loss's, so the top-K is folded into the lm_head kernel
+// what lm_head_ce reads: with the loss's transform (here none: multiplier 1,
+// no softcap) its logits are the loss's, so the top-K is folded into the lm_head kernel
 // (docs/kernels.md) and the second lm_head GEMM is gone. The fused op
 // takes the place of the first of the two (here the selector's): the
 // selector's readers come after it.
@@ -37,9 +37,10 @@ func.func @shared(%ids: tensor<1x16xi32>, %mask: tensor<1x16xi8>, %anchors: tens
 
 // -----
 
-// A transform of the unary logits (a softcap, a multiplier other than 1),
-// other operands than the loss's, or more candidates than the kernel keeps
-// (64): the selector keeps its own op, and the loss fuses as without it.
+// A transform of the unary logits other than the loss's (a softcap, a
+// multiplier other than 1, where the loss has none), other operands than
+// the loss's, or more candidates than the kernel keeps (64): the selector
+// keeps its own op, and the loss fuses as without it.
 // CHECK-LABEL: func.func @not_folded
 // CHECK: dflash.lm_head_ce_fused
 // CHECK-NOT: top_k = 4
@@ -83,6 +84,41 @@ func.func @not_folded(%ids: tensor<1x16xi32>, %mask: tensor<1x16xi8>, %anchors: 
       -> (tensor<1x12x65xf32>, tensor<1x12x65xi32>, tensor<1x12xf32>)
   return %ls, %dy, %c1, %c2, %c3, %c4, %c5 : tensor<f32>, tensor<1x12x32xbf16>, tensor<1x12x4xi32>, tensor<1x12x4xi32>,
       tensor<1x12x4xi32>, tensor<1x12x4xi32>, tensor<1x12x65xi32>
+}
+
+// -----
+
+// The loss's transform (CE_u of a DFlash2 drafter with output_multiplier
+// and final_logit_softcapping): the fused op carries it, and a top-K of the
+// same transform folds into it; one of another transform does not. The
+// gradient fuses only with its loss's transform.
+// CHECK-LABEL: func.func @same_transform
+// CHECK: %[[LS:[a-z_0-9]+]], %{{.+}}, %{{.+}}, %{{.+}}, %{{.+}}, %[[DY:[a-z_0-9]+]], %[[TOP:[a-z_0-9]+]]:3 = dflash.lm_head_ce_fused %arg5, %arg6, %labels, %weights, %{{.+}} {multiplier = 1.500000e+00 : f64, softcap = 3.000000e+01 : f64, top_k = 4 : i64}
+// CHECK-NOT: dflash.lm_head_ce_grad
+// CHECK: dflash.selector_candidates %arg5, %arg6, %labels, %weights {multiplier = 1.000000e+00 : f64, softcap = 3.000000e+01 : f64, top_k = 4 : i64}
+// CHECK-NOT: dflash.selector_candidates
+// CHECK: return %[[LS]], %[[DY]], %[[TOP]]#1, %{{.+}}
+func.func @same_transform(%ids: tensor<1x16xi32>, %mask: tensor<1x16xi8>, %anchors: tensor<1x3xi32>,
+                          %keep: tensor<1x3xi8>, %positions: tensor<1x16xi32>, %y: tensor<1x12x32xbf16>,
+                          %head: tensor<64x32xbf16>, %s: tensor<f32>)
+    -> (tensor<f32>, tensor<1x12x32xbf16>, tensor<1x12x4xi32>, tensor<1x12x4xi32>) {
+  %labels, %weights = dflash.draft_targets %ids, %mask, %anchors, %keep, %positions {block_size = 4 : i64, gamma = 0.0 : f64}
+      : (tensor<1x16xi32>, tensor<1x16xi8>, tensor<1x3xi32>, tensor<1x3xi8>, tensor<1x16xi32>) -> (tensor<1x12xi32>, tensor<1x12xf32>)
+  %ls, %ws, %correct, %count, %hits = dflash.lm_head_ce %y, %head, %labels, %weights
+      {multiplier = 1.5 : f64, softcap = 30.0 : f64}
+      : (tensor<1x12x32xbf16>, tensor<64x32xbf16>, tensor<1x12xi32>, tensor<1x12xf32>)
+      -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<1x12xi8>)
+  %dy = dflash.lm_head_ce_grad %y, %head, %labels, %weights, %s {multiplier = 1.5 : f64, softcap = 30.0 : f64}
+      : (tensor<1x12x32xbf16>, tensor<64x32xbf16>, tensor<1x12xi32>, tensor<1x12xf32>, tensor<f32>) -> tensor<1x12x32xbf16>
+  %v1, %c1, %lv1 = dflash.selector_candidates %y, %head, %labels, %weights
+      {top_k = 4 : i64, multiplier = 1.5 : f64, softcap = 30.0 : f64}
+      : (tensor<1x12x32xbf16>, tensor<64x32xbf16>, tensor<1x12xi32>, tensor<1x12xf32>)
+      -> (tensor<1x12x4xf32>, tensor<1x12x4xi32>, tensor<1x12xf32>)
+  %v2, %c2, %lv2 = dflash.selector_candidates %y, %head, %labels, %weights
+      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 30.0 : f64}
+      : (tensor<1x12x32xbf16>, tensor<64x32xbf16>, tensor<1x12xi32>, tensor<1x12xf32>)
+      -> (tensor<1x12x4xf32>, tensor<1x12x4xi32>, tensor<1x12xf32>)
+  return %ls, %dy, %c1, %c2 : tensor<f32>, tensor<1x12x32xbf16>, tensor<1x12x4xi32>, tensor<1x12x4xi32>
 }
 
 // -----

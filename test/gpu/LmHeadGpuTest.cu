@@ -13,7 +13,10 @@
 // same bf16 logits, exactly where the logits are exact (small integers
 // times 1/4: many ties, so the lower-token rule is exercised) and up to the
 // logits' rounding otherwise; the loss, hits and dy bit for bit those of the
-// same call without the top-K.
+// same call without the top-K. With a DFlash2 unary transform (a multiplier,
+// a softcap, both; docs/semantics.md section 13, "Unary logits"): the sums,
+// hits and dy against the reference with that transform, and the top-K's
+// values against T of the reference's rounded logits.
 //
 //===----------------------------------------------------------------------===//
 
@@ -278,7 +281,8 @@ LmHeadOutputs runLmHead(kernels::CublasLtGemm &gemm, const Bf16Tensor &y,
                         const Bf16Tensor &w, const std::vector<int32_t> &labels,
                         const std::vector<float> &weights, int64_t rows,
                         int64_t V, int64_t H, int64_t chunkRows,
-                        int64_t blockSize, int64_t K, float dLossSum) {
+                        int64_t blockSize, int64_t K, float dLossSum,
+                        const ref::UnaryTransform &transform = {}) {
   DeviceBuffer<int32_t> dLabels(rows);
   DeviceBuffer<float> dWeights(rows), dScale(1), sums(4);
   DeviceBuffer<char> workspace(
@@ -296,6 +300,8 @@ LmHeadOutputs runLmHead(kernels::CublasLtGemm &gemm, const Bf16Tensor &y,
   kernels::LmHeadCrossEntropyArgs args =
       lmHeadArgs(y, w, dLabels.get(), dWeights.get(), dScale.get(), dy.get(),
                  hits.get(), rows, V, H, chunkRows, blockSize);
+  args.multiplier = static_cast<float>(transform.multiplier);
+  args.softcap = static_cast<float>(transform.softcap);
   if (K > 0) {
     args.topK = K;
     args.values = values.get();
@@ -455,6 +461,161 @@ void lmHeadTopKCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   EXPECT_GT(checkedRows, 0) << "rows with a weight";
 }
 
+/// The kernel with a unary transform `t`, without and with a top-K of `K`
+/// (0: without only): the sums, hits and dy against the double reference
+/// with `t` at lmHeadCase's tolerances; the top-K call's cross-entropy bit
+/// for bit the plain call's; its values and label values within T's slope
+/// times a bf16 ulp of T of the reference's rounded logits, descending,
+/// nothing left out above the K-th. The logits are normal with standard
+/// deviation `logitStd`, so that `t` changes the loss well beyond its
+/// tolerance (checked against the identity's reference).
+void lmHeadUnaryCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
+                     int64_t blockSize, int64_t K, ref::UnaryTransform t,
+                     double logitStd, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "rows=" << rows << " V=" << V << " H=" << H << " chunk="
+               << chunkRows << " blockSize=" << blockSize << " K=" << K
+               << " multiplier=" << t.multiplier << " softcap=" << t.softcap);
+  std::mt19937_64 rng(seed);
+  LtContext lt;
+  kernels::CublasLtGemm gemm(lt.handle, lt.workspace.get(),
+                             lt.workspace.bytes());
+  Bf16Tensor y = randomBf16(rows * H, rng, 1.0);
+  Bf16Tensor w = randomBf16(V * H, rng, logitStd / std::sqrt(double(H)));
+  // The logits as the kernel's GEMM rounds them, and their transform.
+  std::vector<double> z(rows * V), u(rows * V);
+  ref::linear(y.values.data(), w.values.data(), z.data(), rows, V, H);
+  for (double &v : z)
+    v = roundBf16(v);
+  ref::unaryTransform(z.data(), u.data(), rows * V, t);
+  std::vector<int32_t> labels(rows);
+  std::vector<double> weights(rows);
+  std::vector<float> weights32(rows);
+  std::uniform_int_distribution<int> tok(0, static_cast<int>(V) - 1);
+  std::uniform_real_distribution<double> unit(0, 1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const double *row = z.data() + r * V;
+    labels[r] = r % 3 == 0
+                    ? static_cast<int32_t>(std::max_element(row, row + V) - row)
+                    : tok(rng);
+    double p = unit(rng);
+    weights32[r] = p < 0.25 ? 0.f : static_cast<float>(std::exp(-p * 3));
+    if (blockSize >= 2 && r % blockSize == 0) // draft_targets' [k > 0]
+      weights32[r] = 0.f;
+    weights[r] = weights32[r];
+  }
+  const double dLossSum = 0.37;
+  std::vector<uint8_t> refHits(rows);
+  const ref::CrossEntropySums ref =
+      ref::lmHeadCrossEntropy(y.values.data(), w.values.data(), labels.data(),
+                              weights.data(), rows, V, H, refHits.data(), t);
+  std::vector<double> refDy(rows * H);
+  ref::lmHeadCrossEntropyGrad(y.values.data(), w.values.data(), labels.data(),
+                              weights.data(), dLossSum, refDy.data(), rows, V,
+                              H, t);
+  // The transform matters here: a kernel that left it out would fail.
+  const ref::CrossEntropySums identity =
+      ref::lmHeadCrossEntropy(y.values.data(), w.values.data(), labels.data(),
+                              weights.data(), rows, V, H);
+  ASSERT_GT(std::abs(identity.lossSum - ref.lossSum),
+            5 * 5e-3 * std::abs(ref.lossSum))
+      << "the transform barely changes the loss";
+
+  LmHeadOutputs plain =
+      runLmHead(gemm, y, w, labels, weights32, rows, V, H, chunkRows, blockSize,
+                0, static_cast<float>(dLossSum), t);
+  EXPECT_NEAR(plain.sums[0], ref.lossSum, 5e-3 * std::abs(ref.lossSum))
+      << "loss sum";
+  EXPECT_NEAR(plain.sums[1], ref.weightSum, 1e-5 * ref.weightSum)
+      << "weight sum";
+  EXPECT_EQ(plain.sums[3], ref.count) << "count";
+  EXPECT_NEAR(plain.sums[2], ref.correct, std::max(2.0, 0.02 * ref.count))
+      << "correct";
+  EXPECT_GT(plain.sums[2], 0.2 * ref.count) << "the argmax labels were found";
+  int64_t hitCount = 0, differ = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_LE(plain.hits[size_t(r)], 1) << "row " << r << " not written";
+    hitCount += plain.hits[size_t(r)];
+    differ += plain.hits[size_t(r)] != refHits[size_t(r)];
+  }
+  EXPECT_EQ(double(hitCount), double(plain.sums[2])) << "hits and correct";
+  EXPECT_LE(double(differ), std::max(2.0, 0.02 * ref.count)) << "hits";
+  const std::vector<double> gotDy = bf16ToDoubles(plain.dy);
+  EXPECT_CLOSE(gotDy, refDy, 2e-2, "dy");
+  if (blockSize >= 2) {
+    int64_t nonzero = 0;
+    for (int64_t r = 0; r < rows; r += blockSize)
+      for (int64_t h = 0; h < H; ++h)
+        nonzero += gotDy[size_t(r * H + h)] != 0.0;
+    EXPECT_EQ(nonzero, 0) << "dy at slot 0 of the blocks";
+  }
+  if (K == 0)
+    return;
+
+  LmHeadOutputs top =
+      runLmHead(gemm, y, w, labels, weights32, rows, V, H, chunkRows, blockSize,
+                K, static_cast<float>(dLossSum), t);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(top.sums[size_t(i)], plain.sums[size_t(i)]) << "sum " << i;
+  EXPECT_EQ(top.hits, plain.hits) << "hits";
+  EXPECT_TRUE(top.dy == plain.dy) << "dy";
+  // T of a logit one bf16 ulp off, and tanhf's fp32 error.
+  auto tol = [&](int64_t at) {
+    return t.multiplier * bf16Ulp(z[size_t(at)]) +
+           1e-5 * std::max(1.0, std::abs(u[size_t(at)]));
+  };
+  int64_t checkedRows = 0;
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t r = 0; r < rows; ++r) {
+    SCOPED_TRACE(testing::Message() << "row " << r);
+    const float *gotV = top.values.data() + r * K;
+    const int32_t *gotC = top.candidates.data() + r * K;
+    if (weights32[size_t(r)] == 0.f) {
+      for (int64_t j = 0; j < K; ++j) {
+        ASSERT_EQ(gotC[j], -1) << "candidate " << j;
+        ASSERT_EQ(gotV[j], 0.f) << "value " << j;
+      }
+      ASSERT_EQ(top.labelValues[size_t(r)], 0.f) << "label value";
+      continue;
+    }
+    ++checkedRows;
+    const int64_t label = r * V + labels[size_t(r)];
+    ASSERT_LE(std::abs(top.labelValues[size_t(r)] - u[size_t(label)]),
+              tol(label))
+        << "label value";
+    for (int64_t j = 0; j < K; ++j) {
+      ASSERT_GE(gotC[j], 0) << "candidate " << j;
+      ASSERT_LT(gotC[j], V) << "candidate " << j;
+      const int64_t at = r * V + gotC[j];
+      ASSERT_LE(std::abs(gotV[j] - u[size_t(at)]), tol(at)) << "value " << j;
+      if (j > 0) // descending, ties the lower token first: also distinct
+        ASSERT_TRUE(gotV[j - 1] > gotV[j] ||
+                    (gotV[j - 1] == gotV[j] && gotC[j - 1] < gotC[j]))
+            << "candidates " << j - 1 << " and " << j << " out of order";
+    }
+    // Nothing the kernel left out stands above its K-th by more than the
+    // two roundings: the first token of the reference's order missing.
+    const double *uRow = u.data() + r * V;
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t n = std::min(K + 1, V);
+    std::partial_sort(order.begin(), order.begin() + n, order.end(),
+                      [&](int32_t a, int32_t b) {
+                        return uRow[a] > uRow[b] ||
+                               (uRow[a] == uRow[b] && a < b);
+                      });
+    std::vector<int32_t> gotSet(gotC, gotC + K);
+    std::sort(gotSet.begin(), gotSet.end());
+    for (int64_t j = 0; j < n; ++j)
+      if (!std::binary_search(gotSet.begin(), gotSet.end(), order[size_t(j)])) {
+        const int64_t at = r * V + order[size_t(j)];
+        ASSERT_LE(u[size_t(at)], gotV[K - 1] + 2 * tol(at))
+            << "token " << order[size_t(j)] << " left out";
+        break;
+      }
+  }
+  EXPECT_GT(checkedRows, 0) << "rows with a weight";
+}
+
 } // namespace
 
 TEST(CublasLtGemm, LinearProducts) {
@@ -582,4 +743,29 @@ TEST(LmHeadCrossEntropy, TopKWideVocab) {
   lmHeadTopKCase(8, 248320, 64, 4, 4, 64, true, 19);
   lmHeadTopKCase(8, 248320, 64, 4, 4, 16, false, 20);
   lmHeadTopKCase(6, 248320, 64, 6, 0, 1, false, 21);
+}
+
+// A DFlash2 drafter's unary transform (CE_u, docs/semantics.md section 13):
+// a multiplier alone, a softcap alone at the published default 30 (logits of
+// standard deviation 6: the top ones bend), and both with a small softcap
+// that saturates many logits; with and without the folded top-K, vector and
+// scalar (1003) vocabularies, every row computed and slot 0 of blocks left
+// out.
+TEST(LmHeadCrossEntropy, UnaryTransformMultiplier) {
+  const ref::UnaryTransform t{1.5, 0.0};
+  lmHeadUnaryCase(300, 4000, 128, 128, 0, 16, t, 2.0, 31);
+  lmHeadUnaryCase(96, 1003, 64, 32, 2, 64, t, 2.0, 32);
+}
+
+TEST(LmHeadCrossEntropy, UnaryTransformSoftcap) {
+  const ref::UnaryTransform t{1.0, 30.0};
+  lmHeadUnaryCase(320, 4000, 128, 128, 16, 0, t, 6.0, 33);
+  lmHeadUnaryCase(70, 1003, 64, 64, 0, 16, t, 6.0, 34);
+}
+
+TEST(LmHeadCrossEntropy, UnaryTransformMultiplierAndSoftcap) {
+  const ref::UnaryTransform t{2.0, 4.0};
+  lmHeadUnaryCase(320, 4000, 128, 128, 16, 64, t, 2.5, 35);
+  lmHeadUnaryCase(64, 1003, 64, 32, 4, 1, t, 2.5, 36);
+  lmHeadUnaryCase(300, 4000, 128, 128, 0, 0, t, 2.5, 37);
 }

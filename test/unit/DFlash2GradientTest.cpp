@@ -462,11 +462,11 @@ func.func @step(%ids: tensor<1x12xi32> {dflash.arg = #dflash.arg<input, "input_i
 // The top-K folded into the lm_head ops
 //===----------------------------------------------------------------------===//
 
-/// selector_candidates (identity transform, before the loss: the fused op
-/// takes its place) beside lm_head_ce with and without its gradient: what
-/// dflash-fuse-kernels folds into lm_head_ce_fused {top_k} and
-/// lm_head_ce_top_k. The weights are an op's (the fused loss seed is placed
-/// after it): wa + wb.
+/// selector_candidates (before the loss: the fused op takes its place)
+/// beside lm_head_ce with and without its gradient, all of one unary
+/// transform (multiplier @M, softcap @C): what dflash-fuse-kernels folds
+/// into lm_head_ce_fused {top_k} and lm_head_ce_top_k. The weights are an
+/// op's (the fused loss seed is placed after it): wa + wb.
 const char *kFoldedTopK = R"mlir(
 func.func @train(%y: tensor<2x8x32xf32>, %head: tensor<64x32xf32>, %labels: tensor<2x8xi32>,
                  %wa: tensor<2x8xf32>, %wb: tensor<2x8xf32>, %seed: tensor<f32>)
@@ -474,13 +474,15 @@ func.func @train(%y: tensor<2x8x32xf32>, %head: tensor<64x32xf32>, %labels: tens
         tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>) {
   %weights = dflash.add %wa, %wb : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xf32>
   %v, %c, %lv = dflash.selector_candidates %y, %head, %labels, %weights
-      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+      {top_k = 4 : i64, multiplier = @M : f64, softcap = @C : f64}
       : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
       -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
   %ls, %ws, %correct, %count, %hits = dflash.lm_head_ce %y, %head, %labels, %weights
+      {multiplier = @M : f64, softcap = @C : f64}
       : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
       -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>)
   %dy = dflash.lm_head_ce_grad %y, %head, %labels, %weights, %seed
+      {multiplier = @M : f64, softcap = @C : f64}
       : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>, tensor<f32>)
       -> tensor<2x8x32xf32>
   return %ls, %ws, %correct, %count, %hits, %dy, %v, %c, %lv
@@ -493,10 +495,11 @@ func.func @eval(%y: tensor<2x8x32xf32>, %head: tensor<64x32xf32>, %labels: tenso
         tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>) {
   %weights = dflash.add %wa, %wb : (tensor<2x8xf32>, tensor<2x8xf32>) -> tensor<2x8xf32>
   %ls, %ws, %correct, %count, %hits = dflash.lm_head_ce %y, %head, %labels, %weights
+      {multiplier = @M : f64, softcap = @C : f64}
       : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
       -> (tensor<f32>, tensor<f32>, tensor<f32>, tensor<f32>, tensor<2x8xi8>)
   %v, %c, %lv = dflash.selector_candidates %y, %head, %labels, %weights
-      {top_k = 4 : i64, multiplier = 1.0 : f64, softcap = 0.0 : f64}
+      {top_k = 4 : i64, multiplier = @M : f64, softcap = @C : f64}
       : (tensor<2x8x32xf32>, tensor<64x32xf32>, tensor<2x8xi32>, tensor<2x8xf32>)
       -> (tensor<2x8x4xf32>, tensor<2x8x4xi32>, tensor<2x8xf32>)
   return %ls, %ws, %correct, %count, %hits, %v, %c, %lv
@@ -505,14 +508,28 @@ func.func @eval(%y: tensor<2x8x32xf32>, %head: tensor<64x32xf32>, %labels: tenso
 }
 )mlir";
 
+/// kFoldedTopK with the transform's multiplier and softcap.
+std::string foldedTopK(const char *multiplier, const char *softcap) {
+  std::string text = kFoldedTopK;
+  for (auto [token, value] :
+       {std::pair<std::string, const char *>{"@M", multiplier},
+        {"@C", softcap}})
+    for (size_t at = text.find(token); at != std::string::npos;
+         at = text.find(token, at))
+      text.replace(at, token.size(), value);
+  return text;
+}
+
 // The interpreter runs the fused ops with the results of the ops they
 // replace: the same sums, hits, top-K and label values, and the same input
 // gradient (up to the seed: the fused op's is 1 / sum(w) of loss_seed).
-TEST(DFlash2Gradient, FoldedTopKInterpretsAsTheSeparateOps) {
+void foldedTopKCase(const char *multiplier, const char *softcap) {
+  SCOPED_TRACE(testing::Message()
+               << "multiplier " << multiplier << ", softcap " << softcap);
   MLIRContext context;
   context.loadDialect<DFlashDialect, func::FuncDialect>();
   OwningOpRef<ModuleOp> separate =
-      parseSourceString<ModuleOp>(kFoldedTopK, &context);
+      parseSourceString<ModuleOp>(foldedTopK(multiplier, softcap), &context);
   ASSERT_TRUE(separate);
   OwningOpRef<ModuleOp> fused = separate->clone();
   PassManager pm(&context);
@@ -578,6 +595,14 @@ TEST(DFlash2Gradient, FoldedTopKInterpretsAsTheSeparateOps) {
     for (int64_t r = 0; r < rows; ++r)
       EXPECT_EQ(candidates[size_t(r * 4)] < 0, r % 3 == 0) << "row " << r;
   }
+}
+
+// With the identity and with a DFlash2 unary transform, which the fused ops
+// must carry for the results to be the same.
+TEST(DFlash2Gradient, FoldedTopKInterpretsAsTheSeparateOps) {
+  for (auto [multiplier, softcap] :
+       {std::pair<const char *, const char *>{"1.0", "0.0"}, {"1.5", "4.0"}})
+    foldedTopKCase(multiplier, softcap);
 }
 
 } // namespace

@@ -3,7 +3,8 @@
 // The in-block causality of each layer's dflash.block_attention
 // (docs/semantics.md section 3: a sliding layer of a DFlash drafter is
 // causal inside its block, a full one bidirectional), and a DFlash2
-// drafter's graph (section 13): every layer bidirectional, its ops.
+// drafter's graph (section 13): every layer bidirectional, its ops, and its
+// unary transform on the cross-entropy.
 //
 //===----------------------------------------------------------------------===//
 
@@ -12,7 +13,6 @@
 #include "dialect/DFlashOps.h"
 
 #include "mlir/IR/BuiltinOps.h"
-#include "mlir/IR/Diagnostics.h"
 #include "mlir/IR/MLIRContext.h"
 
 #include <gtest/gtest.h>
@@ -73,21 +73,31 @@ TEST(ImportSpec, DFlash2Drafter) {
   EXPECT_FALSE(layers[1].getCausal());
 }
 
-// CE_u has no unary transform yet: refused at the key.
-TEST(ImportSpec, RefusesADFlash2OutputMultiplier) {
-  std::optional<DrafterSpec> spec = load("tiny-dflash2");
-  ASSERT_TRUE(spec);
-  spec->outputMultiplier = 2;
-  MLIRContext context;
-  std::string said;
-  ScopedDiagnosticHandler handler(&context, [&](Diagnostic &diagnostic) {
-    said += diagnostic.str();
-    return success();
-  });
-  EXPECT_FALSE(importSpec(context, *spec));
-  EXPECT_NE(said.find("output_multiplier is not supported yet"),
-            std::string::npos)
-      << said;
+// CE_u and the selector's candidates take the spec's unary transform (the
+// same one, so that dflash-fuse-kernels can fold them); a v1 drafter's
+// cross-entropy has none whatever the fields say.
+TEST(ImportSpec, DFlash2UnaryTransformReachesTheCrossEntropy) {
+  for (const char *name : {"tiny-dflash2", "tiny"}) {
+    std::optional<DrafterSpec> spec = load(name);
+    ASSERT_TRUE(spec);
+    const bool dflash2 = spec->dflash2;
+    spec->outputMultiplier = 1.5;
+    spec->finalLogitSoftcapping = 30;
+    MLIRContext context;
+    OwningOpRef<ModuleOp> module = importSpec(context, *spec);
+    ASSERT_TRUE(module) << name;
+    std::vector<LmHeadCeOp> losses;
+    module->walk([&](LmHeadCeOp op) { losses.push_back(op); });
+    ASSERT_EQ(losses.size(), 1u) << name;
+    EXPECT_EQ(losses[0].getMultiplier().convertToDouble(), dflash2 ? 1.5 : 1.0)
+        << name;
+    EXPECT_EQ(losses[0].getSoftcap().convertToDouble(), dflash2 ? 30.0 : 0.0)
+        << name;
+    module->walk([&](SelectorCandidatesOp op) {
+      EXPECT_EQ(op.getMultiplier(), losses[0].getMultiplier());
+      EXPECT_EQ(op.getSoftcap(), losses[0].getSoftcap());
+    });
+  }
 }
 
 } // namespace

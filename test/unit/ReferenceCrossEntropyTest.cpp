@@ -1,7 +1,9 @@
 //===- ReferenceCrossEntropyTest.cpp - Tests of the lm_head loss ----------===//
 //
 // lmHeadCrossEntropy against a direct computation, its argmax tie rule and
-// counts, and lmHeadCrossEntropyGrad against central finite differences.
+// counts, and lmHeadCrossEntropyGrad against central finite differences,
+// with the identity and with DFlash2's unary transforms (a multiplier, a
+// softcap, both).
 //
 //===----------------------------------------------------------------------===//
 
@@ -21,15 +23,18 @@ using namespace dflash::reftest;
 namespace {
 
 /// The sums computed the plain way: every logit, log of a sum of exps.
+/// With a transform, T of each logit.
 CrossEntropySums directSums(const Vector &y, const Vector &w,
                             const std::vector<int32_t> &labels,
-                            const Vector &weights, int64_t V, int64_t H) {
+                            const Vector &weights, int64_t V, int64_t H,
+                            const UnaryTransform &transform = {}) {
   CrossEntropySums sums;
   for (size_t r = 0; r < labels.size(); ++r) {
     Vector logits(V, 0.0);
     for (int64_t v = 0; v < V; ++v)
       for (int64_t h = 0; h < H; ++h)
         logits[v] += y[r * H + h] * w[v * H + h];
+    unaryTransform(logits.data(), logits.data(), V, transform);
     double sumExp = 0;
     int64_t argmax = 0;
     for (int64_t v = 0; v < V; ++v) {
@@ -68,10 +73,17 @@ LossCase randomCase(int64_t rows, int64_t V, int64_t H, uint64_t seed) {
   return c;
 }
 
-CrossEntropySums runLoss(const LossCase &c) {
+CrossEntropySums runLoss(const LossCase &c,
+                         const UnaryTransform &transform = {}) {
   return lmHeadCrossEntropy(c.y.data(), c.w.data(), c.labels.data(),
-                            c.weights.data(), c.rows, c.V, c.H);
+                            c.weights.data(), c.rows, c.V, c.H, nullptr,
+                            transform);
 }
+
+/// DFlash2's transforms (docs/semantics.md section 13, "Unary logits"): a
+/// multiplier alone, a softcap alone that the logits of randomCase (a few
+/// units to a dozen) saturate, and both.
+const UnaryTransform kTransforms[] = {{1.5, 0.0}, {1.0, 4.0}, {2.5, 6.0}};
 
 TEST(ReferenceCrossEntropy, MatchesDirectComputation) {
   // 150 rows: more than one chunk of rows.
@@ -140,6 +152,55 @@ TEST(ReferenceCrossEntropy, GradientMatchesFiniteDifferences) {
       continue;
     for (int64_t h = 0; h < c.H; ++h)
       EXPECT_EQ(dy[r * c.H + h], 0.0);
+  }
+}
+
+TEST(ReferenceCrossEntropy, UnaryTransformMatchesDirectComputation) {
+  const LossCase c = randomCase(150, 11, 6, 61);
+  const CrossEntropySums plain = runLoss(c);
+  std::vector<uint8_t> plainHits(c.rows), hits(c.rows);
+  lmHeadCrossEntropy(c.y.data(), c.w.data(), c.labels.data(), c.weights.data(),
+                     c.rows, c.V, c.H, plainHits.data());
+  for (const UnaryTransform &t : kTransforms) {
+    const CrossEntropySums actual =
+        lmHeadCrossEntropy(c.y.data(), c.w.data(), c.labels.data(),
+                           c.weights.data(), c.rows, c.V, c.H, hits.data(), t);
+    const CrossEntropySums expected =
+        directSums(c.y, c.w, c.labels, c.weights, c.V, c.H, t);
+    EXPECT_NEAR(actual.lossSum, expected.lossSum,
+                1e-13 * std::abs(expected.lossSum));
+    EXPECT_EQ(actual.weightSum, plain.weightSum);
+    EXPECT_EQ(actual.count, expected.count);
+    EXPECT_EQ(actual.correct, expected.correct);
+    // T is monotonic: the argmax, so the hits, are those of the logits; the
+    // loss is not.
+    EXPECT_EQ(actual.correct, plain.correct);
+    EXPECT_EQ(hits, plainHits);
+    EXPECT_GT(std::abs(actual.lossSum - plain.lossSum), 1e-3 * plain.lossSum);
+  }
+}
+
+TEST(ReferenceCrossEntropy, UnaryTransformGradientMatchesFiniteDifferences) {
+  LossCase c = randomCase(9, 13, 7, 71);
+  const double dLossSum = 0.37;
+  for (const UnaryTransform &t : kTransforms) {
+    Vector dy(c.rows * c.H, 9.0), plainDy(c.rows * c.H);
+    lmHeadCrossEntropyGrad(c.y.data(), c.w.data(), c.labels.data(),
+                           c.weights.data(), dLossSum, dy.data(), c.rows, c.V,
+                           c.H, t);
+    const Vector fd = finiteDifferences(
+        c.y, [&] { return dLossSum * runLoss(c, t).lossSum; });
+    const double error = relativeError(fd, dy);
+    EXPECT_LT(error, 1e-6) << "multiplier " << t.multiplier << ", softcap "
+                           << t.softcap;
+    std::printf("lmHeadCrossEntropyGrad (multiplier %g, softcap %g): "
+                "relative error %.3g\n",
+                t.multiplier, t.softcap, error);
+    // The transform's factor is there: the plain gradient is far off.
+    lmHeadCrossEntropyGrad(c.y.data(), c.w.data(), c.labels.data(),
+                           c.weights.data(), dLossSum, plainDy.data(), c.rows,
+                           c.V, c.H);
+    EXPECT_GT(relativeError(fd, plainDy), 1e-2);
   }
 }
 

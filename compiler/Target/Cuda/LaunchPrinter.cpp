@@ -703,6 +703,14 @@ LogicalResult StepEmitter::emitKernel(Operation *op, KernelAttr kernel) {
                                 ptr(o.getCandidates()),
                                 ptr(o.getLabelValues()));
         }
+        // A DFlash2 drafter's unary transform (the identity is the
+        // arguments' default).
+        const double multiplier = o.getMultiplier().convertToDouble();
+        const double softcap = o.getSoftcap().convertToDouble();
+        if (multiplier != 1.0 || softcap != 0.0)
+          os << llvm::formatv("      a.multiplier = {0};\n"
+                              "      a.softcap = {1};\n",
+                              formatFloat(multiplier), formatFloat(softcap));
         os << "      dflash::kernels::useLmHeadWorkspace(a, "
            << workspace(o, "char") << ");\n"
            << "      dflash::kernels::lm_head_cross_entropy_bf16(gemm(), a, "

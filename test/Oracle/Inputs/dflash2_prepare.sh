@@ -14,6 +14,8 @@
 #       selector_denominator = "covered", selector_stop_gradient = true
 #   ramp warm                  the same with alpha_t at step 0 of 4 in the
 #       ramp (alpha 1.5 over 3 steps: 0.5) and in the warm-up (0)
+#   unary                      the defaults with a unary transform:
+#       output_multiplier = 1.5, final_logit_softcapping = 4.0
 #   walk                       OUT/walk.jsonl and OUT/walk.line: the serving
 #       walk of held-out rows 1-3 (the shard's rows 1-3) in fp64
 # A step dump is 27 MB: to check on another machine with its own torch,
@@ -24,7 +26,7 @@
 #       OUT/synth/data/shard-00000.safetensors 1 OUT/walk.jsonl --line OUT/walk.line
 set -euo pipefail
 if (($# < 2)); then
-  echo "usage: dflash2_prepare.sh OUT PYTHON [topk|inject|covered|stop|ramp|warm|walk ...]" >&2
+  echo "usage: dflash2_prepare.sh OUT PYTHON [topk|inject|covered|stop|ramp|warm|unary|walk ...]" >&2
   exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,10 +35,10 @@ out=$1
 python=$2
 shift 2
 cases=("$@")
-((${#cases[@]})) || cases=(topk inject covered stop ramp warm walk)
+((${#cases[@]})) || cases=(topk inject covered stop ramp warm unary walk)
 for c in "${cases[@]}"; do
   case $c in
-    topk | inject | covered | stop | ramp | warm | walk) ;;
+    topk | inject | covered | stop | ramp | warm | unary | walk) ;;
     *) echo "dflash2_prepare: unknown case '$c'" >&2; exit 2 ;;
   esac
 done
@@ -53,17 +55,24 @@ mkdir -p "$out"
 "$reference" "$spec" --steps 40 --target "$out/synth/target" --data "$out/synth/data" \
   --init "$out/perturbed" --save "$out/trained" > "$out/trained.jsonl"
 
-# The spec with `selector_alpha = 1.0` replaced by these lines.
-derive() {
-  local name=$1
-  shift
+# The spec with the line matching ANCHOR (a sed pattern of a whole line)
+# replaced by these lines.
+replace() {
+  local name=$1 anchor=$2
+  shift 2
   local lines
   lines=$(printf '%s\\n' "$@")
-  sed "s/^selector_alpha = 1.0\$/${lines%\\n}/" "$spec" > "$out/$name.toml"
+  sed "s/^${anchor}\$/${lines%\\n}/" "$spec" > "$out/$name.toml"
   local line
   for line in "$@"; do
     grep -qxF "$line" "$out/$name.toml" || { echo "dflash2_prepare: cannot derive $name.toml" >&2; exit 1; }
   done
+}
+# The spec with `selector_alpha = 1.0` replaced by these lines.
+derive() {
+  local name=$1
+  shift
+  replace "$name" 'selector_alpha = 1.0' "$@"
 }
 dump() {
   local name=$1
@@ -82,6 +91,9 @@ for c in "${cases[@]}"; do
     warm)
       derive warm 'selector_alpha = 1.0' 'selector_warmup_ratio = 0.25' 'selector_ramp_ratio = 0.5'
       dump warm --total-steps 4 ;;
+    unary)
+      replace unary '\[drafter.dflash2\]' '[drafter.dflash2]' 'output_multiplier = 1.5' \
+        'final_logit_softcapping = 4.0' && dump unary ;;
     walk)
       "$reference" "$spec" --data synthetic --seed 3 --rows 1 --steps 0 --init "$out/trained" \
         --eval-rows 3 --eval-serving-rows 3 --eval-serving-dump "$out/walk.jsonl" \

@@ -56,6 +56,7 @@ BREAKS = {
     "denominator": "the other selector_denominator (all <-> covered)",
     "stop-gradient": "the other selector_stop_gradient",
     "predecessor": "the selector's predecessor is the label, not the token before it",
+    "unary": "CE_u on the logits without their unary transform",
 }
 WALK_BREAKS = {
     "conv-tap": BREAKS["conv-tap"],
@@ -189,7 +190,8 @@ def step(t, cfg, broken=None):
 
     y, u = forward(P, embed, lm_head, ids, hidden, anchors, keep, positions, cfg, d2, broken)
     labels, w = labels_and_weights(ids, loss_mask, anchors, keep, positions, bs, cfg["gamma"], dtype)
-    ce_u = torch.logsumexp(u, -1) - u.gather(-1, labels[..., None])[..., 0]
+    u_ce = y @ lm_head.T if broken == "unary" else u
+    ce_u = torch.logsumexp(u_ce, -1) - u_ce.gather(-1, labels[..., None])[..., 0]
 
     # Teacher forcing: the predecessor of slot (n, k) is input_ids[anchor + k - 1].
     slot = (anchors[:, :, None] + torch.arange(bs)[None, None, :]).reshape(B, N * bs)
@@ -245,6 +247,8 @@ def run_step(args):
           "labels in the top %d: %.3f" % (
               torch.__version__, d2["selector_gold"], d2["selector_denominator"],
               str(d2["selector_stop_gradient"]).lower(), alpha_t, d2["selector_top_k"], covered))
+    print("oracle: unary transform: output_multiplier %.6g, final_logit_softcapping %.6g" % (
+        d2.get("output_multiplier", 1.0), d2.get("final_logit_softcapping", 0.0)))
     problems = []
     if args.alpha_t is not None and abs(alpha_t - args.alpha_t) > 1e-12:
         problems.append("alpha_t %.6g, the test expects %.6g" % (alpha_t, args.alpha_t))
