@@ -85,18 +85,10 @@ struct UnvalidatedKernel {
   std::string_view gpuTest; ///< the test binary (and filter) that validates it
 };
 // DFlash2ConvGpuTest, DFlash2SelectorGpuTest and AttentionGpuTest's
-// bidirectional windows passed on an H100 on 2026-12-06 (bench/RESULTS.md,
-// "DFlash2 on the GPU"): their kernels left this table.
+// bidirectional windows passed on an H100 on 2026-12-06, and LmHeadGpuTest's
+// folded top-K and unary transform the same evening (bench/RESULTS.md,
+// "DFlash2 on the GPU"): their kernels and shapes left this table.
 inline constexpr std::array<UnvalidatedKernel, 0> kUnvalidatedKernels = {};
-/// The lm_head cross-entropy with a DFlash2 selector's top-K folded in (its
-/// third constant, K).
-inline constexpr std::string_view kUnvalidatedLmHeadTopKTest =
-    "LmHeadGpuTest --gtest_filter='*TopK*'";
-/// The lm_head cross-entropy with a DFlash2 drafter's unary transform
-/// (multiplier != 1 or softcap != 0 on the op: CE_u of output_multiplier
-/// and final_logit_softcapping).
-inline constexpr std::string_view kUnvalidatedLmHeadUnaryTransformTest =
-    "LmHeadGpuTest --gtest_filter='*UnaryTransform*'";
 
 } // namespace dflash
 

@@ -31,7 +31,6 @@
 #include "mlir/Pass/PassManager.h"
 #include "mlir/Support/FileUtilities.h"
 #include "llvm/ADT/StringSet.h"
-#include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/InitLLVM.h"
@@ -139,80 +138,39 @@ int fail(const llvm::Twine &msg) {
   return 1;
 }
 
-/// A GPU test that has yet to pass for a kernel an op runs, and the spec
-/// key that asked for that shape of it (none: the op's own location).
-struct PendingGpuTest {
-  std::string_view test;
-  const char *specKey = nullptr;
-};
-
-/// The spec key of a DFlash2 drafter's unary transform on an lm_head op,
-/// or null for the identity.
-const char *unaryTransformKey(mlir::Operation *op) {
-  using namespace mlir::dflash;
-  return llvm::TypeSwitch<mlir::Operation *, const char *>(op)
-      .Case<LmHeadCeFusedOp, LmHeadCeTopKOp, LmHeadCeOp>(
-          [](auto o) -> const char * {
-            if (o.getSoftcap().convertToDouble() != 0)
-              return "drafter.dflash2.final_logit_softcapping";
-            if (o.getMultiplier().convertToDouble() != 1)
-              return "drafter.dflash2.output_multiplier";
-            return nullptr;
-          })
-      .Default([](mlir::Operation *) { return nullptr; });
-}
-
-/// The GPU tests that have yet to pass for the kernel `op` runs.
-llvm::SmallVector<PendingGpuTest, 2> pendingGpuTests(mlir::Operation *op) {
-  llvm::SmallVector<PendingGpuTest, 2> pending;
+/// The GPU test that has yet to pass for the kernel `op` runs, if any.
+std::optional<std::string_view> pendingGpuTest(mlir::Operation *op) {
   auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
   if (!kernel)
-    return pending;
+    return std::nullopt;
   const std::string_view name(kernel.getName().data(), kernel.getName().size());
   for (const UnvalidatedKernel &k : kUnvalidatedKernels)
     if (name == k.name)
-      pending.push_back({k.gpuTest});
-  if (name != kernel_names::kLmHeadCrossEntropy)
-    return pending;
-  // The lm_head kernel's constants: chunk rows, block size, and K when a
-  // selector's top-K is folded in.
-  if (kernel.getConstants().size() == 3)
-    pending.push_back({kUnvalidatedLmHeadTopKTest});
-  if (const char *key = unaryTransformKey(op))
-    pending.push_back({kUnvalidatedLmHeadUnaryTransformTest, key});
-  return pending;
+      return k.gpuTest;
+  return std::nullopt;
 }
 
 /// Refuses, op by op, kernels whose GPU tests have not passed on a GPU:
-/// one error per kernel and test, at the first op that runs it (or at the
-/// spec key that asked for that shape of it).
-bool refuseUnvalidatedKernels(llvm::ArrayRef<mlir::ModuleOp> programs,
-                              const DrafterSpec &spec) {
+/// one error per kernel, at the first op that runs it.
+bool refuseUnvalidatedKernels(llvm::ArrayRef<mlir::ModuleOp> programs) {
   llvm::StringSet<> named;
   for (mlir::ModuleOp program : programs) {
     if (!program)
       continue;
     program.walk([&](mlir::Operation *op) {
-      for (const PendingGpuTest &pending : pendingGpuTests(op)) {
-        auto kernel =
-            op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
-        std::string key =
-            kernel.getName().str() + "/" + std::string(pending.test);
-        if (!named.insert(key).second)
-          continue;
-        auto emit = [&]() -> mlir::InFlightDiagnostic {
-          if (!pending.specKey)
-            return op->emitError();
-          SourceLoc l = spec.locationOf(pending.specKey);
-          return mlir::emitError(mlir::FileLineColLoc::get(
-              op->getContext(), spec.file, l.line, l.column));
-        };
-        emit() << "runs " << kernel.getName()
-               << ", which has not passed its GPU test ("
-               << std::string(pending.test)
-               << ") on a GPU yet: dflashc writes no trainer with it "
-                  "(--allow-unvalidated-kernels builds one for that test)";
-      }
+      std::optional<std::string_view> test = pendingGpuTest(op);
+      if (!test)
+        return;
+      auto kernel =
+          op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
+      if (!named.insert(kernel.getName().str()).second)
+        return;
+      op->emitError() << "runs " << kernel.getName()
+                      << ", which has not passed its GPU test ("
+                      << std::string(*test)
+                      << ") on a GPU yet: dflashc writes no trainer with "
+                         "it (--allow-unvalidated-kernels builds one for "
+                         "that test)";
     });
   }
   return !named.empty();
@@ -429,8 +387,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (!allowUnvalidatedKernels &&
         refuseUnvalidatedKernels(
             {*module, *evalModule,
-             targetModule ? *targetModule : mlir::ModuleOp()},
-            *spec))
+             targetModule ? *targetModule : mlir::ModuleOp()}))
       return fail("'" + inputFile +
                   "' needs kernels that have not passed their GPU tests");
     mlir::FailureOr<CudaTrainerSources> sources = translateToCuda(
