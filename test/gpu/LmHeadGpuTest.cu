@@ -164,100 +164,36 @@ lmHeadArgs(const Bf16Tensor &y, const Bf16Tensor &w, const int32_t *labels,
   return args;
 }
 
-void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
-                int64_t blockSize, uint64_t seed) {
-  SCOPED_TRACE(testing::Message()
-               << "rows=" << rows << " V=" << V << " H=" << H
-               << " chunk=" << chunkRows << " blockSize=" << blockSize);
-  std::mt19937_64 rng(seed);
-  LtContext lt;
-  kernels::CublasLtGemm gemm(lt.handle, lt.workspace.get(),
-                             lt.workspace.bytes());
-  Bf16Tensor y = randomBf16(rows * H, rng, 1.0);
-  Bf16Tensor w = randomBf16(V * H, rng, 0.2);
+/// A case's labels (the argmax of `logits` [rows, V] on every third row, so
+/// that accuracy is tested; random elsewhere) and weights (zeros, the gamma
+/// decay's range, and 0 at slot 0 of each block of blockSize >= 2).
+struct CaseTargets {
+  std::vector<int32_t> labels;
+  std::vector<float> weights32;
+  std::vector<double> weights; ///< the same, for the reference
+};
 
-  // Labels: the true argmax on every third row (so accuracy is tested),
-  // random elsewhere; weights with zeros and the gamma decay's range.
-  std::vector<double> logits(rows * V);
-  ref::linear(y.values.data(), w.values.data(), logits.data(), rows, V, H);
-  std::vector<int32_t> labels(rows);
-  std::vector<double> weights(rows);
-  std::vector<float> weights32(rows);
+CaseTargets caseTargets(const std::vector<double> &logits, int64_t rows,
+                        int64_t V, int64_t blockSize, std::mt19937_64 &rng) {
+  CaseTargets t;
+  t.labels.resize(size_t(rows));
+  t.weights32.resize(size_t(rows));
+  t.weights.resize(size_t(rows));
   std::uniform_int_distribution<int> tok(0, static_cast<int>(V) - 1);
   std::uniform_real_distribution<double> unit(0, 1);
   for (int64_t r = 0; r < rows; ++r) {
     const double *row = logits.data() + r * V;
-    labels[r] = r % 3 == 0
-                    ? static_cast<int32_t>(std::max_element(row, row + V) - row)
-                    : tok(rng);
+    t.labels[size_t(r)] =
+        r % 3 == 0 ? static_cast<int32_t>(std::max_element(row, row + V) - row)
+                   : tok(rng);
     double u = unit(rng);
-    weights32[r] = u < 0.25 ? 0.f : static_cast<float>(std::exp(-u * 3));
+    t.weights32[size_t(r)] =
+        u < 0.25 ? 0.f : static_cast<float>(std::exp(-u * 3));
     if (blockSize >= 2 && r % blockSize == 0) // draft_targets' [k > 0]
-      weights32[r] = 0.f;
-    weights[r] = weights32[r];
+      t.weights32[size_t(r)] = 0.f;
+    t.weights[size_t(r)] = t.weights32[size_t(r)];
   }
-  const double dLossSum = 0.37;
-  std::vector<uint8_t> refHits(rows);
-  ref::CrossEntropySums ref =
-      ref::lmHeadCrossEntropy(y.values.data(), w.values.data(), labels.data(),
-                              weights.data(), rows, V, H, refHits.data());
-  std::vector<double> refDy(rows * H);
-  ref::lmHeadCrossEntropyGrad(y.values.data(), w.values.data(), labels.data(),
-                              weights.data(), dLossSum, refDy.data(), rows, V,
-                              H);
-
-  DeviceBuffer<int32_t> dLabels(rows);
-  DeviceBuffer<float> dWeights(rows), dScale(1);
-  DeviceBuffer<char> workspace(
-      kernels::lmHeadCrossEntropyWorkspaceBytes(rows, V, H, blockSize));
-  DeviceBuffer<bf16> dy(rows * H);
-  DeviceBuffer<uint8_t> hits(rows);
-  std::vector<uint8_t> poison(rows, 0x5a);
-  hits.upload(poison);
-  dLabels.upload(labels);
-  dWeights.upload(weights32);
-  std::vector<float> scale{static_cast<float>(dLossSum)};
-  dScale.upload(scale);
-  poisonAll(workspace, dy);
-  kernels::LmHeadCrossEntropyArgs args =
-      lmHeadArgs(y, w, dLabels.get(), dWeights.get(), dScale.get(), dy.get(),
-                 hits.get(), rows, V, H, chunkRows, blockSize);
-  kernels::useLmHeadWorkspace(args, workspace.get());
-  DeviceBuffer<float> sums(4);
-  args.sums = sums.get(); // poisoned on its own: read back below
-  poisonAll(sums);
-  kernels::lm_head_cross_entropy_bf16(gemm, args, 0);
-  DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> got = sums.download();
-  // bf16 logits (the contract: CE in fp32 from bf16 logits) against exact
-  // ones: the loss agrees to about the logits' rounding.
-  EXPECT_NEAR(got[0], ref.lossSum, 5e-3 * std::abs(ref.lossSum)) << "loss sum";
-  EXPECT_NEAR(got[1], ref.weightSum, 1e-5 * ref.weightSum) << "weight sum";
-  EXPECT_EQ(got[3], ref.count) << "count";
-  // Rounding the logits can flip a near tie.
-  EXPECT_NEAR(got[2], ref.correct, std::max(2.0, 0.02 * ref.count))
-      << "correct";
-  EXPECT_GT(got[2], 0.2 * ref.count) << "the argmax labels were found";
-  // Per row the same: every row written, hits summing to `correct`, and
-  // differing from the reference only where the rounding flipped a tie.
-  std::vector<uint8_t> gotHits = hits.download();
-  int64_t hitCount = 0, differ = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    ASSERT_LE(gotHits[size_t(r)], 1) << "row " << r << " not written";
-    hitCount += gotHits[size_t(r)];
-    differ += gotHits[size_t(r)] != refHits[size_t(r)];
-  }
-  EXPECT_EQ(double(hitCount), double(got[2])) << "hits and correct";
-  EXPECT_LE(double(differ), std::max(2.0, 0.02 * ref.count)) << "hits";
-  std::vector<double> gotDy = downloadBf16(dy);
-  EXPECT_CLOSE(gotDy, refDy, 2e-2, "dy");
-  if (blockSize >= 2) {
-    int64_t nonzero = 0;
-    for (int64_t r = 0; r < rows; r += blockSize)
-      for (int64_t h = 0; h < H; ++h)
-        nonzero += gotDy[size_t(r * H + h)] != 0.0;
-    EXPECT_EQ(nonzero, 0) << "dy at slot 0 of the blocks";
-  }
+  return t;
 }
 
 /// One bf16 ulp at x (the spacing of bf16 values around it).
@@ -325,6 +261,72 @@ LmHeadOutputs runLmHead(kernels::CublasLtGemm &gemm, const Bf16Tensor &y,
   return out;
 }
 
+/// A call's cross-entropy (sums, hits, dy) against the double reference:
+/// bf16 logits (the contract: CE in fp32 from bf16 logits) against exact
+/// ones, so the loss agrees to about the logits' rounding, and rounding can
+/// flip a near tie.
+void expectCrossEntropy(const LmHeadOutputs &got,
+                        const ref::CrossEntropySums &ref,
+                        const std::vector<uint8_t> &refHits,
+                        const std::vector<double> &refDy, int64_t rows,
+                        int64_t H, int64_t blockSize) {
+  EXPECT_NEAR(got.sums[0], ref.lossSum, 5e-3 * std::abs(ref.lossSum))
+      << "loss sum";
+  EXPECT_NEAR(got.sums[1], ref.weightSum, 1e-5 * ref.weightSum) << "weight sum";
+  EXPECT_EQ(got.sums[3], ref.count) << "count";
+  EXPECT_NEAR(got.sums[2], ref.correct, std::max(2.0, 0.02 * ref.count))
+      << "correct";
+  EXPECT_GT(got.sums[2], 0.2 * ref.count) << "the argmax labels were found";
+  // Per row the same: every row written, hits summing to `correct`, and
+  // differing from the reference only where the rounding flipped a tie.
+  int64_t hitCount = 0, differ = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    ASSERT_LE(got.hits[size_t(r)], 1) << "row " << r << " not written";
+    hitCount += got.hits[size_t(r)];
+    differ += got.hits[size_t(r)] != refHits[size_t(r)];
+  }
+  EXPECT_EQ(double(hitCount), double(got.sums[2])) << "hits and correct";
+  EXPECT_LE(double(differ), std::max(2.0, 0.02 * ref.count)) << "hits";
+  const std::vector<double> gotDy = bf16ToDoubles(got.dy);
+  EXPECT_CLOSE(gotDy, refDy, 2e-2, "dy");
+  if (blockSize >= 2) {
+    int64_t nonzero = 0;
+    for (int64_t r = 0; r < rows; r += blockSize)
+      for (int64_t h = 0; h < H; ++h)
+        nonzero += gotDy[size_t(r * H + h)] != 0.0;
+    EXPECT_EQ(nonzero, 0) << "dy at slot 0 of the blocks";
+  }
+}
+
+void lmHeadCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
+                int64_t blockSize, uint64_t seed) {
+  SCOPED_TRACE(testing::Message()
+               << "rows=" << rows << " V=" << V << " H=" << H
+               << " chunk=" << chunkRows << " blockSize=" << blockSize);
+  std::mt19937_64 rng(seed);
+  LtContext lt;
+  kernels::CublasLtGemm gemm(lt.handle, lt.workspace.get(),
+                             lt.workspace.bytes());
+  Bf16Tensor y = randomBf16(rows * H, rng, 1.0);
+  Bf16Tensor w = randomBf16(V * H, rng, 0.2);
+  std::vector<double> logits(rows * V);
+  ref::linear(y.values.data(), w.values.data(), logits.data(), rows, V, H);
+  const CaseTargets t = caseTargets(logits, rows, V, blockSize, rng);
+  const double dLossSum = 0.37;
+  std::vector<uint8_t> refHits(rows);
+  ref::CrossEntropySums ref =
+      ref::lmHeadCrossEntropy(y.values.data(), w.values.data(), t.labels.data(),
+                              t.weights.data(), rows, V, H, refHits.data());
+  std::vector<double> refDy(rows * H);
+  ref::lmHeadCrossEntropyGrad(y.values.data(), w.values.data(), t.labels.data(),
+                              t.weights.data(), dLossSum, refDy.data(), rows, V,
+                              H);
+  expectCrossEntropy(runLmHead(gemm, y, w, t.labels, t.weights32, rows, V, H,
+                               chunkRows, blockSize, 0,
+                               static_cast<float>(dLossSum)),
+                     ref, refHits, refDy, rows, H, blockSize);
+}
+
 /// The top K of a DFlash2 selector (selector_candidates with the identity
 /// transform) from the kernel's logits. `exact`: y in {-1, 0, 1} and
 /// lm_head in {-1/4, 0, 1/4}, so every logit is a multiple of 1/4 the GEMM
@@ -358,20 +360,9 @@ void lmHeadTopKCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   ref::linear(y.values.data(), w.values.data(), logits.data(), rows, V, H);
   for (double &z : logits)
     z = roundBf16(z);
-  std::vector<int32_t> labels(rows);
-  std::vector<float> weights(rows);
-  std::uniform_int_distribution<int> tok(0, static_cast<int>(V) - 1);
-  std::uniform_real_distribution<double> unit(0, 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    const double *row = logits.data() + r * V;
-    labels[r] = r % 3 == 0
-                    ? static_cast<int32_t>(std::max_element(row, row + V) - row)
-                    : tok(rng);
-    double u = unit(rng);
-    weights[r] = u < 0.25 ? 0.f : static_cast<float>(std::exp(-u * 3));
-    if (blockSize >= 2 && r % blockSize == 0) // draft_targets' [k > 0]
-      weights[r] = 0.f;
-  }
+  const CaseTargets targets = caseTargets(logits, rows, V, blockSize, rng);
+  const std::vector<int32_t> &labels = targets.labels;
+  const std::vector<float> &weights = targets.weights32;
   const float dLossSum = 0.37f;
   LmHeadOutputs plain = runLmHead(gemm, y, w, labels, weights, rows, V, H,
                                   chunkRows, blockSize, 0, dLossSum);
@@ -488,22 +479,10 @@ void lmHeadUnaryCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   for (double &v : z)
     v = roundBf16(v);
   ref::unaryTransform(z.data(), u.data(), rows * V, t);
-  std::vector<int32_t> labels(rows);
-  std::vector<double> weights(rows);
-  std::vector<float> weights32(rows);
-  std::uniform_int_distribution<int> tok(0, static_cast<int>(V) - 1);
-  std::uniform_real_distribution<double> unit(0, 1);
-  for (int64_t r = 0; r < rows; ++r) {
-    const double *row = z.data() + r * V;
-    labels[r] = r % 3 == 0
-                    ? static_cast<int32_t>(std::max_element(row, row + V) - row)
-                    : tok(rng);
-    double p = unit(rng);
-    weights32[r] = p < 0.25 ? 0.f : static_cast<float>(std::exp(-p * 3));
-    if (blockSize >= 2 && r % blockSize == 0) // draft_targets' [k > 0]
-      weights32[r] = 0.f;
-    weights[r] = weights32[r];
-  }
+  const CaseTargets targets = caseTargets(z, rows, V, blockSize, rng);
+  const std::vector<int32_t> &labels = targets.labels;
+  const std::vector<double> &weights = targets.weights;
+  const std::vector<float> &weights32 = targets.weights32;
   const double dLossSum = 0.37;
   std::vector<uint8_t> refHits(rows);
   const ref::CrossEntropySums ref =
@@ -524,31 +503,7 @@ void lmHeadUnaryCase(int64_t rows, int64_t V, int64_t H, int64_t chunkRows,
   LmHeadOutputs plain =
       runLmHead(gemm, y, w, labels, weights32, rows, V, H, chunkRows, blockSize,
                 0, static_cast<float>(dLossSum), t);
-  EXPECT_NEAR(plain.sums[0], ref.lossSum, 5e-3 * std::abs(ref.lossSum))
-      << "loss sum";
-  EXPECT_NEAR(plain.sums[1], ref.weightSum, 1e-5 * ref.weightSum)
-      << "weight sum";
-  EXPECT_EQ(plain.sums[3], ref.count) << "count";
-  EXPECT_NEAR(plain.sums[2], ref.correct, std::max(2.0, 0.02 * ref.count))
-      << "correct";
-  EXPECT_GT(plain.sums[2], 0.2 * ref.count) << "the argmax labels were found";
-  int64_t hitCount = 0, differ = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    ASSERT_LE(plain.hits[size_t(r)], 1) << "row " << r << " not written";
-    hitCount += plain.hits[size_t(r)];
-    differ += plain.hits[size_t(r)] != refHits[size_t(r)];
-  }
-  EXPECT_EQ(double(hitCount), double(plain.sums[2])) << "hits and correct";
-  EXPECT_LE(double(differ), std::max(2.0, 0.02 * ref.count)) << "hits";
-  const std::vector<double> gotDy = bf16ToDoubles(plain.dy);
-  EXPECT_CLOSE(gotDy, refDy, 2e-2, "dy");
-  if (blockSize >= 2) {
-    int64_t nonzero = 0;
-    for (int64_t r = 0; r < rows; r += blockSize)
-      for (int64_t h = 0; h < H; ++h)
-        nonzero += gotDy[size_t(r * H + h)] != 0.0;
-    EXPECT_EQ(nonzero, 0) << "dy at slot 0 of the blocks";
-  }
+  expectCrossEntropy(plain, ref, refHits, refDy, rows, H, blockSize);
   if (K == 0)
     return;
 
