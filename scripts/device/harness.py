@@ -8,6 +8,7 @@ report rows (what, name, result, verdict) and the result lines, one per
 number, that device-check writes to OUT/results.jsonl.
 """
 
+import fnmatch
 import glob
 import math
 import os
@@ -21,6 +22,7 @@ import measurements as m
 from suites import expand
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+NOT_SELECTED = "not selected (--only)"
 
 
 class Context:
@@ -29,13 +31,20 @@ class Context:
     carries (date, commit, gpu, command)."""
 
     def __init__(self, repo, device, work_root, out, gpus, gpu, commit, date, python="python3",
-                 deadline=None):
+                 deadline=None, only=None):
         self.repo, self.device, self.work_root, self.out = repo, device, work_root, out
         self.gpus, self.gpu, self.commit, self.date = gpus, gpu, commit, date
         self.python = python
         # time.monotonic() past which nothing more starts (device calls are
         # time-limited; what ran by then still comes back).
         self.deadline = deadline
+        # Shell-style patterns of the runs and GPU tests to start (device-check
+        # --only); None starts them all.
+        self.only = only
+
+    def selected(self, name):
+        """Whether --only lets the run or GPU test `name` start."""
+        return self.only is None or any(fnmatch.fnmatchcase(name, p) for p in self.only)
 
     def time_left(self, timeout_s):
         """The seconds a step may take: its timeout, cut at the deadline;
@@ -145,6 +154,9 @@ class SuiteRun:
             if test.get("min_gpus", 1) > self.ctx.gpus:
                 self.outcome.row("gpu test", name, f"needs {test['min_gpus']} GPUs", SKIP)
                 continue
+            if not self.ctx.selected(name):
+                self.outcome.row("gpu test", name, NOT_SELECTED, SKIP)
+                continue
             seconds_left = self.ctx.time_left(test["timeout_s"])
             if seconds_left is None:
                 self.outcome.row("gpu test", name, "not started: past the deadline", SKIP)
@@ -174,6 +186,10 @@ class SuiteRun:
             if need > self.ctx.gpus:
                 self.run_status[name] = SKIP
                 self.outcome.row("run", name, f"needs {need} GPUs, {self.ctx.gpus} here", SKIP)
+                continue
+            if not self.ctx.selected(name):
+                self.run_status[name] = SKIP
+                self.outcome.row("run", name, NOT_SELECTED, SKIP)
                 continue
             seconds_left = self.ctx.time_left(run["timeout_s"])
             if seconds_left is None:

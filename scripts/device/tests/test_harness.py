@@ -299,6 +299,22 @@ class HarnessTest(unittest.TestCase):
         self.assertEqual(started, [])
         self.assertIn(("run", "a", "not started: past the deadline", "SKIP"), outcome.rows)
 
+    def test_only_starts_the_named_runs_and_tests(self):
+        ctx = harness.Context(self.root, ".device", os.path.join(self.root, "work4"),
+                              os.path.join(self.root, "out"), gpus=1, gpu="none",
+                              commit="abc1234", date="2026-12-04", only=["Passing*", "a", "b"])
+        outcome = harness.run_suite(self.suite, ctx, self.products, say=lambda text: None)
+        verdicts = {(r[0], r[1]): (r[2], r[3]) for r in outcome.rows}
+        self.assertEqual(verdicts[("gpu test", "PassingGpuTest")][1], "PASS")
+        self.assertEqual(verdicts[("gpu test", "FailingGpuTest")],
+                         ("not selected (--only)", "SKIP"))
+        self.assertEqual(verdicts[("run", "a-again")], ("not selected (--only)", "SKIP"))
+        self.assertEqual(verdicts[("run", "b")][1], "PASS")
+        # A check that reads an unselected run is skipped, not failed for a
+        # missing log; one on the selected run still runs (and this one fails).
+        self.assertEqual(verdicts[("check", "a again = a")][1], "SKIP")
+        self.assertEqual(verdicts[("check", "b within 1e-4")][1], "FAIL")
+
     def test_too_few_gpus_skips_the_suite(self):
         ctx = harness.Context(self.root, ".device", os.path.join(self.root, "work2"),
                               os.path.join(self.root, "out"), gpus=0, gpu="none",
