@@ -87,7 +87,8 @@ struct UnvalidatedKernel {
 // DFlash2ConvGpuTest, DFlash2SelectorGpuTest and AttentionGpuTest's
 // bidirectional windows passed on an H100 on 2026-12-06, and LmHeadGpuTest's
 // folded top-K and unary transform the same evening (bench/RESULTS.md,
-// "DFlash2 on the GPU"): their kernels and shapes left this table.
+// "DFlash2 on the GPU" and "DFlash2 validated, evaluation, long context on
+// the GPU"): their kernels and shapes left this table.
 inline constexpr std::array<UnvalidatedKernel, 0> kUnvalidatedKernels = {};
 
 } // namespace dflash

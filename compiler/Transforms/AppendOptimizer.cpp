@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Analysis/StepSignature.h"
+#include "compiler/Transforms/ForwardSums.h"
 #include "compiler/Transforms/Passes.h"
 #include "schema/StepBuffers.h"
 
@@ -83,29 +84,14 @@ void AppendOptimizerPass::runOnOperation() {
   b.setInsertionPointAfter(lastSum);
   Location loc = sums[0].getDefiningOp()->getLoc();
   Type scalar = RankedTensorType::get({}, Float32Type::get(ctx));
-  // A DFlash2 step's "covered" denominator sum(w cov) is global too
-  // (docs/semantics.md section 13): reduced with the forward sums.
-  SmallVector<Value> reducedSums(sums);
-  step.walk([&](SelectorObjectiveOp o) {
-    if (!llvm::is_contained(reducedSums, o.getCoveredWeight()))
-      reducedSums.push_back(o.getCoveredWeight());
-  });
-  auto reduced = AllReduceOp::create(b, loc, ValueRange(reducedSums).getTypes(),
-                                     reducedSums);
-  auto stats = LossStatsOp::create(b, loc, scalar, scalar, scalar, scalar,
-                                   reduced.getResult(0), reduced.getResult(1),
-                                   reduced.getResult(2), reduced.getResult(3),
-                                   reduced.getResult(4), reduced.getResult(5));
+  // The selector objective's gradient, after it, reads the global sum(w)
+  // and sum(w cov) too.
+  ReducedForwardSums reduced = allReduceForwardSums(b, loc, sums);
+  b.setInsertionPointAfter(reduced.sums[0].getDefiningOp());
+  auto stats = LossStatsOp::create(
+      b, loc, scalar, scalar, scalar, scalar, reduced.sums[0], reduced.sums[1],
+      reduced.sums[2], reduced.sums[3], reduced.sums[4], reduced.sums[5]);
   step.getArgument(*seedArg).replaceAllUsesWith(stats.getLossSumGrad());
-  // The all-reduce sums in place: an op after it that reads a sum (the
-  // selector's objective gradient reads sum(w) and sum(w cov)) reads the
-  // global one, not the bytes it overwrote.
-  for (auto [i, sum] : llvm::enumerate(reducedSums))
-    sum.replaceUsesWithIf(reduced.getResult(i), [&](OpOperand &use) {
-      Operation *user = use.getOwner();
-      return user != reduced && user->getBlock() == reduced->getBlock() &&
-             reduced->isBeforeInBlock(user);
-    });
 
   // Optimizer state arguments, appended in parameter order.
   SmallVector<unsigned> params = sig->argsWithRole(ArgRole::Parameter);
@@ -212,12 +198,12 @@ void AppendOptimizerPass::runOnOperation() {
                      norm,
                      lr,
                      stats.getTau(),
-                     reduced.getResult(unsigned(ForwardSum::PositionHits)),
-                     reduced.getResult(unsigned(ForwardSum::PositionCounts)),
-                     reduced.getResult(unsigned(ForwardSum::BucketRuns)),
-                     reduced.getResult(unsigned(ForwardSum::BucketBlocks)),
-                     reduced.getResult(unsigned(ForwardSum::BucketHits)),
-                     reduced.getResult(unsigned(ForwardSum::BucketCounts))};
+                     reduced.sums[size_t(ForwardSum::PositionHits)],
+                     reduced.sums[size_t(ForwardSum::PositionCounts)],
+                     reduced.sums[size_t(ForwardSum::BucketRuns)],
+                     reduced.sums[size_t(ForwardSum::BucketBlocks)],
+                     reduced.sums[size_t(ForwardSum::BucketHits)],
+                     reduced.sums[size_t(ForwardSum::BucketCounts)]};
   static_assert(std::size(metrics) == kNumStepMetrics, "one per StepMetric");
   for (auto [k, v] : llvm::enumerate(metrics)) {
     results.push_back(v);

@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "compiler/Analysis/StepSignature.h"
+#include "compiler/Transforms/ForwardSums.h"
 #include "compiler/Transforms/Passes.h"
 #include "schema/StepBuffers.h"
 
@@ -65,11 +66,10 @@ void MakeEvalProgramPass::runOnOperation() {
   }
 
   OpBuilder b(ret);
-  auto reduced = AllReduceOp::create(
-      b, ret.getLoc(), ret.getOperands().getTypes(), ret.getOperands());
+  SmallVector<Value> sums(ret.getOperands());
   // Each micro-batch's per-slot hits and weights, this GPU's own, for the
   // serving walk on the host (schema DraftSlots, in micro-batch order).
-  SmallVector<Value> results(reduced.getResults());
+  SmallVector<Value> results = allReduceForwardSums(b, ret.getLoc(), sums).sums;
   SmallVector<std::string> names;
   step.walk([&](DraftAcceptanceOp accepted) {
     results.push_back(accepted.getHits());

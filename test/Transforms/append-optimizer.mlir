@@ -1,6 +1,8 @@
 // RUN: dflash-opt %S/Inputs/mini-graph.mlir --dflash-generate-backward --dflash-append-optimizer | FileCheck %s --check-prefix=MINI
 // RUN: dflashc %specs/tiny.toml --emit=train | FileCheck %s
 // RUN: dflash-opt %S/Inputs/mini-graph.mlir --dflash-train-step | FileCheck %s --check-prefix=MINI
+// RUN: sed 's/^\[training.dflash2\]$/[training.dflash2]\nselector_denominator = "covered"/' %specs/tiny-dflash2.toml > %t-covered.toml
+// RUN: dflashc %t-covered.toml --emit=train | FileCheck %s --check-prefix=COVERED
 
 // The forward sums (the loss's and the acceptance's) are all-reduced once,
 // right after them; their statistics seed the backward pass (no
@@ -68,3 +70,15 @@
 // MINI: %[[LR:.+]] = dflash.lr_schedule %[[STEP]], %[[TOTAL]] {lr = 6.000000e-04 : f64, warmup_ratio = 4.000000e-02 : f64}
 // MINI-COUNT-14: dflash.adamw {{.*}}, %[[STEP]], %[[LR]], %[[CLIP]] {beta1 = 9.000000e-01 : f64, beta2 = 0.99899999999999999 : f64, eps = 1.000000e-08 : f64, weight_decay = 0.000000e+00 : f64}
 // MINI: return {{.*}}, %[[LOSS]], %[[ACC]], %[[NORM]], %[[LR]], %[[TAU]], %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11 :
+
+// A DFlash2 step's loss sum is its selector objective, whose "covered"
+// denominator sum(w cov) is global (docs/semantics.md section 13): the
+// all-reduce sums the objective's operands (CE_u's sum, the selector's sum,
+// sum(w), sum(w cov)) and the objective is computed after it from the global
+// sums, not per GPU and then added up.
+// COVERED: %[[SEL:[a-z_0-9]+]], %[[COV:[a-z_0-9]+]], %{{[a-z_0-9]+}} = dflash.selector_loss
+// COVERED-NOT: dflash.selector_objective
+// COVERED: %[[R:.+]]:14 = dflash.all_reduce %{{[a-z_0-9]+}}, {{.*}}, %[[SEL]], %[[COV]] :
+// COVERED-NEXT: %[[OBJ:[a-z_0-9]+]] = dflash.selector_objective %[[R]]#0, %[[R]]#12, %{{[a-z_0-9]+}}, %[[R]]#1, %[[R]]#13 {covered}
+// COVERED-NEXT: dflash.loss_stats %[[OBJ]], %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5
+// COVERED-NEXT: dflash.selector_objective_grad %{{[a-z_0-9]+}}, %{{[a-z_0-9]+}}, %[[R]]#1, %[[R]]#13 {covered}

@@ -2,6 +2,8 @@
 // RUN: dflashc %specs/tiny.toml --emit=graph --program=eval | FileCheck %s
 // RUN: dflashc %specs/tiny.toml --emit=planned --program=eval | FileCheck %s --check-prefix=PLANNED
 // RUN: not dflash-opt %S/Inputs/mini-train.mlir --dflash-make-eval-program 2>&1 | FileCheck %s --check-prefix=TRAINED
+// RUN: sed 's/^\[training.dflash2\]$/[training.dflash2]\nselector_denominator = "covered"/' %specs/tiny-dflash2.toml > %t-covered.toml
+// RUN: dflashc %t-covered.toml --emit=graph --program=eval | FileCheck %s --check-prefix=COVERED
 
 // The evaluation program is the forward graph under another name, its twelve
 // sums all-reduced once at the end; nothing is differentiated or updated.
@@ -42,3 +44,12 @@
 // MINI-NEXT: %[[RUNS:[a-z_0-9]+]], %[[BLOCKS:[a-z_0-9]+]], %[[PH:[a-z_0-9]+]], %[[PC:[a-z_0-9]+]], %[[BR:[a-z_0-9]+]], %[[BB:[a-z_0-9]+]], %[[BH:[a-z_0-9]+]], %[[BC:[a-z_0-9]+]] = dflash.draft_acceptance %[[HITS]], %[[W:[a-z_0-9]+]],
 // MINI-NEXT: %[[R:.+]]:12 = dflash.all_reduce %[[LS]], %[[WS]], %[[C]], %[[N]], %[[RUNS]], %[[BLOCKS]], %[[PH]], %[[PC]], %[[BR]], %[[BB]], %[[BH]], %[[BC]]
 // MINI-NEXT: return %[[R]]#0, %[[R]]#1, %[[R]]#2, %[[R]]#3, %[[R]]#4, %[[R]]#5, %[[R]]#6, %[[R]]#7, %[[R]]#8, %[[R]]#9, %[[R]]#10, %[[R]]#11, %[[HITS]], %[[W]] :
+
+// A DFlash2 drafter's loss sum is its selector objective of global sums
+// (docs/semantics.md section 13): the all-reduce sums its operands and the
+// objective runs after it.
+// COVERED: %[[SEL:[a-z_0-9]+]], %[[COV:[a-z_0-9]+]], %{{[a-z_0-9]+}} = dflash.selector_loss
+// COVERED-NOT: dflash.selector_objective
+// COVERED: %[[R:.+]]:14 = dflash.all_reduce %{{[a-z_0-9]+}}, {{.*}}, %[[SEL]], %[[COV]] :
+// COVERED-NEXT: %[[OBJ:[a-z_0-9]+]] = dflash.selector_objective %[[R]]#0, %[[R]]#12, %{{[a-z_0-9]+}}, %[[R]]#1, %[[R]]#13 {covered}
+// COVERED-NEXT: return %[[OBJ]], %[[R]]#1, %[[R]]#2,

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -207,6 +208,55 @@ TEST(RuntimeSynthetic, RowSourceAndPinnedAnchors) {
                       N, countAnchorCandidates(mask.data(), nullptr, S)));
   EXPECT_EQ(source.readRow(4, out).message(),
             "synthetic data: row 4 is outside [0, 4)");
+}
+
+// The manifest counts block attention for anchors spread evenly over a row,
+// a mean of (S - 2) / 2 context keys (dialect/DFlashFlops.cpp). Synthetic
+// rows hold no anchors in their prompt, so the trainer's long-row
+// benchmarks (`train --data synthetic --seed 0`, rows 0 and 1) do more
+// attention than that count: the sampler draws evenly over the answer, so
+// the mean anchor is the answer's middle. Prints each row's factor
+// (docs/long-context.md quotes them).
+TEST(RuntimeSynthetic, LongRowAnchorWork) {
+  for (int64_t S : {32768, 65536, 131072}) {
+    ModelConfig c = testConfig();
+    c.seqLen = S;
+    c.anchorsPerRow = 512;
+    SyntheticProblem problem;
+    ASSERT_TRUE(problem.init(c, 0).ok());
+    for (int64_t index : {0, 1}) {
+      Row row = generate(problem, index);
+      std::vector<int32_t> anchors(size_t(c.anchorsPerRow));
+      std::vector<uint8_t> keep(size_t(c.anchorsPerRow));
+      problem.pinnedAnchors(index, row.mask.data(), anchors.data(),
+                            keep.data());
+      int64_t first = -1, last = -1;
+      for (int64_t t = 0; t < S; ++t)
+        if (row.mask[size_t(t)]) {
+          first = first < 0 ? t : first;
+          last = t;
+        }
+      ASSERT_GE(first, S / 8) << "the prompt is at least S/8 tokens";
+      double sum = 0;
+      int64_t kept = 0;
+      for (int64_t n = 0; n < c.anchorsPerRow; ++n) {
+        if (!keep[size_t(n)])
+          continue;
+        ++kept;
+        EXPECT_GE(anchors[size_t(n)], first) << "an anchor in the prompt";
+        sum += anchors[size_t(n)];
+      }
+      ASSERT_EQ(kept, c.anchorsPerRow);
+      const double factor = sum / (double(kept) * double(S - 2) / 2);
+      const double middle = double(first + last) / double(S - 2);
+      EXPECT_NEAR(factor, middle, 0.03) << "anchors even over the answer";
+      std::printf("S %lld row %lld: answer [%lld, %lld], its anchors see "
+                  "%.4f times the manifest's context\n",
+                  static_cast<long long>(S), static_cast<long long>(index),
+                  static_cast<long long>(first), static_cast<long long>(last),
+                  factor);
+    }
+  }
 }
 
 TEST(RuntimeSynthetic, InitCheckpoint) {
