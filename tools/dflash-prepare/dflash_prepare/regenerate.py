@@ -474,9 +474,14 @@ def _ask(pending, backend, args, output, meter, outcome, signals):
     for job in pending:
         todo.put(job)
     results = queue.Queue()
+    # Set by the worker that finds the server unusable, before its result
+    # reaches this thread: no worker then takes another conversation, so such
+    # a server gets at most one request a worker, however late this thread
+    # drains the queue.
+    unusable = threading.Event()
 
     def work():
-        while True:
+        while not unusable.is_set():
             try:
                 job = todo.get_nowait()
             except queue.Empty:
@@ -484,7 +489,10 @@ def _ask(pending, backend, args, output, meter, outcome, signals):
             try:
                 result = regenerate_conversation(job, backend, args.last_turn_only,
                                                  args.keep_empty_answers)
-            except (RequestFailed, ServerUnusable, Stopped) as error:
+            except ServerUnusable as error:
+                unusable.set()
+                result = error
+            except (RequestFailed, Stopped) as error:
                 result = error
             except Exception as error:  # a bug: that conversation's, not a hung run
                 result = RequestFailed(f"internal error ({type(error).__name__}: {error})",

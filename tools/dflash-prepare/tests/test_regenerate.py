@@ -554,6 +554,12 @@ class FaultTest(RegenerateBase):
         self.assertIn("does not serve that model", err)
         self.assertNotIn("warning", err)
         self.assertLessEqual(len(self.server.requests), 2)
+        # One worker: the 404 stops it before it takes the next conversation,
+        # however late the main thread drains the queue.
+        del self.server.requests[:]
+        code, _, err = self.regenerate(chat_path, "--model", "wrong", "--concurrency", "1")
+        self.assertEqual(code, 2)
+        self.assertEqual(len(self.server.requests), 1)
         # That run wrote no answer: the right --model continues, no --overwrite.
         code, _, err = self.regenerate(chat_path)
         self.assertEqual(code, 0, err)
