@@ -1,16 +1,22 @@
 //===- StepTime.h - A step's time on an H100 and an H200 --------*- C++ -*-===//
 //
 // `dflashc --summary` estimates a step's time from its FLOPs at the rates the
-// project measured (bench/RESULTS.md): the qwen3-8b-b16 step's achieved rate
-// on an H200, scaled to each GPU by its bf16 GEMM ceiling over the H200's.
-// The step is bound by its tensor-core work (the GEMMs, the lm_head and the
-// attention took 95% of the qwen3-8b-b16 step on the H200, "Where the
-// qwen3-8b-b16 step goes"), so the ceilings' ratio is what moves it between
-// the two, which are one chip. The memory-bound rest (5.5%: AdamW, SwiGLU,
-// the norms) runs about 1.4x longer on the H100's slower memory (copy 3040
-// against 4270 GB/s), which leaves the H100 estimate about 2% short.
-// Shapes far from qwen3-8b-b16's (small hidden sizes, few rows) reach less
-// of the ceiling: the estimate is a floor for them.
+// project measured (bench/RESULTS.md), at two rates: the block attention at
+// the rate its kernels reach inside a long step, the rest at the rate that
+// then gives the qwen3-8b-b16 step's measured time on an H200. One rate for
+// all fits 3072-token rows, where attention is 5% of the FLOPs, but not long
+// rows, where it is half and runs slower than the GEMMs (one rate put the
+// qwen3-8b-b16 step at 128K 19% short of the H100's 601.6 ms; these two put
+// it 1% short, and 32K and 64K within 3%). Each rate is scaled to a GPU by
+// its bf16 GEMM ceiling over the H200's: the step is bound by its
+// tensor-core work, which the ceilings' ratio moves between the two, one
+// chip. The memory-bound rest (5.5% at 3072: AdamW, SwiGLU, the norms) runs
+// about 1.4x longer on the H100's slower memory (copy 3040 against 4270
+// GB/s), which leaves the H100 estimate about 2% short. Shapes far from
+// qwen3-8b-b16's (small hidden sizes, few rows) reach less of the ceiling:
+// the estimate is a floor for them. The attention rate counts the FLOPs of
+// anchors spread evenly over a row (dialect/DFlashFlops.cpp), as the step's
+// own count does.
 //
 //===----------------------------------------------------------------------===//
 
@@ -21,14 +27,6 @@
 
 namespace dflash {
 
-/// The qwen3-8b-b16 step (4 rows x 3072, one H200): bench/RESULTS.md, the
-/// Current table's row "qwen3-8b-b16 step, 4 rows x 3072, one GPU", 466.0 ms
-/// for the 293.1 TFLOP that dflashc counts in that step.
-inline constexpr double kH200StepTflops = 293.1 / 0.4660;
-/// The online target's forward on one H200 (the Qwen3-8B-shaped target, 4 x
-/// 3072 tokens, one CUDA graph): bench/RESULTS.md, the Current table's row
-/// "online target: Qwen3-8B-shaped (layers 0..33 of 36, random weights)".
-inline constexpr double kH200TargetTflops = 628;
 /// cuBLASLt's bf16 GEMM of 8192^3 on a rested H200: bench/RESULTS.md,
 /// "Kernels (bench/kernels)", "Ceilings in the same run".
 inline constexpr double kH200GemmCeilingTflops = 805;
@@ -36,6 +34,24 @@ inline constexpr double kH200GemmCeilingTflops = 805;
 /// three runs: bench/RESULTS.md, "GPU ceilings for the step-time estimate".
 inline constexpr double kH100GemmCeilingTflops = 785.2;
 
+/// The block attention inside the qwen3-8b-b16 step at one row of 131072
+/// tokens on an H100 (bench/RESULTS.md, "DFlash2 validated, evaluation, long
+/// context on the GPU", item 4: DFLASH_PROFILE): block_attention and
+/// block_attention_grad, 43.99 + 109.98 TFLOP in 100.763 + 264.123 ms; as an
+/// H200's rate.
+inline constexpr double kH200AttentionTflops =
+    (43.99 + 109.98) / (0.100763 + 0.264123) * kH200GemmCeilingTflops /
+    kH100GemmCeilingTflops;
+/// The rest of a step: the qwen3-8b-b16 step (4 rows x 3072, one H200;
+/// bench/RESULTS.md, the Current table's row "qwen3-8b-b16 step, 4 rows x
+/// 3072, one GPU") took 466.0 ms for the 293.1 TFLOP that dflashc counts,
+/// 14.57 of them block attention.
+inline constexpr double kH200StepRestTflops =
+    (293.1 - 14.57) / (0.4660 - 14.57 / kH200AttentionTflops);
+/// The online target's forward on one H200 (the Qwen3-8B-shaped target, 4 x
+/// 3072 tokens, one CUDA graph): bench/RESULTS.md, the Current table's row
+/// "online target: Qwen3-8B-shaped (layers 0..33 of 36, random weights)".
+inline constexpr double kH200TargetTflops = 628;
 /// The shortest step the rates estimate: below it a step is bound by its
 /// kernel launches and memory latency (tiny's 2 GFLOP step, 3 us at the
 /// step's rate, took 0.67 ms with its online target on the H200:
@@ -58,6 +74,14 @@ inline constexpr GpuEstimate kEstimatedGpus[] = {kH100, kH200};
 inline double estimatedSeconds(int64_t flops, double h200Tflops,
                                const GpuEstimate &gpu) {
   return double(flops) / (h200Tflops * 1e12 * gpu.ceilingRatio);
+}
+
+/// Seconds for a drafter step of `flops`, `attentionFlops` of them block
+/// attention (forward and gradient), on `gpu`.
+inline double estimatedStepSeconds(int64_t flops, int64_t attentionFlops,
+                                   const GpuEstimate &gpu) {
+  return estimatedSeconds(flops - attentionFlops, kH200StepRestTflops, gpu) +
+         estimatedSeconds(attentionFlops, kH200AttentionTflops, gpu);
 }
 
 } // namespace dflash

@@ -92,11 +92,16 @@ static void printFlops(llvm::raw_ostream &os, const FlopCount &flops) {
 /// context tokens a GPU trains on an hour; with the online target on the
 /// same GPU, its forward's time added.
 static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
-                      int64_t stepFlops, std::optional<int64_t> targetFlops) {
+                      const FlopCount &flops,
+                      std::optional<int64_t> targetFlops) {
+  const int64_t stepFlops = flops.step();
+  const int64_t attentionFlops =
+      flops.byOp[0].lookup(mlir::dflash::BlockAttentionOp::getOperationName()) +
+      flops.byOp[1].lookup(mlir::dflash::BlockAttentionGradOp::getOperationName());
   // Below about 10 ms of tensor-core work a step is bound by its launches
   // and its memory traffic, not its FLOPs (tiny's 2 GFLOP step takes 0.67
   // ms on the H200, bench/RESULTS.md): no rate tells its time.
-  if (estimatedSeconds(stepFlops, kH200StepTflops, kH200) <
+  if (estimatedStepSeconds(stepFlops, attentionFlops, kH200) <
       kSmallestEstimatedStepSeconds) {
     os << "  time/step  too little work for its FLOPs to tell (under "
        << llvm::formatv("{0:F0}", kSmallestEstimatedStepSeconds * 1e3)
@@ -112,7 +117,7 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
   };
   std::string times, rates, online, onlineRates;
   for (const GpuEstimate &gpu : kEstimatedGpus) {
-    double t = estimatedSeconds(stepFlops, kH200StepTflops, gpu);
+    double t = estimatedStepSeconds(stepFlops, attentionFlops, gpu);
     const char *sep = times.empty() ? "" : ", ";
     times += sep + ms(t) + " on an " + gpu.name;
     rates += sep + perHour(t) + " on an " + gpu.name;
@@ -122,10 +127,12 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
       onlineRates += sep + perHour(t) + " on an " + gpu.name;
     }
   }
-  os << "  time/step  about " << times << " (at the "
-     << llvm::formatv("{0:F0}", kH200StepTflops)
-     << " TFLOP/s the qwen3-8b-b16 step reaches on an H200, scaled by each "
-        "GPU's GEMM ceiling)\n";
+  os << "  time/step  about " << times << " (block attention at the "
+     << llvm::formatv("{0:F0}", kH200AttentionTflops)
+     << " TFLOP/s its kernels reach in a long step, the rest at the "
+     << llvm::formatv("{0:F0}", kH200StepRestTflops)
+     << " TFLOP/s that make the qwen3-8b-b16 step's time, on an H200; "
+        "scaled by each GPU's GEMM ceiling)\n";
   if (targetFlops)
     os << "             with the online target on the same GPU about " << online
        << " (its forward at " << llvm::formatv("{0:F0}", kH200TargetTflops)
@@ -199,5 +206,5 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
     if (mlir::FailureOr<StepSignature> sig = StepSignature::get(target);
         succeeded(sig))
       targetFlops = FlopCount::of(sig->func()).step();
-  printTime(os, s, flops.step(), targetFlops);
+  printTime(os, s, flops, targetFlops);
 }
