@@ -97,7 +97,8 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
   const int64_t stepFlops = flops.step();
   const int64_t attentionFlops =
       flops.byOp[0].lookup(mlir::dflash::BlockAttentionOp::getOperationName()) +
-      flops.byOp[1].lookup(mlir::dflash::BlockAttentionGradOp::getOperationName());
+      flops.byOp[1].lookup(
+          mlir::dflash::BlockAttentionGradOp::getOperationName());
   // Below about 10 ms of tensor-core work a step is bound by its launches
   // and its memory traffic, not its FLOPs (tiny's 2 GFLOP step takes 0.67
   // ms on the H200, bench/RESULTS.md): no rate tells its time.
