@@ -193,7 +193,8 @@ public:
         }
       }
       if (!decided) { // time it here
-        timePlan(plan, stream, rounds, margin);
+        if (!timePlan(plan, stream, rounds, margin))
+          ++summary.untimed;
         ++summary.timed;
         std::lock_guard<std::mutex> lock(shared.mutex);
         // Another planner may have decided while this one timed: its
@@ -295,7 +296,9 @@ private:
                                        workspaceBytes, stream));
   }
 
-  void timePlan(Plan &plan, cudaStream_t stream, int rounds, float margin) {
+  /// False when the scratch operands do not fit in free memory: the plan
+  /// keeps its first candidate, untimed.
+  bool timePlan(Plan &plan, cudaStream_t stream, int rounds, float margin) {
     void *a = nullptr, *b = nullptr, *c = nullptr;
     auto release = [&] {
       cudaFree(a);
@@ -307,7 +310,7 @@ private:
         cudaMalloc(&c, plan.cBytes) != cudaSuccess) {
       (void)cudaGetLastError(); // out of memory: not sticky, keep candidate 0
       release();
-      return;
+      return false;
     }
     detail::fillGemmScratch<<<1024, 256, 0, stream>>>(
         static_cast<__nv_bfloat16 *>(a), plan.aBytes / 2, 1);
@@ -361,6 +364,7 @@ private:
       best = 0;
     plan.chosen = best;
     plan.timing.chosen = best;
+    return true;
   }
 
   Plan makePlan(cublasOperation_t opA, cublasOperation_t opB, int64_t m,

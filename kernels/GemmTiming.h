@@ -23,6 +23,8 @@ struct GemmTimingSummary {
   int timed = 0;      ///< shapes whose candidates were timed by this planner
   int agreed = 0;     ///< shapes another planner of the process had timed
   int faster = 0;     ///< of both: an algorithm other than the first chosen
+  int untimed = 0;    ///< of the timed: no free memory for the scratch
+                      ///< operands, so the first algorithm was kept
   double seconds = 0; ///< spent timing
 };
 

@@ -191,13 +191,14 @@ Status run(const Options &o, std::unique_ptr<StepProgram> (*factory)()) {
                 "\"graph\": %s, \"ms\": %.3f, \"tokens_per_s\": %.0f, "
                 "\"tflops\": %.1f, "
                 "\"gemm_shapes_timed\": %d, \"gemm_shapes_faster\": %d, "
+                "\"gemm_shapes_untimed\": %d, "
                 "\"arena_gib\": %.2f, \"buffers_gib\": %.2f, "
                 "\"device_used_gib\": %.2f}\n",
                 (long long)B, (long long)S, o.packed ? "true" : "false",
                 o.noGraph ? "false" : "true", median,
                 double(B * S) / (median * 1e-3),
                 program->flopsPerStep() / (median * 1e-3) / 1e12,
-                gemms.timed + gemms.agreed, gemms.faster,
+                gemms.timed + gemms.agreed, gemms.faster, gemms.untimed,
                 double(program->arenaBytes()) / double(1 << 30),
                 double(device->bufferBytes()) / double(1 << 30),
                 double(memory.usedBytes()) / double(1 << 30));

@@ -413,7 +413,12 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
            std::to_string(gemms.timed + gemms.agreed) +
            " large shapes run faster than cuBLASLt's first choice (timed in " +
            formatDuration(gemms.seconds) +
-           " at the first step; --no-gemm-timing keeps its first choice)");
+           " at the first step; --no-gemm-timing keeps its first choice)" +
+           (gemms.untimed > 0
+                ? "; " + std::to_string(gemms.untimed) +
+                      " kept it untimed: the free device memory did not "
+                      "hold their scratch operands"
+                : std::string()));
   }
   if (options.evalOnly) {
     note("done: evaluated in " + formatDuration(seconds));
