@@ -16,6 +16,13 @@ using namespace ::dflash::import;
 
 namespace {
 
+/// What a row longer than the target's positions needs.
+constexpr const char *kTargetPositionsAdvice =
+    ": its features past that position would not be the served target's; "
+    "give its config.json the rope_scaling it is served with (Qwen3 reaches "
+    "131072 positions with YaRN, factor 4 over 32768, and "
+    "max_position_embeddings 131072), or train shorter rows";
+
 /// YaRN's fields of rope_scaling / rope_parameters (`where`), with
 /// transformers' defaults: factor max_position_embeddings / original,
 /// beta_fast 32, beta_slow 1, truncate true, and the attention factor from
@@ -67,6 +74,14 @@ bool readYarn(ConfigReader &r, const json::Object &s, const std::string &where,
           : mscaleOf(y.factor, 1.0);
   config.yarn = y;
   return true;
+}
+
+/// max_position_embeddings, where given (a positive integer).
+bool readMaxPositions(ConfigReader &r, TargetModelConfig &config) {
+  const json::Value *v = r.object.get("max_position_embeddings");
+  if (!v || v->kind() == json::Value::Null)
+    return true;
+  return r.positive("max_position_embeddings", config.maxPositionEmbeddings);
 }
 
 /// The rope fields: rope_theta and rope_scaling (transformers 4), or
@@ -314,6 +329,7 @@ dflash::readTargetConfig(const std::string &dir, std::string &error) {
       !r.positive("num_key_value_heads", config.numKvHeads, config.numHeads) ||
       !r.positive("vocab_size", config.vocabSize) ||
       !r.number(*root, "", "rms_norm_eps", config.rmsNormEps) ||
+      !readMaxPositions(r, config) ||
       !r.boolean("tie_word_embeddings", config.tieWordEmbeddings) ||
       (!gptOss && !r.notTrue("attention_bias", "the q/k/v/o projections of a " +
                                                    config.modelType +
@@ -392,6 +408,15 @@ bool dflash::checkTargetAgainstSpec(const TargetModelConfig &target,
   if (target.tieWordEmbeddings != spec.tieWordEmbeddings)
     return mismatch("tie_word_embeddings", yes(target.tieWordEmbeddings),
                     "target.tie_word_embeddings", yes(spec.tieWordEmbeddings));
+  // The online target computes the features of every position of a row:
+  // past its trained range they are not what it serves.
+  if (target.maxPositionEmbeddings > 0 &&
+      spec.seqLen > target.maxPositionEmbeddings) {
+    mismatch("max_position_embeddings", str(target.maxPositionEmbeddings),
+             "training.seq_len", str(spec.seqLen));
+    error += kTargetPositionsAdvice;
+    return false;
+  }
   return true;
 }
 

@@ -63,6 +63,9 @@ struct TargetModelConfig {
   int64_t vocabSize = 0;
   double rmsNormEps = 1e-6;
   double ropeTheta = 10000.0;
+  /// The positions the target was trained for (with its rope_scaling, as
+  /// served); 0 where the config does not say.
+  int64_t maxPositionEmbeddings = 0;
   std::optional<Llama3RopeScaling> ropeScaling;
   std::optional<YarnRopeScaling> yarn;
   bool tieWordEmbeddings = false;

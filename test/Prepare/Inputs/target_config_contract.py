@@ -2,8 +2,8 @@
 `dflash-prepare features` (dflash_prepare.features.read_target_config) check
 the target's config.json against the spec alike. For each spec given, on a
 config.json that agrees with it and on variants that break one field (hidden
-size, vocabulary, layer count, tying, a missing or mistyped field, the same
-under text_config), both accept, or both refuse naming the same field.
+size, vocabulary, layer count, tying, a missing or mistyped field, positions
+shorter than the spec's rows, the same under text_config), both accept, or both refuse naming the same field.
 
   target_config_contract.py WORK_DIR SPEC...
 
@@ -65,6 +65,16 @@ def cases(spec):
                 num_hidden_layers=spec.target_num_layers), True),
         ("text_config: tie_word_embeddings disagrees",
          nested({**agreeing, "tie_word_embeddings": not tied}, tie_word_embeddings=tied), True),
+        # Rows no longer than the target's positions.
+        ("max_position_embeddings at seq_len",
+         {**agreeing, "max_position_embeddings": spec.seq_len}, False),
+        ("max_position_embeddings below seq_len",
+         {**agreeing, "max_position_embeddings": spec.seq_len - 1}, True),
+        ("max_position_embeddings not an integer",
+         {**agreeing, "max_position_embeddings": "4096"}, True),
+        ("text_config: max_position_embeddings below seq_len",
+         nested({**agreeing, "max_position_embeddings": spec.seq_len - 1},
+                max_position_embeddings=spec.seq_len), True),
     ]
 
 

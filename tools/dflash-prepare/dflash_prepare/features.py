@@ -85,6 +85,20 @@ def read_target_config(directory, spec):
         raise UserError(f"{path}: 'tie_word_embeddings' is {shown} but {spec.path} "
                         f"[target] tie_word_embeddings is "
                         f"{json.dumps(spec.tie_word_embeddings)}")
+    # The target's features at every position of a row: past its trained
+    # range (with the rope_scaling it is served with) they are not its own.
+    if text.get("max_position_embeddings") is not None:
+        positions = integer("max_position_embeddings")
+        if positions <= 0:
+            raise UserError(f"{path}: '{prefix}max_position_embeddings' must be positive, "
+                            f"got {positions}")
+        if spec.seq_len > positions:
+            raise UserError(
+                f"{path}: 'max_position_embeddings' is {positions} but {spec.path} "
+                f"[training] seq_len is {spec.seq_len}: its features past that position "
+                "would not be the served target's; give its config.json the rope_scaling "
+                "it is served with (Qwen3 reaches 131072 positions with YaRN, factor 4 "
+                "over 32768, and max_position_embeddings 131072), or train shorter rows")
     return config
 
 
