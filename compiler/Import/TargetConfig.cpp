@@ -27,12 +27,13 @@ constexpr const char *kTargetPositionsAdvice =
 /// transformers' defaults: factor max_position_embeddings / original,
 /// beta_fast 32, beta_slow 1, truncate true, and the attention factor from
 /// mscale / mscale_all_dim when both are given, else 0.1 ln(factor) + 1.
+/// max_position_embeddings is read before (readMaxPositions).
 bool readYarn(ConfigReader &r, const json::Object &s, const std::string &where,
               TargetModelConfig &config) {
   YarnRopeScaling y;
-  double original = 0, maxPositions = 0, factor = 0;
-  if (!r.number(r.object, "", "max_position_embeddings", maxPositions) ||
-      !r.number(s, where, "original_max_position_embeddings", original) ||
+  const double maxPositions = double(config.maxPositionEmbeddings);
+  double original = 0, factor = 0;
+  if (!r.number(s, where, "original_max_position_embeddings", original) ||
       !r.number(s, where, "factor", factor) ||
       !r.number(s, where, "beta_fast", y.betaFast) ||
       !r.number(s, where, "beta_slow", y.betaSlow))

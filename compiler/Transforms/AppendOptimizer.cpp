@@ -86,11 +86,10 @@ void AppendOptimizerPass::runOnOperation() {
   Type scalar = RankedTensorType::get({}, Float32Type::get(ctx));
   // The selector objective's gradient, after it, reads the global sum(w)
   // and sum(w cov) too.
-  ReducedForwardSums reduced = allReduceForwardSums(b, loc, sums);
-  b.setInsertionPointAfter(reduced.sums[0].getDefiningOp());
-  auto stats = LossStatsOp::create(
-      b, loc, scalar, scalar, scalar, scalar, reduced.sums[0], reduced.sums[1],
-      reduced.sums[2], reduced.sums[3], reduced.sums[4], reduced.sums[5]);
+  SmallVector<Value> global = allReduceForwardSums(b, loc, sums);
+  auto stats = LossStatsOp::create(b, loc, scalar, scalar, scalar, scalar,
+                                   global[0], global[1], global[2], global[3],
+                                   global[4], global[5]);
   step.getArgument(*seedArg).replaceAllUsesWith(stats.getLossSumGrad());
 
   // Optimizer state arguments, appended in parameter order.
@@ -198,12 +197,12 @@ void AppendOptimizerPass::runOnOperation() {
                      norm,
                      lr,
                      stats.getTau(),
-                     reduced.sums[size_t(ForwardSum::PositionHits)],
-                     reduced.sums[size_t(ForwardSum::PositionCounts)],
-                     reduced.sums[size_t(ForwardSum::BucketRuns)],
-                     reduced.sums[size_t(ForwardSum::BucketBlocks)],
-                     reduced.sums[size_t(ForwardSum::BucketHits)],
-                     reduced.sums[size_t(ForwardSum::BucketCounts)]};
+                     global[size_t(ForwardSum::PositionHits)],
+                     global[size_t(ForwardSum::PositionCounts)],
+                     global[size_t(ForwardSum::BucketRuns)],
+                     global[size_t(ForwardSum::BucketBlocks)],
+                     global[size_t(ForwardSum::BucketHits)],
+                     global[size_t(ForwardSum::BucketCounts)]};
   static_assert(std::size(metrics) == kNumStepMetrics, "one per StepMetric");
   for (auto [k, v] : llvm::enumerate(metrics)) {
     results.push_back(v);

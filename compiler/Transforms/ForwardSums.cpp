@@ -11,7 +11,7 @@ using namespace mlir::dflash;
 
 namespace dflash {
 
-ReducedForwardSums allReduceForwardSums(OpBuilder &b, Location loc,
+SmallVector<Value> allReduceForwardSums(OpBuilder &b, Location loc,
                                         ArrayRef<Value> sums) {
   const size_t lossIndex = size_t(ForwardSum::LossSum);
   // Per GPU, sum(w) / sum(w cov) is not the global ratio that "covered"
@@ -39,12 +39,14 @@ ReducedForwardSums allReduceForwardSums(OpBuilder &b, Location loc,
       return user != allReduce && user->getBlock() == allReduce->getBlock() &&
              allReduce->isBeforeInBlock(user);
     });
-  ReducedForwardSums out{allReduce, {}};
+  b.setInsertionPointAfter(objective ? objective.getOperation()
+                                     : allReduce.getOperation());
+  SmallVector<Value> global;
   for (size_t i = 0; i < sums.size(); ++i)
-    out.sums.push_back(objective && i == lossIndex
-                           ? objective.getResult()
-                           : allReduce.getResult(unsigned(i)));
-  return out;
+    global.push_back(objective && i == lossIndex
+                         ? objective.getResult()
+                         : allReduce.getResult(unsigned(i)));
+  return global;
 }
 
 } // namespace dflash

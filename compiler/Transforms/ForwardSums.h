@@ -19,19 +19,15 @@
 
 namespace dflash {
 
-struct ReducedForwardSums {
-  mlir::dflash::AllReduceOp allReduce;
-  /// The global sums, in the order given.
-  llvm::SmallVector<mlir::Value> sums;
-};
-
 /// All-reduces `sums` (ForwardSum order, values of one block) at `b`'s
-/// insertion point. The all-reduce sums in place, so every later op of the
-/// block that reads a reduced value reads the global one. A loss sum made by
-/// dflash.selector_objective moves after the all-reduce, which reduces its
-/// unary and selector sums, sum(w) and sum(w cov) instead.
-ReducedForwardSums allReduceForwardSums(mlir::OpBuilder &b, mlir::Location loc,
-                                        llvm::ArrayRef<mlir::Value> sums);
+/// insertion point and returns the global sums in the same order, leaving
+/// `b` after the ops that make them. The all-reduce sums in place, so every
+/// later op of the block that reads a reduced value reads the global one. A
+/// loss sum made by dflash.selector_objective moves after the all-reduce,
+/// which reduces its unary and selector sums, sum(w) and sum(w cov) instead.
+llvm::SmallVector<mlir::Value>
+allReduceForwardSums(mlir::OpBuilder &b, mlir::Location loc,
+                     llvm::ArrayRef<mlir::Value> sums);
 
 } // namespace dflash
 

@@ -69,7 +69,7 @@ void MakeEvalProgramPass::runOnOperation() {
   SmallVector<Value> sums(ret.getOperands());
   // Each micro-batch's per-slot hits and weights, this GPU's own, for the
   // serving walk on the host (schema DraftSlots, in micro-batch order).
-  SmallVector<Value> results = allReduceForwardSums(b, ret.getLoc(), sums).sums;
+  SmallVector<Value> results = allReduceForwardSums(b, ret.getLoc(), sums);
   SmallVector<std::string> names;
   step.walk([&](DraftAcceptanceOp accepted) {
     results.push_back(accepted.getHits());
