@@ -131,14 +131,11 @@ __device__ __forceinline__ bool wgmmaSoftmax(float (&s)[NK / 2], float (&m)[2],
   return __any_sync(0xffffffffu, moved);
 }
 
-/// O += P V for one sub-tile (P packed from the scores: two adjacent n8
-/// accumulator tiles are one k16 A fragment); V [keys x d] MN-major, 8-key
-/// groups 1024 bytes apart, d panels BR * 128 bytes apart.
-template <int D, int NK, int BR>
-__device__ __forceinline__ void wgmmaPV(const float (&s)[NK / 2],
-                                        uint32_t vAddr, float (&o)[D / 2]) {
-  using namespace wgmma;
-  uint32_t pa[NK / 16][4];
+/// P as bf16 A fragments: two adjacent n8 accumulator tiles of the scores
+/// are one k16 fragment.
+template <int NK>
+__device__ __forceinline__ void packScores(const float (&s)[NK / 2],
+                                           uint32_t (&pa)[NK / 16][4]) {
 #pragma unroll
   for (int ks = 0; ks < NK / 16; ++ks) {
     pa[ks][0] = packBf16(s[8 * ks + 0], s[8 * ks + 1]);
@@ -146,13 +143,30 @@ __device__ __forceinline__ void wgmmaPV(const float (&s)[NK / 2],
     pa[ks][2] = packBf16(s[8 * ks + 4], s[8 * ks + 5]);
     pa[ks][3] = packBf16(s[8 * ks + 6], s[8 * ks + 7]);
   }
-  pin(o);
-  fence();
+}
+
+/// Issues O += P V (one commit group; no fence, no wait): V [keys x d]
+/// MN-major, 8-key groups 1024 bytes apart, d panels BR * 128 bytes apart.
+template <int D, int NK, int BR>
+__device__ __forceinline__ void issuePV(const uint32_t (&pa)[NK / 16][4],
+                                        uint32_t vAddr, float (&o)[D / 2]) {
+  using namespace wgmma;
   const uint32_t vLo = descLo(vAddr, BR * kSwizzleRowBytes);
 #pragma unroll
   for (int ks = 0; ks < NK / 16; ++ks)
     Wgmma<D, Major::K, Major::MN>::rs(o, pa[ks], descOf(vLo + mnMajorStep(ks)));
   commit();
+}
+
+/// O += P V for one tile, P packed from the scores (packScores, issuePV).
+template <int D, int NK, int BR>
+__device__ __forceinline__ void wgmmaPV(const float (&s)[NK / 2],
+                                        uint32_t vAddr, float (&o)[D / 2]) {
+  uint32_t pa[NK / 16][4];
+  packScores<NK>(s, pa);
+  wgmma::pin(o);
+  wgmma::fence();
+  issuePV<D, NK, BR>(pa, vAddr, o);
 }
 
 /// One tile of NK keys for one warpgroup: S = Q K^T, mask, online softmax,
@@ -271,11 +285,91 @@ wgmmaStageNormalisedRows(const float (&o)[D / 2], const float (&l)[2],
                                            none);
 }
 
+/// A warpgroup's block n of batch row b and kv head g, finished: normalises
+/// O and stores out and lse. Each warp stages its 16 rows in its own rows of
+/// the block's Q tile (rows wgRow.. of a ROWS-row tile; only this warp's
+/// part of the warpgroup's finished wgmma read them), then stores 16 bytes
+/// at a time. keep = 0 rows: l = 0 gives out 0 and lse -inf.
+template <int D, int BS, int NH, int NKV, int ROWS>
+__device__ __forceinline__ void
+wgmmaStoreBlock(const BlockAttentionFwdArgs &args, const float (&o)[D / 2],
+                const float (&m)[2], const float (&l)[2], bf16 *sQ, int wgRow,
+                int b, int g, int n, int warp, int lane) {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  constexpr int G = T::G, kChunks = D / 8;
+  float sum[2], lseRow[2];
+  wgmmaStageNormalisedRows<D, ROWS>(o, l, sQ, wgRow + warp * 16, lane, sum);
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+    lseRow[i] = sum[i] > 0.f ? (m[i] + __log2f(sum[i])) * T::kLn2 : -INFINITY;
+  __syncwarp();
+  const int Q = args.N * BS;
+  auto rowIndex = [&](int rr) -> int64_t { // into [B, Q, nh]
+    int k = rr / G, hh = rr % G;
+    return (static_cast<int64_t>(b) * Q + n * BS + k) * NH + g * G + hh;
+  };
+  for (int idx = lane; idx < 16 * kChunks; idx += 32) {
+    int rr = warp * 16 + idx / kChunks, c = idx % kChunks;
+    *reinterpret_cast<uint4 *>(args.out + rowIndex(rr) * D + c * 8) =
+        *reinterpret_cast<const uint4 *>(
+            sQ + wgmma::tileOffset<ROWS>(wgRow + rr, c));
+  }
+  if ((lane & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+      args.lse[rowIndex(warp * 16 + lane / 4 + 8 * i)] = lseRow[i];
+  }
+}
+
+/// Issues the first copies of a CTA of P blocks (from block nFirst): every
+/// block's Q rows (blocks past N load zeros; panels of P * 64 rows) and the
+/// CTA's NKD draft keys (on barK) and values (on barV), one box per d panel;
+/// K and V panels BR rows apart. The caller has announced the bytes.
+template <int D, int BS, int G, int P, int BR, typename Maps>
+__device__ __forceinline__ void
+issueQueryAndDraftTile(uint32_t qBase, uint32_t kBase, uint32_t vBase,
+                       const Maps &maps, uint32_t barK, uint32_t barV, int g,
+                       int nFirst, int b) {
+  using namespace wgmma;
+  constexpr int kRows = P * kM;
+#pragma unroll
+  for (int p = 0; p < D / kPanelCols; ++p) {
+#pragma unroll
+    for (int n = 0; n < P; ++n) // panels of kRows, blocks of kM
+      tma::load4d(qBase + (p * kRows + n * kM) * kSwizzleRowBytes, &maps.q,
+                  barK, p * kPanelCols, g * G, (nFirst + n) * BS, b);
+    tma::load4d(kBase + p * BR * kSwizzleRowBytes, &maps.draftKeys, barK,
+                p * kPanelCols, g, nFirst * BS, b);
+    tma::load4d(vBase + p * BR * kSwizzleRowBytes, &maps.draftValues, barV,
+                p * kPanelCols, g, nFirst * BS, b);
+  }
+}
+
 /// The shapes the TMA forward loads (GQA rows of a block: a box of G heads
 /// by BS positions is the block's 64 query rows in order r = k * G + hh).
 struct WgmmaFwdMaps {
   CUtensorMap q, draftKeys, draftValues, contextKeys, contextValues;
 };
+
+/// The tensor maps of one forward call: Q by blocks (a box of G heads by BS
+/// positions), NKD draft keys and values, context tiles of KT keys.
+template <int D, int BS, int NH, int NKV, int NKD, int KT>
+WgmmaFwdMaps wgmmaFwdMaps(const BlockAttentionFwdArgs &args) {
+  constexpr uint32_t G = NH / NKV;
+  const uint64_t B = args.B, S = args.S, Q = uint64_t(args.N) * BS;
+  WgmmaFwdMaps maps;
+  maps.q =
+      tma::bf16RowsOfHeadsMap(args.q, B, Q, NH, D, G, BS, "q [B, Q, nh, d]");
+  maps.draftKeys = tma::bf16RowsOfHeadsMap(args.draftKeys, B, Q, NKV, D, 1, NKD,
+                                           "draft keys [B, Q, nkv, d]");
+  maps.draftValues = tma::bf16RowsOfHeadsMap(
+      args.draftValues, B, Q, NKV, D, 1, NKD, "draft values [B, Q, nkv, d]");
+  maps.contextKeys = tma::bf16RowsOfHeadsMap(args.contextKeys, B, S, NKV, D, 1,
+                                             KT, "context keys [B, S, nkv, d]");
+  maps.contextValues = tma::bf16RowsOfHeadsMap(
+      args.contextValues, B, S, NKV, D, 1, KT, "context values [B, S, nkv, d]");
+  return maps;
+}
 
 /// The forward kernel: thread 0 loads Q, the draft keys and the first
 /// context tile; afterwards whichever warp releases a stage last refills it.
@@ -290,7 +384,7 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   constexpr int KT = C::KT;
   using namespace wgmma;
   constexpr int G = T::G, BR = C::kBufRows, NKD = C::kDraftKeys;
-  constexpr int kChunks = D / 8, kRows = C::kRows, kPanels = D / kPanelCols;
+  constexpr int kRows = C::kRows;
   constexpr int kWarps = C::kThreads / kWarpThreads;
   constexpr uint32_t kFirstBytes = uint32_t(C::kQBytes) + 2u * NKD * D * 2;
   extern __shared__ unsigned char smemRaw[];
@@ -304,14 +398,13 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
   const uint32_t kBase = qBase + uint32_t(C::kQBytes);
   constexpr uint32_t kStageBytes = uint32_t(C::kBufBytes);
   const uint32_t vBase = kBase + C::kStages * kStageBytes;
-  constexpr uint32_t kPanelBytes = uint32_t(BR) * kSwizzleRowBytes;
 
   const int tid = threadIdx.x, wg = tid / kWarpgroupThreads,
             warp = (tid / kWarpThreads) % kWarpgroupWarps,
             lane = tid % kWarpThreads;
   const int b = blockIdx.x / NKV, g = blockIdx.x % NKV;
   const int group = gridDim.y - 1 - blockIdx.y; // longest contexts first
-  const int N = args.N, Q = N * BS;
+  const int N = args.N;
   const int nFirst = group * T::kBlocksPerCta;
   const int nCount = min(T::kBlocksPerCta, N - nFirst);
   const int32_t *anchors = args.anchors + static_cast<int64_t>(b) * N;
@@ -343,17 +436,8 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
     // Stage 0: both blocks' Q rows (blocks past N load zeros) and the
     // CTA's draft keys and values.
     tma::arriveExpectTx(bar0, kFirstBytes);
-#pragma unroll
-    for (int p = 0; p < kPanels; ++p) {
-#pragma unroll
-      for (int n = 0; n < C::kWarpgroups; ++n) // panels of kRows, blocks of kM
-        tma::load4d(qBase + (p * kRows + n * kM) * kSwizzleRowBytes, &maps.q,
-                    bar0, p * kPanelCols, g * G, (nFirst + n) * BS, b);
-      tma::load4d(kBase + p * kPanelBytes, &maps.draftKeys, bar0,
-                  p * kPanelCols, g, nFirst * BS, b);
-      tma::load4d(vBase + p * kPanelBytes, &maps.draftValues, bar0,
-                  p * kPanelCols, g, nFirst * BS, b);
-    }
+    issueQueryAndDraftTile<D, BS, G, C::kWarpgroups, BR>(
+        qBase, kBase, vBase, maps, bar0, bar0, g, nFirst, b);
     if (numTiles > 1)
       issueContextTile(1);
   }
@@ -411,33 +495,9 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
     release(it);
   }
 
-  // Normalise; stage the warp's 16 rows in its own rows of sQ (only this
-  // warp's part of the warpgroup's finished wgmma read them), then store 16
-  // bytes at a time. keep = 0 rows: l = 0 gives out 0 and lse -inf.
-  if (wg >= nCount)
-    return;
-  float sum[2], lseRow[2];
-  wgmmaStageNormalisedRows<D, kRows>(o, l, sQ, wg * kM + warp * 16, lane, sum);
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-    lseRow[i] = sum[i] > 0.f ? (m[i] + __log2f(sum[i])) * T::kLn2 : -INFINITY;
-  __syncwarp();
-  auto rowIndex = [&](int rr) -> int64_t { // into [B, Q, nh]
-    int k = rr / G, hh = rr % G;
-    return (static_cast<int64_t>(b) * Q + (nFirst + wg) * BS + k) * NH + g * G +
-           hh;
-  };
-  for (int idx = lane; idx < 16 * kChunks; idx += 32) {
-    int rr = warp * 16 + idx / kChunks, c = idx % kChunks;
-    *reinterpret_cast<uint4 *>(args.out + rowIndex(rr) * D + c * 8) =
-        *reinterpret_cast<const uint4 *>(sQ +
-                                         tileOffset<kRows>(wg * kM + rr, c));
-  }
-  if ((lane & 3) == 0) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-      args.lse[rowIndex(warp * 16 + lane / 4 + 8 * i)] = lseRow[i];
-  }
+  if (wg < nCount)
+    wgmmaStoreBlock<D, BS, NH, NKV, kRows>(args, o, m, l, sQ, wg * kM, b, g,
+                                           nFirst + wg, warp, lane);
 }
 
 } // namespace detail
@@ -450,19 +510,8 @@ void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
                                           cudaStream_t stream) {
   using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
   using C = detail::WgmmaFwdConfig<D, BS, NH, NKV>;
-  constexpr uint32_t G = NH / NKV, NKD = C::kDraftKeys, KT = C::KT;
-  const uint64_t B = args.B, S = args.S, Q = uint64_t(args.N) * BS;
-  detail::WgmmaFwdMaps maps;
-  maps.q =
-      tma::bf16RowsOfHeadsMap(args.q, B, Q, NH, D, G, BS, "q [B, Q, nh, d]");
-  maps.draftKeys = tma::bf16RowsOfHeadsMap(args.draftKeys, B, Q, NKV, D, 1, NKD,
-                                           "draft keys [B, Q, nkv, d]");
-  maps.draftValues = tma::bf16RowsOfHeadsMap(
-      args.draftValues, B, Q, NKV, D, 1, NKD, "draft values [B, Q, nkv, d]");
-  maps.contextKeys = tma::bf16RowsOfHeadsMap(args.contextKeys, B, S, NKV, D, 1,
-                                             KT, "context keys [B, S, nkv, d]");
-  maps.contextValues = tma::bf16RowsOfHeadsMap(
-      args.contextValues, B, S, NKV, D, 1, KT, "context values [B, S, nkv, d]");
+  const detail::WgmmaFwdMaps maps =
+      detail::wgmmaFwdMaps<D, BS, NH, NKV, C::kDraftKeys, C::KT>(args);
   auto kernel =
       detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<D, BS, NH, NKV,
                                                           WINDOW, CAUSAL>;

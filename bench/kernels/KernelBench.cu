@@ -23,6 +23,7 @@
 #include "kernels/AdamW.cuh"
 #include "kernels/BlockAttentionBwd.cuh"
 #include "kernels/BlockAttentionFwd.cuh"
+#include "kernels/BlockAttentionWgmmaFwdWs.cuh"
 #include "kernels/DraftBlocks.cuh"
 #include "kernels/Gemm.cuh"
 #include "kernels/LmHeadCrossEntropy.cuh"
@@ -311,14 +312,37 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
           (void *)dKeep, (void *)dPositions})
       cudaFree(p);
   };
+  // The warp-specialised forward (not selected yet): its outputs at this
+  // shape against the default's (poisoned first), then its time.
+  auto fwdWarpSpecialised = [&] {
+    auto out0 = downloadBf16(out, qn);
+    DFLASH_CUDA_CHECK(cudaMemset(out, 0xFF, qn * sizeof(bf16)));
+    sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
+                                                                            0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    std::printf("attention fwd %s B=%d: wgmma warp-specialised vs default "
+                "relative diff out %.3g\n",
+                kind, B, relativeDifference(downloadBf16(out, qn), out0));
+    fwd(
+        [&] {
+          sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW,
+                                                  CAUSAL>(fa, 0);
+        },
+        "wgmma warp-specialised");
+    // The backward reads the default forward's out and lse.
+    sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+  };
   if (defaultsOnly) {
-    if (!bwdOnly)
+    if (!bwdOnly) {
       fwd(
           [&] {
             sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW,
                                                  CAUSAL>(fa, 0);
           },
           "wgmma tma (default)");
+      fwdWarpSpecialised();
+    }
     bwd(
         [&] {
           sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
@@ -354,6 +378,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
               fa, 0);
         },
         "wgmma tma (default)");
+    fwdWarpSpecialised();
   }
   bwd(
       [&] {

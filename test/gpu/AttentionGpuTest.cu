@@ -1,7 +1,8 @@
 //===- AttentionGpuTest.cu - Block attention vs reference -----------------===//
 //
-// mma_sync_block_attention_{fwd,bwd}_bf16, the wgmma forward
-// (sm90a_block_attention_fwd_wgmma_bf16) and the wgmma backward
+// mma_sync_block_attention_{fwd,bwd}_bf16, the wgmma forwards
+// (sm90a_block_attention_fwd_wgmma_bf16 and the warp-specialised
+// sm90a_block_attention_fwd_wgmma_ws_bf16) and the wgmma backward
 // (sm90a_block_attention_bwd_wgmma_bf16, every dQ policy of
 // kernels/BlockAttentionWgmmaBwdDq.cuh) against ref::blockAttention(Grad) in
 // double on the same bf16-rounded inputs, over the template configurations
@@ -15,6 +16,7 @@
 
 #include "kernels/BlockAttentionBwd.cuh"
 #include "kernels/BlockAttentionFwd.cuh"
+#include "kernels/BlockAttentionWgmmaFwdWs.cuh"
 #include "kernels/reference/Reference.h"
 #include "test/gpu/GpuTestUtil.h"
 
@@ -188,10 +190,12 @@ void checkForward(const Problem &p, DeviceBuffer<bf16> &out,
   expectForwardClose(p, out, lse);
 }
 
-/// The wgmma forward; prints its errors.
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
-void checkForwardWgmma(const Problem &p) {
-  SCOPED_TRACE("wgmma forward");
+/// A wgmma forward (Launch: the TMA one, or the warp-specialised one for
+/// long contexts); prints its errors.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          typename Launch>
+void checkForwardWgmma(const Problem &p, Launch launch, const char *variant) {
+  SCOPED_TRACE(variant);
   DeviceBuffer<bf16> out(p.qElems);
   DeviceBuffer<float> lse(p.refLse.size());
   poisonAll(out, lse);
@@ -200,19 +204,21 @@ void checkForwardWgmma(const Problem &p) {
       p.dv.ptr(), p.dAnchors.get(), p.dKeep.get(), p.dPositions.get(),
       out.get(),  lse.get(),        p.B,           p.S,
       p.N};
-  kernels::sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
-      fa, 0);
+  launch(fa);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   double outErr = 0, lseErr = 0;
   expectForwardClose(p, out, lse, &outErr, &lseErr);
-  std::printf("wgmma fwd D=%d BS=%d W=%d B=%d S=%d N=%d: out rel %.3g, lse "
-              "abs %.3g\n",
-              D, BS, WINDOW, p.B, p.S, p.N, outErr, lseErr);
+  std::printf("%s D=%d BS=%d W=%d B=%d S=%d N=%d: out rel %.3g, lse abs "
+              "%.3g\n",
+              variant, D, BS, WINDOW, p.B, p.S, p.N, outErr, lseErr);
 }
+
+/// Which wgmma forward a case runs.
+enum class Forward { Tma, WarpSpecialised };
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
-                  Rows rows = Rows::Unpacked) {
+                  Rows rows = Rows::Unpacked, Forward fwd = Forward::Tma) {
   SCOPED_TRACE(testing::Message()
                << "D=" << D << " BS=" << BS << " NH=" << NH << " NKV=" << NKV
                << " WINDOW=" << WINDOW << " CAUSAL=" << CAUSAL << " B=" << B
@@ -220,15 +226,32 @@ void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
                << " packed=" << (rows == Rows::Packed));
   std::mt19937_64 rng(seed);
   Problem p(B, S, N, BS, NH, NKV, D, WINDOW, CAUSAL, mode, rng, rows);
-  checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(p);
+  if (fwd == Forward::Tma)
+    checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(
+        p,
+        [](const kernels::BlockAttentionFwdArgs &fa) {
+          kernels::sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW,
+                                                        CAUSAL>(fa, 0);
+        },
+        "wgmma fwd");
+  else
+    checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(
+        p,
+        [](const kernels::BlockAttentionFwdArgs &fa) {
+          kernels::sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV,
+                                                           WINDOW, CAUSAL>(fa,
+                                                                           0);
+        },
+        "wgmma warp-specialised fwd");
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
-void sweepWgmma(int B, int S, int N, uint64_t seed) {
+void sweepWgmma(int B, int S, int N, uint64_t seed,
+                Forward fwd = Forward::Tma) {
   runWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(
-      B, S, N, Anchors::SortedTrailingKeep0, seed);
+      B, S, N, Anchors::SortedTrailingKeep0, seed, Rows::Unpacked, fwd);
   runWgmmaCase<D, BS, NH, NKV, WINDOW, CAUSAL>(B, S, N, Anchors::ScatteredKeep0,
-                                               seed + 1);
+                                               seed + 1, Rows::Unpacked, fwd);
 }
 
 /// The backward's outputs and workspace, poisoned, and its arguments over a
@@ -518,6 +541,48 @@ TEST(BlockAttentionWgmma, GptOssD64) {
 
 TEST(BlockAttentionWgmma, NothingKept) {
   runWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 28);
+}
+
+// The warp-specialised forward (kernels/BlockAttentionWgmmaFwdWs.cuh) on the
+// wgmma forward's cases and longer contexts: many 128-key tiles, blocks of
+// a CTA whose contexts end tiles apart (scattered anchors), windows that
+// cut contexts mid-tile, d 64, packed rows and nothing kept.
+TEST(BlockAttentionWgmmaWs, Qwen3Full) {
+  sweepWgmma<128, 16, 32, 8, 0, false>(2, 300, 20, 81,
+                                       Forward::WarpSpecialised);
+  sweepWgmma<128, 16, 32, 8, 0, false>(1, 1100, 37, 82,
+                                       Forward::WarpSpecialised);
+  sweepWgmma<128, 16, 32, 8, 0, false>(1, 4000, 9, 83,
+                                       Forward::WarpSpecialised);
+}
+
+TEST(BlockAttentionWgmmaWs, Qwen3Sliding) {
+  sweepWgmma<128, 16, 32, 8, 2048, true>(2, 260, 16, 84,
+                                         Forward::WarpSpecialised);
+  sweepWgmma<128, 16, 32, 8, 200, true>(2, 900, 30, 85,
+                                        Forward::WarpSpecialised);
+  sweepWgmma<128, 16, 32, 8, 2048, true>(1, 3000, 13, 86,
+                                         Forward::WarpSpecialised);
+}
+
+TEST(BlockAttentionWgmmaWs, GptOssD64) {
+  sweepWgmma<64, 8, 16, 2, 0, false>(2, 400, 24, 87, Forward::WarpSpecialised);
+  sweepWgmma<64, 8, 16, 2, 128, true>(1, 500, 21, 88, Forward::WarpSpecialised);
+}
+
+TEST(BlockAttentionWgmmaWs, PackedRows) {
+  runWgmmaCase<128, 16, 32, 8, 0, false>(2, 900, 30, Anchors::ScatteredKeep0,
+                                         89, Rows::Packed,
+                                         Forward::WarpSpecialised);
+  runWgmmaCase<128, 16, 32, 8, 200, true>(
+      2, 900, 30, Anchors::SortedTrailingKeep0, 90, Rows::Packed,
+      Forward::WarpSpecialised);
+}
+
+TEST(BlockAttentionWgmmaWs, NothingKept) {
+  runWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 91,
+                                         Rows::Unpacked,
+                                         Forward::WarpSpecialised);
 }
 
 // The wgmma backward: qwen3-8b full and sliding layers (odd N, keep = 0
