@@ -97,11 +97,6 @@ template <int BS, int G, int WINDOW> struct WgmmaBlockRows {
   static __device__ __forceinline__ int rowOfThread(int i, int warp, int lane) {
     return (warp * 16 + lane / 4 + 8 * i) / G;
   }
-  /// Whether any row sees a context key of [j0, j0 + NK) (uniform per
-  /// warpgroup: tiles no row sees are skipped).
-  __device__ __forceinline__ bool sees(int j0, int NK) const {
-    return mine && j0 < anchor && j0 + NK > blockLoMin;
-  }
   /// Whether every row sees every key of [j0, j0 + NK): no mask.
   __device__ __forceinline__ bool seesWhole(int j0, int NK) const {
     return j0 >= blockLoMax && j0 + NK <= anchor;
