@@ -46,6 +46,17 @@ constexpr double selectorTermScale(double alpha, double weightSum,
   return coveredWeight > 0 ? alpha * weightSum / coveredWeight : 0.0;
 }
 
+/// The loss numerator of a "covered" objective over several batches of an
+/// evaluation, from the totals of its linear loss_sum (unary + alpha *
+/// selector), unary sum, weight_sum and covered weight
+/// (schema ObjectivePart): what the step's objective is for one batch.
+constexpr double coveredObjectiveNumerator(double linearLossSum,
+                                           double unarySum, double weightSum,
+                                           double coveredWeight) {
+  return unarySum + (linearLossSum - unarySum) *
+                        selectorTermScale(1.0, weightSum, coveredWeight, true);
+}
+
 } // namespace dflash::kernels
 
 #endif // DFLASH_KERNELS_SELECTOR_H

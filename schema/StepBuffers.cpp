@@ -28,6 +28,8 @@ constexpr const char *kForwardSumNames[kNumForwardSums] = {
     "bucket_runs", "bucket_blocks", "bucket_hits",   "bucket_counts"};
 constexpr const char *kDraftSlotsNames[kNumDraftSlots] = {"draft_hits",
                                                           "draft_weights"};
+constexpr const char *kObjectivePartNames[kNumObjectiveParts] = {
+    "unary_sum", "covered_weight"};
 
 template <class E, size_t N>
 std::optional<E> parse(const char *const (&names)[N], std::string_view name) {
@@ -58,6 +60,9 @@ const char *dflash::nameOf(ForwardSum sum) {
 }
 const char *dflash::nameOf(DraftSlots slots) {
   return kDraftSlotsNames[int(slots)];
+}
+const char *dflash::nameOf(ObjectivePart part) {
+  return kObjectivePartNames[int(part)];
 }
 DType dflash::dtypeOf(DraftSlots slots) {
   return slots == DraftSlots::Hits ? DType::U8 : DType::F32;
@@ -112,6 +117,10 @@ std::optional<ForwardSum> dflash::parseForwardSum(std::string_view name) {
 
 std::optional<DraftSlots> dflash::parseDraftSlots(std::string_view name) {
   return parse<DraftSlots>(kDraftSlotsNames, name);
+}
+
+std::optional<ObjectivePart> dflash::parseObjectivePart(std::string_view name) {
+  return parse<ObjectivePart>(kObjectivePartNames, name);
 }
 
 DType dflash::dtypeOf(StepInput input) { return kInputDTypes[int(input)]; }

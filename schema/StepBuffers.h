@@ -104,6 +104,16 @@ enum class ForwardSum : uint8_t {
 /// draftSlotsIndex(which, microBatch): past the forward sums'.
 enum class DraftSlots : uint8_t { Hits, Weights };
 
+/// What the evaluation program of a DFlash2 drafter whose selector term
+/// divides by sum(w * cov) (docs/semantics.md section 13, "covered") reports
+/// last: the batch's global unary sum and sum(w * cov), F32 scalars. Its
+/// loss_sum is then the linear unary + alpha * selector, which adds up over
+/// batches, and the runtime forms the objective from the totals
+/// (kernels/Selector.h, coveredObjectiveNumerator): a ratio of each batch's
+/// sums would not add up. Metric buffers whose index is
+/// objectivePartIndex(which, microBatches): past the draft slots'.
+enum class ObjectivePart : uint8_t { UnarySum, CoveredWeight };
+
 constexpr int kNumBufferRoles = 8;
 constexpr int kNumStepInputs = 6;
 constexpr int kNumFrozenWeights = 2;
@@ -111,11 +121,18 @@ constexpr int kNumStepCounters = 2;
 constexpr int kNumStepMetrics = 11;
 constexpr int kNumForwardSums = 12;
 constexpr int kNumDraftSlots = 2;
+constexpr int kNumObjectiveParts = 2;
 
 /// The metric index of micro-batch `microBatch`'s `which` in an evaluation
 /// program's buffers.
 inline int64_t draftSlotsIndex(DraftSlots which, int64_t microBatch) {
   return kNumForwardSums + microBatch * kNumDraftSlots + int64_t(which);
+}
+
+/// The metric index of `which` in the buffers of an evaluation program of
+/// `microBatches` micro-batches.
+inline int64_t objectivePartIndex(ObjectivePart which, int64_t microBatches) {
+  return kNumForwardSums + microBatches * kNumDraftSlots + int64_t(which);
 }
 
 /// "input", "frozen", "parameter", ...
@@ -141,6 +158,8 @@ const char *nameOf(ForwardSum sum);
 const char *nameOf(DraftSlots slots);
 /// Their dtypes: U8 and F32.
 DType dtypeOf(DraftSlots slots);
+/// "unary_sum", "covered_weight".
+const char *nameOf(ObjectivePart part);
 /// Whether the metric or sum is [block_size].
 bool isPerPosition(StepMetric metric);
 bool isPerPosition(ForwardSum sum);
@@ -159,6 +178,7 @@ std::optional<StepCounter> parseStepCounter(std::string_view name);
 std::optional<StepMetric> parseStepMetric(std::string_view name);
 std::optional<ForwardSum> parseForwardSum(std::string_view name);
 std::optional<DraftSlots> parseDraftSlots(std::string_view name);
+std::optional<ObjectivePart> parseObjectivePart(std::string_view name);
 
 /// The dtype and shape of an input for `config` (flags are U8).
 DType dtypeOf(StepInput input);

@@ -2,7 +2,8 @@
 //
 // An evaluation reads held-out rows in fixed batches and reports global
 // sums; the runtime adds them up over the batches and divides once, so that
-// a batch with few supervised slots weighs what its slots weigh. The
+// a batch with few supervised slots weighs what its slots weigh (a DFlash2
+// "covered" objective, a ratio, reports its parts instead). The
 // program is the forward graph with its sums all-reduced; it is compiled as
 // a module of its own, beside the step's (the step's passes would
 // differentiate and update it). It also returns each draft slot's hit and
@@ -67,9 +68,26 @@ void MakeEvalProgramPass::runOnOperation() {
 
   OpBuilder b(ret);
   SmallVector<Value> sums(ret.getOperands());
+  const size_t lossIndex = size_t(ForwardSum::LossSum);
+  auto covered = sums[lossIndex].getDefiningOp<SelectorObjectiveOp>();
+  if (covered && !covered.getCovered())
+    covered = nullptr;
+  SmallVector<Value> results = allReduceForwardSums(b, ret.getLoc(), sums);
+  // A "covered" objective divides by sum(w * cov), a ratio that does not add
+  // up over an evaluation's batches: loss_sum becomes the linear objective
+  // of the same global sums, and the unary sum and covered weight go last
+  // (schema ObjectivePart), for the runtime to form the objective from the
+  // totals.
+  SmallVector<Value> parts;
+  if (covered) {
+    results[lossIndex] = SelectorObjectiveOp::create(
+        b, covered.getLoc(), covered.getType(), covered.getUnarySum(),
+        covered.getSelectorSum(), covered.getAlpha(), covered.getWeightSum(),
+        covered.getCoveredWeight(), /*covered=*/nullptr);
+    parts = {covered.getUnarySum(), covered.getCoveredWeight()};
+  }
   // Each micro-batch's per-slot hits and weights, this GPU's own, for the
   // serving walk on the host (schema DraftSlots, in micro-batch order).
-  SmallVector<Value> results = allReduceForwardSums(b, ret.getLoc(), sums);
   SmallVector<std::string> names;
   step.walk([&](DraftAcceptanceOp accepted) {
     results.push_back(accepted.getHits());
@@ -77,7 +95,13 @@ void MakeEvalProgramPass::runOnOperation() {
     results.push_back(accepted.getWeights());
     names.push_back(nameOf(DraftSlots::Weights));
   });
+  for (auto [k, part] : llvm::enumerate(parts)) {
+    results.push_back(part);
+    names.push_back(nameOf(ObjectivePart(k)));
+  }
   ret->setOperands(results);
+  if (covered && covered->use_empty())
+    covered->erase();
   SmallVector<Attribute> resultAttrs;
   for (unsigned k = 0; k < results.size(); ++k)
     resultAttrs.push_back(

@@ -323,10 +323,22 @@ Status dflash::rt::mapEvalBuffers(const std::vector<BufferSpec> &buffers,
   std::array<int, kNumDraftSlots> none;
   none.fill(-1);
   m.draftSlots.assign(size_t(microBatches), none);
+  m.objectiveParts.fill(-1);
+  const int64_t firstPart =
+      objectivePartIndex(ObjectivePart::UnarySum, microBatches);
   for (int i = 0; i < int(buffers.size()); ++i) {
     const BufferSpec &b = buffers[size_t(i)];
     Status status;
-    if (b.role == BufferRole::Metric && b.index >= kNumForwardSums) {
+    if (b.role == BufferRole::Metric && b.index >= firstPart) {
+      // Past the draft slots: only an objective part, at its own index.
+      std::optional<ObjectivePart> part = parseObjectivePart(b.name);
+      status = check.member(
+          i, part ? objectivePartIndex(*part, microBatches) + 1 : firstPart,
+          "a forward sum, a micro-batch's draft slots or an objective part");
+      if (status.ok())
+        status = check.claimScalar(
+            i, m.objectiveParts[size_t(b.index - firstPart)], DType::F32);
+    } else if (b.role == BufferRole::Metric && b.index >= kNumForwardSums) {
       status = check.member(i, kNumForwardSums + microBatches * kNumDraftSlots,
                             "a forward sum or a micro-batch's draft slots");
       const int64_t k = b.index - kNumForwardSums;
@@ -367,6 +379,12 @@ Status dflash::rt::mapEvalBuffers(const std::vector<BufferSpec> &buffers,
                              "' of micro-batch " + std::to_string(mb) +
                              " (compiled by an older dflashc? compile "
                              "the trainer again)");
+  const bool anyPart = m.objectiveParts[0] >= 0 || m.objectiveParts[1] >= 0;
+  for (int k = 0; anyPart && k < kNumObjectiveParts; ++k)
+    if (m.objectiveParts[size_t(k)] < 0)
+      return Status::error("evaluation program: has no metric buffer '" +
+                           std::string(nameOf(ObjectivePart(k))) +
+                           "' beside the other objective part");
   map = std::move(m);
   return Status::success();
 }

@@ -81,13 +81,16 @@ struct EvalBufferMap {
   std::array<int, kNumForwardSums> sums{}; ///< by ForwardSum
   /// Per micro-batch, by DraftSlots: its rows' per-slot hits and weights.
   std::vector<std::array<int, kNumDraftSlots>> draftSlots;
+  /// By ObjectivePart: a "covered" DFlash2 objective's parts, or all -1.
+  std::array<int, kNumObjectiveParts> objectiveParts{};
 };
 
 /// Maps every buffer of an evaluation program (StepProgram.h,
 /// createEvalProgram) and checks it against `config`: the six inputs,
 /// embed (and lm_head unless tied), one parameter per trainable tensor, one
-/// metric per ForwardSum and per micro-batch its two DraftSlots ([rowsPerGpu,
-/// N*bs]), nothing else. Messages name the buffer.
+/// metric per ForwardSum, per micro-batch its two DraftSlots ([rowsPerGpu,
+/// N*bs]), and either both ObjectivePart scalars or neither; nothing else.
+/// Messages name the buffer.
 Status mapEvalBuffers(const std::vector<BufferSpec> &buffers,
                       const ModelConfig &config, EvalBufferMap &map);
 

@@ -2,6 +2,7 @@
 
 #include "runtime/train/Progress.h"
 
+#include "kernels/Selector.h"
 #include "runtime/io/AtomicWrite.h"
 
 #include <nlohmann/json.hpp>
@@ -61,9 +62,16 @@ BucketFigures dflash::rt::figuresByBucket(const double *runs,
 
 void dflash::rt::setEvalFigures(
     EvalMetrics &m, const std::array<const double *, kNumForwardSums> &sums,
-    int64_t bs, int64_t numBuckets) {
+    int64_t bs, int64_t numBuckets, const double *objectiveParts) {
   auto sum = [&](ForwardSum k) { return sums[size_t(k)][0]; };
-  m.loss = sum(ForwardSum::LossSum) / sum(ForwardSum::WeightSum);
+  const double numerator =
+      objectiveParts ? kernels::coveredObjectiveNumerator(
+                           sum(ForwardSum::LossSum),
+                           objectiveParts[size_t(ObjectivePart::UnarySum)],
+                           sum(ForwardSum::WeightSum),
+                           objectiveParts[size_t(ObjectivePart::CoveredWeight)])
+                     : sum(ForwardSum::LossSum);
+  m.loss = numerator / sum(ForwardSum::WeightSum);
   m.acc = sum(ForwardSum::Correct) / sum(ForwardSum::Count);
   m.tau = sum(ForwardSum::RunSum) / sum(ForwardSum::KeptBlocks);
   m.accByPosition =

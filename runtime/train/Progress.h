@@ -127,10 +127,13 @@ BucketFigures figuresByBucket(const double *runs, const double *blocks,
 /// Sets the loss, acc, tau, accByPosition and buckets of `metrics` from
 /// forward sums added up over an evaluation: `sums[k]` points to ForwardSum
 /// k's values (one, bs for the per-position sums, numBuckets for the
-/// per-bucket ones).
+/// per-bucket ones). `objectiveParts`, where the program reports them (a
+/// "covered" DFlash2 objective), points to the totals of ObjectivePart's
+/// two scalars, and the loss is that objective formed from the totals.
 void setEvalFigures(EvalMetrics &metrics,
                     const std::array<const double *, kNumForwardSums> &sums,
-                    int64_t bs, int64_t numBuckets);
+                    int64_t bs, int64_t numBuckets,
+                    const double *objectiveParts = nullptr);
 
 /// Sets the throughput fields of `metrics` from its stepMs, and its
 /// microSteps from the config.

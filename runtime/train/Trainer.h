@@ -254,6 +254,8 @@ private:
   void *evalArena = nullptr;
   float *evalSums = nullptr;          ///< device: every ForwardSum buffer
   std::vector<size_t> evalSumOffsets; ///< in floats, by ForwardSum
+  /// In floats, after the sums: a "covered" objective's parts, if any.
+  std::array<size_t, kNumObjectiveParts> evalPartOffsets{};
   size_t evalArenaBytes = 0, evalSumBytes = 0;
   cudaEvent_t evalDone = nullptr;
   /// device: every micro-batch's DraftSlots, the hits of all rows

@@ -8,10 +8,21 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 using namespace dflash;
 using namespace dflash::rt;
+
+/// The position of `value` in `values`, if it is there.
+template <size_t N>
+static std::optional<size_t> positionOf(const std::array<int, N> &values,
+                                        int value) {
+  for (size_t k = 0; k < N; ++k)
+    if (values[k] == value)
+      return k;
+  return std::nullopt;
+}
 
 Status Trainer::bindEvalProgram(const RowSource &rows) {
   if (!evalProgram)
@@ -36,6 +47,8 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
     evalSumOffsets[size_t(k)] = floats;
     floats += size_t(shapeNumel(specs[size_t(evalMap.sums[size_t(k)])].shape));
   }
+  for (size_t k = 0; k < evalPartOffsets.size(); ++k)
+    evalPartOffsets[k] = floats++;
   evalSumBytes = floats * sizeof(float);
   // The serving walk's draft slots: every row's hits, then their weights.
   const size_t slots =
@@ -86,10 +99,13 @@ Status Trainer::bindEvalProgram(const RowSource &rows) {
     case BufferRole::Parameter:
       pointers[i] = stepBuffers[size_t(map.param[k])];
       break;
-    default: // a metric: a ForwardSum or DraftSlots (mapEvalBuffers)
-      pointers[i] = b.index < kNumForwardSums
-                        ? static_cast<void *>(evalSums + evalSumOffsets[k])
-                        : slotPointer(b.index);
+    default: // a metric: a ForwardSum, DraftSlots or an ObjectivePart
+      if (b.index < kNumForwardSums)
+        pointers[i] = evalSums + evalSumOffsets[k];
+      else if (auto part = positionOf(evalMap.objectiveParts, int(i)))
+        pointers[i] = evalSums + evalPartOffsets[*part];
+      else
+        pointers[i] = slotPointer(b.index);
       break;
     }
   }
@@ -263,7 +279,10 @@ Status Trainer::evaluate(EvalMetrics &metrics) {
     sums[size_t(k)] = total.data() + evalSumOffsets[size_t(k)];
   metrics = EvalMetrics();
   metrics.step = completedSteps - 1;
-  setEvalFigures(metrics, sums, config.blockSize, config.numPositionBuckets());
+  const double parts[kNumObjectiveParts] = {total[evalPartOffsets[0]],
+                                            total[evalPartOffsets[1]]};
+  setEvalFigures(metrics, sums, config.blockSize, config.numPositionBuckets(),
+                 evalMap.objectiveParts[0] >= 0 ? parts : nullptr);
   // The sums are every GPU's; the rows this rank's (TrainerGroup adds them).
   metrics.rows = rowsRead;
   metrics.batches = batches;

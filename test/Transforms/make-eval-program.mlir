@@ -47,9 +47,15 @@
 
 // A DFlash2 drafter's loss sum is its selector objective of global sums
 // (docs/semantics.md section 13): the all-reduce sums its operands and the
-// objective runs after it.
+// objective runs after it. With "covered" it divides by sum(w * cov), a
+// ratio that does not add up over batches: the evaluation reports the
+// linear objective (no {covered}) and, last, the global unary sum and
+// covered weight, from whose totals the runtime forms the objective.
+// COVERED-LABEL: func.func @eval(
+// COVERED-SAME: tensor<2x96xf32> {dflash.arg = #dflash.arg<metric, "draft_weights">}, tensor<f32> {dflash.arg = #dflash.arg<metric, "unary_sum">}, tensor<f32> {dflash.arg = #dflash.arg<metric, "covered_weight">})
 // COVERED: %[[SEL:[a-z_0-9]+]], %[[COV:[a-z_0-9]+]], %{{[a-z_0-9]+}} = dflash.selector_loss
 // COVERED-NOT: dflash.selector_objective
 // COVERED: %[[R:.+]]:14 = dflash.all_reduce %{{[a-z_0-9]+}}, {{.*}}, %[[SEL]], %[[COV]] :
-// COVERED-NEXT: %[[OBJ:[a-z_0-9]+]] = dflash.selector_objective %[[R]]#0, %[[R]]#12, %{{[a-z_0-9]+}}, %[[R]]#1, %[[R]]#13 {covered}
-// COVERED-NEXT: return %[[OBJ]], %[[R]]#1, %[[R]]#2,
+// COVERED-NEXT: %[[OBJ:[a-z_0-9]+]] = dflash.selector_objective %[[R]]#0, %[[R]]#12, %{{[a-z_0-9]+}}, %[[R]]#1, %[[R]]#13 :
+// COVERED-NOT: dflash.selector_objective
+// COVERED-NEXT: return %[[OBJ]], %[[R]]#1, %[[R]]#2, {{.*}}, %[[R]]#0, %[[R]]#13 :

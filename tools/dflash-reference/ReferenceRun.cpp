@@ -522,6 +522,14 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
     sums[::dflash::nameOf(sum)].assign(shape.empty() ? 1 : size_t(shape[0]),
                                        0.0);
   }
+  // A "covered" DFlash2 objective's parts, where the program reports them.
+  bool hasParts = false;
+  for (unsigned r = 0; r < sig->func().getNumResults(); ++r)
+    if (auto part =
+            ::dflash::parseObjectivePart(sig->resultInfo(r).getName().str())) {
+      sums[::dflash::nameOf(*part)].assign(1, 0.0);
+      hasParts = true;
+    }
   auto addSums = [&]() {
     for (auto &[name, total] : sums) {
       const std::vector<double> &value = results[name];
@@ -607,8 +615,11 @@ Status evaluate(MLIRContext &ctx, const DrafterSpec &spec,
     byIndex[size_t(k)] = sums[::dflash::nameOf(::dflash::ForwardSum(k))].data();
   rt::EvalMetrics metrics;
   metrics.step = options.steps - 1;
+  double parts[::dflash::kNumObjectiveParts] = {};
+  for (int k = 0; hasParts && k < ::dflash::kNumObjectiveParts; ++k)
+    parts[k] = sums[::dflash::nameOf(::dflash::ObjectivePart(k))][0];
   rt::setEvalFigures(metrics, byIndex, config.blockSize,
-                     config.numPositionBuckets());
+                     config.numPositionBuckets(), hasParts ? parts : nullptr);
   metrics.rows = options.evalRows;
   metrics.batches = loader.batchesPerPass();
   metrics.servingRows = servingRows;

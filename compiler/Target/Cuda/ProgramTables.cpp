@@ -274,17 +274,23 @@ FailureOr<std::string> StepEmitter::emit() {
   // into their buffers, which follow the arguments.
   unsigned metricIndex = step.getNumArguments();
   std::string metricCopies, metricSpecs = outputSpecs;
-  // An evaluation's draft slots, by micro-batch (schema DraftSlots).
+  // An evaluation's draft slots, by micro-batch (schema DraftSlots), and a
+  // "covered" objective's parts (schema ObjectivePart).
   std::array<int64_t, kNumDraftSlots> draftSlotsSeen{};
   for (unsigned i = 0; i < ret.getNumOperands() && !sig.isTarget(); ++i) {
     ArgAttr info = sig.resultInfo(i);
     Value v = ret.getOperand(i);
     if (info.getRole() == ArgRole::Metric) {
-      std::optional<int64_t> named = metricSchemaIndex(info.getName().str());
-      std::optional<DraftSlots> slots =
-          sig.isEval() ? parseDraftSlots(info.getName().str()) : std::nullopt;
-      if (slots)
-        named = draftSlotsIndex(*slots, draftSlotsSeen[size_t(*slots)]++);
+      const std::string metric = info.getName().str();
+      std::optional<int64_t> named = metricSchemaIndex(metric);
+      if (sig.isEval()) {
+        if (std::optional<DraftSlots> slots = parseDraftSlots(metric))
+          named = draftSlotsIndex(*slots, draftSlotsSeen[size_t(*slots)]++);
+        else if (std::optional<ObjectivePart> part = parseObjectivePart(metric))
+          // After every micro-batch's draft slots (MakeEvalProgram).
+          named = objectivePartIndex(*part,
+                                     draftSlotsSeen[size_t(DraftSlots::Hits)]);
+      }
       std::string name = uniqueName("buffer", identifier(info.getName()));
       bufferNames += "constexpr int " + name + " = " +
                      std::to_string(metricIndex++) + ";\n";

@@ -111,8 +111,32 @@ TEST(TrainBuffers, MapsAnEvaluationProgram) {
   auto extra = buffers;
   extra.push_back({"draft_hits", BufferRole::Metric, DType::U8, slots,
                    draftSlotsIndex(DraftSlots::Hits, 1)});
-  expectError(extra, "which is not a forward sum or a micro-batch's draft "
-                     "slots");
+  expectError(extra, "which is not a forward sum, a micro-batch's draft "
+                     "slots or an objective part");
+  // A "covered" objective's two parts, after the slots; both or neither.
+  auto parts = buffers;
+  for (ObjectivePart which :
+       {ObjectivePart::UnarySum, ObjectivePart::CoveredWeight})
+    parts.push_back({nameOf(which),
+                     BufferRole::Metric,
+                     DType::F32,
+                     {},
+                     objectivePartIndex(which, 1)});
+  EvalBufferMap partMap;
+  s = mapEvalBuffers(parts, c, partMap);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(size_t(partMap.objectiveParts[1]), buffers.size() + 1);
+  EXPECT_EQ(parts[size_t(partMap.objectiveParts[0])].name, "unary_sum");
+  EXPECT_EQ(map.objectiveParts[0], -1);
+  auto onePart = parts;
+  onePart.pop_back();
+  expectError(onePart, "has no metric buffer 'covered_weight' beside the "
+                       "other objective part");
+  auto swapped = parts;
+  std::swap(swapped[swapped.size() - 1].index,
+            swapped[swapped.size() - 2].index);
+  expectError(swapped, "metric buffer 'unary_sum' has index 15, which is not "
+                       "a forward sum");
   auto noParam = buffers;
   noParam.erase(
       std::find_if(noParam.begin(), noParam.end(), [](const BufferSpec &b) {

@@ -295,6 +295,50 @@ TEST(TrainMetrics, ByAnchorPositionBucket) {
   }
 }
 
+// An evaluation of two batches whose "covered" ratios differ: the loss is
+// the objective of the totals (docs/semantics.md section 13), unary + alpha
+// * selector * sum(w) / sum(w cov) over sum(w), not the sum of the batches'
+// objectives; without the parts, loss_sum / weight_sum as before.
+TEST(TrainMetrics, CoveredObjectiveOfAnEvaluationsTotals) {
+  const double alpha = 0.5;
+  struct Batch {
+    double unary, selector, weight, covered;
+  } batches[] = {{12.0, 3.0, 10.0, 2.0}, {7.0, 1.0, 6.0, 5.0}};
+  double sums[kNumForwardSums][8] = {};
+  double parts[kNumObjectiveParts] = {};
+  double perBatchObjectives = 0, unary = 0, selector = 0, weight = 0,
+         covered = 0;
+  for (const Batch &b : batches) {
+    // What the evaluation program reports for a batch.
+    sums[size_t(ForwardSum::LossSum)][0] += b.unary + alpha * b.selector;
+    sums[size_t(ForwardSum::WeightSum)][0] += b.weight;
+    parts[size_t(ObjectivePart::UnarySum)] += b.unary;
+    parts[size_t(ObjectivePart::CoveredWeight)] += b.covered;
+    perBatchObjectives += b.unary + alpha * b.selector * b.weight / b.covered;
+    unary += b.unary;
+    selector += b.selector;
+    weight += b.weight;
+    covered += b.covered;
+  }
+  for (ForwardSum k : {ForwardSum::Correct, ForwardSum::Count,
+                       ForwardSum::RunSum, ForwardSum::KeptBlocks})
+    sums[size_t(k)][0] = 1;
+  std::array<const double *, kNumForwardSums> byIndex{};
+  for (int k = 0; k < kNumForwardSums; ++k)
+    byIndex[size_t(k)] = sums[k];
+  EvalMetrics e;
+  setEvalFigures(e, byIndex, 8, 1, parts);
+  EXPECT_DOUBLE_EQ(e.loss,
+                   (unary + alpha * selector * weight / covered) / weight);
+  EXPECT_GT(std::abs(e.loss - perBatchObjectives / weight), 0.1);
+  // Nothing covered: the selector term is 0, as in the step.
+  parts[size_t(ObjectivePart::CoveredWeight)] = 0;
+  setEvalFigures(e, byIndex, 8, 1, parts);
+  EXPECT_DOUBLE_EQ(e.loss, unary / weight);
+  setEvalFigures(e, byIndex, 8, 1);
+  EXPECT_DOUBLE_EQ(e.loss, (unary + alpha * selector) / weight);
+}
+
 TEST(TrainMetrics, EvalLines) {
   EvalMetrics e;
   e.step = 299;
