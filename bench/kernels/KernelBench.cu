@@ -315,14 +315,31 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
   // The warp-specialised forward (not selected yet): its outputs at this
   // shape against the default's (poisoned first), then its time.
   auto fwdWarpSpecialised = [&] {
+    const size_t ln = size_t(B) * Q * NH;
+    auto downloadLse = [&] {
+      std::vector<float> h(ln);
+      DFLASH_CUDA_CHECK(cudaMemcpy(h.data(), lse, ln * sizeof(float),
+                                   cudaMemcpyDeviceToHost));
+      return h;
+    };
     auto out0 = downloadBf16(out, qn);
+    auto lse0 = downloadLse();
     DFLASH_CUDA_CHECK(cudaMemset(out, 0xFF, qn * sizeof(bf16)));
+    DFLASH_CUDA_CHECK(cudaMemset(lse, 0xFF, ln * sizeof(float)));
     sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
                                                                             0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    // Every block is kept here, so every lse is finite (NaN: unwritten).
+    double lseDiff = 0;
+    const std::vector<float> lse1 = downloadLse();
+    for (size_t i = 0; i < ln; ++i) {
+      const double d = std::abs(double(lse1[i]) - double(lse0[i]));
+      lseDiff = std::isnan(d) ? INFINITY : std::max(lseDiff, d);
+    }
     std::printf("attention fwd %s B=%d: wgmma warp-specialised vs default "
-                "relative diff out %.3g\n",
-                kind, B, relativeDifference(downloadBf16(out, qn), out0));
+                "relative diff out %.3g, lse max abs diff %.3g\n",
+                kind, B, relativeDifference(downloadBf16(out, qn), out0),
+                lseDiff);
     fwd(
         [&] {
           sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW,

@@ -579,6 +579,13 @@ TEST(BlockAttentionWgmmaWs, PackedRows) {
       Forward::WarpSpecialised);
 }
 
+// Rows shorter than one tile of 128 keys: the context box reaches past the
+// row (TMA fills zeros, the mask hides them).
+TEST(BlockAttentionWgmmaWs, RowShorterThanATile) {
+  sweepWgmma<128, 16, 32, 8, 0, false>(2, 100, 5, 92, Forward::WarpSpecialised);
+  sweepWgmma<128, 16, 32, 8, 64, true>(1, 120, 6, 93, Forward::WarpSpecialised);
+}
+
 TEST(BlockAttentionWgmmaWs, NothingKept) {
   runWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 91,
                                          Rows::Unpacked,
