@@ -502,23 +502,34 @@ __launch_bounds__((WgmmaFwdConfig<D, BS, NH, NKV>::kThreads),
 
 } // namespace detail
 
-/// Forward on wgmma (sm_90a), fed by TMA: same arguments and outputs as
-/// mma_sync_block_attention_fwd_bf16. Encodes the tensor maps of this call's
-/// tensors on the host (a few microseconds; a captured graph keeps them).
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
-void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
-                                          cudaStream_t stream) {
-  using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
-  using C = detail::WgmmaFwdConfig<D, BS, NH, NKV>;
-  const detail::WgmmaFwdMaps maps =
-      detail::wgmmaFwdMaps<D, BS, NH, NKV, C::kDraftKeys, C::KT>(args);
-  auto kernel =
-      detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<D, BS, NH, NKV,
-                                                          WINDOW, CAUSAL>;
+namespace detail {
+/// Launches a wgmma forward kernel whose tiling is C (kDraftKeys, KT,
+/// kThreads, kSmemBytes): one CTA per (row, kv head, pair of blocks), with
+/// the tensor maps of this call's tensors, encoded on the host (a few
+/// microseconds; a captured graph keeps them). The caller checks the launch.
+template <int D, int BS, int NH, int NKV, class C, typename Kernel>
+void launchWgmmaForward(Kernel kernel, const BlockAttentionFwdArgs &args,
+                        cudaStream_t stream) {
+  using T = BlockAttentionTiling<D, BS, NH, NKV>;
+  const WgmmaFwdMaps maps =
+      wgmmaFwdMaps<D, BS, NH, NKV, C::kDraftKeys, C::KT>(args);
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
   dim3 grid(args.B * NKV, (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta);
   kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args, maps);
+}
+} // namespace detail
+
+/// Forward on wgmma (sm_90a), fed by TMA: same arguments and outputs as
+/// mma_sync_block_attention_fwd_bf16.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void sm90a_block_attention_fwd_wgmma_bf16(const BlockAttentionFwdArgs &args,
+                                          cudaStream_t stream) {
+  detail::launchWgmmaForward<D, BS, NH, NKV,
+                             detail::WgmmaFwdConfig<D, BS, NH, NKV>>(
+      detail::sm90a_block_attention_fwd_wgmma_bf16_kernel<D, BS, NH, NKV,
+                                                          WINDOW, CAUSAL>,
+      args, stream);
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_bf16");
 }
 

@@ -348,17 +348,11 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void sm90a_block_attention_fwd_wgmma_ws_bf16(const BlockAttentionFwdArgs &args,
                                              cudaStream_t stream) {
-  using T = detail::BlockAttentionTiling<D, BS, NH, NKV>;
-  using C = detail::WgmmaFwdWsConfig<D, BS, NH, NKV>;
-  const detail::WgmmaFwdMaps maps =
-      detail::wgmmaFwdMaps<D, BS, NH, NKV, C::kDraftKeys, C::KT>(args);
-  auto kernel =
+  detail::launchWgmmaForward<D, BS, NH, NKV,
+                             detail::WgmmaFwdWsConfig<D, BS, NH, NKV>>(
       detail::sm90a_block_attention_fwd_wgmma_ws_bf16_kernel<D, BS, NH, NKV,
-                                                             WINDOW, CAUSAL>;
-  DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
-  dim3 grid(args.B * NKV, (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args, maps);
+                                                             WINDOW, CAUSAL>,
+      args, stream);
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_ws_bf16");
 }
 
