@@ -48,6 +48,20 @@ constexpr bool wgmmaForwardSupports(int64_t d, int64_t bs, int64_t nh,
          bs * (nh / nkv) == 64;
 }
 
+/// The warp-specialised wgmma forward (BlockAttentionWgmmaFwdWs.cuh) takes
+/// the wgmma forward's shapes; dflash-select-kernels picks it for layers
+/// whose blocks see at least this many context keys (the row's S, or the
+/// window of a sliding layer): there its 128-key tiles and the softmax
+/// under the previous tile's P V pay for the producer warpgroup. Provisional
+/// until KernelBench's `attention` (3K) and `attention-long` (128K) have
+/// timed it beside the default on the GPU machine (docs/kernels.md).
+constexpr int64_t kWarpSpecialisedForwardMinKeys = 8192;
+constexpr bool warpSpecialisedForwardPays(int64_t d, int64_t bs, int64_t nh,
+                                          int64_t nkv, int64_t contextKeys) {
+  return wgmmaForwardSupports(d, bs, nh, nkv) &&
+         contextKeys >= kWarpSpecialisedForwardMinKeys;
+}
+
 /// The wgmma backward: head dim 128, 64-row query tiles of whole blocks
 /// (bs * nh / nkv dividing 64) or of half blocks (128 rows per block).
 constexpr bool wgmmaBackwardSupports(int64_t d, int64_t bs, int64_t nh,

@@ -3,7 +3,9 @@
 // block_attention_fwd_bf16, what the generated step calls for a
 // dflash.block_attention op: the wgmma kernel where the shape allows
 // (wgmmaForwardSupports in kernels/AttentionLimits.h, the test that
-// dflashc's summary prints too), else the mma.sync one. Both produce the same
+// dflashc's summary prints too), else the mma.sync one; and
+// block_attention_fwd_ws_bf16, the warp-specialised wgmma kernel that
+// dflash-select-kernels picks for long contexts. All produce the same
 // outputs (kernels/BlockAttentionArgs.h describes the operands).
 //
 //===----------------------------------------------------------------------===//
@@ -15,6 +17,7 @@
 #include "kernels/BlockAttentionArgs.h"
 #include "kernels/BlockAttentionMmaSyncFwd.cuh"
 #include "kernels/BlockAttentionWgmmaFwd.cuh"
+#include "kernels/BlockAttentionWgmmaFwdWs.cuh"
 
 namespace dflash::kernels {
 
@@ -30,6 +33,19 @@ void block_attention_fwd_bf16(const BlockAttentionFwdArgs &args,
   else
     mma_sync_block_attention_fwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
                                                                       stream);
+}
+
+/// The same forward by the warp-specialised wgmma kernel, which
+/// dflash-select-kernels picks for long contexts (warpSpecialisedForwardPays
+/// in kernels/AttentionLimits.h).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void block_attention_fwd_ws_bf16(const BlockAttentionFwdArgs &args,
+                                 cudaStream_t stream) {
+  static_assert(wgmmaForwardSupports(D, BS, NH, NKV),
+                "the warp-specialised forward takes the wgmma forward's "
+                "shapes only");
+  sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+      args, stream);
 }
 
 } // namespace dflash::kernels

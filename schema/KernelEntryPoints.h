@@ -25,6 +25,10 @@ inline constexpr std::string_view kCausalAttentionFwd =
     "causal_attention_fwd_bf16";
 inline constexpr std::string_view kBlockAttentionFwd =
     "block_attention_fwd_bf16";
+// The warp-specialised forward for long contexts (kernels/AttentionLimits.h,
+// warpSpecialisedForwardPays): the same arguments as kBlockAttentionFwd.
+inline constexpr std::string_view kBlockAttentionFwdWs =
+    "block_attention_fwd_ws_bf16";
 inline constexpr std::string_view kBlockAttentionBwd =
     "block_attention_bwd_bf16";
 inline constexpr std::string_view kEmbedRows = "embed_rows_bf16";
@@ -89,7 +93,23 @@ struct UnvalidatedKernel {
 // folded top-K and unary transform the same evening (bench/RESULTS.md,
 // "DFlash2 on the GPU" and "DFlash2 validated, evaluation, long context on
 // the GPU"): their kernels and shapes left this table.
-inline constexpr std::array<UnvalidatedKernel, 0> kUnvalidatedKernels = {};
+// The warp-specialised attention forward has not run on a GPU yet:
+// dflash-select-kernels keeps the TMA forward for long contexts until it has.
+inline constexpr std::array<UnvalidatedKernel, 1> kUnvalidatedKernels = {{
+    {kernel_names::kBlockAttentionFwdWs,
+     "AttentionGpuTest --gtest_filter=BlockAttentionWgmmaWs.*"},
+}};
+
+/// Whether `name` may run in a trainer dflashc writes: it has passed its GPU
+/// test, or the trainer is built for that test.
+constexpr bool kernelSelectable(std::string_view name, bool allowUnvalidated) {
+  if (allowUnvalidated)
+    return true;
+  for (const UnvalidatedKernel &k : kUnvalidatedKernels)
+    if (k.name == name)
+      return false;
+  return true;
+}
 
 } // namespace dflash
 
@@ -147,6 +167,12 @@ inline constexpr KernelTemplate kKernelTemplates[] = {
      "*workspace, cudaStream_t stream",
      "dy, x, w, pos, dx, dw, rows, eps, freq, workspace, stream"},
     {kernel_names::kBlockAttentionFwd,
+     {"d", "bs", "nh", "nkv", "w", "causal"},
+     5,
+     "",
+     "const dflash::kernels::BlockAttentionFwdArgs &args, cudaStream_t stream",
+     "args, stream"},
+    {kernel_names::kBlockAttentionFwdWs,
      {"d", "bs", "nh", "nkv", "w", "causal"},
      5,
      "",

@@ -120,10 +120,11 @@ cl::opt<std::string> sourceDir(
 
 cl::opt<bool> allowUnvalidatedKernels(
     "allow-unvalidated-kernels",
-    cl::desc("Write a trainer that runs kernels not yet validated by their "
-             "GPU test on a GPU (schema/KernelEntryPoints.h, "
-             "kUnvalidatedKernels): for running those tests and checks on "
-             "the GPU machine, not for training"),
+    cl::desc(
+        "Pick, and write a trainer that runs, kernels not yet "
+        "validated by their GPU test on a GPU (schema/KernelEntryPoints.h, "
+        "kUnvalidatedKernels): for running those tests and checks on "
+        "the GPU machine, not for training"),
     cl::init(false), cl::cat(category));
 
 cl::opt<bool> printSummary(
@@ -303,7 +304,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (stage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
     else if (stage >= EmitStage::Planned)
-      buildLowerEvalToKernelsPipeline(pm);
+      buildLowerEvalToKernelsPipeline(pm, allowUnvalidatedKernels);
     const bool quiet = program == Program::Step && summaryOnly;
     std::optional<mlir::ScopedDiagnosticHandler> silence;
     if (quiet)
@@ -338,7 +339,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (emitStage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
     else if (emitStage >= EmitStage::Planned)
-      buildLowerEvalToKernelsPipeline(pm);
+      buildLowerEvalToKernelsPipeline(pm, allowUnvalidatedKernels);
     if (failed(pm.run(*evalModule)))
       return fail("compiling the evaluation program of '" + inputFile +
                   "' failed");
@@ -366,7 +367,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (emitStage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
     else
-      buildLowerToKernelsPipeline(pm, gpuMemoryGiB);
+      buildLowerToKernelsPipeline(pm, gpuMemoryGiB, allowUnvalidatedKernels);
     // dflash-plan-memory holds the step and the online target to the
     // budget, together or, with --target-gpus, each alone.
     if (std::optional<ProgramMemory> online =
@@ -432,7 +433,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
       mlir::OwningOpRef<mlir::ModuleOp> planned = whole->clone();
       (*planned)->removeAttr(kBudgetAttrName);
       mlir::PassManager pm(&context);
-      buildLowerToKernelsPipeline(pm);
+      buildLowerToKernelsPipeline(pm, 0, allowUnvalidatedKernels);
       mlir::ScopedDiagnosticHandler silence(
           &context, [](mlir::Diagnostic &) { return mlir::success(); });
       if (succeeded(pm.run(*planned)))

@@ -7,7 +7,9 @@
 #include "compiler/Analysis/MemoryPlan.h"
 #include "compiler/Analysis/StepSignature.h"
 #include "compiler/Analysis/StepTime.h"
+#include "dialect/DFlashOps.h"
 #include "kernels/AttentionLimits.h"
+#include "schema/KernelEntryPoints.h"
 #include "schema/Parameters.h"
 #include "llvm/Support/Format.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -176,12 +178,33 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   }
   os << "\n";
   // The attention kernels the generated step's dispatchers pick: users see
-  // whether their shape is on the fast (wgmma) path.
+  // whether their shape is on the fast (wgmma) path, and which layers the
+  // warp-specialised forward runs (dflash-select-kernels' choice, in the
+  // planned step).
   auto kernelName = [](bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; };
   int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads, NKV = s.numKvHeads;
+  bool wsSelected = false;
+  module.walk([&](mlir::dflash::BlockAttentionOp op) {
+    auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
+    wsSelected |=
+        kernel && kernel.getName().str() == kernel_names::kBlockAttentionFwdWs;
+  });
+  int64_t longLayers = 0;
+  for (int64_t window : s.layerWindows)
+    longLayers += ::dflash::kernels::warpSpecialisedForwardPays(
+        D, BS, NH, NKV, window > 0 ? std::min(window, s.seqLen) : s.seqLen);
+  const char *layersWord = longLayers == 1 ? "layer" : "layers";
   os << "  attention  forward "
-     << kernelName(::dflash::kernels::wgmmaForwardSupports(D, BS, NH, NKV))
-     << ", backward "
+     << kernelName(::dflash::kernels::wgmmaForwardSupports(D, BS, NH, NKV));
+  if (wsSelected)
+    os << " (warp-specialised on its " << longLayers << " long-context "
+       << layersWord << ")";
+  else if (longLayers > 0 &&
+           !kernelSelectable(kernel_names::kBlockAttentionFwdWs,
+                             /*allowUnvalidated=*/false))
+    os << " (the warp-specialised forward for its " << longLayers
+       << " long-context " << layersWord << " awaits its GPU test)";
+  os << ", backward "
      << kernelName(::dflash::kernels::wgmmaBackwardSupports(D, BS, NH, NKV))
      << " (" << BS * (NH / NKV) << " query rows per block and kv head)\n";
   int64_t params = numParameters(s);

@@ -11,23 +11,25 @@ void dflash::buildTrainStepPipeline(mlir::OpPassManager &pm) {
 }
 
 void dflash::buildLowerToKernelsPipeline(mlir::OpPassManager &pm,
-                                         double budgetGiB) {
+                                         double budgetGiB,
+                                         bool allowUnvalidatedKernels) {
   pm.addPass(createFuseKernels());
   pm.addPass(createInterleaveMicroBatches());
   pm.addPass(createRecomputeActivations());
   pm.addPass(createBucketGradients());
   pm.addPass(createShardOptimizerState());
-  pm.addPass(createSelectKernels());
+  pm.addPass(createSelectKernels({allowUnvalidatedKernels}));
   PlanMemoryOptions options;
   options.budgetGiB = budgetGiB;
   pm.addPass(createPlanMemory(options));
   pm.addPass(createVerifyLowering());
 }
 
-void dflash::buildLowerEvalToKernelsPipeline(mlir::OpPassManager &pm) {
+void dflash::buildLowerEvalToKernelsPipeline(mlir::OpPassManager &pm,
+                                             bool allowUnvalidatedKernels) {
   // No gradients to bucket, no optimizer state to shard.
   pm.addPass(createFuseKernels());
-  pm.addPass(createSelectKernels());
+  pm.addPass(createSelectKernels({allowUnvalidatedKernels}));
   pm.addPass(createPlanMemory());
   pm.addPass(createVerifyLowering());
 }

@@ -19,13 +19,16 @@ void buildTrainStepPipeline(mlir::OpPassManager &pm);
 /// The whole step -> kernels with a static memory plan, ready for
 /// translation to CUDA (--emit=planned): fuse-kernels, bucket-gradients,
 /// plan-memory, verify-lowering. `budgetGiB` > 0 overrides the spec's memory
-/// budget.
-void buildLowerToKernelsPipeline(mlir::OpPassManager &pm, double budgetGiB = 0);
+/// budget; `allowUnvalidatedKernels` lets select-kernels pick kernels whose
+/// GPU tests have not passed yet (dflashc --allow-unvalidated-kernels).
+void buildLowerToKernelsPipeline(mlir::OpPassManager &pm, double budgetGiB = 0,
+                                 bool allowUnvalidatedKernels = false);
 
 /// The evaluation program (dflash-make-eval-program on the forward graph) ->
 /// kernels with a memory plan of its own (--emit=planned --program=eval):
 /// fuse-kernels, select-kernels, plan-memory, verify-lowering.
-void buildLowerEvalToKernelsPipeline(mlir::OpPassManager &pm);
+void buildLowerEvalToKernelsPipeline(mlir::OpPassManager &pm,
+                                     bool allowUnvalidatedKernels = false);
 
 /// Registers every dflash pass and pipeline with the global registry (for
 /// dflash-opt).

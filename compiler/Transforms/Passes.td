@@ -320,7 +320,11 @@ def SelectKernels : Pass<"dflash-select-kernels", "mlir::ModuleOp"> {
     that runs it, its template constants, the scratch bytes it needs while
     it runs (`workspace`) and the bytes it keeps across steps (`tables`),
     all from the plain headers the kernels use (kernels/AttentionLimits.h,
-    kernels/Workspaces.h, kernels/AdamWTables.h). A shape no kernel supports
+    kernels/Workspaces.h, kernels/AdamWTables.h). Where two kernels compute
+    the same op, the shape decides (the warp-specialised attention forward
+    for long contexts); a kernel that has not passed its GPU test
+    (schema/KernelEntryPoints.h, kUnvalidatedKernels) is picked only with
+    `allow-unvalidated-kernels`. A shape no kernel supports
     is an error that names the spec field: a head dim the attention kernels
     lack, too many query rows per block, an attention backward whose shared
     memory exceeds a CTA's for the anchors per row, a hidden size or head
@@ -337,6 +341,12 @@ def SelectKernels : Pass<"dflash-select-kernels", "mlir::ModuleOp"> {
             constants = [256], workspace = 405504, tables = 0>} : ...
     ```
   }];
+  let options = [
+    Option<"allowUnvalidatedKernels", "allow-unvalidated-kernels", "bool",
+           "false",
+           "Also pick kernels that have not passed their GPU tests yet (for "
+           "trainers built to run those tests)">
+  ];
 }
 
 def PrintKernels : Pass<"dflash-print-kernels", "mlir::ModuleOp"> {

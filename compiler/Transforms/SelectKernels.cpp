@@ -204,8 +204,12 @@ LogicalResult checkAttentionBwdSharedMemory(BlockAttentionGradOp op, int64_t D,
          << " KiB: 'training.anchors_per_row' must be at most " << fits;
 }
 
-/// The attention op's constants: D, BS, NH, NKV, window, causal.
-FailureOr<Choice> attention(Operation *op, bool backward) {
+/// The attention op's constants: D, BS, NH, NKV, window, causal. The
+/// forward runs the warp-specialised kernel where its blocks see a long
+/// context (the row's S, or a sliding layer's window) and that kernel may
+/// run (`allowUnvalidated`: also before its GPU test has passed).
+FailureOr<Choice> attention(Operation *op, bool backward,
+                            bool allowUnvalidated) {
   const unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
   auto q = tensorOf(op->getOperand(base)),
        k = tensorOf(op->getOperand(base + 1));
@@ -220,7 +224,14 @@ FailureOr<Choice> attention(Operation *op, bool backward) {
   Choice c;
   c.constants = {D, BS, NH, NKV, window, causal};
   if (!backward) {
-    c.name = ::dflash::kernel_names::kBlockAttentionFwd;
+    const int64_t S = k.getDimSize(1);
+    const int64_t contextKeys = window > 0 ? std::min(window, S) : S;
+    const bool ws =
+        kernels::warpSpecialisedForwardPays(D, BS, NH, NKV, contextKeys) &&
+        ::dflash::kernelSelectable(::dflash::kernel_names::kBlockAttentionFwdWs,
+                                   allowUnvalidated);
+    c.name = ws ? ::dflash::kernel_names::kBlockAttentionFwdWs
+                : ::dflash::kernel_names::kBlockAttentionFwd;
     return c;
   }
   const int64_t B = q.getDimSize(0), N = q.getDimSize(1) / BS;
@@ -339,7 +350,7 @@ FailureOr<Choice> selectorKernel(Operation *op) {
       });
 }
 
-FailureOr<Choice> select(Operation *op) {
+FailureOr<Choice> select(Operation *op, bool allowUnvalidated) {
   using Result = FailureOr<Choice>;
   return llvm::TypeSwitch<Operation *, Result>(op)
       .Case<LinearOp, BiasedLinearOp, LinearResidualOp, LinearGradInputOp,
@@ -462,8 +473,12 @@ FailureOr<Choice> select(Operation *op) {
       .Case([](ConcatLastOp) -> Result {
         return named(::dflash::kernel_names::kCopyColumns);
       })
-      .Case([](BlockAttentionOp o) { return attention(o, false); })
-      .Case([](BlockAttentionGradOp o) { return attention(o, true); })
+      .Case([&](BlockAttentionOp o) {
+        return attention(o, false, allowUnvalidated);
+      })
+      .Case([&](BlockAttentionGradOp o) {
+        return attention(o, true, allowUnvalidated);
+      })
       .Case([](SwigluOp) -> Result {
         return named(::dflash::kernel_names::kSwigluFwd);
       })
@@ -661,7 +676,7 @@ void SelectKernelsPass::runOnOperation() {
       ++seen->second.more;
       continue;
     }
-    FailureOr<Choice> choice = select(&op);
+    FailureOr<Choice> choice = select(&op, allowUnvalidatedKernels);
     if (failed(choice)) {
       ok = false;
       refused.push_back({std::move(key), Refusal{&op}});
