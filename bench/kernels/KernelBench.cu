@@ -312,8 +312,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
           (void *)dKeep, (void *)dPositions})
       cudaFree(p);
   };
-  // The warp-specialised forward (not selected yet): its outputs at this
-  // shape against the default's (poisoned first), then its time.
+  // The warp-specialised forward (selected for long contexts once validated):
+  // its outputs at this shape against the default's (poisoned first), then
+  // its time.
   auto fwdWarpSpecialised = [&] {
     const size_t ln = size_t(B) * Q * NH;
     auto downloadLse = [&] {
@@ -993,8 +994,12 @@ int main(int argc, char **argv) {
   if (want("gemm-algorithms"))
     gemmAlgorithms(gemm);
   if (only.find("attention-long") != std::string::npos) {
-    // One row of 131072 tokens against one of the step's 3072, same anchors.
+    // One row of 131072 tokens against one of the step's 3072, same anchors;
+    // 8192 and 32768 between them, where a forward's choice may change
+    // (kWarpSpecialisedForwardMinKeys).
     attention<0, false>(1, false, false, 3072, true);
+    attention<0, false>(1, false, false, 8192, true);
+    attention<0, false>(1, false, false, 32768, true);
     attention<0, false>(1, false, false, 131072, true);
     attention<2048, true>(1, false, false, 131072, true);
   } else if (want("attention")) {
