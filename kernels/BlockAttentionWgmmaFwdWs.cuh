@@ -20,9 +20,9 @@
 // Tile 0 (Q and the CTA's draft keys) is attended as the other forward does.
 // Needs bs * (nh / nkv) == 64 and d 64 or 128 (wgmmaForwardSupports).
 // block_attention_fwd_ws_bf16 (BlockAttentionFwd.cuh) runs it where
-// dflash-select-kernels picks it, for long contexts; it is selectable once
-// AttentionGpuTest's BlockAttentionWgmmaWs cases have passed on the GPU
-// machine (schema/KernelEntryPoints.h, kUnvalidatedKernels).
+// dflash-select-kernels picks it, for long contexts
+// (warpSpecialisedForwardPays); AttentionGpuTest's BlockAttentionWgmmaWs
+// cases validate it.
 //
 //===----------------------------------------------------------------------===//
 

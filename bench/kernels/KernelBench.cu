@@ -312,9 +312,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
           (void *)dKeep, (void *)dPositions})
       cudaFree(p);
   };
-  // The warp-specialised forward (selected for long contexts once validated):
-  // its outputs at this shape against the default's (poisoned first), then
-  // its time.
+  // The warp-specialised forward (what the step runs for long contexts): its
+  // outputs at this shape against the default's (poisoned first), then its
+  // time.
   auto fwdWarpSpecialised = [&] {
     const size_t ln = size_t(B) * Q * NH;
     auto downloadLse = [&] {

@@ -199,11 +199,6 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   if (wsSelected)
     os << " (warp-specialised on its " << longLayers << " long-context "
        << layersWord << ")";
-  else if (longLayers > 0 &&
-           !kernelSelectable(kernel_names::kBlockAttentionFwdWs,
-                             /*allowUnvalidated=*/false))
-    os << " (the warp-specialised forward for its " << longLayers
-       << " long-context " << layersWord << " awaits its GPU test)";
   os << ", backward "
      << kernelName(::dflash::kernels::wgmmaBackwardSupports(D, BS, NH, NKV))
      << " (" << BS * (NH / NKV) << " query rows per block and kv head)\n";

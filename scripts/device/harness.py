@@ -141,9 +141,21 @@ class SuiteRun:
     # -- the steps ------------------------------------------------------------
 
     def missing_products(self):
+        """The files of the suite's prepare items that are not in .device;
+        with --only, those that a selected run's command or GPU test names
+        (what the others need is not asked for: a call may carry only the
+        trainers of the runs it selects)."""
+        named = None
+        if self.ctx.only is not None:
+            named = [command for _, _, name, command in self.suite.expanded_runs(self.values)
+                     if self.ctx.selected(name)]
+            named += [f"bin/{test['binary']}" for _, test in self.suite.gpu_tests
+                      if self.ctx.selected(test["binary"])]
         missing = []
         for item in self.suite.prepare:
             for path in self.products.files(item):
+                if named is not None and not any(path in text for text in named):
+                    continue
                 if not os.path.exists(os.path.join(self.ctx.repo, self.ctx.device, path)):
                     missing.append(f"{self.ctx.device}/{path} ({item})")
         return missing

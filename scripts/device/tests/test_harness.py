@@ -289,6 +289,25 @@ class HarnessTest(unittest.TestCase):
         self.assertIn(".device/bin/never-built (absent)", result)
         self.assertIn("device-check --prepare missing", result)
 
+    def test_only_asks_for_the_products_of_the_selected_runs(self):
+        # "absent" is only what run "never" needs: selecting the others runs
+        # them; selecting "never" stops the suite at its prepare step.
+        text = textwrap.dedent(SUITE).replace('prepare = ["fake",', 'prepare = ["absent", "fake",')
+        text += '\n[[run]]\nname = "never"\ncommand = "{D}/bin/never-built"\ntimeout_s = 5\n'
+        folder = tempfile.mkdtemp()
+        with open(os.path.join(folder, "partial.toml"), "w") as f:
+            f.write(text)
+        suite = suites.load_suite("partial", folder)
+        for only, stops in ((["a", "b"], False), (["never"], True)):
+            ctx = harness.Context(self.root, ".device", os.path.join(self.root, "work5"),
+                                  os.path.join(self.root, "out"), gpus=1, gpu="none",
+                                  commit="abc1234", date="2026-12-04", only=only)
+            outcome = harness.run_suite(suite, ctx, self.products, say=lambda text: None)
+            verdicts = {(r[0], r[1]): r[3] for r in outcome.rows}
+            self.assertEqual(verdicts.get(("prepare", "partial")), "FAIL" if stops else None, only)
+            if not stops:
+                self.assertEqual(verdicts[("run", "a")], "PASS")
+
     def test_nothing_starts_past_the_deadline(self):
         import time
         ctx = harness.Context(self.root, ".device", os.path.join(self.root, "work3"),
