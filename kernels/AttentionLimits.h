@@ -48,19 +48,29 @@ constexpr bool wgmmaForwardSupports(int64_t d, int64_t bs, int64_t nh,
          bs * (nh / nkv) == 64;
 }
 
-/// The warp-specialised wgmma forward (BlockAttentionWgmmaFwdWs.cuh) takes
-/// the wgmma forward's shapes; dflash-select-kernels picks it for layers
-/// whose blocks see at least this many context keys (the row's S, or the
-/// window of a sliding layer): there its 128-key tiles and the softmax
+/// The warp-specialised wgmma forward (BlockAttentionWgmmaFwdWs.cuh):
+/// dflash-select-kernels picks it for layers whose blocks see at least
+/// kWarpSpecialisedForwardMinKeys context keys (the row's S, or the window
+/// of a sliding layer if smaller): there its 128-key tiles and the softmax
 /// under the previous tile's P V pay for the producer warpgroup. Measured
 /// beside the TMA forward on one row at qwen3-8b shapes (H100, KernelBench
 /// attention-long): 0.93x at 3072 keys, 1.03x at 8192, 1.08x at 32768,
-/// 1.12x at 131072 (docs/kernels.md).
+/// 1.12x at 131072 (docs/kernels.md). Only the shapes its GPU test
+/// (AttentionGpuTest BlockAttentionWgmmaWs) passed: d 128 with blocks of 16
+/// and 4 query heads per kv head (qwen3), d 64 with blocks of 8 and 8
+/// (gpt-oss), full or causal sliding layers (not DFlash2's bidirectional
+/// windows); other shapes keep the TMA forward.
 constexpr int64_t kWarpSpecialisedForwardMinKeys = 8192;
 constexpr bool warpSpecialisedForwardPays(int64_t d, int64_t bs, int64_t nh,
-                                          int64_t nkv, int64_t contextKeys) {
-  return wgmmaForwardSupports(d, bs, nh, nkv) &&
-         contextKeys >= kWarpSpecialisedForwardMinKeys;
+                                          int64_t nkv, int64_t window,
+                                          bool causal, int64_t seqLen) {
+  if (!wgmmaForwardSupports(d, bs, nh, nkv) || (window > 0 && !causal))
+    return false;
+  const int64_t g = nh / nkv;
+  const bool validatedShape =
+      (d == 128 && bs == 16 && g == 4) || (d == 64 && bs == 8 && g == 8);
+  const int64_t contextKeys = window > 0 && window < seqLen ? window : seqLen;
+  return validatedShape && contextKeys >= kWarpSpecialisedForwardMinKeys;
 }
 
 /// The wgmma backward: head dim 128, 64-row query tiles of whole blocks

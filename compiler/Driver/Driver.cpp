@@ -144,11 +144,9 @@ std::optional<std::string_view> pendingGpuTest(mlir::Operation *op) {
   auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
   if (!kernel)
     return std::nullopt;
-  const std::string_view name(kernel.getName().data(), kernel.getName().size());
-  for (const UnvalidatedKernel &k : kUnvalidatedKernels)
-    if (name == k.name)
-      return k.gpuTest;
-  return std::nullopt;
+  std::string_view test = ::dflash::pendingGpuTest(
+      std::string_view(kernel.getName().data(), kernel.getName().size()));
+  return test.empty() ? std::nullopt : std::optional<std::string_view>(test);
 }
 
 /// Refuses, op by op, kernels whose GPU tests have not passed on a GPU:

@@ -190,9 +190,9 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
         kernel && kernel.getName().str() == kernel_names::kBlockAttentionFwdWs;
   });
   int64_t longLayers = 0;
-  for (int64_t window : s.layerWindows)
+  for (int64_t i = 0; i < s.numLayers; ++i)
     longLayers += ::dflash::kernels::warpSpecialisedForwardPays(
-        D, BS, NH, NKV, window > 0 ? std::min(window, s.seqLen) : s.seqLen);
+        D, BS, NH, NKV, s.layerWindows[size_t(i)], s.blockCausal(i), s.seqLen);
   const char *layersWord = longLayers == 1 ? "layer" : "layers";
   os << "  attention  forward "
      << kernelName(::dflash::kernels::wgmmaForwardSupports(D, BS, NH, NKV));

@@ -205,9 +205,9 @@ LogicalResult checkAttentionBwdSharedMemory(BlockAttentionGradOp op, int64_t D,
 }
 
 /// The attention op's constants: D, BS, NH, NKV, window, causal. The
-/// forward runs the warp-specialised kernel where its blocks see a long
-/// context (the row's S, or a sliding layer's window) and that kernel may
-/// run (`allowUnvalidated`: also before its GPU test has passed).
+/// forward runs the warp-specialised kernel where warpSpecialisedForwardPays
+/// (long contexts) and that kernel may run (`allowUnvalidated`: also before
+/// its GPU test has passed).
 FailureOr<Choice> attention(Operation *op, bool backward,
                             bool allowUnvalidated) {
   const unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
@@ -224,10 +224,9 @@ FailureOr<Choice> attention(Operation *op, bool backward,
   Choice c;
   c.constants = {D, BS, NH, NKV, window, causal};
   if (!backward) {
-    const int64_t S = k.getDimSize(1);
-    const int64_t contextKeys = window > 0 ? std::min(window, S) : S;
     const bool ws =
-        kernels::warpSpecialisedForwardPays(D, BS, NH, NKV, contextKeys) &&
+        kernels::warpSpecialisedForwardPays(D, BS, NH, NKV, window, causal,
+                                            k.getDimSize(1)) &&
         ::dflash::kernelSelectable(::dflash::kernel_names::kBlockAttentionFwdWs,
                                    allowUnvalidated);
     c.name = ws ? ::dflash::kernel_names::kBlockAttentionFwdWs
