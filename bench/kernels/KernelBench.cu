@@ -993,7 +993,12 @@ int main(int argc, char **argv) {
     gemmCeiling(gemm);
   if (want("gemm-algorithms"))
     gemmAlgorithms(gemm);
-  if (only.find("attention-long") != std::string::npos) {
+  if (only.find("attention-long-bwd") != std::string::npos) {
+    // Every backward variant at one row of 131072 tokens (full layer), the
+    // timing-only ones without dQ adds included: whether the adds bound the
+    // backward at long context as they do at 3K (docs/kernels.md).
+    attention<0, false>(1, true, false, 131072);
+  } else if (only.find("attention-long") != std::string::npos) {
     // One row of 131072 tokens against one of the step's 3072, same anchors;
     // 8192 and 32768 between them, where a forward's choice may change
     // (kWarpSpecialisedForwardMinKeys).
