@@ -7,7 +7,9 @@
 // all fits 3072-token rows, where attention is 5% of the FLOPs, but not long
 // rows, where it is half and runs slower than the GEMMs (one rate put the
 // qwen3-8b-b16 step at 128K 19% short of the H100's 601.6 ms; these two put
-// it 1% short, and 32K and 64K within 3%). Each rate is scaled to a GPU by
+// it at 584 ms against the 576.5-579.7 measured with the warp-specialised
+// forward, 64K at 346 against 342.6, qwen3.6-27b-b16 at 128K at 447 against
+// 443.5, and 32K within 3%). Each rate is scaled to a GPU by
 // its bf16 GEMM ceiling over the H200's: the step is bound by its
 // tensor-core work, which the ceilings' ratio moves between the two, one
 // chip. The memory-bound rest (5.5% at 3072: AdamW, SwiGLU, the norms) runs
@@ -35,12 +37,12 @@ inline constexpr double kH200GemmCeilingTflops = 805;
 inline constexpr double kH100GemmCeilingTflops = 785.2;
 
 /// The block attention inside the qwen3-8b-b16 step at one row of 131072
-/// tokens on an H100 (bench/RESULTS.md, "DFlash2 validated, evaluation, long
-/// context on the GPU", item 4: DFLASH_PROFILE): block_attention and
-/// block_attention_grad, 43.99 + 109.98 TFLOP in 100.763 + 264.123 ms; as an
-/// H200's rate.
+/// tokens on an H100, with the warp-specialised forward (bench/RESULTS.md,
+/// "The 128K step's forward A/B, the backward's dQ adds, and the last torch
+/// pairs", DFLASH_PROFILE): block_attention and block_attention_grad, 43.99 +
+/// 109.98 TFLOP in 89.740 + 262.935 ms; as an H200's rate.
 inline constexpr double kH200AttentionTflops =
-    (43.99 + 109.98) / (0.100763 + 0.264123) * kH200GemmCeilingTflops /
+    (43.99 + 109.98) / (0.089740 + 0.262935) * kH200GemmCeilingTflops /
     kH100GemmCeilingTflops;
 /// The rest of a step: the qwen3-8b-b16 step (4 rows x 3072, one H200;
 /// bench/RESULTS.md, the Current table's row "qwen3-8b-b16 step, 4 rows x
