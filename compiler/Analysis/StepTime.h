@@ -9,7 +9,7 @@
 // qwen3-8b-b16 step at 128K 19% short of the H100's 601.6 ms; these two put
 // it at 584 ms against the 576.5-579.7 measured with the warp-specialised
 // forward, 64K at 346 against 342.6, qwen3.6-27b-b16 at 128K at 447 against
-// 443.5, and 32K within 3%). Each rate is scaled to a GPU by
+// 443.5, and 32K 1-4% short). Each rate is scaled to a GPU by
 // its bf16 GEMM ceiling over the H200's: the step is bound by its
 // tensor-core work, which the ceilings' ratio moves between the two, one
 // chip. The memory-bound rest (5.5% at 3072: AdamW, SwiGLU, the norms) runs
