@@ -265,8 +265,12 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
        "; schedule of " + std::to_string(run.trainer.run.totalSteps) +
        " steps, lr " + numberText(run.trainer.run.lr) + ", warmup ratio " +
        numberText(run.trainer.run.warmupRatio));
+  // --random-target-weights runs the target without a checkpoint to name.
+  const std::string targetName = options.randomTargetWeights
+                                     ? std::string("random weights")
+                                     : options.target;
   if (run.inputs.targetProgram && !run.layout.targetGpus.empty())
-    note("online target: " + options.target + ", " +
+    note("online target: " + targetName + ", " +
          std::to_string(run.targetProgramWeights.size()) +
          " tensors, on device" +
          (run.layout.targetGpus.size() > 1 ? "s " : " ") +
@@ -274,7 +278,7 @@ int runTraining(int argc, char **argv, GeneratedPrograms programs) {
          "; it computes each step's features while the step before runs and "
          "copies them to the drafter GPUs");
   else if (run.inputs.targetProgram)
-    note("online target: " + options.target + ", " +
+    note("online target: " + targetName + ", " +
          std::to_string(run.targetProgramWeights.size()) +
          " tensors; its features are computed on the GPU before every step");
   else if (target)
