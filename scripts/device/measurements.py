@@ -301,6 +301,7 @@ UNITS = {
     "relative error": "error",
     "%": None, "loss": None, "tau": None, "accuracy": None, "rows": None,
     "tests": None, "steps": None, "count": None,
+    "MHz": None, "W": None,  # a clock and a power draw sampled beside a run
 }
 SIDES = ("dflashc", "baseline")
 VERDICTS = ("PASS", "FAIL")
