@@ -124,6 +124,8 @@ spec_for() {
       else
         printf '\n[parallel]\ngpus_per_node = 2\nshard_optimizer_state = true\n' >> "$out"
       fi ;;
+    zero1-g[0-9]*) # ZeRO-1 over N GPUs of one node (the scaling suite's 4 and 8)
+      printf '\n[parallel]\ngpus_per_node = %s\nshard_optimizer_state = true\n' "${form#zero1-g}" >> "$out" ;;
     zero1-one) printf '\n[parallel]\nbucket_mib = 1\nshard_optimizer_state = true\n' >> "$out" ;;
     recompute) printf '\n[memory]\nrecompute_activations = true\n' >> "$out" ;;
     mlp) printf '\n[memory]\nrecompute_activations = true\nrecompute_mlp_products = true\n' >> "$out" ;;

@@ -32,6 +32,10 @@ public:
       : names(std::move(names)) {
     const char *env = std::getenv("DFLASH_PROFILE");
     enabled = env && *env && std::string(env) != "0";
+    if (enabled && cudaGetDevice(&device) != cudaSuccess) {
+      (void)cudaGetLastError(); // the runtime's own checks report it
+      device = -1;
+    }
   }
   StepProfiler(const StepProfiler &) = delete;
   StepProfiler &operator=(const StepProfiler &) = delete;
@@ -85,13 +89,22 @@ public:
 
 private:
   /// Prints the medians (stderr), each op and each op kind.
+  /// One report per program, written at once: the workers of a multi-GPU
+  /// run report from their own threads, each headed by its GPU's number.
   void report() {
     collect();
     std::map<std::string, double> byKind;
     double total = 0;
-    std::fprintf(stderr, "profile: median ms per op over %zu %s\n",
-                 samples.empty() ? size_t(0) : samples[0].size(),
-                 graph ? "graph replays" : "eager steps");
+    const std::string tag = "profile: ";
+    const std::string gpu =
+        device >= 0 ? "GPU " + std::to_string(device) + ": " : std::string();
+    std::string text;
+    char line[512];
+    std::snprintf(line, sizeof(line), "%s%smedian ms per op over %zu %s\n",
+                  tag.c_str(), gpu.c_str(),
+                  samples.empty() ? size_t(0) : samples[0].size(),
+                  graph ? "graph replays" : "eager steps");
+    text += line;
     for (size_t i = 0; i < names.size(); ++i) {
       std::vector<float> &t = samples[i];
       if (t.empty())
@@ -100,21 +113,29 @@ private:
       double ms = t[t.size() / 2];
       total += ms;
       byKind[names[i].substr(0, names[i].find(' '))] += ms;
-      std::fprintf(stderr, "profile: %8.3f ms  %s\n", ms, names[i].c_str());
+      std::snprintf(line, sizeof(line), "%s%8.3f ms  %s\n", tag.c_str(), ms,
+                    names[i].c_str());
+      text += line;
     }
     std::vector<std::pair<double, std::string>> kinds;
     for (auto &[kind, ms] : byKind)
       kinds.push_back({ms, kind});
     std::sort(kinds.rbegin(), kinds.rend());
-    for (auto &[ms, kind] : kinds)
-      std::fprintf(stderr, "profile: %8.3f ms %5.1f%%  total of %s\n", ms,
-                   100 * ms / total, kind.c_str());
-    std::fprintf(stderr, "profile: %8.3f ms  all ops\n", total);
+    for (auto &[ms, kind] : kinds) {
+      std::snprintf(line, sizeof(line), "%s%8.3f ms %5.1f%%  total of %s\n",
+                    tag.c_str(), ms, 100 * ms / total, kind.c_str());
+      text += line;
+    }
+    std::snprintf(line, sizeof(line), "%s%8.3f ms  all ops\n", tag.c_str(),
+                  total);
+    text += line;
+    std::fputs(text.c_str(), stderr);
   }
 
   std::vector<std::string> names;
   std::vector<cudaEvent_t> events;
   std::vector<std::vector<float>> samples;
+  int device = -1; ///< the GPU the program runs on, for the report
   bool enabled = false, recorded = false;
   bool capturing = false; ///< the step being issued is a graph's capture
   bool graph = false;     ///< some step was captured: samples are replays
