@@ -197,6 +197,8 @@ online() {
     tn) spec=specs/tiny.toml target=$D/tcfg/qwen3next ;;
     q8) spec=specs/qwen3-8b-b16.toml target=$D/tcfg/q8 ;;
     q8yarn-s*k) spec=$(spec_for "qwen3-8b-${name#q8yarn-}") target=$D/tcfg/q8-yarn ;;
+    # qwen3.6-27b-sNk over the Qwen3.6-27B-shaped hybrid (its own RoPE reaches 262144)
+    q36-s*k) spec=$(spec_for "qwen3.6-27b-${name#q36-}") target=$D/tcfg/q36 ;;
     a3b) spec=specs/qwen3-coder-30b-a3b-b16.toml target=$D/tcfg/a3b ;;
     q36) spec=specs/qwen3.6-27b-b16.toml target=$D/tcfg/q36 ;;
     # The published DFlash2 drafter over the Qwen3.6-27B-shaped hybrid
@@ -209,7 +211,7 @@ online() {
         -e 's/^num_layers = 64/num_layers = 40/' -e 's/^hidden_size = 5120/hidden_size = 2048/' \
         -e '/^layer_ids = /d' -e 's/^intermediate_size = 17408/intermediate_size = 6144/' \
         specs/qwen3.6-27b-b16.toml > "$spec" ;;
-    *) die "no online target '$name' (tq, tl, tm, tg, th, thd2, thm, tn, q8, a3b, q36, q38d2, q35a3b, q8yarn-sNk)" ;;
+    *) die "no online target '$name' (tq, tl, tm, tg, th, thd2, thm, tn, q8, a3b, q36, q38d2, q35a3b, q8yarn-sNk, q36-sNk)" ;;
   esac
   if [[ ${FUSE_TARGET_MLP:-0} == 1 ]]; then
     cp "$spec" "$D/specs/$name-fused.toml"
