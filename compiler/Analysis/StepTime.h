@@ -50,10 +50,49 @@ inline constexpr double kH200AttentionTflops =
 /// 14.57 of them block attention.
 inline constexpr double kH200StepRestTflops =
     (293.1 - 14.57) / (0.4660 - 14.57 / kH200AttentionTflops);
-/// The online target's forward on one H200 (the Qwen3-8B-shaped target, 4 x
-/// 3072 tokens, one CUDA graph): bench/RESULTS.md, the Current table's row
-/// "online target: Qwen3-8B-shaped (layers 0..33 of 36, random weights)".
-inline constexpr double kH200TargetTflops = 628;
+/// The online target's forward, at three rates: its causal attention, its
+/// Gated DeltaNet recurrence (hybrid targets) and the rest (the projections
+/// and MLPs). One rate (628 TFLOP/s, the Qwen3-8B-shaped target at 4 x 3072
+/// on an H200) put the target at one row of 131072 tokens 8% short on an
+/// H100 and the Qwen3.6-27B-shaped hybrid 13% short: at long rows the causal
+/// attention is most of the FLOPs and the recurrence, few FLOPs, about a
+/// tenth of the time. The rates come from four forwards on one H100
+/// (bench/RESULTS.md: "Long context: the online target at 64K ...", "The
+/// online target at 128K, and ..." and "The hybrid target at one row of 64K
+/// and 128K"), one conversation a row, with dflashc's counts (in PFLOP):
+/// - Qwen3-8B-shaped with YaRN, 65536 tokens: rest 0.860126, causal
+///   attention 1.196287, 3.5831 s; 131072 tokens: rest 1.720252, attention
+///   4.785111, 11.5806 s. The two give the rest's rate (625 TFLOP/s) and the
+///   attention's (542).
+/// - Qwen3.6-27B-shaped hybrid, 65536 tokens: rest 3.093635, attention
+///   0.791660, recurrence 0.016957, 7.3737 s: the recurrence's (17.6).
+/// The fit puts the hybrid at 131072 tokens 0.3% over its 17.616 s, the
+/// 8B-shaped target at 4 x 3072 on an H200 1% under its 273.5 ms, the
+/// hybrid at 4 x 3072 on an H100 4% over its 1074 ms. Measured on an H100,
+/// held as an H200's rates.
+namespace target_fit {
+inline constexpr double kRest64 = 0.860126, kAttention64 = 1.196287,
+                        kSeconds64 = 3.5831;
+inline constexpr double kRest128 = 1.720252, kAttention128 = 4.785111,
+                        kSeconds128 = 11.5806;
+inline constexpr double kDet =
+    kRest64 * kAttention128 - kRest128 * kAttention64;
+/// Seconds per PFLOP on an H100.
+inline constexpr double kRestSpp =
+    (kSeconds64 * kAttention128 - kSeconds128 * kAttention64) / kDet;
+inline constexpr double kAttentionSpp =
+    (kRest64 * kSeconds128 - kRest128 * kSeconds64) / kDet;
+inline constexpr double kDeltaRuleSpp =
+    (7.3737 - 3.093635 * kRestSpp - 0.791660 * kAttentionSpp) / 0.016957;
+inline constexpr double kToH200 =
+    kH200GemmCeilingTflops / kH100GemmCeilingTflops;
+} // namespace target_fit
+inline constexpr double kH200TargetRestTflops =
+    1e3 / target_fit::kRestSpp * target_fit::kToH200;
+inline constexpr double kH200TargetAttentionTflops =
+    1e3 / target_fit::kAttentionSpp * target_fit::kToH200;
+inline constexpr double kH200TargetDeltaRuleTflops =
+    1e3 / target_fit::kDeltaRuleSpp * target_fit::kToH200;
 /// The shortest step the rates estimate: below it a step is bound by its
 /// kernel launches and memory latency (tiny's 2 GFLOP step, 3 us at the
 /// step's rate, took 0.67 ms with its online target on the H200:
@@ -84,6 +123,17 @@ inline double estimatedStepSeconds(int64_t flops, int64_t attentionFlops,
                                    const GpuEstimate &gpu) {
   return estimatedSeconds(flops - attentionFlops, kH200StepRestTflops, gpu) +
          estimatedSeconds(attentionFlops, kH200AttentionTflops, gpu);
+}
+
+/// Seconds for an online target's forward of `flops`, `attentionFlops` of
+/// them causal attention and `deltaRuleFlops` Gated DeltaNet, on `gpu`.
+inline double estimatedTargetSeconds(int64_t flops, int64_t attentionFlops,
+                                     int64_t deltaRuleFlops,
+                                     const GpuEstimate &gpu) {
+  return estimatedSeconds(flops - attentionFlops - deltaRuleFlops,
+                          kH200TargetRestTflops, gpu) +
+         estimatedSeconds(attentionFlops, kH200TargetAttentionTflops, gpu) +
+         estimatedSeconds(deltaRuleFlops, kH200TargetDeltaRuleTflops, gpu);
 }
 
 } // namespace dflash

@@ -95,8 +95,18 @@ static void printFlops(llvm::raw_ostream &os, const FlopCount &flops) {
 /// same GPU, its forward's time added.
 static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
                       const FlopCount &flops,
-                      std::optional<int64_t> targetFlops) {
+                      const std::optional<FlopCount> &targetFlops) {
   const int64_t stepFlops = flops.step();
+  // The target's forward: its causal attention and Gated DeltaNet apart
+  // from the rest, each at its own rate.
+  int64_t targetTotal = 0, targetAttention = 0, targetDeltaRule = 0;
+  if (targetFlops) {
+    targetTotal = targetFlops->step();
+    targetAttention = targetFlops->byOp[FlopCount::Forward].lookup(
+        mlir::dflash::CausalAttentionOp::getOperationName());
+    targetDeltaRule = targetFlops->byOp[FlopCount::Forward].lookup(
+        mlir::dflash::GatedDeltaRuleOp::getOperationName());
+  }
   const int64_t attentionFlops =
       flops.byOp[0].lookup(mlir::dflash::BlockAttentionOp::getOperationName()) +
       flops.byOp[1].lookup(
@@ -125,7 +135,8 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
     times += sep + ms(t) + " on an " + gpu.name;
     rates += sep + perHour(t) + " on an " + gpu.name;
     if (targetFlops) {
-      t += estimatedSeconds(*targetFlops, kH200TargetTflops, gpu);
+      t += estimatedTargetSeconds(targetTotal, targetAttention, targetDeltaRule,
+                                  gpu);
       online += sep + ms(t) + " on an " + gpu.name;
       onlineRates += sep + perHour(t) + " on an " + gpu.name;
     }
@@ -136,10 +147,18 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
      << llvm::formatv("{0:F0}", kH200StepRestTflops)
      << " TFLOP/s that make the qwen3-8b-b16 step's time, on an H200; "
         "scaled by each GPU's GEMM ceiling)\n";
-  if (targetFlops)
+  if (targetFlops) {
     os << "             with the online target on the same GPU about " << online
-       << " (its forward at " << llvm::formatv("{0:F0}", kH200TargetTflops)
-       << " TFLOP/s)\n";
+       << " (its projections and the rest at "
+       << llvm::formatv("{0:F0}", kH200TargetRestTflops) << " TFLOP/s";
+    if (targetAttention)
+      os << ", its causal attention at "
+         << llvm::formatv("{0:F0}", kH200TargetAttentionTflops);
+    if (targetDeltaRule)
+      os << ", its Gated DeltaNet at "
+         << llvm::formatv("{0:F0}", kH200TargetDeltaRuleTflops);
+    os << ", on an H200)\n";
+  }
   os << "  tokens/h   about " << rates << " per GPU (" << s.rowsPerStep()
      << " rows x " << s.seqLen << " context tokens a step)";
   if (targetFlops)
@@ -220,10 +239,10 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
     return;
   FlopCount flops = FlopCount::of(step);
   printFlops(os, flops);
-  std::optional<int64_t> targetFlops;
+  std::optional<FlopCount> targetFlops;
   if (target)
     if (mlir::FailureOr<StepSignature> sig = StepSignature::get(target);
         succeeded(sig))
-      targetFlops = FlopCount::of(sig->func()).step();
+      targetFlops = FlopCount::of(sig->func());
   printTime(os, s, flops, targetFlops);
 }
