@@ -82,8 +82,13 @@ inline constexpr double kRestSpp =
     (kSeconds64 * kAttention128 - kSeconds128 * kAttention64) / kDet;
 inline constexpr double kAttentionSpp =
     (kRest64 * kSeconds128 - kRest128 * kSeconds64) / kDet;
+inline constexpr double kHybridRest64 = 3.093635, kHybridAttention64 = 0.791660,
+                        kHybridDeltaRule64 = 0.016957,
+                        kHybridSeconds64 = 7.3737;
 inline constexpr double kDeltaRuleSpp =
-    (7.3737 - 3.093635 * kRestSpp - 0.791660 * kAttentionSpp) / 0.016957;
+    (kHybridSeconds64 - kHybridRest64 * kRestSpp -
+     kHybridAttention64 * kAttentionSpp) /
+    kHybridDeltaRule64;
 inline constexpr double kToH200 =
     kH200GemmCeilingTflops / kH100GemmCeilingTflops;
 } // namespace target_fit

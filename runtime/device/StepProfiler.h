@@ -95,13 +95,12 @@ private:
     collect();
     std::map<std::string, double> byKind;
     double total = 0;
-    const std::string tag = "profile: ";
     const std::string gpu =
         device >= 0 ? "GPU " + std::to_string(device) + ": " : std::string();
     std::string text;
     char line[512];
-    std::snprintf(line, sizeof(line), "%s%smedian ms per op over %zu %s\n",
-                  tag.c_str(), gpu.c_str(),
+    std::snprintf(line, sizeof(line),
+                  "profile: %smedian ms per op over %zu %s\n", gpu.c_str(),
                   samples.empty() ? size_t(0) : samples[0].size(),
                   graph ? "graph replays" : "eager steps");
     text += line;
@@ -113,21 +112,20 @@ private:
       double ms = t[t.size() / 2];
       total += ms;
       byKind[names[i].substr(0, names[i].find(' '))] += ms;
-      std::snprintf(line, sizeof(line), "%s%8.3f ms  %s\n", tag.c_str(), ms,
-                    names[i].c_str());
-      text += line;
+      // The name whole, however long: only the number goes through line.
+      std::snprintf(line, sizeof(line), "profile: %8.3f ms  ", ms);
+      text += line + names[i] + "\n";
     }
     std::vector<std::pair<double, std::string>> kinds;
     for (auto &[kind, ms] : byKind)
       kinds.push_back({ms, kind});
     std::sort(kinds.rbegin(), kinds.rend());
     for (auto &[ms, kind] : kinds) {
-      std::snprintf(line, sizeof(line), "%s%8.3f ms %5.1f%%  total of %s\n",
-                    tag.c_str(), ms, 100 * ms / total, kind.c_str());
-      text += line;
+      std::snprintf(line, sizeof(line), "profile: %8.3f ms %5.1f%%  total of ",
+                    ms, 100 * ms / total);
+      text += line + kind + "\n";
     }
-    std::snprintf(line, sizeof(line), "%s%8.3f ms  all ops\n", tag.c_str(),
-                  total);
+    std::snprintf(line, sizeof(line), "profile: %8.3f ms  all ops\n", total);
     text += line;
     std::fputs(text.c_str(), stderr);
   }
