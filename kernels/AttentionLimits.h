@@ -124,11 +124,14 @@ constexpr int64_t wgmmaBwdDqStageBytes(int64_t d, int64_t wgs,
 constexpr int64_t wgmmaBwdContextFixedBytes(int64_t d, int64_t wgs,
                                             WgmmaDqStage dqStage,
                                             int64_t stages,
-                                            int64_t extraWarps = 0) {
+                                            int64_t extraWarps = 0,
+                                            int64_t cluster = 1) {
   const int64_t keys = 64 * wgs;
+  // Each stage's transaction barrier, and in clusters its "empty" one.
+  const int64_t barriers = cluster > 1 ? 2 * stages : stages;
   return 2 * keys * d * 2 + 2 * stages * 64 * d * 2 + keys * 64 * 2 +
          wgmmaBwdDqStageBytes(d, wgs, dqStage) + 4 * stages * 64 * 4 +
-         8 * stages + (4 * wgs + extraWarps) * 4;
+         8 * barriers + (4 * wgs + extraWarps) * 4;
 }
 
 /// The alignment of the wgmma kernels' 128B-swizzled tiles (one swizzle
@@ -160,6 +163,30 @@ constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
              wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::WarpRows, 2,
                                        kWgmmaBwdAdderWarps),
              bs * (nh / nkv), n) <= kSharedMemoryPerBlockOptIn;
+}
+
+/// The wgmma context backward in clusters of two adjacent key tiles that walk
+/// one query tile list, each Q / dO tile read from L2 once and multicast to
+/// both (sm90a_block_attention_bwd_wgmma_bf16 with CLUSTER = 2, the
+/// default's row stage and adder warpgroup otherwise): dflash-select-kernels
+/// picks it (block_attention_bwd_cluster_bf16) for layers whose blocks see
+/// at least kClusterBackwardMinKeys context keys (the row's S, or the window
+/// of a sliding layer if smaller), where N leaves room for its row stage.
+/// There the L2 serves each tile's fp32 dQ adds beside its Q / dO reads,
+/// and the reads are halved (docs/kernels.md).
+constexpr int64_t kClusterBackwardMinKeys = 8192;
+constexpr bool clusterBackwardPays(int64_t d, int64_t bs, int64_t nh,
+                                   int64_t nkv, int64_t window, int64_t seqLen,
+                                   int64_t n) {
+  if (!wgmmaBackwardSupports(d, bs, nh, nkv))
+    return false;
+  const bool fits =
+      wgmmaBwdContextSmemBytes(
+          wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::WarpRows, 2,
+                                    kWgmmaBwdAdderWarps, /*cluster=*/2),
+          bs * (nh / nkv), n) <= kSharedMemoryPerBlockOptIn;
+  const int64_t contextKeys = window > 0 && window < seqLen ? window : seqLen;
+  return fits && contextKeys >= kClusterBackwardMinKeys;
 }
 
 /// Shared memory of the context kernel that block_attention_bwd_bf16 runs

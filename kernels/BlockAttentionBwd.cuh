@@ -6,7 +6,9 @@
 // where N leaves room for them (wgmmaBwdRowStageFits), else with 8-byte
 // atomics from the fragments, all pairs at once as measured (the N that
 // dflashc accepts: blockAttentionBwdSmemBytes); else the mma.sync backward.
-// Same outputs and workspace (blockAttentionBwdWorkspaceBytes) either way.
+// block_attention_bwd_cluster_bf16 runs the context kernel in clusters of
+// two key tiles, for long contexts. Same outputs and workspace
+// (blockAttentionBwdWorkspaceBytes) every way.
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,6 +39,20 @@ void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
   } else
     mma_sync_block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
                                                                       stream);
+}
+
+/// The same backward with the context kernel in clusters of two key tiles
+/// (Q / dO multicast), which dflash-select-kernels picks for long contexts
+/// (clusterBackwardPays in kernels/AttentionLimits.h).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void block_attention_bwd_cluster_bf16(const BlockAttentionBwdArgs &args,
+                                      cudaStream_t stream) {
+  static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
+                "the cluster backward takes the wgmma backward's shapes only");
+  sm90a_block_attention_bwd_wgmma_bf16<
+      D, BS, NH, NKV, WINDOW, CAUSAL,
+      WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
+      kWgmmaBwdPairsPerGroup, 2, /*CLUSTER=*/2>(args, stream);
 }
 
 } // namespace dflash::kernels

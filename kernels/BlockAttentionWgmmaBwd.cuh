@@ -56,7 +56,8 @@ enum class WgmmaBwdBarrier : int {
 
 /// Shared-memory plan of the wgmma context kernel (byte offsets from a
 /// 1024-byte aligned base; swizzled tiles on 1024-byte boundaries).
-template <int D, int BS, int NH, int NKV, int WGS, class DqAdd, int STAGES>
+template <int D, int BS, int NH, int NKV, int WGS, class DqAdd, int STAGES,
+          int CLUSTER = 1>
 struct WgmmaBwdConfig {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
   static_assert(
@@ -67,6 +68,7 @@ struct WgmmaBwdConfig {
   static_assert(T::kBwdRows == 64 && T::kBwdPadRows == 64, "64-row tiles");
   static_assert(WGS == 1 || WGS == 2, "one or two warpgroups of 64 keys");
   static_assert(STAGES == 2 || STAGES == 3, "two or three Q / dO stages");
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
   static constexpr int kD = D;
   // An adder warpgroup (no keys) issues the dQ adds.
   static constexpr int kAdderWarps = DqAdd::kAdderWarps;
@@ -100,12 +102,16 @@ struct WgmmaBwdConfig {
   static constexpr size_t kOffRows =
       kOffdQ + size_t(wgmmaBwdDqStageBytes(D, WGS, kDqStage));
   // lse, dot, lo, hi: [STAGES][64] each; then the Q / dO stages' transaction
-  // barriers, the warp counts, the anchors [N] and the tile list.
+  // barriers (in clusters, then their "empty" barriers), the warp counts,
+  // the anchors [N] and the tile list.
   static constexpr size_t kOffBar = kOffRows + 4 * STAGES * kRows * 4;
-  static constexpr size_t kOffCount = kOffBar + tma::kBarrierBytes * STAGES;
+  static constexpr size_t kOffEmpty = kOffBar + tma::kBarrierBytes * STAGES;
+  static constexpr size_t kOffCount =
+      kOffEmpty + (CLUSTER > 1 ? tma::kBarrierBytes * STAGES : 0);
   static constexpr size_t kFixedBytes = kOffCount + kWarps * 4;
   static_assert(kFixedBytes == wgmmaBwdContextFixedBytes(D, WGS, kDqStage,
-                                                         STAGES, kAdderWarps),
+                                                         STAGES, kAdderWarps,
+                                                         CLUSTER),
                 "AttentionLimits.h sizes this kernel's shared memory");
   static size_t smemBytes(int N) {
     return size_t(wgmmaBwdContextSmemBytes(kFixedBytes, T::kBlockRows, N));
@@ -129,14 +135,15 @@ struct WgmmaBwdMaps {
 /// CTAs of one (row, kv head) running at once read the same Q / dO and add into
 /// the same dQ rows at about the same time (L2 hits instead of DRAM).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, class DqAdd,
-          int WGS, int GROUP, bool WALK_DOWN, int STAGES>
+          int WGS, int GROUP, bool WALK_DOWN, int STAGES, int CLUSTER>
 static __global__ void __launch_bounds__(
-    (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES>::kThreads),
-    (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES>::kMinBlocksPerSm))
+    (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES, CLUSTER>::kThreads),
+    (WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES,
+                    CLUSTER>::kMinBlocksPerSm))
     sm90a_block_attention_bwd_context_wgmma_bf16_kernel(
         BlockAttentionBwdArgs args, const __grid_constant__ WgmmaBwdMaps maps) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
-  using C = WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES>;
+  using C = WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES, CLUSTER>;
   using namespace wgmma;
   constexpr int G = T::G, KT = C::kKeys, MQ = C::kRows, NW = C::kWarps;
   constexpr int kChunks = D / 8, kThreads = C::kThreads;
@@ -152,7 +159,8 @@ static __global__ void __launch_bounds__(
   float *sDot = sLse + STAGES * MQ;
   int *sLo = reinterpret_cast<int *>(sDot + STAGES * MQ);
   int *sHi = sLo + STAGES * MQ;
-  const uint32_t bar0 = smemAddress(smem + C::kOffBar); // + kBarrierBytes s
+  const uint32_t bar0 = smemAddress(smem + C::kOffBar);     // + kBarrierBytes s
+  const uint32_t empty0 = smemAddress(smem + C::kOffEmpty); // CLUSTER > 1
   int *sCount = reinterpret_cast<int *>(smem + C::kOffCount); // [NW]
   int *sAnchor = sCount + NW;     // [N], -1 where keep = 0
   int *sStart = sAnchor + args.N; // [N], conversationStart
@@ -162,14 +170,19 @@ static __global__ void __launch_bounds__(
             warp = (tid / kWarpThreads) % kWarpgroupWarps,
             lane = tid % kWarpThreads;
   const int S = args.S, N = args.N, Q = N * BS;
-  // Early keys, most queries: launched first (see the kernel's comment).
+  // Early keys, most queries: launched first (see the kernel's comment). A
+  // cluster takes CLUSTER adjacent key tiles of one (row, kv head): the
+  // keys [jSpan, jSpan + CLUSTER * KT), this CTA the tile of its rank.
+  const int rank = CLUSTER > 1 ? int(tma::clusterRank()) : 0;
+  const int unit = blockIdx.x / CLUSTER;
   const int pairs = args.B * NKV, group = GROUP > 0 ? GROUP : pairs;
-  const int span = group * ((S + KT - 1) / KT);
-  const int first = blockIdx.x / span * group, inGroup = blockIdx.x % span,
+  const int span = group * ((S + CLUSTER * KT - 1) / (CLUSTER * KT));
+  const int first = unit / span * group, inGroup = unit % span,
             groupSize = min(group, pairs - first);
   const int bg = first + inGroup % groupSize;
   const int b = bg / NKV, g = bg % NKV;
-  const int j0 = inGroup / groupSize * KT;
+  const int jSpan = inGroup / groupSize * (CLUSTER * KT);
+  const int j0 = jSpan + rank * KT;
   const int totalRows = N * T::kBlockRows;
   const int numQueryTiles = (totalRows + MQ - 1) / MQ;
 
@@ -195,38 +208,66 @@ static __global__ void __launch_bounds__(
                        : 0;
   }
   if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s)
+    for (int s = 0; s < STAGES; ++s) {
       tma::barrierInit(bar0 + tma::kBarrierBytes * s, 1);
+      // A stage is refilled once every CTA of the cluster has read it.
+      if constexpr (CLUSTER > 1)
+        tma::barrierInit(empty0 + tma::kBarrierBytes * s, CLUSTER);
+    }
     DqAdd::initBarriers(sdQ);
     tma::fenceBarrierInit();
   }
-  __syncthreads();
+  // A peer's first multicast may land as soon as the barriers exist.
+  if constexpr (CLUSTER > 1)
+    tma::clusterSync();
+  else
+    __syncthreads();
 
-  // The query tiles whose blocks see any key of [j0, j0 + KT), in order;
-  // `whole` where every row of the tile sees every key.
+  // The query tiles whose blocks see any key of the cluster's [jSpan, jSpan
+  // + CLUSTER * KT), in order (every CTA of a cluster walks the same list:
+  // each Q / dO tile is read from L2 once and multicast to both); `whole`
+  // where every row of the tile sees every one of those keys. A tile that
+  // sees only the peer's keys runs masked here, adding zeros.
   const int count = listQueryTilesSeeingKeys<BS, WINDOW, NW>(
-      numQueryTiles, MQ, T::kBlockRows, N, totalRows, true, sAnchor, sStart, j0,
-      KT, sCount, sList);
+      numQueryTiles, MQ, T::kBlockRows, N, totalRows, true, sAnchor, sStart,
+      jSpan, CLUSTER * KT, sCount, sList);
 
   auto rowIndex = [&](int row) -> int64_t { // into [B, Q, nh]
     int n = row / T::kBlockRows, k = (row % T::kBlockRows) / G, hh = row % G;
     return (static_cast<int64_t>(b) * Q + n * BS + k) * NH + g * G + hh;
   };
-  auto loadQueryTile = [&](int t, int buf) {
+  // Tile `it` of the walk (tile t) into stage buf.
+  auto loadQueryTile = [&](int t, int buf, int it) {
     bf16 *tQ = sQ + buf * MQ * D, *tdO = sdO + buf * MQ * D;
     // Q and dO by TMA from one thread: a box per tensor and 64-column panel
     // (positions past Q read as zeros), completing on the stage's barrier.
     // (Each thread's cp.async of 8 chunks with their address arithmetic
-    // took a sixth of the warps' issue time.)
+    // took a sixth of the warps' issue time.) In a cluster of two, rank 0
+    // copies Q and rank 1 dO, each into both CTAs, once both have read the
+    // stage's previous tile.
     if (tid == 0) {
       const uint32_t bar = bar0 + tma::kBarrierBytes * buf;
+      if constexpr (CLUSTER > 1)
+        if (it >= STAGES)
+          tma::waitParity(empty0 + tma::kBarrierBytes * buf,
+                          (it / STAGES - 1) & 1);
       tma::arriveExpectTx(bar, 2 * MQ * D * 2);
 #pragma unroll
       for (int p = 0; p < D / kPanelCols; ++p) {
-        tma::load4d(smemAddress(tQ) + p * MQ * kSwizzleRowBytes, &maps.q, bar,
-                    p * kPanelCols, g * G, t * (MQ / G), b);
-        tma::load4d(smemAddress(tdO) + p * MQ * kSwizzleRowBytes, &maps.dOut,
-                    bar, p * kPanelCols, g * G, t * (MQ / G), b);
+        const uint32_t qDst = smemAddress(tQ) + p * MQ * kSwizzleRowBytes,
+                       doDst = smemAddress(tdO) + p * MQ * kSwizzleRowBytes;
+        if constexpr (CLUSTER == 1) {
+          tma::load4d(qDst, &maps.q, bar, p * kPanelCols, g * G, t * (MQ / G),
+                      b);
+          tma::load4d(doDst, &maps.dOut, bar, p * kPanelCols, g * G,
+                      t * (MQ / G), b);
+        } else if (rank == 0) {
+          tma::load4dMulticast(qDst, &maps.q, bar, p * kPanelCols, g * G,
+                               t * (MQ / G), b, 0b11);
+        } else {
+          tma::load4dMulticast(doDst, &maps.dOut, bar, p * kPanelCols, g * G,
+                               t * (MQ / G), b, 0b11);
+        }
       }
     }
     if (tid < MQ) {
@@ -275,6 +316,8 @@ static __global__ void __launch_bounds__(
     if (wg == WGS) {
       decreaseRegisters<C::kAdderRegisters>();
       DqAdd::template runAdders<C>(dqTo, count, listAt, rowIndex);
+      if constexpr (CLUSTER > 1)
+        tma::clusterSync(); // the key warps' exit sync (below)
       return;
     }
     increaseRegisters<C::kKeyRegisters>();
@@ -291,7 +334,7 @@ static __global__ void __launch_bounds__(
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
     if (s < count)
-      loadQueryTile(listAt(s) >> 1, s);
+      loadQueryTile(listAt(s) >> 1, s, s);
     cpAsyncCommit();
   }
   for (int it = 0; it < count; ++it) {
@@ -300,8 +343,16 @@ static __global__ void __launch_bounds__(
     tma::waitParity(bar0 + tma::kBarrierBytes * cur, (it / STAGES) & 1);
     tma::fenceProxyAsync();
     keySync();
-    if (it + STAGES - 1 < count)
-      loadQueryTile(listAt(it + STAGES - 1) >> 1, (it + STAGES - 1) % STAGES);
+    if (it + STAGES - 1 < count) {
+      // The stage of tile it - 1 is free here: in a cluster, say so to every
+      // CTA (each copies into both), lane r arriving on CTA r's barrier.
+      if constexpr (CLUSTER > 1)
+        if (it > 0 && tid < CLUSTER)
+          tma::arriveInCta(empty0 + tma::kBarrierBytes * ((it - 1) % STAGES),
+                           uint32_t(tid));
+      loadQueryTile(listAt(it + STAGES - 1) >> 1, (it + STAGES - 1) % STAGES,
+                    it + STAGES - 1);
+    }
     cpAsyncCommit();
     const int entry = listAt(it);
     const int t = entry >> 1;
@@ -469,6 +520,10 @@ static __global__ void __launch_bounds__(
           dk[4 * jj + 2 * i] * T::kScale, dk[4 * jj + 2 * i + 1] * T::kScale);
     }
   }
+  // No CTA leaves while its peer may still copy into it or arrive on its
+  // barriers.
+  if constexpr (CLUSTER > 1)
+    tma::clusterSync();
 }
 
 } // namespace detail
@@ -485,23 +540,25 @@ constexpr int kWgmmaBwdPairsPerGroup = 8;
 /// the caller checks that its shared memory fits: smemBytes); WGS the
 /// warpgroups of 64 keys per CTA; WALK_DOWN walks query tiles from the last
 /// one down; GROUP the (row, kv head) pairs whose key tiles run together (0:
-/// all); STAGES the Q / dO buffers.
+/// all); STAGES the Q / dO buffers; CLUSTER the adjacent key tiles that walk
+/// one query tile list together, each Q / dO tile multicast to all of them.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           class DqAdd = WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>,
           int WGS = 2, bool WALK_DOWN = true,
-          int GROUP = kWgmmaBwdPairsPerGroup, int STAGES = 2>
+          int GROUP = kWgmmaBwdPairsPerGroup, int STAGES = 2, int CLUSTER = 1>
 void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
                                           cudaStream_t stream) {
   static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
                 "sm90a_block_attention_bwd_wgmma_bf16 needs head dim 128 and "
                 "bs * (nh / nkv) dividing 64 or equal to 128; use "
                 "mma_sync_block_attention_bwd_bf16 for other shapes");
-  using C = detail::WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES>;
+  using C = detail::WgmmaBwdConfig<D, BS, NH, NKV, WGS, DqAdd, STAGES, CLUSTER>;
   detail::launchBlockAttentionBwdDraft<D, BS, NH, NKV, WINDOW, CAUSAL>(args,
                                                                        stream);
   {
     auto kernel = detail::sm90a_block_attention_bwd_context_wgmma_bf16_kernel<
-        D, BS, NH, NKV, WINDOW, CAUSAL, DqAdd, WGS, GROUP, WALK_DOWN, STAGES>;
+        D, BS, NH, NKV, WINDOW, CAUSAL, DqAdd, WGS, GROUP, WALK_DOWN, STAGES,
+        CLUSTER>;
     // Encoded per call on the host (a few microseconds; a captured graph
     // keeps them).
     constexpr uint32_t G = NH / NKV;
@@ -514,9 +571,22 @@ void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
     size_t smem = C::smemBytes(args.N);
     DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    const int keyTiles = (args.S + C::kKeys - 1) / C::kKeys;
-    kernel<<<keyTiles * args.B * NKV, C::kThreads, smem, stream>>>(args, maps);
-    DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_bwd_context_wgmma_bf16");
+    // Whole clusters: a last tile past S has no keys and stores nothing.
+    const int keyTiles =
+        (args.S + CLUSTER * C::kKeys - 1) / (CLUSTER * C::kKeys) * CLUSTER;
+    const unsigned grid = unsigned(keyTiles * args.B * NKV);
+    if constexpr (CLUSTER == 1) {
+      kernel<<<grid, C::kThreads, smem, stream>>>(args, maps);
+      DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_bwd_context_wgmma_bf16");
+    } else {
+      cudaLaunchAttribute cluster;
+      cudaLaunchConfig_t config =
+          tma::clusterLaunchConfig(CLUSTER, C::kThreads, smem, stream, cluster);
+      config.gridDim = dim3(grid);
+      DFLASH_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, maps));
+      DFLASH_CUDA_CHECK_LAUNCH(
+          "sm90a_block_attention_bwd_context_wgmma_bf16 (clusters)");
+    }
   }
   detail::launchBlockAttentionBwdDq<D, BS, NH>(args, stream);
 }

@@ -134,6 +134,27 @@ __device__ __forceinline__ void clusterSync() {
                    : "memory");
 }
 
+/// cudaLaunchKernelEx's configuration for clusters of `cluster` CTAs along x
+/// (the grid is the caller's to set): `attribute` holds the cluster's shape
+/// and must outlive the launch.
+inline cudaLaunchConfig_t clusterLaunchConfig(unsigned cluster,
+                                              unsigned threads, size_t smem,
+                                              cudaStream_t stream,
+                                              cudaLaunchAttribute &attribute) {
+  attribute = {};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
 /// Adds Bytes of fp32 at shared address src into global memory at dst, one
 /// bulk reduction performed asynchronously (cp.reduce.async.bulk) in this
 /// thread's current bulk group.

@@ -440,17 +440,9 @@ void launchWgmmaGemm(const Schedule &schedule, const __nv_bfloat16 *x,
                      const GemmEpilogueExtras &extras = {}) {
   using C = WgmmaGemmConfig<Epi, Cluster>;
   auto kernel = sm90a_wgmma_gemm_bf16_kernel<Epi, Cluster, Schedule, GptOss>;
-  cudaLaunchConfig_t config = {};
-  cudaLaunchAttribute cluster[1];
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = Cluster;
-  cluster[0].val.clusterDim.y = 1;
-  cluster[0].val.clusterDim.z = 1;
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = C::kSmemBytes;
-  config.stream = stream;
-  config.attrs = cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute cluster;
+  cudaLaunchConfig_t config = tma::clusterLaunchConfig(
+      Cluster, C::kThreads, C::kSmemBytes, stream, cluster);
   // Per launch: the attribute is the current device's.
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));

@@ -412,16 +412,34 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     auto q0 = downloadBf16(dq, qn), k0 = downloadBf16(dck, cn),
          v0 = downloadBf16(dcv, cn);
     // Poisoned (NaN) first: a row the wgmma backward leaves unwritten shows.
-    for (bf16 *p : {dq, dck, dcv})
-      DFLASH_CUDA_CHECK(
-          cudaMemset(p, 0xFF, (p == dq ? qn : cn) * sizeof(bf16)));
-    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
-    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-    std::printf("attention bwd %s B=%d: wgmma (default) vs mma.sync relative "
-                "diff dq %.3g dck %.3g dcv %.3g\n",
-                kind, B, relativeDifference(downloadBf16(dq, qn), q0),
-                relativeDifference(downloadBf16(dck, cn), k0),
-                relativeDifference(downloadBf16(dcv, cn), v0));
+    auto againstMmaSync = [&](auto launch, const char *variant) {
+      for (bf16 *p : {dq, dck, dcv})
+        DFLASH_CUDA_CHECK(
+            cudaMemset(p, 0xFF, (p == dq ? qn : cn) * sizeof(bf16)));
+      launch();
+      DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+      std::printf("attention bwd %s B=%d: wgmma %s vs mma.sync relative diff "
+                  "dq %.3g dck %.3g dcv %.3g\n",
+                  kind, B, variant,
+                  relativeDifference(downloadBf16(dq, qn), q0),
+                  relativeDifference(downloadBf16(dck, cn), k0),
+                  relativeDifference(downloadBf16(dcv, cn), v0));
+    };
+    againstMmaSync(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+              ba, 0);
+        },
+        "(default)");
+    // Clusters of two key tiles (Q / dO multicast).
+    againstMmaSync(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<
+              D, BS, NH, NKV, WINDOW, CAUSAL,
+              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
+              kWgmmaBwdPairsPerGroup, 2, 2>(ba, 0);
+        },
+        "clusters of 2");
   }
   // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down,
   // (row, kv head) pairs per launch group. The default runs first and last:
@@ -436,6 +454,23 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                                                                              0);
       },
       "wgmma dq rows by adders, groups of 8 pairs (default)");
+  // Clusters of two adjacent key tiles walking one list, each Q / dO tile
+  // read from L2 once and multicast to both (two and three stages).
+  auto clusters = [&](auto stages, const char *variant) {
+    bwd(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<
+              D, BS, NH, NKV, WINDOW, CAUSAL,
+              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
+              kWgmmaBwdPairsPerGroup, decltype(stages)::value, 2>(ba, 0);
+        },
+        variant);
+  };
+  clusters(std::integral_constant<int, 2>(),
+           "wgmma dq rows by adders, groups of 8 pairs, clusters of 2");
+  clusters(std::integral_constant<int, 3>(),
+           "wgmma dq rows by adders, groups of 8 pairs, clusters of 2, three "
+           "stages");
   bwd(
       [&] {
         sm90a_block_attention_bwd_wgmma_bf16<

@@ -202,25 +202,42 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   // planned step).
   auto kernelName = [](bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; };
   int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads, NKV = s.numKvHeads;
-  bool wsSelected = false;
-  module.walk([&](mlir::dflash::BlockAttentionOp op) {
+  bool wsSelected = false, clusterSelected = false;
+  module.walk([&](mlir::Operation *op) {
     auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
-    wsSelected |=
-        kernel && kernel.getName().str() == kernel_names::kBlockAttentionFwdWs;
+    if (!kernel)
+      return;
+    const std::string name = kernel.getName().str();
+    wsSelected |= name == kernel_names::kBlockAttentionFwdWs;
+    clusterSelected |= name == kernel_names::kBlockAttentionBwdCluster;
   });
-  int64_t longLayers = 0;
-  for (int64_t i = 0; i < s.numLayers; ++i)
+  int64_t longLayers = 0, clusterLayers = 0;
+  for (int64_t i = 0; i < s.numLayers; ++i) {
+    const int64_t window = s.layerWindows[size_t(i)];
     longLayers += ::dflash::kernels::warpSpecialisedForwardPays(
-        D, BS, NH, NKV, s.layerWindows[size_t(i)], s.blockCausal(i), s.seqLen);
-  const char *layersWord = longLayers == 1 ? "layer" : "layers";
+        D, BS, NH, NKV, window, s.blockCausal(i), s.seqLen);
+    clusterLayers += ::dflash::kernels::clusterBackwardPays(
+        D, BS, NH, NKV, window, s.seqLen, s.anchorsPerRow);
+  }
+  auto layers = [](int64_t n) {
+    return std::to_string(n) +
+           (n == 1 ? " long-context layer" : " long-context layers");
+  };
   os << "  attention  forward "
      << kernelName(::dflash::kernels::wgmmaForwardSupports(D, BS, NH, NKV));
   if (wsSelected)
-    os << " (warp-specialised on its " << longLayers << " long-context "
-       << layersWord << ")";
+    os << " (warp-specialised on its " << layers(longLayers) << ")";
   os << ", backward "
      << kernelName(::dflash::kernels::wgmmaBackwardSupports(D, BS, NH, NKV))
-     << " (" << BS * (NH / NKV) << " query rows per block and kv head)\n";
+     << " (" << BS * (NH / NKV) << " query rows per block and kv head";
+  if (clusterSelected)
+    os << "; clusters of two key tiles on its " << layers(clusterLayers);
+  else if (clusterLayers > 0 &&
+           !kernelSelectable(kernel_names::kBlockAttentionBwdCluster,
+                             /*allowUnvalidated=*/false))
+    os << "; clusters of two key tiles for its " << layers(clusterLayers)
+       << " await their GPU test";
+  os << ")\n";
   int64_t params = numParameters(s);
   os << "  parameters " << humanCount(double(params), "") << " ("
      << humanBytes(2.0 * params) << " bf16; "

@@ -205,9 +205,10 @@ LogicalResult checkAttentionBwdSharedMemory(BlockAttentionGradOp op, int64_t D,
 }
 
 /// The attention op's constants: D, BS, NH, NKV, window, causal. The
-/// forward runs the warp-specialised kernel where warpSpecialisedForwardPays
-/// (long contexts) and that kernel may run (`allowUnvalidated`: also before
-/// its GPU test has passed).
+/// forward runs the warp-specialised kernel where warpSpecialisedForwardPays,
+/// the backward the cluster context kernel where clusterBackwardPays (long
+/// contexts), each where it may run (`allowUnvalidated`: also before its GPU
+/// test has passed).
 FailureOr<Choice> attention(Operation *op, bool backward,
                             bool allowUnvalidated) {
   const unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
@@ -237,7 +238,13 @@ FailureOr<Choice> attention(Operation *op, bool backward,
   if (failed(checkAttentionBwdSharedMemory(cast<BlockAttentionGradOp>(op), D,
                                            BS, NH, NKV, N)))
     return failure();
-  c.name = ::dflash::kernel_names::kBlockAttentionBwd;
+  const bool cluster =
+      kernels::clusterBackwardPays(D, BS, NH, NKV, window, k.getDimSize(1),
+                                   N) &&
+      ::dflash::kernelSelectable(
+          ::dflash::kernel_names::kBlockAttentionBwdCluster, allowUnvalidated);
+  c.name = cluster ? ::dflash::kernel_names::kBlockAttentionBwdCluster
+                   : ::dflash::kernel_names::kBlockAttentionBwd;
   c.workspace =
       int64_t(kernels::blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N));
   return c;

@@ -323,25 +323,24 @@ void checkBackward(const Problem &p, const DeviceBuffer<bf16> &out,
 /// lse, checked as checkBackward does; prints the relative errors.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           kernels::BlockAttentionDq DQ, int WGS, bool WALK_DOWN, int GROUP,
-          int STAGES = 2>
+          int STAGES = 2, int CLUSTER = 1>
 void checkBackwardWgmma(const Problem &p, const DeviceBuffer<bf16> &out,
                         const DeviceBuffer<float> &lse) {
   SCOPED_TRACE(testing::Message()
                << "wgmma backward dq mode " << int(DQ) << " WGS=" << WGS
                << " WALK_DOWN=" << WALK_DOWN << " GROUP=" << GROUP
-               << " STAGES=" << STAGES);
+               << " STAGES=" << STAGES << " CLUSTER=" << CLUSTER);
   BackwardRun run(p, out, lse);
-  kernels::sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                                kernels::WgmmaBwdDqAdd<DQ>, WGS,
-                                                WALK_DOWN, GROUP, STAGES>(
-      run.args, 0);
+  kernels::sm90a_block_attention_bwd_wgmma_bf16<
+      D, BS, NH, NKV, WINDOW, CAUSAL, kernels::WgmmaBwdDqAdd<DQ>, WGS,
+      WALK_DOWN, GROUP, STAGES, CLUSTER>(run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   std::array<double, 5> e = run.expectClose(p);
   std::printf("wgmma bwd D=%d BS=%d NH=%d NKV=%d W=%d DQ=%d WGS=%d down=%d "
-              "GR=%d ST=%d B=%d S=%d N=%d: relative dq %.3g dck %.3g dcv %.3g "
-              "ddk %.3g ddv %.3g\n",
+              "GR=%d ST=%d CL=%d B=%d S=%d N=%d: relative dq %.3g dck %.3g "
+              "dcv %.3g ddk %.3g ddv %.3g\n",
               D, BS, NH, NKV, WINDOW, int(DQ), WGS, int(WALK_DOWN), GROUP,
-              STAGES, p.B, p.S, p.N, e[0], e[1], e[2], e[3], e[4]);
+              STAGES, CLUSTER, p.B, p.S, p.N, e[0], e[1], e[2], e[3], e[4]);
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
@@ -372,6 +371,14 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
                      BlockAttentionDq::RowsByAdders, 2, true, 0>(p, out, lse);
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
                      BlockAttentionDq::RowsByAdders, 2, true, 3>(p, out, lse);
+  // Clusters of two key tiles sharing Q / dO by multicast (groups of 3
+  // pairs: uneven; two and three stages).
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::RowsByAdders, 2, true, 3, 2, 2>(p, out,
+                                                                       lse);
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::RowsByAdders, 2, true, 0, 3, 2>(p, out,
+                                                                       lse);
   if constexpr (!ALL_VARIANTS)
     return;
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::RowsVec4,
