@@ -82,6 +82,12 @@ def _environment():
     return env
 
 
+def names_path(text, path):
+    """Whether `text` (a command) names the file `path` whole: bin/train-x is
+    not named by a command that runs bin/train-x-validated."""
+    return re.search(r"(?<![\w.-])" + re.escape(path) + r"(?![\w.-])", text) is not None
+
+
 def execute(command, cwd, stdout_path, stderr_path, timeout_s):
     """Runs `command` with bash in its own process group; returns (exit
     status, seconds). Past its timeout the group is killed: status 124."""
@@ -154,7 +160,7 @@ class SuiteRun:
         missing = []
         for item in self.suite.prepare:
             for path in self.products.files(item):
-                if named is not None and not any(path in text for text in named):
+                if named is not None and not any(names_path(text, path) for text in named):
                     continue
                 if not os.path.exists(os.path.join(self.ctx.repo, self.ctx.device, path)):
                     missing.append(f"{self.ctx.device}/{path} ({item})")

@@ -57,6 +57,9 @@ files = ["bin/fake-train"]
 
 [item.absent]
 files = ["bin/never-built"]
+
+[item.absent-prefix]
+files = ["bin/never"]
 """
 SUITE = """
 summary = "stand-ins"
@@ -307,6 +310,27 @@ class HarnessTest(unittest.TestCase):
             self.assertEqual(verdicts.get(("prepare", "partial")), "FAIL" if stops else None, only)
             if not stops:
                 self.assertEqual(verdicts[("run", "a")], "PASS")
+
+    def test_only_asks_for_whole_paths(self):
+        # Run "never" names bin/never-built, not bin/never (absent-prefix's
+        # file, a prefix of it): only the first is asked for.
+        text = textwrap.dedent(SUITE).replace(
+            'prepare = ["fake",', 'prepare = ["absent", "absent-prefix", "fake",')
+        text += '\n[[run]]\nname = "never"\ncommand = "{D}/bin/never-built"\ntimeout_s = 5\n'
+        folder = tempfile.mkdtemp()
+        with open(os.path.join(folder, "prefix.toml"), "w") as f:
+            f.write(text)
+        suite = suites.load_suite("prefix", folder)
+        ctx = harness.Context(self.root, ".device", os.path.join(self.root, "work6"),
+                              os.path.join(self.root, "out"), gpus=1, gpu="none",
+                              commit="abc1234", date="2026-12-04", only=["never"])
+        outcome = harness.run_suite(suite, ctx, self.products, say=lambda text: None)
+        result = {(r[0], r[1]): r[2] for r in outcome.rows}[("prepare", "prefix")]
+        self.assertIn(".device/bin/never-built (absent)", result)
+        self.assertNotIn("(absent-prefix)", result)
+        self.assertTrue(harness.names_path("x/.device/bin/a-b.json)", "bin/a-b.json"))
+        self.assertFalse(harness.names_path(".device/bin/a-b-validated", "bin/a-b"))
+        self.assertFalse(harness.names_path(".device/xbin/a", "bin/a"))
 
     def test_nothing_starts_past_the_deadline(self):
         import time
