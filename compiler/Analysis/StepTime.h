@@ -98,6 +98,41 @@ inline constexpr double kH200TargetAttentionTflops =
     1e3 / target_fit::kAttentionSpp * target_fit::kToH200;
 inline constexpr double kH200TargetDeltaRuleTflops =
     1e3 / target_fit::kDeltaRuleSpp * target_fit::kToH200;
+/// A mixture-of-experts target's grouped expert GEMMs run at a rate that
+/// depends on their depth K: each 128-row tile's main loop runs K deep, and
+/// its prologue and epilogue (the stores of its outputs) cost about as much
+/// as expert_fit::kOverheadK more of depth. Fitted to the
+/// Qwen3-30B-A3B-shaped target's profile on an H200 (bench/RESULTS.md, "Where
+/// the time goes" in the section "Gradient accumulation on the H200
+/// (2026-12-03)": DFLASH_PROFILE over 46 layers of 4 x 3072 tokens), the
+/// gate / up SwiGLU GEMM (K 2048) 27.4
+/// TFLOP in 44.3 ms and the down GEMM (K 768) 13.7 TFLOP in 32.1 ms: rate(K)
+/// = peak K / (K + overhead). With the routed rows' copies below, one rate
+/// for the whole target had put it 22% short of its 162.6 ms, the
+/// Qwen3.5-35B-A3B-shaped hybrid (experts of K 2048 and 512) 24% short of
+/// its 225.5 ms on an H100; this puts them 8% and about 12% short (the rest
+/// is shorter expert groups' padding and the hybrids' memory-bound ops).
+namespace expert_fit {
+inline constexpr double kSwigluK = 2048, kSwigluTflops = 27.4 / 0.0443;
+inline constexpr double kDownK = 768, kDownTflops = 13.7 / 0.0321;
+/// From rate(K1) / rate(K2) = K1 (K2 + o) / (K2 (K1 + o)).
+inline constexpr double kRatio = kSwigluTflops / kDownTflops;
+inline constexpr double kOverheadK =
+    kSwigluK * kDownK * (kRatio - 1) / (kSwigluK - kRatio * kDownK);
+inline constexpr double kPeakTflops =
+    kSwigluTflops * (kSwigluK + kOverheadK) / kSwigluK;
+} // namespace expert_fit
+/// The H200 rate of a grouped expert GEMM `depth` deep.
+inline constexpr double expertGemmH200Tflops(double depth) {
+  return expert_fit::kPeakTflops * depth / (depth + expert_fit::kOverheadK);
+}
+/// The routed rows' copies (moe_permute and moe_unpermute: a token's row
+/// out to each of its k experts and their rows back), bytes read and
+/// written: 41.68 GB in 7.5 + 5.4 ms in the same profile (46 layers of
+/// 12288 tokens x 8 experts x 2048 bf16 and the 12288 x 2048 rows they come
+/// from and go to), on an H200.
+inline constexpr double kH200RoutedBytesPerSecond =
+    46 * (2.0 * 98304 * 2048 * 2 + 2.0 * 12288 * 2048 * 2) / 0.0129;
 /// The shortest step the rates estimate: below it a step is bound by its
 /// kernel launches and memory latency (tiny's 2 GFLOP step, 3 us at the
 /// step's rate, took 0.67 ms with its online target on the H200:
@@ -110,10 +145,13 @@ inline constexpr double kSmallestEstimatedStepSeconds = 0.010;
 struct GpuEstimate {
   const char *name;
   double ceilingRatio; ///< this GPU's GEMM ceiling over the H200's
+  double copyRatio;    ///< its memory copy rate over the H200's
 };
-inline constexpr GpuEstimate kH100 = {"H100", kH100GemmCeilingTflops /
-                                                  kH200GemmCeilingTflops};
-inline constexpr GpuEstimate kH200 = {"H200", 1.0};
+/// Copy rates (GB/s): bench/RESULTS.md's memory-bound kernels, H100 3040,
+/// H200 4270.
+inline constexpr GpuEstimate kH100 = {
+    "H100", kH100GemmCeilingTflops / kH200GemmCeilingTflops, 3040.0 / 4270.0};
+inline constexpr GpuEstimate kH200 = {"H200", 1.0, 1.0};
 inline constexpr GpuEstimate kEstimatedGpus[] = {kH100, kH200};
 
 /// Seconds for `flops` at `h200Tflops` (one of the rates above), on `gpu`.
@@ -130,15 +168,26 @@ inline double estimatedStepSeconds(int64_t flops, int64_t attentionFlops,
          estimatedSeconds(attentionFlops, kH200AttentionTflops, gpu);
 }
 
-/// Seconds for an online target's forward of `flops`, `attentionFlops` of
-/// them causal attention and `deltaRuleFlops` Gated DeltaNet, on `gpu`.
-inline double estimatedTargetSeconds(int64_t flops, int64_t attentionFlops,
-                                     int64_t deltaRuleFlops,
+/// What an online target's forward does, by the rates that time it.
+struct TargetWork {
+  int64_t flops = 0;            ///< all of it
+  int64_t attentionFlops = 0;   ///< its causal attention
+  int64_t deltaRuleFlops = 0;   ///< its Gated DeltaNet recurrence
+  int64_t expertFlops = 0;      ///< its grouped expert GEMMs
+  double expertH200Seconds = 0; ///< those at expertGemmH200Tflops(K) each
+  double routedBytes = 0;       ///< moe_permute's and moe_unpermute's
+};
+
+/// Seconds for an online target's forward, on `gpu`.
+inline double estimatedTargetSeconds(const TargetWork &w,
                                      const GpuEstimate &gpu) {
-  return estimatedSeconds(flops - attentionFlops - deltaRuleFlops,
+  return estimatedSeconds(w.flops - w.attentionFlops - w.deltaRuleFlops -
+                              w.expertFlops,
                           kH200TargetRestTflops, gpu) +
-         estimatedSeconds(attentionFlops, kH200TargetAttentionTflops, gpu) +
-         estimatedSeconds(deltaRuleFlops, kH200TargetDeltaRuleTflops, gpu);
+         estimatedSeconds(w.attentionFlops, kH200TargetAttentionTflops, gpu) +
+         estimatedSeconds(w.deltaRuleFlops, kH200TargetDeltaRuleTflops, gpu) +
+         w.expertH200Seconds / gpu.ceilingRatio +
+         w.routedBytes / (kH200RoutedBytesPerSecond * gpu.copyRatio);
 }
 
 } // namespace dflash

@@ -89,23 +89,57 @@ static void printFlops(llvm::raw_ostream &os, const FlopCount &flops) {
   os << "\n";
 }
 
+/// An online target's expert GEMMs, each at its depth's rate, and the bytes
+/// its routed rows' copies move (compiler/Analysis/StepTime.h).
+static void addExpertWork(mlir::func::FuncOp target, TargetWork &work) {
+  auto bytes = [](mlir::Value v) {
+    auto t = mlir::cast<mlir::RankedTensorType>(v.getType());
+    return double(t.getNumElements()) * t.getElementTypeBitWidth() / 8;
+  };
+  auto depthOf = [](mlir::Value weight) {
+    return mlir::cast<mlir::RankedTensorType>(weight.getType()).getDimSize(2);
+  };
+  target.walk([&](mlir::Operation *op) {
+    int64_t flops = 0, depth = 0;
+    if (auto g = mlir::dyn_cast<mlir::dflash::GroupedLinearOp>(op)) {
+      flops = g.getFlopCount();
+      depth = depthOf(g.getWeight());
+    } else if (auto g =
+                   mlir::dyn_cast<mlir::dflash::GroupedLinearSwigluOp>(op)) {
+      flops = g.getFlopCount();
+      depth = depthOf(g.getGateWeight());
+    } else if (auto p = mlir::dyn_cast<mlir::dflash::MoePermuteOp>(op)) {
+      work.routedBytes += bytes(p.getInput()) + bytes(p.getPermuted());
+    } else if (auto u = mlir::dyn_cast<mlir::dflash::MoeUnpermuteOp>(op)) {
+      work.routedBytes += bytes(u.getPermuted()) + bytes(u.getResult());
+    }
+    if (flops == 0)
+      return;
+    work.expertFlops += flops;
+    work.expertH200Seconds +=
+        double(flops) / (expertGemmH200Tflops(double(depth)) * 1e12);
+  });
+}
+
 /// The time lines: a step's time on an H100 and an H200 from its FLOPs at the
 /// rates bench/RESULTS.md measured (compiler/Analysis/StepTime.h), and the
 /// context tokens a GPU trains on an hour; with the online target on the
 /// same GPU, its forward's time added.
 static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
                       const FlopCount &flops,
-                      const std::optional<FlopCount> &targetFlops) {
+                      const std::optional<FlopCount> &targetFlops,
+                      mlir::func::FuncOp target) {
   const int64_t stepFlops = flops.step();
-  // The target's forward: its causal attention and Gated DeltaNet apart
-  // from the rest, each at its own rate.
-  int64_t targetTotal = 0, targetAttention = 0, targetDeltaRule = 0;
+  // The target's forward: its causal attention, Gated DeltaNet and expert
+  // GEMMs apart from the rest, each at its own rate.
+  TargetWork work;
   if (targetFlops) {
-    targetTotal = targetFlops->step();
-    targetAttention = targetFlops->byOp[FlopCount::Forward].lookup(
+    work.flops = targetFlops->step();
+    work.attentionFlops = targetFlops->byOp[FlopCount::Forward].lookup(
         mlir::dflash::CausalAttentionOp::getOperationName());
-    targetDeltaRule = targetFlops->byOp[FlopCount::Forward].lookup(
+    work.deltaRuleFlops = targetFlops->byOp[FlopCount::Forward].lookup(
         mlir::dflash::GatedDeltaRuleOp::getOperationName());
+    addExpertWork(target, work);
   }
   const int64_t attentionFlops =
       flops.byOp[0].lookup(mlir::dflash::BlockAttentionOp::getOperationName()) +
@@ -135,8 +169,7 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
     times += sep + ms(t) + " on an " + gpu.name;
     rates += sep + perHour(t) + " on an " + gpu.name;
     if (targetFlops) {
-      t += estimatedTargetSeconds(targetTotal, targetAttention, targetDeltaRule,
-                                  gpu);
+      t += estimatedTargetSeconds(work, gpu);
       online += sep + ms(t) + " on an " + gpu.name;
       onlineRates += sep + perHour(t) + " on an " + gpu.name;
     }
@@ -151,12 +184,19 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
     os << "             with the online target on the same GPU about " << online
        << " (its projections and the rest at "
        << llvm::formatv("{0:F0}", kH200TargetRestTflops) << " TFLOP/s";
-    if (targetAttention)
+    if (work.attentionFlops)
       os << ", its causal attention at "
          << llvm::formatv("{0:F0}", kH200TargetAttentionTflops);
-    if (targetDeltaRule)
+    if (work.deltaRuleFlops)
       os << ", its Gated DeltaNet at "
          << llvm::formatv("{0:F0}", kH200TargetDeltaRuleTflops);
+    if (work.expertFlops)
+      os << ", its expert GEMMs at "
+         << llvm::formatv("{0:F0}",
+                          work.expertFlops / (work.expertH200Seconds * 1e12))
+         << " by their depth, its routed rows' copies at "
+         << llvm::formatv("{0:F1}", kH200RoutedBytesPerSecond / 1e12)
+         << " TB/s";
     os << ", on an H200)\n";
   }
   os << "  tokens/h   about " << rates << " per GPU (" << s.rowsPerStep()
@@ -257,9 +297,12 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   FlopCount flops = FlopCount::of(step);
   printFlops(os, flops);
   std::optional<FlopCount> targetFlops;
+  mlir::func::FuncOp targetForward;
   if (target)
     if (mlir::FailureOr<StepSignature> sig = StepSignature::get(target);
-        succeeded(sig))
-      targetFlops = FlopCount::of(sig->func());
-  printTime(os, s, flops, targetFlops);
+        succeeded(sig)) {
+      targetForward = sig->func();
+      targetFlops = FlopCount::of(targetForward);
+    }
+  printTime(os, s, flops, targetFlops, targetForward);
 }
