@@ -174,7 +174,7 @@ static __global__ void __launch_bounds__(
   // cluster takes CLUSTER adjacent key tiles of one (row, kv head): the
   // keys [jSpan, jSpan + CLUSTER * KT), this CTA the tile of its rank.
   const int rank = CLUSTER > 1 ? int(tma::clusterRank()) : 0;
-  const int unit = blockIdx.x / CLUSTER;
+  const auto unit = blockIdx.x / CLUSTER; // unsigned, as blockIdx.x
   const int pairs = args.B * NKV, group = GROUP > 0 ? GROUP : pairs;
   const int span = group * ((S + CLUSTER * KT - 1) / (CLUSTER * KT));
   const int first = unit / span * group, inGroup = unit % span,
@@ -580,8 +580,8 @@ void sm90a_block_attention_bwd_wgmma_bf16(const BlockAttentionBwdArgs &args,
       DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_bwd_context_wgmma_bf16");
     } else {
       cudaLaunchAttribute cluster;
-      cudaLaunchConfig_t config =
-          tma::clusterLaunchConfig(CLUSTER, C::kThreads, smem, stream, cluster);
+      cudaLaunchConfig_t config = tma::clusterLaunchConfig(
+          dim3(CLUSTER, 1, 1), C::kThreads, smem, stream, cluster);
       config.gridDim = dim3(grid);
       DFLASH_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, maps));
       DFLASH_CUDA_CHECK_LAUNCH(

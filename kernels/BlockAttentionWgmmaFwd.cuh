@@ -506,8 +506,11 @@ namespace detail {
 /// Launches a wgmma forward kernel whose tiling is C (kDraftKeys, KT,
 /// kThreads, kSmemBytes): one CTA per (row, kv head, pair of blocks), with
 /// the tensor maps of this call's tensors, encoded on the host (a few
-/// microseconds; a captured graph keeps them). The caller checks the launch.
-template <int D, int BS, int NH, int NKV, class C, typename Kernel>
+/// microseconds; a captured graph keeps them); with CLUSTER > 1, clusters of
+/// CLUSTER CTAs of adjacent pairs (grid.y rounded up to whole clusters: a
+/// pair past N has no blocks). The caller checks the launch.
+template <int D, int BS, int NH, int NKV, class C, int CLUSTER = 1,
+          typename Kernel>
 void launchWgmmaForward(Kernel kernel, const BlockAttentionFwdArgs &args,
                         cudaStream_t stream) {
   using T = BlockAttentionTiling<D, BS, NH, NKV>;
@@ -515,8 +518,17 @@ void launchWgmmaForward(Kernel kernel, const BlockAttentionFwdArgs &args,
       wgmmaFwdMaps<D, BS, NH, NKV, C::kDraftKeys, C::KT>(args);
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));
-  dim3 grid(args.B * NKV, (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta);
-  kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args, maps);
+  const int pairs = (args.N + T::kBlocksPerCta - 1) / T::kBlocksPerCta;
+  dim3 grid(args.B * NKV, (pairs + CLUSTER - 1) / CLUSTER * CLUSTER);
+  if constexpr (CLUSTER == 1) {
+    kernel<<<grid, C::kThreads, C::kSmemBytes, stream>>>(args, maps);
+  } else {
+    cudaLaunchAttribute cluster;
+    cudaLaunchConfig_t config = tma::clusterLaunchConfig(
+        dim3(1, CLUSTER, 1), C::kThreads, C::kSmemBytes, stream, cluster);
+    config.gridDim = grid;
+    DFLASH_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args, maps));
+  }
 }
 } // namespace detail
 

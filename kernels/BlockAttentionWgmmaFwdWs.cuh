@@ -116,8 +116,11 @@ template <int BS, int G, int WINDOW> struct WgmmaBlockRows {
   }
 };
 
-/// The warp-specialised forward kernel.
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+/// The warp-specialised forward kernel. CLUSTER CTAs of adjacent block pairs
+/// of one (row, kv head) walk the context tiles of all their blocks, each
+/// tile's K copied by rank 0 and its V by the last rank into every CTA (TMA
+/// multicast): the tiles cross from L2 once per cluster.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int CLUSTER>
 static __global__ void
 __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
     sm90a_block_attention_fwd_wgmma_ws_bf16_kernel(
@@ -164,51 +167,85 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
 
   int lo, hi;
   groupContextKeys<WINDOW>(anchors, keep, positionIds, nFirst, nCount, lo, hi);
+  const int rank = CLUSTER > 1 ? int(tma::clusterRank()) : 0;
+  if constexpr (CLUSTER > 1) {
+    // The cluster's context: its groups are blockIdx.y - rank + q.
+    for (int q = 0; q < CLUSTER; ++q) {
+      const int nq = (gridDim.y - 1 - (blockIdx.y - rank + q)) * C::kConsumers;
+      int loQ, hiQ;
+      groupContextKeys<WINDOW>(anchors, keep, positionIds, nq,
+                               min(C::kConsumers, N - nq), loQ, hiQ);
+      lo = min(lo, loQ);
+      hi = max(hi, hiQ);
+    }
+  }
   const int numTiles = 1 + (hi > lo ? (hi - lo + KT - 1) / KT : 0);
 
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       tma::barrierInit(barrierOf(KFull, s), 1);
       tma::barrierInit(barrierOf(VFull, s), 1);
-      tma::barrierInit(barrierOf(KEmpty, s), C::kConsumerWarps);
-      tma::barrierInit(barrierOf(VEmpty, s), C::kConsumerWarps);
+      // Every CTA's consumers read a multicast stage.
+      tma::barrierInit(barrierOf(KEmpty, s), C::kConsumerWarps * CLUSTER);
+      tma::barrierInit(barrierOf(VEmpty, s), C::kConsumerWarps * CLUSTER);
     }
     tma::fenceBarrierInit();
   }
-  __syncthreads();
+  // A peer's first multicast may land as soon as the barriers exist.
+  if constexpr (CLUSTER > 1)
+    tma::clusterSync();
+  else
+    __syncthreads();
 
   if (warpgroup == 0) {
     // The producer: tile 0 (Q, draft keys and values into stage 0), then
     // every context tile's K and V, each into its stage once the consumers
-    // have released that stage's previous tile.
+    // (of every CTA of the cluster) have released that stage's previous
+    // tile. In a cluster each CTA expects every tile's bytes on its own
+    // barriers; rank 0 copies K and the last rank V into all of them.
     decreaseRegisters<C::kProducerRegisters>();
-    if (tid != 0)
-      return;
-    tma::arriveExpectTx(barrierOf(KFull, 0),
-                        uint32_t(C::kQBytes) + kDraftBytes);
-    tma::arriveExpectTx(barrierOf(VFull, 0), kDraftBytes);
-    issueQueryAndDraftTile<D, BS, G, C::kConsumers, BR>(
-        qBase, kBase, vBase, maps, barrierOf(KFull, 0), barrierOf(VFull, 0), g,
-        nFirst, b);
-    for (int it = 1; it < numTiles; ++it) {
-      const int j0 = lo + (it - 1) * KT;
-      const uint32_t off = uint32_t(it % kStages) * kStageBytes;
-      if (it >= kStages)
-        tma::waitParity(barrierOf(KEmpty, it), phaseOf(it - kStages));
-      tma::arriveExpectTx(barrierOf(KFull, it), kTileBytes);
+    if (tid == 0) {
+      tma::arriveExpectTx(barrierOf(KFull, 0),
+                          uint32_t(C::kQBytes) + kDraftBytes);
+      tma::arriveExpectTx(barrierOf(VFull, 0), kDraftBytes);
+      issueQueryAndDraftTile<D, BS, G, C::kConsumers, BR>(
+          qBase, kBase, vBase, maps, barrierOf(KFull, 0), barrierOf(VFull, 0),
+          g, nFirst, b);
+      constexpr uint16_t kAll = uint16_t((1u << CLUSTER) - 1);
+      for (int it = 1; it < numTiles; ++it) {
+        const int j0 = lo + (it - 1) * KT;
+        const uint32_t off = uint32_t(it % kStages) * kStageBytes;
+        if (it >= kStages)
+          tma::waitParity(barrierOf(KEmpty, it), phaseOf(it - kStages));
+        tma::arriveExpectTx(barrierOf(KFull, it), kTileBytes);
 #pragma unroll
-      for (int p = 0; p < D / kPanelCols; ++p)
-        tma::load4d(kBase + off + p * BR * kSwizzleRowBytes, &maps.contextKeys,
-                    barrierOf(KFull, it), p * kPanelCols, g, j0, b);
-      if (it >= kStages)
-        tma::waitParity(barrierOf(VEmpty, it), phaseOf(it - kStages));
-      tma::arriveExpectTx(barrierOf(VFull, it), kTileBytes);
+        for (int p = 0; p < D / kPanelCols; ++p) {
+          const uint32_t dst = kBase + off + p * BR * kSwizzleRowBytes;
+          if constexpr (CLUSTER == 1)
+            tma::load4d(dst, &maps.contextKeys, barrierOf(KFull, it),
+                        p * kPanelCols, g, j0, b);
+          else if (rank == 0)
+            tma::load4dMulticast(dst, &maps.contextKeys, barrierOf(KFull, it),
+                                 p * kPanelCols, g, j0, b, kAll);
+        }
+        if (it >= kStages)
+          tma::waitParity(barrierOf(VEmpty, it), phaseOf(it - kStages));
+        tma::arriveExpectTx(barrierOf(VFull, it), kTileBytes);
 #pragma unroll
-      for (int p = 0; p < D / kPanelCols; ++p)
-        tma::load4d(vBase + off + p * BR * kSwizzleRowBytes,
-                    &maps.contextValues, barrierOf(VFull, it), p * kPanelCols,
-                    g, j0, b);
+        for (int p = 0; p < D / kPanelCols; ++p) {
+          const uint32_t dst = vBase + off + p * BR * kSwizzleRowBytes;
+          if constexpr (CLUSTER == 1)
+            tma::load4d(dst, &maps.contextValues, barrierOf(VFull, it),
+                        p * kPanelCols, g, j0, b);
+          else if (rank == CLUSTER - 1)
+            tma::load4dMulticast(dst, &maps.contextValues, barrierOf(VFull, it),
+                                 p * kPanelCols, g, j0, b, kAll);
+        }
+      }
     }
+    // No CTA leaves while a peer may still arrive on its barriers.
+    if constexpr (CLUSTER > 1)
+      tma::clusterSync();
     return;
   }
 
@@ -222,10 +259,16 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
   auto waitFull = [&](Barrier kind, int it) {
     tma::waitParity(barrierOf(kind, it), phaseOf(it));
   };
+  // Lane r arrives on CTA r's barrier (in a cluster, every CTA's producer
+  // waits for every CTA's consumers).
   auto release = [&](Barrier kind, int it) {
     __syncwarp();
-    if (lane == 0)
-      tma::arrive(barrierOf(kind, it));
+    if constexpr (CLUSTER == 1) {
+      if (lane == 0)
+        tma::arrive(barrierOf(kind, it));
+    } else if (lane < CLUSTER) {
+      tma::arriveInCta(barrierOf(kind, it), uint32_t(lane));
+    }
   };
   auto vAddrOf = [&](int it) {
     return vBase + uint32_t(it % kStages) * kStageBytes;
@@ -340,19 +383,24 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
   if (wg < nCount)
     wgmmaStoreBlock<D, BS, NH, NKV, kRows>(args, o, m, l, sQ, wg * kM, b, g,
                                            nFirst + wg, warp, lane);
+  if constexpr (CLUSTER > 1)
+    tma::clusterSync();
 }
 
 } // namespace detail
 
 /// The warp-specialised forward (sm_90a): same arguments and outputs as
-/// sm90a_block_attention_fwd_wgmma_bf16.
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+/// sm90a_block_attention_fwd_wgmma_bf16. CLUSTER: block pairs whose CTAs
+/// share each context tile by multicast (1: none; 2 is a measured
+/// alternative, not yet run on a GPU: docs/kernels.md).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          int CLUSTER = 1>
 void sm90a_block_attention_fwd_wgmma_ws_bf16(const BlockAttentionFwdArgs &args,
                                              cudaStream_t stream) {
   detail::launchWgmmaForward<D, BS, NH, NKV,
-                             detail::WgmmaFwdWsConfig<D, BS, NH, NKV>>(
-      detail::sm90a_block_attention_fwd_wgmma_ws_bf16_kernel<D, BS, NH, NKV,
-                                                             WINDOW, CAUSAL>,
+                             detail::WgmmaFwdWsConfig<D, BS, NH, NKV>, CLUSTER>(
+      detail::sm90a_block_attention_fwd_wgmma_ws_bf16_kernel<
+          D, BS, NH, NKV, WINDOW, CAUSAL, CLUSTER>,
       args, stream);
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_ws_bf16");
 }

@@ -134,18 +134,17 @@ __device__ __forceinline__ void clusterSync() {
                    : "memory");
 }
 
-/// cudaLaunchKernelEx's configuration for clusters of `cluster` CTAs along x
-/// (the grid is the caller's to set): `attribute` holds the cluster's shape
-/// and must outlive the launch.
-inline cudaLaunchConfig_t clusterLaunchConfig(unsigned cluster,
-                                              unsigned threads, size_t smem,
-                                              cudaStream_t stream,
+/// cudaLaunchKernelEx's configuration for clusters of the shape `cluster`
+/// (the grid is the caller's to set): `attribute` holds that shape and must
+/// outlive the launch.
+inline cudaLaunchConfig_t clusterLaunchConfig(dim3 cluster, unsigned threads,
+                                              size_t smem, cudaStream_t stream,
                                               cudaLaunchAttribute &attribute) {
   attribute = {};
   attribute.id = cudaLaunchAttributeClusterDimension;
-  attribute.val.clusterDim.x = cluster;
-  attribute.val.clusterDim.y = 1;
-  attribute.val.clusterDim.z = 1;
+  attribute.val.clusterDim.x = cluster.x;
+  attribute.val.clusterDim.y = cluster.y;
+  attribute.val.clusterDim.z = cluster.z;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;

@@ -442,7 +442,7 @@ void launchWgmmaGemm(const Schedule &schedule, const __nv_bfloat16 *x,
   auto kernel = sm90a_wgmma_gemm_bf16_kernel<Epi, Cluster, Schedule, GptOss>;
   cudaLaunchAttribute cluster;
   cudaLaunchConfig_t config = tma::clusterLaunchConfig(
-      Cluster, C::kThreads, C::kSmemBytes, stream, cluster);
+      dim3(Cluster, 1, 1), C::kThreads, C::kSmemBytes, stream, cluster);
   // Per launch: the attribute is the current device's.
   DFLASH_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(C::kSmemBytes)));

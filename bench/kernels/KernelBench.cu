@@ -325,28 +325,38 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     };
     auto out0 = downloadBf16(out, qn);
     auto lse0 = downloadLse();
-    DFLASH_CUDA_CHECK(cudaMemset(out, 0xFF, qn * sizeof(bf16)));
-    DFLASH_CUDA_CHECK(cudaMemset(lse, 0xFF, ln * sizeof(float)));
-    sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
-                                                                            0);
-    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
-    // Every block is kept here, so every lse is finite (NaN: unwritten).
-    double lseDiff = 0;
-    const std::vector<float> lse1 = downloadLse();
-    for (size_t i = 0; i < ln; ++i) {
-      const double d = std::abs(double(lse1[i]) - double(lse0[i]));
-      lseDiff = std::isnan(d) ? INFINITY : std::max(lseDiff, d);
-    }
-    std::printf("attention fwd %s B=%d: wgmma warp-specialised vs default "
-                "relative diff out %.3g, lse max abs diff %.3g\n",
-                kind, B, relativeDifference(downloadBf16(out, qn), out0),
-                lseDiff);
-    fwd(
+    // Each form's outputs against the default's, then its time.
+    auto checkAndTime = [&](auto launch, const char *variant) {
+      DFLASH_CUDA_CHECK(cudaMemset(out, 0xFF, qn * sizeof(bf16)));
+      DFLASH_CUDA_CHECK(cudaMemset(lse, 0xFF, ln * sizeof(float)));
+      launch();
+      DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+      // Every block is kept here, so every lse is finite (NaN: unwritten).
+      double lseDiff = 0;
+      const std::vector<float> lse1 = downloadLse();
+      for (size_t i = 0; i < ln; ++i) {
+        const double d = std::abs(double(lse1[i]) - double(lse0[i]));
+        lseDiff = std::isnan(d) ? INFINITY : std::max(lseDiff, d);
+      }
+      std::printf("attention fwd %s B=%d: %s vs default relative diff out "
+                  "%.3g, lse max abs diff %.3g\n",
+                  kind, B, variant,
+                  relativeDifference(downloadBf16(out, qn), out0), lseDiff);
+      fwd(launch, variant);
+    };
+    checkAndTime(
         [&] {
           sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW,
                                                   CAUSAL>(fa, 0);
         },
         "wgmma warp-specialised");
+    // Clusters of two block pairs sharing each context tile (multicast).
+    checkAndTime(
+        [&] {
+          sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW,
+                                                  CAUSAL, 2>(fa, 0);
+        },
+        "wgmma warp-specialised, clusters of 2");
     // The backward reads the default forward's out and lse.
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());

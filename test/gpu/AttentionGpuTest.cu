@@ -213,8 +213,9 @@ void checkForwardWgmma(const Problem &p, Launch launch, const char *variant) {
               variant, D, BS, WINDOW, p.B, p.S, p.N, outErr, lseErr);
 }
 
-/// Which wgmma forward a case runs.
-enum class Forward { Tma, WarpSpecialised };
+/// Which wgmma forward a case runs (the warp-specialised one also in
+/// clusters of two block pairs sharing each context tile).
+enum class Forward { Tma, WarpSpecialised, WarpSpecialisedClusters };
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
@@ -234,7 +235,7 @@ void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
                                                         CAUSAL>(fa, 0);
         },
         "wgmma fwd");
-  else
+  else if (fwd == Forward::WarpSpecialised)
     checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(
         p,
         [](const kernels::BlockAttentionFwdArgs &fa) {
@@ -243,6 +244,15 @@ void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
                                                                            0);
         },
         "wgmma warp-specialised fwd");
+  else
+    checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(
+        p,
+        [](const kernels::BlockAttentionFwdArgs &fa) {
+          kernels::sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV,
+                                                           WINDOW, CAUSAL, 2>(
+              fa, 0);
+        },
+        "wgmma warp-specialised fwd, clusters of 2");
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
@@ -553,50 +563,57 @@ TEST(BlockAttentionWgmma, NothingKept) {
 // The warp-specialised forward (kernels/BlockAttentionWgmmaFwdWs.cuh) on the
 // wgmma forward's cases and longer contexts: many 128-key tiles, blocks of
 // a CTA whose contexts end tiles apart (scattered anchors), windows that
-// cut contexts mid-tile, d 64, packed rows and nothing kept.
+// cut contexts mid-tile, d 64, packed rows and nothing kept; each alone and
+// in clusters of two block pairs (an odd number of pairs leaves the last
+// cluster's second CTA without blocks).
+constexpr Forward kWarpSpecialisedForms[] = {Forward::WarpSpecialised,
+                                             Forward::WarpSpecialisedClusters};
+
 TEST(BlockAttentionWgmmaWs, Qwen3Full) {
-  sweepWgmma<128, 16, 32, 8, 0, false>(2, 300, 20, 81,
-                                       Forward::WarpSpecialised);
-  sweepWgmma<128, 16, 32, 8, 0, false>(1, 1100, 37, 82,
-                                       Forward::WarpSpecialised);
-  sweepWgmma<128, 16, 32, 8, 0, false>(1, 4000, 9, 83,
-                                       Forward::WarpSpecialised);
+  for (Forward f : kWarpSpecialisedForms) {
+    sweepWgmma<128, 16, 32, 8, 0, false>(2, 300, 20, 81, f);
+    sweepWgmma<128, 16, 32, 8, 0, false>(1, 1100, 37, 82, f);
+    sweepWgmma<128, 16, 32, 8, 0, false>(1, 4000, 9, 83, f);
+  }
 }
 
 TEST(BlockAttentionWgmmaWs, Qwen3Sliding) {
-  sweepWgmma<128, 16, 32, 8, 2048, true>(2, 260, 16, 84,
-                                         Forward::WarpSpecialised);
-  sweepWgmma<128, 16, 32, 8, 200, true>(2, 900, 30, 85,
-                                        Forward::WarpSpecialised);
-  sweepWgmma<128, 16, 32, 8, 2048, true>(1, 3000, 13, 86,
-                                         Forward::WarpSpecialised);
+  for (Forward f : kWarpSpecialisedForms) {
+    sweepWgmma<128, 16, 32, 8, 2048, true>(2, 260, 16, 84, f);
+    sweepWgmma<128, 16, 32, 8, 200, true>(2, 900, 30, 85, f);
+    sweepWgmma<128, 16, 32, 8, 2048, true>(1, 3000, 13, 86, f);
+  }
 }
 
 TEST(BlockAttentionWgmmaWs, GptOssD64) {
-  sweepWgmma<64, 8, 16, 2, 0, false>(2, 400, 24, 87, Forward::WarpSpecialised);
-  sweepWgmma<64, 8, 16, 2, 128, true>(1, 500, 21, 88, Forward::WarpSpecialised);
+  for (Forward f : kWarpSpecialisedForms) {
+    sweepWgmma<64, 8, 16, 2, 0, false>(2, 400, 24, 87, f);
+    sweepWgmma<64, 8, 16, 2, 128, true>(1, 500, 21, 88, f);
+  }
 }
 
 TEST(BlockAttentionWgmmaWs, PackedRows) {
-  runWgmmaCase<128, 16, 32, 8, 0, false>(2, 900, 30, Anchors::ScatteredKeep0,
-                                         89, Rows::Packed,
-                                         Forward::WarpSpecialised);
-  runWgmmaCase<128, 16, 32, 8, 200, true>(
-      2, 900, 30, Anchors::SortedTrailingKeep0, 90, Rows::Packed,
-      Forward::WarpSpecialised);
+  for (Forward f : kWarpSpecialisedForms) {
+    runWgmmaCase<128, 16, 32, 8, 0, false>(2, 900, 30, Anchors::ScatteredKeep0,
+                                           89, Rows::Packed, f);
+    runWgmmaCase<128, 16, 32, 8, 200, true>(
+        2, 900, 30, Anchors::SortedTrailingKeep0, 90, Rows::Packed, f);
+  }
 }
 
 // Rows shorter than one tile of 128 keys: the context box reaches past the
 // row (TMA fills zeros, the mask hides them).
 TEST(BlockAttentionWgmmaWs, RowShorterThanATile) {
-  sweepWgmma<128, 16, 32, 8, 0, false>(2, 100, 5, 92, Forward::WarpSpecialised);
-  sweepWgmma<128, 16, 32, 8, 64, true>(1, 120, 6, 93, Forward::WarpSpecialised);
+  for (Forward f : kWarpSpecialisedForms) {
+    sweepWgmma<128, 16, 32, 8, 0, false>(2, 100, 5, 92, f);
+    sweepWgmma<128, 16, 32, 8, 64, true>(1, 120, 6, 93, f);
+  }
 }
 
 TEST(BlockAttentionWgmmaWs, NothingKept) {
-  runWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 91,
-                                         Rows::Unpacked,
-                                         Forward::WarpSpecialised);
+  for (Forward f : kWarpSpecialisedForms)
+    runWgmmaCase<128, 16, 32, 8, 0, false>(1, 100, 6, Anchors::NoneKept, 91,
+                                           Rows::Unpacked, f);
 }
 
 // The wgmma backward: qwen3-8b full and sliding layers (odd N, keep = 0
