@@ -105,13 +105,14 @@ inline constexpr double kH200TargetDeltaRuleTflops =
 /// Qwen3-30B-A3B-shaped target's profile on an H200 (bench/RESULTS.md, "Where
 /// the time goes" in the section "Gradient accumulation on the H200
 /// (2026-12-03)": DFLASH_PROFILE over 46 layers of 4 x 3072 tokens), the
-/// gate / up SwiGLU GEMM (K 2048) 27.4
-/// TFLOP in 44.3 ms and the down GEMM (K 768) 13.7 TFLOP in 32.1 ms: rate(K)
-/// = peak K / (K + overhead). With the routed rows' copies below, one rate
-/// for the whole target had put it 22% short of its 162.6 ms, the
+/// gate / up SwiGLU GEMM (K 2048) 27.4 TFLOP in 44.3 ms and the down GEMM (K
+/// 768) 13.7 TFLOP in 32.1 ms: rate(K) = peak K / (K + overhead). One rate
+/// for the whole target had put it 22% short of its 162.6 ms, and the
 /// Qwen3.5-35B-A3B-shaped hybrid (experts of K 2048 and 512) 24% short of
-/// its 225.5 ms on an H100; this puts them 8% and about 12% short (the rest
-/// is shorter expert groups' padding and the hybrids' memory-bound ops).
+/// its 225.5 ms on an H100; these rates, with the routed rows' copies below,
+/// put them 7% and 13% short (what is left: shorter expert groups' padding,
+/// the hybrids' memory-bound ops, causal attention at 3K below the rate
+/// fitted at long rows).
 namespace expert_fit {
 inline constexpr double kSwigluK = 2048, kSwigluTflops = 27.4 / 0.0443;
 inline constexpr double kDownK = 768, kDownTflops = 13.7 / 0.0321;
