@@ -48,6 +48,13 @@ constexpr bool wgmmaForwardSupports(int64_t d, int64_t bs, int64_t nh,
          bs * (nh / nkv) == 64;
 }
 
+/// The most context keys a block of a layer sees in a row of seqLen tokens:
+/// the row, or the window of a sliding layer if smaller (what the long-context
+/// kernels' rules below count).
+constexpr int64_t layerContextKeys(int64_t window, int64_t seqLen) {
+  return window > 0 && window < seqLen ? window : seqLen;
+}
+
 /// The warp-specialised wgmma forward (BlockAttentionWgmmaFwdWs.cuh):
 /// dflash-select-kernels picks it for layers whose blocks see at least
 /// kWarpSpecialisedForwardMinKeys context keys (the row's S, or the window
@@ -69,8 +76,8 @@ constexpr bool warpSpecialisedForwardPays(int64_t d, int64_t bs, int64_t nh,
   const int64_t g = nh / nkv;
   const bool validatedShape =
       (d == 128 && bs == 16 && g == 4) || (d == 64 && bs == 8 && g == 8);
-  const int64_t contextKeys = window > 0 && window < seqLen ? window : seqLen;
-  return validatedShape && contextKeys >= kWarpSpecialisedForwardMinKeys;
+  return validatedShape &&
+         layerContextKeys(window, seqLen) >= kWarpSpecialisedForwardMinKeys;
 }
 
 /// The wgmma backward: head dim 128, 64-row query tiles of whole blocks
@@ -155,13 +162,15 @@ constexpr int64_t kWgmmaBwdAdderWarps = 4;
 
 /// Whether the wgmma context backward's row stage with its adder warpgroup
 /// (BlockAttentionDq::RowsByAdders: two warpgroups holding keys, four adder
-/// warps, two stages) fits beside N anchors per row; block_attention_bwd_bf16
+/// warps, two stages; in clusters of `cluster` CTAs, each stage's second
+/// barrier too) fits beside N anchors per row; block_attention_bwd_bf16
 /// adds from the fragments instead where not.
 constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
-                                    int64_t nkv, int64_t n) {
+                                    int64_t nkv, int64_t n,
+                                    int64_t cluster = 1) {
   return wgmmaBwdContextSmemBytes(
              wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::WarpRows, 2,
-                                       kWgmmaBwdAdderWarps),
+                                       kWgmmaBwdAdderWarps, cluster),
              bs * (nh / nkv), n) <= kSharedMemoryPerBlockOptIn;
 }
 
@@ -178,15 +187,9 @@ constexpr int64_t kClusterBackwardMinKeys = 8192;
 constexpr bool clusterBackwardPays(int64_t d, int64_t bs, int64_t nh,
                                    int64_t nkv, int64_t window, int64_t seqLen,
                                    int64_t n) {
-  if (!wgmmaBackwardSupports(d, bs, nh, nkv))
-    return false;
-  const bool fits =
-      wgmmaBwdContextSmemBytes(
-          wgmmaBwdContextFixedBytes(d, 2, WgmmaDqStage::WarpRows, 2,
-                                    kWgmmaBwdAdderWarps, /*cluster=*/2),
-          bs * (nh / nkv), n) <= kSharedMemoryPerBlockOptIn;
-  const int64_t contextKeys = window > 0 && window < seqLen ? window : seqLen;
-  return fits && contextKeys >= kClusterBackwardMinKeys;
+  return wgmmaBackwardSupports(d, bs, nh, nkv) &&
+         wgmmaBwdRowStageFits(d, bs, nh, nkv, n, /*cluster=*/2) &&
+         layerContextKeys(window, seqLen) >= kClusterBackwardMinKeys;
 }
 
 /// Shared memory of the context kernel that block_attention_bwd_bf16 runs

@@ -171,6 +171,8 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
   if constexpr (CLUSTER > 1) {
     // The cluster's context: its groups are blockIdx.y - rank + q.
     for (int q = 0; q < CLUSTER; ++q) {
+      if (q == rank)
+        continue; // this CTA's own, above
       const int nq = (gridDim.y - 1 - (blockIdx.y - rank + q)) * C::kConsumers;
       int loQ, hiQ;
       groupContextKeys<WINDOW>(anchors, keep, positionIds, nq,
@@ -212,35 +214,30 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
           qBase, kBase, vBase, maps, barrierOf(KFull, 0), barrierOf(VFull, 0),
           g, nFirst, b);
       constexpr uint16_t kAll = uint16_t((1u << CLUSTER) - 1);
-      for (int it = 1; it < numTiles; ++it) {
+      // Tile it of `map` (K or V) into its stage of `base`, once the stage's
+      // previous tile is released; in a cluster, rank `copier` copies it
+      // into every CTA.
+      auto copyTile = [&](Barrier full, Barrier empty, uint32_t base,
+                          const CUtensorMap *map, int copier, int it) {
         const int j0 = lo + (it - 1) * KT;
         const uint32_t off = uint32_t(it % kStages) * kStageBytes;
         if (it >= kStages)
-          tma::waitParity(barrierOf(KEmpty, it), phaseOf(it - kStages));
-        tma::arriveExpectTx(barrierOf(KFull, it), kTileBytes);
+          tma::waitParity(barrierOf(empty, it), phaseOf(it - kStages));
+        tma::arriveExpectTx(barrierOf(full, it), kTileBytes);
 #pragma unroll
         for (int p = 0; p < D / kPanelCols; ++p) {
-          const uint32_t dst = kBase + off + p * BR * kSwizzleRowBytes;
+          const uint32_t dst = base + off + p * BR * kSwizzleRowBytes;
           if constexpr (CLUSTER == 1)
-            tma::load4d(dst, &maps.contextKeys, barrierOf(KFull, it),
-                        p * kPanelCols, g, j0, b);
-          else if (rank == 0)
-            tma::load4dMulticast(dst, &maps.contextKeys, barrierOf(KFull, it),
-                                 p * kPanelCols, g, j0, b, kAll);
+            tma::load4d(dst, map, barrierOf(full, it), p * kPanelCols, g, j0,
+                        b);
+          else if (rank == copier)
+            tma::load4dMulticast(dst, map, barrierOf(full, it), p * kPanelCols,
+                                 g, j0, b, kAll);
         }
-        if (it >= kStages)
-          tma::waitParity(barrierOf(VEmpty, it), phaseOf(it - kStages));
-        tma::arriveExpectTx(barrierOf(VFull, it), kTileBytes);
-#pragma unroll
-        for (int p = 0; p < D / kPanelCols; ++p) {
-          const uint32_t dst = vBase + off + p * BR * kSwizzleRowBytes;
-          if constexpr (CLUSTER == 1)
-            tma::load4d(dst, &maps.contextValues, barrierOf(VFull, it),
-                        p * kPanelCols, g, j0, b);
-          else if (rank == CLUSTER - 1)
-            tma::load4dMulticast(dst, &maps.contextValues, barrierOf(VFull, it),
-                                 p * kPanelCols, g, j0, b, kAll);
-        }
+      };
+      for (int it = 1; it < numTiles; ++it) {
+        copyTile(KFull, KEmpty, kBase, &maps.contextKeys, 0, it);
+        copyTile(VFull, VEmpty, vBase, &maps.contextValues, CLUSTER - 1, it);
       }
     }
     // No CTA leaves while a peer may still arrive on its barriers.

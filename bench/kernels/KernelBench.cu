@@ -441,13 +441,11 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
               ba, 0);
         },
         "(default)");
-    // Clusters of two key tiles (Q / dO multicast).
+    // Clusters of two key tiles (Q / dO multicast): the step's entry point.
     againstMmaSync(
         [&] {
-          sm90a_block_attention_bwd_wgmma_bf16<
-              D, BS, NH, NKV, WINDOW, CAUSAL,
-              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
-              kWgmmaBwdPairsPerGroup, 2, 2>(ba, 0);
+          block_attention_bwd_cluster_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba,
+                                                                           0);
         },
         "clusters of 2");
   }
@@ -464,23 +462,32 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                                                                              0);
       },
       "wgmma dq rows by adders, groups of 8 pairs (default)");
-  // Clusters of two adjacent key tiles walking one list, each Q / dO tile
-  // read from L2 once and multicast to both (two and three stages).
-  auto clusters = [&](auto stages, const char *variant) {
+  // The adder warpgroup with other launch groups (pairs; 0: all), stages or
+  // clusters of key tiles.
+  auto adders = [&](auto group, auto stages, auto cluster,
+                    const char *variant) {
     bwd(
         [&] {
           sm90a_block_attention_bwd_wgmma_bf16<
               D, BS, NH, NKV, WINDOW, CAUSAL,
               WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
-              kWgmmaBwdPairsPerGroup, decltype(stages)::value, 2>(ba, 0);
+              decltype(group)::value, decltype(stages)::value,
+              decltype(cluster)::value>(ba, 0);
         },
         variant);
   };
-  clusters(std::integral_constant<int, 2>(),
-           "wgmma dq rows by adders, groups of 8 pairs, clusters of 2");
-  clusters(std::integral_constant<int, 3>(),
-           "wgmma dq rows by adders, groups of 8 pairs, clusters of 2, three "
-           "stages");
+  using std::integral_constant;
+  using One = integral_constant<int, 1>;
+  using Two = integral_constant<int, 2>;
+  using Three = integral_constant<int, 3>;
+  using Eight = integral_constant<int, kWgmmaBwdPairsPerGroup>;
+  // Clusters of two adjacent key tiles walking one list, each Q / dO tile
+  // read from L2 once and multicast to both (two and three stages).
+  adders(Eight(), Two(), Two(),
+         "wgmma dq rows by adders, groups of 8 pairs, clusters of 2");
+  adders(Eight(), Three(), Two(),
+         "wgmma dq rows by adders, groups of 8 pairs, clusters of 2, three "
+         "stages");
   bwd(
       [&] {
         sm90a_block_attention_bwd_wgmma_bf16<
@@ -488,25 +495,13 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
             WgmmaBwdDqAdd<BlockAttentionDq::RowsVec4>, 2, true, 0>(ba, 0);
       },
       "wgmma dq rows v4 by the key warps, all pairs (sixth session)");
-  // The adder warpgroup with other launch groups (pairs; 0: all) or stages.
-  auto adders = [&](auto group, auto stages, const char *variant) {
-    bwd(
-        [&] {
-          sm90a_block_attention_bwd_wgmma_bf16<
-              D, BS, NH, NKV, WINDOW, CAUSAL,
-              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
-              decltype(group)::value, decltype(stages)::value>(ba, 0);
-        },
-        variant);
-  };
-  using std::integral_constant;
-  adders(integral_constant<int, 0>(), integral_constant<int, 2>(),
+  adders(integral_constant<int, 0>(), Two(), One(),
          "wgmma dq rows by adders, all pairs");
-  adders(integral_constant<int, 4>(), integral_constant<int, 2>(),
+  adders(integral_constant<int, 4>(), Two(), One(),
          "wgmma dq rows by adders, groups of 4 pairs");
-  adders(integral_constant<int, 12>(), integral_constant<int, 2>(),
+  adders(integral_constant<int, 12>(), Two(), One(),
          "wgmma dq rows by adders, groups of 12 pairs");
-  adders(integral_constant<int, 8>(), integral_constant<int, 3>(),
+  adders(Eight(), Three(), One(),
          "wgmma dq rows by adders, groups of 8 pairs, three stages");
   bwd(
       [&] {

@@ -92,10 +92,7 @@ static void printFlops(llvm::raw_ostream &os, const FlopCount &flops) {
 /// An online target's expert GEMMs, each at its depth's rate, and the bytes
 /// its routed rows' copies move (compiler/Analysis/StepTime.h).
 static void addExpertWork(mlir::func::FuncOp target, TargetWork &work) {
-  auto bytes = [](mlir::Value v) {
-    auto t = mlir::cast<mlir::RankedTensorType>(v.getType());
-    return double(t.getNumElements()) * t.getElementTypeBitWidth() / 8;
-  };
+  auto bytes = [](mlir::Value v) { return double(tensorBytes(v.getType())); };
   auto depthOf = [](mlir::Value weight) {
     return mlir::cast<mlir::RankedTensorType>(weight.getType()).getDimSize(2);
   };
@@ -124,20 +121,20 @@ static void addExpertWork(mlir::func::FuncOp target, TargetWork &work) {
 /// The time lines: a step's time on an H100 and an H200 from its FLOPs at the
 /// rates bench/RESULTS.md measured (compiler/Analysis/StepTime.h), and the
 /// context tokens a GPU trains on an hour; with the online target on the
-/// same GPU, its forward's time added.
+/// same GPU (`target`, its forward; null without one), its forward's time
+/// added.
 static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
-                      const FlopCount &flops,
-                      const std::optional<FlopCount> &targetFlops,
-                      mlir::func::FuncOp target) {
+                      const FlopCount &flops, mlir::func::FuncOp target) {
   const int64_t stepFlops = flops.step();
   // The target's forward: its causal attention, Gated DeltaNet and expert
   // GEMMs apart from the rest, each at its own rate.
   TargetWork work;
-  if (targetFlops) {
-    work.flops = targetFlops->step();
-    work.attentionFlops = targetFlops->byOp[FlopCount::Forward].lookup(
+  if (target) {
+    const FlopCount counts = FlopCount::of(target);
+    work.flops = counts.step();
+    work.attentionFlops = counts.byOp[FlopCount::Forward].lookup(
         mlir::dflash::CausalAttentionOp::getOperationName());
-    work.deltaRuleFlops = targetFlops->byOp[FlopCount::Forward].lookup(
+    work.deltaRuleFlops = counts.byOp[FlopCount::Forward].lookup(
         mlir::dflash::GatedDeltaRuleOp::getOperationName());
     addExpertWork(target, work);
   }
@@ -168,7 +165,7 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
     const char *sep = times.empty() ? "" : ", ";
     times += sep + ms(t) + " on an " + gpu.name;
     rates += sep + perHour(t) + " on an " + gpu.name;
-    if (targetFlops) {
+    if (target) {
       t += estimatedTargetSeconds(work, gpu);
       online += sep + ms(t) + " on an " + gpu.name;
       onlineRates += sep + perHour(t) + " on an " + gpu.name;
@@ -180,7 +177,7 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
      << llvm::formatv("{0:F0}", kH200StepRestTflops)
      << " TFLOP/s that make the qwen3-8b-b16 step's time, on an H200; "
         "scaled by each GPU's GEMM ceiling)\n";
-  if (targetFlops) {
+  if (target) {
     os << "             with the online target on the same GPU about " << online
        << " (its projections and the rest at "
        << llvm::formatv("{0:F0}", kH200TargetRestTflops) << " TFLOP/s";
@@ -201,7 +198,7 @@ static void printTime(llvm::raw_ostream &os, const DrafterSpec &s,
   }
   os << "  tokens/h   about " << rates << " per GPU (" << s.rowsPerStep()
      << " rows x " << s.seqLen << " context tokens a step)";
-  if (targetFlops)
+  if (target)
     os << "; with the online target on the same GPU " << onlineRates;
   os << "\n";
 }
@@ -296,13 +293,10 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
     return;
   FlopCount flops = FlopCount::of(step);
   printFlops(os, flops);
-  std::optional<FlopCount> targetFlops;
   mlir::func::FuncOp targetForward;
   if (target)
     if (mlir::FailureOr<StepSignature> sig = StepSignature::get(target);
-        succeeded(sig)) {
+        succeeded(sig))
       targetForward = sig->func();
-      targetFlops = FlopCount::of(targetForward);
-    }
-  printTime(os, s, flops, targetFlops, targetForward);
+  printTime(os, s, flops, targetForward);
 }
