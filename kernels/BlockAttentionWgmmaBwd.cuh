@@ -68,7 +68,8 @@ struct WgmmaBwdConfig {
   static_assert(T::kBwdRows == 64 && T::kBwdPadRows == 64, "64-row tiles");
   static_assert(WGS == 1 || WGS == 2, "one or two warpgroups of 64 keys");
   static_assert(STAGES == 2 || STAGES == 3, "two or three Q / dO stages");
-  static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of one or two CTAs");
+  static_assert(CLUSTER == 1 || CLUSTER == 2 || CLUSTER == 4,
+                "clusters of one, two or four CTAs");
   static constexpr int kD = D;
   // An adder warpgroup (no keys) issues the dQ adds.
   static constexpr int kAdderWarps = DqAdd::kAdderWarps;
@@ -225,9 +226,9 @@ static __global__ void __launch_bounds__(
 
   // The query tiles whose blocks see any key of the cluster's [jSpan, jSpan
   // + CLUSTER * KT), in order (every CTA of a cluster walks the same list:
-  // each Q / dO tile is read from L2 once and multicast to both); `whole`
+  // each Q / dO tile is read from L2 once and multicast to all); `whole`
   // where every row of the tile sees every one of those keys. A tile that
-  // sees only the peer's keys runs masked here, adding zeros.
+  // sees only a peer's keys runs masked here, adding zeros.
   const int count = listQueryTilesSeeingKeys<BS, WINDOW, NW>(
       numQueryTiles, MQ, T::kBlockRows, N, totalRows, true, sAnchor, sStart,
       jSpan, CLUSTER * KT, sCount, sList);
@@ -242,9 +243,10 @@ static __global__ void __launch_bounds__(
     // Q and dO by TMA from one thread: a box per tensor and 64-column panel
     // (positions past Q read as zeros), completing on the stage's barrier.
     // (Each thread's cp.async of 8 chunks with their address arithmetic
-    // took a sixth of the warps' issue time.) In a cluster of two, rank 0
-    // copies Q and rank 1 dO, each into both CTAs, once both have read the
-    // stage's previous tile.
+    // took a sixth of the warps' issue time.) In a cluster, the boxes (Q
+    // and dO of each panel, in turn) are dealt out to the ranks, each copied
+    // into every CTA once all have read the stage's previous tile: with two,
+    // rank 0 copies Q and rank 1 dO; with four, one box each.
     if (tid == 0) {
       const uint32_t bar = bar0 + tma::kBarrierBytes * buf;
       if constexpr (CLUSTER > 1)
@@ -253,21 +255,17 @@ static __global__ void __launch_bounds__(
                           (it / STAGES - 1) & 1);
       tma::arriveExpectTx(bar, 2 * MQ * D * 2);
 #pragma unroll
-      for (int p = 0; p < D / kPanelCols; ++p) {
-        const uint32_t qDst = smemAddress(tQ) + p * MQ * kSwizzleRowBytes,
-                       doDst = smemAddress(tdO) + p * MQ * kSwizzleRowBytes;
-        if constexpr (CLUSTER == 1) {
-          tma::load4d(qDst, &maps.q, bar, p * kPanelCols, g * G, t * (MQ / G),
-                      b);
-          tma::load4d(doDst, &maps.dOut, bar, p * kPanelCols, g * G,
-                      t * (MQ / G), b);
-        } else if (rank == 0) {
-          tma::load4dMulticast(qDst, &maps.q, bar, p * kPanelCols, g * G,
-                               t * (MQ / G), b, 0b11);
-        } else {
-          tma::load4dMulticast(doDst, &maps.dOut, bar, p * kPanelCols, g * G,
-                               t * (MQ / G), b, 0b11);
-        }
+      for (int box = 0; box < 2 * (D / kPanelCols); ++box) {
+        const int p = box / 2;
+        const bool isQ = box % 2 == 0;
+        const uint32_t dst =
+            smemAddress(isQ ? tQ : tdO) + p * MQ * kSwizzleRowBytes;
+        const CUtensorMap *map = isQ ? &maps.q : &maps.dOut;
+        if constexpr (CLUSTER == 1)
+          tma::load4d(dst, map, bar, p * kPanelCols, g * G, t * (MQ / G), b);
+        else if (box % CLUSTER == rank)
+          tma::load4dMulticast(dst, map, bar, p * kPanelCols, g * G,
+                               t * (MQ / G), b, uint16_t((1u << CLUSTER) - 1));
       }
     }
     if (tid < MQ) {
@@ -345,7 +343,7 @@ static __global__ void __launch_bounds__(
     keySync();
     if (it + STAGES - 1 < count) {
       // The stage of tile it - 1 is free here: in a cluster, say so to every
-      // CTA (each copies into both), lane r arriving on CTA r's barrier.
+      // CTA (each copies into all), lane r arriving on CTA r's barrier.
       if constexpr (CLUSTER > 1)
         if (it > 0 && tid < CLUSTER)
           tma::arriveInCta(empty0 + tma::kBarrierBytes * ((it - 1) % STAGES),
@@ -520,7 +518,7 @@ static __global__ void __launch_bounds__(
           dk[4 * jj + 2 * i] * T::kScale, dk[4 * jj + 2 * i + 1] * T::kScale);
     }
   }
-  // No CTA leaves while its peer may still copy into it or arrive on its
+  // No CTA leaves while a peer may still copy into it or arrive on its
   // barriers.
   if constexpr (CLUSTER > 1)
     tma::clusterSync();

@@ -448,6 +448,14 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                                                                            0);
         },
         "clusters of 2");
+    againstMmaSync(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<
+              D, BS, NH, NKV, WINDOW, CAUSAL,
+              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
+              kWgmmaBwdPairsPerGroup, 2, 4>(ba, 0);
+        },
+        "clusters of 4");
   }
   // Template order: dQ mode, warpgroups of 64 keys per CTA, walk down,
   // (row, kv head) pairs per launch group. The default runs first and last:
@@ -488,6 +496,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
   adders(Eight(), Three(), Two(),
          "wgmma dq rows by adders, groups of 8 pairs, clusters of 2, three "
          "stages");
+  // Clusters of four: each Q / dO tile read once for four key tiles.
+  adders(Eight(), Two(), integral_constant<int, 4>(),
+         "wgmma dq rows by adders, groups of 8 pairs, clusters of 4");
   bwd(
       [&] {
         sm90a_block_attention_bwd_wgmma_bf16<

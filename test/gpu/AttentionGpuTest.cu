@@ -389,6 +389,10 @@ void runBwdWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
                      BlockAttentionDq::RowsByAdders, 2, true, 0, 3, 2>(p, out,
                                                                        lse);
+  // Clusters of four (one Q / dO box copied by each rank; not selectable).
+  checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL,
+                     BlockAttentionDq::RowsByAdders, 2, true, 3, 2, 4>(p, out,
+                                                                       lse);
   if constexpr (!ALL_VARIANTS)
     return;
   checkBackwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL, BlockAttentionDq::RowsVec4,
