@@ -178,18 +178,27 @@ constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
 /// one query tile list, each Q / dO tile read from L2 once and multicast to
 /// both (sm90a_block_attention_bwd_wgmma_bf16 with CLUSTER = 2, the
 /// default's row stage and adder warpgroup otherwise): dflash-select-kernels
-/// picks it (block_attention_bwd_cluster_bf16) for layers whose blocks see
-/// at least kClusterBackwardMinKeys context keys (the row's S, or the window
-/// of a sliding layer if smaller), where N leaves room for its row stage.
-/// There the L2 serves each tile's fp32 dQ adds beside its Q / dO reads,
-/// and the reads are halved (docs/kernels.md).
-constexpr int64_t kClusterBackwardMinKeys = 8192;
+/// picks it (block_attention_bwd_cluster_bf16) where it measured faster than
+/// one key tile a CTA. KernelBench on an H100 at qwen3-8b-b16's heads (d 128,
+/// blocks of 16, 4 query heads per kv head), 512 anchors a row: 4 rows of
+/// 3072 tokens 1.18x (full layer) and 1.29x (sliding 2048); one row of 3072
+/// 0.96x (192 key tiles, 1.5 waves: its last wave costs more in pairs) and
+/// one row of 131072 0.97x (docs/kernels.md). So: rows of at most
+/// kClusterBackwardMaxSeqLen tokens, at least kClusterBackwardMinKeyTiles key
+/// tiles in the launch (rows x kv heads x tiles a row; about four waves of
+/// an H100's 132 SMs), that shape, and N leaving room for its row stage.
+constexpr int64_t kClusterBackwardMaxSeqLen = 4096;
+constexpr int64_t kClusterBackwardMinKeyTiles = 512;
 constexpr bool clusterBackwardPays(int64_t d, int64_t bs, int64_t nh,
-                                   int64_t nkv, int64_t window, int64_t seqLen,
+                                   int64_t nkv, int64_t rows, int64_t seqLen,
                                    int64_t n) {
-  return wgmmaBackwardSupports(d, bs, nh, nkv) &&
-         wgmmaBwdRowStageFits(d, bs, nh, nkv, n, /*cluster=*/2) &&
-         layerContextKeys(window, seqLen) >= kClusterBackwardMinKeys;
+  if (!wgmmaBackwardSupports(d, bs, nh, nkv) || d != 128 || bs != 16 ||
+      nh != 4 * nkv)
+    return false;
+  const int64_t keyTiles = rows * nkv * ((seqLen + 127) / 128);
+  return wgmmaBwdRowStageFits(d, bs, nh, nkv, n, /*cluster=*/2) &&
+         seqLen <= kClusterBackwardMaxSeqLen &&
+         keyTiles >= kClusterBackwardMinKeyTiles;
 }
 
 /// Shared memory of the context kernel that block_attention_bwd_bf16 runs

@@ -235,8 +235,8 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   os << "\n";
   // The attention kernels the generated step's dispatchers pick: users see
   // whether their shape is on the fast (wgmma) path, and which layers the
-  // warp-specialised forward runs (dflash-select-kernels' choice, in the
-  // planned step).
+  // warp-specialised forward runs and whether the backward's key tiles run in
+  // clusters (dflash-select-kernels' choices, in the planned step).
   auto kernelName = [](bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; };
   int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads, NKV = s.numKvHeads;
   bool wsSelected = false, clusterSelected = false;
@@ -248,14 +248,10 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
     wsSelected |= name == kernel_names::kBlockAttentionFwdWs;
     clusterSelected |= name == kernel_names::kBlockAttentionBwdCluster;
   });
-  int64_t longLayers = 0, clusterLayers = 0;
-  for (int64_t i = 0; i < s.numLayers; ++i) {
-    const int64_t window = s.layerWindows[size_t(i)];
+  int64_t longLayers = 0;
+  for (int64_t i = 0; i < s.numLayers; ++i)
     longLayers += ::dflash::kernels::warpSpecialisedForwardPays(
-        D, BS, NH, NKV, window, s.blockCausal(i), s.seqLen);
-    clusterLayers += ::dflash::kernels::clusterBackwardPays(
-        D, BS, NH, NKV, window, s.seqLen, s.anchorsPerRow);
-  }
+        D, BS, NH, NKV, s.layerWindows[size_t(i)], s.blockCausal(i), s.seqLen);
   auto layers = [](int64_t n) {
     return std::to_string(n) +
            (n == 1 ? " long-context layer" : " long-context layers");
@@ -268,12 +264,7 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
      << kernelName(::dflash::kernels::wgmmaBackwardSupports(D, BS, NH, NKV))
      << " (" << BS * (NH / NKV) << " query rows per block and kv head";
   if (clusterSelected)
-    os << "; clusters of two key tiles on its " << layers(clusterLayers);
-  else if (clusterLayers > 0 &&
-           !kernelSelectable(kernel_names::kBlockAttentionBwdCluster,
-                             /*allowUnvalidated=*/false))
-    os << "; clusters of two key tiles for its " << layers(clusterLayers)
-       << " await their GPU test";
+    os << "; key tiles in clusters of two";
   os << ")\n";
   int64_t params = numParameters(s);
   os << "  parameters " << humanCount(double(params), "") << " ("

@@ -206,9 +206,9 @@ LogicalResult checkAttentionBwdSharedMemory(BlockAttentionGradOp op, int64_t D,
 
 /// The attention op's constants: D, BS, NH, NKV, window, causal. The
 /// forward runs the warp-specialised kernel where warpSpecialisedForwardPays,
-/// the backward the cluster context kernel where clusterBackwardPays (long
-/// contexts), each where it may run (`allowUnvalidated`: also before its GPU
-/// test has passed).
+/// the backward the cluster context kernel where clusterBackwardPays (short
+/// rows, several to a GPU), each where it may run (`allowUnvalidated`: also
+/// before its GPU test has passed).
 FailureOr<Choice> attention(Operation *op, bool backward,
                             bool allowUnvalidated) {
   const unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
@@ -239,8 +239,7 @@ FailureOr<Choice> attention(Operation *op, bool backward,
                                            BS, NH, NKV, N)))
     return failure();
   const bool cluster =
-      kernels::clusterBackwardPays(D, BS, NH, NKV, window, k.getDimSize(1),
-                                   N) &&
+      kernels::clusterBackwardPays(D, BS, NH, NKV, B, k.getDimSize(1), N) &&
       ::dflash::kernelSelectable(
           ::dflash::kernel_names::kBlockAttentionBwdCluster, allowUnvalidated);
   c.name = cluster ? ::dflash::kernel_names::kBlockAttentionBwdCluster
