@@ -42,7 +42,7 @@ void block_attention_bwd_bf16(const BlockAttentionBwdArgs &args,
 }
 
 /// The same backward with the context kernel in clusters of two key tiles
-/// (Q / dO multicast), which dflash-select-kernels picks for long contexts
+/// (Q / dO multicast), which dflash-select-kernels picks for short rows
 /// (clusterBackwardPays in kernels/AttentionLimits.h).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void block_attention_bwd_cluster_bf16(const BlockAttentionBwdArgs &args,
