@@ -182,7 +182,7 @@ constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
 /// one key tile a CTA. KernelBench on an H100 at qwen3-8b-b16's heads (d 128,
 /// blocks of 16, 4 query heads per kv head), 512 anchors a row: 4 rows of
 /// 3072 tokens 1.18x (full layer) and 1.29x (sliding 2048); one row of 3072
-/// 0.96x (192 key tiles, 1.5 waves: its last wave costs more in pairs) and
+/// 0.96x (192 key tiles, 1.5 waves; why it loses there was not profiled) and
 /// one row of 131072 0.97x (docs/kernels.md). So: rows of at most
 /// kClusterBackwardMaxSeqLen tokens, at least kClusterBackwardMinKeyTiles key
 /// tiles in the launch (rows x kv heads x tiles a row; about four waves of
