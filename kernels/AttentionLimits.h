@@ -49,8 +49,8 @@ constexpr bool wgmmaForwardSupports(int64_t d, int64_t bs, int64_t nh,
 }
 
 /// The most context keys a block of a layer sees in a row of seqLen tokens:
-/// the row, or the window of a sliding layer if smaller (what the long-context
-/// kernels' rules below count).
+/// the row, or the window of a sliding layer if smaller (what the
+/// warp-specialised forward's rule below counts).
 constexpr int64_t layerContextKeys(int64_t window, int64_t seqLen) {
   return window > 0 && window < seqLen ? window : seqLen;
 }
@@ -192,10 +192,12 @@ constexpr int64_t kClusterBackwardMinKeyTiles = 512;
 constexpr bool clusterBackwardPays(int64_t d, int64_t bs, int64_t nh,
                                    int64_t nkv, int64_t rows, int64_t seqLen,
                                    int64_t n) {
-  if (!wgmmaBackwardSupports(d, bs, nh, nkv) || d != 128 || bs != 16 ||
-      nh != 4 * nkv)
+  // The shape it was timed at (a wgmma backward shape: 64 rows a block).
+  if (d != 128 || bs != 16 || nh != 4 * nkv)
     return false;
-  const int64_t keyTiles = rows * nkv * ((seqLen + 127) / 128);
+  const int64_t keysPerTile = 2 * 64; // two warpgroups of 64 keys
+  const int64_t keyTiles =
+      rows * nkv * ((seqLen + keysPerTile - 1) / keysPerTile);
   return wgmmaBwdRowStageFits(d, bs, nh, nkv, n, /*cluster=*/2) &&
          seqLen <= kClusterBackwardMaxSeqLen &&
          keyTiles >= kClusterBackwardMinKeyTiles;

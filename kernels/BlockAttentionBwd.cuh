@@ -7,7 +7,7 @@
 // atomics from the fragments, all pairs at once as measured (the N that
 // dflashc accepts: blockAttentionBwdSmemBytes); else the mma.sync backward.
 // block_attention_bwd_cluster_bf16 runs the context kernel in clusters of
-// two key tiles, for long contexts. Same outputs and workspace
+// two key tiles, for short rows several to a GPU. Same outputs and workspace
 // (blockAttentionBwdWorkspaceBytes) every way.
 //
 //===----------------------------------------------------------------------===//
