@@ -196,9 +196,12 @@ void gemmAlgorithms(CublasLtGemm &gemm) {
 /// "attention-bwd", "attention-fwd"). defaultsOnly: only the kernels the
 /// trainer selects, at rows of S tokens (argument "attention-long": one row
 /// of 131072, where the context half of each block's keys dominates).
+/// profileOnce: the step's forward and backward and the backward without its
+/// dQ adds, one untimed launch each, for Nsight Compute ("attention-long-
+/// profile").
 template <int WINDOW, bool CAUSAL>
 void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
-               bool defaultsOnly = false) {
+               bool defaultsOnly = false, bool profileOnce = false) {
   constexpr int D = 128, BS = 16, NH = 32, NKV = 8;
   const int N = 512, Q = N * BS;
   std::mt19937_64 rng(42 + B);
@@ -361,6 +364,21 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   };
+  if (profileOnce) {
+    // One launch each, untimed, for a profiler (ncu -k): the step's forward
+    // and backward and the backward without its dQ adds.
+    sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
+                                                                            0);
+    sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
+    sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                         bench::WgmmaBwdDqProductOnlyForTiming>(
+        ba, 0);
+    DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
+    std::printf("attention %s B=%d: profiled once each\n", kind, B);
+    freeAll();
+    return;
+  }
   if (defaultsOnly) {
     if (!bwdOnly) {
       fwd(
@@ -1044,7 +1062,10 @@ int main(int argc, char **argv) {
     gemmCeiling(gemm);
   if (want("gemm-algorithms"))
     gemmAlgorithms(gemm);
-  if (only.find("attention-long-bwd") != std::string::npos) {
+  if (only.find("attention-long-profile") != std::string::npos) {
+    // The 128K forward and backward once each, for ncu (NOTES.md).
+    attention<0, false>(1, false, false, 131072, false, true);
+  } else if (only.find("attention-long-bwd") != std::string::npos) {
     // Every backward variant at one row of 131072 tokens (full layer), the
     // timing-only ones without dQ adds included: whether the adds bound the
     // backward at long context as they do at 3K (docs/kernels.md).
