@@ -17,6 +17,11 @@
 //   while that product runs, and once it has finished O is rescaled by
 //   tile j's alpha and P_j packed to bf16 (no register a wgmma reads is
 //   written while one is in flight, else ptxas serialises them: C7513).
+// - PINGPONG (FlashAttention-3's schedule between warpgroups; a measured
+//   alternative, not selectable): the two consumers take turns to issue
+//   their tile's products, each handing the turn on by a named barrier once
+//   they are issued, so that one's softmax runs while the other's products
+//   hold the tensor cores.
 // Tile 0 (Q and the CTA's draft keys) is attended as the other forward does.
 // Needs bs * (nh / nkv) == 64 and d 64 or 128 (wgmmaForwardSupports).
 // block_attention_fwd_ws_bf16 (BlockAttentionFwd.cuh) runs it where
@@ -116,11 +121,17 @@ template <int BS, int G, int WINDOW> struct WgmmaBlockRows {
   }
 };
 
+/// Named barriers of the warp-specialised forward (bar.sync ids; 0 is
+/// __syncthreads'): PINGPONG's turn of consumer 0 and of consumer 1.
+enum class WgmmaFwdWsBarrier : int { Turn0 = 1, Turn1 = 2 };
+
 /// The warp-specialised forward kernel. CLUSTER CTAs of adjacent block pairs
 /// of one (row, kv head) walk the context tiles of all their blocks, each
 /// tile's K copied by rank 0 and its V by the last rank into every CTA (TMA
-/// multicast): the tiles cross from L2 once per cluster.
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int CLUSTER>
+/// multicast): the tiles cross from L2 once per cluster. PINGPONG: the
+/// consumers issue their products in turns (file comment).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL, int CLUSTER,
+          bool PINGPONG>
 static __global__ void
 __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
     sm90a_block_attention_fwd_wgmma_ws_bf16_kernel(
@@ -270,6 +281,23 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
   auto vAddrOf = [&](int it) {
     return vBase + uint32_t(it % kStages) * kStageBytes;
   };
+  // PINGPONG: every context tile (seen, or waited for and released) is one
+  // turn of each consumer, so both take numTiles - 1 turns; consumer 1 hands
+  // the first turn to consumer 0, which takes one more at the end so that no
+  // arrival is left on a barrier.
+  constexpr int kConsumerThreads = C::kConsumers * kWarpgroupThreads;
+  const int myTurn = int(WgmmaFwdWsBarrier::Turn0) + wg,
+            otherTurn = int(WgmmaFwdWsBarrier::Turn0) + 1 - wg;
+  auto awaitTurn = [&] {
+    if constexpr (PINGPONG)
+      namedBarrierSync<kConsumerThreads>(myTurn);
+  };
+  auto passTurn = [&] {
+    if constexpr (PINGPONG)
+      namedBarrierArrive<kConsumerThreads>(otherTurn);
+  };
+  if (wg == 1)
+    passTurn();
 
   float o[D / 2], m[2], l[2];
   wgmmaClearRows<D>(o, m, l);
@@ -302,6 +330,8 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
     release(KEmpty, it);
     waitFull(VFull, it);
     release(VEmpty, it);
+    awaitTurn();
+    passTurn();
   };
   // S = Q K^T of tile it, issued (one commit group).
   auto issueScores = [&](float (&s)[KT / 2], int it) {
@@ -337,9 +367,11 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
     {
       float s[KT / 2], alpha[2];
       waitFull(KFull, first);
+      awaitTurn();
       pin(o);
       fence();
       issueScores(s, first);
+      passTurn();
       wait<0>();
       pin(s);
       release(KEmpty, first);
@@ -351,10 +383,12 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
       float s[KT / 2], alpha[2];
       waitFull(KFull, it);
       waitFull(VFull, it - 1);
+      awaitTurn();
       pin(o);
       fence();
       issueScores(s, it);
       issuePV<D, KT, BR>(pa, vAddrOf(it - 1), o);
+      passTurn();
       wait<1>();
       pin(s);
       release(KEmpty, it);
@@ -380,6 +414,8 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
   if (wg < nCount)
     wgmmaStoreBlock<D, BS, NH, NKV, kRows>(args, o, m, l, sQ, wg * kM, b, g,
                                            nFirst + wg, warp, lane);
+  if (wg == 0)
+    awaitTurn(); // consumer 1's last hand-over
   if constexpr (CLUSTER > 1)
     tma::clusterSync();
 }
@@ -389,15 +425,16 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
 /// The warp-specialised forward (sm_90a): same arguments and outputs as
 /// sm90a_block_attention_fwd_wgmma_bf16. CLUSTER: block pairs whose CTAs
 /// share each context tile by multicast (1: none; 2 is a measured
-/// alternative, not yet run on a GPU: docs/kernels.md).
+/// alternative that lost: docs/kernels.md). PINGPONG: the consumers issue
+/// their products in turns (not yet run on a GPU, not selectable).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
-          int CLUSTER = 1>
+          int CLUSTER = 1, bool PINGPONG = false>
 void sm90a_block_attention_fwd_wgmma_ws_bf16(const BlockAttentionFwdArgs &args,
                                              cudaStream_t stream) {
   detail::launchWgmmaForward<D, BS, NH, NKV,
                              detail::WgmmaFwdWsConfig<D, BS, NH, NKV>, CLUSTER>(
       detail::sm90a_block_attention_fwd_wgmma_ws_bf16_kernel<
-          D, BS, NH, NKV, WINDOW, CAUSAL, CLUSTER>,
+          D, BS, NH, NKV, WINDOW, CAUSAL, CLUSTER, PINGPONG>,
       args, stream);
   DFLASH_CUDA_CHECK_LAUNCH("sm90a_block_attention_fwd_wgmma_ws_bf16");
 }

@@ -72,6 +72,20 @@ __device__ __forceinline__ void namedBarrierSync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "n"(Threads) : "memory");
 }
 
+/// bar.sync / bar.arrive on a named barrier chosen at run time (id in
+/// [1, 15]) for Threads threads: a warp that arrives does not wait; the
+/// barrier completes once Threads threads have synced or arrived.
+template <int Threads>
+__device__ __forceinline__ void namedBarrierSync(int id) {
+  static_assert(Threads % kWarpThreads == 0, "whole warps");
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
+template <int Threads>
+__device__ __forceinline__ void namedBarrierArrive(int id) {
+  static_assert(Threads % kWarpThreads == 0, "whole warps");
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
+
 //===-- 128B-swizzled operands --------------------------------------------===//
 
 /// SWIZZLE_128B: rows of 128 bytes (64 bf16: a tile wider than that is

@@ -196,9 +196,9 @@ void gemmAlgorithms(CublasLtGemm &gemm) {
 /// "attention-bwd", "attention-fwd"). defaultsOnly: only the kernels the
 /// trainer selects, at rows of S tokens (argument "attention-long": one row
 /// of 131072, where the context half of each block's keys dominates).
-/// profileOnce: the step's forward and backward and the backward without its
-/// dQ adds, one untimed launch each, for Nsight Compute ("attention-long-
-/// profile").
+/// profileOnce: the step's forward (and its pingpong form) and backward and
+/// the backward without its dQ adds, one untimed launch each, for Nsight
+/// Compute ("attention-long-profile").
 template <int WINDOW, bool CAUSAL>
 void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                bool defaultsOnly = false, bool profileOnce = false) {
@@ -360,15 +360,26 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                                                   CAUSAL, 2>(fa, 0);
         },
         "wgmma warp-specialised, clusters of 2");
+    // Its consumers issuing their products in turns (FlashAttention-3's
+    // pingpong between warpgroups; not selectable).
+    checkAndTime(
+        [&] {
+          sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW,
+                                                  CAUSAL, 1, true>(fa, 0);
+        },
+        "wgmma warp-specialised, pingpong");
     // The backward reads the default forward's out and lse.
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   };
   if (profileOnce) {
-    // One launch each, untimed, for a profiler (ncu -k): the step's forward
-    // and backward and the backward without its dQ adds.
+    // One launch each, untimed, for a profiler (ncu -k): the step's forward,
+    // its pingpong form, the step's backward and the backward without its dQ
+    // adds.
     sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
                                                                             0);
+    sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1,
+                                            true>(fa, 0);
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,

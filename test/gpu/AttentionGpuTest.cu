@@ -215,7 +215,12 @@ void checkForwardWgmma(const Problem &p, Launch launch, const char *variant) {
 
 /// Which wgmma forward a case runs (the warp-specialised one also in
 /// clusters of two block pairs sharing each context tile).
-enum class Forward { Tma, WarpSpecialised, WarpSpecialisedClusters };
+enum class Forward {
+  Tma,
+  WarpSpecialised,
+  WarpSpecialisedClusters,
+  WarpSpecialisedPingpong
+};
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
 void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
@@ -244,7 +249,7 @@ void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
                                                                            0);
         },
         "wgmma warp-specialised fwd");
-  else
+  else if (fwd == Forward::WarpSpecialisedClusters)
     checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(
         p,
         [](const kernels::BlockAttentionFwdArgs &fa) {
@@ -253,6 +258,14 @@ void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
               fa, 0);
         },
         "wgmma warp-specialised fwd, clusters of 2");
+  else
+    checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(
+        p,
+        [](const kernels::BlockAttentionFwdArgs &fa) {
+          kernels::sm90a_block_attention_fwd_wgmma_ws_bf16<
+              D, BS, NH, NKV, WINDOW, CAUSAL, 1, true>(fa, 0);
+        },
+        "wgmma warp-specialised fwd, pingpong");
 }
 
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
@@ -569,9 +582,12 @@ TEST(BlockAttentionWgmma, NothingKept) {
 // a CTA whose contexts end tiles apart (scattered anchors), windows that
 // cut contexts mid-tile, d 64, packed rows and nothing kept; each alone and
 // in clusters of two block pairs (an odd number of pairs leaves the last
-// cluster's second CTA without blocks).
+// cluster's second CTA without blocks), and with its consumers issuing in
+// turns (pingpong: a CTA whose two blocks see different tiles, or only one
+// block, still hands every turn on; a miscount hangs).
 constexpr Forward kWarpSpecialisedForms[] = {Forward::WarpSpecialised,
-                                             Forward::WarpSpecialisedClusters};
+                                             Forward::WarpSpecialisedClusters,
+                                             Forward::WarpSpecialisedPingpong};
 
 TEST(BlockAttentionWgmmaWs, Qwen3Full) {
   for (Forward f : kWarpSpecialisedForms) {
