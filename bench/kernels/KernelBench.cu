@@ -192,16 +192,25 @@ void gemmAlgorithms(CublasLtGemm &gemm) {
   cudaFree(y);
 }
 
+/// Which attention kernels a call times.
+enum class AttentionSet {
+  All,         ///< every variant (bwdOnly / fwdOnly: one direction)
+  Defaults,    ///< the kernels the trainer selects ("attention-long")
+  DqCosts,     ///< the step's backward beside its dQ timing-only forms
+  ProfileOnce, ///< one untimed launch each, for Nsight Compute
+};
+
 /// bwdOnly / fwdOnly: the backward or forward variants alone (arguments
-/// "attention-bwd", "attention-fwd"). defaultsOnly: only the kernels the
-/// trainer selects, at rows of S tokens (argument "attention-long": one row
-/// of 131072, where the context half of each block's keys dominates).
-/// profileOnce: the step's forward (and its pingpong form) and backward and
-/// the backward without its dQ adds, one untimed launch each, for Nsight
-/// Compute ("attention-long-profile").
+/// "attention-bwd", "attention-fwd"), at rows of S tokens (one row of 131072
+/// for the "attention-long" arguments: the context half of each block's
+/// keys dominates there). `set` (above): Defaults, the trainer's kernels
+/// ("attention-long"); DqCosts, what each part of the dQ phase costs
+/// ("attention-long-dq"); ProfileOnce, the step's forward (and its pingpong
+/// form) and backward and the backward without its dQ adds, once each
+/// ("attention-long-profile").
 template <int WINDOW, bool CAUSAL>
 void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
-               bool defaultsOnly = false, bool profileOnce = false) {
+               AttentionSet set = AttentionSet::All) {
   constexpr int D = 128, BS = 16, NH = 32, NKV = 8;
   const int N = 512, Q = N * BS;
   std::mt19937_64 rng(42 + B);
@@ -372,7 +381,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
     DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   };
-  if (profileOnce) {
+  if (set == AttentionSet::ProfileOnce) {
     // One launch each, untimed, for a profiler (ncu -k): the step's forward,
     // its pingpong form, the step's backward and the backward without its dQ
     // adds.
@@ -390,7 +399,34 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     freeAll();
     return;
   }
-  if (defaultsOnly) {
+  // The dQ phase in parts (bench/kernels/WgmmaBwdDqTiming.cuh): the step's
+  // backward; its rows staged and released by the adders but not added; dQ
+  // formed, not staged; no dQ phase.
+  // The backward with dQ policy `policy` (a value of its type).
+  auto bwdWithDq = [&](auto policy, const char *variant) {
+    bwd(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                               decltype(policy)>(ba, 0);
+        },
+        variant);
+  };
+  auto dqCosts = [&] {
+    bwdWithDq(WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>(),
+              "wgmma dq rows by adders, groups of 8 pairs (default)");
+    bwdWithDq(bench::WgmmaBwdDqStagedNotAddedForTiming(),
+              "wgmma wgs2 down dq rows staged, released unadded, timing only");
+    bwdWithDq(bench::WgmmaBwdDqProductOnlyForTiming(),
+              "wgmma wgs2 down dq product without adds, timing only");
+    bwdWithDq(bench::WgmmaBwdDqOmittedForTiming(),
+              "wgmma wgs2 down no dq phase, timing only");
+  };
+  if (set == AttentionSet::DqCosts) {
+    dqCosts();
+    freeAll();
+    return;
+  }
+  if (set == AttentionSet::Defaults) {
     if (!bwdOnly) {
       fwd(
           [&] {
@@ -585,21 +621,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
       launch1Bytes);
   launchAlone([&] { detail::launchBlockAttentionBwdDq<D, BS, NH>(ba, 0); },
               "launch 3 only (dQ to bf16)", qn * 6.0);
-  // Timing only (a wrong dQ): bench/kernels/WgmmaBwdDqTiming.cuh.
-  bwd(
-      [&] {
-        sm90a_block_attention_bwd_wgmma_bf16<
-            D, BS, NH, NKV, WINDOW, CAUSAL,
-            bench::WgmmaBwdDqProductOnlyForTiming>(ba, 0);
-      },
-      "wgmma wgs2 down dq product without adds, timing only");
-  bwd(
-      [&] {
-        sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
-                                             bench::WgmmaBwdDqOmittedForTiming>(
-            ba, 0);
-      },
-      "wgmma wgs2 down no dq phase, timing only");
+  // Timing only (a wrong dQ): bench/kernels/WgmmaBwdDqTiming.cuh (the
+  // default runs once more first).
+  dqCosts();
   freeAll();
 }
 
@@ -1075,7 +1099,10 @@ int main(int argc, char **argv) {
     gemmAlgorithms(gemm);
   if (only.find("attention-long-profile") != std::string::npos) {
     // The 128K forward and backward once each, for ncu (NOTES.md).
-    attention<0, false>(1, false, false, 131072, false, true);
+    attention<0, false>(1, false, false, 131072, AttentionSet::ProfileOnce);
+  } else if (only.find("attention-long-dq") != std::string::npos) {
+    // The step's 128K backward beside its dQ phase's timing-only forms.
+    attention<0, false>(1, true, false, 131072, AttentionSet::DqCosts);
   } else if (only.find("attention-long-bwd") != std::string::npos) {
     // Every backward variant at one row of 131072 tokens (full layer), the
     // timing-only ones without dQ adds included: whether the adds bound the
@@ -1085,11 +1112,11 @@ int main(int argc, char **argv) {
     // One row of 131072 tokens against one of the step's 3072, same anchors;
     // 8192 and 32768 between them, where a forward's choice may change
     // (kWarpSpecialisedForwardMinKeys).
-    attention<0, false>(1, false, false, 3072, true);
-    attention<0, false>(1, false, false, 8192, true);
-    attention<0, false>(1, false, false, 32768, true);
-    attention<0, false>(1, false, false, 131072, true);
-    attention<2048, true>(1, false, false, 131072, true);
+    attention<0, false>(1, false, false, 3072, AttentionSet::Defaults);
+    attention<0, false>(1, false, false, 8192, AttentionSet::Defaults);
+    attention<0, false>(1, false, false, 32768, AttentionSet::Defaults);
+    attention<0, false>(1, false, false, 131072, AttentionSet::Defaults);
+    attention<2048, true>(1, false, false, 131072, AttentionSet::Defaults);
   } else if (want("attention")) {
     bool bwdOnly = only.find("bwd") != std::string::npos;
     bool fwdOnly = only.find("fwd") != std::string::npos;
