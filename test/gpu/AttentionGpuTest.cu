@@ -214,7 +214,8 @@ void checkForwardWgmma(const Problem &p, Launch launch, const char *variant) {
 }
 
 /// Which wgmma forward a case runs (the warp-specialised one also in
-/// clusters of two block pairs sharing each context tile).
+/// clusters of two block pairs sharing each context tile, and with its
+/// consumers issuing in turns).
 enum class Forward {
   Tma,
   WarpSpecialised,
