@@ -286,8 +286,10 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
   // the first turn to consumer 0, which takes one more at the end so that no
   // arrival is left on a barrier.
   constexpr int kConsumerThreads = C::kConsumers * kWarpgroupThreads;
-  const int myTurn = int(WgmmaFwdWsBarrier::Turn0) + wg,
-            otherTurn = int(WgmmaFwdWsBarrier::Turn0) + 1 - wg;
+  const int myTurn = int(wg == 0 ? WgmmaFwdWsBarrier::Turn0
+                                 : WgmmaFwdWsBarrier::Turn1),
+            otherTurn = int(wg == 0 ? WgmmaFwdWsBarrier::Turn1
+                                    : WgmmaFwdWsBarrier::Turn0);
   auto awaitTurn = [&] {
     if constexpr (PINGPONG)
       namedBarrierSync<kConsumerThreads>(myTurn);

@@ -74,7 +74,9 @@ __device__ __forceinline__ void namedBarrierSync() {
 
 /// bar.sync / bar.arrive on a named barrier chosen at run time (id in
 /// [1, 15]) for Threads threads: a warp that arrives does not wait; the
-/// barrier completes once Threads threads have synced or arrived.
+/// barrier completes once Threads threads have synced or arrived. Apart from
+/// the immediate form above because ptxas reserves all 16 named barriers for
+/// a kernel that takes an id from a register.
 template <int Threads>
 __device__ __forceinline__ void namedBarrierSync(int id) {
   static_assert(Threads % kWarpThreads == 0, "whole warps");

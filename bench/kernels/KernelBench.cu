@@ -389,6 +389,8 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                                                                             0);
     sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1,
                                             true>(fa, 0);
+    // The backward reads the TMA forward's out and lse, as everywhere here
+    // (ncu -k leaves this launch out).
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(ba, 0);
     sm90a_block_attention_bwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
@@ -399,9 +401,6 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     freeAll();
     return;
   }
-  // The dQ phase in parts (bench/kernels/WgmmaBwdDqTiming.cuh): the step's
-  // backward; its rows staged and released by the adders but not added; dQ
-  // formed, not staged; no dQ phase.
   // The backward with dQ policy `policy` (a value of its type).
   auto bwdWithDq = [&](auto policy, const char *variant) {
     bwd(
@@ -411,9 +410,10 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
         },
         variant);
   };
-  auto dqCosts = [&] {
-    bwdWithDq(WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>(),
-              "wgmma dq rows by adders, groups of 8 pairs (default)");
+  // The dQ phase in parts, timing only (a wrong dQ;
+  // bench/kernels/WgmmaBwdDqTiming.cuh): the rows staged and released by the
+  // adders but not added; dQ formed, not staged; no dQ phase.
+  auto dqParts = [&] {
     bwdWithDq(bench::WgmmaBwdDqStagedNotAddedForTiming(),
               "wgmma wgs2 down dq rows staged, released unadded, timing only");
     bwdWithDq(bench::WgmmaBwdDqProductOnlyForTiming(),
@@ -422,7 +422,9 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
               "wgmma wgs2 down no dq phase, timing only");
   };
   if (set == AttentionSet::DqCosts) {
-    dqCosts();
+    bwdWithDq(WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>(),
+              "wgmma dq rows by adders, groups of 8 pairs (default)");
+    dqParts();
     freeAll();
     return;
   }
@@ -621,9 +623,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
       launch1Bytes);
   launchAlone([&] { detail::launchBlockAttentionBwdDq<D, BS, NH>(ba, 0); },
               "launch 3 only (dQ to bf16)", qn * 6.0);
-  // Timing only (a wrong dQ): bench/kernels/WgmmaBwdDqTiming.cuh (the
-  // default runs once more first).
-  dqCosts();
+  dqParts();
   freeAll();
 }
 
