@@ -5,8 +5,10 @@
 // (wgmmaForwardSupports in kernels/AttentionLimits.h, the test that
 // dflashc's summary prints too), else the mma.sync one; and
 // block_attention_fwd_ws_bf16, the warp-specialised wgmma kernel that
-// dflash-select-kernels picks for long contexts. All produce the same
-// outputs (kernels/BlockAttentionArgs.h describes the operands).
+// dflash-select-kernels picks for long contexts, and
+// block_attention_fwd_ws_pingpong_bf16, the same with its consumers issuing
+// in turns. All produce the same outputs (kernels/BlockAttentionArgs.h
+// describes the operands).
 //
 //===----------------------------------------------------------------------===//
 
@@ -37,15 +39,27 @@ void block_attention_fwd_bf16(const BlockAttentionFwdArgs &args,
 
 /// The same forward by the warp-specialised wgmma kernel, which
 /// dflash-select-kernels picks for long contexts (warpSpecialisedForwardPays
-/// in kernels/AttentionLimits.h).
-template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+/// in kernels/AttentionLimits.h). PINGPONG: its two consumer warpgroups
+/// issue their products in turns.
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
+          bool PINGPONG = false>
 void block_attention_fwd_ws_bf16(const BlockAttentionFwdArgs &args,
                                  cudaStream_t stream) {
   static_assert(wgmmaForwardSupports(D, BS, NH, NKV),
                 "the warp-specialised forward takes the wgmma forward's "
                 "shapes only");
-  sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
-      args, stream);
+  sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                                          /*CLUSTER=*/1, PINGPONG>(args,
+                                                                   stream);
+}
+
+/// Its pingpong form, on the same layers once its GPU test has passed
+/// (schema/KernelEntryPoints.h, kUnvalidatedKernels).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void block_attention_fwd_ws_pingpong_bf16(const BlockAttentionFwdArgs &args,
+                                          cudaStream_t stream) {
+  block_attention_fwd_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL,
+                              /*PINGPONG=*/true>(args, stream);
 }
 
 } // namespace dflash::kernels

@@ -17,8 +17,9 @@
 //   while that product runs, and once it has finished O is rescaled by
 //   tile j's alpha and P_j packed to bf16 (no register a wgmma reads is
 //   written while one is in flight, else ptxas serialises them: C7513).
-// - PINGPONG (FlashAttention-3's schedule between warpgroups; a measured
-//   alternative, not selectable): the two consumers take turns to issue
+// - PINGPONG (FlashAttention-3's schedule between warpgroups; its entry
+//   point block_attention_fwd_ws_pingpong_bf16 awaits its GPU test in
+//   kUnvalidatedKernels): the two consumers take turns to issue
 //   their tile's products, each handing the turn on by a named barrier once
 //   they are issued, so that one's softmax runs while the other's products
 //   hold the tensor cores.
@@ -428,7 +429,8 @@ __launch_bounds__((WgmmaFwdWsConfig<D, BS, NH, NKV>::kThreads), 1)
 /// sm90a_block_attention_fwd_wgmma_bf16. CLUSTER: block pairs whose CTAs
 /// share each context tile by multicast (1: none; 2 is a measured
 /// alternative that lost: docs/kernels.md). PINGPONG: the consumers issue
-/// their products in turns (not yet run on a GPU, not selectable).
+/// their products in turns (not yet run on a GPU; selectable once its GPU
+/// test has passed).
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL,
           int CLUSTER = 1, bool PINGPONG = false>
 void sm90a_block_attention_fwd_wgmma_ws_bf16(const BlockAttentionFwdArgs &args,

@@ -235,17 +235,19 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   os << "\n";
   // The attention kernels the generated step's dispatchers pick: users see
   // whether their shape is on the fast (wgmma) path, and which layers the
-  // warp-specialised forward runs and whether the backward's key tiles run in
-  // clusters (dflash-select-kernels' choices, in the planned step).
+  // warp-specialised forward runs (and whether its consumers take turns) and
+  // whether the backward's key tiles run in clusters (dflash-select-kernels'
+  // choices, in the planned step).
   auto kernelName = [](bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; };
   int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads, NKV = s.numKvHeads;
-  bool wsSelected = false, clusterSelected = false;
+  bool wsSelected = false, pingpongSelected = false, clusterSelected = false;
   module.walk([&](mlir::Operation *op) {
     auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
     if (!kernel)
       return;
     const std::string name = kernel.getName().str();
     wsSelected |= name == kernel_names::kBlockAttentionFwdWs;
+    pingpongSelected |= name == kernel_names::kBlockAttentionFwdWsPingpong;
     clusterSelected |= name == kernel_names::kBlockAttentionBwdCluster;
   });
   int64_t longLayers = 0;
@@ -258,7 +260,10 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   };
   os << "  attention  forward "
      << kernelName(::dflash::kernels::wgmmaForwardSupports(D, BS, NH, NKV));
-  if (wsSelected)
+  if (pingpongSelected)
+    os << " (warp-specialised, consumers in turns, on its "
+       << layers(longLayers) << ")";
+  else if (wsSelected)
     os << " (warp-specialised on its " << layers(longLayers) << ")";
   os << ", backward "
      << kernelName(::dflash::kernels::wgmmaBackwardSupports(D, BS, NH, NKV))

@@ -205,7 +205,8 @@ LogicalResult checkAttentionBwdSharedMemory(BlockAttentionGradOp op, int64_t D,
 }
 
 /// The attention op's constants: D, BS, NH, NKV, window, causal. The
-/// forward runs the warp-specialised kernel where warpSpecialisedForwardPays,
+/// forward runs the warp-specialised kernel where warpSpecialisedForwardPays
+/// (with its consumers in turns where that may run),
 /// the backward the cluster context kernel where clusterBackwardPays (short
 /// rows, several to a GPU), each where it may run (`allowUnvalidated`: also
 /// before its GPU test has passed).
@@ -225,13 +226,20 @@ FailureOr<Choice> attention(Operation *op, bool backward,
   Choice c;
   c.constants = {D, BS, NH, NKV, window, causal};
   if (!backward) {
-    const bool ws =
-        kernels::warpSpecialisedForwardPays(D, BS, NH, NKV, window, causal,
-                                            k.getDimSize(1)) &&
-        ::dflash::kernelSelectable(::dflash::kernel_names::kBlockAttentionFwdWs,
-                                   allowUnvalidated);
-    c.name = ws ? ::dflash::kernel_names::kBlockAttentionFwdWs
-                : ::dflash::kernel_names::kBlockAttentionFwd;
+    namespace names = ::dflash::kernel_names;
+    const bool ws = kernels::warpSpecialisedForwardPays(
+                        D, BS, NH, NKV, window, causal, k.getDimSize(1)) &&
+                    ::dflash::kernelSelectable(names::kBlockAttentionFwdWs,
+                                               allowUnvalidated);
+    // Its consumers in turns (FlashAttention-3's pingpong) on the same
+    // layers, once validated; until its time is measured against the plain
+    // schedule, only trainers built for its GPU test and that A/B run it.
+    const bool pingpong =
+        ws && ::dflash::kernelSelectable(names::kBlockAttentionFwdWsPingpong,
+                                         allowUnvalidated);
+    c.name = pingpong ? names::kBlockAttentionFwdWsPingpong
+             : ws     ? names::kBlockAttentionFwdWs
+                      : names::kBlockAttentionFwd;
     return c;
   }
   const int64_t B = q.getDimSize(0), N = q.getDimSize(1) / BS;

@@ -263,8 +263,9 @@ void runWgmmaCase(int B, int S, int N, Anchors mode, uint64_t seed,
     checkForwardWgmma<D, BS, NH, NKV, WINDOW, CAUSAL>(
         p,
         [](const kernels::BlockAttentionFwdArgs &fa) {
-          kernels::sm90a_block_attention_fwd_wgmma_ws_bf16<
-              D, BS, NH, NKV, WINDOW, CAUSAL, 1, true>(fa, 0);
+          // The step's entry point for it (the kernel with PINGPONG).
+          kernels::block_attention_fwd_ws_pingpong_bf16<D, BS, NH, NKV, WINDOW,
+                                                        CAUSAL>(fa, 0);
         },
         "wgmma warp-specialised fwd, pingpong");
 }
