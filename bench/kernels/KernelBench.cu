@@ -196,7 +196,8 @@ void gemmAlgorithms(CublasLtGemm &gemm) {
 enum class AttentionSet {
   All,         ///< every variant (bwdOnly / fwdOnly: one direction)
   Defaults,    ///< the kernels the trainer selects ("attention-long")
-  DqCosts,     ///< the step's backward beside its dQ timing-only forms
+  DqCosts,     ///< the step's backward beside its dQ timing-only forms and
+               ///< launch groups of 1 and 2 (row, kv head) pairs
   ProfileOnce, ///< one untimed launch each, for Nsight Compute
 };
 
@@ -204,10 +205,10 @@ enum class AttentionSet {
 /// "attention-bwd", "attention-fwd"), at rows of S tokens (one row of 131072
 /// for the "attention-long" arguments: the context half of each block's
 /// keys dominates there). `set` (above): Defaults, the trainer's kernels
-/// ("attention-long"); DqCosts, what each part of the dQ phase costs
-/// ("attention-long-dq"); ProfileOnce, the step's forward (and its pingpong
-/// form) and backward and the backward without its dQ adds, once each
-/// ("attention-long-profile").
+/// ("attention-long"); DqCosts, what each part of the dQ phase costs and
+/// the backward with fewer dQ accumulators live ("attention-long-dq");
+/// ProfileOnce, the step's forward (and its pingpong form) and backward and
+/// the backward without its dQ adds, once each ("attention-long-profile").
 template <int WINDOW, bool CAUSAL>
 void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                AttentionSet set = AttentionSet::All) {
@@ -410,6 +411,25 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
         },
         variant);
   };
+  // The adder warpgroup with other launch groups (pairs; 0: all), stages or
+  // clusters of key tiles.
+  auto adders = [&](auto group, auto stages, auto cluster,
+                    const char *variant) {
+    bwd(
+        [&] {
+          sm90a_block_attention_bwd_wgmma_bf16<
+              D, BS, NH, NKV, WINDOW, CAUSAL,
+              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
+              decltype(group)::value, decltype(stages)::value,
+              decltype(cluster)::value>(ba, 0);
+        },
+        variant);
+  };
+  using std::integral_constant;
+  using One = integral_constant<int, 1>;
+  using Two = integral_constant<int, 2>;
+  using Three = integral_constant<int, 3>;
+  using Eight = integral_constant<int, kWgmmaBwdPairsPerGroup>;
   // The dQ phase in parts, timing only (a wrong dQ;
   // bench/kernels/WgmmaBwdDqTiming.cuh): the rows staged and released by the
   // adders but not added; dQ formed, not staged; no dQ phase.
@@ -425,6 +445,12 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     bwdWithDq(WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>(),
               "wgmma dq rows by adders, groups of 8 pairs (default)");
     dqParts();
+    // At one row of 128K the 8 kv heads' fp32 dQ accumulators (134 MB) and
+    // Q / dO (128 MB) outgrow the L2 (50 MB); the key tiles of one or two
+    // kv heads at a time keep 33 or 66 MB live (dropped at 3K, where a
+    // pair has 24 key tiles, never timed here).
+    adders(One(), Two(), One(), "wgmma dq rows by adders, groups of 1 pair");
+    adders(Two(), Two(), One(), "wgmma dq rows by adders, groups of 2 pairs");
     freeAll();
     return;
   }
@@ -537,25 +563,6 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
                                                                              0);
       },
       "wgmma dq rows by adders, groups of 8 pairs (default)");
-  // The adder warpgroup with other launch groups (pairs; 0: all), stages or
-  // clusters of key tiles.
-  auto adders = [&](auto group, auto stages, auto cluster,
-                    const char *variant) {
-    bwd(
-        [&] {
-          sm90a_block_attention_bwd_wgmma_bf16<
-              D, BS, NH, NKV, WINDOW, CAUSAL,
-              WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
-              decltype(group)::value, decltype(stages)::value,
-              decltype(cluster)::value>(ba, 0);
-        },
-        variant);
-  };
-  using std::integral_constant;
-  using One = integral_constant<int, 1>;
-  using Two = integral_constant<int, 2>;
-  using Three = integral_constant<int, 3>;
-  using Eight = integral_constant<int, kWgmmaBwdPairsPerGroup>;
   // Clusters of two adjacent key tiles walking one list, each Q / dO tile
   // read from L2 once and multicast to both (two and three stages).
   adders(Eight(), Two(), Two(),
