@@ -59,12 +59,19 @@ int64_t ClampedSwigluOp::getFlopCount() { return 8 * numElements(getGate()); }
 
 int64_t AddOp::getFlopCount() { return numElements(getLhs()); }
 
+/// Forward FLOPs of one visible (query slot, key) pair over the query heads:
+/// QK^T and PV, 2 d each.
+static double forwardFlopsPerPair(Value query) {
+  auto q = cast<RankedTensorType>(query.getType()).getShape();
+  return 4.0 * double(q[3]) * double(q[2]);
+}
+
 /// Forward FLOPs of block attention (see the file comment).
 static int64_t attentionFlops(Value query, Value contextKeys, int64_t bs,
                               IntegerAttr windowAttr, bool causal) {
   auto q = cast<RankedTensorType>(query.getType()).getShape();
   int64_t S = cast<RankedTensorType>(contextKeys.getType()).getDimSize(1);
-  int64_t B = q[0], Q = q[1], nh = q[2], d = q[3];
+  int64_t B = q[0], Q = q[1];
   std::optional<int64_t> window;
   if (windowAttr)
     window = windowAttr.getInt();
@@ -79,8 +86,7 @@ static int64_t attentionFlops(Value query, Value contextKeys, int64_t bs,
     visible += causal ? double(k + 1) : double(bs);
   }
   int64_t blocks = B * (Q / bs);
-  // QK^T and PV: 2*d each per visible pair and query head.
-  return int64_t(double(blocks) * double(nh) * 4.0 * double(d) * visible);
+  return int64_t(double(blocks) * forwardFlopsPerPair(query) * visible);
 }
 
 int64_t BlockAttentionOp::getFlopCount() {
@@ -94,6 +100,14 @@ int64_t BlockAttentionGradOp::getFlopCount() {
   return attentionFlops(getQuery(), getContextKeys(), getBlockSize(),
                         getWindowAttr(), getCausal()) *
          5 / 2;
+}
+
+double mlir::dflash::blockAttentionFlopsPerPair(Operation *op) {
+  if (auto fwd = dyn_cast<BlockAttentionOp>(op))
+    return forwardFlopsPerPair(fwd.getQuery());
+  if (auto grad = dyn_cast<BlockAttentionGradOp>(op))
+    return forwardFlopsPerPair(grad.getQuery()) * 5 / 2;
+  return 0;
 }
 
 int64_t LinearGradInputOp::getFlopCount() {

@@ -25,6 +25,11 @@ namespace mlir::dflash {
 inline constexpr llvm::StringLiteral kArgAttrName = "dflash.arg";
 /// The module attribute holding the #dflash.optimizer of the step.
 inline constexpr llvm::StringLiteral kOptimizerAttrName = "dflash.optimizer";
+/// The FLOPs one visible (query slot, key) pair of one block costs a
+/// dflash.block_attention (QK^T and PV over its query heads) or its gradient
+/// (2.5 times that); their getFlopCount() is this times the pairs they assume
+/// visible (DFlashFlops.cpp). 0 for any other op.
+double blockAttentionFlopsPerPair(Operation *op);
 /// The gradient buckets of an adamw_sharded in state order: the order its
 /// grads first name them.
 llvm::SmallVector<GradientBucketOp> shardedBuckets(AdamWShardedOp op);

@@ -50,3 +50,31 @@ FlopCount FlopCount::of(func::FuncOp step) {
   }
   return count;
 }
+
+namespace dflash {
+std::vector<AttentionKindFlops> attentionByKind(func::FuncOp step,
+                                                int64_t rows) {
+  std::vector<AttentionKindFlops> kinds;
+  auto add = [&](auto op) {
+    AttentionKindFlops kind;
+    kind.window = op.getWindowAttr() ? op.getWindowAttr().getInt() : 0;
+    kind.causal = op.getCausal();
+    auto it = llvm::find_if(kinds, [&](const AttentionKindFlops &k) {
+      return k.window == kind.window && k.causal == kind.causal;
+    });
+    if (it == kinds.end())
+      it = kinds.insert(kinds.end(), kind);
+    const int64_t batch = op.getQuery().getType().getDimSize(0);
+    it->counted += double(op.getFlopCount());
+    it->perPair +=
+        blockAttentionFlopsPerPair(op) * double(batch) / double(rows);
+  };
+  step.walk([&](Operation *op) {
+    if (auto fwd = dyn_cast<BlockAttentionOp>(op))
+      add(fwd);
+    else if (auto grad = dyn_cast<BlockAttentionGradOp>(op))
+      add(grad);
+  });
+  return kinds;
+}
+} // namespace dflash

@@ -3,6 +3,8 @@
 #ifndef DFLASH_COMPILER_ANALYSIS_FLOPCOUNT_H
 #define DFLASH_COMPILER_ANALYSIS_FLOPCOUNT_H
 
+#include "schema/AttentionWork.h"
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "llvm/ADT/MapVector.h"
 #include "llvm/ADT/StringRef.h"
@@ -25,6 +27,14 @@ struct FlopCount {
 
   static FlopCount of(mlir::func::FuncOp step);
 };
+
+/// The block attention of `step` by kind of layer (window, in-block
+/// causality), for a trainer to count at the anchors it draws
+/// (schema/AttentionWork.h): each kind's FLOPs as `of` counts them, and its
+/// FLOPs per visible pair of one block of one of the step's `rows` rows (an
+/// op over B of them, a micro-batch, weighs B / rows).
+std::vector<AttentionKindFlops> attentionByKind(mlir::func::FuncOp step,
+                                                int64_t rows);
 
 } // namespace dflash
 

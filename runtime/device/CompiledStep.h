@@ -62,6 +62,8 @@ struct CompiledStepTables {
   int64_t arenaBytes = 0;          ///< the memory plan's, scratch included
   int64_t gemmWorkspaceBytes = 0;
   double flopsPerStep = 0;
+  /// Its block attention by kind of layer (the training step's only).
+  std::vector<AttentionKindFlops> attentionKinds;
   /// The optimizer's device tables (kernels/AdamWTables.h layout).
   ArenaSlot optimizerTables;
   int64_t maxChunks = 0;
@@ -91,6 +93,9 @@ public:
     return size_t(t.gemmWorkspaceBytes);
   }
   double flopsPerStep() const override { return t.flopsPerStep; }
+  const std::vector<AttentionKindFlops> &attentionKinds() const override {
+    return t.attentionKinds;
+  }
   const OptimizerShardLayout *optimizerShards() const override {
     return t.sharded ? &t.shardLayout : nullptr;
   }

@@ -20,6 +20,7 @@
 
 #include "runtime/device/OptimizerShards.h"
 #include "runtime/device/StepBuffers.h"
+#include "schema/AttentionWork.h"
 #include "schema/ModelConfig.h"
 #include "schema/StepBuffers.h"
 
@@ -74,6 +75,12 @@ public:
   virtual size_t gemmWorkspaceBytes() const = 0;
   /// FLOPs of one step on one GPU, as the compiler counts them.
   virtual double flopsPerStep() const = 0;
+  /// Their block attention by kind of layer, for counting it again at the
+  /// anchors a step drew (schema/AttentionWork.h); empty where not known.
+  virtual const std::vector<AttentionKindFlops> &attentionKinds() const {
+    static const std::vector<AttentionKindFlops> none;
+    return none;
+  }
   /// With ZeRO-1 (spec `[parallel] shard_optimizer_state`): how the
   /// optimizer state is split over the GPUs; its Master and Moment buffers
   /// are then one shard per bucket ("bucket.<k>"), and the step runs only

@@ -26,13 +26,15 @@ void dflash::rt::setThroughput(StepMetrics &m, const ModelConfig &config,
   m.microSteps = config.gradientAccumulation;
   double seconds = m.stepMs / 1e3;
   if (!(seconds > 0)) {
-    m.contextTokensPerS = m.draftTokensPerS = m.tflops = 0;
+    m.contextTokensPerS = m.draftTokensPerS = m.tflops = m.drawnTflops = 0;
     return;
   }
   double rows = double(config.rowsPerStep()) * double(worldSize);
   m.contextTokensPerS = rows * double(config.seqLen) / seconds;
   m.draftTokensPerS = rows * double(config.draftLength()) / seconds;
   m.tflops = flopsPerStep / seconds / 1e12;
+  m.drawnTflops =
+      (m.drawnFlops > 0 ? m.drawnFlops : flopsPerStep) / seconds / 1e12;
 }
 
 std::vector<double> dflash::rt::accuracyByPosition(const double *hits,
@@ -168,6 +170,7 @@ std::string dflash::rt::metricsJsonLine(const StepMetrics &m) {
          ", \"tokens_per_s\": " + jsonNumber("%.1f", m.contextTokensPerS) +
          ", \"draft_tokens_per_s\": " + jsonNumber("%.1f", m.draftTokensPerS) +
          ", \"tflops\": " + jsonNumber("%.3f", m.tflops) +
+         ", \"drawn_tflops\": " + jsonNumber("%.3f", m.drawnTflops) +
          ", \"skipped_rows\": " + std::to_string(m.skippedRows) +
          jsonList("rank_step_ms", m.rankStepMs, "%.4f") + "}";
 }

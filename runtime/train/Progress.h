@@ -12,7 +12,10 @@
 // with S the sequence length and Q = N * bs the draft positions of a row:
 // the whole run's rate, summed over its GPUs. "tflops" is the compiler's
 // FLOP count of one GPU's step over t: the achieved rate of one GPU,
-// comparable with its bf16 GEMM ceiling.
+// comparable with its bf16 GEMM ceiling. The count takes each block's anchor
+// uniform over its row; "drawn_tflops" counts the block attention at the
+// anchors the step drew instead (long rows whose answers follow a long
+// prompt see more context than that).
 // Each GPU's step time runs from before the step's input copies to the end
 // of its last kernel, measured with CUDA events on that GPU. With several
 // GPUs, t ("step_ms", likewise "compute_ms") is the slowest rank's: the
@@ -83,6 +86,11 @@ struct StepMetrics {
   double contextTokensPerS = 0;
   double draftTokensPerS = 0;
   double tflops = 0;
+  /// This GPU's step FLOPs with its block attention counted at the anchors
+  /// the step drew (schema/AttentionWork.h; a group's: its GPUs' mean), and
+  /// their rate; 0: not counted, the rate is then tflops.
+  double drawnFlops = 0;
+  double drawnTflops = 0;
   /// Distinct rows skipped for non-finite features so far, over every rank,
   /// those a resumed state knew included.
   int64_t skippedRows = 0;
@@ -145,7 +153,8 @@ void setThroughput(StepMetrics &metrics, const ModelConfig &config,
 /// ...] (when reported), "tau_by_bucket", "acc_by_bucket",
 /// "blocks_by_bucket": [bucket 0, ...] (with more than one bucket),
 /// "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
-/// "draft_tokens_per_s", "tflops", "skipped_rows"}, and "rank_step_ms":
+/// "draft_tokens_per_s", "tflops", "drawn_tflops", "skipped_rows"}, and
+/// "rank_step_ms":
 /// [...] last when rankStepMs is not empty. A non-finite value is written as
 /// null.
 std::string metricsJsonLine(const StepMetrics &metrics);

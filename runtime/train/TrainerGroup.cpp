@@ -417,6 +417,10 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
     badRows.insert(rows.begin(), rows.end());
   metrics.skippedRows = int64_t(badRows.size());
   metrics.badRowsNow.clear();
+  // This process's GPUs' mean: each counts the anchors its own rows drew.
+  metrics.drawnFlops = 0;
+  for (const std::unique_ptr<Worker> &w : workers)
+    metrics.drawnFlops += w->metrics.drawnFlops / double(workers.size());
   setThroughput(metrics, workers.front()->program->config(), layout.worldSize(),
                 flopsPerStep);
   return Status::success();

@@ -238,6 +238,11 @@ Status Trainer::step(StepMetrics &metrics) {
                      where + ": copying the batch to the device"));
   DataPosition positionAfter = batch->positionAfter;
   Rng::State rngAfter = batch->anchorRngAfter;
+  const double drawnFlops = drawnStepFlops(
+      program.flopsPerStep(), program.attentionKinds(),
+      DrawnAnchors{config.rowsPerStep(), config.seqLen, config.anchorsPerRow,
+                   config.blockSize, batch->anchors, batch->keep,
+                   batch->positionIds});
   std::vector<SkippedRow> skippedNow = batch->skippedRows;
   lease.release();
   if (completedSteps + 1 < options.finalStep) // the last step stages nothing
@@ -297,6 +302,7 @@ Status Trainer::step(StepMetrics &metrics) {
     metrics.targetApart = true;
     metrics.featureWaitMs = std::max(0.0, metrics.stepMs - metrics.computeMs);
   }
+  metrics.drawnFlops = drawnFlops;
   setThroughput(metrics, config, options.run.worldSize, program.flopsPerStep());
   if (afterFirstStep.totalBytes == 0)
     DFLASH_RETURN_IF_ERROR(device.memory(afterFirstStep));

@@ -354,6 +354,21 @@ FailureOr<std::string> StepEmitter::emit() {
   const int64_t B = config.rowsPerGpu, S = config.seqLen,
                 N = config.anchorsPerRow;
   double flops = double(FlopCount::of(step).step());
+  // The step's block attention by kind of layer, which the trainer counts
+  // again at the anchors it draws (schema/AttentionWork.h).
+  std::string attentionInit;
+  if (!sig.isEval() && !sig.isTarget()) {
+    std::string kinds;
+    for (const AttentionKindFlops &kind :
+         attentionByKind(step, config.rowsPerStep()))
+      kinds += llvm::formatv("      {{{0}, {1}, {2}, {3}},\n", kind.window,
+                             kind.causal ? "true" : "false",
+                             llvm::format("%.17g", kind.counted),
+                             llvm::format("%.17g", kind.perPair))
+                   .str();
+    if (!kinds.empty())
+      attentionInit = "  t.attentionKinds = {\n" + kinds + "  };\n";
+  }
   std::string profileNames;
   for (size_t i = 0; i < opNames.size(); ++i)
     profileNames += "      " + quoted(opNames[i]) + ",\n";
@@ -439,7 +454,7 @@ FailureOr<std::string> StepEmitter::emit() {
      << "  t.arenaBytes = " << arena.getInt() << ";\n"
      << "  t.gemmWorkspaceBytes = dflash::kernels::kGemmWorkspaceBytes;\n"
      << "  t.flopsPerStep = " << llvm::format("%.17g", flops) << ";\n"
-     << optimizerInit << "  t.opNames = {\n"
+     << attentionInit << optimizerInit << "  t.opNames = {\n"
      << profileNames << "  };\n"
      << "  return t;\n}\n\n"
      << "class " << className << " final : public dflash::rt::CompiledStep {\n"

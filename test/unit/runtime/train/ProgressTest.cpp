@@ -53,9 +53,17 @@ TEST(TrainMetrics, Throughput) {
   setThroughput(m, smallConfig(), 4, 4e12);
   EXPECT_DOUBLE_EQ(m.contextTokensPerS, 4 * 64 / 0.08);
   EXPECT_DOUBLE_EQ(m.tflops, 50.0); // one GPU's rate
+  // Not counted at the drawn anchors: the compiler's count.
+  EXPECT_DOUBLE_EQ(m.drawnTflops, 50.0);
+  // Counted: the attention of the anchors drawn (5.2e12 FLOP).
+  m.drawnFlops = 5.2e12;
+  setThroughput(m, smallConfig(), 1, 4e12);
+  EXPECT_DOUBLE_EQ(m.tflops, 50.0);
+  EXPECT_DOUBLE_EQ(m.drawnTflops, 65.0);
   m.stepMs = 0;
   setThroughput(m, smallConfig(), 1, 4e12);
   EXPECT_EQ(m.contextTokensPerS, 0);
+  EXPECT_EQ(m.drawnTflops, 0);
 }
 
 TEST(TrainMetrics, JsonLine) {
@@ -65,7 +73,7 @@ TEST(TrainMetrics, JsonLine) {
             "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
             "70.0000, \"tokens_per_s\": "
             "800.0, \"draft_tokens_per_s\": 300.0, \"tflops\": 50.000, "
-            "\"skipped_rows\": 0}");
+            "\"drawn_tflops\": 50.000, \"skipped_rows\": 0}");
   StepMetrics bad = sampleMetrics();
   bad.loss = std::numeric_limits<double>::quiet_NaN();
   bad.gradNorm = std::numeric_limits<double>::infinity();
@@ -93,7 +101,8 @@ TEST(TrainMetrics, EveryRanksStepTime) {
             "\"grad_norm\": "
             "1.125, \"lr\": 0.0006, \"step_ms\": 80.0000, \"compute_ms\": "
             "70.0000, \"tokens_per_s\": 1600.0, \"draft_tokens_per_s\": "
-            "600.0, \"tflops\": 50.000, \"skipped_rows\": 0, "
+            "600.0, \"tflops\": 50.000, \"drawn_tflops\": 50.000, "
+            "\"skipped_rows\": 0, "
             "\"rank_step_ms\": [80.0000, "
             "75.5000]}");
   EXPECT_EQ(
