@@ -154,9 +154,8 @@ void setThroughput(StepMetrics &metrics, const ModelConfig &config,
 /// "blocks_by_bucket": [bucket 0, ...] (with more than one bucket),
 /// "grad_norm", "lr", "step_ms", "compute_ms", "tokens_per_s",
 /// "draft_tokens_per_s", "tflops", "drawn_tflops", "skipped_rows"}, and
-/// "rank_step_ms":
-/// [...] last when rankStepMs is not empty. A non-finite value is written as
-/// null.
+/// "rank_step_ms": [...] last when rankStepMs is not empty. A non-finite
+/// value is written as null.
 std::string metricsJsonLine(const StepMetrics &metrics);
 /// {"step": ..., "eval_loss", "eval_acc", "eval_tau", "eval_acc_by_position",
 /// "eval_tau_by_bucket", "eval_acc_by_bucket", "eval_blocks_by_bucket"
