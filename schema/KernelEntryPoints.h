@@ -29,8 +29,9 @@ inline constexpr std::string_view kBlockAttentionFwd =
 // warpSpecialisedForwardPays): the same arguments as kBlockAttentionFwd.
 inline constexpr std::string_view kBlockAttentionFwdWs =
     "block_attention_fwd_ws_bf16";
-// The same with its two consumer warpgroups issuing their products in turns
-// (kernels/AttentionLimits.h, pingpongForwardPays): the same arguments.
+// The same with its two consumer warpgroups issuing their products in turns,
+// on the same layers once it may run (kUnvalidatedKernels): the same
+// arguments.
 inline constexpr std::string_view kBlockAttentionFwdWsPingpong =
     "block_attention_fwd_ws_pingpong_bf16";
 inline constexpr std::string_view kBlockAttentionBwd =

@@ -371,11 +371,11 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
         },
         "wgmma warp-specialised, clusters of 2");
     // Its consumers issuing their products in turns (FlashAttention-3's
-    // pingpong between warpgroups; not selectable).
+    // pingpong between warpgroups), by the step's entry point for it.
     checkAndTime(
         [&] {
-          sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW,
-                                                  CAUSAL, 1, true>(fa, 0);
+          block_attention_fwd_ws_pingpong_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+              fa, 0);
         },
         "wgmma warp-specialised, pingpong");
     // The backward reads the default forward's out and lse.
@@ -388,8 +388,7 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     // adds.
     sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa,
                                                                             0);
-    sm90a_block_attention_fwd_wgmma_ws_bf16<D, BS, NH, NKV, WINDOW, CAUSAL, 1,
-                                            true>(fa, 0);
+    block_attention_fwd_ws_pingpong_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
     // The backward reads the TMA forward's out and lse, as everywhere here
     // (ncu -k leaves this launch out).
     sm90a_block_attention_fwd_wgmma_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(fa, 0);
