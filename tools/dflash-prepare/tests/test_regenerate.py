@@ -183,7 +183,15 @@ def conversation(*users, system=None):
 
 
 class RegenerateBase(TempDir):
-    """A stand-in server per test, and regenerate run in this process."""
+    """A stand-in server per test, and regenerate run in this process.
+
+    Requests get TIMEOUT seconds, far above what the stand-in takes on a
+    loaded machine, so that a test counting requests sees no retry it did not
+    cause; a test of timeouts passes --timeout SHORT_TIMEOUT (below the
+    stand-in's delays on cue, which are StandInServer.client_timeout * 3)."""
+
+    TIMEOUT = "10"
+    SHORT_TIMEOUT = "0.5"
 
     def setUp(self):
         super().setUp()
@@ -199,7 +207,7 @@ class RegenerateBase(TempDir):
 
     def regenerate(self, chat_path, *extra):
         args = ["regenerate", chat_path, "--out", self.path("regen.jsonl"),
-                "--server", self.server.url, "--model", "stand-in", "--timeout", "0.5",
+                "--server", self.server.url, "--model", "stand-in", "--timeout", self.TIMEOUT,
                 "--retries", "2", "--retry-backoff", "0.01", *extra]
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
@@ -264,7 +272,8 @@ class RegenerateTest(RegenerateBase):
     def test_timeouts_500s_and_dropped_connections_are_retried(self):
         chat_path = self.write_chat([conversation("slow"), conversation("fail500"),
                                      conversation("drop"), conversation("fine")])
-        code, _, err = self.regenerate(chat_path, "--concurrency", "4")
+        code, _, err = self.regenerate(chat_path, "--concurrency", "4",
+                                       "--timeout", self.SHORT_TIMEOUT)
         self.assertEqual(code, 0, err)
         self.assertEqual(sorted(m["messages"][1]["content"] for m in self.output()),
                          ["A0: drop", "A0: fail500", "A0: fine", "A0: slow"])
@@ -446,7 +455,8 @@ class FaultTest(RegenerateBase):
         # the request took as long as the server liked.
         chat_path = self.write_chat([conversation("trickle"), conversation("fine")])
         began = time.monotonic()
-        code, _, err = self.regenerate(chat_path, "--concurrency", "2")
+        code, _, err = self.regenerate(chat_path, "--concurrency", "2",
+                                       "--timeout", self.SHORT_TIMEOUT)
         self.assertLess(time.monotonic() - began, 4)
         self.assertEqual(code, 0, err)
         self.assertEqual(self.contents(), ["A0: fine", "A0: trickle"])
