@@ -301,10 +301,11 @@ Status TrainerGroup::assembleOptimizerState(TrainingState &state) {
 
 namespace {
 /// The words one process contributes to the per-step exchange: its stop
-/// signal, then per local rank its step and compute times, anchor Rng and
-/// the source rows it skipped for the first time in this step (at most one
-/// a batch row, the unused words kNoRow).
-constexpr size_t kFixedWordsPerRank = 6;
+/// signal, then per local rank its step and compute times, anchor Rng, the
+/// FLOPs of the anchors its rows drew, and the source rows it skipped for
+/// the first time in this step (at most one a batch row, the unused words
+/// kNoRow).
+constexpr size_t kFixedWordsPerRank = 7;
 constexpr uint64_t kNoRow = ~uint64_t(0);
 
 uint64_t doubleBits(double value) {
@@ -327,7 +328,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
   // Unknown times (another process's, after a failed step) stay NaN and
   // show as null.
   std::vector<double> stepMs(world, std::nan("")),
-      computeMs(world, std::nan(""));
+      computeMs(world, std::nan("")), drawnFlops(world, std::nan(""));
   rankRngStates.resize(world);
   const size_t batchRows =
       size_t(workers.front()->program->config().rowsPerStep());
@@ -337,6 +338,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
     size_t rank = first + size_t(w->local);
     stepMs[rank] = w->metrics.stepMs;
     computeMs[rank] = w->metrics.computeMs;
+    drawnFlops[rank] = w->metrics.drawnFlops;
     badRowsNow[rank] = w->metrics.badRowsNow;
     rankRngStates[rank] = w->trainer->anchorRngState();
   }
@@ -354,6 +356,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
       words[1] = doubleBits(computeMs[first + i]);
       for (size_t k = 0; k < 4; ++k)
         words[2 + k] = rankRngStates[first + i][k];
+      words[6] = doubleBits(drawnFlops[first + i]);
       const std::vector<int64_t> &rows = badRowsNow[first + i];
       for (size_t b = 0; b < batchRows; ++b)
         words[kFixedWordsPerRank + b] =
@@ -376,6 +379,7 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
         computeMs[rank] = bitsDouble(rankWords[1]);
         for (size_t k = 0; k < 4; ++k)
           rankRngStates[rank][k] = rankWords[2 + k];
+        drawnFlops[rank] = bitsDouble(rankWords[6]);
         badRowsNow[rank].clear();
         for (size_t b = 0; b < batchRows; ++b)
           if (rankWords[kFixedWordsPerRank + b] != kNoRow)
@@ -417,10 +421,17 @@ Status TrainerGroup::gatherStep(const TrainerHooks &hooks, bool stepOk,
     badRows.insert(rows.begin(), rows.end());
   metrics.skippedRows = int64_t(badRows.size());
   metrics.badRowsNow.clear();
-  // This process's GPUs' mean: each counts the anchors its own rows drew.
+  // The mean over the GPUs whose counts are known (every rank's after the
+  // exchange): each counts the anchors its own rows drew.
   metrics.drawnFlops = 0;
-  for (const std::unique_ptr<Worker> &w : workers)
-    metrics.drawnFlops += w->metrics.drawnFlops / double(workers.size());
+  size_t counted = 0;
+  for (double flops : drawnFlops)
+    if (std::isfinite(flops)) {
+      metrics.drawnFlops += flops;
+      ++counted;
+    }
+  if (counted > 0)
+    metrics.drawnFlops /= double(counted);
   setThroughput(metrics, workers.front()->program->config(), layout.worldSize(),
                 flopsPerStep);
   return Status::success();
