@@ -203,6 +203,27 @@ constexpr bool clusterBackwardPays(int64_t d, int64_t bs, int64_t nh,
          keyTiles >= kClusterBackwardMinKeyTiles;
 }
 
+/// The wgmma context backward launching the key tiles of one (row, kv head)
+/// pair at a time (sm90a_block_attention_bwd_wgmma_bf16 with GROUP = 1, the
+/// default's row stage and adder warpgroup otherwise;
+/// block_attention_bwd_pair_by_pair_bf16) instead of eight pairs together.
+/// On a long row a pair has more key tiles than the GPU holds CTAs, so the
+/// CTAs running at once all add into one pair's fp32 dQ accumulator and read
+/// its Q / dO: at qwen3-8b-b16's 512 anchors those are 33 MB, inside an
+/// H100's 50 MB L2, where eight pairs' 268 MB are not. Against that, more
+/// CTAs add into the same query tiles at the same time. Timed so far only in
+/// KernelBench attention-long-dq and the step at one row of 131072 tokens
+/// (the suite long-context-levers, not yet run), so: that shape, rows of at
+/// least kPairByPairBackwardMinSeqLen tokens, N leaving room for the row
+/// stage.
+constexpr int64_t kPairByPairBackwardMinSeqLen = 131072;
+constexpr bool pairByPairBackwardPays(int64_t d, int64_t bs, int64_t nh,
+                                      int64_t nkv, int64_t seqLen, int64_t n) {
+  return d == 128 && bs == 16 && nh == 4 * nkv &&
+         wgmmaBwdRowStageFits(d, bs, nh, nkv, n) &&
+         seqLen >= kPairByPairBackwardMinSeqLen;
+}
+
 /// Shared memory of the context kernel that block_attention_bwd_bf16 runs
 /// at least (wgmma with two warpgroups, two stages and dQ atomics from the
 /// fragments, where N is too large for the faster row stage; else mma.sync

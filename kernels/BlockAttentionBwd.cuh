@@ -7,7 +7,9 @@
 // atomics from the fragments, all pairs at once as measured (the N that
 // dflashc accepts: blockAttentionBwdSmemBytes); else the mma.sync backward.
 // block_attention_bwd_cluster_bf16 runs the context kernel in clusters of
-// two key tiles, for short rows several to a GPU. Same outputs and workspace
+// two key tiles, for short rows several to a GPU;
+// block_attention_bwd_pair_by_pair_bf16 launches the key tiles of one (row,
+// kv head) pair at a time, for the longest rows. Same outputs and workspace
 // (blockAttentionBwdWorkspaceBytes) every way.
 //
 //===----------------------------------------------------------------------===//
@@ -53,6 +55,21 @@ void block_attention_bwd_cluster_bf16(const BlockAttentionBwdArgs &args,
       D, BS, NH, NKV, WINDOW, CAUSAL,
       WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true,
       kWgmmaBwdPairsPerGroup, 2, /*CLUSTER=*/2>(args, stream);
+}
+
+/// The same backward launching the key tiles of one (row, kv head) pair at a
+/// time (GROUP = 1), which dflash-select-kernels picks for the longest rows
+/// (pairByPairBackwardPays in kernels/AttentionLimits.h).
+template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
+void block_attention_bwd_pair_by_pair_bf16(const BlockAttentionBwdArgs &args,
+                                           cudaStream_t stream) {
+  static_assert(wgmmaBackwardSupports(D, BS, NH, NKV),
+                "the pair-by-pair backward takes the wgmma backward's shapes "
+                "only");
+  sm90a_block_attention_bwd_wgmma_bf16<
+      D, BS, NH, NKV, WINDOW, CAUSAL,
+      WgmmaBwdDqAdd<BlockAttentionDq::RowsByAdders>, 2, true, /*GROUP=*/1>(
+      args, stream);
 }
 
 } // namespace dflash::kernels

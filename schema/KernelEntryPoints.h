@@ -11,8 +11,11 @@
 #ifndef DFLASH_SCHEMA_KERNELENTRYPOINTS_H
 #define DFLASH_SCHEMA_KERNELENTRYPOINTS_H
 
+#include <algorithm>
 #include <array>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace dflash::kernel_names {
 inline constexpr std::string_view kCublasLtGemm = "cublaslt_gemm";
@@ -41,6 +44,11 @@ inline constexpr std::string_view kBlockAttentionBwd =
 // clusterBackwardPays): the same arguments as kBlockAttentionBwd.
 inline constexpr std::string_view kBlockAttentionBwdCluster =
     "block_attention_bwd_cluster_bf16";
+// The backward launching the key tiles of one (row, kv head) pair at a time,
+// for the longest rows (kernels/AttentionLimits.h, pairByPairBackwardPays):
+// the same arguments.
+inline constexpr std::string_view kBlockAttentionBwdPairByPair =
+    "block_attention_bwd_pair_by_pair_bf16";
 inline constexpr std::string_view kEmbedRows = "embed_rows_bf16";
 inline constexpr std::string_view kCopyColumns = "copy_columns";
 inline constexpr std::string_view kSwigluFwd = "swiglu_fwd_bf16";
@@ -109,10 +117,13 @@ struct UnvalidatedKernel {
 // tiles (block_attention_bwd_cluster_bf16) passed on an H100 on 2026-12-07
 // ("The attention backward in clusters of two key tiles, measured").
 // The pingpong forward awaits the same BlockAttentionWgmmaWs cases, which
-// run it in every case (docs/kernels.md, "Waiting now").
-inline constexpr std::array<UnvalidatedKernel, 1> kUnvalidatedKernels = {{
+// run it in every case, and the pair-by-pair backward its own entry point's
+// cases (docs/kernels.md, "Waiting now").
+inline constexpr std::array<UnvalidatedKernel, 2> kUnvalidatedKernels = {{
     {kernel_names::kBlockAttentionFwdWsPingpong,
      "AttentionGpuTest --gtest_filter=BlockAttentionWgmmaWs.*"},
+    {kernel_names::kBlockAttentionBwdPairByPair,
+     "AttentionGpuTest --gtest_filter=BlockAttentionBwdWgmma.PairByPair"},
 }};
 
 /// The GPU test that has yet to pass for kernel `name` ("" when none).
@@ -123,10 +134,24 @@ constexpr std::string_view pendingGpuTest(std::string_view name) {
   return {};
 }
 
+/// Which kernels awaiting their GPU test a compile may pick anyway: every one
+/// (dflashc --allow-unvalidated-kernels: the trainers that run those tests),
+/// or those named (--allow-unvalidated-kernel=NAME: a trainer that times one
+/// of them against the step it would replace while others still wait).
+struct UnvalidatedKernelAllowance {
+  bool all = false;
+  std::vector<std::string> names;
+
+  bool allows(std::string_view name) const {
+    return all || std::find(names.begin(), names.end(), name) != names.end();
+  }
+};
+
 /// Whether `name` may run in a trainer dflashc writes: it has passed its GPU
-/// test, or the trainer is built for that test.
-constexpr bool kernelSelectable(std::string_view name, bool allowUnvalidated) {
-  return allowUnvalidated || pendingGpuTest(name).empty();
+/// test, or the trainer is built to run it before (`allowance`).
+inline bool kernelSelectable(std::string_view name,
+                             const UnvalidatedKernelAllowance &allowance) {
+  return pendingGpuTest(name).empty() || allowance.allows(name);
 }
 
 } // namespace dflash
@@ -209,6 +234,12 @@ inline constexpr KernelTemplate kKernelTemplates[] = {
      "const dflash::kernels::BlockAttentionBwdArgs &args, cudaStream_t stream",
      "args, stream"},
     {kernel_names::kBlockAttentionBwdCluster,
+     {"d", "bs", "nh", "nkv", "w", "causal"},
+     5,
+     "",
+     "const dflash::kernels::BlockAttentionBwdArgs &args, cudaStream_t stream",
+     "args, stream"},
+    {kernel_names::kBlockAttentionBwdPairByPair,
      {"d", "bs", "nh", "nkv", "w", "causal"},
      5,
      "",

@@ -166,14 +166,10 @@ spec_for() {
 # callers pass --allow-unvalidated-kernels but for a trainer measured as the
 # step a new kernel would replace.
 project() {
-  local name=$1
-  shift
-  rm -rf "$D/gen/$name"
-  "$dflashc" "$@" --emit=cuda -o "$D/gen/$name" > /dev/null
-  build_project "$name"
-}
-build_project() { # build_project NAME: the project emitted into $D/gen/NAME
   local dir=$D/gen/$1
+  shift
+  rm -rf "$dir"
+  "$dflashc" "$@" --emit=cuda -o "$dir" > /dev/null
   [[ ${EMIT_ONLY:-0} == 1 ]] && return
   cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DDFLASH_ENABLE_MPI=OFF -DCMAKE_CUDA_COMPILER="$nvcc" > "$dir.cmake.log"
@@ -182,35 +178,22 @@ build_project() { # build_project NAME: the project emitted into $D/gen/NAME
 # One trainer: keep the binary and the manifest (FLOPs per step). NAME-validated
 # is trainer NAME with only the kernels whose GPU tests have passed: the step a
 # kernel awaiting its test would replace, timed beside it.
-# NAME-dq-groups-of-G, for timing only: NAME-validated with its attention
-# backward launching the key tiles of G (row, kv head) pairs together instead
-# of kWgmmaBwdPairsPerGroup (kernels/BlockAttentionWgmmaBwd.cuh, edited in the
-# emitted project's copy): the step with another group size, before the
-# compiler is given a rule to choose one by shape.
+# NAME-allowing-KERNEL is NAME-validated that may also run KERNEL, one
+# awaiting its GPU test (dflashc --allow-unvalidated-kernel=KERNEL): that
+# kernel's step alone, timed beside the others.
 trainer() {
-  local name=$1 spec flag=--allow-unvalidated-kernels groups=
-  if [[ $name =~ ^(.*)-dq-groups-of-([0-9]+)$ ]]; then
+  local name=$1 spec flags=(--allow-unvalidated-kernels)
+  if [[ $name =~ ^(.*)-allowing-([a-z0-9_]+)$ ]]; then
     spec=$(spec_for "${BASH_REMATCH[1]}")
-    groups=${BASH_REMATCH[2]}
-    flag=
+    flags=(--allow-unvalidated-kernel="${BASH_REMATCH[2]}")
   elif [[ $name == *-validated ]]; then
     spec=$(spec_for "${name%-validated}")
-    flag=
+    flags=()
   else
     spec=$(spec_for "$name")
   fi
   step "trainer $name ($spec)"
-  if [[ -n $groups ]]; then
-    rm -rf "$D/gen/$name"
-    "$dflashc" "$spec" --emit=cuda -o "$D/gen/$name" > /dev/null
-    local header=$D/gen/$name/dflash/kernels/BlockAttentionWgmmaBwd.cuh
-    local line="constexpr int kWgmmaBwdPairsPerGroup"
-    grep -q "^$line = [0-9]*;$" "$header" || die "$header: no '$line = N;' to edit"
-    sed -i "s/^$line = [0-9]*;$/$line = $groups;/" "$header"
-    build_project "$name"
-  else
-    project "$name" "$spec" $flag
-  fi
+  project "$name" "$spec" ${flags[@]+"${flags[@]}"}
   cp "$D/gen/$name/manifest.json" "$D/ref/$name-manifest.json"
   [[ ${EMIT_ONLY:-0} == 1 ]] || cp "$D/gen/$name/build/train" "$D/bin/train-$name"
 }

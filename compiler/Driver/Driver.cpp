@@ -127,6 +127,13 @@ cl::opt<bool> allowUnvalidatedKernels(
         "the GPU machine, not for training"),
     cl::init(false), cl::cat(category));
 
+cl::list<std::string> allowUnvalidatedKernel(
+    "allow-unvalidated-kernel",
+    cl::desc("Like --allow-unvalidated-kernels for the kernel named only "
+             "(repeatable): a trainer that times one kernel awaiting its GPU "
+             "test against the step it would replace"),
+    cl::value_desc("name"), cl::cat(category));
+
 cl::opt<bool> printSummary(
     "summary",
     cl::desc("Print a one-screen summary (shapes, windows per layer, "
@@ -149,9 +156,11 @@ std::optional<std::string_view> pendingGpuTest(mlir::Operation *op) {
   return test.empty() ? std::nullopt : std::optional<std::string_view>(test);
 }
 
-/// Refuses, op by op, kernels whose GPU tests have not passed on a GPU:
-/// one error per kernel, at the first op that runs it.
-bool refuseUnvalidatedKernels(llvm::ArrayRef<mlir::ModuleOp> programs) {
+/// Refuses, op by op, kernels whose GPU tests have not passed on a GPU and
+/// that `allowed` does not let run: one error per kernel, at the first op
+/// that runs it.
+bool refuseUnvalidatedKernels(llvm::ArrayRef<mlir::ModuleOp> programs,
+                              const UnvalidatedKernelAllowance &allowed) {
   llvm::StringSet<> named;
   for (mlir::ModuleOp program : programs) {
     if (!program)
@@ -162,7 +171,9 @@ bool refuseUnvalidatedKernels(llvm::ArrayRef<mlir::ModuleOp> programs) {
         return;
       auto kernel =
           op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
-      if (!named.insert(kernel.getName().str()).second)
+      if (allowed.allows(std::string_view(kernel.getName().data(),
+                                          kernel.getName().size())) ||
+          !named.insert(kernel.getName().str()).second)
         return;
       op->emitError() << "runs " << kernel.getName()
                       << ", which has not passed its GPU test ("
@@ -221,6 +232,21 @@ int dflash::runCompilerDriver(int argc, char **argv) {
         << llvm::format("%g", kMaxGpuMemoryGiB)
         << " (no GPU has more): 80 for an 80 GB card";
     return fail(msg);
+  }
+
+  UnvalidatedKernelAllowance allowed;
+  allowed.all = allowUnvalidatedKernels;
+  for (const std::string &name : allowUnvalidatedKernel) {
+    if (::dflash::pendingGpuTest(name).empty()) {
+      std::string awaiting;
+      for (const UnvalidatedKernel &k : kUnvalidatedKernels)
+        awaiting += (awaiting.empty() ? "" : ", ") + std::string(k.name);
+      return fail("--allow-unvalidated-kernel=" + name +
+                  ": no kernel of that name awaits its GPU test; those that "
+                  "do: " +
+                  (awaiting.empty() ? std::string("none") : awaiting));
+    }
+    allowed.names.push_back(name);
   }
 
   // The online target: its config.json against the spec, before anything
@@ -302,7 +328,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (stage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
     else if (stage >= EmitStage::Planned)
-      buildLowerEvalToKernelsPipeline(pm, allowUnvalidatedKernels);
+      buildLowerEvalToKernelsPipeline(pm, allowed);
     const bool quiet = program == Program::Step && summaryOnly;
     std::optional<mlir::ScopedDiagnosticHandler> silence;
     if (quiet)
@@ -337,7 +363,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (emitStage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
     else if (emitStage >= EmitStage::Planned)
-      buildLowerEvalToKernelsPipeline(pm, allowUnvalidatedKernels);
+      buildLowerEvalToKernelsPipeline(pm, allowed);
     if (failed(pm.run(*evalModule)))
       return fail("compiling the evaluation program of '" + inputFile +
                   "' failed");
@@ -365,7 +391,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (emitStage == EmitStage::Fused)
       pm.addPass(createFuseKernels());
     else
-      buildLowerToKernelsPipeline(pm, gpuMemoryGiB, allowUnvalidatedKernels);
+      buildLowerToKernelsPipeline(pm, gpuMemoryGiB, allowed);
     // dflash-plan-memory holds the step and the online target to the
     // budget, together or, with --target-gpus, each alone.
     if (std::optional<ProgramMemory> online =
@@ -386,7 +412,8 @@ int dflash::runCompilerDriver(int argc, char **argv) {
     if (!allowUnvalidatedKernels &&
         refuseUnvalidatedKernels(
             {*module, *evalModule,
-             targetModule ? *targetModule : mlir::ModuleOp()}))
+             targetModule ? *targetModule : mlir::ModuleOp()},
+            allowed))
       return fail("'" + inputFile +
                   "' needs kernels that have not passed their GPU tests");
     mlir::FailureOr<CudaTrainerSources> sources = translateToCuda(
@@ -431,7 +458,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
       mlir::OwningOpRef<mlir::ModuleOp> planned = whole->clone();
       (*planned)->removeAttr(kBudgetAttrName);
       mlir::PassManager pm(&context);
-      buildLowerToKernelsPipeline(pm, 0, allowUnvalidatedKernels);
+      buildLowerToKernelsPipeline(pm, 0, allowed);
       mlir::ScopedDiagnosticHandler silence(
           &context, [](mlir::Diagnostic &) { return mlir::success(); });
       if (succeeded(pm.run(*planned)))

@@ -236,11 +236,12 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
   // The attention kernels the generated step's dispatchers pick: users see
   // whether their shape is on the fast (wgmma) path, and which layers the
   // warp-specialised forward runs (and whether its consumers take turns) and
-  // whether the backward's key tiles run in clusters (dflash-select-kernels'
-  // choices, in the planned step).
+  // whether the backward's key tiles run in clusters or one pair at a time
+  // (dflash-select-kernels' choices, in the planned step).
   auto kernelName = [](bool wgmma) { return wgmma ? "wgmma" : "mma.sync"; };
   int64_t D = s.headDim, BS = s.blockSize, NH = s.numHeads, NKV = s.numKvHeads;
-  bool wsSelected = false, pingpongSelected = false, clusterSelected = false;
+  bool wsSelected = false, pingpongSelected = false, clusterSelected = false,
+       pairByPairSelected = false;
   module.walk([&](mlir::Operation *op) {
     auto kernel = op->getAttrOfType<mlir::dflash::KernelAttr>(kKernelAttrName);
     if (!kernel)
@@ -249,6 +250,7 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
     wsSelected |= name == kernel_names::kBlockAttentionFwdWs;
     pingpongSelected |= name == kernel_names::kBlockAttentionFwdWsPingpong;
     clusterSelected |= name == kernel_names::kBlockAttentionBwdCluster;
+    pairByPairSelected |= name == kernel_names::kBlockAttentionBwdPairByPair;
   });
   int64_t longLayers = 0;
   for (int64_t i = 0; i < s.numLayers; ++i)
@@ -270,6 +272,8 @@ void dflash::printStepSummary(llvm::raw_ostream &os, const DrafterSpec &s,
      << " (" << BS * (NH / NKV) << " query rows per block and kv head";
   if (clusterSelected)
     os << "; key tiles in clusters of two";
+  if (pairByPairSelected)
+    os << "; key tiles one (row, kv head) pair at a time";
   os << ")\n";
   int64_t params = numParameters(s);
   os << "  parameters " << humanCount(double(params), "") << " ("

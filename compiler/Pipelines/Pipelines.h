@@ -9,6 +9,7 @@
 #define DFLASH_COMPILER_PIPELINES_PIPELINES_H
 
 #include "mlir/Pass/PassManager.h"
+#include "schema/KernelEntryPoints.h"
 
 namespace dflash {
 
@@ -19,16 +20,18 @@ void buildTrainStepPipeline(mlir::OpPassManager &pm);
 /// The whole step -> kernels with a static memory plan, ready for
 /// translation to CUDA (--emit=planned): fuse-kernels, bucket-gradients,
 /// plan-memory, verify-lowering. `budgetGiB` > 0 overrides the spec's memory
-/// budget; `allowUnvalidatedKernels` lets select-kernels pick kernels whose
-/// GPU tests have not passed yet (dflashc --allow-unvalidated-kernels).
-void buildLowerToKernelsPipeline(mlir::OpPassManager &pm, double budgetGiB = 0,
-                                 bool allowUnvalidatedKernels = false);
+/// budget; `allowed` lets select-kernels pick kernels whose GPU tests have
+/// not passed yet (dflashc --allow-unvalidated-kernels, or those named by
+/// --allow-unvalidated-kernel).
+void buildLowerToKernelsPipeline(
+    mlir::OpPassManager &pm, double budgetGiB = 0,
+    const UnvalidatedKernelAllowance &allowed = {});
 
 /// The evaluation program (dflash-make-eval-program on the forward graph) ->
 /// kernels with a memory plan of its own (--emit=planned --program=eval):
 /// fuse-kernels, select-kernels, plan-memory, verify-lowering.
-void buildLowerEvalToKernelsPipeline(mlir::OpPassManager &pm,
-                                     bool allowUnvalidatedKernels = false);
+void buildLowerEvalToKernelsPipeline(
+    mlir::OpPassManager &pm, const UnvalidatedKernelAllowance &allowed = {});
 
 /// Registers every dflash pass and pipeline with the global registry (for
 /// dflash-opt).

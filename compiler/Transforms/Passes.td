@@ -345,7 +345,12 @@ def SelectKernels : Pass<"dflash-select-kernels", "mlir::ModuleOp"> {
     Option<"allowUnvalidatedKernels", "allow-unvalidated-kernels", "bool",
            "false",
            "Also pick kernels that have not passed their GPU tests yet (for "
-           "trainers built to run those tests)">
+           "trainers built to run those tests)">,
+    ListOption<"allowUnvalidatedKernelNames", "allow-unvalidated-kernel",
+               "std::string",
+               "Also pick these kernels before their GPU tests have passed "
+               "(for a trainer that times one against the step it would "
+               "replace)">
   ];
 }
 

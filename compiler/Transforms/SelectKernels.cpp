@@ -208,10 +208,12 @@ LogicalResult checkAttentionBwdSharedMemory(BlockAttentionGradOp op, int64_t D,
 /// forward runs the warp-specialised kernel where warpSpecialisedForwardPays
 /// (with its consumers in turns where that may run),
 /// the backward the cluster context kernel where clusterBackwardPays (short
-/// rows, several to a GPU), each where it may run (`allowUnvalidated`: also
-/// before its GPU test has passed).
-FailureOr<Choice> attention(Operation *op, bool backward,
-                            bool allowUnvalidated) {
+/// rows, several to a GPU) and one (row, kv head) pair's key tiles at a time
+/// where pairByPairBackwardPays (the longest rows), each where it may run
+/// (`allowed`: also those it names before their GPU tests have passed).
+FailureOr<Choice>
+attention(Operation *op, bool backward,
+          const ::dflash::UnvalidatedKernelAllowance &allowed) {
   const unsigned base = backward ? 1 : 0; // the gradient op starts with dOut
   auto q = tensorOf(op->getOperand(base)),
        k = tensorOf(op->getOperand(base + 1));
@@ -227,16 +229,16 @@ FailureOr<Choice> attention(Operation *op, bool backward,
   c.constants = {D, BS, NH, NKV, window, causal};
   if (!backward) {
     namespace names = ::dflash::kernel_names;
-    const bool ws = kernels::warpSpecialisedForwardPays(
-                        D, BS, NH, NKV, window, causal, k.getDimSize(1)) &&
-                    ::dflash::kernelSelectable(names::kBlockAttentionFwdWs,
-                                               allowUnvalidated);
+    const bool ws =
+        kernels::warpSpecialisedForwardPays(D, BS, NH, NKV, window, causal,
+                                            k.getDimSize(1)) &&
+        ::dflash::kernelSelectable(names::kBlockAttentionFwdWs, allowed);
     // Its consumers in turns (FlashAttention-3's pingpong) on the same
     // layers, once validated; until its time is measured against the plain
     // schedule, only trainers built for its GPU test and that A/B run it.
     const bool pingpong =
         ws && ::dflash::kernelSelectable(names::kBlockAttentionFwdWsPingpong,
-                                         allowUnvalidated);
+                                         allowed);
     c.name = pingpong ? names::kBlockAttentionFwdWsPingpong
              : ws     ? names::kBlockAttentionFwdWs
                       : names::kBlockAttentionFwd;
@@ -246,12 +248,17 @@ FailureOr<Choice> attention(Operation *op, bool backward,
   if (failed(checkAttentionBwdSharedMemory(cast<BlockAttentionGradOp>(op), D,
                                            BS, NH, NKV, N)))
     return failure();
+  namespace names = ::dflash::kernel_names;
+  const int64_t S = k.getDimSize(1);
   const bool cluster =
-      kernels::clusterBackwardPays(D, BS, NH, NKV, B, k.getDimSize(1), N) &&
-      ::dflash::kernelSelectable(
-          ::dflash::kernel_names::kBlockAttentionBwdCluster, allowUnvalidated);
-  c.name = cluster ? ::dflash::kernel_names::kBlockAttentionBwdCluster
-                   : ::dflash::kernel_names::kBlockAttentionBwd;
+      kernels::clusterBackwardPays(D, BS, NH, NKV, B, S, N) &&
+      ::dflash::kernelSelectable(names::kBlockAttentionBwdCluster, allowed);
+  const bool pairByPair =
+      kernels::pairByPairBackwardPays(D, BS, NH, NKV, S, N) &&
+      ::dflash::kernelSelectable(names::kBlockAttentionBwdPairByPair, allowed);
+  c.name = cluster      ? names::kBlockAttentionBwdCluster
+           : pairByPair ? names::kBlockAttentionBwdPairByPair
+                        : names::kBlockAttentionBwd;
   c.workspace =
       int64_t(kernels::blockAttentionBwdWorkspaceBytes(D, BS, NH, B, N));
   return c;
@@ -363,7 +370,8 @@ FailureOr<Choice> selectorKernel(Operation *op) {
       });
 }
 
-FailureOr<Choice> select(Operation *op, bool allowUnvalidated) {
+FailureOr<Choice> select(Operation *op,
+                         const ::dflash::UnvalidatedKernelAllowance &allowed) {
   using Result = FailureOr<Choice>;
   return llvm::TypeSwitch<Operation *, Result>(op)
       .Case<LinearOp, BiasedLinearOp, LinearResidualOp, LinearGradInputOp,
@@ -486,12 +494,8 @@ FailureOr<Choice> select(Operation *op, bool allowUnvalidated) {
       .Case([](ConcatLastOp) -> Result {
         return named(::dflash::kernel_names::kCopyColumns);
       })
-      .Case([&](BlockAttentionOp o) {
-        return attention(o, false, allowUnvalidated);
-      })
-      .Case([&](BlockAttentionGradOp o) {
-        return attention(o, true, allowUnvalidated);
-      })
+      .Case([&](BlockAttentionOp o) { return attention(o, false, allowed); })
+      .Case([&](BlockAttentionGradOp o) { return attention(o, true, allowed); })
       .Case([](SwigluOp) -> Result {
         return named(::dflash::kernel_names::kSwigluFwd);
       })
@@ -671,6 +675,10 @@ void SelectKernelsPass::runOnOperation() {
   if (failed(sig))
     return signalPassFailure();
   Builder b(module.getContext());
+  ::dflash::UnvalidatedKernelAllowance allowed;
+  allowed.all = allowUnvalidatedKernels;
+  allowed.names.assign(allowUnvalidatedKernelNames.begin(),
+                       allowUnvalidatedKernelNames.end());
   bool ok = true;
   // An op refused once is refused in every layer: one error, then how many
   // more of the same op and operand types there are.
@@ -689,7 +697,7 @@ void SelectKernelsPass::runOnOperation() {
       ++seen->second.more;
       continue;
     }
-    FailureOr<Choice> choice = select(&op, allowUnvalidatedKernels);
+    FailureOr<Choice> choice = select(&op, allowed);
     if (failed(choice)) {
       ok = false;
       refused.push_back({std::move(key), Refusal{&op}});

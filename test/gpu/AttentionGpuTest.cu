@@ -472,11 +472,17 @@ void sweep(int B, int S, int N, uint64_t seed) {
                                           seed + 1);
 }
 
+using BackwardEntry = void (*)(const kernels::BlockAttentionBwdArgs &,
+                               cudaStream_t);
+
 /// The entry points the generated step calls (block_attention_fwd_bf16,
-/// block_attention_bwd_bf16), whichever kernels they pick for the shape.
+/// block_attention_bwd_bf16 or another backward entry dflash-select-kernels
+/// names), whichever kernels they pick for the shape.
 template <int D, int BS, int NH, int NKV, int WINDOW, bool CAUSAL>
-void checkStepEntryPoints(int B, int S, int N, uint64_t seed,
-                          Rows rows = Rows::Unpacked) {
+void checkStepEntryPoints(
+    int B, int S, int N, uint64_t seed, Rows rows = Rows::Unpacked,
+    BackwardEntry backward =
+        &kernels::block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>) {
   SCOPED_TRACE(testing::Message()
                << "entry points D=" << D << " BS=" << BS << " NH=" << NH
                << " NKV=" << NKV << " WINDOW=" << WINDOW << " wgmma fwd "
@@ -497,8 +503,7 @@ void checkStepEntryPoints(int B, int S, int N, uint64_t seed,
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   expectForwardClose(p, out, lse);
   BackwardRun run(p, out, lse);
-  kernels::block_attention_bwd_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(run.args,
-                                                                    0);
+  backward(run.args, 0);
   DFLASH_CUDA_CHECK(cudaDeviceSynchronize());
   run.expectClose(p);
 }
@@ -665,6 +670,29 @@ TEST(BlockAttentionBwdWgmma, Qwen3Sliding) {
 
 TEST(BlockAttentionBwdWgmma, GroupOf8Bs16) {
   sweepBwdWgmma<128, 16, 8, 1, 0, false>(2, 200, 10, 45);
+}
+
+// The backward launching the key tiles of one (row, kv head) pair at a time
+// (block_attention_bwd_pair_by_pair_bf16, what dflash-select-kernels picks
+// for the longest rows): two rows of 8 kv heads (16 pairs, each of several key
+// tiles, the last one partial), full and sliding layers, scattered and
+// trailing anchors, packed rows.
+TEST(BlockAttentionBwdWgmma, PairByPair) {
+  constexpr BackwardEntry full =
+      &kernels::block_attention_bwd_pair_by_pair_bf16<128, 16, 32, 8, 0, false>;
+  constexpr BackwardEntry sliding =
+      &kernels::block_attention_bwd_pair_by_pair_bf16<128, 16, 32, 8, 200,
+                                                      true>;
+  checkStepEntryPoints<128, 16, 32, 8, 0, false>(2, 1100, 37, 51,
+                                                 Rows::Unpacked, full);
+  checkStepEntryPoints<128, 16, 32, 8, 0, false>(1, 3000, 21, 52,
+                                                 Rows::Unpacked, full);
+  checkStepEntryPoints<128, 16, 32, 8, 200, true>(2, 900, 30, 53,
+                                                  Rows::Unpacked, sliding);
+  checkStepEntryPoints<128, 16, 32, 8, 0, false>(2, 900, 30, 54, Rows::Packed,
+                                                 full);
+  checkStepEntryPoints<128, 16, 32, 8, 200, true>(2, 900, 30, 55, Rows::Packed,
+                                                  sliding);
 }
 
 // 32-row blocks, two per query tile: an odd N leaves the last tile half
