@@ -447,8 +447,14 @@ void attention(int B, bool bwdOnly, bool fwdOnly, int S = 3072,
     // At one row of 128K the 8 kv heads' fp32 dQ accumulators (134 MB) and
     // Q / dO (128 MB) outgrow the L2 (50 MB); the key tiles of one or two
     // kv heads at a time keep 33 or 66 MB live (dropped at 3K, where a
-    // pair has 24 key tiles, never timed here).
-    adders(One(), Two(), One(), "wgmma dq rows by adders, groups of 1 pair");
+    // pair has 24 key tiles, never timed here). One pair at a time through
+    // the step's entry point (block_attention_bwd_pair_by_pair_bf16).
+    bwd(
+        [&] {
+          block_attention_bwd_pair_by_pair_bf16<D, BS, NH, NKV, WINDOW, CAUSAL>(
+              ba, 0);
+        },
+        "wgmma dq rows by adders, groups of 1 pair");
     adders(Two(), Two(), One(), "wgmma dq rows by adders, groups of 2 pairs");
     freeAll();
     return;
