@@ -212,16 +212,17 @@ constexpr bool clusterBackwardPays(int64_t d, int64_t bs, int64_t nh,
 /// its Q / dO: at qwen3-8b-b16's 512 anchors those are 33 MB, inside an
 /// H100's 50 MB L2, where eight pairs' 268 MB are not. Against that, more
 /// CTAs add into the same query tiles at the same time. Timed so far only in
-/// KernelBench attention-long-dq and the step at one row of 131072 tokens
-/// (the suite long-context-levers, not yet run), so: that shape, rows of at
-/// least kPairByPairBackwardMinSeqLen tokens, N leaving room for the row
-/// stage.
-constexpr int64_t kPairByPairBackwardMinSeqLen = 131072;
+/// KernelBench attention-long-dq and the step at one row of 131072 tokens,
+/// full layers (the suite long-context-levers, not yet run), so: that shape,
+/// layers whose blocks see at least kPairByPairBackwardMinKeys context keys
+/// (a sliding layer's window bounds them), N leaving room for the row stage.
+constexpr int64_t kPairByPairBackwardMinKeys = 131072;
 constexpr bool pairByPairBackwardPays(int64_t d, int64_t bs, int64_t nh,
-                                      int64_t nkv, int64_t seqLen, int64_t n) {
+                                      int64_t nkv, int64_t window,
+                                      int64_t seqLen, int64_t n) {
   return d == 128 && bs == 16 && nh == 4 * nkv &&
          wgmmaBwdRowStageFits(d, bs, nh, nkv, n) &&
-         seqLen >= kPairByPairBackwardMinSeqLen;
+         layerContextKeys(window, seqLen) >= kPairByPairBackwardMinKeys;
 }
 
 /// Shared memory of the context kernel that block_attention_bwd_bf16 runs

@@ -254,7 +254,7 @@ attention(Operation *op, bool backward,
       kernels::clusterBackwardPays(D, BS, NH, NKV, B, S, N) &&
       ::dflash::kernelSelectable(names::kBlockAttentionBwdCluster, allowed);
   const bool pairByPair =
-      kernels::pairByPairBackwardPays(D, BS, NH, NKV, S, N) &&
+      kernels::pairByPairBackwardPays(D, BS, NH, NKV, window, S, N) &&
       ::dflash::kernelSelectable(names::kBlockAttentionBwdPairByPair, allowed);
   c.name = cluster      ? names::kBlockAttentionBwdCluster
            : pairByPair ? names::kBlockAttentionBwdPairByPair
