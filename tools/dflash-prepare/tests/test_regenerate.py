@@ -682,10 +682,15 @@ class FaultTest(RegenerateBase):
 class ProcessTest(RegenerateBase):
     """The tool as a process: locks, signals and kills."""
 
+    # Longer than the stand-in's hang (30 s): a process asking a "hang"
+    # conversation never retries it while a test runs, however loaded the
+    # machine (a retry would count as a second request).
+    PROCESS_TIMEOUT = "60"
+
     def start(self, chat_path, *extra):
         command = [sys.executable, PREPARE, "regenerate", chat_path,
                    "--out", self.path("regen.jsonl"), "--server", self.server.url,
-                   "--model", "stand-in", "--timeout", "5", "--retries", "1",
+                   "--model", "stand-in", "--timeout", self.PROCESS_TIMEOUT, "--retries", "1",
                    "--retry-backoff", "0.01", *extra]
         return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=dict(os.environ, DFLASH_DATA_VENV="none"))
