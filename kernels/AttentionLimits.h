@@ -174,6 +174,14 @@ constexpr bool wgmmaBwdRowStageFits(int64_t d, int64_t bs, int64_t nh,
              bs * (nh / nkv), n) <= kSharedMemoryPerBlockOptIn;
 }
 
+/// qwen3-8b-b16's attention heads (d 128, blocks of 16, 4 query heads per kv
+/// head): the one shape the backward's launch-order variants below were timed
+/// at, so the only one they are picked for.
+constexpr bool isQwen3BackwardTimedShape(int64_t d, int64_t bs, int64_t nh,
+                                         int64_t nkv) {
+  return d == 128 && bs == 16 && nh == 4 * nkv;
+}
+
 /// The wgmma context backward in clusters of two adjacent key tiles that walk
 /// one query tile list, each Q / dO tile read from L2 once and multicast to
 /// both (sm90a_block_attention_bwd_wgmma_bf16 with CLUSTER = 2, the
@@ -192,8 +200,7 @@ constexpr int64_t kClusterBackwardMinKeyTiles = 512;
 constexpr bool clusterBackwardPays(int64_t d, int64_t bs, int64_t nh,
                                    int64_t nkv, int64_t rows, int64_t seqLen,
                                    int64_t n) {
-  // The shape it was timed at (a wgmma backward shape: 64 rows a block).
-  if (d != 128 || bs != 16 || nh != 4 * nkv)
+  if (!isQwen3BackwardTimedShape(d, bs, nh, nkv))
     return false;
   const int64_t keysPerTile = 2 * 64; // two warpgroups of 64 keys
   const int64_t keyTiles =
@@ -220,7 +227,7 @@ constexpr int64_t kPairByPairBackwardMinKeys = 131072;
 constexpr bool pairByPairBackwardPays(int64_t d, int64_t bs, int64_t nh,
                                       int64_t nkv, int64_t window,
                                       int64_t seqLen, int64_t n) {
-  return d == 128 && bs == 16 && nh == 4 * nkv &&
+  return isQwen3BackwardTimedShape(d, bs, nh, nkv) &&
          wgmmaBwdRowStageFits(d, bs, nh, nkv, n) &&
          layerContextKeys(window, seqLen) >= kPairByPairBackwardMinKeys;
 }

@@ -409,8 +409,7 @@ int dflash::runCompilerDriver(int argc, char **argv) {
   }
 
   if (directoryOutput) {
-    if (!allowUnvalidatedKernels &&
-        refuseUnvalidatedKernels(
+    if (refuseUnvalidatedKernels(
             {*module, *evalModule,
              targetModule ? *targetModule : mlir::ModuleOp()},
             allowed))

@@ -225,10 +225,10 @@ attention(Operation *op, bool backward,
   const int64_t causal = op->hasAttr("causal") ? 1 : 0;
   if (failed(checkAttention(op, D, BS, NH, NKV)))
     return failure();
+  namespace names = ::dflash::kernel_names;
   Choice c;
   c.constants = {D, BS, NH, NKV, window, causal};
   if (!backward) {
-    namespace names = ::dflash::kernel_names;
     const bool ws =
         kernels::warpSpecialisedForwardPays(D, BS, NH, NKV, window, causal,
                                             k.getDimSize(1)) &&
@@ -248,7 +248,6 @@ attention(Operation *op, bool backward,
   if (failed(checkAttentionBwdSharedMemory(cast<BlockAttentionGradOp>(op), D,
                                            BS, NH, NKV, N)))
     return failure();
-  namespace names = ::dflash::kernel_names;
   const int64_t S = k.getDimSize(1);
   const bool cluster =
       kernels::clusterBackwardPays(D, BS, NH, NKV, B, S, N) &&
